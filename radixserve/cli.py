@@ -1,0 +1,92 @@
+"""The `radixserve` command: chat, generate, serve and bench subcommands.
+
+Engine flags are declared once here and shared by every subcommand that starts an engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from radixserve.config import ATTENTION_BACKENDS, POLICIES, EngineConfig
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="HF model directory (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    g.add_argument("--kv-cache-memory-mb", type=float, default=d.kv_cache_memory_mb,
+                   help="KV block pool budget in MiB (default %(default)s)")
+    g.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size in blocks (overrides memory)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="token budget per step, decodes + prefill chunks (default %(default)s)")
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running sequences at most (default %(default)s)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument("--policy", choices=POLICIES, default=d.policy, help="scheduling policy (default %(default)s)")
+    g.add_argument("--no-prefix-cache", action="store_true", help="disable the radix prefix cache")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
+                   help="attention implementation (default %(default)s: triton on CUDA, torch otherwise)")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "float16", "bfloat16"],
+                   help="weights/KV dtype (default %(default)s: fp32 on CPU, bf16 on CUDA)")
+    g.add_argument("--device", default=d.device, help="auto | cpu | cuda (default %(default)s)")
+    g.add_argument("--seed", type=int, default=d.seed, help="engine seed for unseeded requests (default %(default)s)")
+
+
+def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
+        max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+        max_model_len=a.max_model_len, policy=a.policy, enable_prefix_cache=not a.no_prefix_cache,
+        attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_chat = sub.add_parser("chat", help="multi-turn terminal chat with per-turn cache figures")
+    add_engine_arguments(p_chat)
+    p_chat.add_argument("--system", default="You are a helpful assistant.", help="system prompt")
+    p_chat.add_argument("--max-tokens", type=int, default=256)
+    p_chat.add_argument("--temperature", type=float, default=0.0)
+
+    p_gen = sub.add_parser("generate", help="generate completions for prompts given as arguments")
+    add_engine_arguments(p_gen)
+    p_gen.add_argument("prompts", nargs="+", help="prompt texts")
+    p_gen.add_argument("--max-tokens", type=int, default=64)
+    p_gen.add_argument("--temperature", type=float, default=0.0)
+    p_gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+
+    p_serve = sub.add_parser("serve", help="start the HTTP/WebSocket chat server")
+    add_engine_arguments(p_serve)
+    from radixserve.server.cli import add_server_arguments
+
+    add_server_arguments(p_serve)
+
+    p_bench = sub.add_parser("bench", help="benchmarks against peers (see `radixserve bench -h`)")
+    from radixserve.bench.cli import add_bench_arguments
+
+    add_bench_arguments(p_bench)
+
+    args = parser.parse_args(argv)
+    if args.command == "chat":
+        from radixserve.terminal_chat import run_chat
+
+        return run_chat(engine_config_from_args(args), args)
+    if args.command == "generate":
+        from radixserve.terminal_chat import run_generate
+
+        return run_generate(engine_config_from_args(args), args)
+    if args.command == "serve":
+        from radixserve.server.cli import run_server
+
+        return run_server(engine_config_from_args(args), args)
+    from radixserve.bench.cli import run_bench
+
+    return run_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Engine configuration: one dataclass holds every knob the engine, scheduler and cache read.
+
+Invariants: block_size is a power of two >= 1; the token budget per step is at least one block so a
+prefill chunk always makes progress; `policy` and `attention_backend` are validated names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("fcfs", "cache-aware", "priority")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # HF model directory; None -> the embedded SmolLM2-135M-Instruct
+    block_size: int = 16  # tokens per physical KV block
+    kv_cache_memory_mb: float = 256.0  # KV pool budget; num_blocks derives from it unless set
+    num_blocks: int | None = None  # explicit pool size (tests use tiny pools to force eviction)
+    max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
+    max_num_seqs: int = 256  # running sequences at most
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    policy: str = "fcfs"  # fcfs | cache-aware | priority
+    enable_prefix_cache: bool = True
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch otherwise) | triton | torch
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError("max_num_batched_tokens must be at least block_size")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if self.kv_cache_memory_mb <= 0:
+            raise ValueError("kv_cache_memory_mb must be > 0")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"unknown attention backend {self.attention_backend!r}; "
+                f"choose one of {', '.join(ATTENTION_BACKENDS)}"
+            )

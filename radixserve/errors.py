@@ -1,0 +1,24 @@
+"""Errors the engine raises for bad requests; the server maps them to HTTP 400 / error frames."""
+
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; `code` is machine-readable."""
+
+    code = "invalid_request"
+
+
+class PromptTooLongError(RequestError):
+    code = "context_too_long"
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, limit: int) -> None:
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
+        super().__init__(
+            f"prompt of {prompt_tokens} tokens (+ max_tokens {max_tokens}) exceeds the model's "
+            f"context length of {limit} tokens"
+        )
+
+
+class EngineStoppedError(RuntimeError):
+    code = "engine_stopped"

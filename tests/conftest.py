@@ -1,0 +1,7 @@
+"""Test-suite setup: Triton runs on CPU only under its interpreter, which must be chosen before import."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
