@@ -1,0 +1,267 @@
+"""Our Llama-family forward vs the transformers oracle, through the paged KV cache.
+
+Every tiny architecture (and the embedded SmolLM2) must give the oracle's fp32 logits whether a
+prompt is prefilled in one chunk or in uneven chunks over a shuffled block table, and its greedy
+decode must match transformers' greedy `generate` token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny_models import MISTRAL_WINDOW, TINY_CONFIGS, TINY_VOCAB, hf_model, tiny_model_dir
+
+from radixserve.kv_cache import KVCache, KVLayout
+from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
+from radixserve.model.loader import load_model, load_tokenizer
+from radixserve.model.rope import RopeParams, inv_frequencies
+from radixserve.model.spec import SUPPORTED_ARCHITECTURES, load_spec, rope_params_from_config
+
+ARCHS = sorted(TINY_CONFIGS)
+CPU = torch.device("cpu")
+ATOL = 1e-4
+BLOCK_SIZE = 4
+MIN_GREEDY_MARGIN = 1e-3  # far above fp32 noise: a token mismatch then means a real bug
+
+
+class PagedRunner:
+    """Drives a model through a paged KV cache the way the engine does, building the metadata by hand."""
+
+    def __init__(self, model, num_blocks: int = 64, seed: int = 0) -> None:
+        spec = model.spec
+        layout = KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK_SIZE, torch.float32)
+        self.model = model
+        self.cache = KVCache(layout, num_blocks, CPU)
+        # Shuffled free list: consecutive logical blocks land in scattered physical blocks.
+        self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+        self.tables: dict[str, list[int]] = {}
+        self.lengths: dict[str, int] = {}
+        self.backend = TorchAttentionBackend()
+
+    @torch.inference_mode()
+    def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+        """Run one batch of new tokens per sequence; returns each sequence's logits [n, vocab]."""
+        ids, positions, slots, query_lens, seq_lens = [], [], [], [], []
+        for seq, tokens in chunks.items():
+            start = self.lengths.get(seq, 0)
+            table = self.tables.setdefault(seq, [])
+            while len(table) * BLOCK_SIZE < start + len(tokens):
+                table.append(self.free.pop())
+            for pos in range(start, start + len(tokens)):
+                slots.append(table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+            ids += tokens
+            positions += range(start, start + len(tokens))
+            query_lens.append(len(tokens))
+            seq_lens.append(start + len(tokens))
+            self.lengths[seq] = start + len(tokens)
+        width = max(len(self.tables[s]) for s in chunks)
+        table = [self.tables[s] + [0] * (width - len(self.tables[s])) for s in chunks]
+        cu = [0]
+        for n in query_lens:
+            cu.append(cu[-1] + n)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_table=torch.tensor(table, dtype=torch.int32),
+            query_lens=query_lens,
+            seq_lens_host=seq_lens,
+        )
+        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.cache, meta, self.backend)
+        logits = self.model.compute_logits(hidden)
+        return {seq: logits[cu[b] : cu[b + 1]] for b, seq in enumerate(chunks)}
+
+
+def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> list[int]:
+    # Ids from 3 up: never a tiny model's eos, so generate cannot stop early.
+    return torch.randint(3, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@torch.inference_mode()
+def hf_logits(path: Path, prompt: list[int]) -> torch.Tensor:
+    return hf_model(path)(torch.tensor([prompt])).logits[0].float()
+
+
+@torch.inference_mode()
+def hf_greedy(path: Path, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy generate: the new tokens and the logits each was chosen from [steps, vocab]."""
+    out = hf_model(path).generate(
+        torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, eos_token_id=None,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    assert len(tokens) == steps, "the oracle stopped early; pick a prompt that avoids eos"
+    return tokens, torch.cat(out.logits).float()
+
+
+def check_chunked_prefill_then_decode(path: Path, model, prompt: list[int], chunk_sizes: list[int], steps: int):
+    expected = hf_logits(path, prompt)
+    runner = PagedRunner(model, seed=len(prompt))
+    start = 0
+    for size in chunk_sizes:
+        got = runner.step({"a": prompt[start : start + size]})["a"]
+        torch.testing.assert_close(got, expected[start : start + size], atol=ATOL, rtol=0)
+        start += size
+    assert start == len(prompt)
+    greedy, greedy_logits = hf_greedy(path, prompt, steps)
+    top2 = greedy_logits.topk(2, dim=-1).values
+    assert (top2[:, 0] - top2[:, 1]).min() > MIN_GREEDY_MARGIN, "oracle's greedy choices are near ties"
+    torch.testing.assert_close(got[-1], greedy_logits[0], atol=ATOL, rtol=0)
+    for i in range(steps):
+        token = int(got[-1].argmax())
+        assert token == greedy[i], f"decode step {i}: we chose {token}, transformers {greedy[i]}"
+        if i + 1 < steps:
+            got = runner.step({"a": [token]})["a"]
+            torch.testing.assert_close(got[0], greedy_logits[i + 1], atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request):
+    path = tiny_model_dir(request.param)
+    model, spec = load_model(path, torch.float32, CPU)
+    return request.param, path, model, spec
+
+
+def test_whole_prompt_in_one_chunk_matches_transformers(tiny):
+    _, path, model, _ = tiny
+    prompt = random_prompt(29, seed=1)
+    got = PagedRunner(model).step({"a": prompt})["a"]
+    torch.testing.assert_close(got, hf_logits(path, prompt), atol=ATOL, rtol=0)
+
+
+def test_chunked_prefill_then_greedy_decode_matches_generate(tiny):
+    _, path, model, _ = tiny
+    # Uneven chunks, one of a single token (the backend's decode path) and some not block-aligned.
+    check_chunked_prefill_then_decode(path, model, random_prompt(37, seed=2), [5, 1, 11, 3, 17], steps=8)
+
+
+def test_mixed_batch_of_sequences_matches_each_alone(tiny):
+    _, path, model, _ = tiny
+    a, b, c = random_prompt(13, seed=3), random_prompt(22, seed=4), random_prompt(6, seed=5)
+    runner = PagedRunner(model, seed=7)
+    first = runner.step({"a": a, "b": b[:9]})
+    second = runner.step({"b": b[9:], "c": c, "a": [7]})  # decode, prefill and a fresh prompt together
+    third = runner.step({"c": [11], "a": [12], "b": [13]})
+    torch.testing.assert_close(first["a"], hf_logits(path, a), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.cat([first["b"], second["b"]]), hf_logits(path, b), atol=ATOL, rtol=0)
+    torch.testing.assert_close(second["c"], hf_logits(path, c), atol=ATOL, rtol=0)
+    torch.testing.assert_close(second["a"][0], hf_logits(path, a + [7])[-1], atol=ATOL, rtol=0)
+    for seq, prompt, new in (("a", a + [7], 12), ("b", b, 13), ("c", c, 11)):
+        torch.testing.assert_close(third[seq][0], hf_logits(path, prompt + [new])[-1], atol=ATOL, rtol=0)
+
+
+def test_spec_reads_each_config(tiny):
+    arch, path, _, spec = tiny
+    config = json.loads((path / "config.json").read_text())
+    assert spec.architecture == config["architectures"][0]
+    assert spec.head_dim == (config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    assert spec.attention_bias == (arch in ("qwen2", "llama"))
+    assert spec.qk_norm == (arch == "qwen3")
+    assert spec.tie_word_embeddings == bool(config.get("tie_word_embeddings"))
+    eos = config["eos_token_id"]
+    assert spec.eos_token_ids == tuple(eos if isinstance(eos, list) else [eos])
+    window = config.get("sliding_window")
+    assert spec.max_position_embeddings == min(config["max_position_embeddings"], window or 10**9)
+
+
+def test_mistral_context_is_capped_to_its_sliding_window():
+    spec = load_spec(tiny_model_dir("mistral"))
+    assert spec.sliding_window == MISTRAL_WINDOW
+    assert spec.max_position_embeddings == MISTRAL_WINDOW
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    for arch, model_type in (("GPT2LMHeadModel", "gpt2"), ("FooForCausalLM", "foo")):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type}))
+        with pytest.raises(ValueError, match="unsupported model architecture") as err:
+            load_model(tmp_path, torch.float32, CPU)
+        assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
+
+
+def test_missing_directory_config_or_weights_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model(tmp_path / "nowhere", torch.float32, CPU)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path, torch.float32, CPU)
+    shutil.copy(tiny_model_dir("llama") / "config.json", tmp_path / "config.json")
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(tmp_path, torch.float32, CPU)
+
+
+def test_missing_or_misshapen_tensor_is_named(tmp_path):
+    source = tiny_model_dir("qwen3")
+    shutil.copy(source / "config.json", tmp_path / "config.json")
+    tensors = load_file(source / "model.safetensors")
+    dropped = "model.layers.1.self_attn.k_norm.weight"
+    save_file({k: v for k, v in tensors.items() if k != dropped}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=dropped.replace(".", r"\.")):
+        load_model(tmp_path, torch.float32, CPU)
+    bad = dict(tensors, **{"model.layers.0.self_attn.v_proj.weight": torch.zeros(3, 64)})
+    save_file(bad, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="v_proj.weight has shape"):
+        load_model(tmp_path, torch.float32, CPU)
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tmp_path):
+    source = tiny_model_dir("llama")
+    shutil.copy(source / "config.json", tmp_path / "config.json")
+    tensors = load_file(source / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2])):
+        file = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, tmp_path / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    sharded, _ = load_model(tmp_path, torch.float32, CPU)
+    single, _ = load_model(source, torch.float32, CPU)
+    for (name, p), (_, q) in zip(sharded.named_parameters(), single.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_tokenizer_is_none_without_tokenizer_files():
+    assert load_tokenizer(tiny_model_dir("llama")) is None
+
+
+@pytest.mark.parametrize("head_dim,theta", [(16, 10000.0), (64, 100000.0), (128, 500000.0)])
+def test_default_rope_matches_transformers(head_dim, theta):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim, rope_theta=theta)
+    expected, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    torch.testing.assert_close(inv_frequencies(head_dim, rope_params_from_config(config)), expected, atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("head_dim,original_context", [(16, 256), (128, 8192), (64, 2048)])
+def test_llama3_rope_matches_transformers(head_dim, original_context):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=original_context)
+    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
+                         rope_parameters=dict(scaling, rope_theta=500000.0))
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    params = rope_params_from_config(config)
+    assert params.rope_type == "llama3"
+    got = inv_frequencies(head_dim, params)
+    torch.testing.assert_close(got, expected, atol=0, rtol=1e-6)
+    plain = inv_frequencies(head_dim, RopeParams(theta=500000.0))
+    assert not torch.allclose(got, plain), "the scaling must change some frequencies at this context"
+    # Older configs spell the same thing as rope_theta + rope_scaling {"type": ...}.
+    legacy = SimpleNamespace(rope_theta=500000.0, max_position_embeddings=original_context,
+                             rope_scaling=dict(scaling, type=scaling.pop("rope_type")))
+    assert rope_params_from_config(legacy) == params
+
+
+def test_unknown_rope_type_is_refused():
+    config = SimpleNamespace(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
+    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
+        rope_params_from_config(config)
