@@ -1,0 +1,182 @@
+"""The async engine: a background thread runs the step loop; many asyncio callers stream outputs.
+
+Requests and aborts reach the engine thread through a command queue and run between steps, so the
+synchronous engine is only ever touched by that thread (plus `stats` / `check_integrity`, which take
+the step lock). Outputs travel back to each caller's asyncio.Queue via call_soon_threadsafe. A caller
+that stops iterating (aclose, cancellation, disconnect) aborts its request, which frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from radixserve.config import EngineConfig
+from radixserve.engine import LLMEngine
+from radixserve.errors import EngineStoppedError
+from radixserve.outputs import RequestOutput
+from radixserve.sampling_params import SamplingParams
+from radixserve.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
+        self.engine = engine or LLMEngine(config or EngineConfig())
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # held by the engine thread while it mutates engine state
+        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- facts callers need --------------------------------------------------------------------
+    @property
+    def tokenizer(self):  # noqa: ANN201 - a transformers tokenizer or None
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_seq_len
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self.engine.eos_token_ids))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Abort everything in flight (callers get a final 'abort' output) and stop the thread."""
+        if self._thread is None or self._stopping:
+            return
+        self._submit(self._abort_all)
+        self._stopping = True
+        self._wake.set()
+        await asyncio.to_thread(self._thread.join, 30)
+
+    def _run(self) -> None:
+        while not self._stopping or not self._commands.empty():
+            self._drain_commands()
+            if self._stopping:
+                continue
+            if not self.engine.has_unfinished():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                with self._lock:
+                    outputs = self.engine.step()
+            except Exception as exc:  # a failed step must not strand callers or leak blocks
+                log.exception("engine step failed; aborting in-flight requests")
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                command()
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _deliver(self, item: RequestOutput | BaseException, request_id: str | None = None) -> None:
+        rid = request_id or item.request_id  # type: ignore[union-attr]
+        stream = self._streams.get(rid)
+        if stream is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _abort_all(self) -> None:
+        for rid in list(self.engine.requests):
+            out = self.engine.abort(rid)
+            if out is not None:
+                self._deliver(out)
+
+    def _fail_all(self, exc: Exception) -> None:
+        with self._lock:
+            for rid in list(self.engine.requests):
+                self.engine.abort(rid)
+                self._deliver(RuntimeError(f"engine step failed: {exc}"), rid)
+
+    # -- requests ------------------------------------------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream a request's incremental outputs; the last one has finished=True."""
+        if self._stopping:
+            raise EngineStoppedError("the engine is shutting down")
+        await self.start()
+        token_ids = self.engine.tokenize(prompt)
+        self.engine.validate(token_ids, params)  # bad requests fail here, before anything is queued
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._streams:
+            raise ValueError(f"request id {rid!r} is already in use")
+        stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[rid] = stream
+
+        def add() -> None:
+            try:
+                self.engine.add_request(token_ids, params, rid, priority)
+            except Exception as exc:
+                self._deliver(exc, rid)
+
+        self._submit(add)
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(rid)
+            self._streams.pop(rid, None)
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; the request ends with finish_reason 'abort' within one step."""
+
+        def do_abort() -> None:
+            out = self.engine.abort(request_id)
+            if out is not None:
+                self._deliver(out)
+
+        self._submit(do_abort)
+
+    # -- introspection (takes the step lock: may wait for the step in progress) -----------------
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return self.engine.stats()
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            self.engine.check_integrity()
+
+    def leaked_blocks(self) -> int:
+        with self._lock:
+            return self.engine.leaked_blocks()

@@ -1,0 +1,55 @@
+"""Incremental detokenization with stop strings, for one generated sequence.
+
+Emitted text is always a prefix of the final text: a delta never ends in a split UTF-8 character
+(decoding "\ufffd" at the tail holds it back), and when stop strings are set the last
+`len(longest stop) - 1` characters are held back until they cannot start a stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""  # decoded so far (complete characters only)
+        self.emitted = 0  # characters of `text` handed out
+        self._prefix = 0  # decode window start: a few tokens of context keep spacing right
+        self._read = 0
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_ids: list[int]) -> None:
+        """Take new tokens; afterwards `stopped` says whether a stop string appeared."""
+        if self.tokenizer is None:
+            return
+        self.ids.extend(token_ids)
+        before = self._decode(self.ids[self._prefix:self._read])
+        now = self._decode(self.ids[self._prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self.text += now[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+        if self.stop:
+            start = max(0, self.emitted - self.holdback - 1)
+            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            if hits:
+                self.text = self.text[:min(hits)]
+                self.stopped = True
+
+    def delta(self, final: bool) -> str:
+        """Text not handed out yet that is safe to hand out (all of it when final)."""
+        if self.tokenizer is None:
+            return ""
+        if final and not self.stopped and self._read < len(self.ids):
+            self.text += self._decode(self.ids[self._prefix:])[len(self._decode(self.ids[self._prefix:self._read])):]
+            self._read = len(self.ids)
+        end = len(self.text) if (final or self.stopped) else max(self.emitted, len(self.text) - self.holdback)
+        out = self.text[self.emitted:end]
+        self.emitted = end
+        return out

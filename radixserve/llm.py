@@ -1,0 +1,69 @@
+"""Offline API: `LLM(...).generate(prompts, params)` and `.chat(messages, params)`, synchronous.
+
+Every prompt is tokenized and validated before any is queued, so one bad prompt rejects the call
+without leaving half a batch in the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.config import EngineConfig
+from radixserve.engine import LLMEngine
+from radixserve.outputs import CompletionOutput, RequestOutput
+from radixserve.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **config))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
+        params = params or SamplingParams()
+        batch = _as_prompt_list(prompts)
+        token_lists = [self.engine.tokenize(p) for p in batch]
+        for ids in token_lists:
+            self.engine.validate(ids, params)
+        ids = [self.engine.add_request(t, params) for t in token_lists]
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                _accumulate(results, out)
+        return [results[i] for i in ids]
+
+    def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None) -> list[RequestOutput]:
+        if self.tokenizer is None:
+            raise ValueError("this model directory has no tokenizer, so it has no chat template")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            list(self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False))
+            for c in conversations
+        ]
+        return self.generate(prompts, params)
+
+
+def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError("prompts must be a string, a token-id list, or a non-empty list of those")
+    return prompts
+
+
+def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:
+    """Fold streamed deltas into whole outputs, one CompletionOutput per sample in index order."""
+    whole = results.setdefault(out.request_id, RequestOutput(out.request_id, [], out.usage, out.timing,
+                                                             prompt_token_ids=out.prompt_token_ids))
+    by_index = {c.index: c for c in whole.outputs}
+    for delta in out.outputs:
+        c = by_index.setdefault(delta.index, CompletionOutput(delta.index))
+        c.token_ids.extend(delta.token_ids)
+        c.text += delta.text
+        c.finish_reason = delta.finish_reason or c.finish_reason
+    whole.outputs = [by_index[i] for i in sorted(by_index)]
+    whole.usage, whole.timing, whole.finished = out.usage, out.timing, out.finished

@@ -1,0 +1,55 @@
+"""Turns logits rows into next tokens: greedy, temperature, top-k, top-p, seeded or not.
+
+Greedy rows never touch a random generator. A seeded sequence samples from its own generator, so
+its draws do not depend on which other requests share the batch (the logits themselves may differ
+in the last bits with batch composition, which can flip a near-tie).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.sampling_params import SamplingParams
+
+
+class Sampler:
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> list[int]:
+        logits = logits.float().cpu()
+        greedy = logits.argmax(dim=-1).tolist()
+        out = []
+        for i, p in enumerate(params):
+            if p.greedy:
+                out.append(greedy[i])
+                continue
+            probs = self.probabilities(logits[i], p)
+            gen = generators[i] or self.generator
+            out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
+        return out
+
+    @staticmethod
+    def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+        row = row / p.temperature
+        if p.top_k and p.top_k < row.numel():
+            kth = torch.topk(row, p.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # keep the smallest set whose mass reaches top_p (the first token always stays)
+            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs /= probs.sum()
+        return probs
+
+
+def generator_for(params: SamplingParams, index: int) -> torch.Generator | None:
+    """Seeded requests get their own generator per sample (sample i uses seed + i)."""
+    if params.seed is None or params.greedy:
+        return None
+    return torch.Generator(device="cpu").manual_seed(params.seed + index)

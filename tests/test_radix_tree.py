@@ -1,0 +1,195 @@
+"""Block pool + radix tree under random operation sequences (hypothesis stateful testing).
+
+The machine simulates sequences the way the scheduler drives them: match a cached prefix (sharing
+its blocks, locking its path), write tokens (copy-on-write of a shared block, fresh blocks past the
+table), insert into the cache, fork, free, evict. A shadow KV store records which (token, position)
+each slot holds, so every match is checked token by token — including matches that end mid-block.
+After every step the pool and tree integrity checks run and lock counts are recomputed from scratch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from radixserve.block_pool import BlockPool
+from radixserve.radix_tree import RadixNode, RadixTree, common_prefix_len
+
+BLOCK = 4
+NUM_BLOCKS = 24
+tokens_st = st.lists(st.integers(0, 3), min_size=1, max_size=18)
+
+
+@dataclass
+class SimSeq:
+    tokens: list[int]
+    table: list[int] = field(default_factory=list)
+    computed: int = 0
+    node: RadixNode | None = None
+
+
+class CacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = BlockPool(NUM_BLOCKS, BLOCK)
+        self.tree = RadixTree(self.pool)
+        self.kv: dict[tuple[int, int], tuple[int, int]] = {}  # (block, offset) -> (token, position)
+        self.seqs: list[SimSeq] = []
+
+    def _check_blocks(self, tokens: list[int], blocks: list[int], length: int) -> None:
+        for p in range(length):
+            assert self.kv.get((blocks[p // BLOCK], p % BLOCK)) == (tokens[p], p), f"stale KV at position {p}"
+
+    @rule(tokens=tokens_st)
+    def start(self, tokens: list[int]) -> None:
+        m = self.tree.match(tokens)
+        self._check_blocks(tokens, m.blocks, m.length)
+        assert m.node.end == m.length
+        self.tree.lock(m.node)
+        for b in m.blocks:
+            self.pool.incref(b)
+        self.seqs.append(SimSeq(tokens, list(m.blocks), m.length, m.node))
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 9), extra=st.lists(st.integers(0, 3), max_size=6))
+    def write(self, i: int, n: int, extra: list[int]) -> None:
+        s = self.seqs[i % len(self.seqs)]
+        s.tokens = s.tokens + extra
+        n = min(n, len(s.tokens) - s.computed)
+        if n <= 0:
+            return
+        first = s.computed // BLOCK
+        missing = max(0, -(-(s.computed + n) // BLOCK) - len(s.table))
+        shared = first < len(s.table) and self.pool.refcount[s.table[first]] > 1
+        fresh = self.pool.allocate(missing + int(shared))
+        if fresh is None:
+            return
+        if shared:
+            dst, src = fresh.pop(), s.table[first]
+            if self.pool.refcount[src] > 1:
+                for off in range(BLOCK):  # copy-on-write
+                    if (src, off) in self.kv:
+                        self.kv[(dst, off)] = self.kv[(src, off)]
+                self.pool.decref(src)
+                s.table[first] = dst
+            else:
+                self.pool.decref(dst)
+        s.table.extend(fresh)
+        for p in range(s.computed, s.computed + n):
+            b = s.table[p // BLOCK]
+            assert self.pool.refcount[b] == 1, "writing a shared block"
+            self.kv[(b, p % BLOCK)] = (s.tokens[p], p)
+        s.computed += n
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=st.integers(0, 100))
+    def insert(self, i: int) -> None:
+        s = self.seqs[i % len(self.seqs)]
+        node = self.tree.insert(s.tokens[:s.computed], s.table)
+        assert node.end == s.computed
+        self.tree.lock(node)
+        if s.node is not None:
+            self.tree.unlock(s.node)
+        s.node = node
+        m = self.tree.match(s.tokens[:s.computed], split=False)
+        assert m.length == s.computed
+        self._check_blocks(s.tokens, m.blocks, m.length)
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=st.integers(0, 100))
+    def fork(self, i: int) -> None:
+        s = self.seqs[i % len(self.seqs)]
+        for b in s.table:
+            self.pool.incref(b)
+        if s.node is not None:
+            self.tree.lock(s.node)
+        self.seqs.append(SimSeq(list(s.tokens), list(s.table), s.computed, s.node))
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=st.integers(0, 100), cache=st.booleans())
+    def free(self, i: int, cache: bool) -> None:
+        s = self.seqs.pop(i % len(self.seqs))
+        if cache and s.computed:
+            self.tree.insert(s.tokens[:s.computed], s.table)
+        if s.node is not None:
+            self.tree.unlock(s.node)
+        self.pool.release(s.table)
+
+    @rule(n=st.integers(1, NUM_BLOCKS))
+    def evict(self, n: int) -> None:
+        free_before = self.pool.num_free
+        freed = self.tree.evict(n)
+        assert self.pool.num_free == free_before + freed
+
+    @invariant()
+    def integrity(self) -> None:
+        owners = Counter(b for s in self.seqs for b in s.table)
+        owners.update(self.tree.block_refs())
+        self.pool.check_integrity(owners)
+        self.tree.check_integrity()
+        locks: Counter[int] = Counter()
+        for s in self.seqs:
+            n = s.node
+            while n is not None and n is not self.tree.root:
+                locks[n.id] += 1
+                n = n.parent
+        for node in self.tree.nodes():
+            assert node.lock_count == locks[node.id]
+
+    def teardown(self) -> None:
+        while self.seqs:
+            self.free(0, False)
+        self.tree.clear()
+        assert self.pool.num_free == NUM_BLOCKS, "blocks leaked after freeing everything"
+
+
+TestCacheMachine = CacheMachine.TestCase
+TestCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len(list(range(200)), list(range(150)) + [-1]) == 150
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5] * 70, [5] * 70) == 70
+
+
+def test_match_ending_mid_block_shares_the_partial_block() -> None:
+    pool = BlockPool(8, 4)
+    tree = RadixTree(pool)
+    blocks = pool.allocate(2)
+    tree.insert([1, 2, 3, 4, 5, 6], blocks)
+    pool.release(blocks)
+    m = tree.match([1, 2, 3, 4, 5, 9])
+    assert m.length == 5 and m.blocks == blocks  # position 4 lies in the second, partial block
+    assert pool.refcount[blocks[1]] == 2  # the split left both halves listing it
+
+
+def test_eviction_is_lru_and_leaf_first() -> None:
+    pool = BlockPool(4, 4)
+    tree = RadixTree(pool)
+    for toks in ([1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]):
+        b = pool.allocate(1)
+        tree.insert(toks, b)
+        pool.release(b)
+    tree.match([1, 1, 1, 1])  # 1 is now the most recent; 2 is the oldest
+    assert tree.evict(1) == 1
+    assert tree.match([2, 2, 2, 2], split=False).length == 0
+    assert tree.match([1, 1, 1, 1], split=False).length == 4
+    assert tree.match([3, 3, 3, 3], split=False).length == 4
+    tree.check_integrity()
+
+
+def test_allocation_evicts_only_under_pressure() -> None:
+    pool = BlockPool(3, 4)
+    tree = RadixTree(pool)
+    b = pool.allocate(2)
+    tree.insert([1] * 8, b)
+    pool.release(b)
+    assert pool.allocate(1) is not None and tree.evictions == 0  # a free block was there
+    assert pool.allocate(2) is not None and tree.evictions == 1
+    assert pool.allocate(1) is None  # nothing left to evict
