@@ -1,0 +1,36 @@
+"""Triton paged-attention kernels over the block cache, with plain-torch references.
+
+Public API (fixed): `paged_decode_attention`, `paged_extend_attention`, `store_kv`; references in
+`kernels.reference`. Cache layout [num_blocks, block_size, Hkv, D] (see radixserve/kv_cache.py).
+
+The exports load lazily so that `import kernels` stays cheap and never imports triton: an unrelated
+PyPI distribution is also imported as `kernels`, and transformers may import whatever `kernels` it
+finds just to read a version. This package deliberately has no `__version__`, so that probe
+(`is_kernels_available`) reports False instead of mistaking us for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "paged_decode_attention": "kernels.decode",
+    "paged_extend_attention": "kernels.extend",
+    "store_kv": "kernels.kv_store",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,170 @@
+"""Shared plumbing for the paged-attention kernels: input checks, launch configs, dot precision.
+
+Invariants the kernels rely on, enforced here before any launch:
+- caches are [num_blocks, block_size, Hkv, D] with block_size >= 16, the same dtype as q;
+- Hq is a multiple of Hkv;
+- every tensor is on a CUDA device, or Triton runs in its interpreter (TRITON_INTERPRET=1 set before
+  triton was imported), in which case CPU tensors are fine and their index values are also checked
+  (free on CPU; on CUDA that would cost a host sync per layer, so there the engine is trusted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+try:
+    import triton
+    from triton.runtime.errors import OutOfResources
+except ImportError as exc:  # pragma: no cover - triton ships with the Linux x86_64 install
+    raise ImportError(
+        "the Triton kernels need the `triton` package (installed with radixserve on Linux x86_64); "
+        "use --attention-backend torch elsewhere"
+    ) from exc
+
+MIN_BLOCK_SIZE = 16
+# set only by kernels.aot_check while a stand-in driver compiles for a GPU this machine lacks
+COMPILE_ONLY = False
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def is_interpreted(kernel: object) -> bool:
+    """True when `kernel` was decorated while TRITON_INTERPRET=1 (it then runs on the CPU in numpy)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernel, InterpretedFunction)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def head_dim_pad(head_dim: int) -> int:
+    # tl.arange needs a power of two and tl.dot a K of at least 16
+    return max(16, next_pow2(head_dim))
+
+
+def check_device(kernel: object, *tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all kernel inputs must be on one device, got {sorted(map(str, devices))}")
+    device = next(iter(devices))
+    if device.type != "cuda" and not is_interpreted(kernel) and not COMPILE_ONLY:
+        raise RuntimeError(
+            f"Triton kernels need CUDA tensors (got {device}); on CPU they only run under the interpreter: "
+            "set TRITON_INTERPRET=1 before triton is imported, or use the torch attention backend"
+        )
+
+
+def should_check_values(t: torch.Tensor) -> bool:
+    return t.device.type != "cuda"
+
+
+def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache must be [num_blocks, block_size, Hkv, D], got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
+    if k_cache.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"cache dtype {k_cache.dtype} unsupported; use float16, bfloat16 or float32")
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    if block_size < MIN_BLOCK_SIZE:
+        raise ValueError(
+            f"block_size {block_size} is below {MIN_BLOCK_SIZE}: the Triton kernels support blocks of "
+            f">= {MIN_BLOCK_SIZE} tokens (tl.dot needs K >= 16 on NVIDIA, which the CPU interpreter "
+            "would not catch); use --block-size 16, 32 or 64 or the torch backend"
+        )
+    return num_blocks, block_size, num_kv_heads, head_dim
+
+
+def check_query(q: torch.Tensor, k_cache: torch.Tensor, num_kv_heads: int, head_dim: int) -> int:
+    """Validate q [N, Hq, D] against the cache and return the GQA group size Hq // Hkv."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [tokens, Hq, D], got shape {tuple(q.shape)}")
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
+    if q.shape[2] != head_dim:
+        raise ValueError(f"q head_dim {q.shape[2]} differs from the cache head_dim {head_dim}")
+    if q.shape[1] % num_kv_heads != 0:
+        raise ValueError(f"Hq={q.shape[1]} must be a multiple of Hkv={num_kv_heads}")
+    return q.shape[1] // num_kv_heads
+
+
+def check_out(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The caller's output buffer (same shape, dtype and device as q), or a fresh one."""
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(
+            f"out must match q ({tuple(q.shape)}, {q.dtype}, {q.device}), got ({tuple(out.shape)}, {out.dtype}, {out.device})"
+        )
+    return out
+
+
+def check_int_vector(name: str, t: torch.Tensor, length: int, dtype: torch.dtype) -> None:
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} must have shape [{length}], got {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+
+
+def check_block_table(block_table: torch.Tensor, batch: int, num_blocks: int) -> None:
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must be [{batch}, max_blocks], got {tuple(block_table.shape)}")
+    if block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be int32, got {block_table.dtype}")
+
+
+def check_table_covers(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int, num_blocks: int) -> None:
+    """Value checks (CPU only): every position < seq_len maps to an existing physical block."""
+    if seq_lens.numel() == 0:
+        return
+    if int(seq_lens.min()) < 0:
+        raise ValueError("seq_lens must be >= 0")
+    need = (seq_lens.long() + block_size - 1) // block_size
+    if int(need.max()) > block_table.shape[1]:
+        raise ValueError(f"block_table has {block_table.shape[1]} columns, a sequence needs {int(need.max())}")
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    used = block_table[cols[None, :] < need[:, None]]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
+        raise ValueError(f"block_table references a block outside [0, {num_blocks})")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 tl.dot defaults to TF32 on NVIDIA (10-bit mantissa); fp32 callers want fp32 results
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def upcast_in_kernel(kernel: object, dtype: torch.dtype) -> bool:
+    # the interpreter stores bf16 as raw uint16 bits and cannot do arithmetic on them: convert on load
+    return dtype == torch.bfloat16 and is_interpreted(kernel)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes and scheduling hints for one launch; block_m is unused by the decode kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_with_fallback(launch: Callable[[LaunchConfig], None], configs: list[LaunchConfig]) -> LaunchConfig:
+    """Run `launch` with the first config whose tiles fit the device (shared memory differs per GPU)."""
+    last: Exception | None = None
+    for cfg in configs:
+        try:
+            launch(cfg)
+            return cfg
+        except OutOfResources as exc:
+            last = exc
+    raise RuntimeError(f"no launch config fits this device: {last}")
+
+
+def scheduling_kwargs(kernel: object, cfg: LaunchConfig) -> dict[str, int]:
+    return {} if is_interpreted(kernel) else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

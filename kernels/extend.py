@@ -1,0 +1,230 @@
+"""`paged_extend_attention`: packed new tokens of B sequences attend to their paged prefix + causally.
+
+Grid (row tiles, B, Hkv). The rows of a tile are (token, q head) pairs of one sequence and one kv
+head: row r is new token r // GROUP with q head kv_head * GROUP + r % GROUP, so the GROUP heads that
+share K/V sit in one tile (a decode in the batch fills GROUP rows instead of one) and every K/V
+tile is loaded once for all of them. Tile indices are walked last-first because the later tiles of
+a causal sequence see the most keys. Keys are read from the cache through the block table (the
+step's own K/V were stored there first); each row at absolute position p sees keys 0..p. Keys
+before the tile's first token are visible to every row, so whole BLOCK_N tiles of them run
+unmasked; only the tail up to the tile's last token is masked. Online softmax in base 2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common import (
+    LaunchConfig,
+    check_block_table,
+    check_cache_pair,
+    check_device,
+    check_int_vector,
+    check_out,
+    check_query,
+    check_table_covers,
+    dot_precision,
+    head_dim_pad,
+    is_interpreted,
+    launch_with_fallback,
+    scheduling_kwargs,
+    should_check_values,
+    upcast_in_kernel,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, start, causal_end, q_pos,
+    table_row, stride_tn, k_base, v_base,
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    dims, dim_mask, scale_log2,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tokens = start + tl.arange(0, BLOCK_N)
+    token_mask = tokens < causal_end
+    if MASKED:
+        page = tl.load(table_row + (tokens // PAGE_SIZE) * stride_tn, mask=token_mask, other=0).to(tl.int64)
+    else:
+        page = tl.load(table_row + (tokens // PAGE_SIZE) * stride_tn).to(tl.int64)
+    in_page = tokens % PAGE_SIZE
+    k_ptrs = k_base + page[:, None] * stride_kb + in_page[:, None] * stride_ks + dims[None, :] * stride_kd
+    v_ptrs = v_base + page[:, None] * stride_vb + in_page[:, None] * stride_vs + dims[None, :] * stride_vd
+    if MASKED:
+        kv_mask = token_mask[:, None] & dim_mask[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif PAD_DIM:
+        k = tl.load(k_ptrs, mask=dim_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=dim_mask[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if MASKED:
+        visible = (tokens[None, :] <= q_pos[:, None]) & token_mask[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_ptr, seq_lens_ptr, out_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_tb, stride_tn,
+    stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_ptr + seq)
+    q_len = tl.load(cu_seqlens_ptr + seq + 1) - q_start
+    row0 = tile * BLOCK_M
+    if row0 >= q_len * GROUP:
+        return
+    prefix = tl.load(seq_lens_ptr + seq) - q_len
+
+    rows = row0 + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    row_mask = tok < q_len
+    q_pos = prefix + tok
+    dims = tl.arange(0, DIM_PAD)
+    dim_mask = dims < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64)
+    io_mask = row_mask[:, None] & dim_mask[None, :]
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                mask=io_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    first_tok = row0 // GROUP
+    last_tok = tl.minimum((row0 + BLOCK_M - 1) // GROUP, q_len - 1)
+    full_end = ((prefix + first_tok) // BLOCK_N) * BLOCK_N  # keys below: visible to every row
+    causal_end = prefix + last_tok + 1
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+    table_row = block_table_ptr + seq * stride_tb
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    for start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, causal_end, q_pos, table_row, stride_tn, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, dims, dim_mask, scale_log2,
+            PAGE_SIZE, BLOCK_N, False, DIM_PAD != HEAD_DIM, UPCAST, DOT_PRECISION,
+        )
+    for start in range(full_end, causal_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, causal_end, q_pos, table_row, stride_tn, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, dims, dim_mask, scale_log2,
+            PAGE_SIZE, BLOCK_N, True, DIM_PAD != HEAD_DIM, UPCAST, DOT_PRECISION,
+        )
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def extend_configs(dtype: torch.dtype, head_dim: int, interpreted: bool) -> list[LaunchConfig]:
+    """Candidate tiles, best first; later ones only if the earlier do not fit in shared memory."""
+    if interpreted:
+        return [LaunchConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)]
+    if dtype == torch.float32 or head_dim > 128:
+        return [LaunchConfig(64, 32, 4, 2), LaunchConfig(32, 32, 4, 1), LaunchConfig(16, 16, 4, 1)]
+    return [
+        LaunchConfig(128, 64, 8 if head_dim > 64 else 4, 3),
+        LaunchConfig(128, 32, 4, 2),
+        LaunchConfig(64, 32, 4, 2),
+        LaunchConfig(16, 16, 4, 1),
+    ]
+
+
+def paged_extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    config: LaunchConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [T, Hq, D] packed new tokens -> out [T, Hq, D].
+
+    Sequence b owns q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] (int32, [B+1]) and has seq_lens[b] tokens in
+    all, its new ones last; their K/V must already be in the cache. `max_query_len` (a host bound on
+    the per-sequence new-token counts) saves a device sync; `config` overrides the tile choice.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
+    group = check_query(q, k_cache, num_kv_heads, head_dim)
+    if seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens must be 1-D [B], got shape {tuple(seq_lens.shape)}")
+    batch = seq_lens.shape[0]
+    check_int_vector("seq_lens", seq_lens, batch, torch.int32)
+    check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, torch.int32)
+    check_block_table(block_table, batch, num_blocks)
+    check_device(_extend_kernel, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
+    if should_check_values(seq_lens):
+        _check_packing(q, cu_seqlens_q, seq_lens)
+        check_table_covers(block_table, seq_lens, block_size, num_blocks)
+    if batch > 65535 or num_kv_heads > 65535:
+        raise ValueError("grid too large: at most 65535 sequences and 65535 kv heads per launch")
+    out = check_out(out, q)
+    if batch == 0 or q.shape[0] == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    if max_query_len <= 0:
+        return out
+
+    interpreted = is_interpreted(_extend_kernel)
+    upcast = upcast_in_kernel(_extend_kernel, q.dtype)
+
+    def launch(cfg: LaunchConfig) -> None:
+        tiles = triton.cdiv(max_query_len * group, cfg.block_m)
+        _extend_kernel[(tiles, batch, num_kv_heads)](
+            q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
+            scale * LOG2E,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
+            GROUP=group, HEAD_DIM=head_dim, DIM_PAD=head_dim_pad(head_dim), PAGE_SIZE=block_size,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UPCAST=upcast, DOT_PRECISION=dot_precision(q.dtype),
+            **scheduling_kwargs(_extend_kernel, cfg),
+        )
+
+    launch_with_fallback(launch, [config] if config else extend_configs(q.dtype, head_dim, interpreted))
+    return out
+
+
+def _check_packing(q: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """Value checks (CPU only): cu_seqlens_q is a packing of q, and no sequence is shorter than its new part."""
+    cu = cu_seqlens_q.long()
+    if int(cu[0]) != 0 or int(cu[-1]) != q.shape[0]:
+        raise ValueError(f"cu_seqlens_q must start at 0 and end at T={q.shape[0]}, got {cu.tolist()}")
+    query_lens = cu[1:] - cu[:-1]
+    if query_lens.numel() and int(query_lens.min()) < 0:
+        raise ValueError("cu_seqlens_q must be non-decreasing")
+    if bool((seq_lens.long() < query_lens).any()):
+        raise ValueError("seq_lens[b] must be >= the number of new tokens of sequence b")

@@ -1,0 +1,75 @@
+"""`store_kv`: scatter one step's new K/V rows into the paged cache (module not named store_kv so the
+submodule can never shadow the `kernels.store_kv` function on the package).
+
+One program per new token copies its [Hkv, D] K and V tiles to slot = block * block_size + offset,
+converting to the cache dtype. Slots < 0 are skipped (padding tokens); slots past the cache end are
+skipped too, so a bad slot can never write outside the cache (on CPU the wrapper rejects them with
+an error first). Offsets are int64: a cache can hold more than 2^31 elements.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common import check_cache_pair, check_device, next_pow2, should_check_values
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    num_slots,
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_kcb, stride_kcs, stride_kch, stride_kcd,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if (slot < 0) | (slot >= num_slots):
+        return
+    page = slot // PAGE_SIZE
+    offset = slot % PAGE_SIZE
+    heads = tl.arange(0, HEADS_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    mask = (heads[:, None] < NUM_HEADS) & (dims[None, :] < HEAD_DIM)
+
+    k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :] * stride_kd, mask=mask)
+    dst_k = k_cache_ptr + page * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :] * stride_kcd
+    tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+
+    v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :] * stride_vd, mask=mask)
+    dst_v = v_cache_ptr + page * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :] * stride_vcd
+    tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write k, v [T, Hkv, D] into k_cache/v_cache [num_blocks, block_size, Hkv, D] at slot_mapping [T] int64."""
+    num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
+    expected = (slot_mapping.shape[0], num_kv_heads, head_dim) if slot_mapping.dim() == 1 else None
+    if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:
+        raise ValueError(f"slot_mapping must be a 1-D int64 tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape {expected} to match slot_mapping and the cache, got {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"{name} dtype {t.dtype} unsupported")
+    check_device(_store_kv_kernel, k, v, k_cache, v_cache, slot_mapping)
+    num_slots = num_blocks * block_size
+    if should_check_values(slot_mapping) and slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
+        raise ValueError(f"slot_mapping holds a slot >= {num_slots} (num_blocks * block_size)")
+    num_tokens = slot_mapping.shape[0]
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        num_slots,
+        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
+        NUM_HEADS=num_kv_heads, HEAD_DIM=head_dim, HEADS_PAD=next_pow2(num_kv_heads), DIM_PAD=next_pow2(head_dim),
+        PAGE_SIZE=block_size,
+    )
