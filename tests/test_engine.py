@@ -1,0 +1,169 @@
+"""The engine against transformers as the oracle (greedy, fp32, token for token) on tiny
+random-weight models of every supported architecture, through every cache path: cold, warm, chunk
+boundaries at every offset inside a block, hits ending mid-block (copy-on-write), preemption in a
+tiny pool, n > 1 forks, and mixed batches. Every test ends with the integrity check and 0 leaks.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from radixserve import LLM, SamplingParams
+from tiny_models import hf_model, tiny_model_dir
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+    model = hf_model(tiny_model_dir(arch))
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def random_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 500, (n,), generator=g).tolist() for n in lengths]
+
+
+def make_llm(arch: str, **kw) -> LLM:
+    kw = {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 64} | kw
+    return LLM(model=str(tiny_model_dir(arch)), **kw)
+
+
+def assert_matches(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
+    outs = llm.generate(prompts, params)
+    for p, o in zip(prompts, outs):
+        for c in o.outputs:
+            assert c.token_ids == reference(arch, tuple(p), params.max_tokens), f"prompt of {len(p)} tokens diverged"
+    assert_clean(llm)
+    return outs
+
+
+def assert_clean(llm: LLM) -> None:
+    llm.engine.check_integrity()
+    assert llm.engine.leaked_blocks() == 0
+    assert llm.engine.stats().blocks_used == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cold_then_warm_cache_matches_transformers(arch: str) -> None:
+    llm = make_llm(arch)
+    prompts = random_prompts([1, 15, 16, 17, 40, 90])  # mixed lengths in one batch, block edges
+    cold = assert_matches(arch, llm, prompts)
+    assert [o.usage.cached_tokens for o in cold] == [0] * len(prompts)
+    warm = assert_matches(arch, llm, prompts)
+    # a whole-prompt hit recomputes only the last prompt token, for its logits
+    assert [o.usage.cached_tokens for o in warm] == [len(p) - 1 for p in prompts]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hits_ending_mid_block_copy_on_write(arch: str) -> None:
+    llm = make_llm(arch)
+    base = random_prompts([60], seed=1)[0]
+    assert_matches(arch, llm, [base])
+    before = llm.engine.stats().computed_tokens
+    branches = [base[:k] + random_prompts([9], seed=k)[0] for k in (5, 21, 33, 47)]  # diverge mid-block
+    outs = assert_matches(arch, llm, branches)
+    for k, o in zip((5, 21, 33, 47), outs):
+        assert o.usage.cached_tokens >= k  # the shared part of the partial block was reused, not recomputed
+    computed = llm.engine.stats().computed_tokens - before
+    assert computed == sum(len(b) - o.usage.cached_tokens for b, o in zip(branches, outs))
+
+
+@pytest.mark.parametrize("budget", range(16, 32))
+def test_chunk_boundaries_at_every_offset(budget: int) -> None:
+    llm = make_llm("llama", max_num_batched_tokens=budget)
+    assert_matches("llama", llm, random_prompts([100, 45], seed=2))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_preemption_in_a_tiny_pool(arch: str) -> None:
+    # 8 blocks of 16 hold 128 tokens; six 40-token prompts growing by 16 need 24 blocks at once
+    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompts = random_prompts([40] * 6, seed=3)
+    assert_matches(arch, llm, prompts, params)
+    assert llm.engine.stats().preemptions > 0
+    assert llm.engine.stats().evictions > 0
+
+
+def test_n_forks_share_the_prompt() -> None:
+    llm = make_llm("qwen2")
+    prompt = random_prompts([37], seed=4)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, n=3, ignore_eos=True))[0]
+    assert len(out.outputs) == 3
+    assert all(c.token_ids == reference("qwen2", tuple(prompt), 10) for c in out.outputs)
+    assert llm.engine.stats().computed_tokens == len(prompt)  # the prompt ran once for all 3 samples
+    assert_clean(llm)
+
+
+def test_seeded_sampling_is_reproducible_and_samples_differ() -> None:
+    llm = make_llm("llama")
+    prompt = random_prompts([20], seed=5)[0]
+    params = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_tokens=12, n=4, seed=7, ignore_eos=True)
+    a = llm.generate([prompt], params)[0]
+    # the same seed in a different batch (with an unseeded neighbour) gives the same samples
+    b = llm.generate([prompt, prompt[:5]], params)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1
+    assert_clean(llm)
+
+
+def test_stop_token_and_eos() -> None:
+    llm = make_llm("llama")
+    prompt = random_prompts([12], seed=6)[0]
+    ref = reference("llama", tuple(prompt), 10)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[ref[3]]))[0]
+    first = ref.index(ref[3])
+    assert out.outputs[0].token_ids == ref[: first + 1] and out.outputs[0].finish_reason == "stop"
+    assert_clean(llm)
+
+
+def test_cache_off_computes_everything() -> None:
+    llm = make_llm("llama", enable_prefix_cache=False)
+    prompts = random_prompts([30, 30], seed=8)
+    assert_matches("llama", llm, prompts)
+    assert_matches("llama", llm, prompts)
+    assert llm.engine.stats().computed_tokens == 2 * 60
+    assert llm.engine.stats().blocks_free == 96
+
+
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ([], GREEDY, "empty"),
+        ([1, 2, 512], GREEDY, "outside the vocabulary"),
+        ([1, -1], GREEDY, "outside the vocabulary"),
+        ([1] * 2000, GREEDY, "context length"),
+        ("hello", GREEDY, "no tokenizer"),
+        ([1, 2.5], GREEDY, "integer token ids"),
+    ],
+)
+def test_bad_requests_are_rejected_without_leaks(prompt, params, message) -> None:
+    llm = make_llm("llama")
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[5, 6, 7], prompt], params)
+    assert not llm.engine.has_unfinished()
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", 0), ("max_tokens", -3), ("n", 0), ("top_p", 0.0),
+                                          ("temperature", -1.0), ("top_k", -1)])
+def test_bad_sampling_params(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_bad_model_paths(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LLM(model=str(tmp_path / "nope"))
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+        LLM(model=str(tmp_path))
