@@ -118,7 +118,7 @@ def _extend_kernel(
 
     first_tok = row0 // GROUP
     last_tok = tl.minimum((row0 + BLOCK_M - 1) // GROUP, q_len - 1)
-    full_end = ((prefix + first_tok) // BLOCK_N) * BLOCK_N  # keys below: visible to every row
+    full_end = ((prefix + first_tok + 1) // BLOCK_N) * BLOCK_N  # keys below: visible to every row
     causal_end = prefix + last_tok + 1
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
