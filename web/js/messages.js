@@ -1,0 +1,126 @@
+// Renders one conversation: user and assistant turns, the live streaming turn, and each assistant
+// turn's cache figures (prompt tokens, cached tokens and %, TTFT, tokens/s). Message objects are
+// plain data owned by the chat controller; this module keeps a WeakMap from message to its element
+// so a streamed delta re-renders only its own bubble.
+
+import { icon } from "./icons.js";
+import { renderMarkdown } from "./markdown.js";
+import { fmtInt, fmtMs, fmtPct, fmtRate, h } from "./ui.js";
+
+const nodes = new WeakMap();
+
+function chip(cls, label, value, title) {
+  return h("span", { className: `chip ${cls}`, title: title || "", dataset: { value: String(value ?? "") } }, [
+    h("span", { className: "chip-label", textContent: label }),
+    h("span", { className: "chip-value", textContent: "" }),
+  ]);
+}
+
+function setChip(node, text) {
+  node.querySelector(".chip-value").textContent = text;
+}
+
+function metaFor(msg) {
+  const meta = h("div", { className: "msg-meta" });
+  const usage = msg.usage || (msg.start ? { prompt_tokens: msg.start.prompt_tokens, cached_tokens: msg.start.cached_tokens } : null);
+  if (usage && Number.isFinite(usage.prompt_tokens)) {
+    const p = chip("meta-prompt", "prompt", usage.prompt_tokens, "Tokens in the prompt, history included");
+    setChip(p, `${fmtInt(usage.prompt_tokens)} tok`);
+    const ratio = usage.prompt_tokens > 0 ? usage.cached_tokens / usage.prompt_tokens : NaN;
+    const c = chip("meta-cached", "cached", usage.cached_tokens, "Prompt tokens served from the radix prefix cache");
+    setChip(c, `${fmtInt(usage.cached_tokens)} (${fmtPct(ratio)})`);
+    if (usage.cached_tokens > 0) c.classList.add("chip-hit");
+    meta.append(p, c);
+  }
+  const t = msg.timing;
+  if (t) {
+    const ttft = chip("meta-ttft", "TTFT", t.ttft_ms, "Time to first token, queueing included");
+    setChip(ttft, fmtMs(t.ttft_ms));
+    const tps = chip("meta-tps", "speed", t.tokens_per_s, "Decode speed after the first token");
+    setChip(tps, fmtRate(t.tokens_per_s));
+    meta.append(ttft, tps);
+  }
+  if (msg.usage && Number.isFinite(msg.usage.completion_tokens)) {
+    const out = chip("meta-completion", "output", msg.usage.completion_tokens, "Generated tokens");
+    setChip(out, `${fmtInt(msg.usage.completion_tokens)} tok`);
+    meta.append(out);
+  }
+  if (msg.finish_reason === "length" || msg.finish_reason === "abort") {
+    const why = msg.finish_reason === "length" ? "hit max tokens" : "stopped";
+    meta.append(h("span", { className: `chip chip-finish finish-${msg.finish_reason}`, textContent: why, dataset: { value: msg.finish_reason } }));
+  }
+  return meta;
+}
+
+function bodyFor(msg) {
+  const body = h("div", { className: "msg-body" });
+  if (msg.role === "assistant") {
+    if (msg.content) body.append(renderMarkdown(msg.content));
+    if (msg.streaming) {
+      if (!msg.content) {
+        body.append(h("span", { className: "msg-pending", textContent: msg.start ? "Thinking…" : "Waiting for the server…" }));
+      }
+      body.append(h("span", { className: "cursor", attrs: { "aria-hidden": "true" } }));
+    }
+  } else {
+    body.textContent = msg.content;
+  }
+  if (msg.error) body.append(h("p", { className: "msg-error", attrs: { role: "alert" }, textContent: msg.error }));
+  return body;
+}
+
+function actionsFor(msg, handlers) {
+  const actions = h("div", { className: "msg-actions" });
+  if (msg.streaming || !Number.isInteger(msg.index)) return actions;
+  if (msg.role === "assistant") {
+    actions.append(h("button", {
+      type: "button", className: "btn btn-ghost btn-tiny act-fork",
+      attrs: { "aria-label": `Fork the chat after message ${msg.index + 1}` },
+      onclick: () => handlers.fork(msg.index + 1, null),
+    }, [icon("fork"), "Fork from here"]));
+    actions.append(h("button", {
+      type: "button", className: "btn btn-ghost btn-tiny act-copy",
+      attrs: { "aria-label": "Copy this reply" },
+      onclick: (ev) => handlers.copy(msg.content, ev.currentTarget.lastChild),
+    }, [icon("copy"), h("span", { textContent: "Copy" })]));
+  } else if (msg.role === "user") {
+    actions.append(h("button", {
+      type: "button", className: "btn btn-ghost btn-tiny act-edit",
+      attrs: { "aria-label": `Edit message ${msg.index + 1} in a new fork` },
+      onclick: () => handlers.fork(msg.index, msg.content),
+    }, [icon("edit"), "Edit in a fork"]));
+  }
+  return actions;
+}
+
+function build(msg, handlers) {
+  const role = msg.role === "assistant" ? "Assistant" : msg.role === "user" ? "You" : msg.role;
+  const article = h("article", {
+    className: `msg msg-${msg.role}${msg.streaming ? " msg-streaming" : ""}${msg.error ? " msg-failed" : ""}`,
+    attrs: { "aria-label": `${role} message`, "aria-busy": msg.streaming ? "true" : "false" },
+    dataset: msg.genId ? { genId: msg.genId } : {},
+  }, [h("div", { className: "msg-role", textContent: role }), bodyFor(msg)]);
+  if (msg.role === "assistant") article.append(metaFor(msg));
+  article.append(actionsFor(msg, handlers));
+  nodes.set(msg, article);
+  return article;
+}
+
+function isPinned(container) {
+  return container.scrollHeight - container.scrollTop - container.clientHeight < 80;
+}
+
+/** Rebuild the whole conversation. `empty` is shown when there are no messages. */
+export function renderConversation(container, messages, handlers, empty) {
+  container.replaceChildren(...(messages.length ? messages.map((m) => build(m, handlers)) : [empty]));
+  container.scrollTop = container.scrollHeight;
+}
+
+/** Re-render one message in place (if it is on screen), keeping the view pinned to the bottom. */
+export function updateMessage(container, msg, handlers) {
+  const old = nodes.get(msg);
+  if (!old || !old.isConnected) return;
+  const pinned = isPinned(container);
+  old.replaceWith(build(msg, handlers));
+  if (pinned) container.scrollTop = container.scrollHeight;
+}
