@@ -1,0 +1,181 @@
+"""The Starlette app: routes, the model loading in the background, auth middleware, static UI.
+
+Lifecycle: the app starts answering at once (GET /health is 503 until the model is loaded); the
+engine is built in a worker thread and started on the event loop; `state.ready` is set when loading
+ends either way. Shutdown (`drain`) refuses new generations, lets running ones finish for
+`shutdown_grace_s`, aborts the rest, then stops the engine — nothing is left hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radixserve.server import openai_api, rest
+from radixserve.server.auth import bearer_token, key_matches, needs_key
+from radixserve.server.chat_template import ChatFormatter
+from radixserve.server.config import ServerConfig
+from radixserve.server.http_util import error_body, error_response
+from radixserve.server.metrics import ServerMetrics
+from radixserve.server.sessions import SessionStore
+from radixserve.server.state import EngineFactory, ServerState
+from radixserve.server.validation import ApiError
+from radixserve.server.ws import chat_websocket
+
+log = logging.getLogger("radixserve.server")
+SYSTEM_PROMPT_ROWS = 20  # rows of the /v1/cache/stats table
+
+
+async def load_engine(state: ServerState) -> None:
+    try:
+        engine = await asyncio.to_thread(state.engine_factory)
+        await engine.start()
+        if engine.tokenizer is not None:
+            state.formatter = ChatFormatter(engine.tokenizer)
+            state.sessions = SessionStore(state.formatter, state.config.max_sessions, state.config.session_ttl_s)
+        state.model_name = state.config.served_model_name or engine.model_name
+        state.engine = engine
+    except Exception as e:  # reported by /health and by `radixserve serve`
+        log.exception("loading the model failed")
+        state.load_error = f"loading the model failed: {e}"
+    finally:
+        state.ready.set()
+
+
+async def drain(state: ServerState) -> None:
+    """Refuse new work, give in-flight generations the grace period, then abort what is left."""
+    if state.draining:
+        return
+    state.draining = True
+    if not await state.inflight.wait_idle(state.config.shutdown_grace_s) and state.engine is not None:
+        log.info("aborting %d generation(s) still running at shutdown", len(state.inflight.ids))
+        for rid in list(state.inflight.ids):
+            state.engine.abort(rid)
+        await state.inflight.wait_idle(5.0)
+
+
+async def _expire_sessions(state: ServerState) -> None:
+    period = min(60.0, max(1.0, state.config.session_ttl_s / 4))
+    while True:
+        await asyncio.sleep(period)
+        if state.sessions is not None:
+            state.sessions.expire()
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if state.engine is not None and not state.draining:
+        return JSONResponse({"status": "ok", "model": state.model_name})
+    status = "error" if state.load_error else ("stopping" if state.draining else "loading")
+    return JSONResponse({"status": status, "detail": state.load_error}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    text = await asyncio.to_thread(generate_latest, state.metrics.registry)  # stats() may wait for a step
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+async def cache_stats(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        engine = state.require_engine()
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    st = await asyncio.to_thread(engine.stats)
+    requests = sum(st.requests_finished.values())
+    tracker = state.metrics.system_prompts
+    return JSONResponse({
+        "hit_rate": st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
+        "prompt_tokens": st.prompt_tokens, "cached_tokens": st.cached_tokens, "computed_tokens": st.computed_tokens,
+        "generation_tokens": st.generation_tokens, "requests": requests, "hit_requests": st.cache_hit_requests,
+        "request_hit_rate": st.cache_hit_requests / requests if requests else 0.0,
+        "blocks": {"total": st.blocks_total, "free": st.blocks_free, "used": st.blocks_used,
+                   "cached": st.blocks_cached, "block_size": engine.engine.config.block_size},
+        "tree": {"nodes": st.tree_nodes, "tokens": st.tree_tokens},
+        "evictions": st.evictions, "evicted_blocks": st.evicted_blocks, "preemptions": st.preemptions,
+        "running": st.num_running, "waiting": st.num_waiting,
+        "sessions": len(state.sessions) if state.sessions is not None else 0,
+        "system_prompts": tracker.table(SYSTEM_PROMPT_ROWS),
+    })
+
+
+class ApiKeyMiddleware:
+    """Bearer auth for /v1/* and /metrics over HTTP; the WebSocket authenticates in its handler."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.state.config.api_key is not None and needs_key(scope["path"]):
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            if not key_matches(bearer_token(headers), self.state.config.api_key):
+                e = ApiError("unauthorized", "missing or invalid API key: send Authorization: Bearer <key>", 401)
+                await error_response(e, self.state.metrics)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    if not request.url.path.startswith(("/v1", "/metrics", "/health")):
+        return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
+    return JSONResponse(error_body(ApiError(code, str(exc.detail), exc.status_code)), status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None) -> Starlette:
+    """The app; `app.state.server` is its ServerState (tests reach the engine through it)."""
+    config = config or ServerConfig()
+    state = ServerState(config=config, engine_factory=engine_factory, metrics=ServerMetrics(config.system_prompt_labels))
+    state.metrics.attach(state.engine_stats, lambda: state.sessions)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.loop = asyncio.get_running_loop()
+        loader = asyncio.create_task(load_engine(state))
+        sweeper = asyncio.create_task(_expire_sessions(state))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            await drain(state)
+            with suppress(asyncio.CancelledError):
+                await loader
+            if state.engine is not None:
+                await state.engine.shutdown()
+
+    routes: list[Any] = [
+        Route("/health", health), Route("/metrics", metrics), Route("/v1/cache/stats", cache_stats),
+        WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES,
+    ]
+    web = config.web_dir
+    if web is not None and (web / "index.html").is_file():
+        routes.append(Mount("/", app=StaticFiles(directory=str(web), html=True), name="web"))
+    else:
+        routes.append(Route("/", lambda r: PlainTextResponse("radixserve: the web UI is not installed; "
+                                                            "the API is under /v1 (see docs/server.md)")))
+    middleware = [Middleware(ApiKeyMiddleware, state=state)]
+    if config.allowed_origins:
+        origins = ["*"] if "*" in config.allowed_origins else config.allowed_origins
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],
+                                        allow_headers=["*"]))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.state.server = state
+    return app

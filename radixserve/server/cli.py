@@ -1,0 +1,74 @@
+"""Flags of `radixserve serve` (the engine flags come from radixserve.cli) and its entry point."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from radixserve.config import EngineConfig
+from radixserve.server.config import DEFAULT_WEB_DIR, ServerConfig
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=d.host, help="bind address (default %(default)s: loopback only)")
+    g.add_argument("--port", type=int, default=d.port, help="TCP port, 0 for any free one (default %(default)s)")
+    g.add_argument("--api-key", default=None,
+                   help="require this key: `Authorization: Bearer KEY` over HTTP, `?api_key=KEY` or an auth "
+                        "frame on the WebSocket (default: none; env RADIXSERVE_API_KEY)")
+    g.add_argument("--allowed-origins", default="",
+                   help="comma-separated extra origins allowed to open the WebSocket and call the API from a "
+                        "browser, '*' for any (default: same origin only)")
+    g.add_argument("--served-model-name", default=None, help="model id in /v1/models (default: the model's name)")
+    g.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
+                   help="largest WebSocket frame or HTTP body (default %(default)s)")
+    g.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted, in tokens (default: the model's context length)")
+    g.add_argument("--max-sessions", type=int, default=d.max_sessions,
+                   help="chat sessions held at most; the least recently used idle one is evicted "
+                        "(default %(default)s)")
+    g.add_argument("--session-ttl", type=float, default=d.session_ttl_s,
+                   help="seconds an idle session lives (default %(default)s)")
+    g.add_argument("--max-generations-per-connection", type=int, default=d.max_generations_per_connection,
+                   help="WebSocket generations in flight per connection (default %(default)s)")
+    g.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
+                   help="reply length for chat sessions that set none (default %(default)s)")
+    g.add_argument("--default-temperature", type=float, default=d.default_temperature,
+                   help="temperature for chat sessions that set none (default %(default)s)")
+    g.add_argument("--default-top-p", type=float, default=d.default_top_p,
+                   help="top_p for chat sessions that set none (default %(default)s)")
+    g.add_argument("--system-prompt-labels", type=int, default=d.system_prompt_labels,
+                   help="system prompts given their own Prometheus label (default %(default)s)")
+    g.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
+                   help="seconds running generations get to finish on shutdown (default %(default)s)")
+    g.add_argument("--web-dir", type=Path, default=DEFAULT_WEB_DIR,
+                   help="static web UI directory served at / (default: the repository's web/)")
+    g.add_argument("--no-web", action="store_true", help="do not serve the web UI")
+
+
+def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
+    import os
+
+    return ServerConfig(
+        host=a.host, port=a.port, api_key=a.api_key or os.environ.get("RADIXSERVE_API_KEY") or None,
+        allowed_origins=[o.strip() for o in a.allowed_origins.split(",") if o.strip()],
+        served_model_name=a.served_model_name, max_message_bytes=a.max_message_bytes,
+        max_prompt_tokens=a.max_prompt_tokens, max_sessions=a.max_sessions, session_ttl_s=a.session_ttl,
+        max_generations_per_connection=a.max_generations_per_connection, default_max_tokens=a.default_max_tokens,
+        default_temperature=a.default_temperature, default_top_p=a.default_top_p,
+        system_prompt_labels=a.system_prompt_labels, shutdown_grace_s=a.shutdown_grace,
+        web_dir=None if a.no_web else a.web_dir,
+    )
+
+
+def run_server(engine_config: EngineConfig, args: argparse.Namespace) -> int:
+    from radixserve.async_engine import AsyncEngine
+    from radixserve.server.runner import serve_forever
+
+    try:
+        config = server_config_from_args(args)
+    except ValueError as e:
+        print(f"radixserve serve: {e}")
+        return 2
+    return serve_forever(lambda: AsyncEngine(engine_config), config)

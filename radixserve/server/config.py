@@ -1,0 +1,56 @@
+"""Server configuration: every knob of the HTTP/WebSocket layer in one dataclass.
+
+Engine knobs live in radixserve.config.EngineConfig; this holds only what the server itself enforces
+(access, limits, sessions, sampling defaults). Validated on construction so a bad flag fails at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # Bearer token for /v1/* and the WebSocket; None -> open
+    allowed_origins: list[str] = field(default_factory=list)  # extra WebSocket/CORS origins; "*" -> any
+    served_model_name: str | None = None  # name in /v1/models; None -> the engine's model name
+    max_message_bytes: int = 256 * 1024  # one WebSocket frame or HTTP request body
+    max_prompt_tokens: int | None = None  # None -> the model's context length is the only limit
+    max_sessions: int = 1024
+    session_ttl_s: float = 3600.0  # idle time after which a session expires
+    max_generations_per_connection: int = 8  # WebSocket generations in flight on one connection
+    default_max_tokens: int = 512  # sessions/WebSocket when the client sets none (clamped to the context)
+    default_temperature: float = 0.7
+    default_top_p: float = 0.95
+    max_n: int = 16  # OpenAI `n` at most
+    system_prompt_labels: int = 10  # Prometheus label values for system prompts besides "none"/"other"
+    shutdown_grace_s: float = 5.0  # in-flight generations get this long to finish before they are aborted
+    web_dir: Path | None = DEFAULT_WEB_DIR  # static UI served at /; None or missing -> no UI
+    ws_auth_timeout_s: float = 10.0  # how long a keyed WebSocket may wait before its auth frame
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        positive = {
+            "max_message_bytes": self.max_message_bytes, "max_sessions": self.max_sessions,
+            "session_ttl_s": self.session_ttl_s, "default_max_tokens": self.default_max_tokens,
+            "max_generations_per_connection": self.max_generations_per_connection, "max_n": self.max_n,
+            "ws_auth_timeout_s": self.ws_auth_timeout_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.system_prompt_labels < 0 or self.shutdown_grace_s < 0:
+            raise ValueError("system_prompt_labels and shutdown_grace_s must be >= 0")
+        if not 0.0 <= self.default_temperature <= 2.0 or not 0.0 < self.default_top_p <= 1.0:
+            raise ValueError("default temperature must be in [0, 2] and default top_p in (0, 1]")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+        self.allowed_origins = [o.rstrip("/") for o in self.allowed_origins if o.strip()]

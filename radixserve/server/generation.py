@@ -1,0 +1,144 @@
+"""One engine request as the server runs it: request-id bookkeeping, error mapping and metrics.
+
+Every generation the server starts goes through `stream_request`, so (a) engine RequestErrors become
+ApiErrors before any output, (b) the request is always closed — a consumer that stops iterating
+aborts it and the engine frees its blocks — and (c) latency histograms and the per-system-prompt
+counters are recorded exactly once per request. `InFlight` lets shutdown abort whatever is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from radixserve.errors import EngineStoppedError, RequestError
+from radixserve.outputs import RequestOutput
+from radixserve.sampling_params import SamplingParams
+from radixserve.server.chat_template import token_hash
+from radixserve.server.metrics import NONE_KEY
+from radixserve.server.validation import ApiError
+
+if TYPE_CHECKING:
+    from radixserve.server.state import ServerState
+
+PREVIEW_CHARS = 80
+
+
+@dataclass(frozen=True)
+class SystemPromptRef:
+    key: str  # hash of the system prompt's token IDs, or "none"
+    preview: str
+    length: int  # tokens
+
+    @classmethod
+    def of(cls, tokens: list[int], text: str | None, implicit_len: int) -> SystemPromptRef:
+        """`implicit_len`: the template's own preamble length, used when there is no system prompt."""
+        if not tokens or text is None:
+            return cls(NONE_KEY, "", implicit_len)
+        return cls(token_hash(tokens), " ".join(text.split())[:PREVIEW_CHARS], len(tokens))
+
+
+@dataclass
+class InFlight:
+    """Engine request ids the server has running, so shutdown can drain or abort them."""
+
+    ids: set[str] = field(default_factory=set)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, rid: str) -> None:
+        self.ids.add(rid)
+        self._idle.clear()
+
+    def discard(self, rid: str) -> None:
+        self.ids.discard(rid)
+        if not self.ids:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        if not self.ids:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+def api_error_from(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, EngineStoppedError):
+        return ApiError("unavailable", str(exc), 503)
+    if isinstance(exc, RequestError):
+        code = "context_too_long" if exc.code == "context_too_long" else "invalid_field"
+        return ApiError(code, str(exc), 400)
+    return ApiError("internal", f"generation failed: {exc}", 500)
+
+
+async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
+                         system: SystemPromptRef, api: str, request_id: str | None = None,
+                         ) -> AsyncIterator[RequestOutput]:
+    """Yield the engine's incremental outputs for one request; raises ApiError for refused requests."""
+    engine, metrics = state.require_engine(), state.metrics
+    limit = state.config.max_prompt_tokens
+    if limit is not None and len(prompt) > limit:
+        raise ApiError("context_too_long", f"prompt of {len(prompt)} tokens exceeds the server's limit of "
+                       f"{limit} prompt tokens (--max-prompt-tokens)")
+    if state.draining:
+        raise ApiError("unavailable", "the server is shutting down", 503)
+    rid = request_id or uuid.uuid4().hex
+    state.inflight.add(rid)
+    agen = engine.generate(prompt, params, request_id=rid)
+    last: RequestOutput | None = None
+    last_token_at: float | None = None
+    try:
+        try:
+            first = await agen.__anext__()
+        except StopAsyncIteration:
+            return
+        except Exception as e:
+            raise api_error_from(e) from None
+        out: RequestOutput | None = first
+        while out is not None:
+            now = time.monotonic()
+            if any(o.token_ids for o in out.outputs):
+                if last_token_at is not None:
+                    metrics.itl.observe(now - last_token_at)
+                last_token_at = now
+            last = out
+            yield out
+            if out.finished:
+                break
+            try:
+                out = await agen.__anext__()
+            except StopAsyncIteration:
+                out = None
+            except Exception as e:
+                raise api_error_from(e) from None
+    finally:
+        await agen.aclose()  # aborts the request if it has not finished
+        state.inflight.discard(rid)
+        if last is not None:
+            _record(state, last, system, api)
+
+
+def _record(state: ServerState, out: RequestOutput, system: SystemPromptRef, api: str) -> None:
+    m = state.metrics
+    m.system_prompts.record(system.key, system.preview, system.length, out.usage.prompt_tokens,
+                            out.usage.cached_tokens)
+    t = out.timing
+    if not out.finished:
+        m.server_requests.labels(api, "abort").inc()
+        return
+    reason = next((o.finish_reason for o in out.outputs if o.finish_reason), None) or "abort"
+    m.server_requests.labels(api, reason).inc()
+    if t.first_scheduled is not None:
+        m.queue.observe(t.queue_ms / 1000.0)
+    if t.first_token is not None:
+        m.ttft.observe(t.ttft_ms / 1000.0)
+    if t.finished is not None:
+        m.e2e.observe(t.total_ms / 1000.0)

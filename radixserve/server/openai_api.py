@@ -1,0 +1,213 @@
+"""OpenAI-compatible endpoints: POST /v1/chat/completions (streaming and not) and GET /v1/models.
+
+Stateless: each request renders the whole conversation with the chat template; the radix cache still
+serves every prefix seen before. Unknown top-level fields are ignored (clients send extras), but
+features this server does not implement (tools, logprobs, penalties, non-text response formats) are
+refused with 400 rather than silently ignored. usage.prompt_tokens_details.cached_tokens reports the
+prefix-cache hit.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from radixserve.outputs import RequestOutput
+from radixserve.sampling_params import SamplingParams
+from radixserve.server.generation import SystemPromptRef, api_error_from, stream_request
+from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
+from radixserve.server.state import ServerState
+from radixserve.server.validation import (
+    ApiError, build_sampling_params, get_bool, get_float, get_int, get_stop, get_str,
+)
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "prediction")
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    prompt: list[int]
+    system: SystemPromptRef
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        texts = []
+        for part in content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError("invalid_field", f"messages[{i}].content: only text parts are supported",
+                               param=f"messages[{i}].content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError("invalid_field", f"messages[{i}].content must be a string or a list of text parts",
+                   param=f"messages[{i}].content")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    raw = body.get("messages")
+    if raw is None:
+        raise ApiError("missing_field", "missing required field 'messages'", param="messages")
+    if not isinstance(raw, list) or not raw:
+        raise ApiError("invalid_field", "'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise ApiError("invalid_field", f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError("invalid_field", f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}",
+                           param=f"messages[{i}].role")
+        if m.get("tool_calls"):
+            raise ApiError("unsupported", "tool calls are not supported", param=f"messages[{i}].tool_calls")
+        if "content" not in m or m["content"] is None:
+            raise ApiError("missing_field", f"messages[{i}].content is required", param=f"messages[{i}].content")
+        out.append({"role": ROLES[role], "content": _content_text(m["content"], i)})
+    return out
+
+
+def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
+    formatter, _ = state.require_chat()
+    engine = state.require_engine()
+    model = get_str(body, "model")
+    assert model is not None
+    if model != state.model_name:
+        raise ApiError("model_not_found", f"the model {model!r} does not exist; this server serves "
+                       f"{state.model_name!r}", 404, param="model")
+    for name in UNSUPPORTED:
+        if body.get(name) is not None:
+            raise ApiError("unsupported", f"{name!r} is not supported by this server", param=name)
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise ApiError("unsupported", "logprobs are not supported by this server", param="logprobs")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if get_float(body, name, -2.0, 2.0):
+            raise ApiError("unsupported", f"{name} is not supported by this server (only 0)", param=name)
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise ApiError("unsupported", "only response_format {\"type\": \"text\"} is supported",
+                       param="response_format")
+    messages = _messages(body)
+    max_tokens = get_int(body, "max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = get_int(body, "max_tokens", minimum=1)
+    sampling = {
+        "temperature": get_float(body, "temperature", 0.0, 2.0), "top_p": get_float(body, "top_p", 0.0, 1.0, True),
+        "top_k": get_int(body, "top_k", minimum=0), "max_tokens": max_tokens,
+        "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
+    }
+    n = get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
+    stream = get_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError("invalid_field", "'stream_options' must be an object", param="stream_options")
+    include_usage = get_bool(options or {}, "include_usage")
+    prompt = formatter.prompt_tokens(messages)
+    params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
+                                   max_model_len=engine.max_model_len, default_max_tokens=None, n=n)
+    first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
+    system = SystemPromptRef.of(formatter.system_tokens(messages), first_system, formatter.implicit_prefix_len)
+    return ChatRequest(model, messages, params, stream, include_usage, prompt, system)
+
+
+def usage_body(out: RequestOutput) -> dict[str, Any]:
+    u = out.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        body = await read_json_object(request, state.config.max_message_bytes)
+        req = parse_chat_request(state, body)
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if req.stream:
+        return EventStream(_stream_chunks(state, req, rid, created))
+    n = req.params.n
+    texts: list[list[str]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    last: RequestOutput | None = None
+    try:
+        async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
+            async for out in outputs:
+                last = out
+                for o in out.outputs:
+                    texts[o.index].append(o.text)
+                    finish[o.index] = o.finish_reason or finish[o.index]
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    assert last is not None
+    choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
+                "logprobs": None, "finish_reason": finish[i] or "abort"} for i in range(n)]
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                         "choices": choices, "usage": usage_body(last)})
+
+
+async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created: int) -> AsyncIterator[str]:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                                "model": req.model, "choices": choices}
+        if req.include_usage:
+            body["usage"] = usage
+        return sse(body)
+
+    started: set[int] = set()
+    last: RequestOutput | None = None
+    try:
+        async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
+            async for out in outputs:
+                last = out
+                for o in out.outputs:
+                    if o.index not in started:
+                        started.add(o.index)
+                        yield chunk([{"index": o.index, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}])
+                    if o.text:
+                        yield chunk([{"index": o.index, "delta": {"content": o.text}, "logprobs": None,
+                                      "finish_reason": None}])
+                    if o.finish_reason:
+                        yield chunk([{"index": o.index, "delta": {}, "logprobs": None,
+                                      "finish_reason": o.finish_reason}])
+    except Exception as e:
+        err = api_error_from(e)
+        state.metrics.api_errors.labels(err.code).inc()
+        yield sse({"error": {"message": err.message, "type": "server_error" if err.status >= 500 else
+                             "invalid_request_error", "param": err.param, "code": err.code}})
+    if req.include_usage and last is not None:
+        yield chunk([], usage_body(last))
+    yield "data: [DONE]\n\n"
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        engine = state.require_engine()
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "radixserve",
+        "max_model_len": engine.max_model_len}]})
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+]

@@ -1,0 +1,124 @@
+"""Session REST endpoints (/v1/sessions...) — the same sessions the WebSocket sees.
+
+POST /v1/sessions/{id}/messages answers with one JSON object, or with `stream: true` an event stream
+whose events are shaped like the WebSocket frames (start, delta, done, error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from radixserve.server.generation import api_error_from
+from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
+from radixserve.server.state import ServerState
+from radixserve.server.turns import SessionTurn
+from radixserve.server.validation import ApiError, get_bool, get_int, get_str, parse_sampling
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server  # type: ignore[no-any-return]
+
+
+def create_session(state: ServerState, body: dict[str, Any]) -> dict[str, Any]:
+    """Shared with the WebSocket's session.create."""
+    _, store = state.require_chat()
+    system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
+    sampling = parse_sampling(body.get("sampling"))
+    return store.create(system_prompt, sampling).to_json()
+
+
+async def sessions_collection(request: Request) -> Response:
+    state = _state(request)
+    try:
+        _, store = state.require_chat()
+        if request.method == "GET":
+            return JSONResponse({"sessions": [s.summary() for s in store.list()]})
+        body = await read_json_object(request, state.config.max_message_bytes)
+        return JSONResponse(create_session(state, body), status_code=201)
+    except ApiError as e:
+        return error_response(e, state.metrics)
+
+
+async def session_item(request: Request) -> Response:
+    state = _state(request)
+    try:
+        _, store = state.require_chat()
+        sid = request.path_params["session_id"]
+        if request.method == "GET":
+            return JSONResponse(store.get(sid).to_json())
+        session = store.delete(sid)
+        turn = state.session_generations.get(session.id)
+        if turn is not None:
+            turn.cancel()
+        return Response(status_code=204)
+    except ApiError as e:
+        return error_response(e, state.metrics)
+
+
+async def fork_session(request: Request) -> Response:
+    state = _state(request)
+    try:
+        _, store = state.require_chat()
+        body = await read_json_object(request, state.config.max_message_bytes)
+        at = get_int(body, "at_message", minimum=0)
+        if at is None:
+            raise ApiError("missing_field", "missing required field 'at_message'", param="at_message")
+        return JSONResponse(store.fork(request.path_params["session_id"], at).to_json(), status_code=201)
+    except ApiError as e:
+        return error_response(e, state.metrics)
+
+
+async def post_message(request: Request) -> Response:
+    state = _state(request)
+    try:
+        _, store = state.require_chat()
+        session = store.get(request.path_params["session_id"])
+        body = await read_json_object(request, state.config.max_message_bytes)
+        content = get_str(body, "content")
+        sampling = parse_sampling(body.get("sampling"))
+        stream = get_bool(body, "stream")
+        store.get(session.id)  # reading the body awaited: the session may have gone meanwhile
+        assert content is not None
+        turn = SessionTurn(state, session, content, sampling, gen_id="rest")
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    if stream:
+        return EventStream(_sse_events(state, turn))
+    result: dict[str, Any] = {}
+    try:
+        async with aclosing(turn.events()) as events:
+            async for ev in events:
+                if ev["type"] == "done":
+                    result = ev
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    message = session.messages[result["message_index"]]
+    return JSONResponse({"message": {"role": "assistant", "content": message.content},
+                         "finish_reason": result["finish_reason"], "usage": result["usage"],
+                         "timing": result["timing"], "message_index": result["message_index"],
+                         "session_id": session.id})
+
+
+async def _sse_events(state: ServerState, turn: SessionTurn) -> AsyncIterator[str]:
+    try:
+        async with aclosing(turn.events()) as events:
+            async for ev in events:
+                yield sse(ev)
+    except Exception as e:
+        err = api_error_from(e)
+        state.metrics.api_errors.labels(err.code).inc()
+        yield sse({"type": "error", "code": err.code, "message": err.message, "gen_id": turn.gen_id})
+
+
+ROUTES = [
+    Route("/v1/sessions", sessions_collection, methods=["GET", "POST"]),
+    Route("/v1/sessions/{session_id}", session_item, methods=["GET", "DELETE"]),
+    Route("/v1/sessions/{session_id}/fork", fork_session, methods=["POST"]),
+    Route("/v1/sessions/{session_id}/messages", post_message, methods=["POST"]),
+]

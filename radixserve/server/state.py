@@ -1,0 +1,57 @@
+"""Everything one server app holds: config, engine (once loaded), sessions, metrics, in-flight requests.
+
+The engine loads in a worker thread after the app starts, so until `engine` is set every endpoint
+but /health and the static UI answers 503. `draining` is set when shutdown begins: new generations
+are refused while the running ones finish or are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.async_engine import AsyncEngine
+from radixserve.server.chat_template import ChatFormatter
+from radixserve.server.config import ServerConfig
+from radixserve.server.generation import InFlight
+from radixserve.server.metrics import ServerMetrics
+from radixserve.server.sessions import SessionStore
+from radixserve.server.validation import ApiError
+
+EngineFactory = Callable[[], AsyncEngine]
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    engine_factory: EngineFactory
+    metrics: ServerMetrics
+    engine: AsyncEngine | None = None
+    formatter: ChatFormatter | None = None
+    sessions: SessionStore | None = None
+    model_name: str = ""
+    load_error: str | None = None
+    draining: bool = False
+    started_at: float = field(default_factory=time.time)
+    loop: asyncio.AbstractEventLoop | None = None  # the server's event loop, once running
+    inflight: InFlight = field(default_factory=InFlight)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # the SessionTurn in flight per session id, so deleting a session can cancel it
+    session_generations: dict[str, Any] = field(default_factory=dict)
+
+    def require_engine(self) -> AsyncEngine:
+        if self.engine is None:
+            raise ApiError("unavailable", self.load_error or "the model is still loading", 503)
+        return self.engine
+
+    def require_chat(self) -> tuple[ChatFormatter, SessionStore]:
+        self.require_engine()
+        if self.formatter is None or self.sessions is None:
+            raise ApiError("unsupported", "this model has no tokenizer, so chat endpoints are unavailable", 400)
+        return self.formatter, self.sessions
+
+    def engine_stats(self) -> Any | None:
+        return self.engine.stats() if self.engine is not None else None

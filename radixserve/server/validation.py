@@ -1,0 +1,163 @@
+"""Request validation shared by the WebSocket, session REST and OpenAI endpoints.
+
+Every rejection is an ApiError carrying a machine-readable code, a human message and the HTTP status
+it maps to; handlers turn it into an error frame or an error body. Nothing here touches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from radixserve.sampling_params import SamplingParams
+
+MAX_STOP_STRINGS = 8
+MAX_STOP_CHARS = 256
+MAX_GEN_ID_CHARS = 64
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status, self.param = code, message, status, param
+
+
+def parse_json_text(text: str, limit: int) -> Any:
+    """Size-check then parse one JSON document; NaN/Infinity and absurd nesting count as bad JSON."""
+    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+        raise ApiError("too_large", f"message of {len(text.encode('utf-8', 'surrogatepass'))} bytes exceeds the "
+                       f"limit of {limit} bytes", 413)
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise ApiError("bad_json", f"not valid JSON: {str(e)[:200]}") from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not allowed")
+
+
+def is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: object) -> bool:
+    return (is_int(x) or isinstance(x, float)) and math.isfinite(x)  # type: ignore[arg-type]
+
+
+def require_object(x: Any, what: str = "body") -> dict[str, Any]:
+    if not isinstance(x, dict):
+        raise ApiError("not_an_object", f"{what} must be a JSON object, got {type(x).__name__}")
+    return x
+
+
+def get_str(obj: dict[str, Any], name: str, *, required: bool = True, allow_empty: bool = False,
+            max_chars: int | None = None) -> str | None:
+    if name not in obj or (obj[name] is None and not required):
+        if required:
+            raise ApiError("missing_field", f"missing required field {name!r}", param=name)
+        return None
+    v = obj[name]
+    if not isinstance(v, str):
+        raise ApiError("invalid_field", f"{name!r} must be a string, got {type(v).__name__}", param=name)
+    if not allow_empty and not v:
+        raise ApiError("invalid_field", f"{name!r} must not be empty", param=name)
+    if max_chars is not None and len(v) > max_chars:
+        raise ApiError("invalid_field", f"{name!r} must be at most {max_chars} characters", param=name)
+    return v
+
+
+def get_int(obj: dict[str, Any], name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if not is_int(v):
+        raise ApiError("invalid_field", f"{name!r} must be an integer, got {type(v).__name__}", param=name)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        bounds = f"[{minimum if minimum is not None else '-inf'}, {maximum if maximum is not None else 'inf'}]"
+        raise ApiError("invalid_field", f"{name!r} must be in {bounds}, got {v}", param=name)
+    return v
+
+
+def get_float(obj: dict[str, Any], name: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if not is_number(v):
+        raise ApiError("invalid_field", f"{name!r} must be a finite number", param=name)
+    if v > hi or v < lo or (lo_open and v == lo):
+        raise ApiError("invalid_field", f"{name!r} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}",
+                       param=name)
+    return float(v)
+
+
+def get_bool(obj: dict[str, Any], name: str, default: bool = False) -> bool:
+    v = obj.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError("invalid_field", f"{name!r} must be a boolean", param=name)
+    return v
+
+
+def get_stop(obj: dict[str, Any], name: str = "stop") -> list[str]:
+    v = obj.get(name)
+    if v is None:
+        return []
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items):
+        raise ApiError("invalid_field", f"{name!r} must be a non-empty string or a list of non-empty strings "
+                       f"of at most {MAX_STOP_CHARS} characters", param=name)
+    if len(items) > MAX_STOP_STRINGS:
+        raise ApiError("invalid_field", f"{name!r} takes at most {MAX_STOP_STRINGS} strings", param=name)
+    return list(items)
+
+
+def get_gen_id(obj: dict[str, Any]) -> str:
+    gen_id = get_str(obj, "gen_id", max_chars=MAX_GEN_ID_CHARS)
+    assert gen_id is not None
+    return gen_id
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
+
+
+def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
+    """A session/WebSocket `sampling` object, validated and normalised (unset keys dropped)."""
+    if x is None:
+        return {}
+    if not isinstance(x, dict):
+        raise ApiError("invalid_field", f"{name!r} must be an object", param=name)
+    unknown = sorted(set(x) - set(SAMPLING_KEYS))
+    if unknown:
+        raise ApiError("invalid_field", f"unknown {name} field(s) {unknown}; known: {list(SAMPLING_KEYS)}", param=name)
+    out: dict[str, Any] = {
+        "temperature": get_float(x, "temperature", 0.0, 2.0),
+        "top_p": get_float(x, "top_p", 0.0, 1.0, lo_open=True),
+        "top_k": get_int(x, "top_k", minimum=0),
+        "max_tokens": get_int(x, "max_tokens", minimum=1),
+        "seed": get_int(x, "seed", minimum=-(2**63), maximum=2**64 - 1),
+        "stop": get_stop(x) or None,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_model_len: int,
+                          default_max_tokens: int | None, n: int = 1) -> SamplingParams:
+    """SamplingParams for one request. An unset max_tokens is clamped to what the context has left;
+    an explicit one that does not fit is left for the engine to reject with the context limit."""
+    max_tokens = sampling.get("max_tokens")
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens leaves no room to generate within "
+                       f"the model's context length of {max_model_len} tokens")
+    if max_tokens is None:
+        max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
+            top_k=sampling.get("top_k", 0), n=n, seed=sampling.get("seed"), stop=list(sampling.get("stop") or []),
+        )
+    except ValueError as e:
+        raise ApiError("invalid_field", str(e)) from None

@@ -1,0 +1,209 @@
+"""The chat WebSocket (GET /v1/chat/ws): JSON frames as docs/protocol.md specifies.
+
+One reader loop validates each client frame and answers malformed ones with an error frame (the
+connection stays usable); each chat runs as its own task; one writer task owns the socket's send
+side so frames from concurrent generations never interleave mid-frame. A disconnect cancels every
+generation of the connection (the engine aborts them and frees their blocks) before the handler
+returns. Only an authentication failure closes the socket (1008).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import aclosing, suppress
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from radixserve.server.auth import key_matches, origin_allowed
+from radixserve.server.generation import api_error_from
+from radixserve.server.http_util import dumps
+from radixserve.server.rest import create_session
+from radixserve.server.state import ServerState
+from radixserve.server.turns import SessionTurn
+from radixserve.server.validation import ApiError, get_gen_id, get_str, parse_json_text, parse_sampling, require_object
+
+log = logging.getLogger("radixserve.server")
+POLICY_VIOLATION = 1008
+_CLOSE = object()  # close the socket with 1008, then stop writing
+_STOP = object()  # stop writing (the peer is gone or the handler is ending)
+
+
+class Connection:
+    def __init__(self, ws: WebSocket, state: ServerState) -> None:
+        self.ws, self.state = ws, state
+        self.outbox: asyncio.Queue[str | object] = asyncio.Queue()
+        self.generations: dict[str, tuple[SessionTurn, asyncio.Task[None]]] = {}
+        self.authed = state.config.api_key is None
+        self.closed = False
+
+    # -- sending -------------------------------------------------------------------------------
+    def send(self, frame: dict[str, Any]) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(dumps(frame))
+
+    def send_error(self, e: ApiError, gen_id: str | None = None, req: Any = None, has_req: bool = False) -> None:
+        self.state.metrics.api_errors.labels(e.code).inc()
+        frame: dict[str, Any] = {"type": "error", "code": e.code, "message": e.message}
+        if gen_id is not None:
+            frame["gen_id"] = gen_id
+        if has_req:
+            frame["req"] = req
+        self.send(frame)
+
+    async def writer(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            if item is _STOP:
+                return
+            if item is _CLOSE:
+                with suppress(Exception):
+                    await self.ws.close(POLICY_VIOLATION)
+                self.closed = True
+                return
+            try:
+                await self.ws.send_text(item)  # type: ignore[arg-type]
+            except Exception:  # the peer is gone; the reader sees the disconnect
+                self.closed = True
+                return
+
+    # -- receiving -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        writer = asyncio.create_task(self.writer())
+        try:
+            if not self.authed and "api_key" in self.ws.query_params:
+                if not key_matches(self.ws.query_params["api_key"], self.state.config.api_key):
+                    return self._reject("invalid api_key query parameter")
+                self.authed = True
+            deadline = asyncio.get_running_loop().time() + self.state.config.ws_auth_timeout_s
+            while not self.closed:
+                timeout = None if self.authed else deadline - asyncio.get_running_loop().time()
+                try:
+                    message = await asyncio.wait_for(self.ws.receive(), timeout)
+                except asyncio.TimeoutError:
+                    return self._reject("no auth frame in time")
+                if message["type"] == "websocket.disconnect":
+                    return
+                if not self.handle(message):
+                    return
+        except WebSocketDisconnect:
+            return
+        finally:
+            await self._teardown(writer)
+
+    def _reject(self, why: str) -> None:
+        self.send_error(ApiError("unauthorized", f"unauthorized: {why}", 401))
+        self.outbox.put_nowait(_CLOSE)
+
+    def handle(self, message: dict[str, Any]) -> bool:
+        """Handle one received message; False once the connection must close."""
+        has_req, req = False, None
+        try:
+            text = message.get("text")
+            if text is None:
+                raise ApiError("binary_frame", "binary frames are not accepted; send JSON text frames")
+            frame = require_object(parse_json_text(text, self.state.config.max_message_bytes), "a frame")
+            has_req, req = "req" in frame, frame.get("req")
+            kind = get_str(frame, "type")
+            if not self.authed:
+                if kind != "auth" or not key_matches(frame.get("api_key"), self.state.config.api_key):
+                    self._reject("the first frame must be {\"type\":\"auth\",\"api_key\":...} with a valid key")
+                    return False
+            self.dispatch(kind, frame, has_req, req)
+        except ApiError as e:
+            self.send_error(e, req=req, has_req=has_req)
+        except Exception as e:  # a bug must not take the connection down
+            log.exception("websocket frame handling failed")
+            self.send_error(api_error_from(e), req=req, has_req=has_req)
+        return True
+
+    def dispatch(self, kind: str | None, frame: dict[str, Any], has_req: bool, req: Any) -> None:
+        def reply(out: dict[str, Any]) -> None:
+            self.send({**out, "req": req} if has_req else out)
+
+        if kind == "ping":
+            reply({"type": "pong"})
+        elif kind == "auth":
+            if not key_matches(frame.get("api_key"), self.state.config.api_key):
+                raise ApiError("unauthorized", "wrong api_key", 401)
+            reply({"type": "auth.ok"})
+        elif kind == "session.create":
+            reply({"type": "session.created", "session": create_session(self.state, frame)})
+        elif kind == "session.resume":
+            _, store = self.state.require_chat()
+            session_id = get_str(frame, "session_id")
+            reply({"type": "session.resumed", "session": store.get(session_id).to_json()})
+        elif kind == "chat":
+            self.start_chat(frame, has_req, req)
+        elif kind == "cancel":
+            gen_id = get_str(frame, "gen_id")
+            if gen_id not in self.generations:
+                raise ApiError("unknown_gen_id", f"no generation {gen_id!r} in flight on this connection")
+            self.generations[gen_id][0].cancel()
+        else:
+            raise ApiError("unknown_type", f"unknown frame type {kind!r}; expected one of auth, session.create, "
+                           "session.resume, chat, cancel, ping")
+
+    def start_chat(self, frame: dict[str, Any], has_req: bool, req: Any) -> None:
+        gen_id = get_gen_id(frame)
+        try:
+            _, store = self.state.require_chat()
+            session_id = get_str(frame, "session_id")
+            content = get_str(frame, "content")
+            sampling = parse_sampling(frame.get("sampling"))
+            if gen_id in self.generations:
+                raise ApiError("duplicate_gen_id", f"generation {gen_id!r} is already in flight on this connection")
+            limit = self.state.config.max_generations_per_connection
+            if len(self.generations) >= limit:
+                raise ApiError("too_many_generations", f"at most {limit} generations may run on one connection", 429)
+            session = store.get(session_id)
+            assert content is not None
+            turn = SessionTurn(self.state, session, content, sampling, gen_id)
+        except ApiError as e:
+            self.send_error(e, gen_id=gen_id, req=req, has_req=has_req)
+            return
+        task = asyncio.create_task(self.run_generation(turn, has_req, req))
+        self.generations[gen_id] = (turn, task)
+
+    async def run_generation(self, turn: SessionTurn, has_req: bool, req: Any) -> None:
+        try:
+            async with aclosing(turn.events()) as events:
+                async for ev in events:
+                    self.send({**ev, "req": req} if has_req and ev["type"] == "start" else ev)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if not isinstance(e, ApiError):
+                log.exception("generation %s failed", turn.gen_id)
+            self.send_error(api_error_from(e), gen_id=turn.gen_id, req=req, has_req=has_req)
+        finally:
+            self.generations.pop(turn.gen_id, None)
+
+    async def _teardown(self, writer: asyncio.Task[None]) -> None:
+        """Abort this connection's generations (their blocks are freed) and stop the writer."""
+        self.closed = True
+        tasks = [task for _, task in self.generations.values()]
+        for turn, _ in list(self.generations.values()):
+            turn.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=5.0)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5.0)
+        self.outbox.put_nowait(_STOP)  # after any queued error frame and close
+        try:
+            await asyncio.wait_for(writer, 2.0)
+        except (asyncio.TimeoutError, Exception):
+            writer.cancel()
+
+
+async def chat_websocket(ws: WebSocket) -> None:
+    state: ServerState = ws.app.state.server
+    if not origin_allowed(ws.headers, state.config.allowed_origins):
+        state.metrics.api_errors.labels("forbidden_origin").inc()
+        await ws.close(POLICY_VIOLATION)  # before accept: the upgrade is refused with 403
+        return
+    await ws.accept()
+    await Connection(ws, state).run()

@@ -1,0 +1,102 @@
+"""Shared pieces of the server tests (a pytest plugin: test modules list it in `pytest_plugins`).
+
+`chat_server` is one real uvicorn server on 127.0.0.1 (free port, background thread) over the
+embedded model, shared by every server test module of the run and always stopped at the end. Tests
+reach the engine through `chat_server.engine` / `chat_server.state` (same process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websockets
+
+from radixserve import AsyncEngine, EngineConfig
+from radixserve.server import BackgroundServer, ServerConfig
+
+TEST_MAX_MESSAGE_BYTES = 64 * 1024
+FRAME_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+    web = tmp_path_factory.mktemp("web")
+    (web / "index.html").write_text("<!doctype html><title>radixserve test ui</title>")
+    (web / "app.js").write_text("console.log('ui');")
+    config = ServerConfig(port=0, web_dir=web, max_message_bytes=TEST_MAX_MESSAGE_BYTES, max_sessions=256,
+                          shutdown_grace_s=1.0)
+    with BackgroundServer(lambda: AsyncEngine(EngineConfig(num_blocks=256)), config) as srv:
+        yield srv
+
+
+def on_server_loop(srv: BackgroundServer, coro: Coroutine[Any, Any, Any], timeout: float = 120.0) -> Any:
+    """Run a coroutine on the server's event loop (the engine's outputs are delivered there)."""
+    assert srv.state.loop is not None
+    return asyncio.run_coroutine_threadsafe(coro, srv.state.loop).result(timeout)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def engine_idle(srv: BackgroundServer) -> bool:
+    st = srv.engine.stats()
+    return st.num_running == 0 and st.num_waiting == 0 and st.blocks_used == 0
+
+
+async def recv_frame(ws: Any, timeout: float = FRAME_TIMEOUT_S) -> dict[str, Any]:
+    raw = await asyncio.wait_for(ws.recv(), timeout)
+    frame = json.loads(raw)
+    assert isinstance(frame, dict) and isinstance(frame.get("type"), str), raw
+    return frame
+
+
+async def request(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
+    await ws.send(json.dumps(frame))
+    return await recv_frame(ws)
+
+
+async def chat(ws: Any, session_id: str, content: str, gen_id: str, **extra: Any) -> list[dict[str, Any]]:
+    """Send one chat frame; return every frame of that generation through `done` (or an error)."""
+    await ws.send(json.dumps({"type": "chat", "session_id": session_id, "content": content, "gen_id": gen_id,
+                              **extra}))
+    frames = []
+    while True:
+        f = await recv_frame(ws)
+        assert f.get("gen_id") == gen_id, f
+        frames.append(f)
+        if f["type"] in ("done", "error"):
+            return frames
+
+
+def connect(srv: BackgroundServer, **kw: Any) -> Any:
+    return websockets.connect(srv.ws_url, open_timeout=30, **kw)
+
+
+def write_tiny_chat_model(root: Path, tokenizer_dir: Path) -> Path:
+    """A random-weight two-layer Llama with the embedded model's vocabulary and tokenizer: loads in
+    about a second, for tests that need a second server but no meaningful text."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=49152, max_position_embeddings=2048, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(root)
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, root / f.name)
+    return root

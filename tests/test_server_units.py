@@ -1,0 +1,228 @@
+"""Server building blocks without a running server: chat-template token bookkeeping, sessions,
+system-prompt counters and request validation (tokenizer of the embedded model; no model weights)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from radixserve.server.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
+from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
+from radixserve.server.sessions import SessionStore
+from radixserve.server.validation import ApiError, build_sampling_params, parse_json_text, parse_sampling
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # noqa: ANN201
+    from radixserve.embedded import embedded_model_dir
+    from radixserve.model.loader import load_tokenizer
+
+    return load_tokenizer(embedded_model_dir())
+
+
+@pytest.fixture()
+def fmt(tokenizer) -> ChatFormatter:  # noqa: ANN001
+    return ChatFormatter(tokenizer)
+
+
+def full_tokens(tokenizer, messages) -> list[int]:  # noqa: ANN001
+    """The reference: render the whole conversation and tokenize it in one go."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def play(fmt: ChatFormatter, system: str | None, turns: list[tuple[str, str, bool]]) -> tuple[list, list[int]]:
+    """Build a conversation incrementally; each reply is tokenized as the model would emit it, ending
+    with the end-of-turn token when `stopped` (else cut by length)."""
+    history = [{"role": "system", "content": system}] if system is not None else []
+    tokens = fmt.encode(fmt.render(history, add_generation_prompt=False))
+    end = fmt.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for user, reply, stopped in turns:
+        t = fmt.append_user(history, user)
+        prompt = tokens + t.user + t.generation_prompt
+        history = history + [{"role": "user", "content": user}]
+        generated = fmt.encode(reply) + ([end] if stopped else [])
+        tokens = prompt + generated + fmt.close_assistant(history, generated, (end,))
+        history = history + [{"role": "assistant", "content": reply}]
+    return history, tokens
+
+
+@pytest.mark.parametrize("system", ["You are terse.", None])
+def test_incremental_tokens_equal_full_retokenization(fmt: ChatFormatter, tokenizer, system) -> None:  # noqa: ANN001
+    turns = [("Hi there!", "Hello! How can I help you today?", True),
+             ("What is 2+2?", "2 + 2 = 4", False),  # stopped by length: the whole end-of-turn is appended
+             ("Thanks", "You're welcome.", True)]
+    history, tokens = play(fmt, system, turns)
+    assert tokens == full_tokens(tokenizer, history)
+    assert fmt.incremental_fallbacks == 0
+
+
+def test_generation_prompt_and_closing_follow_the_template(fmt: ChatFormatter, tokenizer) -> None:  # noqa: ANN001
+    history = [{"role": "system", "content": "S"}]
+    t = fmt.append_user(history, "question")
+    opened = tokenizer.apply_chat_template(history + [{"role": "user", "content": "question"}], tokenize=False,
+                                           add_generation_prompt=True)
+    before = fmt.render(history, add_generation_prompt=False)
+    assert fmt.decode(t.user + t.generation_prompt) == fmt.decode(fmt.encode(opened[len(before):]))
+    assert tokenizer.decode(t.generation_prompt) == "<|im_start|>assistant\n"
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    h = history + [{"role": "user", "content": "question"}]
+    assert tokenizer.decode(fmt.close_assistant(h, [42, end], (end,))) == "\n"
+    assert tokenizer.decode(fmt.close_assistant(h, [42, 43], (end,))) == "<|im_end|>\n"
+    assert tokenizer.decode(fmt.close_assistant(h, [], (end,))) == "<|im_end|>\n"
+
+
+def test_tokenizer_without_template_uses_chatml(tokenizer) -> None:  # noqa: ANN001
+    bare = copy.copy(tokenizer)
+    bare.chat_template = None
+    fmt = ChatFormatter(bare)
+    assert fmt.template == FALLBACK_TEMPLATE
+    text = fmt.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert fmt.implicit_prefix_len == len(fmt.encode("<|im_start|>user\n"))
+
+
+def test_template_that_rewrites_history_falls_back_and_counts(tokenizer) -> None:  # noqa: ANN001
+    odd = copy.copy(tokenizer)
+    odd.chat_template = "{{ messages[-1]['role'] }}:{{ messages[-1]['content'] }}\n" \
+                        "{% if add_generation_prompt %}A:{% endif %}"
+    fmt = ChatFormatter(odd)
+    t = fmt.append_user([{"role": "user", "content": "first"}], "second")
+    assert fmt.incremental_fallbacks == 1
+    # history kept as the model saw it; the new message appended after the common text prefix "user:"
+    assert fmt.decode(t.user) == "second\n"
+    assert fmt.decode(t.generation_prompt) == "A:"
+
+
+def test_system_tokens_and_implicit_prefix(fmt: ChatFormatter) -> None:
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]
+    assert fmt.tokenizer.decode(fmt.system_tokens(msgs)) == "<|im_start|>system\nBe brief.<|im_end|>\n"
+    assert fmt.system_tokens(msgs[1:]) == []
+    # SmolLM2's template injects a default system prompt when there is none: that is the shared preamble
+    preamble = fmt.render([{"role": "user", "content": "x"}], False).split("<|im_start|>user")[0]
+    assert fmt.implicit_prefix_len == len(fmt.encode(preamble + "<|im_start|>user\n"))
+
+
+def test_token_hash_is_stable_and_distinguishes() -> None:
+    assert token_hash([1, 2, 3]) == token_hash([1, 2, 3])
+    assert token_hash([1, 2, 3]) != token_hash([1, 2, 4]) != token_hash([1, 2])
+    assert len(token_hash([7])) == 12 and int(token_hash([7]), 16) >= 0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_sessions_fork_shares_exact_prefix(fmt: ChatFormatter) -> None:
+    store = SessionStore(fmt, max_sessions=8, ttl_s=100)
+    s = store.create("Sys", {"temperature": 0.0})
+    assert fmt.tokenizer.decode(s.tokens) == "<|im_start|>system\nSys<|im_end|>\n" and s.system_len == len(s.tokens)
+    from radixserve.server.sessions import Message
+
+    for role, text in [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d")]:
+        start = len(s.tokens)
+        s.tokens = s.tokens + fmt.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n")
+        s.messages.append(Message(role, text, start, len(s.tokens)))
+    child = store.fork(s.id, 2)
+    assert child.id != s.id and [m.content for m in child.messages] == ["a", "b"]
+    assert child.tokens == s.tokens[:s.messages[2].token_start]
+    assert store.fork(s.id, 4).tokens == s.tokens and store.fork(s.id, 0).tokens == s.tokens[:s.system_len]
+    with pytest.raises(ApiError) as e:
+        store.fork(s.id, 5)
+    assert e.value.code == "invalid_field"
+
+
+def test_sessions_cap_expiry_and_unknown(fmt: ChatFormatter) -> None:
+    clock = FakeClock()
+    store = SessionStore(fmt, max_sessions=2, ttl_s=10, clock=clock)
+    a, b = store.create(None, {}), store.create(None, {})
+    clock.now = 1
+    store.get(a.id)  # a is now the most recently used: b goes first
+    c = store.create(None, {})
+    assert store.evicted == 1 and {s.id for s in store.list()} == {a.id, c.id}
+    with pytest.raises(ApiError) as e:
+        store.get(b.id)
+    assert (e.value.code, e.value.status) == ("unknown_session", 404)
+    a.busy, c.busy = "g1", "g2"
+    with pytest.raises(ApiError) as e:
+        store.create(None, {})
+    assert e.value.status == 429
+    a.busy = c.busy = None
+    clock.now = 100
+    for bad in (a.id, 123, None, "", "x" * 500):
+        with pytest.raises(ApiError):
+            store.get(bad)
+    assert store.list() == [] and len(store) == 0 and store.expired == 2
+    d = store.create(None, {})
+    store.delete(d.id)
+    with pytest.raises(ApiError):
+        store.delete(d.id)
+    assert len({store.create(None, {}).id for _ in range(2)}) == 2
+
+
+def test_system_prompt_labels_are_bounded_and_monotonic() -> None:
+    tr = SystemPromptTracker(labels=2)
+    seen: dict[str, int] = {}
+    for round_ in range(5):
+        for k in ("p1", "p2", "p3", "p4"):
+            tr.record(k, k.upper(), 10, 30, 12 if round_ else 0)
+        tr.record(NONE_KEY, "", 5, 20, 5)
+        for label, c in tr.labelled.items():
+            assert c.requests >= seen.get(label, 0)
+            seen[label] = c.requests
+    assert set(tr.labelled) == {NONE_KEY, OTHER_KEY, "p1", "p2"}
+    assert sum(c.requests for c in tr.labelled.values()) == tr.total.requests == 25
+    assert tr.labelled["p1"].requests == 4 and tr.labelled[OTHER_KEY].requests == 2 + 5 + 5
+    table = tr.table(top=3)
+    assert [r["id"] for r in table][-1] == OTHER_KEY and sum(r["requests"] for r in table) == 25
+    p1 = next(r for r in table if r["id"] == "p1")
+    assert (p1["requests"], p1["hit_requests"], p1["cached_tokens"], p1["computed_tokens"]) == (5, 4, 48, 102)
+    assert math.isclose(p1["hit_rate"], 0.8)
+
+
+def test_system_prompt_tracker_drops_rare_rows_when_full() -> None:
+    tr = SystemPromptTracker(labels=1, max_tracked=3)
+    for i in range(10):
+        tr.record(f"k{i}", "", 4, 10, 0)
+    assert len(tr.exact) <= 3
+    assert sum(r["requests"] for r in tr.table(top=2)) == 10
+
+
+@pytest.mark.parametrize("text,code", [
+    ("{", "bad_json"), ("", "bad_json"), ("NaN", "bad_json"), ('{"a": Infinity}', "bad_json"),
+    ("[" * 30000 + "]" * 30000, "bad_json"), ("x" * 70000, "too_large"), ("é" * 40000, "too_large"),
+])
+def test_parse_json_text_rejects(text: str, code: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_json_text(text, 64 * 1024)
+    assert e.value.code == code and e.value.message
+
+
+@pytest.mark.parametrize("sampling", [
+    [], "x", {"temperature": -1}, {"temperature": 2.5}, {"temperature": "1"}, {"top_p": 0}, {"top_p": 1.5},
+    {"max_tokens": 0}, {"max_tokens": 1.5}, {"max_tokens": True}, {"seed": "s"}, {"stop": [1]}, {"stop": [""]},
+    {"stop": ["a"] * 9}, {"bogus": 1}, {"top_k": -1}, {"temperature": float("nan")},
+])
+def test_parse_sampling_rejects(sampling: object) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_sampling(sampling)
+    assert e.value.code == "invalid_field" and e.value.status == 400
+
+
+def test_sampling_defaults_clamp_to_the_context() -> None:
+    s = parse_sampling({"temperature": 0, "stop": "END", "seed": 3})
+    assert s == {"temperature": 0.0, "stop": ["END"], "seed": 3}
+    p = build_sampling_params(s, prompt_len=90, max_model_len=100, default_max_tokens=512)
+    assert p.max_tokens == 10 and p.temperature == 0.0 and p.stop == ["END"] and p.seed == 3
+    assert build_sampling_params({}, prompt_len=10, max_model_len=100, default_max_tokens=None).max_tokens == 90
+    with pytest.raises(ApiError) as e:
+        build_sampling_params({}, prompt_len=100, max_model_len=100, default_max_tokens=5)
+    assert e.value.code == "context_too_long" and "100" in e.value.message
