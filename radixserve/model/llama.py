@@ -104,7 +104,8 @@ class LlamaForCausalLM(nn.Module):
         # Built on the meta device then materialised uninitialised: random init would only be overwritten.
         with torch.device("meta"):
             self.model = DecoderModel(spec)
-            self.lm_head = None if spec.tie_word_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            tied = spec.tie_word_embeddings
+            self.lm_head = None if tied else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.to(dtype)
         self.to_empty(device=device)
         self.requires_grad_(False)

@@ -59,7 +59,7 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpec:
         """Build from a transformers PretrainedConfig (or anything with the same attributes)."""
-        arch = supported_architecture(getattr(config, "architectures", None))
+        arch = supported_architecture(getattr(config, "architectures", None), getattr(config, "model_type", None))
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"only SwiGLU (hidden_act 'silu') MLPs are supported, config has {act!r}")
@@ -96,14 +96,24 @@ class ModelSpec:
         )
 
 
-def supported_architecture(architectures: Any) -> str:
+# Configs written without `architectures` (e.g. converted from GGUF) still name their model_type.
+_ARCHITECTURE_OF_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+
+
+def supported_architecture(architectures: Any, model_type: Any = None) -> str:
     """The first supported name in a config's `architectures`, else a ValueError naming ours."""
     for name in architectures or ():
         if name in SUPPORTED_ARCHITECTURES:
             return name
-    raise ValueError(
-        f"unsupported model architecture {architectures!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
+    if not architectures and model_type in _ARCHITECTURE_OF_MODEL_TYPE:
+        return _ARCHITECTURE_OF_MODEL_TYPE[model_type]
+    named = repr(architectures) if architectures else f"model_type {model_type!r}" if model_type else "(none named)"
+    raise ValueError(f"unsupported model architecture {named}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
 
 def rope_params_from_config(config: Any) -> RopeParams:
@@ -153,7 +163,9 @@ def load_spec(path: str | Path) -> ModelSpec:
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {config_file}: {err}") from None
     # Checked on the raw JSON first so an architecture transformers does not know still gets our message.
-    supported_architecture(raw.get("architectures") if isinstance(raw, dict) else None)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_file} does not hold a JSON object")
+    supported_architecture(raw.get("architectures"), raw.get("model_type"))
 
     from transformers import AutoConfig
 
