@@ -61,7 +61,9 @@ def _decode_split_kernel(
     num_q_heads = tl.num_programs(1) * GROUP
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # plain integer ceil-divisions: tl.cdiv is a jit helper, slow to call under the interpreter
+    per_split = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS
+    chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
