@@ -11,12 +11,13 @@ function cssVar(name, fallback) {
 
 /** Tick step and axis max so the axis shows ~4 round steps (whole numbers when `integer`). */
 function niceScale(maxValue, integer) {
-  const raw = Math.max(maxValue, integer ? 1 : 1e-9) / 4;
+  const raw = Math.max(maxValue, 1) / 4; // an all-zero series still gets a readable 0..1 axis
   const exp = 10 ** Math.floor(Math.log10(raw));
   const factors = integer ? [1, 2, 5, 10] : [1, 2, 2.5, 5, 10];
   let step = factors.map((f) => f * exp).find((s) => s >= raw) ?? 10 * exp;
   if (integer) step = Math.max(1, Math.round(step));
-  return { step, max: step * Math.max(1, Math.ceil(maxValue / step)) };
+  const steps = maxValue > 0 ? Math.max(1, Math.ceil(maxValue / step)) : 4; // all zero: four empty steps
+  return { step, max: step * steps };
 }
 
 export class TimeChart {

@@ -12,6 +12,7 @@ import { errorMessage, fmtInt, fmtPct, h, toast } from "./ui.js";
 const VISIBLE_POLL_MS = 1000;
 const HIDDEN_POLL_MS = 5000;
 const MAX_SAMPLES = 600;
+const RECENT_WINDOW_MS = 10_000;
 const COLORS = { a: "#6366f1", b: "#10b981", c: "#f59e0b", d: "#ef4444" };
 
 // Counter names tried in order, so a renamed metric degrades to "—" rather than breaking the page.
@@ -36,7 +37,7 @@ export class Dashboard {
     this.charts = {
       hit: new TimeChart(document.getElementById("chart-hit-rate"), {
         title: "Prefix-cache hit rate", yMax: 1, format: pct,
-        series: [{ key: "overall", label: "overall", color: COLORS.a }, { key: "recent", label: "last interval", color: COLORS.b }],
+        series: [{ key: "overall", label: "overall", color: COLORS.a }, { key: "recent", label: "last 10 s", color: COLORS.b }],
       }),
       blocks: new TimeChart(document.getElementById("chart-blocks"), {
         title: "KV blocks", format: fmtInt, integer: true,
@@ -47,7 +48,7 @@ export class Dashboard {
         series: [{ key: "running", label: "running", color: COLORS.a }, { key: "waiting", label: "waiting", color: COLORS.d }],
       }),
       throughput: new TimeChart(document.getElementById("chart-throughput"), {
-        title: "Token throughput (from /metrics)", format: (v) => (v >= 100 ? fmtInt(v) : v.toFixed(1)),
+        title: "Token throughput (from /metrics)", format: (v) => (v >= 100 ? fmtInt(v) : String(Number(v.toPrecision(3)))),
         series: [{ key: "prompt", label: "prompt tok/s", color: COLORS.c }, { key: "gen", label: "generated tok/s", color: COLORS.a }],
       }),
     };
@@ -116,8 +117,10 @@ export class Dashboard {
       const d = counters[key] - prev.counters[key];
       return dt > 0 && d >= 0 ? d / dt : null; // a counter reset (server restart) gives no rate
     };
-    const dPrompt = prev ? num(stats.prompt_tokens) - num(prev.stats.prompt_tokens) : null;
-    const dCached = prev ? num(stats.cached_tokens) - num(prev.stats.cached_tokens) : null;
+    // Hit rate of the prompt tokens admitted in the last RECENT_WINDOW_MS (null when there were none).
+    const base = this.samples.find((x) => t - x.t <= RECENT_WINDOW_MS);
+    const dPrompt = base ? num(stats.prompt_tokens) - num(base.stats.prompt_tokens) : null;
+    const dCached = base ? num(stats.cached_tokens) - num(base.stats.cached_tokens) : null;
     const gauge = (names, fallback) => {
       if (num(fallback) !== null) return fallback;
       const n = firstPresent(families, names);
@@ -152,13 +155,15 @@ export class Dashboard {
   renderCards(s) {
     const b = s.blocks || {};
     const tree = s.tree || {};
+    const reqHit = num(s.request_hit_rate);
+    const evictedBlocks = num(s.evicted_blocks);
     const cards = [
-      ["Hit rate", fmtPct(num(s.hit_rate), 1), "cached ÷ prompt tokens"],
+      ["Hit rate", fmtPct(num(s.hit_rate), 1), reqHit === null ? "cached ÷ prompt tokens" : `of tokens · ${fmtPct(reqHit)} of requests hit`],
       ["Cached tokens", fmtInt(num(s.cached_tokens)), `of ${fmtInt(num(s.prompt_tokens))} prompt tokens`],
       ["Requests", fmtInt(num(s.requests)), `${fmtInt(num(s.running))} running · ${fmtInt(num(s.waiting))} waiting`],
       ["KV blocks used", `${fmtInt(num(b.used))} / ${fmtInt(num(b.total))}`, `${fmtInt(num(b.cached))} cached · ${fmtInt(num(b.free))} free`],
       ["Radix tree", `${fmtInt(num(tree.nodes))} nodes`, `${fmtInt(num(tree.tokens))} tokens`],
-      ["Evictions", fmtInt(num(s.evictions)), "blocks reclaimed"],
+      ["Evictions", fmtInt(num(s.evictions)), evictedBlocks === null ? "radix-cache evictions" : `${fmtInt(evictedBlocks)} blocks reclaimed`],
     ];
     this.cards.replaceChildren(...cards.map(([label, value, sub]) => h("div", { className: "stat-card" }, [
       h("div", { className: "stat-label", textContent: label }),

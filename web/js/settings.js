@@ -61,7 +61,10 @@ export class SettingsPanel {
       }
       this.apply.hidden = this.savedPrompt === null || this.prompt.value === this.savedPrompt;
     });
-    this.apply.addEventListener("click", () => this.handlers.applyPrompt(this.prompt.value));
+    this.apply.addEventListener("click", () => {
+      save(PROMPT_KEY, this.prompt.value);
+      this.handlers.applyPrompt(this.prompt.value);
+    });
     this.toggleBtn.addEventListener("click", () => this.setOpen(!this.root.classList.contains("open")));
     document.getElementById("settings-close").addEventListener("click", () => {
       this.setOpen(false);

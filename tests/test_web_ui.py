@@ -1,0 +1,407 @@
+"""End-to-end tests of the web UI (web/) in headless Chromium against a real `radixserve serve`.
+
+One server (embedded model, started with --api-key so every request exercises the key path) and one
+browser serve the whole module; each test opens its own browser context. Chromium is Debian's
+/usr/bin/chromium driven by the playwright package — never `playwright install`. Generations use
+temperature 0 and a handful of tokens (the model runs on CPU); only the stop test asks for more.
+Screenshots of the chat and the dashboard are written to artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, WebSocketRoute, expect, sync_playwright
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+API_KEY = "web-ui-test-key"
+STARTUP_TIMEOUT_S = 240.0
+SMALL = {"temperature": 0, "top_p": 1, "max_tokens": 12}
+
+
+@dataclass
+class Server:
+    base: str
+    proc: subprocess.Popen[bytes]
+
+    def rest(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            raw = r.read()
+        return json.loads(raw) if raw else None
+
+    def chat_turn(self, system_prompt: str, content: str) -> str:
+        """A session with one finished turn, made over REST; returns its id."""
+        sid = self.rest("POST", "/v1/sessions", {"system_prompt": system_prompt})["id"]
+        self.rest("POST", f"/v1/sessions/{sid}/messages", {"content": content, "sampling": SMALL})
+        return sid
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = ARTIFACTS / "web_ui_server.log"
+    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--api-key", API_KEY]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        try:
+            wait_healthy(proc, base, log_path)
+            yield Server(base, proc)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (`make test` does this)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@dataclass
+class Ui:
+    page: Page
+    server: Server
+    errors: list[str] = field(default_factory=list)
+
+    def open(self, fragment: str = "") -> None:
+        self.page.goto(self.server.base + "/" + fragment)
+        expect(self.page.locator("#conn")).to_have_attribute("data-state", "open", timeout=20_000)
+
+    def send(self, text: str) -> None:
+        box = self.page.locator("#composer-input")
+        box.fill(text)
+        box.press("Enter")
+
+    def wait_replies(self, n: int, timeout_ms: float = 60_000) -> None:
+        self.page.wait_for_function(
+            "n => [...document.querySelectorAll('.msg-assistant')].filter(m => m.querySelector('.meta-tps')).length >= n",
+            arg=n, timeout=timeout_ms)
+
+    def toast(self, text: str) -> None:
+        expect(self.page.locator(".toast", has_text=text).first).to_be_visible(timeout=15_000)
+
+
+def make_ui(browser: Browser, server: Server, *, key: bool = True, sampling: dict[str, Any] | None = None,
+            viewport: dict[str, int] | None = None) -> Iterator[Ui]:
+    ctx = browser.new_context(viewport=viewport or {"width": 1280, "height": 800})
+    init = {"radixserve.sampling": json.dumps(sampling or SMALL)}
+    script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in init.items())
+    if key:
+        script += f"sessionStorage.setItem('radixserve.apiKey', {json.dumps(API_KEY)});"
+    ctx.add_init_script(script)
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    ui = Ui(page, server)
+    page.on("pageerror", lambda e: ui.errors.append(str(e)))
+    try:
+        yield ui
+        assert ui.errors == [], f"uncaught errors in the page: {ui.errors}"
+    finally:
+        ctx.close()
+
+
+@pytest.fixture
+def ui(browser: Browser, server: Server) -> Iterator[Ui]:
+    yield from make_ui(browser, server)
+
+
+# Records the text of the streaming reply at every DOM change, to prove it arrives in pieces.
+WATCH_STREAM = """() => {
+  window.__partials = [];
+  new MutationObserver(() => {
+    const m = document.querySelector('.msg-assistant[aria-busy="true"] .msg-body');
+    if (m && m.textContent.trim()) window.__partials.push(m.textContent.length);
+  }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_chat_streams_second_turn_hits_cache(ui: Ui) -> None:
+    page = ui.page
+    ui.open()
+    page.locator("#system-prompt").fill("You are a helpful assistant. Answer briefly.")
+    box = page.locator("#composer-input")
+    box.fill("Name a fruit.")
+    box.press("Shift+Enter")  # a newline, not a send
+    box.type("One word.")
+    assert box.input_value() == "Name a fruit.\nOne word."
+    expect(page.locator(".msg")).to_have_count(0)
+    page.evaluate(WATCH_STREAM)
+    box.press("Enter")
+    expect(page.locator(".msg-user .msg-body")).to_have_text("Name a fruit.\nOne word.")
+    expect(page.locator("#stop-btn")).to_be_visible()
+    ui.wait_replies(1)
+    partials = page.evaluate("window.__partials")
+    assert len(set(partials)) >= 2, f"the reply did not stream in pieces: {partials}"
+    first = page.locator(".msg-assistant").first
+    assert first.locator(".msg-body").inner_text().strip()
+    assert int(first.locator(".meta-prompt").get_attribute("data-value")) > 0
+    for chip in (".meta-cached", ".meta-ttft", ".meta-tps"):
+        expect(first.locator(chip)).to_be_visible()
+
+    ui.send("And a vegetable?")
+    ui.wait_replies(2)
+    second = page.locator(".msg-assistant").nth(1)
+    cached = int(second.locator(".meta-cached").get_attribute("data-value"))
+    prompt = int(second.locator(".meta-prompt").get_attribute("data-value"))
+    assert 0 < cached < prompt, "the second turn should reuse the first turn's cached prefix"
+    expect(second.locator(".meta-cached .chip-value")).to_contain_text("%")
+    expect(page.locator("#send-btn")).to_be_visible()
+    expect(page.locator(".session-item.active .session-title")).to_have_text("Name a fruit.\nOne word.")
+    page.screenshot(path=str(ARTIFACTS / "chat.png"))
+    sid = page.locator(".session-item.active").get_attribute("data-session-id")
+    assert ui.server.rest("GET", f"/v1/sessions/{sid}")["system_prompt"] == "You are a helpful assistant. Answer briefly."
+
+    # A saved chat's system prompt is fixed; editing it offers a new chat that starts from the edit.
+    apply = page.locator("#apply-system")
+    expect(apply).to_be_hidden()
+    page.locator("#system-prompt").fill("You are a pirate.")
+    apply.click()
+    expect(page.locator(".msg")).to_have_count(0)
+    expect(page.locator(".session-item.active.draft")).to_be_visible()
+    expect(page.locator("#system-prompt")).to_have_value("You are a pirate.")
+
+
+def test_stop_generation(browser: Browser, server: Server) -> None:
+    for ui in make_ui(browser, server, sampling={"temperature": 0, "top_p": 1, "max_tokens": 400}):
+        ui.open()
+        ui.send("Write a very long story about a dragon who learns to cook. Use many paragraphs.")
+        body = ui.page.locator(".msg-assistant .msg-body")
+        expect(body).not_to_have_text("Waiting for the server…", timeout=60_000)
+        expect(body).not_to_have_text("Thinking…", timeout=60_000)
+        ui.page.locator("#stop-btn").click()
+        expect(ui.page.locator(".chip-finish")).to_have_attribute("data-value", "abort", timeout=20_000)
+        completion = int(ui.page.locator(".meta-completion").get_attribute("data-value"))
+        assert 0 < completion < 400
+        expect(ui.page.locator("#send-btn")).to_be_visible()
+
+
+def test_fork_and_delete(ui: Ui) -> None:
+    parent = ui.server.chat_turn("You are a terse assistant.", "Name a color.")
+    page = ui.page
+    ui.open()
+    page.locator(f'.session-item[data-session-id="{parent}"] .session-open').click()
+    expect(page.locator(".msg")).to_have_count(2)
+    page.locator(".msg-assistant .act-fork").click()
+    ui.toast("Forked at message 2")
+    active = page.locator(".session-item.active")
+    expect(active).not_to_have_attribute("data-session-id", parent)
+    child = active.get_attribute("data-session-id")
+    assert child and len(ui.server.rest("GET", f"/v1/sessions/{child}")["messages"]) == 2
+    ui.send("Another one?")
+    ui.wait_replies(2)
+    reply = page.locator(".msg-assistant").nth(1)
+    assert int(reply.locator(".meta-cached").get_attribute("data-value")) > 0, "a fork shares the parent's prefix"
+    assert len(ui.server.rest("GET", f"/v1/sessions/{parent}")["messages"]) == 2, "the parent is unchanged"
+
+    page.locator(".msg-user .act-edit").first.click()  # fork before the first message, text to edit
+    expect(page.locator("#composer-input")).to_have_value("Name a color.")
+    expect(page.locator(".msg")).to_have_count(0)
+    edit_fork = page.locator(".session-item.active").get_attribute("data-session-id")
+    delete = page.locator(".session-item.active .session-delete")
+    delete.click()
+    expect(delete).to_have_text("Delete?")
+    delete.click()
+    ui.toast("Chat deleted.")
+    ids = {s["id"] for s in ui.server.rest("GET", "/v1/sessions")["sessions"]}
+    assert edit_fork not in ids and parent in ids and child in ids
+
+
+# Pixels of a chart's canvas in the colour of any of its series (its legend swatches).
+COUNT_SERIES_PIXELS = """sel => {
+  const fig = document.querySelector(sel);
+  const colors = [...fig.querySelectorAll('.legend-item i')]
+    .map(i => getComputedStyle(i).backgroundColor.match(/\\d+/g).map(Number));
+  const c = fig.querySelector('canvas');
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i + 3] > 200 && colors.some(([r, g, b]) =>
+        Math.abs(d[i] - r) < 24 && Math.abs(d[i + 1] - g) < 24 && Math.abs(d[i + 2] - b) < 24)) n++;
+  }
+  return n;
+}"""
+
+
+def test_dashboard_charts_have_data(ui: Ui) -> None:
+    ui.server.chat_turn("You are a dashboard test assistant.", "Say hi.")
+    page = ui.page
+    ui.open("#dashboard")
+    for chart in ("#chart-hit-rate", "#chart-blocks", "#chart-requests", "#chart-throughput"):
+        page.wait_for_function("sel => Number(document.querySelector(sel).dataset.points) >= 4", arg=chart)
+        assert page.evaluate(COUNT_SERIES_PIXELS, chart) > 50, f"{chart} drew no line for its data"
+    stats = ui.server.rest("GET", "/v1/cache/stats")
+    hit = page.locator(".stat-card", has_text="Hit rate").locator(".stat-value")
+    expect(hit).to_have_text(f"{stats['hit_rate'] * 100:.1f}%")
+    total = page.locator(".stat-card", has_text="KV blocks used").locator(".stat-value")
+    expect(total).to_contain_text(f"/ {stats['blocks']['total']:,}")
+    expect(page.locator("#sp-table tbody tr", has_text="You are a dashboard test assistant.")).to_have_count(1)
+    expect(page.locator("#chart-hit-rate canvas")).to_have_attribute("aria-label", re.compile(r"overall \d+%"))
+    expect(page.locator(".metrics-details summary")).to_contain_text("families from /metrics")
+    page.set_viewport_size({"width": 1280, "height": 1180})
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+
+
+def test_malformed_replies_and_server_errors_are_shown(ui: Ui) -> None:
+    page = ui.page
+    page.route("**/v1/cache/stats", lambda route: route.fulfill(status=200, body="<html>not json</html>"))
+
+    def inject_bad_frame(ws: WebSocketRoute) -> None:
+        ws.connect_to_server()
+        ws.send("{this is not json")
+
+    page.route_web_socket("**/v1/chat/ws*", inject_bad_frame)
+    ui.open("#dashboard")
+    expect(page.locator("#dash-status")).to_contain_text("malformed reply (not JSON)")
+    ui.toast("Dashboard: GET /v1/cache/stats: the server sent a malformed reply")
+    ui.toast("malformed frame (not JSON)")
+
+    page.unroute("**/v1/cache/stats")
+    page.route("**/metrics", lambda route: route.fulfill(status=200, body="radixserve_ok 1\nthis line is { bad\n"))
+    expect(page.locator("#dash-status")).to_contain_text("/metrics line 2")
+
+    page.locator("#tab-chat").click()
+    ui.send("hello " * 10_000)  # longer than the model's context: the server refuses the turn
+    expect(page.locator(".msg-assistant .msg-error")).to_contain_text("context_too_long", timeout=30_000)
+    expect(page.locator(".msg-user")).to_have_count(1)  # the refused message stays visible
+    expect(page.locator("#send-btn")).to_be_visible()
+
+    gone = ui.server.rest("POST", "/v1/sessions", {})["id"]
+    page.evaluate("id => localStorage.setItem('radixserve.currentSession', id)", gone)
+    page.reload()
+    expect(page.locator(".session-item.active")).to_have_attribute("data-session-id", gone)
+    ui.server.rest("DELETE", f"/v1/sessions/{gone}")
+    ui.send("Are you there?")
+    expect(page.locator(".msg-assistant .msg-error")).to_contain_text("unknown_session")
+    expect(page.locator(f'.session-item[data-session-id="{gone}"]')).to_have_count(0)
+
+
+def test_reconnects_after_drop(ui: Ui) -> None:
+    connections: list[WebSocketRoute] = []
+
+    def track(ws: WebSocketRoute) -> None:
+        ws.connect_to_server()
+        connections.append(ws)
+
+    ui.page.route_web_socket("**/v1/chat/ws*", track)
+    ui.open()
+    connections[0].close(code=1011, reason="test drop")
+    conn = ui.page.locator("#conn")
+    expect(conn).to_have_attribute("data-state", "reconnecting")
+    expect(ui.page.locator("#conn-text")).to_contain_text(re.compile("Disconnected|Reconnecting"))
+    expect(conn).to_have_attribute("data-state", "open", timeout=15_000)
+    assert len(connections) == 2
+    ui.send("Hi after reconnect")
+    ui.wait_replies(1)
+
+
+def test_api_key_prompt(browser: Browser, server: Server) -> None:
+    for ui in make_ui(browser, server, key=False):
+        page = ui.page
+        page.goto(server.base + "/")
+        dialog = page.locator("#auth-dialog")
+        expect(dialog).to_be_visible()
+        page.locator("#auth-key").fill("wrong-key")
+        page.locator("#auth-key").press("Enter")
+        expect(dialog).to_be_visible()
+        expect(page.locator("#auth-reason")).to_contain_text("rejected")
+        page.locator("#auth-key").fill(API_KEY)
+        page.locator("#auth-key").press("Enter")
+        expect(dialog).to_be_hidden()
+        expect(page.locator("#conn")).to_have_attribute("data-state", "open", timeout=20_000)
+        expect(page.locator(".session-item").first).to_be_visible()
+
+
+def test_phone_width_and_keyboard(browser: Browser, server: Server) -> None:
+    for ui in make_ui(browser, server, viewport={"width": 390, "height": 800}):
+        page = ui.page
+        ui.open()
+        sidebar = page.locator("#sidebar")
+        expect(sidebar).not_to_be_in_viewport()
+        page.locator("#menu-btn").click()
+        expect(sidebar).to_be_in_viewport()
+        expect(page.locator("#menu-btn")).to_have_attribute("aria-expanded", "true")
+        page.keyboard.press("Escape")
+        expect(sidebar).not_to_be_in_viewport()
+        page.locator("#tab-chat").focus()
+        page.keyboard.press("ArrowRight")
+        expect(page.locator("#tab-dashboard")).to_be_focused()
+        expect(page.locator("#view-dashboard")).to_be_visible()
+        box = page.evaluate("document.querySelector('#view-dashboard').scrollWidth <= window.innerWidth")
+        assert box, "the dashboard overflows a phone-width screen"
+
+
+def test_markdown_is_safe_and_prometheus_parses(ui: Ui) -> None:
+    ui.page.goto(ui.server.base + "/")
+    out = ui.page.evaluate("""async () => {
+      const md = await import('/js/markdown.js');
+      const prom = await import('/js/prometheus.js');
+      const host = document.createElement('div');
+      host.append(md.renderMarkdown('Hi <img src=x onerror="window.__pwned=1"> **b** `c<d>`\\n\\n```py\\nx = "<b>"\\n```'));
+      const fams = prom.parsePrometheus('# TYPE req counter\\nreq_total{code="a\\\\"b",x="1"} 3\\nreq_created 5\\ng 2.5e1\\n');
+      let err = '';
+      try { prom.parsePrometheus('ok 1\\nbad{ 2\\n'); } catch (e) { err = e.message; }
+      return {imgs: host.querySelectorAll('img').length, text: host.textContent,
+              code: host.querySelector('pre code').textContent, lang: host.querySelector('.code-lang').textContent,
+              strong: host.querySelector('strong').textContent, pwned: window.__pwned === 1,
+              req: fams.get('req').samples.map(s => [s.name, s.labels.code, s.value]), g: prom.sampleSum(fams, 'g'),
+              err};
+    }""")
+    assert out["imgs"] == 0 and not out["pwned"] and '<img src=x onerror="window.__pwned=1">' in out["text"]
+    assert out["code"] == 'x = "<b>"' and out["lang"] == "py" and out["strong"] == "b"
+    assert out["req"] == [["req_total", 'a"b', 3], ["req_created", None, 5]]
+    assert out["g"] == 25 and "line 2" in out["err"]
