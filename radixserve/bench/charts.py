@@ -1,0 +1,129 @@
+"""PNG charts of a results document (matplotlib, headless): output throughput per system, TTFT
+distributions, cumulative cache hit rate over time, pool blocks in use over time, and for multi-turn
+the mean TTFT of each turn. Timelines show the first repeat; bars show medians with min-max whiskers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _workloads(results: dict) -> list[str]:
+    return list(results["results"])
+
+
+def _first(entry: dict) -> dict:
+    return entry["repeats"][0]
+
+
+def throughput(results: dict, path: Path) -> None:
+    names = _workloads(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, wname in zip(axes[0], names):
+        per_system = results["results"][wname]
+        systems = list(per_system)
+        med = [per_system[s]["median"]["output_tokens_per_s"] for s in systems]
+        runs = [[r["metrics"]["output_tokens_per_s"] for r in per_system[s]["repeats"]] for s in systems]
+        err = [[m - min(r) for m, r in zip(med, runs)], [max(r) - m for m, r in zip(med, runs)]]
+        ax.bar(range(len(systems)), med, yerr=err, capsize=3, color=[f"C{i}" for i in range(len(systems))])
+        ax.set_xticks(range(len(systems)), systems, rotation=30, ha="right", fontsize=8)
+        ax.set_title(wname)
+        ax.set_ylabel("output tokens / s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ttft(results: dict, path: Path) -> None:
+    names = _workloads(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, wname in zip(axes[0], names):
+        per_system = results["results"][wname]
+        systems = list(per_system)
+        data = [[q["ttft_ms"] for r in per_system[s]["repeats"] for q in r["requests"]] for s in systems]
+        ax.boxplot(data, showfliers=True)
+        ax.set_xticks(range(1, len(systems) + 1), systems, rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"{wname}: TTFT, all repeats")
+        ax.set_ylabel("ms (log)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def hit_rate(results: dict, path: Path) -> None:
+    names = _workloads(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, wname in zip(axes[0], names):
+        optimal = None
+        for i, (sname, entry) in enumerate(results["results"][wname].items()):
+            points = _first(entry)["timeline"]["hit_rate"]
+            if points:
+                ax.step([p[0] for p in points], [p[1] for p in points], where="post", label=sname, color=f"C{i}")
+            optimal = _first(entry)["metrics"]["optimal_hit_rate"]
+        if optimal is not None:
+            ax.axhline(optimal, color="gray", linestyle="--", linewidth=1, label="optimal (unbounded)")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{wname}: cumulative hit rate")
+        ax.set_xlabel("seconds")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def blocks(results: dict, path: Path) -> None:
+    names = _workloads(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, wname in zip(axes[0], names):
+        for i, (sname, entry) in enumerate(results["results"][wname].items()):
+            points = _first(entry)["timeline"]["blocks"]
+            if not points:
+                continue
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{sname} in use", color=f"C{i}")
+            static = _first(entry)["metrics"].get("static_reservation_blocks")
+            if sname == "radixserve" and static:
+                ax.axhline(static, color=f"C{i}", linestyle="--", linewidth=1, label="static reservation (peak)")
+        ax.set_title(f"{wname}: KV blocks held by live requests")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("blocks")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ttft_by_turn(results: dict, path: Path) -> bool:
+    per_system = results["results"].get("multi-turn")
+    if not per_system:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (sname, entry) in enumerate(per_system.items()):
+        m = entry["median"]
+        turns = sorted(int(k.removeprefix("ttft_ms_turn")) for k in m if k.startswith("ttft_ms_turn"))
+        ax.plot(turns, [m[f"ttft_ms_turn{t}"] for t in turns], marker="o", label=sname, color=f"C{i}")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("mean TTFT, ms (log)")
+    ax.set_yscale("log")
+    ax.set_title("multi-turn: TTFT by turn")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_charts(results: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fn in (("throughput.png", throughput), ("ttft.png", ttft), ("hit_rate.png", hit_rate),
+                     ("blocks.png", blocks)):
+        fn(results, out_dir / name)
+        written.append(out_dir / name)
+    if ttft_by_turn(results, out_dir / "ttft_by_turn.png"):
+        written.append(out_dir / "ttft_by_turn.png")
+    return written

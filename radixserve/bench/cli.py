@@ -1,0 +1,175 @@
+"""`radixserve bench`: the command line of the benchmark.
+
+    radixserve bench [run] --workload shared-prefix|multi-turn|random|all --systems a,b --repeats N
+                           --smoke --out DIR --publish docs/bench ...
+    radixserve bench micro      # scheduler and radix-tree micro-benchmarks only
+    radixserve bench kernels    # the Triton kernel benchmark (radixserve/bench/kernel_bench.py)
+
+`run` is the default, so `radixserve bench --smoke` works; put run options after `run` if you
+name it. The run writes results.json, table.md and PNG charts to --out, prints the table, and with
+--publish copies them (plus a README.md showing them) to a directory such as docs/bench. The exit
+status is 1 when the results are incomplete (a metric missing or not finite), whatever the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
+from radixserve.bench.workloads import WORKLOADS
+
+RUN_OUTPUTS = ("results.json", "table.md")
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--workload", default="all", help=f"{' | '.join(WORKLOADS)} | all, or a comma list (default all)")
+    g.add_argument("--systems", default=None,
+                   help="comma list of " + ", ".join(SYSTEM_DESCRIPTIONS) + " (default: all that apply here)")
+    g.add_argument("--repeats", type=int, default=3, help="runs per system and workload; medians are reported")
+    g.add_argument("--smoke", action="store_true", help="tiny workloads: checks the harness end to end in seconds")
+    g.add_argument("--out", default="bench-results", help="output directory (default %(default)s)")
+    g.add_argument("--publish", default=None, metavar="DIR", help="also copy table, JSON and charts here")
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    g.add_argument("--param", action="append", default=[], metavar="WORKLOAD.FIELD=N",
+                   help="override a workload parameter, e.g. shared-prefix.groups=8 (repeatable)")
+    g.add_argument("--load", choices=("closed", "open"), default=None, help="override every workload's load mode")
+    g.add_argument("--concurrency", type=int, default=None, help="closed loop: clients in flight")
+    g.add_argument("--request-rate", type=float, default=None, help="open loop: Poisson arrivals per second")
+    g.add_argument("--pool-fraction", type=float, default=0.25,
+                   help="radixserve-pool25's pool as a fraction of the working set (default %(default)s)")
+    g.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run (default %(default)s)")
+    g.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
+    g.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e = p.add_argument_group("engine (same for every system)")
+    e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    e.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page (default %(default)s)")
+    e.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
+    e.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most")
+    e.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (default: ample per workload)")
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_arguments(parser)
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,kernels}")
+    _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
+    p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
+    p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
+    p_micro.add_argument("--out", default=None, help="also write micro.json here")
+    p_micro.add_argument("--block-size", type=int, default=16)
+    # its options belong to kernel_bench, imported only when this subcommand runs: a '+' prefix makes
+    # this parser take every following word, dashes included, as a pass-through positional
+    p_kernels = sub.add_parser("kernels", help="Triton kernel benchmark (arguments are passed through)",
+                               add_help=False, prefix_chars="+")
+    p_kernels.add_argument("kernel_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    command = getattr(args, "bench_command", None) or "run"
+    if command == "micro":
+        return _run_micro(args)
+    if command == "kernels":
+        return _run_kernels(args.kernel_args)
+    return _run(args)
+
+
+def _run_kernels(argv: list[str]) -> int:
+    try:
+        from radixserve.bench import kernel_bench
+    except ImportError as e:
+        print(f"radixserve bench kernels: the kernel benchmark is not available ({e})", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog="radixserve bench kernels", description=kernel_bench.__doc__)
+    kernel_bench.add_arguments(parser)
+    return int(kernel_bench.main(parser.parse_args(argv)) or 0)
+
+
+def _run_micro(args: argparse.Namespace) -> int:
+    from radixserve.bench.micro import run_micro
+
+    micro = run_micro(smoke=args.smoke, block_size=args.block_size)
+    text = json.dumps(micro, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "micro.json").write_text(text + "\n")
+    return 0
+
+
+def _parse_params(items: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        workload, dot, field = key.partition(".")
+        if not eq or not dot or not field or not value:
+            raise ValueError(f"--param wants WORKLOAD.FIELD=N, got {item!r}")
+        out.setdefault(workload, {})[field] = value
+    return out
+
+
+def options_from_args(args: argparse.Namespace):  # noqa: ANN201 - BenchOptions, imported lazily
+    from radixserve.bench.plan import BenchOptions
+
+    workloads = WORKLOADS if args.workload == "all" else tuple(w.strip() for w in args.workload.split(",") if w.strip())
+    systems = tuple(s.strip() for s in args.systems.split(",") if s.strip()) if args.systems else None
+    return BenchOptions(
+        workloads=workloads, systems=systems, repeats=args.repeats, smoke=args.smoke, seed=args.seed,
+        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        num_blocks=args.num_blocks, pool_fraction=args.pool_fraction, load=args.load, concurrency=args.concurrency,
+        request_rate=args.request_rate, params=_parse_params(args.param), timeout_s=args.timeout,
+        micro=not args.no_micro, progress=not args.no_progress,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from radixserve.bench.metrics import check_complete
+    from radixserve.bench.report import render
+    from radixserve.bench.runner import run_benchmark
+
+    try:
+        options = options_from_args(args)
+    except ValueError as e:
+        print(f"radixserve bench: {e}", file=sys.stderr)
+        return 2
+    results = run_benchmark(options, argv=sys.argv[2:] if sys.argv[1:2] == ["bench"] else None)
+    problems = check_complete(results)
+    results["complete"] = not problems
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = render(results)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "table.md").write_text(text)
+    charts = [] if args.no_charts else _charts(results, out)
+    print(text)
+    if args.publish:
+        publish(out, Path(args.publish), [c.name for c in charts], text)
+        print(f"published to {args.publish}")
+    for p in problems:
+        print(f"incomplete: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _charts(results: dict, out: Path) -> list[Path]:
+    from radixserve.bench.charts import write_charts
+
+    return write_charts(results, out)
+
+
+def publish(src: Path, dst: Path, charts: list[str], table: str) -> None:
+    """Copy the latest run into `dst` and write a README.md that shows its table and charts."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in (*RUN_OUTPUTS, *charts):
+        shutil.copyfile(src / name, dst / name)
+    images = "\n".join(f"![{Path(c).stem}]({c})" for c in charts)
+    (dst / "README.md").write_text(
+        "<!-- generated by `radixserve bench --publish`; do not edit by hand -->\n"
+        f"{table}\n## Charts\n\n{images}\n\nRaw numbers: [results.json](results.json). "
+        "How to run and what each number means: [../bench.md](../bench.md).\n")

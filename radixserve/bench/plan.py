@@ -1,0 +1,137 @@
+"""What a benchmark run will do: the options, the workloads built from them, which systems run on
+which workload, and how big every pool is.
+
+Pool sizing per workload, in blocks: the working set is what an unbounded cache would hold for the
+trace (replies counted as unshareable placeholders of their fixed length); "ample" is that plus what
+the clients in flight could hold without any sharing, so no system is memory-bound and the cache
+never evicts; the bounded pool is `pool_fraction` of the working set, but never less than one
+request's blocks (a request that cannot fit could never run).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from radixserve.bench.belady import TraceRequest, working_set_blocks
+from radixserve.bench.systems import SYSTEM_DESCRIPTIONS, default_systems
+from radixserve.bench.workloads import (DEFAULT_PARAMS, SMOKE_PARAMS, WORKLOADS, Load, Workload, build_workload,
+                                        default_load, with_overrides)
+
+
+@dataclass
+class BenchOptions:
+    workloads: tuple[str, ...] = WORKLOADS
+    systems: tuple[str, ...] | None = None  # None: the defaults for this machine
+    repeats: int = 3
+    smoke: bool = False
+    seed: int = 0
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+    num_blocks: int | None = None  # None: ample for each workload
+    pool_fraction: float = 0.25
+    load: str | None = None  # closed | open; None: each workload's default
+    concurrency: int | None = None
+    request_rate: float | None = None
+    params: dict[str, dict[str, str]] = field(default_factory=dict)  # workload -> field -> value
+    timeout_s: float = 1800.0
+    micro: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        if unknown or not self.workloads:
+            raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)} or all")
+        if self.systems is not None:
+            bad = [s for s in self.systems if s not in SYSTEM_DESCRIPTIONS]
+            if bad or not self.systems:
+                raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEM_DESCRIPTIONS)}")
+        if self.repeats < 1:
+            raise ValueError("--repeats must be >= 1")
+        if not 0 < self.pool_fraction <= 1:
+            raise ValueError("--pool-fraction must be in (0, 1]")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("--num-blocks must be >= 1")
+        if self.timeout_s <= 0:
+            raise ValueError("--timeout must be > 0")
+        bad_params = set(self.params) - set(WORKLOADS)
+        if bad_params:
+            raise ValueError(f"--param names unknown workload(s): {sorted(bad_params)}")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    working_set_blocks: int
+    max_request_blocks: int
+    ample_blocks: int
+    bounded_blocks: int
+    static_batch_size: int
+
+
+def make_load(name: str, params: object, o: BenchOptions) -> Load:
+    base = default_load(name, params)
+    mode = o.load or ("open" if o.request_rate is not None else base.mode)
+    if mode == "open":
+        if o.request_rate is None:
+            raise ValueError("--load open needs --request-rate")
+        return Load("open", concurrency=base.concurrency, rate=o.request_rate)
+    return Load("closed", concurrency=o.concurrency or base.concurrency)
+
+
+def build_workloads(o: BenchOptions, encode, vocab_size: int, max_len: int) -> list[Workload]:  # noqa: ANN001
+    out = []
+    for name in o.workloads:
+        params = with_overrides((SMOKE_PARAMS if o.smoke else DEFAULT_PARAMS)[name], o.params.get(name, {}))
+        w = build_workload(name, params, make_load(name, params, o), encode, o.seed)
+        tokens = [t for s in w.sessions for turn in s.turns for t in turn.new_tokens]
+        if tokens and max(tokens) >= vocab_size:
+            raise ValueError(f"{name}: token id {max(tokens)} outside the model's vocabulary of {vocab_size}")
+        longest = max(sum(len(t.new_tokens) + t.output_len for t in s.turns) for s in w.sessions)
+        if longest > max_len:
+            raise ValueError(f"{name}: a session reaches {longest} tokens, over the model's context of {max_len}")
+        out.append(w)
+    return out
+
+
+def placeholder_trace(w: Workload) -> list[TraceRequest]:
+    """The workload's requests with replies replaced by unique placeholders of the same length."""
+    fresh = itertools.count(-1, -1)
+    trace = []
+    for s in w.sessions:
+        history: tuple[int, ...] = ()
+        for turn in s.turns:
+            prompt = history + turn.new_tokens
+            history = prompt + tuple(next(fresh) for _ in range(turn.output_len))
+            trace.append(TraceRequest(len(prompt), history))
+    return trace
+
+
+def size_pools(w: Workload, o: BenchOptions) -> Sizing:
+    bs = o.block_size
+    trace = placeholder_trace(w)
+    ws = working_set_blocks(trace, bs)
+    per_request = max(-(-len(r.sequence) // bs) for r in trace)
+    in_flight = len(w.sessions) if w.load.mode == "open" else min(w.load.concurrency, len(w.sessions))
+    ample = o.num_blocks or ws + in_flight * (per_request + 1) + 16
+    bounded = max(math.ceil(o.pool_fraction * ws), per_request + 2)
+    batch = min(in_flight, 64) if w.load.mode == "closed" else 16
+    return Sizing(ws, per_request, ample, bounded, batch)
+
+
+def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple[list[str], list[str]]:
+    """The systems to run on `w`, and why any requested one is skipped."""
+    wanted = list(o.systems or default_systems(cuda))
+    run, skipped = [], []
+    for name in wanted:
+        if name == "radixserve-pool25" and w.name == "random":
+            skipped.append(f"{w.name}/{name}: nothing is shared, so a bounded pool has nothing to keep")
+        elif name == "radixserve-triton" and not (device == "cuda" or (device == "auto" and cuda)):
+            skipped.append(f"{w.name}/{name}: the Triton backend needs a CUDA device")
+        else:
+            run.append(name)
+    return run, skipped

@@ -1,0 +1,147 @@
+"""Runs a planned benchmark: every repeat runs every workload on every planned system, interleaved so
+machine noise spreads over all systems, then folds repeats into medians and derives ratios, targets
+and the bounded-pool comparison with the offline optimum.
+
+Each run starts its system cold (a fresh engine, a fresh continuous-batching manager: no cache
+carried over), warms it up with one short request of tokens no workload contains, then measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from radixserve.bench import results as results_mod
+from radixserve.bench.belady import simulate_pool, working_set_blocks
+from radixserve.bench.driver import RequestRecord, RunTrace, drive, warm_up
+from radixserve.bench.metrics import (expected_metrics, median_metrics, pool_metrics, run_metrics, trace_requests)
+from radixserve.bench.plan import BenchOptions, Sizing, build_workloads, plan_systems, size_pools
+from radixserve.bench.systems import SYSTEM_DESCRIPTIONS, SystemSettings, build_system
+from radixserve.bench.systems.hf_common import release_hf_models
+from radixserve.bench.textsource import byte_encoder
+from radixserve.bench.workloads import Workload
+
+BOUNDED = "radixserve-pool25"
+
+
+def _model_facts(model: str | None) -> tuple[str, Any, Any]:
+    from radixserve.engine import resolve_model_dir
+    from radixserve.model.loader import load_tokenizer
+    from radixserve.model.spec import load_spec
+
+    model_dir = resolve_model_dir(model)
+    return model_dir, load_spec(model_dir), load_tokenizer(model_dir)
+
+
+def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
+    import torch
+
+    model_dir, spec, tokenizer = _model_facts(o.model)
+    encode = (lambda text: tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None \
+        else byte_encoder(spec.vocab_size)
+    workloads = build_workloads(o, encode, spec.vocab_size, spec.max_position_embeddings)
+    cuda = torch.cuda.is_available()
+    settings = SystemSettings(model_dir, o.device, o.dtype, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                              o.seed)
+    sizing = {w.name: size_pools(w, o) for w in workloads}
+    planned: dict[str, list[str]] = {}
+    skipped: list[str] = []
+    for w in workloads:
+        planned[w.name], why = plan_systems(w, o, cuda, o.device)
+        skipped += why
+    warm_prompt = [spec.eos_token_ids[0] if spec.eos_token_ids else 0] * 8
+
+    traces: dict[str, dict[str, list[RunTrace]]] = {w.name: {s: [] for s in planned[w.name]} for w in workloads}
+    extras: dict[tuple[str, str, int], dict[str, Any]] = {}
+    total = sum(w.num_requests * len(planned[w.name]) for w in workloads) * o.repeats
+    bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=not o.progress, dynamic_ncols=True)
+
+    async def run_all() -> None:
+        for repeat in range(o.repeats):
+            for w in workloads:
+                for name in planned[w.name]:
+                    bar.set_postfix_str(f"repeat {repeat + 1}/{o.repeats} {w.name} {name}")
+                    trace, extra = await _run_one(name, w, repeat, settings, sizing[w.name], warm_prompt, o, bar)
+                    traces[w.name][name].append(trace)
+                    extras[(w.name, name, repeat)] = extra
+
+    started = time.time()
+    try:
+        asyncio.run(run_all())
+    finally:
+        bar.close()
+        release_hf_models()
+    results = _fold(o, workloads, planned, sizing, traces, extras)
+    results["skipped"] = skipped
+    results["wall_time_s"] = time.time() - started
+    results_mod.add_environment(results, o, model_dir, spec, argv)
+    if o.micro:
+        from radixserve.bench.micro import run_micro
+
+        results["micro"] = run_micro(smoke=o.smoke, block_size=o.block_size)
+    results["targets"] = results_mod.evaluate_targets(results)
+    return results
+
+
+async def _run_one(name: str, w: Workload, repeat: int, settings: SystemSettings, sizing: Sizing,
+                   warm_prompt: list[int], o: BenchOptions, bar: tqdm) -> tuple[RunTrace, dict[str, Any]]:
+    blocks = sizing.bounded_blocks if name == BOUNDED else sizing.ample_blocks
+    system = build_system(name, settings, blocks, sizing.static_batch_size)
+    await system.start()
+    try:
+        await warm_up(system, warm_prompt)
+
+        def progressed(_: RequestRecord) -> None:
+            bar.update(1)
+
+        trace = await drive(system, w, repeat, o.seed, o.timeout_s, on_record=progressed)
+        extra: dict[str, Any] = {"info": system.info().__dict__}
+        counters = getattr(system, "engine_counters", None)
+        if counters is not None:
+            extra["engine"] = counters()
+        return trace, extra
+    finally:
+        await system.stop()
+
+
+def _fold(o: BenchOptions, workloads: list[Workload], planned: dict[str, list[str]], sizing: dict[str, Sizing],
+          traces: dict[str, dict[str, list[RunTrace]]], extras: dict[tuple[str, str, int], dict[str, Any]]) -> dict:
+    bs = o.block_size
+    out: dict[str, Any] = {"workloads": {}, "systems": {}, "planned_systems": planned, "results": {}}
+    for w in workloads:
+        out["workloads"][w.name] = {"description": w.describe(), "params": w.params, "load": w.load.__dict__,
+                                    "num_requests": w.num_requests, "sizing": sizing[w.name].__dict__}
+        per_system: dict[str, Any] = {}
+        for name in planned[w.name]:
+            runs = []
+            for trace in traces[w.name][name]:
+                extra = extras[(w.name, name, trace.repeat)]
+                pool = extra["info"].get("num_blocks")
+                m = run_metrics(trace, bs)
+                has_pool = name.startswith("radixserve")
+                if has_pool:
+                    m |= pool_metrics(trace, bs, pool or 0)
+                if name == BOUNDED:
+                    m |= _bounded_metrics(trace, bs, pool or 0, m["hit_rate"])
+                runs.append({"repeat": trace.repeat, "metrics": m, **results_mod.run_detail(trace, extra)})
+                out["systems"].setdefault(name, {"description": SYSTEM_DESCRIPTIONS[name], **extra["info"]})
+            per_system[name] = {
+                "expected_metrics": list(expected_metrics(name.startswith("radixserve"), name == BOUNDED)),
+                "median": median_metrics([r["metrics"] for r in runs]),
+                "repeats": runs,
+            }
+        out["results"][w.name] = per_system
+    return out
+
+
+def _bounded_metrics(trace: RunTrace, bs: int, pool: int, hit_rate: float) -> dict[str, float]:
+    reqs = trace_requests(trace)
+    ws = working_set_blocks(reqs, bs)
+    belady = simulate_pool(reqs, bs, pool, "belady").hit_rate
+    lru = simulate_pool(reqs, bs, pool, "lru").hit_rate
+    return {"working_set_blocks": float(ws), "pool_fraction": pool / ws if ws else 0.0, "belady_hit_rate": belady,
+            "lru_sim_hit_rate": lru, "hit_rate_vs_belady": hit_rate / belady if belady else 1.0}

@@ -1,0 +1,66 @@
+"""The systems `radixserve bench` can compare, by name, and how each is built for one workload.
+
+Every system runs the same model directory with the same dtype and device. Pool sizes are given in
+blocks of `block_size` tokens and are the same for every system with a pool, except the bounded-pool
+variant, which gets a fraction of the workload's working set on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.bench.systems.base import System
+from radixserve.config import EngineConfig
+
+SYSTEM_DESCRIPTIONS = {
+    "radixserve": "radixserve, prefix cache on, ample pool",
+    "radixserve-nocache": "radixserve, prefix cache off (EngineConfig(enable_prefix_cache=False))",
+    "radixserve-pool25": "radixserve, prefix cache on, pool = a fraction (default 25%) of the working set",
+    "radixserve-triton": "radixserve, prefix cache on, Triton attention backend (CUDA only)",
+    "hf-generate": "transformers generate, static left-padded batches",
+    "hf-generate-batch": "transformers generate_batch (continuous batching, block sharing on)",
+}
+REFERENCE = "radixserve"
+PEERS = ("radixserve-nocache", "hf-generate", "hf-generate-batch")
+
+
+def default_systems(cuda: bool) -> tuple[str, ...]:
+    base = ("radixserve", "radixserve-nocache", "hf-generate", "hf-generate-batch", "radixserve-pool25")
+    return base + (("radixserve-triton",) if cuda else ())
+
+
+@dataclass(frozen=True)
+class SystemSettings:
+    model_dir: str
+    device: str
+    dtype: str
+    block_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    seed: int
+
+
+def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_size: int) -> System:
+    """A fresh system object (HF peers share their loaded weights across runs, see hf_common)."""
+    if name.startswith("radixserve"):
+        from radixserve.bench.systems.radix import RadixServeSystem
+
+        config = EngineConfig(
+            model=s.model_dir, block_size=s.block_size, num_blocks=num_blocks,
+            max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
+            enable_prefix_cache=name != "radixserve-nocache",
+            attention_backend="triton" if name == "radixserve-triton" else "auto",
+            dtype=s.dtype, device=s.device, seed=s.seed,
+        )
+        return RadixServeSystem(name, SYSTEM_DESCRIPTIONS[name], config)
+    if name == "hf-generate":
+        from radixserve.bench.systems.hf_generate import HFStaticBatchSystem
+
+        return HFStaticBatchSystem(name, s.model_dir, s.device, s.dtype, max_batch_size=static_batch_size)
+    if name == "hf-generate-batch":
+        from radixserve.bench.systems.hf_cb import HFContinuousBatchSystem
+
+        return HFContinuousBatchSystem(name, s.model_dir, s.device, s.dtype, block_size=s.block_size,
+                                       num_blocks=num_blocks, max_batch_tokens=s.max_num_batched_tokens,
+                                       max_requests_per_batch=s.max_num_seqs)
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEM_DESCRIPTIONS)}")

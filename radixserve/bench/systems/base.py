@@ -1,0 +1,64 @@
+"""The seam between the benchmark driver and a serving system.
+
+A system takes token-id prompts one request at a time (many may be in flight), generates exactly
+`output_len` tokens greedily, and reports when each output token was produced. Times are
+`time.monotonic()` seconds, the clock the engine's own Timing uses, so client-side and engine-side
+stamps compare directly. Systems with a block pool also report pool samples (blocks held by live
+requests and by the cache alone) for the memory figures and charts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Completion:
+    output_tokens: list[int]
+    token_times: list[float]  # when each output token reached the client (monotonic seconds)
+    cached_tokens: int  # prompt tokens the system served from a cache instead of computing them
+    scheduled_time: float | None = None  # when the system began computing the request, if it says
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    t: float
+    blocks_used: int  # held by live requests
+    blocks_cached: int  # held only by the cache (evictable)
+    blocks_total: int
+
+
+@dataclass
+class SystemInfo:
+    name: str
+    description: str
+    block_size: int | None = None  # tokens per KV block, for systems with a block pool
+    num_blocks: int | None = None
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+class System(ABC):
+    """One serving system under test. `start` before the first request, `stop` after the last."""
+
+    name: str
+    has_block_pool: bool = False
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def generate(self, prompt: list[int], output_len: int, request_id: str) -> Completion: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    @abstractmethod
+    def info(self) -> SystemInfo: ...
+
+    # -- pool samples, recorded between start_sampling() and stop_sampling() around a measured run --
+    def start_sampling(self) -> None:
+        pass
+
+    def stop_sampling(self) -> list[PoolSample]:
+        return []
