@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from radixserve.config import ATTENTION_BACKENDS, POLICIES, EngineConfig
+from radixserve.embedded import EmbeddedModelMissingError
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_arguments(p_bench)
 
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except (FileNotFoundError, ValueError, EmbeddedModelMissingError) as exc:  # user errors: no traceback
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "chat":
         from radixserve.terminal_chat import run_chat
 

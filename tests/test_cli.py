@@ -1,0 +1,41 @@
+"""The `radixserve` command as a user runs it: chat (two turns, the second hits the cache) and
+generate, as subprocesses on the embedded model."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+CMD = [sys.executable, "-m", "radixserve.cli"]
+
+
+def run(args: list[str], stdin: str = "") -> str:
+    proc = subprocess.run(CMD + args, input=stdin, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_chat_reports_cache_hits_per_turn() -> None:
+    out = run(["chat", "--max-tokens", "6"], stdin="Name a fruit.\nAnd another?\n")
+    figures = re.findall(r"\[cached (\d+)/(\d+) prompt tokens", out)
+    assert len(figures) == 2, out
+    (c1, p1), (c2, p2) = [(int(c), int(p)) for c, p in figures]
+    assert c1 == 0 and c2 >= p1  # turn 2 reuses all of turn 1's prompt (and most of its reply)
+    assert "TTFT" in out and "tok/s" in out
+
+
+def test_generate_and_help() -> None:
+    out = run(["generate", "--chat", "--max-tokens", "4", "Say hi."])
+    assert "### Say hi." in out and "[cached 0/" in out
+    help_text = run(["serve", "--help"])
+    for flag in ("--block-size", "--kv-cache-memory-mb", "--max-num-batched-tokens", "--policy",
+                 "--attention-backend", "--port"):
+        assert flag in help_text
+
+
+def test_bad_model_path_is_a_clear_error() -> None:
+    proc = subprocess.run(CMD + ["generate", "--model", "/nonexistent/model", "hi"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
