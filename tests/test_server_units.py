@@ -226,3 +226,8 @@ def test_sampling_defaults_clamp_to_the_context() -> None:
     with pytest.raises(ApiError) as e:
         build_sampling_params({}, prompt_len=100, max_model_len=100, default_max_tokens=5)
     assert e.value.code == "context_too_long" and "100" in e.value.message
+    assert build_sampling_params({"max_tokens": 10}, prompt_len=90, max_model_len=100,
+                                 default_max_tokens=None).max_tokens == 10
+    with pytest.raises(ApiError) as e:
+        build_sampling_params({"max_tokens": 11}, prompt_len=90, max_model_len=100, default_max_tokens=None)
+    assert e.value.code == "context_too_long" and "100" in e.value.message

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -21,9 +22,10 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
 from radixserve.server import openai_api, rest
 from radixserve.server.auth import bearer_token, key_matches, needs_key
@@ -164,12 +166,6 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
         Route("/health", health), Route("/metrics", metrics), Route("/v1/cache/stats", cache_stats),
         WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES,
     ]
-    web = config.web_dir
-    if web is not None and (web / "index.html").is_file():
-        routes.append(Mount("/", app=StaticFiles(directory=str(web), html=True), name="web"))
-    else:
-        routes.append(Route("/", lambda r: PlainTextResponse("radixserve: the web UI is not installed; "
-                                                            "the API is under /v1 (see docs/server.md)")))
     middleware = [Middleware(ApiKeyMiddleware, state=state)]
     if config.allowed_origins:
         origins = ["*"] if "*" in config.allowed_origins else config.allowed_origins
@@ -177,5 +173,30 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
                                         allow_headers=["*"]))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
+    # The UI is the router's fallback, not a Mount: a Mount at "/" would match every path and turn a
+    # wrong method on an API route (405) into a static-file 404.
+    app.router.default = StaticFallback(config.web_dir)
     app.state.server = state
     return app
+
+
+class StaticFallback:
+    """Paths no route matched: the web UI's files (index.html at /), JSON 404s under the API."""
+
+    def __init__(self, web_dir: Path | None) -> None:
+        ok = web_dir is not None and (web_dir / "index.html").is_file()
+        self.files = StaticFiles(directory=str(web_dir), html=True) if ok else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await WebSocketClose()(scope, receive, send)
+            return
+        path = scope["path"]
+        if path.startswith(("/v1", "/metrics", "/health")):
+            e = ApiError("not_found", f"no endpoint {path}", 404)
+            await JSONResponse(error_body(e), status_code=404)(scope, receive, send)
+        elif self.files is None:
+            text = "radixserve: the web UI is not installed; the API is under /v1 (see docs/server.md)"
+            await PlainTextResponse(text, status_code=200 if path == "/" else 404)(scope, receive, send)
+        else:
+            await self.files(scope, receive, send)

@@ -146,7 +146,7 @@ def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
 def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_model_len: int,
                           default_max_tokens: int | None, n: int = 1) -> SamplingParams:
     """SamplingParams for one request. An unset max_tokens is clamped to what the context has left;
-    an explicit one that does not fit is left for the engine to reject with the context limit."""
+    an explicit one that does not fit is refused, naming the limit (as vLLM does)."""
     max_tokens = sampling.get("max_tokens")
     room = max_model_len - prompt_len
     if room < 1:
@@ -154,6 +154,9 @@ def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_mode
                        f"the model's context length of {max_model_len} tokens")
     if max_tokens is None:
         max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+    elif max_tokens > room:
+        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens + max_tokens {max_tokens} exceeds the "
+                       f"model's context length of {max_model_len} tokens", param="max_tokens")
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),

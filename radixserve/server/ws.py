@@ -127,6 +127,7 @@ class Connection:
         elif kind == "auth":
             if not key_matches(frame.get("api_key"), self.state.config.api_key):
                 raise ApiError("unauthorized", "wrong api_key", 401)
+            self.authed = True
             reply({"type": "auth.ok"})
         elif kind == "session.create":
             reply({"type": "session.created", "session": create_session(self.state, frame)})

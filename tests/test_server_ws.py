@@ -1,0 +1,273 @@
+"""WebSocket chat and session REST against a real uvicorn server (embedded model, small max_tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixserve.server.chat_template import token_hash
+
+pytest.register_assert_rewrite("server_testkit")
+from server_testkit import chat, connect, engine_idle, recv_frame, request, wait_until
+
+pytest_plugins = ["server_testkit"]
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0, "max_tokens": 6}
+
+
+@pytest.fixture()
+def recorded(chat_server, monkeypatch) -> list[dict[str, Any]]:  # noqa: ANN001
+    """Every engine request the server makes: its prompt ids and generated ids."""
+    engine, calls = chat_server.engine, []
+    original = engine.generate
+
+    async def generate(prompt, params, request_id=None, priority=0):  # noqa: ANN001, ANN202
+        rec = {"prompt": list(prompt), "generated": []}
+        calls.append(rec)
+        agen = original(prompt, params, request_id=request_id, priority=priority)
+        try:
+            async for out in agen:
+                rec["generated"] += out.outputs[0].token_ids if out.outputs else []
+                yield out
+        finally:
+            await agen.aclose()
+
+    monkeypatch.setattr(engine, "generate", generate)
+    return calls
+
+
+def test_multi_turn_conversation_reuses_every_previous_token(chat_server, recorded) -> None:  # noqa: ANN001
+    contents = ["Hi! What is your name?", "What is the capital of France?", "And of Italy?"]
+
+    async def run() -> tuple[str, list[list[dict[str, Any]]]]:
+        async with connect(chat_server) as ws:
+            created = await request(ws, {"type": "session.create", "system_prompt": "You are a concise assistant.",
+                                         "sampling": GREEDY, "req": 1})
+            assert created["type"] == "session.created" and created["req"] == 1
+            sid = created["session"]["id"]
+            return sid, [await chat(ws, sid, c, gen_id=f"turn{k}") for k, c in enumerate(contents)]
+
+    sid, turns = asyncio.run(run())
+    assert len(recorded) == len(contents)
+    for k, frames in enumerate(turns):
+        start, done = frames[0], frames[-1]
+        assert start["type"] == "start" and done["type"] == "done", frames
+        assert all(f["type"] == "delta" and f["text"] for f in frames[1:-1])
+        assert done["usage"]["prompt_tokens"] == len(recorded[k]["prompt"]) == start["prompt_tokens"]
+        assert done["usage"]["completion_tokens"] == len(recorded[k]["generated"])
+        assert done["finish_reason"] in ("stop", "length") and done["message_index"] == 2 * k + 1
+        assert set(done["timing"]) == {"queue_ms", "ttft_ms", "tokens_per_s", "total_ms"}
+        assert done["timing"]["total_ms"] >= done["timing"]["ttft_ms"] > 0
+        if k:
+            prev = recorded[k - 1]
+            before = prev["prompt"] + prev["generated"]
+            # turn k's prompt extends turn k-1's prompt and reply token-for-token
+            assert recorded[k]["prompt"][:len(before)] == before
+            # every token of earlier turns the model has computed (all but the last sampled one) is a hit
+            assert done["usage"]["cached_tokens"] >= len(before) - 1
+            assert start["cached_tokens"] == done["usage"]["cached_tokens"]
+
+    session = chat_server.state.sessions.get(sid)
+    tok = chat_server.engine.tokenizer
+    replies = [m.content for m in session.messages if m.role == "assistant"]
+    for rec, reply in zip(recorded, replies):
+        ids = [t for t in rec["generated"] if t not in chat_server.engine.eos_token_ids]
+        assert tok(reply, add_special_tokens=False)["input_ids"] == ids, "reply text must round-trip for this test"
+    text = tok.apply_chat_template(session.template_messages(), tokenize=False, add_generation_prompt=False)
+    assert session.tokens == tok(text, add_special_tokens=False)["input_ids"]
+    assert session.tokens[:len(recorded[-1]["prompt"])] == recorded[-1]["prompt"]
+
+
+def test_concurrent_clients_share_one_system_prompt_prefill(chat_server) -> None:  # noqa: ANN001
+    clients = 32
+    system = "You are a helpful assistant for a shared-prefix load test. Answer in one short sentence."
+    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    before = chat_server.engine.stats()
+
+    async def client(i: int) -> dict[str, Any]:
+        async with connect(chat_server) as ws:
+            created = await request(ws, {"type": "session.create", "system_prompt": system,
+                                         "sampling": {"temperature": 0, "max_tokens": 4}})
+            frames = await chat(ws, created["session"]["id"], f"Client {i}: say hello.", gen_id="g")
+            assert frames[-1]["type"] == "done", frames[-1]
+            return {"done": frames[-1], "system_len": created["session"]["num_tokens"]}
+
+    async def run() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(client(i) for i in range(clients)))
+
+    results = asyncio.run(run())
+    after = chat_server.engine.stats()
+    system_len = results[0]["system_len"]
+    suffixes = sum(r["done"]["usage"]["prompt_tokens"] - system_len for r in results)
+    computed = after.computed_tokens - before.computed_tokens
+    assert computed <= system_len + suffixes + clients, (computed, system_len, suffixes)
+    assert sum(r["done"]["usage"]["cached_tokens"] >= system_len for r in results) >= clients - 1
+
+    key = token_hash(chat_server.state.sessions.formatter.encode(
+        chat_server.state.sessions.formatter.render([{"role": "system", "content": system}], False)))
+    stats = http.get("/v1/cache/stats").json()
+    row = next(r for r in stats["system_prompts"] if r["id"] == key)
+    assert row["requests"] == clients and row["hit_requests"] >= clients - 1
+    assert row["preview"] == system[:80] and row["cached_tokens"] >= (clients - 1) * system_len
+    assert stats["requests"] >= clients and 0 < stats["hit_rate"] <= 1
+    assert stats["blocks"]["total"] == stats["blocks"]["free"] + stats["blocks"]["used"] + stats["blocks"]["cached"]
+    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(http.get("/metrics").text) for s in fam.samples}
+    labelled = metrics[("radixserve_system_prompt_requests_total", (("system_prompt", key),))]
+    other = metrics[("radixserve_system_prompt_requests_total", (("system_prompt", "other"),))]
+    assert labelled >= clients - 1 and labelled + other >= clients  # the first one counts before promotion
+    assert metrics[("radixserve_system_prompt_hit_requests_total", (("system_prompt", key),))] >= clients - 2
+    assert metrics[("radixserve_prompt_tokens_cached_total", ())] >= after.cached_tokens
+    assert metrics[("radixserve_time_to_first_token_seconds_count", ())] >= clients
+    assert ("radixserve_kv_blocks", (("state", "free"),)) in metrics
+
+
+def test_cancel_stops_within_a_step_and_frees_blocks(chat_server) -> None:  # noqa: ANN001
+    async def run() -> tuple[int, dict[str, Any], float]:
+        async with connect(chat_server) as ws:
+            sid = (await request(ws, {"type": "session.create", "sampling": {"temperature": 0}}))["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "Write a long story about a cat.",
+                                      "gen_id": "long", "sampling": {"max_tokens": 200}}))
+            seen = 0
+            while True:
+                f = await recv_frame(ws)
+                if f["type"] == "delta":
+                    seen += 1
+                    break
+            t0 = time.monotonic()
+            await ws.send(json.dumps({"type": "cancel", "gen_id": "long", "req": "c"}))
+            while f["type"] != "done":
+                f = await recv_frame(ws)
+                seen += f["type"] == "delta"
+            took = time.monotonic() - t0
+            # the session is free again and keeps the partial reply
+            again = await request(ws, {"type": "session.resume", "session_id": sid})
+            assert again["session"]["messages"][-1]["finish_reason"] == "abort"
+            assert not again["session"]["busy"]
+            return seen, f, took
+
+    seen, done, took = asyncio.run(run())
+    assert done["finish_reason"] == "abort"
+    # deltas seen before the cancel plus at most the step in flight and one queued output
+    assert done["usage"]["completion_tokens"] <= seen + 3 < 200
+    assert took < 10
+    wait_until(lambda: engine_idle(chat_server), what="blocks freed after cancel")
+    assert chat_server.engine.leaked_blocks() == 0
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # noqa: ANN001
+    aborted_before = chat_server.engine.stats().requests_finished.get("abort", 0)
+
+    async def run() -> str:
+        async with connect(chat_server) as ws:
+            sid = (await request(ws, {"type": "session.create", "sampling": {"temperature": 0}}))["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "Count from one to a hundred.",
+                                      "gen_id": "g", "sampling": {"max_tokens": 200}}))
+            while (await recv_frame(ws))["type"] != "delta":
+                pass
+            return sid  # leaving the block closes the socket mid-generation
+
+    sid = asyncio.run(run())
+    wait_until(lambda: engine_idle(chat_server), what="blocks freed after disconnect")
+    assert chat_server.engine.stats().requests_finished.get("abort", 0) == aborted_before + 1
+    session = chat_server.state.sessions.get(sid)
+    assert session.busy is None and session.messages[-1].finish_reason == "abort"
+    assert chat_server.engine.leaked_blocks() == 0
+
+
+def test_session_busy_duplicate_and_unknown_gen_ids(chat_server) -> None:  # noqa: ANN001
+    async def run() -> list[dict[str, Any]]:
+        async with connect(chat_server) as ws:
+            sid = (await request(ws, {"type": "session.create", "sampling": {"temperature": 0, "max_tokens": 3}}))[
+                "session"]["id"]
+            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "one", "gen_id": "a"}))
+            errors = [await request(ws, {"type": "chat", "session_id": sid, "content": "two", "gen_id": "a"}),
+                      await request(ws, {"type": "chat", "session_id": sid, "content": "two", "gen_id": "b"}),
+                      await request(ws, {"type": "cancel", "gen_id": "nope"})]
+            frames = []
+            while not frames or frames[-1]["type"] != "done":
+                frames.append(await recv_frame(ws))
+            return errors + [frames[-1]]
+
+    dup, busy, unknown, done = asyncio.run(run())
+    assert (dup["type"], dup["code"], dup["gen_id"]) == ("error", "duplicate_gen_id", "a")
+    assert (busy["code"], busy["gen_id"]) == ("session_busy", "b")
+    assert unknown["code"] == "unknown_gen_id" and done["gen_id"] == "a"
+
+
+def test_rest_session_lifecycle_fork_and_sse(chat_server) -> None:  # noqa: ANN001
+    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    r = http.post("/v1/sessions", json={"system_prompt": "You answer briefly.", "sampling": GREEDY})
+    assert r.status_code == 201
+    sid = r.json()["id"]
+    first = http.post(f"/v1/sessions/{sid}/messages", json={"content": "Name a color."})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["message"]["role"] == "assistant" and body["message"]["content"]
+    assert body["message_index"] == 1 and body["finish_reason"] in ("stop", "length")
+    turn1_tokens = body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+
+    with http.stream("POST", f"/v1/sessions/{sid}/messages",
+                     json={"content": "Another one.", "stream": True}) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+    assert [e["type"] for e in events][0] == "start" and events[-1]["type"] == "done"
+    assert "".join(e["text"] for e in events if e["type"] == "delta")
+    assert events[-1]["usage"]["cached_tokens"] >= turn1_tokens - 1
+
+    history = http.get(f"/v1/sessions/{sid}").json()
+    assert [m["role"] for m in history["messages"]] == ["user", "assistant"] * 2
+    assert history["messages"][3]["content"] == "".join(e["text"] for e in events if e["type"] == "delta")
+
+    fork = http.post(f"/v1/sessions/{sid}/fork", json={"at_message": 2})
+    assert fork.status_code == 201
+    child = fork.json()
+    assert [m["content"] for m in child["messages"]] == [m["content"] for m in history["messages"][:2]]
+    branch = http.post(f"/v1/sessions/{child['id']}/messages", json={"content": "A different question."}).json()
+    # the branch shares the parent's first turn blocks
+    assert branch["usage"]["cached_tokens"] >= turn1_tokens - 1 and branch["message_index"] == 3
+    assert len(http.get(f"/v1/sessions/{sid}").json()["messages"]) == 4  # the parent is untouched
+
+    listed = {s["id"] for s in http.get("/v1/sessions").json()["sessions"]}
+    assert {sid, child["id"]} <= listed
+    assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    for method, path in [("GET", f"/v1/sessions/{sid}"), ("DELETE", f"/v1/sessions/{sid}"),
+                         ("POST", f"/v1/sessions/{sid}/messages"), ("POST", f"/v1/sessions/{sid}/fork")]:
+        r = http.request(method, path, json={"content": "x", "at_message": 0})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+    assert http.get(f"/v1/sessions/{child['id']}").status_code == 200
+
+
+def test_sse_client_disconnect_frees_blocks(chat_server) -> None:  # noqa: ANN001
+    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    sid = http.post("/v1/sessions", json={"sampling": {"temperature": 0}}).json()["id"]
+    with http.stream("POST", f"/v1/sessions/{sid}/messages",
+                     json={"content": "Tell me a long story.", "stream": True, "sampling": {"max_tokens": 200}}) as r:
+        for line in r.iter_lines():
+            if '"delta"' in line:
+                break
+    wait_until(lambda: engine_idle(chat_server), what="blocks freed after SSE disconnect")
+    assert chat_server.state.sessions.get(sid).busy is None
+    assert chat_server.engine.leaked_blocks() == 0
+
+
+def test_health_static_ui_and_ping(chat_server) -> None:  # noqa: ANN001
+    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    assert http.get("/health").json()["status"] == "ok"
+    index = http.get("/")
+    assert index.status_code == 200 and "radixserve test ui" in index.text
+    assert http.get("/app.js").text == "console.log('ui');"
+    assert http.get("/v1/nope").json()["error"]["code"] == "not_found"
+
+    async def run() -> dict[str, Any]:
+        async with connect(chat_server) as ws:
+            return await request(ws, {"type": "ping", "req": {"n": 1}})
+
+    assert asyncio.run(run()) == {"type": "pong", "req": {"n": 1}}
