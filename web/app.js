@@ -59,7 +59,7 @@ function askForKey(reason, { force = false } = {}) {
 
 const socket = new ChatSocket({
   url: wsUrl,
-  onFrame: (f) => chat.handleFrame(f),
+  onFrame: (f) => chat.turns.handleFrame(f),
   onState: showState,
   onBadFrame: (msg) => toast(msg),
   onAuthRequired: askForKey,

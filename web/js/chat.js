@@ -1,14 +1,15 @@
-// The chat controller: owns the client-side state (session summaries, loaded sessions, generations in
-// flight keyed by gen_id) and turns user actions and WebSocket frames into state changes and renders.
-// Invariants: at most one generation per session (the server's rule too); a generation's assistant
-// message is `streaming` from the moment it is sent until its `done`, `error`, or the connection drops;
-// every failure ends visibly, in the message or as a toast.
+// The chat controller: owns the client-side session state (summaries for the sidebar, loaded sessions
+// with their messages, which chat is open) and the session actions — new, open, fork, delete, copy.
+// Turns (sending, streaming, stopping) live in turns.js. A loaded session's messages carry `index`
+// equal to their position on the server, which fork and message_index use; messages without one are
+// local only (a turn the server refused or has not confirmed yet).
 
 import { api } from "./api.js";
 import { renderConversation, updateMessage } from "./messages.js";
 import { SettingsPanel } from "./settings.js";
 import { Sidebar } from "./sidebar.js";
-import { errorMessage, h, newId, toast } from "./ui.js";
+import { Turns } from "./turns.js";
+import { errorMessage, h, toast } from "./ui.js";
 
 const CURRENT_KEY = "radixserve.currentSession";
 const LOADING_RETRIES = 60;
@@ -20,11 +21,8 @@ export class ChatController {
     this.socket = socket;
     this.summaries = [];
     this.sessions = new Map(); // id -> {id, system_prompt, messages, num_tokens, created, sampling}
-    this.gens = new Map(); // gen_id -> {sessionId, msg}
-    this.busy = new Map(); // session id -> gen_id
     this.currentId = null; // null = unsaved draft
     this.draftPrompt = "";
-    this.renderQueued = new Set();
     this.loadToken = 0;
     this.lastListError = "";
 
@@ -41,20 +39,21 @@ export class ChatController {
       applyPrompt: (text) => this.newChat(text),
     });
     this.draftPrompt = this.settings.storedPrompt();
+    this.turns = new Turns(this, socket);
 
     document.getElementById("new-chat").addEventListener("click", () => this.newChat(this.settings.storedPrompt()));
     this.form.addEventListener("submit", (ev) => {
       ev.preventDefault();
-      this.send();
+      this.turns.send();
     });
     this.input.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
-        this.send();
+        this.turns.send();
       }
     });
     this.input.addEventListener("input", () => this.autosize());
-    this.stopBtn.addEventListener("click", () => this.stop());
+    this.stopBtn.addEventListener("click", () => this.turns.stop());
     this.messagesEl.addEventListener("click", (ev) => {
       const btn = ev.target.closest(".code-copy");
       if (btn) this.copy(btn.closest(".code-block").querySelector("code").textContent, btn);
@@ -109,7 +108,7 @@ export class ChatController {
   }
 
   renderSidebar() {
-    this.sidebar.render(this.summaries, this.currentId, new Set(this.busy.keys()));
+    this.sidebar.render(this.summaries, this.currentId, new Set(this.turns.busy.keys()));
   }
 
   showCurrent() {
@@ -126,7 +125,7 @@ export class ChatController {
   }
 
   syncComposer() {
-    const busy = this.currentId !== null && this.busy.has(this.currentId);
+    const busy = this.currentId !== null && this.turns.busy.has(this.currentId);
     this.sendBtn.hidden = busy;
     this.stopBtn.hidden = !busy;
     this.form.setAttribute("aria-busy", String(busy));
@@ -165,10 +164,10 @@ export class ChatController {
       this.showCurrent();
       return;
     }
-    if (!this.busy.has(id) || force) {
+    if (!this.turns.busy.has(id) || force) {
       try {
         const session = this.normalize(await api.getSession(id));
-        if (this.busy.has(id)) return; // a generation started meanwhile; its local state is newer
+        if (this.turns.busy.has(id)) return; // a generation started meanwhile; its local state is newer
         this.sessions.set(id, session);
       } catch (e) {
         toast(`Could not open the chat: ${errorMessage(e)}`);
@@ -232,175 +231,9 @@ export class ChatController {
     }
   }
 
-  async send() {
-    const content = this.input.value.trim();
-    if (!content) return;
-    if (this.currentId !== null && this.busy.has(this.currentId)) return;
-    const sampling = this.settings.sampling();
-    if (!sampling) {
-      toast("Max tokens must be a whole number of at least 1.");
-      this.settings.maxTokens.focus();
-      return;
-    }
-    if (!this.socket.isOpen) {
-      toast("Not connected to the server — the message was not sent. It stays in the box; try again once connected.");
-      return;
-    }
-    this.input.value = "";
-    this.autosize();
-    let session = this.current();
-    if (!session) {
-      try {
-        session = this.normalize(await api.createSession(this.draftPrompt, sampling));
-      } catch (e) {
-        this.input.value = content;
-        toast(`Could not create the chat: ${errorMessage(e)}`);
-        return;
-      }
-      this.sessions.set(session.id, session);
-      this.summaries.push({ id: session.id, system_prompt: session.system_prompt, created: session.created, num_messages: 0, preview: content.slice(0, 80) });
-      this.currentId = session.id;
-      this.remember(session.id);
-    }
-    const genId = newId();
-    const user = { role: "user", content };
-    const reply = { role: "assistant", content: "", streaming: true, genId };
-    session.messages.push(user, reply);
-    this.gens.set(genId, { sessionId: session.id, msg: reply, user });
-    this.busy.set(session.id, genId);
-    this.showCurrent();
-    try {
-      this.socket.send({ type: "chat", session_id: session.id, content, gen_id: genId, sampling });
-    } catch (e) {
-      this.finish(genId, { error: errorMessage(e) });
-    }
-  }
-
-  stop() {
-    const genId = this.currentId !== null ? this.busy.get(this.currentId) : undefined;
-    if (!genId) return;
-    try {
-      this.socket.send({ type: "cancel", gen_id: genId });
-      this.stopBtn.disabled = true;
-      setTimeout(() => (this.stopBtn.disabled = false), 1500);
-    } catch (e) {
-      toast(`Could not stop: ${errorMessage(e)}`);
-    }
-  }
-
-  // ---- server frames -------------------------------------------------------------------------
-
-  handleFrame(f) {
-    const gen = typeof f.gen_id === "string" ? this.gens.get(f.gen_id) : undefined;
-    switch (f.type) {
-      case "start":
-        if (!gen) return;
-        gen.msg.start = { prompt_tokens: f.prompt_tokens, cached_tokens: f.cached_tokens };
-        this.queueRender(gen);
-        return;
-      case "delta":
-        if (!gen) return;
-        if (typeof f.text !== "string") {
-          toast("The server sent a delta frame without text.");
-          return;
-        }
-        gen.msg.content += f.text;
-        this.queueRender(gen);
-        return;
-      case "done":
-        if (!gen) return;
-        this.finish(f.gen_id, { done: f });
-        return;
-      case "error": {
-        const text = `${f.message || "Server error"} (${f.code || "error"})`;
-        if (gen) this.finish(f.gen_id, { error: text, code: f.code });
-        else toast(`Server error: ${text}`);
-        return;
-      }
-      case "_disconnected":
-        for (const genId of [...this.gens.keys()]) {
-          this.finish(genId, { error: "The connection dropped, so the server stopped this reply." });
-        }
-        return;
-      case "auth.ok":
-      case "session.created":
-      case "session.resumed":
-        return;
-      default:
-        toast(`The server sent an unknown frame type "${String(f.type).slice(0, 40)}".`);
-    }
-  }
-
-  queueRender(gen) {
-    if (this.renderQueued.has(gen)) return;
-    this.renderQueued.add(gen);
-    requestAnimationFrame(() => {
-      this.renderQueued.delete(gen);
-      if (gen.sessionId === this.currentId) updateMessage(this.messagesEl, gen.msg, this.msgHandlers);
-    });
-  }
-
-  finish(genId, { done, error, code }) {
-    const gen = this.gens.get(genId);
-    if (!gen) return;
-    this.gens.delete(genId);
-    if (this.busy.get(gen.sessionId) === genId) this.busy.delete(gen.sessionId);
-    const msg = gen.msg;
-    msg.streaming = false;
-    const session = this.sessions.get(gen.sessionId);
-    if (done) {
-      msg.finish_reason = done.finish_reason;
-      msg.usage = done.usage;
-      msg.timing = done.timing;
-      if (Number.isInteger(done.message_index)) {
-        msg.index = done.message_index;
-        gen.user.index = done.message_index - 1;
-      }
-      if (session && Number.isFinite(done.usage && done.usage.prompt_tokens)) {
-        session.num_tokens = done.usage.prompt_tokens + (done.usage.completion_tokens || 0);
-      }
-      const summary = this.summaries.find((s) => s.id === gen.sessionId);
-      if (summary && session) summary.num_messages = session.messages.length;
-    } else {
-      msg.error = error;
-      if (code === "unknown_session") this.refreshList();
-      // The server may or may not have kept this turn; reload the session so indices stay true.
-      if (session) this.resync(gen.sessionId);
-    }
-    if (gen.sessionId === this.currentId) this.showCurrent();
-    else this.renderSidebar();
-  }
-
-  /**
-   * Reload a session from the server after a turn failed. The server may or may not have recorded
-   * the failed turn; either way the error stays visible and indices match the server's.
-   */
-  async resync(id) {
-    if (this.busy.has(id)) return;
-    try {
-      const fresh = this.normalize(await api.getSession(id));
-      const local = this.sessions.get(id);
-      if (!local || this.busy.has(id)) return;
-      const known = local.messages.filter((m) => Number.isInteger(m.index)).length;
-      const pending = local.messages.filter((m) => !Number.isInteger(m.index));
-      const failure = pending.find((m) => m.error);
-      if (fresh.messages.length > known) {
-        const last = fresh.messages[fresh.messages.length - 1];
-        if (failure && last.role === "assistant") last.error = failure.error;
-        else if (failure) fresh.messages.push({ role: "assistant", content: "", error: failure.error });
-      } else {
-        fresh.messages.push(...pending);
-      }
-      this.sessions.set(id, fresh);
-      if (id === this.currentId) this.showCurrent();
-    } catch (e) {
-      if (e.code === "unknown_session") this.refreshList();
-    }
-  }
-
   /** After a reconnect: reload the list and the open chat, which the server may have changed. */
   async onReconnected() {
     await this.refreshList();
-    if (this.currentId !== null) await this.resync(this.currentId);
+    if (this.currentId !== null) await this.turns.resync(this.currentId);
   }
 }

@@ -1,0 +1,209 @@
+// Chat turns: sending a message, the generation's WebSocket frames (start, delta, done, error),
+// stopping it, and reconciling with the server when a turn fails. Invariants: at most one generation
+// per session (the server's rule too); a generation's assistant message is `streaming` from the
+// moment it is sent until its `done`, its `error`, or the connection drops — then it always ends
+// visibly, in the message itself. Deltas are rendered at most once per animation frame.
+
+import { api } from "./api.js";
+import { updateMessage } from "./messages.js";
+import { errorMessage, newId, toast } from "./ui.js";
+
+const ANNOUNCE_CHARS = 600;
+
+function announce(text) {
+  document.getElementById("announcer").textContent = text;
+}
+
+export class Turns {
+  /**
+   * @param {import("./chat.js").ChatController} chat
+   * @param {import("./socket.js").ChatSocket} socket
+   */
+  constructor(chat, socket) {
+    this.chat = chat;
+    this.socket = socket;
+    this.gens = new Map(); // gen_id -> {sessionId, msg, user}
+    this.busy = new Map(); // session id -> gen_id in flight
+    this.renderQueued = new Set();
+  }
+
+  async send() {
+    const chat = this.chat;
+    const content = chat.input.value.trim();
+    if (!content) return;
+    if (chat.currentId !== null && this.busy.has(chat.currentId)) return;
+    const sampling = chat.settings.sampling();
+    if (!sampling) {
+      toast("Max tokens must be a whole number of at least 1.");
+      chat.settings.maxTokens.focus();
+      return;
+    }
+    if (!this.socket.isOpen) {
+      toast("Not connected to the server — the message was not sent. It stays in the box; try again once connected.");
+      return;
+    }
+    chat.input.value = "";
+    chat.autosize();
+    let session = chat.current();
+    if (!session) {
+      try {
+        session = chat.normalize(await api.createSession(chat.draftPrompt, sampling));
+      } catch (e) {
+        chat.input.value = content;
+        toast(`Could not create the chat: ${errorMessage(e)}`);
+        return;
+      }
+      chat.sessions.set(session.id, session);
+      chat.summaries.push({ id: session.id, system_prompt: session.system_prompt, created: session.created, num_messages: 0, preview: content.slice(0, 80) });
+      chat.currentId = session.id;
+      chat.remember(session.id);
+    }
+    const genId = newId();
+    const user = { role: "user", content };
+    const reply = { role: "assistant", content: "", streaming: true, genId };
+    session.messages.push(user, reply);
+    this.gens.set(genId, { sessionId: session.id, msg: reply, user });
+    this.busy.set(session.id, genId);
+    chat.showCurrent();
+    try {
+      this.socket.send({ type: "chat", session_id: session.id, content, gen_id: genId, sampling });
+    } catch (e) {
+      this.finish(genId, { error: errorMessage(e) });
+    }
+  }
+
+  stop() {
+    const { currentId, stopBtn } = this.chat;
+    const genId = currentId !== null ? this.busy.get(currentId) : undefined;
+    if (!genId) return;
+    try {
+      this.socket.send({ type: "cancel", gen_id: genId });
+      stopBtn.disabled = true;
+      setTimeout(() => (stopBtn.disabled = false), 1500);
+    } catch (e) {
+      toast(`Could not stop: ${errorMessage(e)}`);
+    }
+  }
+
+  // ---- server frames -------------------------------------------------------------------------
+
+  handleFrame(f) {
+    const gen = typeof f.gen_id === "string" ? this.gens.get(f.gen_id) : undefined;
+    switch (f.type) {
+      case "start":
+        if (!gen) return;
+        gen.msg.start = { prompt_tokens: f.prompt_tokens, cached_tokens: f.cached_tokens };
+        this.queueRender(gen);
+        return;
+      case "delta":
+        if (!gen) return;
+        if (typeof f.text !== "string") {
+          toast("The server sent a delta frame without text.");
+          return;
+        }
+        gen.msg.content += f.text;
+        this.queueRender(gen);
+        return;
+      case "done":
+        if (!gen) return;
+        this.finish(f.gen_id, { done: f });
+        return;
+      case "error": {
+        const text = `${f.message || "Server error"} (${f.code || "error"})`;
+        if (gen) this.finish(f.gen_id, { error: text, code: f.code });
+        else toast(`Server error: ${text}`);
+        return;
+      }
+      case "_disconnected":
+        for (const genId of [...this.gens.keys()]) {
+          this.finish(genId, { error: "The connection dropped, so the server stopped this reply." });
+        }
+        return;
+      case "auth.ok":
+      case "session.created":
+      case "session.resumed":
+        return;
+      default:
+        toast(`The server sent an unknown frame type "${String(f.type).slice(0, 40)}".`);
+    }
+  }
+
+  queueRender(gen) {
+    if (this.renderQueued.has(gen)) return;
+    this.renderQueued.add(gen);
+    requestAnimationFrame(() => {
+      this.renderQueued.delete(gen);
+      const chat = this.chat;
+      if (gen.sessionId === chat.currentId) updateMessage(chat.messagesEl, gen.msg, chat.msgHandlers);
+    });
+  }
+
+  finish(genId, { done, error, code }) {
+    const gen = this.gens.get(genId);
+    if (!gen) return;
+    this.gens.delete(genId);
+    if (this.busy.get(gen.sessionId) === genId) this.busy.delete(gen.sessionId);
+    const msg = gen.msg;
+    msg.streaming = false;
+    const chat = this.chat;
+    const session = chat.sessions.get(gen.sessionId);
+    if (done) {
+      msg.finish_reason = done.finish_reason;
+      msg.usage = done.usage;
+      msg.timing = done.timing;
+      if (Number.isInteger(done.message_index)) {
+        msg.index = done.message_index;
+        gen.user.index = done.message_index - 1;
+      }
+      if (session && Number.isFinite(done.usage && done.usage.prompt_tokens)) {
+        session.num_tokens = done.usage.prompt_tokens + (done.usage.completion_tokens || 0);
+      }
+      const summary = chat.summaries.find((s) => s.id === gen.sessionId);
+      if (summary && session) summary.num_messages = session.messages.length;
+      // Streamed text is re-rendered per delta, so it is not a live region; announce the finished reply.
+      const u = done.usage || {};
+      announce(`Assistant: ${msg.content.slice(0, ANNOUNCE_CHARS)} — ${u.cached_tokens ?? 0} of ${u.prompt_tokens ?? 0} prompt tokens cached.`);
+    } else {
+      msg.error = error;
+      announce(`Reply failed: ${error}`);
+      if (code === "unknown_session") chat.refreshList();
+      // The server may or may not have kept this turn; reload the session so indices stay true.
+      if (session) this.resync(gen.sessionId);
+    }
+    if (gen.sessionId === chat.currentId) chat.showCurrent();
+    else chat.renderSidebar();
+  }
+
+  /**
+   * Reload a session from the server after a turn failed. The server may or may not have recorded
+   * the failed turn; either way the error stays visible and indices match the server's.
+   */
+  async resync(id) {
+    if (this.busy.has(id)) return;
+    const chat = this.chat;
+    try {
+      const fresh = chat.normalize(await api.getSession(id));
+      const local = chat.sessions.get(id);
+      if (!local || this.busy.has(id)) return;
+      for (const m of local.messages) {
+        // An error shown on a message the server kept stays shown.
+        const same = Number.isInteger(m.index) && fresh.messages[m.index];
+        if (m.error && same && same.role === m.role) same.error = m.error;
+      }
+      const known = local.messages.filter((m) => Number.isInteger(m.index)).length;
+      const pending = local.messages.filter((m) => !Number.isInteger(m.index));
+      const failure = pending.find((m) => m.error);
+      if (fresh.messages.length > known) {
+        const last = fresh.messages[fresh.messages.length - 1];
+        if (failure && last.role === "assistant") last.error = failure.error;
+        else if (failure) fresh.messages.push({ role: "assistant", content: "", error: failure.error });
+      } else {
+        fresh.messages.push(...pending);
+      }
+      chat.sessions.set(id, fresh);
+      if (id === chat.currentId) chat.showCurrent();
+    } catch (e) {
+      if (e.code === "unknown_session") chat.refreshList();
+    }
+  }
+}
