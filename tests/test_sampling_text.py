@@ -1,0 +1,69 @@
+"""Incremental detokenization (never a split character, stop strings never leak) and the sampler's
+top-k / top-p / temperature maths, with the embedded model's real tokenizer."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from radixserve.detokenizer import IncrementalDetokenizer
+from radixserve.embedded import embedded_model_dir
+from radixserve.model.loader import load_tokenizer
+from radixserve.sampler import Sampler
+from radixserve.sampling_params import SamplingParams
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer():
+    return load_tokenizer(embedded_model_dir())
+
+
+def stream(text: str, stop: list[str]) -> tuple[list[str], IncrementalDetokenizer]:
+    d = IncrementalDetokenizer(tokenizer(), stop)
+    deltas = []
+    for t in tokenizer().encode(text):
+        d.add([t])
+        deltas.append(d.delta(final=False))
+        if d.stopped:
+            break
+    deltas.append(d.delta(final=True))
+    return deltas, d
+
+
+@pytest.mark.parametrize("text", ["Hello, world! 你好，世界 🙂🚀 café", "  spaced   out\n\ncode: `x = 1`  "])
+def test_streamed_deltas_rebuild_the_text_without_broken_characters(text: str) -> None:
+    deltas, _ = stream(text, [])
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_stop_string_truncates_and_never_leaks() -> None:
+    deltas, d = stream("The answer is 42. END of story, more words here.", ["END", "zzz"])
+    assert d.stopped
+    assert "".join(deltas) == "The answer is 42. "
+    assert not any("E" in x for x in deltas)
+
+
+def test_top_k_and_top_p_keep_the_right_tokens() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    p = Sampler.probabilities(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    p = Sampler.probabilities(logits, SamplingParams(temperature=1.0, top_k=3))
+    assert p[3] == 0 and torch.isclose(p.sum(), torch.tensor(1.0))
+    cold = Sampler.probabilities(logits, SamplingParams(temperature=0.1))
+    assert cold[0] > 0.99
+
+
+def test_sampler_greedy_and_seeded_rows() -> None:
+    s = Sampler(seed=0)
+    logits = torch.randn(3, 50)
+    seeded = SamplingParams(temperature=1.0, seed=3)
+    a = s.sample(logits, [SamplingParams(temperature=0.0), seeded, seeded],
+                 [None, torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)])
+    assert a[0] == int(logits[0].argmax())
+    counts = torch.bincount(torch.tensor([s.sample(logits[:1], [SamplingParams(temperature=1.0)], [None])[0]
+                                          for _ in range(400)]), minlength=50).float()
+    expected = torch.softmax(logits[0], -1) * 400
+    assert (counts - expected).abs().max() < 40  # sampling follows the distribution
