@@ -181,6 +181,31 @@ def test_api_key_over_http_and_websocket(chat_server) -> None:  # noqa: ANN001
         cfg.api_key = None
 
 
+def test_prompt_length_limit_applies_everywhere(chat_server) -> None:  # noqa: ANN001
+    cfg, limit = chat_server.state.config, 40
+    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    sid = http.post("/v1/sessions", json={"system_prompt": "S"}).json()["id"]
+    cfg.max_prompt_tokens = limit
+    try:
+        long_text = "many words " * 30
+        r = http.post(f"/v1/sessions/{sid}/messages", json={"content": long_text})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_too_long"
+        assert str(limit) in r.json()["error"]["message"]
+        r = http.post("/v1/chat/completions", json={"model": chat_server.state.model_name,
+                                                    "messages": [{"role": "user", "content": long_text}]})
+        assert r.status_code == 400 and str(limit) in r.json()["error"]["message"]
+
+        async def run() -> dict[str, Any]:
+            async with connect(chat_server) as ws:
+                return await request(ws, {"type": "chat", "session_id": sid, "content": long_text, "gen_id": "g"})
+
+        err = asyncio.run(run())
+        assert (err["type"], err["code"], err["gen_id"]) == ("error", "context_too_long", "g")
+        assert http.get(f"/v1/sessions/{sid}").json()["messages"] == []  # the refused turn left nothing
+    finally:
+        cfg.max_prompt_tokens = None
+
+
 def test_websocket_origin_check(chat_server) -> None:  # noqa: ANN001
     cfg = chat_server.state.config
     same = chat_server.url

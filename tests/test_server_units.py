@@ -231,3 +231,26 @@ def test_sampling_defaults_clamp_to_the_context() -> None:
     with pytest.raises(ApiError) as e:
         build_sampling_params({"max_tokens": 11}, prompt_len=90, max_model_len=100, default_max_tokens=None)
     assert e.value.code == "context_too_long" and "100" in e.value.message
+
+
+def test_cli_flags_build_a_server_config(monkeypatch) -> None:  # noqa: ANN001
+    import argparse
+
+    from radixserve.server.cli import add_server_arguments, server_config_from_args
+    from radixserve.server.config import ServerConfig
+
+    p = argparse.ArgumentParser()
+    add_server_arguments(p)
+    monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
+    defaults = server_config_from_args(p.parse_args([]))
+    assert (defaults.host, defaults.port, defaults.api_key, defaults.allowed_origins) == ("127.0.0.1", 8000, None, [])
+    cfg = server_config_from_args(p.parse_args(["--port", "0", "--api-key", "k", "--allowed-origins",
+                                                "http://a.example/, http://b.example", "--no-web",
+                                                "--max-prompt-tokens", "100", "--session-ttl", "5"]))
+    assert cfg.port == 0 and cfg.api_key == "k" and cfg.web_dir is None and cfg.max_prompt_tokens == 100
+    assert cfg.allowed_origins == ["http://a.example", "http://b.example"] and cfg.session_ttl_s == 5
+    monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
+    assert server_config_from_args(p.parse_args([])).api_key == "from-env"
+    for bad in ({"port": 70000}, {"max_sessions": 0}, {"api_key": ""}, {"default_top_p": 0.0}):
+        with pytest.raises(ValueError):
+            ServerConfig(**bad)

@@ -235,6 +235,14 @@ def test_rest_session_lifecycle_fork_and_sse(chat_server) -> None:  # noqa: ANN0
     assert branch["usage"]["cached_tokens"] >= turn1_tokens - 1 and branch["message_index"] == 3
     assert len(http.get(f"/v1/sessions/{sid}").json()["messages"]) == 4  # the parent is untouched
 
+    async def resume() -> dict[str, Any]:
+        async with connect(chat_server) as ws:
+            return await request(ws, {"type": "session.resume", "session_id": sid, "req": "r"})
+
+    resumed = asyncio.run(resume())  # the WebSocket sees the REST session
+    assert resumed["type"] == "session.resumed" and resumed["req"] == "r"
+    assert resumed["session"]["messages"] == history["messages"]
+
     listed = {s["id"] for s in http.get("/v1/sessions").json()["sessions"]}
     assert {sid, child["id"]} <= listed
     assert http.delete(f"/v1/sessions/{sid}").status_code == 204

@@ -153,6 +153,6 @@ def serve_forever(engine_factory: EngineFactory, config: ServerConfig) -> int:
         print(f"radixserve: serving {state.model_name} at {url}{ui}; OpenAI API at {url}/v1", flush=True)
 
     server = RadixUvicornServer(uvicorn_config(app, config), state, on_ready)
-    print(f"radixserve: loading the model; listening on {url_for(config.host, config.port)} ...", flush=True)
+    print("radixserve: loading the model (GET /health answers 503 until it is ready) ...", flush=True)
     server.run()
     return 1 if failed else 0
