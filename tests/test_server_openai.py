@@ -9,7 +9,7 @@ import pytest
 from radixserve.sampling_params import SamplingParams
 
 pytest.register_assert_rewrite("server_testkit")
-from server_testkit import on_server_loop
+from server_testkit import on_server_loop  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
 pytestmark = pytest.mark.slow

@@ -21,7 +21,12 @@ from radixserve.server.runner import RadixUvicornServer, uvicorn_config
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402
-    TEST_MAX_MESSAGE_BYTES, connect, recv_frame, request, wait_until, write_tiny_chat_model,
+    TEST_MAX_MESSAGE_BYTES,
+    connect,
+    recv_frame,
+    request,
+    wait_until,
+    write_tiny_chat_model,
 )
 
 pytest_plugins = ["server_testkit"]
@@ -96,7 +101,8 @@ def malformed_http(rng: random.Random, sid: str, model: str) -> list[tuple[str, 
     msgs = [{"role": "user", "content": "hi"}]
     base = {"model": model, "messages": msgs, "max_tokens": 2}
     for patch in ({"model": None}, {"model": 5}, {"messages": None}, {"messages": "hi"}, {"messages": []},
-                  {"messages": [{}]}, {"messages": [{"role": "robot", "content": "x"}]}, {"messages": [{"role": "user"}]},
+                  {"messages": [{}]}, {"messages": [{"role": "robot", "content": "x"}]},
+                  {"messages": [{"role": "user"}]},
                   {"messages": [{"role": "user", "content": 5}]},
                   {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                   {"messages": [5]}, {"n": 0}, {"n": 1000}, {"n": "2"}, {"temperature": -1}, {"temperature": "1"},

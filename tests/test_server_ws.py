@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixserve.server.chat_template import token_hash
 
 pytest.register_assert_rewrite("server_testkit")
-from server_testkit import chat, connect, engine_idle, recv_frame, request, wait_until
+from server_testkit import chat, connect, engine_idle, recv_frame, request, wait_until  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_multi_turn_conversation_reuses_every_previous_token(chat_server, record
     session = chat_server.state.sessions.get(sid)
     tok = chat_server.engine.tokenizer
     replies = [m.content for m in session.messages if m.role == "assistant"]
-    for rec, reply in zip(recorded, replies):
+    for rec, reply in zip(recorded, replies, strict=True):
         ids = [t for t in rec["generated"] if t not in chat_server.engine.eos_token_ids]
         assert tok(reply, add_special_tokens=False)["input_ids"] == ids, "reply text must round-trip for this test"
     text = tok.apply_chat_template(session.template_messages(), tokenize=False, add_generation_prompt=False)

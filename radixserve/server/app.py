@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -144,7 +144,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None) -> Starlette:
     """The app; `app.state.server` is its ServerState (tests reach the engine through it)."""
     config = config or ServerConfig()
-    state = ServerState(config=config, engine_factory=engine_factory, metrics=ServerMetrics(config.system_prompt_labels))
+    server_metrics = ServerMetrics(config.system_prompt_labels)
+    state = ServerState(config=config, engine_factory=engine_factory, metrics=server_metrics)
     state.metrics.attach(state.engine_stats, lambda: state.sessions)
 
     @asynccontextmanager

@@ -44,4 +44,4 @@ def origin_allowed(headers: Mapping[str, str], allowed: list[str]) -> bool:
         return True
     host = headers.get("host")
     parts = urlsplit(origin)
-    return bool(host) and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+    return host is not None and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()

@@ -96,7 +96,8 @@ class ChatFormatter:
         gen = opened[len(closed):] if opened.startswith(closed) else ""
         return TurnTokens(self.encode(closed[k:]), self.encode(gen))
 
-    def close_assistant(self, history: list[Message], generated: list[int], end_token_ids: tuple[int, ...]) -> list[int]:
+    def close_assistant(self, history: list[Message], generated: list[int],
+                        end_token_ids: tuple[int, ...]) -> list[int]:
         """Tokens that end the assistant turn after `generated` (history ends with the user message).
 
         If the last generated token is an end token whose text opens the template's end-of-turn text,

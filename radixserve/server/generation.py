@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from radixserve.errors import EngineStoppedError, RequestError
 from radixserve.outputs import RequestOutput
@@ -81,7 +81,7 @@ def api_error_from(exc: Exception) -> ApiError:
 
 async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
                          system: SystemPromptRef, api: str, request_id: str | None = None,
-                         ) -> AsyncIterator[RequestOutput]:
+                         ) -> AsyncGenerator[RequestOutput, None]:
     """Yield the engine's incremental outputs for one request; raises ApiError for refused requests."""
     engine, metrics = state.require_engine(), state.metrics
     limit = state.config.max_prompt_tokens
@@ -92,7 +92,7 @@ async def stream_request(state: ServerState, prompt: list[int], params: Sampling
         raise ApiError("unavailable", "the server is shutting down", 503)
     rid = request_id or uuid.uuid4().hex
     state.inflight.add(rid)
-    agen = engine.generate(prompt, params, request_id=rid)
+    agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid))
     last: RequestOutput | None = None
     last_token_at: float | None = None
     try:

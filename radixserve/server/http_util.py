@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import suppress
 from typing import Any
 
@@ -65,7 +65,7 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(self, events: AsyncGenerator[str, None]) -> None:
         self.events = events
         self.status_code = 200
         self.background = None
@@ -92,7 +92,7 @@ class EventStream(Response):
                 with suppress(asyncio.CancelledError, OSError, Exception):
                     await task
             with suppress(Exception):
-                await self.events.aclose()  # type: ignore[attr-defined]
+                await self.events.aclose()
 
 
 def sse(obj: Any) -> str:

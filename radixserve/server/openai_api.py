@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +26,13 @@ from radixserve.server.generation import SystemPromptRef, api_error_from, stream
 from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
 from radixserve.server.state import ServerState
 from radixserve.server.validation import (
-    ApiError, build_sampling_params, get_bool, get_float, get_int, get_stop, get_str,
+    ApiError,
+    build_sampling_params,
+    get_bool,
+    get_float,
+    get_int,
+    get_stop,
+    get_str,
 )
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -161,7 +167,7 @@ async def chat_completions(request: Request) -> Response:
                          "choices": choices, "usage": usage_body(last)})
 
 
-async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created: int) -> AsyncIterator[str]:
+async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created: int) -> AsyncGenerator[str, None]:
     def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
                                 "model": req.model, "choices": choices}

@@ -6,7 +6,7 @@ whose events are shaped like the WebSocket frames (start, delta, done, error).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -105,7 +105,7 @@ async def post_message(request: Request) -> Response:
                          "session_id": session.id})
 
 
-async def _sse_events(state: ServerState, turn: SessionTurn) -> AsyncIterator[str]:
+async def _sse_events(state: ServerState, turn: SessionTurn) -> AsyncGenerator[str, None]:
     try:
         async with aclosing(turn.events()) as events:
             async for ev in events:

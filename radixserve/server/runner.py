@@ -9,6 +9,7 @@ server on a free port (port 0), waits until the model is loaded, and always stop
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import sys
 import threading
@@ -30,7 +31,7 @@ def uvicorn_config(app: Starlette, config: ServerConfig, **overrides: Any) -> uv
     return uvicorn.Config(
         app, host=config.host, port=config.port, log_level="warning", lifespan="on", ws="websockets-sansio",
         ws_max_size=max(16 * 2**20, WS_TRANSPORT_SLACK * config.max_message_bytes),
-        timeout_graceful_shutdown=max(1.0, config.shutdown_grace_s) + 5.0, **overrides,
+        timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + 5, **overrides,
     )
 
 

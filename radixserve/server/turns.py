@@ -10,7 +10,7 @@ model produced and the template's end-of-turn tokens. Either way the session is 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -75,7 +75,7 @@ class SessionTurn:
         if self.state.engine is not None:
             self.state.engine.abort(self.request_id)
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         base = {"gen_id": self.gen_id, "session_id": self.session.id}
         finish: str | None = None
         try:

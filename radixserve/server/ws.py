@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from contextlib import aclosing, suppress
 from typing import Any
 
@@ -96,7 +97,7 @@ class Connection:
         self.send_error(ApiError("unauthorized", f"unauthorized: {why}", 401))
         self.outbox.put_nowait(_CLOSE)
 
-    def handle(self, message: dict[str, Any]) -> bool:
+    def handle(self, message: Mapping[str, Any]) -> bool:
         """Handle one received message; False once the connection must close."""
         has_req, req = False, None
         try:
