@@ -165,7 +165,7 @@ WATCH_STREAM = """() => {
   window.__partials = [];
   new MutationObserver(() => {
     const m = document.querySelector('.msg-assistant[aria-busy="true"] .msg-body');
-    if (m && m.textContent.trim()) window.__partials.push(m.textContent.length);
+    if (m && !m.querySelector('.msg-pending') && m.textContent.trim()) window.__partials.push(m.textContent.length);
   }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
 }"""
 

@@ -3,6 +3,7 @@
 // reachable without seeing pixels. Redraws on resize and on theme change; draws at devicePixelRatio.
 
 const PAD = { left: 44, right: 12, top: 10, bottom: 22 };
+const WINDOW_STEP_S = 30;
 
 function cssVar(name, fallback) {
   const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -103,7 +104,8 @@ export class TimeChart {
     // The x axis spans the recorded history (at least minWindowS, at most maxWindowS), ending now.
     const now = this.samples.length ? this.samples[this.samples.length - 1].t : Date.now();
     const first = this.samples.length ? this.samples[0].t : now;
-    const windowS = Math.min(this.spec.maxWindowS, Math.max(this.spec.minWindowS, Math.ceil((now - first) / 1000)));
+    const span = Math.ceil((now - first) / 1000 / WINDOW_STEP_S) * WINDOW_STEP_S; // round labels: thirds of 30 s steps
+    const windowS = Math.min(this.spec.maxWindowS, Math.max(this.spec.minWindowS, span));
     const t0 = now - windowS * 1000;
     const visible = this.samples.filter((s) => s.t >= t0);
     let dataMax = 0;
@@ -142,6 +144,10 @@ export class TimeChart {
       ctx.fillText("Waiting for data…", PAD.left + plotW / 2, PAD.top + plotH / 2);
       return;
     }
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(PAD.left - 4, PAD.top - 4, plotW + 8, plotH + 8); // a stray value never paints over the axes
+    ctx.clip();
     for (const ser of this.spec.series) {
       // Missing values break the line instead of being bridged.
       const runs = [];
@@ -180,5 +186,6 @@ export class TimeChart {
         ctx.fill();
       }
     }
+    ctx.restore();
   }
 }

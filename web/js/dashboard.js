@@ -12,7 +12,7 @@ import { errorMessage, fmtInt, fmtPct, h, toast } from "./ui.js";
 const VISIBLE_POLL_MS = 1000;
 const HIDDEN_POLL_MS = 5000;
 const MAX_SAMPLES = 600;
-const RECENT_WINDOW_MS = 10_000;
+const RECENT_WINDOW_MS = 10_000; // hit rate and token rates are averaged over this window
 const COLORS = { a: "#6366f1", b: "#10b981", c: "#f59e0b", d: "#ef4444" };
 
 // Counter names tried in order, so a renamed metric degrades to "—" rather than breaking the page.
@@ -48,7 +48,7 @@ export class Dashboard {
         series: [{ key: "running", label: "running", color: COLORS.a }, { key: "waiting", label: "waiting", color: COLORS.d }],
       }),
       throughput: new TimeChart(document.getElementById("chart-throughput"), {
-        title: "Token throughput (from /metrics)", format: (v) => (v >= 100 ? fmtInt(v) : String(Number(v.toPrecision(3)))),
+        title: "Token throughput (10 s average, from /metrics)", format: (v) => (v >= 100 ? fmtInt(v) : String(Number(v.toPrecision(3)))),
         series: [{ key: "prompt", label: "prompt tok/s", color: COLORS.c }, { key: "gen", label: "generated tok/s", color: COLORS.a }],
       }),
     };
@@ -104,21 +104,23 @@ export class Dashboard {
 
   record(stats, families) {
     const t = Date.now();
-    const prev = this.samples[this.samples.length - 1];
     const promptName = firstPresent(families, PROMPT_COUNTERS);
     const genName = firstPresent(families, GEN_COUNTERS);
     const counters = {
       prompt: promptName ? sampleSum(families, promptName) : null,
       gen: genName ? sampleSum(families, genName) : null,
     };
+    // Rates and the recent hit rate compare against the oldest sample inside RECENT_WINDOW_MS, which
+    // smooths the one-second jitter of token counters.
+    const base = this.samples.find((x) => t - x.t <= RECENT_WINDOW_MS);
     const rate = (key) => {
-      if (!prev || counters[key] === null || prev.counters[key] === null) return null;
-      const dt = (t - prev.t) / 1000;
-      const d = counters[key] - prev.counters[key];
+      if (!base || counters[key] === null || base.counters[key] === null) return null;
+      const dt = (t - base.t) / 1000;
+      const d = counters[key] - base.counters[key];
       return dt > 0 && d >= 0 ? d / dt : null; // a counter reset (server restart) gives no rate
     };
-    // Hit rate of the prompt tokens admitted in the last RECENT_WINDOW_MS (null when there were none).
-    const base = this.samples.find((x) => t - x.t <= RECENT_WINDOW_MS);
+    // Hit rate of the prompt tokens admitted in the window (null when there were none). The cached
+    // and prompt counters may be bumped at slightly different moments, so clamp to [0, 1].
     const dPrompt = base ? num(stats.prompt_tokens) - num(base.stats.prompt_tokens) : null;
     const dCached = base ? num(stats.cached_tokens) - num(base.stats.cached_tokens) : null;
     const gauge = (names, fallback) => {
@@ -131,7 +133,7 @@ export class Dashboard {
       t, stats, counters,
       values: {
         overall: num(stats.hit_rate),
-        recent: dPrompt > 0 && dCached >= 0 ? dCached / dPrompt : null,
+        recent: dPrompt > 0 && dCached >= 0 ? Math.min(1, dCached / dPrompt) : null,
         used: num(blocks.used), cached: num(blocks.cached), free: num(blocks.free),
         running: gauge(RUNNING_GAUGES, stats.running), waiting: gauge(WAITING_GAUGES, stats.waiting),
         prompt: rate("prompt"), gen: rate("gen"),
