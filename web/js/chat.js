@@ -25,6 +25,7 @@ export class ChatController {
     this.draftPrompt = "";
     this.loadToken = 0;
     this.lastListError = "";
+    this.shownId = undefined; // the chat the message list shows, to keep the reader's scroll place
 
     this.messagesEl = document.getElementById("messages");
     this.input = document.getElementById("composer-input");
@@ -118,7 +119,8 @@ export class ChatController {
       h("h1", { textContent: session ? "No messages yet" : "Start a conversation" }),
       h("p", { textContent: "Replies stream in token by token. Each reply shows how many prompt tokens came from the prefix cache." }),
     ]);
-    renderConversation(this.messagesEl, messages, this.msgHandlers, empty);
+    renderConversation(this.messagesEl, messages, this.msgHandlers, empty, { opened: this.shownId !== this.currentId });
+    this.shownId = this.currentId;
     this.settings.showSession(session, this.draftPrompt);
     this.renderSidebar();
     this.syncComposer();

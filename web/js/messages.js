@@ -110,10 +110,15 @@ function isPinned(container) {
   return container.scrollHeight - container.scrollTop - container.clientHeight < 80;
 }
 
-/** Rebuild the whole conversation. `empty` is shown when there are no messages. */
-export function renderConversation(container, messages, handlers, empty) {
+/**
+ * Rebuild the whole conversation (`empty` is shown when there are no messages). Scrolls to the end
+ * for a newly opened chat, or when the reader was already at the end; otherwise keeps their place.
+ */
+export function renderConversation(container, messages, handlers, empty, { opened = true } = {}) {
+  const pinned = opened || isPinned(container);
+  const top = container.scrollTop;
   container.replaceChildren(...(messages.length ? messages.map((m) => build(m, handlers)) : [empty]));
-  container.scrollTop = container.scrollHeight;
+  container.scrollTop = pinned ? container.scrollHeight : top;
 }
 
 /** Re-render one message in place (if it is on screen), keeping the view pinned to the bottom. */

@@ -25,9 +25,20 @@ export class Turns {
     this.gens = new Map(); // gen_id -> {sessionId, msg, user}
     this.busy = new Map(); // session id -> gen_id in flight
     this.renderQueued = new Set();
+    this.sending = false;
   }
 
   async send() {
+    if (this.sending) return; // a second Enter while the new session is being created
+    this.sending = true;
+    try {
+      await this.sendCurrent();
+    } finally {
+      this.sending = false;
+    }
+  }
+
+  async sendCurrent() {
     const chat = this.chat;
     const content = chat.input.value.trim();
     if (!content) return;
@@ -65,6 +76,7 @@ export class Turns {
     this.gens.set(genId, { sessionId: session.id, msg: reply, user });
     this.busy.set(session.id, genId);
     chat.showCurrent();
+    chat.messagesEl.scrollTop = chat.messagesEl.scrollHeight; // your own message is always in view
     try {
       this.socket.send({ type: "chat", session_id: session.id, content, gen_id: genId, sampling });
     } catch (e) {
@@ -155,9 +167,8 @@ export class Turns {
         msg.index = done.message_index;
         gen.user.index = done.message_index - 1;
       }
-      if (session && Number.isFinite(done.usage && done.usage.prompt_tokens)) {
-        session.num_tokens = done.usage.prompt_tokens + (done.usage.completion_tokens || 0);
-      }
+      // The session's token count (and, without a message_index, its messages) come from the server.
+      if (session) this.resync(gen.sessionId, { messages: !Number.isInteger(done.message_index) });
       const summary = chat.summaries.find((s) => s.id === gen.sessionId);
       if (summary && session) summary.num_messages = session.messages.length;
       // Streamed text is re-rendered per delta, so it is not a live region; announce the finished reply.
@@ -175,16 +186,22 @@ export class Turns {
   }
 
   /**
-   * Reload a session from the server after a turn failed. The server may or may not have recorded
-   * the failed turn; either way the error stays visible and indices match the server's.
+   * Reload a session from the server, after a turn failed or ended without a message index. The
+   * server may or may not have recorded that turn; either way the error stays visible and indices
+   * match the server's. With `messages: false` only the session's facts are refreshed.
    */
-  async resync(id) {
+  async resync(id, { messages = true } = {}) {
     if (this.busy.has(id)) return;
     const chat = this.chat;
     try {
       const fresh = chat.normalize(await api.getSession(id));
       const local = chat.sessions.get(id);
       if (!local || this.busy.has(id)) return;
+      if (!messages) {
+        local.num_tokens = fresh.num_tokens;
+        if (id === chat.currentId) chat.settings.showSession(local, chat.draftPrompt);
+        return;
+      }
       for (const m of local.messages) {
         // An error shown on a message the server kept stays shown.
         const same = Number.isInteger(m.index) && fresh.messages[m.index];
