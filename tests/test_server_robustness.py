@@ -194,12 +194,14 @@ def test_prompt_length_limit_applies_everywhere(chat_server) -> None:  # noqa: A
     cfg.max_prompt_tokens = limit
     try:
         long_text = "many words " * 30
-        r = http.post(f"/v1/sessions/{sid}/messages", json={"content": long_text})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "context_too_long"
-        assert str(limit) in r.json()["error"]["message"]
-        r = http.post("/v1/chat/completions", json={"model": chat_server.state.model_name,
-                                                    "messages": [{"role": "user", "content": long_text}]})
-        assert r.status_code == 400 and str(limit) in r.json()["error"]["message"]
+        for stream in (False, True):  # refused before any stream opens
+            r = http.post(f"/v1/sessions/{sid}/messages", json={"content": long_text, "stream": stream})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_too_long"
+            assert str(limit) in r.json()["error"]["message"]
+        for stream in (False, True):
+            r = http.post("/v1/chat/completions", json={"model": chat_server.state.model_name, "stream": stream,
+                                                        "messages": [{"role": "user", "content": long_text}]})
+            assert r.status_code == 400 and str(limit) in r.json()["error"]["message"]
 
         async def run() -> dict[str, Any]:
             async with connect(chat_server) as ws:

@@ -79,17 +79,22 @@ def api_error_from(exc: Exception) -> ApiError:
     return ApiError("internal", f"generation failed: {exc}", 500)
 
 
+def admit_prompt(state: ServerState, prompt_len: int) -> None:
+    """Refusals that must come before any response starts (so streams never open for them)."""
+    limit = state.config.max_prompt_tokens
+    if limit is not None and prompt_len > limit:
+        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens exceeds the server's limit of "
+                       f"{limit} prompt tokens (--max-prompt-tokens)")
+    if state.draining:
+        raise ApiError("unavailable", "the server is shutting down", 503)
+
+
 async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
                          system: SystemPromptRef, api: str, request_id: str | None = None,
                          ) -> AsyncGenerator[RequestOutput, None]:
     """Yield the engine's incremental outputs for one request; raises ApiError for refused requests."""
     engine, metrics = state.require_engine(), state.metrics
-    limit = state.config.max_prompt_tokens
-    if limit is not None and len(prompt) > limit:
-        raise ApiError("context_too_long", f"prompt of {len(prompt)} tokens exceeds the server's limit of "
-                       f"{limit} prompt tokens (--max-prompt-tokens)")
-    if state.draining:
-        raise ApiError("unavailable", "the server is shutting down", 503)
+    admit_prompt(state, len(prompt))  # checked again: shutdown may have begun since the caller checked
     rid = request_id or uuid.uuid4().hex
     state.inflight.add(rid)
     agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid))

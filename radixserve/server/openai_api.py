@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.server.generation import SystemPromptRef, api_error_from, stream_request
+from radixserve.server.generation import SystemPromptRef, admit_prompt, api_error_from, stream_request
 from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
 from radixserve.server.state import ServerState
 from radixserve.server.validation import (
@@ -123,6 +123,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         raise ApiError("invalid_field", "'stream_options' must be an object", param="stream_options")
     include_usage = get_bool(options or {}, "include_usage")
     prompt = formatter.prompt_tokens(messages)
+    admit_prompt(state, len(prompt))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=None, n=n)
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)

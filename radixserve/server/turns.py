@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import Any
 
 from radixserve.outputs import RequestOutput
-from radixserve.server.generation import SystemPromptRef, stream_request
+from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
 from radixserve.server.sessions import Message, Session
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, build_sampling_params
@@ -38,8 +38,6 @@ class SessionTurn:
                  gen_id: str) -> None:
         formatter, store = state.require_chat()
         engine = state.require_engine()
-        if state.draining:
-            raise ApiError("unavailable", "the server is shutting down", 503)
         if session.busy is not None:
             raise ApiError("session_busy", f"session is already generating ({session.busy!r}); cancel it or wait",
                            409)
@@ -48,6 +46,7 @@ class SessionTurn:
         turn = formatter.append_user(session.template_messages(), content)
         self.user_tokens, self.gen_prompt = turn.user, turn.generation_prompt
         self.prompt = session.tokens + turn.user + turn.generation_prompt
+        admit_prompt(state, len(self.prompt))
         cfg = state.config
         merged = {"temperature": cfg.default_temperature, "top_p": cfg.default_top_p, **session.sampling, **sampling}
         self.params = build_sampling_params(merged, prompt_len=len(self.prompt), max_model_len=engine.max_model_len,
