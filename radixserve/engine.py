@@ -33,21 +33,21 @@ from radixserve.sequence import Request, Sequence, SequenceStatus
 from radixserve.stats import EngineStats
 
 
-def resolve_model_dir(model: str | None) -> str:
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """(directory, display name) of the model to serve; None means the embedded default."""
     if model is None:
-        from radixserve.embedded import embedded_model_dir
+        from radixserve.embedded import MODEL_NAME, embedded_model_dir
 
-        return str(embedded_model_dir())
+        return str(embedded_model_dir()), MODEL_NAME
     if not Path(model).is_dir():
         raise FileNotFoundError(f"model directory {model!r} does not exist (radixserve never downloads models)")
-    return model
+    return model, Path(model).resolve().name
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_dir = resolve_model_dir(config.model)
-        self.model_name = Path(self.model_dir).name
+        self.model_dir, self.model_name = resolve_model(config.model)
         self.runner = ModelRunner(self.model_dir, config.dtype, config.device, config.attention_backend,
                                   config.block_size)
         self.spec = self.runner.spec
