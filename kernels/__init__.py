@@ -20,7 +20,7 @@ _EXPORTS = {
     "store_kv": "kernels.kv_store",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["paged_decode_attention", "paged_extend_attention", "store_kv"]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,8 +16,8 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

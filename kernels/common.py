@@ -10,13 +10,12 @@ Invariants the kernels rely on, enforced here before any launch:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 try:
-    import triton
     from triton.runtime.errors import OutOfResources
 except ImportError as exc:  # pragma: no cover - triton ships with the Linux x86_64 install
     raise ImportError(

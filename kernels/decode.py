@@ -225,11 +225,11 @@ def paged_decode_attention(
 
     interpreted = is_interpreted(_decode_split_kernel)
     dim_pad = head_dim_pad(head_dim)
-    common = dict(
-        GROUP=group, GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        PAGE_SIZE=block_size, UPCAST=upcast_in_kernel(_decode_split_kernel, q.dtype),
-        DOT_PRECISION=dot_precision(q.dtype),
-    )
+    common = {
+        "GROUP": group, "GROUP_PAD": max(16, next_pow2(group)), "HEAD_DIM": head_dim, "DIM_PAD": dim_pad,
+        "PAGE_SIZE": block_size, "UPCAST": upcast_in_kernel(_decode_split_kernel, q.dtype),
+        "DOT_PRECISION": dot_precision(q.dtype),
+    }
 
     def launch(cfg: LaunchConfig) -> None:
         splits = num_splits or auto_num_splits(batch, num_kv_heads, max_seq_len, cfg.block_n, q.device)

@@ -13,7 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import check_cache_pair, check_device, next_pow2, should_check_values
+from kernels.common import (
+    check_cache_pair,
+    check_device,
+    next_pow2,
+    should_check_values,
+)
 
 
 @triton.jit

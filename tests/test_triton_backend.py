@@ -12,7 +12,11 @@ import itertools
 import pytest
 import torch
 
-from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend, make_backend
+from radixserve.model.attention import (
+    AttentionMetadata,
+    TorchAttentionBackend,
+    make_backend,
+)
 from radixserve.model.triton_backend import TritonAttentionBackend
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
@@ -65,8 +69,9 @@ def test_auto_picks_torch_on_cpu():
 
 
 def test_engine_gives_same_greedy_tokens_on_triton_and_torch():
-    from radixserve import LLM, SamplingParams
     from tiny_models import tiny_model_dir
+
+    from radixserve import LLM, SamplingParams
 
     path = str(tiny_model_dir("llama"))
     g = torch.Generator().manual_seed(3)

@@ -18,8 +18,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
@@ -88,8 +88,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {name:40} {err:.2e}  {'ok' if err <= args.tolerance else 'FAIL'}")
     if any(not err <= args.tolerance for err in errors.values()):
         return 1
-    rows = [bench_decode(device, shapes, b, c, copy_bw, timer, not args.no_sdpa)
-            for b in args.batches for c in args.contexts]
+    rows = []
+    for batch in args.batches:
+        for context in args.contexts:
+            rows.append(bench_decode(device, shapes, batch, context, copy_bw, timer, not args.no_sdpa))
+            torch.cuda.empty_cache()  # the row's tensors are gone: hand their memory to the next, larger row
     rows += [bench_extend(device, shapes, c, p, timer, not args.no_sdpa) for c in args.chunks for p in args.prefixes]
     print(format_rows(rows, shapes))
     targets = check_targets(rows)
@@ -222,9 +225,6 @@ def bench_decode(device, shapes: Shapes, batch: int, context: int, copy_bw: floa
     row.metric = 100 * moved / (row.ms * 1e-3) / copy_bw
     if sdpa:
         row.sdpa_ms = _sdpa(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), scale, False, timer)
-    del k, v, k_cache, v_cache
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return row
 
 
@@ -258,8 +258,9 @@ def bench_extend(device, shapes: Shapes, chunk: int, prefix: int, timer: Timer, 
 def format_rows(rows: list[Row], shapes: Shapes) -> str:
     head = (f"Hq={shapes.num_q_heads} Hkv={shapes.num_kv_heads} D={shapes.head_dim} {str(shapes.dtype)[6:]} "
             f"block {shapes.block_size}; vs sdpa = sdpa time / our time (> 1: faster than SDPA)")
-    lines = [head, f"{'kernel':8} {'batch|chunk':>11} {'ctx|prefix':>10} {'ms':>9} {'%copy|TFLOP/s':>14} "
-             f"{'sdpa ms':>9} {'vs sdpa':>8}"]
+    columns = (f"{'kernel':8} {'batch|chunk':>11} {'ctx|prefix':>10} {'ms':>9} {'%copy|TFLOP/s':>14} "
+               f"{'sdpa ms':>9} {'vs sdpa':>8}")
+    lines = [head, columns]
     for r in rows:
         cells = [f"{r.ms:9.4f}" if r.ms else f"{'-':>9}", f"{r.metric:14.1f}" if r.metric else f"{'-':>14}",
                  f"{r.sdpa_ms:9.4f}" if r.sdpa_ms else f"{'-':>9}", f"{r.vs_sdpa:8.2f}" if r.vs_sdpa else f"{'-':>8}"]
