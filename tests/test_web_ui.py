@@ -50,6 +50,11 @@ class Server:
             raw = r.read()
         return json.loads(raw) if raw else None
 
+    def rest_text(self, path: str) -> str:
+        req = urllib.request.Request(self.base + path, headers={"Authorization": f"Bearer {API_KEY}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.read().decode()
+
     def chat_turn(self, system_prompt: str, content: str) -> str:
         """A session with one finished turn, made over REST; returns its id."""
         sid = self.rest("POST", "/v1/sessions", {"system_prompt": system_prompt})["id"]
@@ -277,6 +282,20 @@ COUNT_SERIES_PIXELS = """sel => {
 }"""
 
 
+def ttft_quantile(metrics: str, q: float) -> float:
+    """histogram_quantile over the TTFT buckets, written independently of the UI's JavaScript."""
+    buckets = []
+    for m in re.finditer(r'^radixserve_time_to_first_token_seconds_bucket\{le="([^"]+)"\} (\S+)$', metrics, re.M):
+        buckets.append((float(m.group(1)), float(m.group(2))))
+    buckets.sort()
+    rank, prev_le, prev_count = q * buckets[-1][1], 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            return prev_le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    raise AssertionError("no TTFT observations")
+
+
 def test_dashboard_charts_have_data(ui: Ui) -> None:
     ui.server.chat_turn("You are a dashboard test assistant.", "Say hi.")
     page = ui.page
@@ -290,6 +309,9 @@ def test_dashboard_charts_have_data(ui: Ui) -> None:
     total = page.locator(".stat-card", has_text="KV blocks used").locator(".stat-value")
     expect(total).to_contain_text(f"/ {stats['blocks']['total']:,}")
     expect(page.locator("#sp-table tbody tr", has_text="You are a dashboard test assistant.")).to_have_count(1)
+    p50 = ttft_quantile(ui.server.rest_text("/metrics"), 0.5)
+    shown = f"{p50:.2f} s" if p50 >= 1 else f"{round(p50 * 1000)} ms"
+    expect(page.locator(".stat-card", has_text="TTFT median").locator(".stat-value")).to_have_text(shown)
     expect(page.locator("#chart-hit-rate canvas")).to_have_attribute("aria-label", re.compile(r"overall \d+%"))
     expect(page.locator(".metrics-details summary")).to_contain_text("families from /metrics")
     page.set_viewport_size({"width": 1280, "height": 1180})
@@ -393,15 +415,18 @@ def test_markdown_is_safe_and_prometheus_parses(ui: Ui) -> None:
       const host = document.createElement('div');
       host.append(md.renderMarkdown('Hi <img src=x onerror="window.__pwned=1"> **b** `c<d>`\\n\\n```py\\nx = "<b>"\\n```'));
       const fams = prom.parsePrometheus('# TYPE req counter\\nreq_total{code="a\\\\"b",x="1"} 3\\nreq_created 5\\ng 2.5e1\\n');
+      const hist = prom.parsePrometheus('# TYPE t histogram\\nt_bucket{le="0.1"} 2\\nt_bucket{le="0.5"} 6\\nt_bucket{le="+Inf"} 8\\nt_count 8\\n');
+      const quantiles = [0.25, 0.5, 0.95].map(q => prom.histogramQuantile(hist, 't', q));
       let err = '';
       try { prom.parsePrometheus('ok 1\\nbad{ 2\\n'); } catch (e) { err = e.message; }
       return {imgs: host.querySelectorAll('img').length, text: host.textContent,
               code: host.querySelector('pre code').textContent, lang: host.querySelector('.code-lang').textContent,
               strong: host.querySelector('strong').textContent, pwned: window.__pwned === 1,
               req: fams.get('req').samples.map(s => [s.name, s.labels.code, s.value]), g: prom.sampleSum(fams, 'g'),
-              err};
+              err, quantiles};
     }""")
     assert out["imgs"] == 0 and not out["pwned"] and '<img src=x onerror="window.__pwned=1">' in out["text"]
     assert out["code"] == 'x = "<b>"' and out["lang"] == "py" and out["strong"] == "b"
     assert out["req"] == [["req_total", 'a"b', 3], ["req_created", None, 5]]
     assert out["g"] == 25 and "line 2" in out["err"]
+    assert out["quantiles"] == pytest.approx([0.1, 0.3, 0.5])

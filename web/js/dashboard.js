@@ -6,8 +6,8 @@
 
 import { api } from "./api.js";
 import { TimeChart } from "./charts.js";
-import { parsePrometheus, sampleSum, firstPresent } from "./prometheus.js";
-import { errorMessage, fmtInt, fmtPct, h, toast } from "./ui.js";
+import { firstPresent, histogramQuantile, parsePrometheus, sampleSum } from "./prometheus.js";
+import { errorMessage, fmtInt, fmtMs, fmtPct, h, toast } from "./ui.js";
 
 const VISIBLE_POLL_MS = 1000;
 const HIDDEN_POLL_MS = 5000;
@@ -15,11 +15,12 @@ const MAX_SAMPLES = 600;
 const RECENT_WINDOW_MS = 10_000; // hit rate and token rates are averaged over this window
 const COLORS = { a: "#6366f1", b: "#10b981", c: "#f59e0b", d: "#ef4444" };
 
-// Counter names tried in order, so a renamed metric degrades to "—" rather than breaking the page.
-const PROMPT_COUNTERS = ["radixserve_prompt_tokens_total", "radixserve_request_prompt_tokens_total"];
-const GEN_COUNTERS = ["radixserve_generation_tokens_total", "radixserve_completion_tokens_total", "radixserve_generated_tokens_total"];
-const RUNNING_GAUGES = ["radixserve_num_requests_running", "radixserve_requests_running", "radixserve_running"];
-const WAITING_GAUGES = ["radixserve_num_requests_waiting", "radixserve_requests_waiting", "radixserve_waiting"];
+// Metric names from docs/server.md; lists so a renamed metric degrades to "—" rather than breaking.
+const PROMPT_COUNTERS = ["radixserve_prompt_tokens_total"];
+const GEN_COUNTERS = ["radixserve_generation_tokens_total"];
+const RUNNING_GAUGES = ["radixserve_requests_running"];
+const WAITING_GAUGES = ["radixserve_requests_waiting"];
+const TTFT_HISTOGRAM = "radixserve_time_to_first_token_seconds";
 
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 
@@ -149,23 +150,27 @@ export class Dashboard {
     if (!last) return;
     const series = this.samples.map((s) => ({ t: s.t, values: s.values }));
     for (const chart of Object.values(this.charts)) chart.update(series);
-    this.renderCards(last.stats);
+    this.renderCards(last.stats, this.families);
     this.renderTable(last.stats.system_prompts);
     this.renderMetrics(this.families);
   }
 
-  renderCards(s) {
+  renderCards(s, families) {
     const b = s.blocks || {};
     const tree = s.tree || {};
     const reqHit = num(s.request_hit_rate);
     const evictedBlocks = num(s.evicted_blocks);
+    const p50 = histogramQuantile(families, TTFT_HISTOGRAM, 0.5);
+    const p95 = histogramQuantile(families, TTFT_HISTOGRAM, 0.95);
     const cards = [
       ["Hit rate", fmtPct(num(s.hit_rate), 1), reqHit === null ? "cached ÷ prompt tokens" : `of tokens · ${fmtPct(reqHit)} of requests hit`],
       ["Cached tokens", fmtInt(num(s.cached_tokens)), `of ${fmtInt(num(s.prompt_tokens))} prompt tokens`],
       ["Requests", fmtInt(num(s.requests)), `${fmtInt(num(s.running))} running · ${fmtInt(num(s.waiting))} waiting`],
+      ["TTFT median", p50 === null ? "—" : fmtMs(p50 * 1000), `p95 ${p95 === null ? "—" : fmtMs(p95 * 1000)} · from /metrics`],
       ["KV blocks used", `${fmtInt(num(b.used))} / ${fmtInt(num(b.total))}`, `${fmtInt(num(b.cached))} cached · ${fmtInt(num(b.free))} free`],
       ["Radix tree", `${fmtInt(num(tree.nodes))} nodes`, `${fmtInt(num(tree.tokens))} tokens`],
       ["Evictions", fmtInt(num(s.evictions)), evictedBlocks === null ? "radix-cache evictions" : `${fmtInt(evictedBlocks)} blocks reclaimed`],
+      ["Sessions", fmtInt(num(s.sessions)), `${fmtInt(num(s.preemptions))} preemptions`],
     ];
     this.cards.replaceChildren(...cards.map(([label, value, sub]) => h("div", { className: "stat-card" }, [
       h("div", { className: "stat-label", textContent: label }),

@@ -122,3 +122,33 @@ export function firstPresent(families, candidates) {
   for (const c of candidates) if (sampleSum(families, c) !== null) return c;
   return null;
 }
+
+/**
+ * The q-quantile (0..1) of histogram `name` (summed over label sets), interpolated linearly inside
+ * the bucket like Prometheus' histogram_quantile; null with no observations.
+ */
+export function histogramQuantile(families, name, q) {
+  const fam = families.get(name);
+  if (!fam) return null;
+  const byLe = new Map();
+  for (const s of fam.samples) {
+    if (s.name !== `${name}_bucket` || s.labels.le === undefined) continue;
+    const le = s.labels.le === "+Inf" ? Infinity : Number(s.labels.le);
+    byLe.set(le, (byLe.get(le) ?? 0) + s.value);
+  }
+  const buckets = [...byLe.entries()].sort((a, b) => a[0] - b[0]);
+  const total = buckets.length ? buckets[buckets.length - 1][1] : 0;
+  if (!(total > 0)) return null;
+  const rank = q * total;
+  let prevLe = 0;
+  let prevCount = 0;
+  for (const [le, count] of buckets) {
+    if (count >= rank) {
+      if (le === Infinity) return prevLe; // beyond the last finite bucket: its bound is all we know
+      return count === prevCount ? le : prevLe + ((le - prevLe) * (rank - prevCount)) / (count - prevCount);
+    }
+    prevLe = le;
+    prevCount = count;
+  }
+  return prevLe;
+}
