@@ -224,15 +224,18 @@ def test_chat_streams_second_turn_hits_cache(ui: Ui) -> None:
 def test_stop_generation(browser: Browser, server: Server) -> None:
     for ui in make_ui(browser, server, sampling={"temperature": 0, "top_p": 1, "max_tokens": 400}):
         ui.open()
-        ui.send("Write a very long story about a dragon who learns to cook. Use many paragraphs.")
-        body = ui.page.locator(".msg-assistant .msg-body")
-        expect(body).not_to_have_text("Waiting for the server…", timeout=60_000)
-        expect(body).not_to_have_text("Thinking…", timeout=60_000)
-        ui.page.locator("#stop-btn").click()
-        expect(ui.page.locator(".chip-finish")).to_have_attribute("data-value", "abort", timeout=20_000)
-        completion = int(ui.page.locator(".meta-completion").get_attribute("data-value"))
-        assert 0 < completion < 400
-        expect(ui.page.locator("#send-btn")).to_be_visible()
+        # Stopped once with the Stop button, once with Escape in the message box.
+        for n, stop in enumerate([lambda: ui.page.locator("#stop-btn").click(),
+                                  lambda: ui.page.locator("#composer-input").press("Escape")]):
+            ui.send("Write a very long story about a dragon who learns to cook. Use many paragraphs.")
+            reply = ui.page.locator(".msg-assistant").nth(n)
+            expect(reply.locator(".msg-body")).not_to_have_text("Waiting for the server…", timeout=60_000)
+            expect(reply.locator(".msg-body")).not_to_have_text("Thinking…", timeout=60_000)
+            stop()
+            expect(reply.locator(".chip-finish")).to_have_attribute("data-value", "abort", timeout=20_000)
+            completion = int(reply.locator(".meta-completion").get_attribute("data-value"))
+            assert 0 < completion < 400
+            expect(ui.page.locator("#send-btn")).to_be_visible()
 
 
 def test_fork_and_delete(ui: Ui) -> None:

@@ -51,6 +51,9 @@ export class ChatController {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
         this.turns.send();
+      } else if (ev.key === "Escape" && !this.stopBtn.hidden) {
+        ev.preventDefault();
+        this.turns.stop();
       }
     });
     this.input.addEventListener("input", () => this.autosize());
