@@ -81,11 +81,22 @@ def stand_in_gpu(arch: int) -> Iterator[None]:
     previous = driver._active  # private, but set_active/reset_active would create the real driver
     driver.set_active(_StandInDriver(arch))
     common.COMPILE_ONLY = True
+    _forget_device_facts()  # what fits is per GPU: forget what another arch taught
     try:
         yield
     finally:
         common.COMPILE_ONLY = False
         driver._active = previous
+        _forget_device_facts()
+
+
+def _forget_device_facts() -> None:
+    from triton.compiler import compiler
+
+    from kernels import common
+
+    common._FITTING.clear()
+    compiler.max_shared_mem.cache_clear()  # lru-cached per device index, which every stand-in calls 0
 
 
 def _compiled(kernel) -> list[CompiledVariant]:

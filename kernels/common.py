@@ -153,15 +153,28 @@ class LaunchConfig:
     num_stages: int
 
 
-def launch_with_fallback(launch: Callable[[LaunchConfig], None], configs: list[LaunchConfig]) -> LaunchConfig:
-    """Run `launch` with the first config whose tiles fit the device (shared memory differs per GPU)."""
+_FITTING: dict[tuple, int] = {}  # (kernel, dtype, head_dim, device, ...) -> index of the first config that fit
+
+
+def launch_with_fallback(
+    launch: Callable[[LaunchConfig], None], configs: list[LaunchConfig], key: tuple
+) -> LaunchConfig:
+    """Run `launch` with the first config whose tiles fit the device (shared memory differs per GPU).
+
+    A config that does not fit keeps raising OutOfResources on every launch, so the index of the one
+    that fitted is remembered per `key` and later launches start there.
+    """
     last: Exception | None = None
-    for cfg in configs:
+    start = _FITTING.get(key, 0)
+    for index in range(start, len(configs)):
         try:
-            launch(cfg)
-            return cfg
+            launch(configs[index])
         except OutOfResources as exc:
             last = exc
+            continue
+        if index != start:
+            _FITTING[key] = index
+        return configs[index]
     raise RuntimeError(f"no launch config fits this device: {last}")
 
 

@@ -250,5 +250,6 @@ def paged_decode_attention(
                 HEAD_DIM=head_dim, DIM_PAD=dim_pad, NUM_SPLITS=splits, SPLITS_PAD=next_pow2(splits),
             )
 
-    launch_with_fallback(launch, [config] if config else decode_configs(q.dtype, head_dim, interpreted))
+    configs = [config] if config else decode_configs(q.dtype, head_dim, interpreted)
+    launch_with_fallback(launch, configs, ("decode", q.dtype, head_dim, q.device, config))
     return out

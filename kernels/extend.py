@@ -214,7 +214,8 @@ def paged_extend_attention(
             **scheduling_kwargs(_extend_kernel, cfg),
         )
 
-    launch_with_fallback(launch, [config] if config else extend_configs(q.dtype, head_dim, interpreted))
+    configs = [config] if config else extend_configs(q.dtype, head_dim, interpreted)
+    launch_with_fallback(launch, configs, ("extend", q.dtype, head_dim, q.device, config))
     return out
 
 

@@ -18,10 +18,12 @@ class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self) -> None:
-        # imported here so that merely naming the backend never needs triton
-        import kernels
+        # resolved now, not at the first forward: a missing or broken triton fails at engine start
+        from kernels import paged_decode_attention, paged_extend_attention, store_kv
 
-        self._kernels = kernels
+        self._decode = paged_decode_attention
+        self._extend = paged_extend_attention
+        self._store_kv = store_kv
 
     def forward(
         self,
@@ -33,18 +35,17 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        kern = self._kernels
-        kern.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        self._store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         query = q if q.dtype == k_cache.dtype else q.to(k_cache.dtype)
         if meta.num_seqs == 0:
             return torch.empty_like(q)
         if meta.all_decode:
-            out = kern.paged_decode_attention(
+            out = self._decode(
                 query, k_cache, v_cache, meta.block_table, meta.seq_lens, scale,
                 max_seq_len=max(meta.seq_lens_host),
             )
         else:
-            out = kern.paged_extend_attention(
+            out = self._extend(
                 query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens, scale,
                 max_query_len=max(meta.query_lens),
             )
