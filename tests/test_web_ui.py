@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,8 +142,10 @@ class Ui:
         expect(self.page.locator(".toast", has_text=text).first).to_be_visible(timeout=15_000)
 
 
+@contextmanager
 def make_ui(browser: Browser, server: Server, *, key: bool = True, sampling: dict[str, Any] | None = None,
             viewport: dict[str, int] | None = None) -> Iterator[Ui]:
+    """A fresh browser context and page; fails the test on any uncaught error in the page."""
     ctx = browser.new_context(viewport=viewport or {"width": 1280, "height": 800})
     init = {"radixserve.sampling": json.dumps(sampling or SMALL)}
     script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in init.items())
@@ -162,7 +165,8 @@ def make_ui(browser: Browser, server: Server, *, key: bool = True, sampling: dic
 
 @pytest.fixture
 def ui(browser: Browser, server: Server) -> Iterator[Ui]:
-    yield from make_ui(browser, server)
+    with make_ui(browser, server) as page_ui:
+        yield page_ui
 
 
 # Records the text of the streaming reply at every DOM change, to prove it arrives in pieces.
@@ -222,7 +226,7 @@ def test_chat_streams_second_turn_hits_cache(ui: Ui) -> None:
 
 
 def test_stop_generation(browser: Browser, server: Server) -> None:
-    for ui in make_ui(browser, server, sampling={"temperature": 0, "top_p": 1, "max_tokens": 400}):
+    with make_ui(browser, server, sampling={"temperature": 0, "top_p": 1, "max_tokens": 400}) as ui:
         ui.open()
         # Stopped once with the Stop button, once with Escape in the message box.
         for n, stop in enumerate([lambda: ui.page.locator("#stop-btn").click(),
@@ -285,10 +289,13 @@ COUNT_SERIES_PIXELS = """sel => {
 }"""
 
 
+TTFT_BUCKET = re.compile(r'^radixserve_time_to_first_token_seconds_bucket\{le="([^"]+)"\} (\S+)$', re.MULTILINE)
+
+
 def ttft_quantile(metrics: str, q: float) -> float:
     """histogram_quantile over the TTFT buckets, written independently of the UI's JavaScript."""
     buckets = []
-    for m in re.finditer(r'^radixserve_time_to_first_token_seconds_bucket\{le="([^"]+)"\} (\S+)$', metrics, re.M):
+    for m in TTFT_BUCKET.finditer(metrics):
         buckets.append((float(m.group(1)), float(m.group(2))))
     buckets.sort()
     rank, prev_le, prev_count = q * buckets[-1][1], 0.0, 0.0
@@ -375,7 +382,7 @@ def test_reconnects_after_drop(ui: Ui) -> None:
 
 
 def test_api_key_prompt(browser: Browser, server: Server) -> None:
-    for ui in make_ui(browser, server, key=False):
+    with make_ui(browser, server, key=False) as ui:
         page = ui.page
         page.goto(server.base + "/")
         dialog = page.locator("#auth-dialog")
@@ -392,7 +399,7 @@ def test_api_key_prompt(browser: Browser, server: Server) -> None:
 
 
 def test_phone_width_and_keyboard(browser: Browser, server: Server) -> None:
-    for ui in make_ui(browser, server, viewport={"width": 390, "height": 800}):
+    with make_ui(browser, server, viewport={"width": 390, "height": 800}) as ui:
         page = ui.page
         ui.open()
         sidebar = page.locator("#sidebar")
