@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, WebSocketRoute, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, ViewportSize, WebSocketRoute, expect, sync_playwright
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +61,13 @@ class Server:
         sid = self.rest("POST", "/v1/sessions", {"system_prompt": system_prompt})["id"]
         self.rest("POST", f"/v1/sessions/{sid}/messages", {"content": content, "sampling": SMALL})
         return sid
+
+
+def chip_value(chip: Locator) -> int:
+    """The number a cache-figure chip carries in data-value."""
+    raw = chip.get_attribute("data-value")
+    assert raw is not None, "chip without data-value"
+    return int(raw)
 
 
 def free_port() -> int:
@@ -144,9 +151,9 @@ class Ui:
 
 @contextmanager
 def make_ui(browser: Browser, server: Server, *, key: bool = True, sampling: dict[str, Any] | None = None,
-            viewport: dict[str, int] | None = None) -> Iterator[Ui]:
+            viewport: ViewportSize | None = None) -> Iterator[Ui]:
     """A fresh browser context and page; fails the test on any uncaught error in the page."""
-    ctx = browser.new_context(viewport=viewport or {"width": 1280, "height": 800})
+    ctx = browser.new_context(viewport=viewport or ViewportSize(width=1280, height=800))
     init = {"radixserve.sampling": json.dumps(sampling or SMALL)}
     script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in init.items())
     if key:
@@ -198,15 +205,15 @@ def test_chat_streams_second_turn_hits_cache(ui: Ui) -> None:
     assert len(set(partials)) >= 2, f"the reply did not stream in pieces: {partials}"
     first = page.locator(".msg-assistant").first
     assert first.locator(".msg-body").inner_text().strip()
-    assert int(first.locator(".meta-prompt").get_attribute("data-value")) > 0
+    assert chip_value(first.locator(".meta-prompt")) > 0
     for chip in (".meta-cached", ".meta-ttft", ".meta-tps"):
         expect(first.locator(chip)).to_be_visible()
 
     ui.send("And a vegetable?")
     ui.wait_replies(2)
     second = page.locator(".msg-assistant").nth(1)
-    cached = int(second.locator(".meta-cached").get_attribute("data-value"))
-    prompt = int(second.locator(".meta-prompt").get_attribute("data-value"))
+    cached = chip_value(second.locator(".meta-cached"))
+    prompt = chip_value(second.locator(".meta-prompt"))
     assert 0 < cached < prompt, "the second turn should reuse the first turn's cached prefix"
     expect(second.locator(".meta-cached .chip-value")).to_contain_text("%")
     expect(page.locator("#send-btn")).to_be_visible()
@@ -237,7 +244,7 @@ def test_stop_generation(browser: Browser, server: Server) -> None:
             expect(reply.locator(".msg-body")).not_to_have_text("Thinking…", timeout=60_000)
             stop()
             expect(reply.locator(".chip-finish")).to_have_attribute("data-value", "abort", timeout=20_000)
-            completion = int(reply.locator(".meta-completion").get_attribute("data-value"))
+            completion = chip_value(reply.locator(".meta-completion"))
             assert 0 < completion < 400
             expect(ui.page.locator("#send-btn")).to_be_visible()
 
@@ -257,7 +264,7 @@ def test_fork_and_delete(ui: Ui) -> None:
     ui.send("Another one?")
     ui.wait_replies(2)
     reply = page.locator(".msg-assistant").nth(1)
-    assert int(reply.locator(".meta-cached").get_attribute("data-value")) > 0, "a fork shares the parent's prefix"
+    assert chip_value(reply.locator(".meta-cached")) > 0, "a fork shares the parent's prefix"
     assert len(ui.server.rest("GET", f"/v1/sessions/{parent}")["messages"]) == 2, "the parent is unchanged"
 
     page.locator(".msg-user .act-edit").first.click()  # fork before the first message, text to edit
@@ -324,7 +331,7 @@ def test_dashboard_charts_have_data(ui: Ui) -> None:
     expect(page.locator(".stat-card", has_text="TTFT median").locator(".stat-value")).to_have_text(shown)
     expect(page.locator("#chart-hit-rate canvas")).to_have_attribute("aria-label", re.compile(r"overall \d+%"))
     expect(page.locator(".metrics-details summary")).to_contain_text("families from /metrics")
-    page.set_viewport_size({"width": 1280, "height": 1180})
+    page.set_viewport_size(ViewportSize(width=1280, height=1180))
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
 
 
@@ -399,7 +406,7 @@ def test_api_key_prompt(browser: Browser, server: Server) -> None:
 
 
 def test_phone_width_and_keyboard(browser: Browser, server: Server) -> None:
-    with make_ui(browser, server, viewport={"width": 390, "height": 800}) as ui:
+    with make_ui(browser, server, viewport=ViewportSize(width=390, height=800)) as ui:
         page = ui.page
         ui.open()
         sidebar = page.locator("#sidebar")
