@@ -49,6 +49,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device)
         self.backend = make_backend(backend, self.device)
+        if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
+            raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")
         self.block_size = block_size
         self.kv_cache: KVCache | None = None
 
