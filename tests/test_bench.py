@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -19,15 +20,21 @@ import pytest
 
 from radixserve.bench import cli as bench_cli
 from radixserve.bench.belady import TraceRequest, optimal_hits, simulate_pool, working_set_blocks
-from radixserve.bench.driver import RunTimeout, RunTrace, RequestRecord, drive
-from radixserve.bench.metrics import (CORE_METRICS, check_complete, percentile, pool_metrics, run_metrics)
+from radixserve.bench.driver import RequestRecord, RunTimeout, RunTrace, drive
+from radixserve.bench.metrics import CORE_METRICS, check_complete, percentile, pool_metrics, run_metrics
 from radixserve.bench.micro import radix_throughput, scheduler_step_cost
 from radixserve.bench.plan import BenchOptions, placeholder_trace, size_pools
 from radixserve.bench.results import evaluate_targets
 from radixserve.bench.systems.base import Completion, System, SystemInfo
 from radixserve.bench.textsource import TokenStream, byte_encoder
-from radixserve.bench.workloads import (Load, MultiTurnParams, RandomParams, SharedPrefixParams, build_workload,
-                                        with_overrides)
+from radixserve.bench.workloads import (
+    Load,
+    MultiTurnParams,
+    RandomParams,
+    SharedPrefixParams,
+    build_workload,
+    with_overrides,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 ENCODE = byte_encoder(512)
@@ -96,7 +103,7 @@ def test_load_validation_and_poisson_arrivals():
     load = Load("open", rate=4.0)
     offsets = load.arrival_offsets(2000, seed=1)
     assert offsets == load.arrival_offsets(2000, seed=1) and offsets[0] == 0.0
-    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert all(g >= 0 for g in gaps)
     assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.1)
 
@@ -222,7 +229,7 @@ def test_closed_loop_multi_turn_history_and_concurrency():
     assert len(trace.records) == 15 and system.max_in_flight == 2
     for s in w.sessions:
         recs = sorted((r for r in trace.records if r.session_id == s.session_id), key=lambda r: r.turn)
-        for prev, cur in zip(recs, recs[1:]):
+        for prev, cur in itertools.pairwise(recs):
             assert cur.send_time >= prev.finish_time
             assert system.prompts[cur.request_id] == prev.sequence + list(s.turns[cur.turn].new_tokens)
         assert recs[-1].prompt_len == 13 + 2 * 5
@@ -387,10 +394,13 @@ def test_smoke_run_end_to_end(tiny_llama, tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert results["complete"] and check_complete(results) == []
     for workload in ("shared-prefix", "multi-turn", "random"):
-        systems = set(results["results"][workload])
-        assert {"radixserve", "radixserve-nocache", "hf-generate", "hf-generate-batch"} <= systems
-        assert ("radixserve-pool25" in systems) == (workload != "random")
-        for entry in results["results"][workload].values():
+        assert set(results["results"][workload]) == {"radixserve", "radixserve-nocache", "hf-generate",
+                                                     "hf-generate-batch"}
+    assert set(results["results"]["bounded-pool"]) == {"radixserve", "radixserve-pool25"}
+    bounded = results["results"]["bounded-pool"]["radixserve-pool25"]["median"]
+    assert 0 < bounded["pool_blocks"] < bounded["working_set_blocks"] and 0 <= bounded["belady_hit_rate"] <= 1
+    for per_system in results["results"].values():
+        for entry in per_system.values():
             assert entry["repeats"][0]["engine"].get("leaked_blocks", 0) == 0
     assert results["results"]["shared-prefix"]["radixserve"]["median"]["hit_rate"] > 0
     assert results["results"]["shared-prefix"]["radixserve-nocache"]["median"]["hit_rate"] == 0
@@ -414,3 +424,14 @@ def test_open_loop_smoke_run(tiny_llama, tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["workloads"]["shared-prefix"]["load"]["mode"] == "open"
     assert check_complete(results) == [] and len(results["results"]["shared-prefix"]["radixserve"]["repeats"]) == 2
+
+
+def test_workload_without_an_applicable_system_is_a_usage_error(tiny_llama, tmp_path, capsys):
+    from radixserve.cli import main
+
+    rc = main(["bench", "--smoke", "--model", tiny_llama, "--workload", "bounded-pool", "--systems", "hf-generate",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 2
+    assert "no requested system runs on bounded-pool" in capsys.readouterr().err
+    rc = main(["bench", "--model", str(tmp_path / "missing"), "--out", str(tmp_path), "--no-progress"])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err

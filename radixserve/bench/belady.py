@@ -121,9 +121,8 @@ def simulate_pool(trace: Sequence[TraceRequest], block_size: int, capacity: int,
         pinned = set(seq_chains[i])
         for depth, b in reversed(list(enumerate(seq_chains[i]))):  # leaf first: for LRU, parents end newest
             key = (next_use(b, i), depth)
-            if b not in resident:
-                if len(resident) >= capacity and not _evict(resident, heap, lru, pinned, policy):
-                    continue  # the request alone overflows the pool: this block is not cached
+            if b not in resident and len(resident) >= capacity and not _evict(resident, heap, lru, pinned, policy):
+                continue  # the request alone overflows the pool: this block is not cached
             resident[b] = key
             if policy == "belady":
                 heapq.heappush(heap, (-key[0], -depth, b))

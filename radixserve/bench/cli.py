@@ -114,8 +114,13 @@ def _parse_params(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def options_from_args(args: argparse.Namespace):  # noqa: ANN201 - BenchOptions, imported lazily
-    from radixserve.bench.plan import BenchOptions
+def options_from_args(args: argparse.Namespace):  # -> BenchOptions, imported lazily
+    from radixserve.bench.plan import BenchConfigError, BenchOptions
+
+    try:
+        params = _parse_params(args.param)
+    except ValueError as e:
+        raise BenchConfigError(str(e)) from None
 
     workloads = WORKLOADS if args.workload == "all" else tuple(w.strip() for w in args.workload.split(",") if w.strip())
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip()) if args.systems else None
@@ -124,22 +129,23 @@ def options_from_args(args: argparse.Namespace):  # noqa: ANN201 - BenchOptions,
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_blocks=args.num_blocks, pool_fraction=args.pool_fraction, load=args.load, concurrency=args.concurrency,
-        request_rate=args.request_rate, params=_parse_params(args.param), timeout_s=args.timeout,
+        request_rate=args.request_rate, params=params, timeout_s=args.timeout,
         micro=not args.no_micro, progress=not args.no_progress,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
     from radixserve.bench.metrics import check_complete
+    from radixserve.bench.plan import BenchConfigError
     from radixserve.bench.report import render
     from radixserve.bench.runner import run_benchmark
 
     try:
         options = options_from_args(args)
-    except ValueError as e:
+        results = run_benchmark(options, argv=sys.argv[2:] if sys.argv[1:2] == ["bench"] else None)
+    except (BenchConfigError, FileNotFoundError) as e:
         print(f"radixserve bench: {e}", file=sys.stderr)
         return 2
-    results = run_benchmark(options, argv=sys.argv[2:] if sys.argv[1:2] == ["bench"] else None)
     problems = check_complete(results)
     results["complete"] = not problems
     out = Path(args.out)

@@ -12,6 +12,7 @@ bounded by `timeout_s`; the system's pool sampler is stopped whatever happens.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,7 +44,7 @@ class RequestRecord:
     @property
     def itl_s(self) -> list[float]:
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in itertools.pairwise(t)]
 
     @property
     def e2e_s(self) -> float:

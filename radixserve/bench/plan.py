@@ -12,12 +12,25 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from radixserve.bench.belady import TraceRequest, working_set_blocks
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS, default_systems
-from radixserve.bench.workloads import (DEFAULT_PARAMS, SMOKE_PARAMS, WORKLOADS, Load, Workload, build_workload,
-                                        default_load, with_overrides)
+from radixserve.bench.workloads import (
+    DEFAULT_PARAMS,
+    SMOKE_PARAMS,
+    WORKLOADS,
+    Load,
+    Workload,
+    build_workload,
+    default_load,
+    with_overrides,
+)
+
+
+class BenchConfigError(ValueError):
+    """Options that cannot make a benchmark; reported as a usage error, not a crash."""
 
 
 @dataclass
@@ -44,6 +57,12 @@ class BenchOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        try:
+            self._validate()
+        except ValueError as e:
+            raise BenchConfigError(str(e)) from None
+
+    def _validate(self) -> None:
         unknown = [w for w in self.workloads if w not in WORKLOADS]
         if unknown or not self.workloads:
             raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)} or all")
@@ -78,22 +97,27 @@ def make_load(name: str, params: object, o: BenchOptions) -> Load:
     mode = o.load or ("open" if o.request_rate is not None else base.mode)
     if mode == "open":
         if o.request_rate is None:
-            raise ValueError("--load open needs --request-rate")
+            raise BenchConfigError("--load open needs --request-rate")
         return Load("open", concurrency=base.concurrency, rate=o.request_rate)
     return Load("closed", concurrency=o.concurrency or base.concurrency)
 
 
-def build_workloads(o: BenchOptions, encode, vocab_size: int, max_len: int) -> list[Workload]:  # noqa: ANN001
+def build_workloads(o: BenchOptions, encode: Callable[[str], list[int]], vocab_size: int,
+                    max_len: int) -> list[Workload]:
     out = []
     for name in o.workloads:
-        params = with_overrides((SMOKE_PARAMS if o.smoke else DEFAULT_PARAMS)[name], o.params.get(name, {}))
-        w = build_workload(name, params, make_load(name, params, o), encode, o.seed)
+        try:
+            params = with_overrides((SMOKE_PARAMS if o.smoke else DEFAULT_PARAMS)[name], o.params.get(name, {}))
+            load = make_load(name, params, o)
+        except ValueError as e:
+            raise BenchConfigError(f"{name}: {e}") from None
+        w = build_workload(name, params, load, encode, o.seed)
         tokens = [t for s in w.sessions for turn in s.turns for t in turn.new_tokens]
         if tokens and max(tokens) >= vocab_size:
-            raise ValueError(f"{name}: token id {max(tokens)} outside the model's vocabulary of {vocab_size}")
+            raise BenchConfigError(f"{name}: token id {max(tokens)} outside the model's vocabulary of {vocab_size}")
         longest = max(sum(len(t.new_tokens) + t.output_len for t in s.turns) for s in w.sessions)
         if longest > max_len:
-            raise ValueError(f"{name}: a session reaches {longest} tokens, over the model's context of {max_len}")
+            raise BenchConfigError(f"{name}: a session reaches {longest} tokens, over the model's context of {max_len}")
         out.append(w)
     return out
 
@@ -124,14 +148,18 @@ def size_pools(w: Workload, o: BenchOptions) -> Sizing:
 
 
 def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple[list[str], list[str]]:
-    """The systems to run on `w`, and why any requested one is skipped."""
+    """The systems to run on `w`, and why any system named on the command line is skipped there
+    (defaults that do not apply to a workload are left out silently)."""
     wanted = list(o.systems or default_systems(cuda))
     run, skipped = [], []
     for name in wanted:
-        if name == "radixserve-pool25" and w.name == "random":
-            skipped.append(f"{w.name}/{name}: nothing is shared, so a bounded pool has nothing to keep")
+        if w.name == "bounded-pool" and name not in ("radixserve", "radixserve-pool25"):
+            skipped.append(f"{w.name}/{name}: this scenario compares radixserve's bounded pool with the offline "
+                           "optimum only")
+        elif name == "radixserve-pool25" and w.name != "bounded-pool":
+            skipped.append(f"{w.name}/{name}: the bounded pool runs on the bounded-pool workload")
         elif name == "radixserve-triton" and not (device == "cuda" or (device == "auto" and cuda)):
             skipped.append(f"{w.name}/{name}: the Triton backend needs a CUDA device")
         else:
             run.append(name)
-    return run, skipped
+    return run, skipped if o.systems else []

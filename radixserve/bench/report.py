@@ -22,8 +22,8 @@ def _trio(m: dict[str, float], prefix: str) -> str:
 
 
 def _system_table(per_system: dict[str, Any]) -> list[str]:
-    lines = ["| system | req/s | out tok/s | total tok/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 "
-             "| E2E ms p50 / p90 / p99 | hit rate | hit / optimal | peak blocks / static |",
+    lines = [("| system | req/s | out tok/s | total tok/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 "
+              "| E2E ms p50 / p90 / p99 | hit rate | hit / optimal | peak blocks / static |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, entry in per_system.items():
         m = entry["median"]
@@ -66,10 +66,10 @@ def _bounded_lines(per_system: dict[str, Any]) -> list[str]:
         m = entry["median"]
         if "belady_hit_rate" not in m:
             continue
-        out += ["", f"{name}: pool of {_f(m['pool_blocks'], 0)} blocks = {m['pool_fraction']:.0%} of the "
-                f"{_f(m['working_set_blocks'], 0)}-block working set; hit rate {m['hit_rate']:.1%} vs offline "
-                f"Belady {m['belady_hit_rate']:.1%} (ratio {m['hit_rate_vs_belady']:.3f}) and simulated LRU "
-                f"{m['lru_sim_hit_rate']:.1%}."]
+        out += ["", (f"{name}: pool of {_f(m['pool_blocks'], 0)} blocks = {m['pool_fraction']:.0%} of the "
+                     f"{_f(m['working_set_blocks'], 0)}-block working set; hit rate {m['hit_rate']:.1%} vs offline "
+                     f"Belady {m['belady_hit_rate']:.1%} (ratio {m['hit_rate_vs_belady']:.3f}) and simulated LRU "
+                     f"{m['lru_sim_hit_rate']:.1%}.")]
     return out
 
 
@@ -85,11 +85,11 @@ def render(results: dict) -> str:
     versions = results.get("versions", {})
     opts = results.get("options", {})
     lines = [f"# radixserve bench — {results.get('date', '')}", "",
-             f"Model {results.get('model', {}).get('name')} on {machine.get('gpu') or machine.get('cpu')} "
-             f"({machine.get('cpu_count')} cores, {machine.get('torch_threads')} torch threads); "
-             f"torch {versions.get('torch')}, transformers {versions.get('transformers')}. "
-             f"Medians of {opts.get('repeats')} repeat(s); every request generates exactly its output length, "
-             f"greedy. Command: `{results.get('command')}`"]
+             (f"Model {results.get('model', {}).get('name')} on {machine.get('gpu') or machine.get('cpu')} "
+              f"({machine.get('cpu_count')} cores, {machine.get('torch_threads')} torch threads); "
+              f"torch {versions.get('torch')}, transformers {versions.get('transformers')}. "
+              f"Medians of {opts.get('repeats')} repeat(s); every request generates exactly its output length, "
+              f"greedy. Command: `{results.get('command')}`")]
     for wname, per_system in results["results"].items():
         w = results["workloads"][wname]
         lines += ["", f"## {w['description']}", ""]
@@ -112,10 +112,10 @@ def render(results: dict) -> str:
             lines.append(f"| {n} | {s['cpu_ms_per_step']:.3f} | {s['schedule_cpu_ms_per_step']:.3f} "
                          f"| {s['wall_ms_per_step']:.3f} |")
         r = micro["radix"]
-        lines += ["", f"Radix tree, {int(r['prompts'])} prompts of {int(r['prompt_len'])} tokens in "
-                  f"{int(r['groups'])} shared-prefix groups: insert {r['insert_tokens_per_s'] / 1e6:.1f} M tok/s "
-                  f"({r['insert_us_per_prompt']:.0f} µs / prompt), match {r['match_tokens_per_s'] / 1e6:.1f} M tok/s "
-                  f"({r['match_us_per_prompt']:.0f} µs / prompt)."]
+        lines += ["", (f"Radix tree, {int(r['prompts'])} prompts of {int(r['prompt_len'])} tokens in "
+                       f"{int(r['groups'])} shared-prefix groups: insert {r['insert_tokens_per_s'] / 1e6:.1f} M tok/s "
+                       f"({r['insert_us_per_prompt']:.0f} µs / prompt), match "
+                       f"{r['match_tokens_per_s'] / 1e6:.1f} M tok/s ({r['match_us_per_prompt']:.0f} µs / prompt).")]
     if results.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(results["skipped"]) + "."]
     return "\n".join(lines) + "\n"

@@ -18,8 +18,8 @@ from tqdm import tqdm
 from radixserve.bench import results as results_mod
 from radixserve.bench.belady import simulate_pool, working_set_blocks
 from radixserve.bench.driver import RequestRecord, RunTrace, drive, warm_up
-from radixserve.bench.metrics import (expected_metrics, median_metrics, pool_metrics, run_metrics, trace_requests)
-from radixserve.bench.plan import BenchOptions, Sizing, build_workloads, plan_systems, size_pools
+from radixserve.bench.metrics import expected_metrics, median_metrics, pool_metrics, run_metrics, trace_requests
+from radixserve.bench.plan import BenchConfigError, BenchOptions, Sizing, build_workloads, plan_systems, size_pools
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS, SystemSettings, build_system
 from radixserve.bench.systems.hf_common import release_hf_models
 from radixserve.bench.textsource import byte_encoder
@@ -29,11 +29,11 @@ BOUNDED = "radixserve-pool25"
 
 
 def _model_facts(model: str | None) -> tuple[str, Any, Any]:
-    from radixserve.engine import resolve_model_dir
+    from radixserve.engine import resolve_model
     from radixserve.model.loader import load_tokenizer
     from radixserve.model.spec import load_spec
 
-    model_dir = resolve_model_dir(model)
+    model_dir, _ = resolve_model(model)
     return model_dir, load_spec(model_dir), load_tokenizer(model_dir)
 
 
@@ -52,6 +52,8 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     skipped: list[str] = []
     for w in workloads:
         planned[w.name], why = plan_systems(w, o, cuda, o.device)
+        if not planned[w.name]:
+            raise BenchConfigError(f"no requested system runs on {w.name}: " + "; ".join(why))
         skipped += why
     warm_prompt = [spec.eos_token_ids[0] if spec.eos_token_ids else 0] * 8
 

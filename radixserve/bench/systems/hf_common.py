@@ -22,9 +22,12 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
 
 def load_hf_model(model_dir: str, device: str, dtype: str, attn_implementation: str = "sdpa") -> Any:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar (the benchmark's) is enough on the terminal
 
     dev, dt = resolve_device_dtype(device, dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt, attn_implementation=attn_implementation)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt, attn_implementation=attn_implementation)
     return model.to(dev).eval()
 
 

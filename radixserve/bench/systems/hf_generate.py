@@ -84,7 +84,7 @@ class HFStaticBatchSystem(System):
                 self.batch_sizes.append(len(batch))
                 try:
                     results = await asyncio.to_thread(self._run_batch, [p.prompt for p in batch], batch[0].output_len)
-                except Exception as exc:  # fail this batch's callers, keep serving the rest
+                except Exception as exc:  # noqa: BLE001 - fail this batch's callers, keep serving the rest
                     for p in batch:
                         if not p.future.done():
                             p.future.set_exception(exc)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from radixserve.bench.systems.base import Completion, PoolSample, System, SystemInfo
 from radixserve.config import EngineConfig
 from radixserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.async_engine import AsyncEngine
 
 
 class RadixServeSystem(System):
@@ -26,7 +30,7 @@ class RadixServeSystem(System):
         self.name = name
         self.description = description
         self.config = config
-        self.engine = None  # AsyncEngine, created in start() (loading the model blocks for seconds)
+        self.engine: AsyncEngine | None = None  # created in start(): loading the model blocks for seconds
         self._num_blocks: int | None = None
         self._samples: list[PoolSample] = []
         self._recording = False
@@ -34,16 +38,17 @@ class RadixServeSystem(System):
     async def start(self) -> None:
         from radixserve.async_engine import AsyncEngine
 
-        self.engine = await asyncio.to_thread(AsyncEngine, self.config)
-        self._num_blocks = self.engine.stats().blocks_total
-        self._hook_steps(self.engine.engine)
-        await self.engine.start()
+        engine = await asyncio.to_thread(lambda: AsyncEngine(self.config))
+        self.engine = engine
+        self._num_blocks = engine.stats().blocks_total
+        self._hook_steps(engine.engine)
+        await engine.start()
 
-    def _hook_steps(self, inner) -> None:  # noqa: ANN001 - the synchronous LLMEngine
+    def _hook_steps(self, inner) -> None:  # inner: the synchronous LLMEngine
         schedule = inner.scheduler.schedule
         total = self._num_blocks or 0
 
-        def sampled_schedule():  # noqa: ANN202 - the scheduler's Batch
+        def sampled_schedule():  # -> the scheduler's Batch
             batch = schedule()
             if self._recording:
                 used = len({b for s in inner.live_sequences() for b in s.block_table})
