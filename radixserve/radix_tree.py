@@ -114,13 +114,17 @@ class RadixTree:
         return blocks
 
     # -- insertion -----------------------------------------------------------------------------
-    def insert(self, tokens: list[int], blocks: list[int]) -> RadixNode:
+    def insert(self, tokens: list[int], blocks: list[int], known: RadixNode | None = None) -> RadixNode:
         """Cache `tokens` (whose K/V sit in `blocks`, a sequence's block table) and return the node
-        ending at len(tokens). New nodes take a reference on the blocks they list."""
+        ending at len(tokens). New nodes take a reference on the blocks they list. `known`, a node
+        the caller holds locked on the path of `tokens`, lets the walk start there instead of at the
+        root (a lock keeps it in the tree, and splits keep its end)."""
         bs = self.block_size
         if len(blocks) * bs < len(tokens):
             raise ValueError("insert: fewer blocks than the tokens need")
         node, pos, path = self.root, 0, []
+        if known is not None and known.lock_count > 0 and known.end <= len(tokens):
+            node, pos = known, known.end
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:

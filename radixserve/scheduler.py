@@ -15,6 +15,7 @@ the batch, to run before the forward); running + waiting hold each live sequence
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from radixserve.block_pool import BlockPool
@@ -23,7 +24,7 @@ from radixserve.radix_tree import RadixTree, common_prefix_len
 from radixserve.sequence import Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     start: int  # first position computed this step
@@ -61,9 +62,10 @@ class Scheduler:
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
-        """A fork of a running sequence joins the running set directly (its blocks are shared)."""
+        """Join the running set, which is kept sorted in policy order (forks join directly: their
+        blocks are shared with the parent's)."""
         seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+        bisect.insort(self.running, seq, key=self._order_key)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -78,13 +80,16 @@ class Scheduler:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
-        for seq in sorted(self.running, key=lambda s: (s.is_prefill, self._order_key(s))):
+        # `running` is kept in policy order, so decodes-then-prefills needs no sort
+        decodes = [s for s in self.running if len(s.token_ids) - s.num_computed == 1]
+        prefills = [s for s in self.running if len(s.token_ids) - s.num_computed > 1]
+        for seq in decodes + prefills:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.remaining, budget)
-            while not self._reserve(seq, n, batch):
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            while self._needs_blocks(seq, n) and not self._reserve(seq, n, batch):
                 victim = self._victim(scheduled)  # `seq` itself is a candidate: never None
                 assert victim is not None
                 self.preempt(victim)
@@ -113,8 +118,7 @@ class Scheduler:
                 seq.admitted_once = True
                 seq.request.cached_tokens = matched
             self.waiting.remove(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self.add_running(seq)
             batch.items.append(ScheduledSeq(seq, seq.num_computed, n))
             budget -= n
 
@@ -149,6 +153,13 @@ class Scheduler:
                     return True
         return False
 
+    def _needs_blocks(self, seq: Sequence, n: int) -> bool:
+        """False for the common decode step, whose write lands in a private block it already has."""
+        if n > 1:
+            return True
+        pos, table = seq.num_computed, seq.block_table
+        return pos >= len(table) * self.block_size or self.pool.refcount[table[pos // self.block_size]] > 1
+
     def _reserve(self, seq: Sequence, n: int, batch: Batch) -> bool:
         """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
         written block if it is shared. False (nothing changed) if the pool cannot supply them."""
@@ -172,8 +183,8 @@ class Scheduler:
         return True
 
     def _victim(self, scheduled: set[int]) -> Sequence | None:
-        candidates = [s for s in self.running if s.seq_id not in scheduled]
-        return max(candidates, key=self._order_key, default=None)
+        """The lowest-priority running sequence not yet given work this step."""
+        return next((s for s in reversed(self.running) if s.seq_id not in scheduled), None)
 
     # -- leaving the running set ---------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:
@@ -206,12 +217,11 @@ class Scheduler:
     def cache_computed(self, seq: Sequence, before: int) -> None:
         """After a step: cache the sequence's newly completed full blocks, so concurrent requests
         with the same prefix hit them while this one still runs. Partial blocks wait for release."""
-        if self.tree is None:
+        bs = self.block_size
+        if self.tree is None or seq.num_computed // bs == before // bs:
             return
-        full = seq.num_computed // self.block_size * self.block_size
-        if full <= before // self.block_size * self.block_size:
-            return
-        node = self.tree.insert(seq.token_ids[:full], seq.block_table)
+        full = seq.num_computed // bs * bs
+        node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node)
         self.tree.lock(node)
         if seq.locked_node is not None:
             self.tree.unlock(seq.locked_node)
