@@ -66,30 +66,29 @@ class TorchAttentionBackend:
         flat_k[meta.slot_mapping] = k.to(k_cache.dtype)
         flat_v[meta.slot_mapping] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
-        group = q.shape[1] // k_cache.shape[2]
         decode_rows = [b for b, n in enumerate(meta.query_lens) if n == 1]
         if decode_rows:
-            self._decode(q, flat_k, flat_v, meta, decode_rows, block_size, group, scale, out)
+            self._decode(q, flat_k, flat_v, meta, decode_rows, block_size, scale, out)
         starts = meta.cu_seqlens_q.tolist()
         for b, n in enumerate(meta.query_lens):
             if n == 1:
                 continue
             total = meta.seq_lens_host[b]
             slots = _slots(meta.block_table[b], total, block_size)
-            keys = flat_k[slots].to(q.dtype).repeat_interleave(group, dim=1)  # [S, Hq, D]
-            vals = flat_v[slots].to(q.dtype).repeat_interleave(group, dim=1)
+            keys = flat_k[slots].to(q.dtype)  # [S, Hkv, D]; SDPA shares each kv head across its q heads
+            vals = flat_v[slots].to(q.dtype)
             # query i sits at position total - n + i and sees keys 0..that position
             q_pos = torch.arange(total - n, total, device=q.device)
             mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]
             qs = q[starts[b] : starts[b] + n].transpose(0, 1)
             o = torch.nn.functional.scaled_dot_product_attention(
-                qs, keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=mask, scale=scale
+                qs, keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
             )
             out[starts[b] : starts[b] + n] = o.transpose(0, 1)
         return out
 
     @staticmethod
-    def _decode(q, flat_k, flat_v, meta, rows, block_size, group, scale, out):
+    def _decode(q, flat_k, flat_v, meta, rows, block_size, scale, out):
         starts = meta.cu_seqlens_q.tolist()
         lens = [meta.seq_lens_host[b] for b in rows]
         max_len = max(lens)
@@ -101,12 +100,13 @@ class TorchAttentionBackend:
         lens_t = torch.tensor(lens, device=device)
         valid = offsets[None, :] < lens_t[:, None]  # [R, L]
         slots = torch.where(valid, slots, torch.zeros_like(slots))
-        keys = flat_k[slots].to(q.dtype).repeat_interleave(group, dim=2)  # [R, L, Hq, D]
-        vals = flat_v[slots].to(q.dtype).repeat_interleave(group, dim=2)
+        keys = flat_k[slots].to(q.dtype)  # [R, L, Hkv, D]
+        vals = flat_v[slots].to(q.dtype)
         idx = torch.tensor([starts[b] for b in rows], device=device)
         qs = q[idx].unsqueeze(2)  # [R, Hq, 1, D]
         o = torch.nn.functional.scaled_dot_product_attention(
-            qs, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+            qs, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale,
+            enable_gqa=True,
         )
         out[idx] = o.squeeze(2)
 
