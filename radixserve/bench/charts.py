@@ -11,6 +11,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
+
+
+def _color(system: str) -> str:
+    """The same color for a system in every chart."""
+    names = list(SYSTEM_DESCRIPTIONS)
+    return f"C{names.index(system) % 10}" if system in names else "gray"
+
 
 def _workloads(results: dict) -> list[str]:
     return list(results["results"])
@@ -29,7 +37,7 @@ def throughput(results: dict, path: Path) -> None:
         med = [per_system[s]["median"]["output_tokens_per_s"] for s in systems]
         runs = [[r["metrics"]["output_tokens_per_s"] for r in per_system[s]["repeats"]] for s in systems]
         err = [[m - min(r) for m, r in zip(med, runs)], [max(r) - m for m, r in zip(med, runs)]]
-        ax.bar(range(len(systems)), med, yerr=err, capsize=3, color=[f"C{i}" for i in range(len(systems))])
+        ax.bar(range(len(systems)), med, yerr=err, capsize=3, color=[_color(s) for s in systems])
         ax.set_xticks(range(len(systems)), systems, rotation=30, ha="right", fontsize=8)
         ax.set_title(wname)
         ax.set_ylabel("output tokens / s")
@@ -60,10 +68,10 @@ def hit_rate(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
     for ax, wname in zip(axes[0], names):
         optimal = None
-        for i, (sname, entry) in enumerate(results["results"][wname].items()):
+        for sname, entry in results["results"][wname].items():
             points = _first(entry)["timeline"]["hit_rate"]
             if points:
-                ax.step([p[0] for p in points], [p[1] for p in points], where="post", label=sname, color=f"C{i}")
+                ax.step([p[0] for p in points], [p[1] for p in points], where="post", label=sname, color=_color(sname))
             optimal = _first(entry)["metrics"]["optimal_hit_rate"]
         if optimal is not None:
             ax.axhline(optimal, color="gray", linestyle="--", linewidth=1, label="optimal (unbounded)")
@@ -80,14 +88,14 @@ def blocks(results: dict, path: Path) -> None:
     names = _workloads(results)
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
     for ax, wname in zip(axes[0], names):
-        for i, (sname, entry) in enumerate(results["results"][wname].items()):
+        for sname, entry in results["results"][wname].items():
             points = _first(entry)["timeline"]["blocks"]
             if not points:
                 continue
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{sname} in use", color=f"C{i}")
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{sname} in use", color=_color(sname))
             static = _first(entry)["metrics"].get("static_reservation_blocks")
             if sname == "radixserve" and static:
-                ax.axhline(static, color=f"C{i}", linestyle="--", linewidth=1, label="static reservation (peak)")
+                ax.axhline(static, color=_color(sname), linestyle="--", linewidth=1, label="static reservation (peak)")
         ax.set_title(f"{wname}: KV blocks held by live requests")
         ax.set_xlabel("seconds")
         ax.set_ylabel("blocks")
@@ -102,10 +110,10 @@ def ttft_by_turn(results: dict, path: Path) -> bool:
     if not per_system:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (sname, entry) in enumerate(per_system.items()):
+    for sname, entry in per_system.items():
         m = entry["median"]
         turns = sorted(int(k.removeprefix("ttft_ms_turn")) for k in m if k.startswith("ttft_ms_turn"))
-        ax.plot(turns, [m[f"ttft_ms_turn{t}"] for t in turns], marker="o", label=sname, color=f"C{i}")
+        ax.plot(turns, [m[f"ttft_ms_turn{t}"] for t in turns], marker="o", label=sname, color=_color(sname))
     ax.set_xlabel("turn")
     ax.set_ylabel("mean TTFT, ms (log)")
     ax.set_yscale("log")

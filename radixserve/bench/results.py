@@ -59,7 +59,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def add_environment(results: dict, options: Any, model_dir: str, spec: Any, argv: list[str] | None) -> None:
+def add_environment(results: dict, options: Any, model: tuple[str, str], spec: Any, argv: list[str] | None) -> None:
     import torch
 
     results["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -73,7 +73,7 @@ def add_environment(results: dict, options: Any, model_dir: str, spec: Any, argv
     results["versions"] = {"python": platform.python_version(), "radixserve": _version("radixserve"),
                            "torch": torch.__version__, "transformers": _version("transformers"),
                            "triton": _version("triton")}
-    results["model"] = {"dir": model_dir, "name": os.path.basename(model_dir.rstrip("/")),
+    results["model"] = {"dir": model[0], "name": model[1],
                         "layers": spec.num_layers, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                         "vocab_size": spec.vocab_size}
     results["options"] = {k: v for k, v in dataclasses.asdict(options).items()}

@@ -28,19 +28,20 @@ from radixserve.bench.workloads import Workload
 BOUNDED = "radixserve-pool25"
 
 
-def _model_facts(model: str | None) -> tuple[str, Any, Any]:
+def _model_facts(model: str | None) -> tuple[str, str, Any, Any]:
+    """The directory every system loads, the model's display name, its spec and its tokenizer."""
     from radixserve.engine import resolve_model
     from radixserve.model.loader import load_tokenizer
     from radixserve.model.spec import load_spec
 
-    model_dir, _ = resolve_model(model)
-    return model_dir, load_spec(model_dir), load_tokenizer(model_dir)
+    model_dir, name = resolve_model(model)
+    return model_dir, name, load_spec(model_dir), load_tokenizer(model_dir)
 
 
 def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     import torch
 
-    model_dir, spec, tokenizer = _model_facts(o.model)
+    model_dir, model_name, spec, tokenizer = _model_facts(o.model)
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None \
         else byte_encoder(spec.vocab_size)
     workloads = build_workloads(o, encode, spec.vocab_size, spec.max_position_embeddings)
@@ -80,7 +81,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     results = _fold(o, workloads, planned, sizing, traces, extras)
     results["skipped"] = skipped
     results["wall_time_s"] = time.time() - started
-    results_mod.add_environment(results, o, model_dir, spec, argv)
+    results_mod.add_environment(results, o, (model_dir, model_name), spec, argv)
     if o.micro:
         from radixserve.bench.micro import run_micro
 
