@@ -63,8 +63,9 @@ class TorchAttentionBackend:
         block_size = k_cache.shape[1]
         flat_k = k_cache.view(-1, *k_cache.shape[2:])
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
-        flat_k[meta.slot_mapping] = k.to(k_cache.dtype)
-        flat_v[meta.slot_mapping] = v.to(v_cache.dtype)
+        # index_copy_/index_select are several times faster than advanced indexing on CPU
+        flat_k.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        flat_v.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
         out = torch.empty_like(q)
         decode_rows = [b for b, n in enumerate(meta.query_lens) if n == 1]
         if decode_rows:
@@ -75,14 +76,18 @@ class TorchAttentionBackend:
                 continue
             total = meta.seq_lens_host[b]
             slots = _slots(meta.block_table[b], total, block_size)
-            keys = flat_k[slots].to(q.dtype)  # [S, Hkv, D]; SDPA shares each kv head across its q heads
-            vals = flat_v[slots].to(q.dtype)
-            # query i sits at position total - n + i and sees keys 0..that position
-            q_pos = torch.arange(total - n, total, device=q.device)
-            mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]
+            # [S, Hkv, D]; SDPA shares each kv head across its q heads
+            keys = flat_k.index_select(0, slots).to(q.dtype)
+            vals = flat_v.index_select(0, slots).to(q.dtype)
             qs = q[starts[b] : starts[b] + n].transpose(0, 1)
+            if total == n:  # no cached prefix: plain causal, which SDPA runs without a mask tensor
+                mask, causal = None, True
+            else:  # query i sits at position total - n + i and sees keys 0..that position
+                q_pos = torch.arange(total - n, total, device=q.device)
+                mask, causal = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None], False
             o = torch.nn.functional.scaled_dot_product_attention(
-                qs, keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+                qs, keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=mask, is_causal=causal, scale=scale,
+                enable_gqa=True,
             )
             out[starts[b] : starts[b] + n] = o.transpose(0, 1)
         return out
@@ -100,8 +105,9 @@ class TorchAttentionBackend:
         lens_t = torch.tensor(lens, device=device)
         valid = offsets[None, :] < lens_t[:, None]  # [R, L]
         slots = torch.where(valid, slots, torch.zeros_like(slots))
-        keys = flat_k[slots].to(q.dtype)  # [R, L, Hkv, D]
-        vals = flat_v[slots].to(q.dtype)
+        shape = (*slots.shape, *flat_k.shape[1:])  # [R, L, Hkv, D]
+        keys = flat_k.index_select(0, slots.view(-1)).view(shape).to(q.dtype)
+        vals = flat_v.index_select(0, slots.view(-1)).view(shape).to(q.dtype)
         idx = torch.tensor([starts[b] for b in rows], device=device)
         qs = q[idx].unsqueeze(2)  # [R, Hq, 1, D]
         o = torch.nn.functional.scaled_dot_product_attention(
