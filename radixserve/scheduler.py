@@ -147,7 +147,7 @@ class Scheduler:
 
     def _prefix_in_flight(self, seq: Sequence, matched: int) -> bool:
         for other in self.running:
-            if other.is_prefill and other.num_computed < len(other.token_ids):
+            if other.is_prefill:
                 shared = common_prefix_len(seq.token_ids[:-1], other.token_ids[:-1])
                 if shared - matched >= self.block_size:
                     return True

@@ -36,12 +36,6 @@ class EngineStats:
     evicted_blocks: int = 0
     preemptions: int = 0
 
-    @property
-    def hit_rate(self) -> float:
-        """Share of finished requests' prompt tokens served from the cache."""
-        done = self.cached_tokens + self.computed_tokens
-        return self.cached_tokens / done if done else 0.0
-
     @classmethod
     def collect(cls, engine: LLMEngine) -> EngineStats:
         pool, tree = engine.pool, engine.tree
