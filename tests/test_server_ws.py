@@ -198,6 +198,8 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # 
     wait_until(lambda: engine_idle(chat_server), what="blocks freed after disconnect")
     assert chat_server.engine.stats().requests_finished.get("abort", 0) == aborted_before + 1
     session = chat_server.state.sessions.get(sid)
+    # the server's event loop records the aborted turn just after the engine frees the blocks
+    wait_until(lambda: session.busy is None, what="the aborted turn recorded on the session")
     assert session.busy is None and session.messages[-1].finish_reason == "abort"
     assert chat_server.engine.leaked_blocks() == 0
 
@@ -282,7 +284,8 @@ def test_sse_client_disconnect_frees_blocks(chat_server) -> None:  # noqa: ANN00
             if '"delta"' in line:
                 break
     wait_until(lambda: engine_idle(chat_server), what="blocks freed after SSE disconnect")
-    assert chat_server.state.sessions.get(sid).busy is None
+    session = chat_server.state.sessions.get(sid)
+    wait_until(lambda: session.busy is None, what="the aborted turn recorded on the session")
     assert chat_server.engine.leaked_blocks() == 0
 
 
