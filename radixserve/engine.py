@@ -137,9 +137,8 @@ class LLMEngine:
             req = item.seq.request
             if req.timing.first_scheduled is None:
                 req.timing.first_scheduled = now
-            computed_prompt = max(0, min(item.start + item.num_tokens, item.seq.num_prompt_tokens) - item.start)
-            req.computed_prompt_tokens += computed_prompt
-            self.stats_totals.computed_tokens += computed_prompt
+            self.stats_totals.computed_tokens += max(0, min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
+                                                     - item.start)
         logits = self.runner.run(batch)
         return self._postprocess(batch, logits)
 

@@ -36,9 +36,7 @@ class Request:
     order: int = 0  # arrival order, the FCFS key
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
-    computed_prompt_tokens: int = 0
     sequences: list[Sequence] = field(default_factory=list)
-    aborted: bool = False
 
     @property
     def finished(self) -> bool:
