@@ -4,6 +4,9 @@ Requests and aborts reach the engine thread through a command queue and run betw
 synchronous engine is only ever touched by that thread (plus `stats` / `check_integrity`, which take
 the step lock). Outputs travel back to each caller's asyncio.Queue via call_soon_threadsafe. A caller
 that stops iterating (aclose, cancellation, disconnect) aborts its request, which frees its blocks.
+A request the engine failed on its own (finish_reason "error") raises RequestFailedError in its
+caller only. `health()` reports a dead engine thread, or one that has made no progress for a while
+with work waiting.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 from radixserve.config import EngineConfig
 from radixserve.engine import LLMEngine
-from radixserve.errors import EngineStoppedError
+from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 from radixserve.stats import EngineStats
@@ -35,6 +39,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._last_progress = time.monotonic()  # a step ran, or the engine was idle
 
     # -- facts callers need --------------------------------------------------------------------
     @property
@@ -76,16 +81,21 @@ class AsyncEngine:
             if self._stopping:
                 continue
             if not self.engine.has_unfinished():
+                self._last_progress = time.monotonic()
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
             try:
                 with self._lock:
+                    stalled = self.engine.stats_totals.stalled_steps
                     outputs = self.engine.step()
-            except Exception as exc:  # a failed step must not strand callers or leak blocks
+                    progressed = self.engine.stats_totals.stalled_steps == stalled
+            except Exception:  # the engine isolates request failures; this is a bug in the engine itself
                 log.exception("engine step failed; aborting in-flight requests")
-                self._fail_all(exc)
+                self._fail_all()
                 continue
+            if progressed:
+                self._last_progress = time.monotonic()
             for out in outputs:
                 self._deliver(out)
 
@@ -114,16 +124,21 @@ class AsyncEngine:
             if out is not None:
                 self._deliver(out)
 
-    def _fail_all(self, exc: Exception) -> None:
+    def _fail_all(self) -> None:
         with self._lock:
             for rid in list(self.engine.requests):
                 self.engine.abort(rid)
-                self._deliver(RuntimeError(f"engine step failed: {exc}"), rid)
+                self._deliver(RequestFailedError("the engine step failed; see the server log"), rid)
 
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream a request's incremental outputs; the last one has finished=True."""
+                       priority: int = 0, cancelled: Callable[[], bool] | None = None,
+                       ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's incremental outputs; the last one has finished=True.
+
+        `cancelled`, checked once the request is queued, lets a caller whose cancel came before
+        this call (and so aborted an id the engine did not know yet) still win: the abort then
+        follows the request into the engine's queue."""
         if self._stopping:
             raise EngineStoppedError("the engine is shutting down")
         await self.start()
@@ -142,6 +157,8 @@ class AsyncEngine:
                 self._deliver(exc, rid)
 
         self._submit(add)
+        if cancelled is not None and cancelled():
+            self.abort(rid)
         finished = False
         try:
             while True:
@@ -150,6 +167,8 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                if item.error is not None:
+                    raise RequestFailedError(item.error)
                 yield item
                 if finished:
                     return
@@ -167,6 +186,17 @@ class AsyncEngine:
                 self._deliver(out)
 
         self._submit(do_abort)
+
+    def health(self, stall_s: float) -> str | None:
+        """None when healthy; else why not: the engine thread died, or it has made no progress for
+        `stall_s` seconds while work was waiting (reads no engine state under the lock, so it answers
+        even while a step hangs)."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping:
+            return "the engine thread has stopped"
+        idle_for = time.monotonic() - self._last_progress
+        if idle_for > stall_s and self.engine.has_unfinished():
+            return f"the engine has made no progress for {idle_for:.0f} s with requests waiting"
+        return None
 
     # -- introspection (takes the step lock: may wait for the step in progress) -----------------
     def stats(self) -> EngineStats:

@@ -25,6 +25,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running sequences at most (default %(default)s)")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--policy", choices=POLICIES, default=d.policy, help="scheduling policy (default %(default)s)")
+    g.add_argument("--max-wait-steps", type=int, default=d.max_wait_steps,
+                   help="cache-aware: a request waiting this many steps goes ahead of cache hits (default %(default)s)")
     g.add_argument("--no-prefix-cache", action="store_true", help="disable the radix prefix cache")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
                    help="attention implementation (default %(default)s: triton on CUDA, torch otherwise)")
@@ -38,7 +40,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-        max_model_len=a.max_model_len, policy=a.policy, enable_prefix_cache=not a.no_prefix_cache,
+        max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
     )
 

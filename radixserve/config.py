@@ -22,6 +22,7 @@ class EngineConfig:
     max_num_seqs: int = 256  # running sequences at most
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     policy: str = "fcfs"  # fcfs | cache-aware | priority
+    max_wait_steps: int = 64  # cache-aware: after this many steps waiting, a request goes first
     enable_prefix_cache: bool = True
     attention_backend: str = "auto"  # auto (triton on CUDA, torch otherwise) | triton | torch
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
@@ -35,6 +36,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.max_wait_steps < 1:
+            raise ValueError("max_wait_steps must be >= 1")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         if self.kv_cache_memory_mb <= 0:

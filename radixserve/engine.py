@@ -12,11 +12,14 @@ count equals the live sequences whose locked path passes through it.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from radixserve.block_pool import BlockPool
 from radixserve.config import EngineConfig
@@ -31,6 +34,12 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler import Batch, Scheduler
 from radixserve.sequence import Request, Sequence, SequenceStatus
 from radixserve.stats import EngineStats
+
+log = logging.getLogger(__name__)
+# What a failed request's caller is told: our words, never a library's exception text (that is logged).
+FORWARD_FAILED = "the model failed on this request; see the server log"
+INVALID_LOGITS = "the model produced non-finite logits for this request"
+POSTPROCESS_FAILED = "decoding this request's output failed; see the server log"
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
@@ -131,7 +140,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch.items:
-            return []
+            return self._unschedulable()
         now = time.monotonic()
         for item in batch.items:
             req = item.seq.request
@@ -139,22 +148,54 @@ class LLMEngine:
                 req.timing.first_scheduled = now
             self.stats_totals.computed_tokens += max(0, min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
                                                      - item.start)
-        logits = self.runner.run(batch)
-        return self._postprocess(batch, logits)
+        failed: dict[Request, str] = {}
+        try:
+            logits = self.runner.run(batch)
+        except Exception:
+            # One request's input can break a batched forward; rerun the items one at a time so only
+            # the requests whose own forward fails are lost.
+            log.exception("a forward pass of %d sequences failed; retrying them one by one", len(batch.items))
+            per_item = self.runner.run_each(batch)
+            failed = {it.seq.request: FORWARD_FAILED for it, rows in zip(batch.items, per_item) if rows is None}
+            kept = [(it, rows) for it, rows in zip(batch.items, per_item) if it.seq.request not in failed]
+            batch = Batch([it for it, _ in kept], [])
+            logits = torch.cat([rows for _, rows in kept]) if kept else None
+        return self._postprocess(batch, logits, failed)
 
-    def _postprocess(self, batch: Batch, logits: Any) -> list[RequestOutput]:
+    def _unschedulable(self) -> list[RequestOutput]:
+        """Nothing could be scheduled. With work waiting and nothing running, the head of the queue can
+        never fit (the scheduler's liveness rules make this unreachable; counted and logged if not):
+        failing it keeps the engine from spinning on empty steps."""
+        if not self.scheduler.has_work():
+            return []
+        self.stats_totals.stalled_steps += 1
+        if self.scheduler.running:
+            log.error("a step scheduled none of %d running sequences", len(self.scheduler.running))
+            return []
+        head = self.scheduler.waiting_in_order()[0].request
+        log.error("request %s cannot be scheduled in a pool of %d blocks; failing it", head.request_id,
+                  self.pool.num_blocks)
+        return [self._fail(head, "the request does not fit in the KV cache")]
+
+    def _postprocess(self, batch: Batch, logits: Any, failed: dict[Request, str]) -> list[RequestOutput]:
         sampling = [it for it in batch.items if it.samples]
         rows = [it.seq for it in sampling]
-        tokens = self.sampler.sample(logits, [s.request.params for s in rows], [s.generator for s in rows])
+        tokens = self.sampler.sample(logits, [s.request.params for s in rows], [s.generator for s in rows]) \
+            if rows else []
+        failed.update((s.request, INVALID_LOGITS) for s, t in zip(rows, tokens) if t is None)
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}
         for item in batch.items:
             seq = item.seq
+            if seq.request in failed:
+                continue
             before = seq.num_computed
             seq.num_computed = item.start + item.num_tokens
             self.scheduler.cache_computed(seq, before)
         for i, (seq, token) in enumerate(zip(rows, tokens)):
             req = seq.request
+            if req in failed or token is None:
+                continue
             if req.timing.first_token is None:
                 req.timing.first_token = now
             pairs = [(seq, token)]
@@ -162,12 +203,25 @@ class LLMEngine:
                 pairs += self._fork(seq, logits[i])
             for s, t in pairs:
                 s.token_ids.append(t)
-                self._append(s, t)
+                try:
+                    self._append(s, t)
+                except Exception:  # e.g. a tokenizer that cannot decode this id
+                    log.exception("finishing a token of request %s failed", req.request_id)
+                    failed[req] = POSTPROCESS_FAILED
+                    break
                 touched.setdefault(req.request_id, []).append(s)
-        outputs = []
-        for rid, seqs in touched.items():
-            outputs.append(self._output(self.requests[rid], seqs))
-        return outputs
+        outputs = [self._output(self.requests[rid], seqs) for rid, seqs in touched.items()
+                   if self.requests[rid] not in failed]
+        return outputs + [self._fail(req, why) for req, why in failed.items()]
+
+    def _fail(self, req: Request, why: str) -> RequestOutput:
+        """End one request with finish_reason "error"; the rest of the batch is untouched."""
+        for seq in req.sequences:
+            if seq.status is not SequenceStatus.FINISHED:
+                self.scheduler.finish(seq, "error")
+        out = self._output(req, req.sequences)
+        out.error = why
+        return out
 
     def _fork(self, parent: Sequence, row: Any) -> list[tuple[Sequence, int]]:
         """n > 1: the prompt is done; fork the other samples, sharing every block (COW), each with
@@ -186,7 +240,9 @@ class LLMEngine:
             req.sequences.append(child)
             self._track(child)
             self.scheduler.add_running(child)
-            forks.append((child, self.sampler.sample(row[None], [req.params], [child.generator])[0]))
+            token = self.sampler.sample(row[None], [req.params], [child.generator])[0]
+            assert token is not None, "the parent's row was usable, so the same row is"
+            forks.append((child, token))
         parent.pending_forks = 0
         return forks
 

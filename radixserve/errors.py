@@ -22,3 +22,10 @@ class PromptTooLongError(RequestError):
 
 class EngineStoppedError(RuntimeError):
     code = "engine_stopped"
+
+
+class RequestFailedError(RuntimeError):
+    """A request that failed while running (the model or sampler could not serve it); the engine
+    failed only this request, and the message names no library internals."""
+
+    code = "generation_failed"

@@ -67,3 +67,4 @@ def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:
         c.finish_reason = delta.finish_reason or c.finish_reason
     whole.outputs = [by_index[i] for i in sorted(by_index)]
     whole.usage, whole.timing, whole.finished = out.usage, out.timing, out.finished
+    whole.error = out.error or whole.error

@@ -110,3 +110,16 @@ class ModelRunner:
         if inputs.sample_rows.numel() == 0:
             return hidden.new_empty((0, self.spec.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])
+
+    def run_each(self, batch: Batch) -> list[torch.Tensor | None]:
+        """Run each item of a batch on its own (after a batched forward failed): per item, its logits
+        rows (0 or 1) or None where its own forward fails. Copy-on-write copies are idempotent, so
+        each item takes the ones that fill its own blocks."""
+        out: list[torch.Tensor | None] = []
+        for item in batch.items:
+            own = set(item.seq.block_table)
+            try:
+                out.append(self.run(Batch([item], [c for c in batch.copies if c[1] in own])))
+            except Exception:
+                out.append(None)
+        return out

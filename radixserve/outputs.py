@@ -45,7 +45,7 @@ class CompletionOutput:
     index: int  # which of the request's n samples
     token_ids: list[int] = field(default_factory=list)  # new tokens (streaming) or all (offline)
     text: str = ""  # text delta (streaming) or the whole text (offline)
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
 
 
 @dataclass
@@ -56,6 +56,7 @@ class RequestOutput:
     timing: Timing
     finished: bool = False
     prompt_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None  # set (with finish_reason "error") when this request failed on its own
 
     def tokens_per_s(self) -> float:
         """Decode speed after the first token, over the whole request."""

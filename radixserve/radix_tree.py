@@ -103,6 +103,38 @@ class RadixTree:
         self._touch(path if split else [])
         return Match(length=pos, blocks=self._blocks_of(path, pos), node=node)
 
+    def exclusive_prefix_len(self, tokens: list[int]) -> int:
+        """The longest block-aligned cached prefix of `tokens` whose path lists each block index once.
+
+        Where a match passes a mid-block boundary at which the child keeps its own copy of the
+        straddled block, a lock on the path pins the parent's copy too, which the sequence does not
+        use; stopping before such a boundary (and on a block edge, so nothing is copied on write)
+        means a locked match keeps alive only blocks of the sequence's own table."""
+        bs = self.block_size
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            if node is not self.root and node.end % bs and child.blocks[0] != node.blocks[-1]:
+                return node.end // bs * bs
+            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            pos += k
+            if k < len(child.tokens):
+                break
+            node = child
+        return pos // bs * bs
+
+    def foreign_blocks(self, node: RadixNode, own: list[int], stop: RadixNode | None = None) -> int:
+        """Blocks listed on the path from `node` up to `stop` (exclusive; the root by default) that
+        are not in `own`: what a lock on `node` keeps alive besides a sequence's own blocks."""
+        own_set, foreign = set(own), set()
+        n: RadixNode | None = node
+        while n is not None and n is not stop and n is not self.root:
+            foreign.update(b for b in n.blocks if b not in own_set)
+            n = n.parent
+        return len(foreign)
+
     def _blocks_of(self, path: list[RadixNode], length: int) -> list[int]:
         bs = self.block_size
         blocks: list[int] = [-1] * (-(-length // bs))

@@ -1,5 +1,7 @@
 """Turns logits rows into next tokens: greedy, temperature, top-k, top-p, seeded or not.
 
+A row the sampler cannot draw from (the model produced NaN or +inf logits, or nothing finite) yields
+None instead of a token, so the engine fails that one request and the rest of the batch goes on.
 Greedy rows never touch a random generator. A seeded sequence samples from its own generator, so
 its draws do not depend on which other requests share the batch (the logits themselves may differ
 in the last bits with batch composition, which can flip a near-tie).
@@ -18,18 +20,26 @@ class Sampler:
 
     def sample(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-    ) -> list[int]:
+    ) -> list[int | None]:
         logits = logits.float().cpu()
         greedy = logits.argmax(dim=-1).tolist()
-        out = []
+        usable = (~(logits.isnan() | logits.isposinf()).any(dim=-1) & logits.amax(dim=-1).isfinite()).tolist() \
+            if logits.numel() else []
+        out: list[int | None] = []
         for i, p in enumerate(params):
-            if p.greedy:
+            if not usable[i]:
+                out.append(None)
+            elif p.greedy:
                 out.append(greedy[i])
-                continue
-            probs = self.probabilities(logits[i], p)
-            gen = generators[i] or self.generator
-            out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
+            else:
+                out.append(self._draw(self.probabilities(logits[i], p), generators[i] or self.generator))
         return out
+
+    @staticmethod
+    def _draw(probs: torch.Tensor, generator: torch.Generator) -> int | None:
+        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+            return None
+        return int(torch.multinomial(probs, 1, generator=generator).item())
 
     @staticmethod
     def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -49,7 +59,8 @@ class Sampler:
 
 
 def generator_for(params: SamplingParams, index: int) -> torch.Generator | None:
-    """Seeded requests get their own generator per sample (sample i uses seed + i)."""
-    if params.seed is None or params.greedy:
+    """Seeded requests get their own generator per sample (sample i uses (seed + i) mod 2**64)."""
+    seed = params.sample_seed(index)
+    if seed is None or params.greedy:
         return None
-    return torch.Generator(device="cpu").manual_seed(params.seed + index)
+    return torch.Generator(device="cpu").manual_seed(seed)

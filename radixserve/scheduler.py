@@ -8,6 +8,13 @@ tokens are computed. A sequence whose prompt shares a prefix with one still bein
 for it instead of computing the same tokens twice. When blocks run out, the lowest-priority running
 sequence is preempted by recompute: its computed tokens go into the cache, its blocks are released.
 
+Liveness: every sequence the engine accepted fits the pool on its own, locks included. A locked
+match can pin blocks the sequence does not use (the shared partial block of a mid-block hit, which
+it copies on first write, and superseded copies of straddled blocks on the path); a sequence whose
+longest length plus those would exceed the pool takes only the part of its match that pins nothing
+(`RadixTree.exclusive_prefix_len`), and a lock never moves onto another sequence's copy of tokens. Under `cache-aware`, a sequence waiting longer than
+`max_wait_steps` steps goes ahead of every cache hit (oldest first), so hits cannot starve it.
+
 Invariants: a scheduled sequence owns a block for every position it writes this step, and the block
 it writes first has exactly one owner (copy-on-write is decided here and the copies are returned in
 the batch, to run before the forward); running + waiting hold each live sequence exactly once.
@@ -20,7 +27,7 @@ from dataclasses import dataclass, field
 
 from radixserve.block_pool import BlockPool
 from radixserve.config import EngineConfig
-from radixserve.radix_tree import RadixTree, common_prefix_len
+from radixserve.radix_tree import Match, RadixTree, common_prefix_len
 from radixserve.sequence import Sequence, SequenceStatus
 
 
@@ -55,10 +62,13 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.steps = 0  # schedule() calls: the clock that waiting times are measured in
 
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        if seq.waiting_since is None:
+            seq.waiting_since = self.steps  # arrival, kept across preemptions: age counts from there
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
@@ -77,6 +87,7 @@ class Scheduler:
 
     # -- the step plan -------------------------------------------------------------------------
     def schedule(self) -> Batch:
+        self.steps += 1
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
@@ -104,7 +115,7 @@ class Scheduler:
         return batch
 
     def _admit(self, batch: Batch, budget: int) -> None:
-        for seq in self._waiting_in_order():
+        for seq in self.waiting_in_order():
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             matched = self._take_cached_prefix(seq)
@@ -117,16 +128,22 @@ class Scheduler:
             if not seq.admitted_once:
                 seq.admitted_once = True
                 seq.request.cached_tokens = matched
+            seq.waiting_since = None
             self.waiting.remove(seq)
             self.add_running(seq)
             batch.items.append(ScheduledSeq(seq, seq.num_computed, n))
             budget -= n
 
-    def _waiting_in_order(self) -> list[Sequence]:
+    def waiting_in_order(self) -> list[Sequence]:
         if self.config.policy == "cache-aware" and self.tree is not None:
             # longest cached prefix first (ties by arrival), so hot prefixes are reused before eviction
+            tree, overdue_after = self.tree, self.steps - self.config.max_wait_steps
+
             def key(s: Sequence) -> tuple[int, ...]:
-                return (-self.tree.match(s.token_ids[:-1], split=False).length, *s.sort_key)
+                assert s.waiting_since is not None
+                if s.waiting_since < overdue_after:
+                    return (0, 0, *s.sort_key)
+                return (1, -tree.match(s.token_ids[:-1], split=False).length, *s.sort_key)
 
             return sorted(self.waiting, key=key)
         return sorted(self.waiting, key=self._order_key)
@@ -136,7 +153,10 @@ class Scheduler:
         the matched length, or None when the sequence should wait for an in-flight prefill."""
         if self.tree is None:
             return 0
-        match = self.tree.match(seq.token_ids[:-1])
+        prefix = seq.token_ids[:-1]
+        match = self.tree.match(prefix)
+        if self._footprint(seq, match) > self.pool.num_blocks:
+            match = self.tree.match(prefix[:self.tree.exclusive_prefix_len(prefix)])
         if self._prefix_in_flight(seq, match.length):
             return None
         self.tree.lock(match.node)
@@ -144,6 +164,15 @@ class Scheduler:
             self.pool.incref(b)
         seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
         return match.length
+
+    def _footprint(self, seq: Sequence, match: Match) -> int:
+        """Blocks this sequence could hold at its longest if it locks `match`: its own table plus
+        the blocks the locked path pins besides (superseded copies of straddled blocks, and the
+        shared partial block that a mid-block hit copies on first write)."""
+        assert self.tree is not None
+        longest = min(seq.num_prompt_tokens + seq.request.params.max_tokens, self.pool.num_blocks * self.block_size)
+        pinned = self.tree.foreign_blocks(match.node, match.blocks) + int(match.length % self.block_size != 0)
+        return -(-longest // self.block_size) + pinned
 
     def _prefix_in_flight(self, seq: Sequence, matched: int) -> bool:
         for other in self.running:
@@ -222,6 +251,10 @@ class Scheduler:
             return
         full = seq.num_computed // bs * bs
         node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node)
+        if self.tree.foreign_blocks(node, seq.block_table, stop=seq.locked_node):
+            # another sequence cached these tokens first: locking its copy would pin blocks this
+            # one does not use (it may need the whole pool), so the lock stays where it was
+            return
         self.tree.lock(node)
         if seq.locked_node is not None:
             self.tree.unlock(seq.locked_node)

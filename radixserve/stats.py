@@ -35,6 +35,7 @@ class EngineStats:
     evictions: int = 0  # tree nodes evicted
     evicted_blocks: int = 0
     preemptions: int = 0
+    stalled_steps: int = 0  # steps with work waiting that scheduled nothing (a liveness bug if ever > 0)
 
     @classmethod
     def collect(cls, engine: LLMEngine) -> EngineStats:

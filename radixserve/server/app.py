@@ -81,7 +81,10 @@ async def _expire_sessions(state: ServerState) -> None:
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if state.engine is not None and not state.draining:
-        return JSONResponse({"status": "ok", "model": state.model_name})
+        problem = state.engine.health(state.config.health_stall_s)
+        if problem is None:
+            return JSONResponse({"status": "ok", "model": state.model_name})
+        return JSONResponse({"status": "unhealthy", "detail": problem}, status_code=503)
     status = "error" if state.load_error else ("stopping" if state.draining else "loading")
     return JSONResponse({"status": status, "detail": state.load_error}, status_code=503)
 

@@ -45,6 +45,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--web-dir", type=Path, default=DEFAULT_WEB_DIR,
                    help="static web UI directory served at / (default: the repository's web/)")
     g.add_argument("--no-web", action="store_true", help="do not serve the web UI")
+    g.add_argument("--health-stall", type=float, default=d.health_stall_s,
+                   help="GET /health answers 503 when the engine has run no step for this many seconds while "
+                        "requests wait, or its thread died (default %(default)s)")
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
@@ -58,7 +61,7 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
         max_generations_per_connection=a.max_generations_per_connection, default_max_tokens=a.default_max_tokens,
         default_temperature=a.default_temperature, default_top_p=a.default_top_p,
         system_prompt_labels=a.system_prompt_labels, shutdown_grace_s=a.shutdown_grace,
-        web_dir=None if a.no_web else a.web_dir,
+        web_dir=None if a.no_web else a.web_dir, health_stall_s=a.health_stall,
     )
 
 

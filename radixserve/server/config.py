@@ -32,6 +32,7 @@ class ServerConfig:
     shutdown_grace_s: float = 5.0  # in-flight generations get this long to finish before they are aborted
     web_dir: Path | None = DEFAULT_WEB_DIR  # static UI served at /; None or missing -> no UI
     ws_auth_timeout_s: float = 10.0  # how long a keyed WebSocket may wait before its auth frame
+    health_stall_s: float = 120.0  # /health is 503 after this long without an engine step while work waits
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -40,7 +41,7 @@ class ServerConfig:
             "max_message_bytes": self.max_message_bytes, "max_sessions": self.max_sessions,
             "session_ttl_s": self.session_ttl_s, "default_max_tokens": self.default_max_tokens,
             "max_generations_per_connection": self.max_generations_per_connection, "max_n": self.max_n,
-            "ws_auth_timeout_s": self.ws_auth_timeout_s,
+            "ws_auth_timeout_s": self.ws_auth_timeout_s, "health_stall_s": self.health_stall_s,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from radixserve.errors import EngineStoppedError, RequestError
+from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.chat_template import token_hash
@@ -73,6 +73,8 @@ def api_error_from(exc: Exception) -> ApiError:
         return exc
     if isinstance(exc, EngineStoppedError):
         return ApiError("unavailable", str(exc), 503)
+    if isinstance(exc, RequestFailedError):
+        return ApiError("generation_failed", f"generation failed: {exc}", 500)
     if isinstance(exc, RequestError):
         code = "context_too_long" if exc.code == "context_too_long" else "invalid_field"
         return ApiError(code, str(exc), 400)
@@ -91,13 +93,15 @@ def admit_prompt(state: ServerState, prompt_len: int) -> None:
 
 async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
                          system: SystemPromptRef, api: str, request_id: str | None = None,
-                         ) -> AsyncGenerator[RequestOutput, None]:
-    """Yield the engine's incremental outputs for one request; raises ApiError for refused requests."""
+                         cancelled: Callable[[], bool] | None = None) -> AsyncGenerator[RequestOutput, None]:
+    """Yield the engine's incremental outputs for one request; raises ApiError for refused requests.
+    `cancelled`: see AsyncEngine.generate (a cancel that came before the request reached the engine)."""
     engine, metrics = state.require_engine(), state.metrics
     admit_prompt(state, len(prompt))  # checked again: shutdown may have begun since the caller checked
     rid = request_id or uuid.uuid4().hex
     state.inflight.add(rid)
-    agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid))
+    agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid,
+                                                                             cancelled=cancelled))
     last: RequestOutput | None = None
     last_token_at: float | None = None
     try:

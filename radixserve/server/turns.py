@@ -78,7 +78,8 @@ class SessionTurn:
         base = {"gen_id": self.gen_id, "session_id": self.session.id}
         finish: str | None = None
         try:
-            stream = stream_request(self.state, self.prompt, self.params, self.system, "session", self.request_id)
+            stream = stream_request(self.state, self.prompt, self.params, self.system, "session", self.request_id,
+                                    cancelled=lambda: self.cancelled)
             async with aclosing(stream) as outputs:
                 async for out in outputs:
                     if self.last is None:
