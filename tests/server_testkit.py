@@ -83,6 +83,45 @@ def connect(srv: BackgroundServer, **kw: Any) -> Any:
     return websockets.connect(srv.ws_url, open_timeout=30, **kw)
 
 
+def raw_request(srv: BackgroundServer, method: str, path: str, headers: dict[str, str],
+                body: bytes = b"", http: str = "HTTP/1.1") -> tuple[int, bytes]:
+    """One request over a plain socket, headers exactly as given (Host included, or left out): the
+    status and the body. A 101 (WebSocket upgrade accepted) returns at once with an empty body."""
+    import socket
+
+    lines = [f"{method} {path} {http}", *(f"{k}: {v}" for k, v in headers.items())]
+    if "Connection" not in headers:
+        lines.append("Connection: close")
+    if body:
+        lines.append(f"Content-Length: {len(body)}")
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if status == 101:
+            return status, b""
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                       if line.lower().startswith(b"content-length:")), None)
+        while (length is None or len(body) < length) and (chunk := sock.recv(65536)):
+            body += chunk
+    return status, body
+
+
+def ws_upgrade_headers(host: str, origin: str | None = None) -> dict[str, str]:
+    """The headers of a browser's WebSocket upgrade (Host and Origin as given)."""
+    headers = {"Host": host, "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    if origin is not None:
+        headers["Origin"] = origin
+    return headers
+
+
 def write_tiny_chat_model(root: Path, tokenizer_dir: Path) -> Path:
     """A random-weight two-layer Llama with the embedded model's vocabulary and tokenizer: loads in
     about a second, for tests that need a second server but no meaningful text."""

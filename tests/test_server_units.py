@@ -10,6 +10,7 @@ import pytest
 
 from radixserve.server.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
 from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
+from radixserve.server.request_guard import host_allowed, origin_allowed, refusal, split_host
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError, build_sampling_params, parse_json_text, parse_sampling
 
@@ -244,13 +245,80 @@ def test_cli_flags_build_a_server_config(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
     defaults = server_config_from_args(p.parse_args([]))
     assert (defaults.host, defaults.port, defaults.api_key, defaults.allowed_origins) == ("127.0.0.1", 8000, None, [])
+    assert defaults.allowed_hosts == []
     cfg = server_config_from_args(p.parse_args(["--port", "0", "--api-key", "k", "--allowed-origins",
                                                 "http://a.example/, http://b.example", "--no-web",
+                                                "--allowed-hosts", "Chat.Example, box.lan:8000",
                                                 "--max-prompt-tokens", "100", "--session-ttl", "5"]))
     assert cfg.port == 0 and cfg.api_key == "k" and cfg.web_dir is None and cfg.max_prompt_tokens == 100
     assert cfg.allowed_origins == ["http://a.example", "http://b.example"] and cfg.session_ttl_s == 5
+    assert cfg.allowed_hosts == ["chat.example", "box.lan:8000"]
+    with pytest.raises(ValueError, match="allowed_hosts"):
+        ServerConfig(allowed_hosts=["http://chat.example/"])
     monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
     assert server_config_from_args(p.parse_args([])).api_key == "from-env"
     for bad in ({"port": 70000}, {"max_sessions": 0}, {"api_key": ""}, {"default_top_p": 0.0}):
         with pytest.raises(ValueError):
             ServerConfig(**bad)
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("127.0.0.1:8000", ("127.0.0.1", 8000)), ("LocalHost", ("localhost", None)), ("localhost.:80", ("localhost", 80)),
+    ("[::1]:8000", ("::1", 8000)), ("[::1]", ("::1", None)), ("::1", ("::1", None)), ("a-b_c.example", ("a-b_c.example", None)),
+    ("", None), ("evil.example:99999", None), ("127.0.0.1:", None), ("a b", None), ("http://x", None), ("x/y", None),
+    ("user@host", None), ("[::1", None), ("[::1]x", None), ("host:port", None), ("h\u00e9.example", None),
+])
+def test_split_host(value: str, expected: tuple[str, int | None] | None) -> None:
+    assert split_host(value) == expected
+
+
+def test_host_allow_list_defaults_and_widening() -> None:
+    for host in ("127.0.0.1:8000", "127.0.0.1", "localhost:1", "LOCALHOST", "[::1]:8000", "[::1]"):
+        assert host_allowed(host, "127.0.0.1", [])
+    for host in (None, "", "evil.example:8000", "0.0.0.0:8000", "[::]:8000", "127.0.0.2", "localhost.evil.example",
+                 "127.0.0.1.nip.io:8000", "[::1]:8000\r\nX: y"):
+        assert not host_allowed(host, "127.0.0.1", []), host
+    assert host_allowed("192.168.1.5:8000", "192.168.1.5", [])  # the bound address
+    assert host_allowed("[fe80::1]:8000", "fe80::1", [])
+    for wildcard in ("0.0.0.0", "::", "[::]"):  # binding every address adds no name
+        assert not host_allowed(f"{wildcard.strip('[]')}:8000", wildcard, [])
+        assert not host_allowed("192.168.1.5:8000", wildcard, [])
+    extra = ["box.lan", "pinned.example:9000"]
+    assert host_allowed("box.lan:8000", "0.0.0.0", extra) and host_allowed("BOX.lan", "0.0.0.0", extra)
+    assert host_allowed("pinned.example:9000", "0.0.0.0", extra)
+    assert not host_allowed("pinned.example:8000", "0.0.0.0", extra)
+    assert not host_allowed("sub.box.lan", "0.0.0.0", extra)
+    assert host_allowed("anything.example", "127.0.0.1", ["*"]) and host_allowed(None, "127.0.0.1", ["*"])
+
+
+def test_origin_allowed_same_origin_and_listed() -> None:
+    assert origin_allowed(None, "127.0.0.1:8000", "http", [])  # not a browser
+    assert origin_allowed("http://127.0.0.1:8000", "127.0.0.1:8000", "http", [])
+    assert origin_allowed("http://LOCALHOST:8000/", "localhost:8000", "http", [])
+    assert origin_allowed("http://127.0.0.1", "127.0.0.1:80", "http", [])  # default port, written or not
+    assert origin_allowed("https://box.lan", "box.lan", "https", [])
+    for origin in ("http://evil.example", "http://localhost:8000", "https://127.0.0.1:8000", "http://127.0.0.1:8001",
+                   "null", "", "http://127.0.0.1:8000/path", "http://u@127.0.0.1:8000", "file://"):
+        assert not origin_allowed(origin, "127.0.0.1:8000", "http", []), origin
+    assert not origin_allowed("http://127.0.0.1:8000", None, "http", [])
+    assert origin_allowed("http://app.example", "127.0.0.1:8000", "http", ["http://app.example"])
+    assert not origin_allowed("http://app.example.evil", "127.0.0.1:8000", "http", ["http://app.example"])
+    assert origin_allowed("null", "127.0.0.1:8000", "http", ["*"])
+
+
+def test_refusal_picks_the_check_by_request_kind() -> None:
+    def why(kind: str, method: str, headers: dict[str, str]) -> str | None:
+        scope = {"type": kind, "method": method, "scheme": "ws" if kind == "websocket" else "http"}
+        err = refusal(scope, headers, [], "127.0.0.1", [])
+        return None if err is None else f"{err.status} {err.code}"
+
+    local, evil = {"host": "127.0.0.1:8000"}, {"origin": "http://evil.example"}
+    assert why("http", "GET", {"host": "evil.example:8000"}) == "421 forbidden_host"
+    assert why("http", "GET", {}) == "421 forbidden_host"
+    assert why("http", "GET", {**local, **evil}) is None  # reads are left to CORS
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        assert why("http", method, {**local, **evil}) == "403 forbidden_origin"
+        assert why("http", method, local) is None
+        assert why("http", method, {**local, "origin": "http://127.0.0.1:8000"}) is None
+    assert why("websocket", "GET", {**local, **evil}) == "403 forbidden_origin"
+    assert why("websocket", "GET", {**local, "origin": "http://127.0.0.1:8000"}) is None

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from radixserve.server.auth import key_matches, origin_allowed
+from radixserve.server.auth import key_matches
 from radixserve.server.generation import api_error_from
 from radixserve.server.http_util import dumps
 from radixserve.server.rest import create_session
@@ -203,9 +203,5 @@ class Connection:
 
 async def chat_websocket(ws: WebSocket) -> None:
     state: ServerState = ws.app.state.server
-    if not origin_allowed(ws.headers, state.config.allowed_origins):
-        state.metrics.api_errors.labels("forbidden_origin").inc()
-        await ws.close(POLICY_VIOLATION)  # before accept: the upgrade is refused with 403
-        return
-    await ws.accept()
+    await ws.accept()  # Host and Origin were checked by RequestGuardMiddleware before the upgrade got here
     await Connection(ws, state).run()
