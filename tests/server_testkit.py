@@ -14,14 +14,21 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 
 from radixserve import AsyncEngine, EngineConfig
 from radixserve.server import BackgroundServer, ServerConfig
+from radixserve.server.owners import OWNER_HEADER, Owner
 
 TEST_MAX_MESSAGE_BYTES = 64 * 1024
 FRAME_TIMEOUT_S = 60.0
+# The owner secret the tests' sessions belong to: sent as X-Session-Owner by rest_client and as the
+# `owner` field of WebSocket session frames (OWNED).
+TEST_OWNER = "server-tests-owner-secret"
+OWNED = {"owner": TEST_OWNER}
+TEST_OWNER_KEY = Owner.of(TEST_OWNER)  # for reaching the sessions in the store directly
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +74,10 @@ async def request(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
 
 
 async def chat(ws: Any, session_id: str, content: str, gen_id: str, **extra: Any) -> list[dict[str, Any]]:
-    """Send one chat frame; return every frame of that generation through `done` (or an error)."""
+    """Send one chat frame (as TEST_OWNER unless `owner` is given); return every frame of that generation
+    through `done` (or an error)."""
     await ws.send(json.dumps({"type": "chat", "session_id": session_id, "content": content, "gen_id": gen_id,
-                              **extra}))
+                              **OWNED, **extra}))
     frames = []
     while True:
         f = await recv_frame(ws)
@@ -77,6 +85,11 @@ async def chat(ws: Any, session_id: str, content: str, gen_id: str, **extra: Any
         frames.append(f)
         if f["type"] in ("done", "error"):
             return frames
+
+
+def rest_client(srv: BackgroundServer, timeout: float = 60.0) -> httpx.Client:
+    """An HTTP client of the server whose session requests carry TEST_OWNER."""
+    return httpx.Client(base_url=srv.url, timeout=timeout, headers={OWNER_HEADER: TEST_OWNER})
 
 
 def connect(srv: BackgroundServer, **kw: Any) -> Any:

@@ -21,11 +21,13 @@ from radixserve.server.runner import RadixUvicornServer, uvicorn_config
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402
+    OWNED,
     TEST_MAX_MESSAGE_BYTES,
     connect,
     raw_request,
     recv_frame,
     request,
+    rest_client,
     wait_until,
     write_tiny_chat_model,
     ws_upgrade_headers,
@@ -54,7 +56,7 @@ def malformed_frames(rng: random.Random, session_id: str) -> list[tuple[str | by
     for t in (None, 5, [], {}, True):
         frames.append((json.dumps({"type": t}) if t is not None else json.dumps({"kind": "ping"}),
                        "missing_field" if t is None else "invalid_field"))
-    ok = {"type": "chat", "session_id": session_id, "content": "hi", "gen_id": "g"}
+    ok = {"type": "chat", "session_id": session_id, "content": "hi", "gen_id": "g", **OWNED}
     for key in ("session_id", "content", "gen_id"):
         frames.append((json.dumps({k: v for k, v in ok.items() if k != key}), "missing_field"))
         for bad in (5, None, [], {"a": 1}, True, 1.5):
@@ -69,7 +71,7 @@ def malformed_frames(rng: random.Random, session_id: str) -> list[tuple[str | by
     for sid in ["", "nope", "a" * 200, "../../etc/passwd", "%00", session_id + "x", session_id[:-1], "\u0000",
                 "' OR 1=1 --", session_id.upper() if session_id.upper() != session_id else "Z" + session_id]:
         frames.append((json.dumps({**ok, "session_id": sid}), "invalid_field" if sid == "" else "unknown_session"))
-        frames.append((json.dumps({"type": "session.resume", "session_id": sid}),
+        frames.append((json.dumps({"type": "session.resume", "session_id": sid, **OWNED}),
                        "invalid_field" if sid == "" else "unknown_session"))
     for bad in (5, None, []):
         frames.append((json.dumps({"type": "session.create", "system_prompt": bad}) if bad is not None
@@ -123,7 +125,7 @@ def malformed_http(rng: random.Random, sid: str, model: str) -> list[tuple[str, 
 
 def test_hundreds_of_malformed_inputs_each_get_an_error(chat_server) -> None:  # noqa: ANN001
     rng = random.Random(20240611)
-    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    http = rest_client(chat_server, timeout=30)
     sid = http.post("/v1/sessions", json={"sampling": {"temperature": 0}}).json()["id"]
     frames = malformed_frames(rng, sid)
     bodies = malformed_http(rng, sid, chat_server.state.model_name)
@@ -191,7 +193,7 @@ def test_api_key_over_http_and_websocket(chat_server) -> None:  # noqa: ANN001
 
 def test_prompt_length_limit_applies_everywhere(chat_server) -> None:  # noqa: ANN001
     cfg, limit = chat_server.state.config, 40
-    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    http = rest_client(chat_server, timeout=30)
     sid = http.post("/v1/sessions", json={"system_prompt": "S"}).json()["id"]
     cfg.max_prompt_tokens = limit
     try:
@@ -207,7 +209,8 @@ def test_prompt_length_limit_applies_everywhere(chat_server) -> None:  # noqa: A
 
         async def run() -> dict[str, Any]:
             async with connect(chat_server) as ws:
-                return await request(ws, {"type": "chat", "session_id": sid, "content": long_text, "gen_id": "g"})
+                return await request(ws, {"type": "chat", "session_id": sid, "content": long_text, "gen_id": "g",
+                                          **OWNED})
 
         err = asyncio.run(run())
         assert (err["type"], err["code"], err["gen_id"]) == ("error", "context_too_long", "g")
@@ -369,8 +372,8 @@ def test_shutdown_finishes_streams_cleanly(chat_server, tmp_path: Path) -> None:
     try:
         async def run() -> dict[str, Any]:
             async with connect(srv) as ws:
-                sid = (await request(ws, {"type": "session.create"}))["session"]["id"]
-                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "go", "gen_id": "g",
+                sid = (await request(ws, {"type": "session.create", **OWNED}))["session"]["id"]
+                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "go", "gen_id": "g", **OWNED,
                                           "sampling": {"max_tokens": 1900, "temperature": 1.0}}))
                 frame = await recv_frame(ws)
                 assert frame["type"] == "start", frame
