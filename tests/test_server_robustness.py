@@ -297,7 +297,8 @@ def test_cross_site_state_changes_are_refused(chat_server) -> None:  # noqa: ANN
     for headers in ({"Origin": f"http://127.0.0.1:{port}"}, {}):
         r = http.post("/v1/sessions", content="{}", headers={**headers, "Content-Type": "text/plain"})
         assert r.status_code == 201, (headers, r.text)
-        r = http.post("/v1/chat/completions", content=completion, headers={**headers, "Content-Type": "application/json"})
+        r = http.post("/v1/chat/completions", content=completion,
+                      headers={**headers, "Content-Type": "application/json"})
         assert r.status_code == 200, (headers, r.text)
     status, _ = raw_request(chat_server, "GET", "/v1/chat/ws",
                             ws_upgrade_headers(f"localhost:{port}", f"http://localhost:{port}"))

@@ -303,7 +303,8 @@ def test_cli_flags_build_a_server_config(monkeypatch) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("value,expected", [
     ("127.0.0.1:8000", ("127.0.0.1", 8000)), ("LocalHost", ("localhost", None)), ("localhost.:80", ("localhost", 80)),
-    ("[::1]:8000", ("::1", 8000)), ("[::1]", ("::1", None)), ("::1", ("::1", None)), ("a-b_c.example", ("a-b_c.example", None)),
+    ("[::1]:8000", ("::1", 8000)), ("[::1]", ("::1", None)), ("::1", ("::1", None)),
+    ("a-b_c.example", ("a-b_c.example", None)),
     ("", None), ("evil.example:99999", None), ("127.0.0.1:", None), ("a b", None), ("http://x", None), ("x/y", None),
     ("user@host", None), ("[::1", None), ("[::1]x", None), ("host:port", None), ("h\u00e9.example", None),
 ])

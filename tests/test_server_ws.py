@@ -58,8 +58,8 @@ def test_multi_turn_conversation_reuses_every_previous_token(chat_server, record
 
     async def run() -> tuple[str, list[list[dict[str, Any]]]]:
         async with connect(chat_server) as ws:
-            created = await request(ws, {"type": "session.create", **OWNED, "system_prompt": "You are a concise assistant.",
-                                         "sampling": GREEDY, "req": 1})
+            created = await request(ws, {"type": "session.create", "system_prompt": "You are a concise assistant.",
+                                         "sampling": GREEDY, "req": 1, **OWNED})
             assert created["type"] == "session.created" and created["req"] == 1
             sid = created["session"]["id"]
             return sid, [await chat(ws, sid, c, gen_id=f"turn{k}") for k, c in enumerate(contents)]
@@ -167,8 +167,10 @@ def test_cancel_stops_within_a_step_and_frees_blocks(chat_server, monkeypatch) -
 
     async def run() -> tuple[dict[str, Any], float]:
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", **OWNED, "sampling": {"temperature": 0}}))["session"]["id"]
-            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid, "content": "Write a long story about a cat.",
+            sid = (await request(ws, {"type": "session.create", **OWNED,
+                                      "sampling": {"temperature": 0}}))["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid,
+                                      "content": "Write a long story about a cat.",
                                       "gen_id": "long", "sampling": {"max_tokens": 200}}))
             while (f := await recv_frame(ws))["type"] != "delta":
                 pass
@@ -197,8 +199,10 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # 
 
     async def run() -> str:
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", **OWNED, "sampling": {"temperature": 0}}))["session"]["id"]
-            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid, "content": "Count from one to a hundred.",
+            sid = (await request(ws, {"type": "session.create", **OWNED,
+                                      "sampling": {"temperature": 0}}))["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid,
+                                      "content": "Count from one to a hundred.",
                                       "gen_id": "g", "sampling": {"max_tokens": 200}}))
             while (await recv_frame(ws))["type"] != "delta":
                 pass
@@ -217,8 +221,9 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # 
 def test_session_busy_duplicate_and_unknown_gen_ids(chat_server) -> None:  # noqa: ANN001
     async def run() -> list[dict[str, Any]]:
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", **OWNED, "sampling": {"temperature": 0, "max_tokens": 3}}))[
-                "session"]["id"]
+            created = await request(ws, {"type": "session.create", **OWNED,
+                                         "sampling": {"temperature": 0, "max_tokens": 3}})
+            sid = created["session"]["id"]
             await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid, "content": "one", "gen_id": "a"}))
             errors = [await request(ws, {"type": "chat", **OWNED, "session_id": sid, "content": "two", "gen_id": "a"}),
                       await request(ws, {"type": "chat", **OWNED, "session_id": sid, "content": "two", "gen_id": "b"}),
