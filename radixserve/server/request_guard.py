@@ -131,7 +131,7 @@ class RequestGuardMiddleware:
         error = refusal(scope, headers, cfg.allowed_hosts, cfg.host, cfg.allowed_origins)
         if error is None:
             await self.app(scope, receive, send)
-        elif scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
+        elif scope["type"] == "http" or "websocket.http.response" in (scope.get("extensions") or {}):
             # Starlette responses send the websocket.http.response.* denial messages in a WebSocket scope
             await error_response(error, self.state.metrics)(scope, receive, send)
         else:  # closing before accepting refuses the upgrade with a bare 403
