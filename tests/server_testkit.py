@@ -14,14 +14,21 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 
 from radixserve import AsyncEngine, EngineConfig
 from radixserve.server import BackgroundServer, ServerConfig
+from radixserve.server.owners import OWNER_HEADER, Owner
 
 TEST_MAX_MESSAGE_BYTES = 64 * 1024
 FRAME_TIMEOUT_S = 60.0
+# The owner secret the tests' sessions belong to: sent as X-Session-Owner by rest_client and as the
+# `owner` field of WebSocket session frames (OWNED).
+TEST_OWNER = "server-tests-owner-secret"
+OWNED = {"owner": TEST_OWNER}
+TEST_OWNER_KEY = Owner.of(TEST_OWNER)  # for reaching the sessions in the store directly
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +74,10 @@ async def request(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
 
 
 async def chat(ws: Any, session_id: str, content: str, gen_id: str, **extra: Any) -> list[dict[str, Any]]:
-    """Send one chat frame; return every frame of that generation through `done` (or an error)."""
+    """Send one chat frame (as TEST_OWNER unless `owner` is given); return every frame of that generation
+    through `done` (or an error)."""
     await ws.send(json.dumps({"type": "chat", "session_id": session_id, "content": content, "gen_id": gen_id,
-                              **extra}))
+                              **OWNED, **extra}))
     frames = []
     while True:
         f = await recv_frame(ws)
@@ -79,8 +87,52 @@ async def chat(ws: Any, session_id: str, content: str, gen_id: str, **extra: Any
             return frames
 
 
+def rest_client(srv: BackgroundServer, timeout: float = 60.0) -> httpx.Client:
+    """An HTTP client of the server whose session requests carry TEST_OWNER."""
+    return httpx.Client(base_url=srv.url, timeout=timeout, headers={OWNER_HEADER: TEST_OWNER})
+
+
 def connect(srv: BackgroundServer, **kw: Any) -> Any:
     return websockets.connect(srv.ws_url, open_timeout=30, **kw)
+
+
+def raw_request(srv: BackgroundServer, method: str, path: str, headers: dict[str, str],
+                body: bytes = b"", http: str = "HTTP/1.1") -> tuple[int, bytes]:
+    """One request over a plain socket, headers exactly as given (Host included, or left out): the
+    status and the body. A 101 (WebSocket upgrade accepted) returns at once with an empty body."""
+    import socket
+
+    lines = [f"{method} {path} {http}", *(f"{k}: {v}" for k, v in headers.items())]
+    if "Connection" not in headers:
+        lines.append("Connection: close")
+    if body:
+        lines.append(f"Content-Length: {len(body)}")
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if status == 101:
+            return status, b""
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                       if line.lower().startswith(b"content-length:")), None)
+        while (length is None or len(body) < length) and (chunk := sock.recv(65536)):
+            body += chunk
+    return status, body
+
+
+def ws_upgrade_headers(host: str, origin: str | None = None) -> dict[str, str]:
+    """The headers of a browser's WebSocket upgrade (Host and Origin as given)."""
+    headers = {"Host": host, "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    if origin is not None:
+        headers["Origin"] = origin
+    return headers
 
 
 def write_tiny_chat_model(root: Path, tokenizer_dir: Path) -> Path:

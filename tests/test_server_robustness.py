@@ -21,12 +21,16 @@ from radixserve.server.runner import RadixUvicornServer, uvicorn_config
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402
+    OWNED,
     TEST_MAX_MESSAGE_BYTES,
     connect,
+    raw_request,
     recv_frame,
     request,
+    rest_client,
     wait_until,
     write_tiny_chat_model,
+    ws_upgrade_headers,
 )
 
 pytest_plugins = ["server_testkit"]
@@ -52,7 +56,7 @@ def malformed_frames(rng: random.Random, session_id: str) -> list[tuple[str | by
     for t in (None, 5, [], {}, True):
         frames.append((json.dumps({"type": t}) if t is not None else json.dumps({"kind": "ping"}),
                        "missing_field" if t is None else "invalid_field"))
-    ok = {"type": "chat", "session_id": session_id, "content": "hi", "gen_id": "g"}
+    ok = {"type": "chat", "session_id": session_id, "content": "hi", "gen_id": "g", **OWNED}
     for key in ("session_id", "content", "gen_id"):
         frames.append((json.dumps({k: v for k, v in ok.items() if k != key}), "missing_field"))
         for bad in (5, None, [], {"a": 1}, True, 1.5):
@@ -67,7 +71,7 @@ def malformed_frames(rng: random.Random, session_id: str) -> list[tuple[str | by
     for sid in ["", "nope", "a" * 200, "../../etc/passwd", "%00", session_id + "x", session_id[:-1], "\u0000",
                 "' OR 1=1 --", session_id.upper() if session_id.upper() != session_id else "Z" + session_id]:
         frames.append((json.dumps({**ok, "session_id": sid}), "invalid_field" if sid == "" else "unknown_session"))
-        frames.append((json.dumps({"type": "session.resume", "session_id": sid}),
+        frames.append((json.dumps({"type": "session.resume", "session_id": sid, **OWNED}),
                        "invalid_field" if sid == "" else "unknown_session"))
     for bad in (5, None, []):
         frames.append((json.dumps({"type": "session.create", "system_prompt": bad}) if bad is not None
@@ -121,7 +125,7 @@ def malformed_http(rng: random.Random, sid: str, model: str) -> list[tuple[str, 
 
 def test_hundreds_of_malformed_inputs_each_get_an_error(chat_server) -> None:  # noqa: ANN001
     rng = random.Random(20240611)
-    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    http = rest_client(chat_server, timeout=30)
     sid = http.post("/v1/sessions", json={"sampling": {"temperature": 0}}).json()["id"]
     frames = malformed_frames(rng, sid)
     bodies = malformed_http(rng, sid, chat_server.state.model_name)
@@ -189,7 +193,7 @@ def test_api_key_over_http_and_websocket(chat_server) -> None:  # noqa: ANN001
 
 def test_prompt_length_limit_applies_everywhere(chat_server) -> None:  # noqa: ANN001
     cfg, limit = chat_server.state.config, 40
-    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    http = rest_client(chat_server, timeout=30)
     sid = http.post("/v1/sessions", json={"system_prompt": "S"}).json()["id"]
     cfg.max_prompt_tokens = limit
     try:
@@ -205,7 +209,8 @@ def test_prompt_length_limit_applies_everywhere(chat_server) -> None:  # noqa: A
 
         async def run() -> dict[str, Any]:
             async with connect(chat_server) as ws:
-                return await request(ws, {"type": "chat", "session_id": sid, "content": long_text, "gen_id": "g"})
+                return await request(ws, {"type": "chat", "session_id": sid, "content": long_text, "gen_id": "g",
+                                          **OWNED})
 
         err = asyncio.run(run())
         assert (err["type"], err["code"], err["gen_id"]) == ("error", "context_too_long", "g")
@@ -235,6 +240,98 @@ def test_websocket_origin_check(chat_server) -> None:  # noqa: ANN001
         assert not asyncio.run(opens("http://other.example"))
     finally:
         cfg.allowed_origins = []
+
+
+def test_dns_rebinding_host_is_refused_everywhere(chat_server) -> None:  # noqa: ANN001
+    """A page on evil.example whose name was rebound to 127.0.0.1 sends Host: evil.example:PORT (and its
+    own, matching Origin). Nothing may answer it: not the API, not /health, /metrics or the UI."""
+    port = chat_server.port
+    sessions_before = len(chat_server.state.sessions)
+    for host in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", f"127.0.0.1.evil.example:{port}",
+                 f"localhost.evil.example:{port}", f"[::2]:{port}"):
+        origin = f"http://{host}"
+        for method, path in [("GET", "/v1/sessions"), ("GET", "/health"), ("GET", "/metrics"), ("GET", "/"),
+                             ("GET", "/app.js"), ("GET", "/v1/cache/stats"), ("POST", "/v1/sessions")]:
+            status, body = raw_request(chat_server, method, path, {"Host": host, "Origin": origin},
+                                       b"{}" if method == "POST" else b"")
+            assert status == 421, (host, method, path, status, body[:200])
+            err = json.loads(body)["error"]
+            assert err["code"] == "forbidden_host" and "--allowed-hosts" in err["message"], err
+        status, body = raw_request(chat_server, "GET", "/v1/chat/ws", ws_upgrade_headers(host, origin))
+        assert status == 421 and json.loads(body)["error"]["code"] == "forbidden_host", (host, status, body)
+        status, _ = raw_request(chat_server, "GET", "/v1/chat/ws", ws_upgrade_headers(host))  # no Origin either
+        assert status == 421
+    status, body = raw_request(chat_server, "GET", "/health", {}, http="HTTP/1.0")  # no Host at all
+    assert status == 421 and json.loads(body)["error"]["code"] == "forbidden_host"
+    assert len(chat_server.state.sessions) == sessions_before
+    # the loopback names, with or without the port, in any case
+    for host in (f"127.0.0.1:{port}", "127.0.0.1", f"localhost:{port}", "LocalHost", f"[::1]:{port}", "[::1]"):
+        status, body = raw_request(chat_server, "GET", "/health", {"Host": host})
+        assert status == 200 and json.loads(body)["status"] == "ok", (host, status, body)
+        status, _ = raw_request(chat_server, "GET", "/v1/chat/ws", ws_upgrade_headers(host, f"http://{host}"))
+        assert status == 101, host
+
+
+def test_cross_site_state_changes_are_refused(chat_server) -> None:  # noqa: ANN001
+    """A foreign page can POST text/plain without a CORS preflight; the server must not act on it."""
+    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    model, port = chat_server.state.model_name, chat_server.port
+    sessions_before, stats_before = len(chat_server.state.sessions), chat_server.engine.stats()
+    completion = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    for origin in ("http://evil.example", f"http://evil.example:{port}", "null", f"http://localhost:{port}",
+                   f"https://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"):
+        for method, path, body in [("POST", "/v1/sessions", "{}"), ("POST", "/v1/chat/completions", completion),
+                                   ("POST", "/v1/sessions/x/messages", '{"content": "hi"}'),
+                                   ("DELETE", "/v1/sessions/x", None), ("PUT", "/v1/sessions", "{}"),
+                                   ("PATCH", "/v1/sessions/x", "{}"), ("POST", "/", "{}")]:
+            r = http.request(method, path, content=body, headers={"Origin": origin, "Content-Type": "text/plain"})
+            assert r.status_code == 403, (origin, method, path, r.status_code, r.text[:200])
+            assert r.json()["error"]["code"] == "forbidden_origin" and origin in r.json()["error"]["message"]
+        status, body = raw_request(chat_server, "GET", "/v1/chat/ws", ws_upgrade_headers(f"127.0.0.1:{port}", origin))
+        assert status == 403 and json.loads(body)["error"]["code"] == "forbidden_origin", (origin, status)
+    assert len(chat_server.state.sessions) == sessions_before
+    assert chat_server.engine.stats().prompt_tokens == stats_before.prompt_tokens  # nothing reached the engine
+    # a foreign page may still read what CORS lets it read: GET is not refused for its Origin
+    assert http.get("/health", headers={"Origin": "http://evil.example"}).status_code == 200
+    # same-origin browser requests and requests without an Origin (curl, SDKs) work
+    for headers in ({"Origin": f"http://127.0.0.1:{port}"}, {}):
+        r = http.post("/v1/sessions", content="{}", headers={**headers, "Content-Type": "text/plain"})
+        assert r.status_code == 201, (headers, r.text)
+        r = http.post("/v1/chat/completions", content=completion,
+                      headers={**headers, "Content-Type": "application/json"})
+        assert r.status_code == 200, (headers, r.text)
+    status, _ = raw_request(chat_server, "GET", "/v1/chat/ws",
+                            ws_upgrade_headers(f"localhost:{port}", f"http://localhost:{port}"))
+    assert status == 101
+
+
+def test_allowed_hosts_and_origins_widen_the_checks(chat_server, tmp_path: Path) -> None:  # noqa: ANN001
+    model = write_tiny_chat_model(tmp_path / "tiny", Path(chat_server.engine.engine.model_dir))
+    config = ServerConfig(port=0, web_dir=None, allowed_hosts=["chat.example", "pinned.example:1"],
+                          allowed_origins=["http://app.example"])
+    with BackgroundServer(lambda: AsyncEngine(EngineConfig(model=str(model), num_blocks=64)), config) as srv:
+        port, http = srv.port, httpx.Client(base_url=srv.url, timeout=30)
+        for host, status in [(f"chat.example:{port}", 200), ("CHAT.example", 200), (f"127.0.0.1:{port}", 200),
+                             (f"evil.example:{port}", 421), ("pinned.example:1", 200),
+                             (f"pinned.example:{port}", 421), (f"sub.chat.example:{port}", 421)]:
+            assert raw_request(srv, "GET", "/v1/sessions", {"Host": host})[0] == status, host
+        # same origin on an allowed host name
+        same = {"Host": f"chat.example:{port}", "Origin": f"http://chat.example:{port}"}
+        assert raw_request(srv, "POST", "/v1/sessions", same, b"{}")[0] == 201
+        assert raw_request(srv, "GET", "/v1/chat/ws", ws_upgrade_headers(same["Host"], same["Origin"]))[0] == 101
+        # a listed origin passes, with its CORS headers; others are refused
+        r = http.post("/v1/sessions", json={}, headers={"Origin": "http://app.example"})
+        assert r.status_code == 201 and r.headers["access-control-allow-origin"] == "http://app.example"
+        pre = http.options("/v1/sessions", headers={"Origin": "http://app.example", "Access-Control-Request-Method":
+                                                    "POST", "Access-Control-Request-Headers": "content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.example"
+        assert http.post("/v1/sessions", json={}, headers={"Origin": "http://other.example"}).status_code == 403
+        assert raw_request(srv, "GET", "/v1/chat/ws",
+                           ws_upgrade_headers(f"127.0.0.1:{port}", "http://app.example"))[0] == 101
+        srv.config.allowed_hosts = ["*"]  # any Host; Origins are still checked
+        assert raw_request(srv, "GET", "/health", {"Host": "anything.example"})[0] == 200
+        assert raw_request(srv, "POST", "/v1/sessions", {"Host": "anything.example", "Origin": "http://evil.example"},
+                           b"{}")[0] == 403
 
 
 def test_health_is_503_until_loaded_and_reports_load_failure() -> None:
@@ -276,8 +373,8 @@ def test_shutdown_finishes_streams_cleanly(chat_server, tmp_path: Path) -> None:
     try:
         async def run() -> dict[str, Any]:
             async with connect(srv) as ws:
-                sid = (await request(ws, {"type": "session.create"}))["session"]["id"]
-                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "go", "gen_id": "g",
+                sid = (await request(ws, {"type": "session.create", **OWNED}))["session"]["id"]
+                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "go", "gen_id": "g", **OWNED,
                                           "sampling": {"max_tokens": 1900, "temperature": 1.0}}))
                 frame = await recv_frame(ws)
                 assert frame["type"] == "start", frame

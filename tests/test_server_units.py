@@ -10,6 +10,8 @@ import pytest
 
 from radixserve.server.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
 from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
+from radixserve.server.request_guard import host_allowed, origin_allowed, refusal, split_host
+from radixserve.server.owners import Owner, parse_secret
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError, build_sampling_params, parse_json_text, parse_sampling
 
@@ -113,6 +115,9 @@ def test_token_hash_is_stable_and_distinguishes() -> None:
     assert len(token_hash([7])) == 12 and int(token_hash([7]), 16) >= 0
 
 
+ME, THEM = Owner.of("owner-secret-of-me-0"), Owner.of("owner-secret-of-them-0")
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -123,7 +128,7 @@ class FakeClock:
 
 def test_sessions_fork_shares_exact_prefix(fmt: ChatFormatter) -> None:
     store = SessionStore(fmt, max_sessions=8, ttl_s=100)
-    s = store.create("Sys", {"temperature": 0.0})
+    s = store.create("Sys", {"temperature": 0.0}, ME)
     assert fmt.tokenizer.decode(s.tokens) == "<|im_start|>system\nSys<|im_end|>\n" and s.system_len == len(s.tokens)
     from radixserve.server.sessions import Message
 
@@ -131,41 +136,76 @@ def test_sessions_fork_shares_exact_prefix(fmt: ChatFormatter) -> None:
         start = len(s.tokens)
         s.tokens = s.tokens + fmt.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n")
         s.messages.append(Message(role, text, start, len(s.tokens)))
-    child = store.fork(s.id, 2)
+    child = store.fork(s.id, 2, ME)
     assert child.id != s.id and [m.content for m in child.messages] == ["a", "b"]
     assert child.tokens == s.tokens[:s.messages[2].token_start]
-    assert store.fork(s.id, 4).tokens == s.tokens and store.fork(s.id, 0).tokens == s.tokens[:s.system_len]
+    assert store.fork(s.id, 4, ME).tokens == s.tokens and store.fork(s.id, 0, ME).tokens == s.tokens[:s.system_len]
     with pytest.raises(ApiError) as e:
-        store.fork(s.id, 5)
+        store.fork(s.id, 5, ME)
     assert e.value.code == "invalid_field"
 
 
 def test_sessions_cap_expiry_and_unknown(fmt: ChatFormatter) -> None:
     clock = FakeClock()
     store = SessionStore(fmt, max_sessions=2, ttl_s=10, clock=clock)
-    a, b = store.create(None, {}), store.create(None, {})
+    a, b = store.create(None, {}, ME), store.create(None, {}, ME)
     clock.now = 1
-    store.get(a.id)  # a is now the most recently used: b goes first
-    c = store.create(None, {})
-    assert store.evicted == 1 and {s.id for s in store.list()} == {a.id, c.id}
+    store.get(a.id, ME)  # a is now the most recently used: b goes first
+    c = store.create(None, {}, ME)
+    assert store.evicted == 1 and {s.id for s in store.list(ME)} == {a.id, c.id}
     with pytest.raises(ApiError) as e:
-        store.get(b.id)
+        store.get(b.id, ME)
     assert (e.value.code, e.value.status) == ("unknown_session", 404)
     a.busy, c.busy = "g1", "g2"
     with pytest.raises(ApiError) as e:
-        store.create(None, {})
+        store.create(None, {}, ME)
     assert e.value.status == 429
     a.busy = c.busy = None
     clock.now = 100
     for bad in (a.id, 123, None, "", "x" * 500):
         with pytest.raises(ApiError):
-            store.get(bad)
-    assert store.list() == [] and len(store) == 0 and store.expired == 2
-    d = store.create(None, {})
-    store.delete(d.id)
+            store.get(bad, ME)
+    assert store.list(ME) == [] and len(store) == 0 and store.expired == 2
+    d = store.create(None, {}, ME)
+    store.delete(d.id, ME)
     with pytest.raises(ApiError):
-        store.delete(d.id)
-    assert len({store.create(None, {}).id for _ in range(2)}) == 2
+        store.delete(d.id, ME)
+    assert len({store.create(None, {}, ME).id for _ in range(2)}) == 2
+
+
+def test_sessions_belong_to_their_owner(fmt: ChatFormatter) -> None:
+    clock = FakeClock()
+    store = SessionStore(fmt, max_sessions=3, ttl_s=10, clock=clock)
+    mine, theirs = store.create(None, {}, ME), store.create("S", {}, THEM)
+    assert store.list(ME) == [mine] and store.list(THEM) == [theirs] and store.list(None) == []
+    assert store.get(mine.id, ME) is mine
+    for owner in (THEM, None, Owner.of("owner-secret-of-me-1")):
+        for act in (lambda o: store.get(mine.id, o), lambda o: store.delete(mine.id, o),
+                    lambda o: store.fork(mine.id, 0, o)):
+            with pytest.raises(ApiError) as e:
+                act(owner)
+            assert (e.value.code, e.value.status, e.value.message) == (
+                "unknown_session", 404, "unknown, deleted or expired session")
+    clock.now = 5
+    with pytest.raises(ApiError):
+        store.get(theirs.id, ME)  # a foreign access does not refresh the session: it still expires at 10
+    store.get(mine.id, ME)
+    clock.now = 12
+    assert store.list(THEM) == [] and store.list(ME) == [mine]
+    child = store.fork(mine.id, 0, ME)
+    assert {s.id for s in store.list(ME)} == {child.id, mine.id} and store.list(THEM) == []
+    assert child.owner == mine.owner == ME.digest and len(ME.digest) == 32  # only the SHA-256 is stored
+    assert "owner" not in mine.to_json() and "owner" not in mine.summary()
+    assert store.delete(mine.id, ME) is mine and store.list(ME) == [child]
+
+
+@pytest.mark.parametrize("value", [5, "", "short", "x" * 257, "has space inside it", "new\nline-in-the-secret",
+                                   "caf\u00e9-owner-secret-x", ["owner-secret-in-a-list"]])
+def test_owner_secret_format(value: object) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_secret(value, "owner")
+    assert (e.value.code, e.value.param) == ("invalid_field", "owner")
+    assert parse_secret(None, "owner") is None and parse_secret("A-b_c.d~e+f/g=h0123", "owner") == "A-b_c.d~e+f/g=h0123"
 
 
 def test_system_prompt_labels_are_bounded_and_monotonic() -> None:
@@ -244,13 +284,81 @@ def test_cli_flags_build_a_server_config(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
     defaults = server_config_from_args(p.parse_args([]))
     assert (defaults.host, defaults.port, defaults.api_key, defaults.allowed_origins) == ("127.0.0.1", 8000, None, [])
+    assert defaults.allowed_hosts == []
     cfg = server_config_from_args(p.parse_args(["--port", "0", "--api-key", "k", "--allowed-origins",
                                                 "http://a.example/, http://b.example", "--no-web",
+                                                "--allowed-hosts", "Chat.Example, box.lan:8000",
                                                 "--max-prompt-tokens", "100", "--session-ttl", "5"]))
     assert cfg.port == 0 and cfg.api_key == "k" and cfg.web_dir is None and cfg.max_prompt_tokens == 100
     assert cfg.allowed_origins == ["http://a.example", "http://b.example"] and cfg.session_ttl_s == 5
+    assert cfg.allowed_hosts == ["chat.example", "box.lan:8000"]
+    with pytest.raises(ValueError, match="allowed_hosts"):
+        ServerConfig(allowed_hosts=["http://chat.example/"])
     monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
     assert server_config_from_args(p.parse_args([])).api_key == "from-env"
     for bad in ({"port": 70000}, {"max_sessions": 0}, {"api_key": ""}, {"default_top_p": 0.0}):
         with pytest.raises(ValueError):
             ServerConfig(**bad)
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("127.0.0.1:8000", ("127.0.0.1", 8000)), ("LocalHost", ("localhost", None)), ("localhost.:80", ("localhost", 80)),
+    ("[::1]:8000", ("::1", 8000)), ("[::1]", ("::1", None)), ("::1", ("::1", None)),
+    ("a-b_c.example", ("a-b_c.example", None)),
+    ("", None), ("evil.example:99999", None), ("127.0.0.1:", None), ("a b", None), ("http://x", None), ("x/y", None),
+    ("user@host", None), ("[::1", None), ("[::1]x", None), ("host:port", None), ("h\u00e9.example", None),
+])
+def test_split_host(value: str, expected: tuple[str, int | None] | None) -> None:
+    assert split_host(value) == expected
+
+
+def test_host_allow_list_defaults_and_widening() -> None:
+    for host in ("127.0.0.1:8000", "127.0.0.1", "localhost:1", "LOCALHOST", "[::1]:8000", "[::1]"):
+        assert host_allowed(host, "127.0.0.1", [])
+    for host in (None, "", "evil.example:8000", "0.0.0.0:8000", "[::]:8000", "127.0.0.2", "localhost.evil.example",
+                 "127.0.0.1.nip.io:8000", "[::1]:8000\r\nX: y"):
+        assert not host_allowed(host, "127.0.0.1", []), host
+    assert host_allowed("192.168.1.5:8000", "192.168.1.5", [])  # the bound address
+    assert host_allowed("[fe80::1]:8000", "fe80::1", [])
+    for wildcard in ("0.0.0.0", "::", "[::]"):  # binding every address adds no name
+        assert not host_allowed(f"{wildcard.strip('[]')}:8000", wildcard, [])
+        assert not host_allowed("192.168.1.5:8000", wildcard, [])
+    extra = ["box.lan", "pinned.example:9000"]
+    assert host_allowed("box.lan:8000", "0.0.0.0", extra) and host_allowed("BOX.lan", "0.0.0.0", extra)
+    assert host_allowed("pinned.example:9000", "0.0.0.0", extra)
+    assert not host_allowed("pinned.example:8000", "0.0.0.0", extra)
+    assert not host_allowed("sub.box.lan", "0.0.0.0", extra)
+    assert host_allowed("anything.example", "127.0.0.1", ["*"]) and host_allowed(None, "127.0.0.1", ["*"])
+
+
+def test_origin_allowed_same_origin_and_listed() -> None:
+    assert origin_allowed(None, "127.0.0.1:8000", "http", [])  # not a browser
+    assert origin_allowed("http://127.0.0.1:8000", "127.0.0.1:8000", "http", [])
+    assert origin_allowed("http://LOCALHOST:8000/", "localhost:8000", "http", [])
+    assert origin_allowed("http://127.0.0.1", "127.0.0.1:80", "http", [])  # default port, written or not
+    assert origin_allowed("https://box.lan", "box.lan", "https", [])
+    for origin in ("http://evil.example", "http://localhost:8000", "https://127.0.0.1:8000", "http://127.0.0.1:8001",
+                   "null", "", "http://127.0.0.1:8000/path", "http://u@127.0.0.1:8000", "file://"):
+        assert not origin_allowed(origin, "127.0.0.1:8000", "http", []), origin
+    assert not origin_allowed("http://127.0.0.1:8000", None, "http", [])
+    assert origin_allowed("http://app.example", "127.0.0.1:8000", "http", ["http://app.example"])
+    assert not origin_allowed("http://app.example.evil", "127.0.0.1:8000", "http", ["http://app.example"])
+    assert origin_allowed("null", "127.0.0.1:8000", "http", ["*"])
+
+
+def test_refusal_picks_the_check_by_request_kind() -> None:
+    def why(kind: str, method: str, headers: dict[str, str]) -> str | None:
+        scope = {"type": kind, "method": method, "scheme": "ws" if kind == "websocket" else "http"}
+        err = refusal(scope, headers, [], "127.0.0.1", [])
+        return None if err is None else f"{err.status} {err.code}"
+
+    local, evil = {"host": "127.0.0.1:8000"}, {"origin": "http://evil.example"}
+    assert why("http", "GET", {"host": "evil.example:8000"}) == "421 forbidden_host"
+    assert why("http", "GET", {}) == "421 forbidden_host"
+    assert why("http", "GET", {**local, **evil}) is None  # reads are left to CORS
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        assert why("http", method, {**local, **evil}) == "403 forbidden_origin"
+        assert why("http", method, local) is None
+        assert why("http", method, {**local, "origin": "http://127.0.0.1:8000"}) is None
+    assert why("websocket", "GET", {**local, **evil}) == "403 forbidden_origin"
+    assert why("websocket", "GET", {**local, "origin": "http://127.0.0.1:8000"}) is None

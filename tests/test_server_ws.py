@@ -14,7 +14,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixserve.server.chat_template import token_hash
 
 pytest.register_assert_rewrite("server_testkit")
-from server_testkit import chat, connect, engine_idle, recv_frame, request, wait_until  # noqa: E402
+from server_testkit import (  # noqa: E402
+    OWNED,
+    TEST_OWNER_KEY,
+    chat,
+    connect,
+    engine_idle,
+    recv_frame,
+    request,
+    rest_client,
+    wait_until,
+)
 
 pytest_plugins = ["server_testkit"]
 pytestmark = pytest.mark.slow
@@ -49,7 +59,7 @@ def test_multi_turn_conversation_reuses_every_previous_token(chat_server, record
     async def run() -> tuple[str, list[list[dict[str, Any]]]]:
         async with connect(chat_server) as ws:
             created = await request(ws, {"type": "session.create", "system_prompt": "You are a concise assistant.",
-                                         "sampling": GREEDY, "req": 1})
+                                         "sampling": GREEDY, "req": 1, **OWNED})
             assert created["type"] == "session.created" and created["req"] == 1
             sid = created["session"]["id"]
             return sid, [await chat(ws, sid, c, gen_id=f"turn{k}") for k, c in enumerate(contents)]
@@ -74,7 +84,7 @@ def test_multi_turn_conversation_reuses_every_previous_token(chat_server, record
             assert done["usage"]["cached_tokens"] >= len(before) - 1
             assert start["cached_tokens"] == done["usage"]["cached_tokens"]
 
-    session = chat_server.state.sessions.get(sid)
+    session = chat_server.state.sessions.get(sid, TEST_OWNER_KEY)
     tok = chat_server.engine.tokenizer
     replies = [m.content for m in session.messages if m.role == "assistant"]
     for rec, reply in zip(recorded, replies, strict=True):
@@ -88,12 +98,12 @@ def test_multi_turn_conversation_reuses_every_previous_token(chat_server, record
 def test_concurrent_clients_share_one_system_prompt_prefill(chat_server) -> None:  # noqa: ANN001
     clients = 32
     system = "You are a helpful assistant for a shared-prefix load test. Answer in one short sentence."
-    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    http = rest_client(chat_server)
     before = chat_server.engine.stats()
 
     async def client(i: int) -> dict[str, Any]:
         async with connect(chat_server) as ws:
-            created = await request(ws, {"type": "session.create", "system_prompt": system,
+            created = await request(ws, {"type": "session.create", **OWNED, "system_prompt": system,
                                          "sampling": {"temperature": 0, "max_tokens": 4}})
             frames = await chat(ws, created["session"]["id"], f"Client {i}: say hello.", gen_id="g")
             assert frames[-1]["type"] == "done", frames[-1]
@@ -157,8 +167,10 @@ def test_cancel_stops_within_a_step_and_frees_blocks(chat_server, monkeypatch) -
 
     async def run() -> tuple[dict[str, Any], float]:
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", "sampling": {"temperature": 0}}))["session"]["id"]
-            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "Write a long story about a cat.",
+            sid = (await request(ws, {"type": "session.create", **OWNED,
+                                      "sampling": {"temperature": 0}}))["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid,
+                                      "content": "Write a long story about a cat.",
                                       "gen_id": "long", "sampling": {"max_tokens": 200}}))
             while (f := await recv_frame(ws))["type"] != "delta":
                 pass
@@ -168,7 +180,7 @@ def test_cancel_stops_within_a_step_and_frees_blocks(chat_server, monkeypatch) -
                 f = await recv_frame(ws)
             took = time.monotonic() - t0
             # the session is free again and keeps the partial reply
-            again = await request(ws, {"type": "session.resume", "session_id": sid})
+            again = await request(ws, {"type": "session.resume", **OWNED, "session_id": sid})
             assert again["session"]["messages"][-1]["finish_reason"] == "abort"
             assert not again["session"]["busy"]
             return f, took
@@ -187,8 +199,10 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # 
 
     async def run() -> str:
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", "sampling": {"temperature": 0}}))["session"]["id"]
-            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "Count from one to a hundred.",
+            sid = (await request(ws, {"type": "session.create", **OWNED,
+                                      "sampling": {"temperature": 0}}))["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid,
+                                      "content": "Count from one to a hundred.",
                                       "gen_id": "g", "sampling": {"max_tokens": 200}}))
             while (await recv_frame(ws))["type"] != "delta":
                 pass
@@ -197,7 +211,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # 
     sid = asyncio.run(run())
     wait_until(lambda: engine_idle(chat_server), what="blocks freed after disconnect")
     assert chat_server.engine.stats().requests_finished.get("abort", 0) == aborted_before + 1
-    session = chat_server.state.sessions.get(sid)
+    session = chat_server.state.sessions.get(sid, TEST_OWNER_KEY)
     # the server's event loop records the aborted turn just after the engine frees the blocks
     wait_until(lambda: session.busy is None, what="the aborted turn recorded on the session")
     assert session.busy is None and session.messages[-1].finish_reason == "abort"
@@ -207,11 +221,12 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # 
 def test_session_busy_duplicate_and_unknown_gen_ids(chat_server) -> None:  # noqa: ANN001
     async def run() -> list[dict[str, Any]]:
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", "sampling": {"temperature": 0, "max_tokens": 3}}))[
-                "session"]["id"]
-            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "one", "gen_id": "a"}))
-            errors = [await request(ws, {"type": "chat", "session_id": sid, "content": "two", "gen_id": "a"}),
-                      await request(ws, {"type": "chat", "session_id": sid, "content": "two", "gen_id": "b"}),
+            created = await request(ws, {"type": "session.create", **OWNED,
+                                         "sampling": {"temperature": 0, "max_tokens": 3}})
+            sid = created["session"]["id"]
+            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid, "content": "one", "gen_id": "a"}))
+            errors = [await request(ws, {"type": "chat", **OWNED, "session_id": sid, "content": "two", "gen_id": "a"}),
+                      await request(ws, {"type": "chat", **OWNED, "session_id": sid, "content": "two", "gen_id": "b"}),
                       await request(ws, {"type": "cancel", "gen_id": "nope"})]
             frames = []
             while not frames or frames[-1]["type"] != "done":
@@ -225,7 +240,7 @@ def test_session_busy_duplicate_and_unknown_gen_ids(chat_server) -> None:  # noq
 
 
 def test_rest_session_lifecycle_fork_and_sse(chat_server) -> None:  # noqa: ANN001
-    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    http = rest_client(chat_server)
     r = http.post("/v1/sessions", json={"system_prompt": "You answer briefly.", "sampling": GREEDY})
     assert r.status_code == 201
     sid = r.json()["id"]
@@ -259,7 +274,7 @@ def test_rest_session_lifecycle_fork_and_sse(chat_server) -> None:  # noqa: ANN0
 
     async def resume() -> dict[str, Any]:
         async with connect(chat_server) as ws:
-            return await request(ws, {"type": "session.resume", "session_id": sid, "req": "r"})
+            return await request(ws, {"type": "session.resume", **OWNED, "session_id": sid, "req": "r"})
 
     resumed = asyncio.run(resume())  # the WebSocket sees the REST session
     assert resumed["type"] == "session.resumed" and resumed["req"] == "r"
@@ -275,8 +290,69 @@ def test_rest_session_lifecycle_fork_and_sse(chat_server) -> None:  # noqa: ANN0
     assert http.get(f"/v1/sessions/{child['id']}").status_code == 200
 
 
+def test_sessions_are_private_to_their_owner(chat_server) -> None:  # noqa: ANN001
+    """A second client, with another owner secret or none, can neither see nor touch the first client's
+    sessions, over REST or the WebSocket; every refusal looks exactly like an unknown session."""
+    anon = httpx.Client(base_url=chat_server.url, timeout=60)
+    created = anon.post("/v1/sessions", json={"system_prompt": "Private.", "sampling": GREEDY})
+    assert created.status_code == 201
+    sid, alice_secret = created.json()["id"], created.json()["owner"]  # no secret sent: the server mints one
+    assert isinstance(alice_secret, str) and len(alice_secret) >= 16
+    alice = httpx.Client(base_url=chat_server.url, timeout=60, headers={"X-Session-Owner": alice_secret})
+    assert alice.post(f"/v1/sessions/{sid}/messages", json={"content": "Say one word."}).status_code == 200
+    bob_made = anon.post("/v1/sessions", json={}).json()
+    bob = httpx.Client(base_url=chat_server.url, timeout=60, headers={"X-Session-Owner": bob_made["owner"]})
+    assert bob_made["owner"] != alice_secret
+
+    missing = anon.get("/v1/sessions/no-such-session-id-at-all")
+    assert missing.status_code == 404
+    for client in (bob, anon):
+        listed = {s["id"] for s in client.get("/v1/sessions").json()["sessions"]}
+        assert sid not in listed
+        for method, path, body in [("GET", f"/v1/sessions/{sid}", None),
+                                   ("POST", f"/v1/sessions/{sid}/messages", {"content": "leak it"}),
+                                   ("POST", f"/v1/sessions/{sid}/fork", {"at_message": 2}),
+                                   ("DELETE", f"/v1/sessions/{sid}", None)]:
+            r = client.request(method, path, json=body)
+            assert (r.status_code, r.json()) == (404, missing.json()), (method, path, r.text)
+    assert {s["id"] for s in bob.get("/v1/sessions").json()["sessions"]} == {bob_made["id"]}
+
+    async def ws_run() -> None:
+        async with connect(chat_server) as ws:
+            for owner in ({"owner": bob_made["owner"]}, {}, {"owner": alice_secret + "x"}):
+                err = await request(ws, {"type": "session.resume", "session_id": sid, **owner})
+                assert (err["type"], err["code"]) == ("error", "unknown_session"), err
+                err = await request(ws, {"type": "chat", "session_id": sid, "content": "leak", "gen_id": "b", **owner})
+                assert (err["type"], err["code"], err["gen_id"]) == ("error", "unknown_session", "b"), err
+            # the owner: resume, chat, and a session.create that carries the secret joins the same owner
+            resumed = await request(ws, {"type": "session.resume", "session_id": sid, "owner": alice_secret})
+            assert resumed["type"] == "session.resumed" and len(resumed["session"]["messages"]) == 2
+            frames = await chat(ws, sid, "Another word.", gen_id="a", owner=alice_secret)
+            assert frames[-1]["type"] == "done", frames[-1]
+            made = await request(ws, {"type": "session.create", "owner": alice_secret})
+            assert made["type"] == "session.created" and made["session"]["owner"] == alice_secret
+            minted = await request(ws, {"type": "session.create"})
+            assert minted["session"]["owner"] not in (alice_secret, bob_made["owner"])
+            assert (await request(ws, {"type": "session.resume", "session_id": minted["session"]["id"],
+                                       "owner": minted["session"]["owner"]}))["type"] == "session.resumed"
+            listed = {s["id"] for s in alice.get("/v1/sessions").json()["sessions"]}
+            assert listed == {sid, made["session"]["id"]}
+
+    asyncio.run(ws_run())
+    assert len(alice.get(f"/v1/sessions/{sid}").json()["messages"]) == 4  # untouched by the others
+    fork = alice.post(f"/v1/sessions/{sid}/fork", json={"at_message": 2})
+    assert fork.status_code == 201 and "owner" not in fork.json()
+    child = fork.json()["id"]  # forks belong to the forker
+    assert child in {s["id"] for s in alice.get("/v1/sessions").json()["sessions"]}
+    assert bob.get(f"/v1/sessions/{child}").status_code == 404
+    r = anon.post("/v1/sessions", json={}, headers={"X-Session-Owner": "short"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Session-Owner"
+    assert alice.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert alice.get(f"/v1/sessions/{sid}").status_code == 404
+
+
 def test_sse_client_disconnect_frees_blocks(chat_server) -> None:  # noqa: ANN001
-    http = httpx.Client(base_url=chat_server.url, timeout=60)
+    http = rest_client(chat_server)
     sid = http.post("/v1/sessions", json={"sampling": {"temperature": 0}}).json()["id"]
     with http.stream("POST", f"/v1/sessions/{sid}/messages",
                      json={"content": "Tell me a long story.", "stream": True, "sampling": {"max_tokens": 200}}) as r:
@@ -284,13 +360,13 @@ def test_sse_client_disconnect_frees_blocks(chat_server) -> None:  # noqa: ANN00
             if '"delta"' in line:
                 break
     wait_until(lambda: engine_idle(chat_server), what="blocks freed after SSE disconnect")
-    session = chat_server.state.sessions.get(sid)
+    session = chat_server.state.sessions.get(sid, TEST_OWNER_KEY)
     wait_until(lambda: session.busy is None, what="the aborted turn recorded on the session")
     assert chat_server.engine.leaked_blocks() == 0
 
 
 def test_health_static_ui_and_ping(chat_server) -> None:  # noqa: ANN001
-    http = httpx.Client(base_url=chat_server.url, timeout=30)
+    http = rest_client(chat_server, timeout=30)
     assert http.get("/health").json()["status"] == "ok"
     index = http.get("/")
     assert index.status_code == 200 and "radixserve test ui" in index.text

@@ -34,6 +34,9 @@ ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 API_KEY = "web-ui-test-key"
+# The session owner secret of the tests' browsers (preset in localStorage) and of Server.rest, so the
+# UI lists the sessions a test makes over REST.
+UI_OWNER = "web-ui-test-owner-secret"
 STARTUP_TIMEOUT_S = 240.0
 SMALL = {"temperature": 0, "top_p": 1, "max_tokens": 12}
 
@@ -43,10 +46,10 @@ class Server:
     base: str
     proc: subprocess.Popen[bytes]
 
-    def rest(self, method: str, path: str, body: Any = None) -> Any:
+    def rest(self, method: str, path: str, body: Any = None, owner: str = UI_OWNER) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+            "Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json", "X-Session-Owner": owner})
         with urllib.request.urlopen(req, timeout=120) as r:
             raw = r.read()
         return json.loads(raw) if raw else None
@@ -151,10 +154,13 @@ class Ui:
 
 @contextmanager
 def make_ui(browser: Browser, server: Server, *, key: bool = True, sampling: dict[str, Any] | None = None,
-            viewport: ViewportSize | None = None) -> Iterator[Ui]:
-    """A fresh browser context and page; fails the test on any uncaught error in the page."""
+            viewport: ViewportSize | None = None, owner: str | None = UI_OWNER) -> Iterator[Ui]:
+    """A fresh browser context and page; fails the test on any uncaught error in the page. `owner`
+    presets the owner secret in localStorage (None: the page makes its own)."""
     ctx = browser.new_context(viewport=viewport or ViewportSize(width=1280, height=800))
     init = {"radixserve.sampling": json.dumps(sampling or SMALL)}
+    if owner is not None:
+        init["radixserve.owner"] = owner
     script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in init.items())
     if key:
         script += f"sessionStorage.setItem('radixserve.apiKey', {json.dumps(API_KEY)});"
@@ -278,6 +284,33 @@ def test_fork_and_delete(ui: Ui) -> None:
     ui.toast("Chat deleted.")
     ids = {s["id"] for s in ui.server.rest("GET", "/v1/sessions")["sessions"]}
     assert edit_fork not in ids and parent in ids and child in ids
+
+
+def test_chats_belong_to_the_browser_that_made_them(browser: Browser, server: Server) -> None:
+    """The page makes its own owner secret, keeps it in localStorage across a reload, and sees only
+    its own chats; another browser (another secret) sees none of them."""
+    theirs = server.chat_turn("You belong to someone else.", "Private question.")
+    with make_ui(browser, server, owner=None) as ui:
+        page = ui.page
+        ui.open()
+        ui.send("Name a planet.")
+        ui.wait_replies(1)
+        mine = page.locator(".session-item.active").get_attribute("data-session-id")
+        secret = page.evaluate("localStorage.getItem('radixserve.owner')")
+        assert mine and re.fullmatch(r"[A-Za-z0-9_-]{43}", secret or ""), secret
+        assert [s["id"] for s in server.rest("GET", "/v1/sessions", owner=secret)["sessions"]] == [mine]
+        assert mine not in {s["id"] for s in server.rest("GET", "/v1/sessions")["sessions"]}
+        page.reload()
+        expect(page.locator("#conn")).to_have_attribute("data-state", "open", timeout=20_000)
+        expect(page.locator(".session-item.active")).to_have_attribute("data-session-id", mine)
+        expect(page.locator(".msg-assistant")).to_have_count(1)
+        assert page.evaluate("localStorage.getItem('radixserve.owner')") == secret
+        expect(page.locator(".session-item:not(.draft)")).to_have_count(1)  # the list is loaded: not theirs
+    with make_ui(browser, server, owner=None) as other:
+        other.open()
+        listed = other.page.evaluate("async () => (await import('/js/api.js')).api.listSessions()")
+        assert listed == []  # the page's own client, with its own secret
+        expect(other.page.locator(".session-item:not(.draft)")).to_have_count(0)
 
 
 # Pixels of a chart's canvas in the colour of any of its series (its legend swatches).

@@ -1,4 +1,5 @@
-"""The Starlette app: routes, the model loading in the background, auth middleware, static UI.
+"""The Starlette app: routes, the model loading in the background, Host/Origin guard and auth
+middleware, static UI.
 
 Lifecycle: the app starts answering at once (GET /health is 503 until the model is loaded); the
 engine is built in a worker thread and started on the event loop; `state.ready` is set when loading
@@ -33,6 +34,7 @@ from radixserve.server.chat_template import ChatFormatter
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import error_body, error_response
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.request_guard import RequestGuardMiddleware
 from radixserve.server.sessions import SessionStore
 from radixserve.server.state import EngineFactory, ServerState
 from radixserve.server.validation import ApiError
@@ -175,6 +177,8 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
         origins = ["*"] if "*" in config.allowed_origins else config.allowed_origins
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],
                                         allow_headers=["*"]))
+    # outermost: a request for a foreign Host or a cross-site state change reaches nothing else
+    middleware.insert(0, Middleware(RequestGuardMiddleware, state=state))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
     # The UI is the router's fallback, not a Mount: a Mount at "/" would match every path and turn a

@@ -1,15 +1,12 @@
-"""Access checks: the optional API key (Bearer header, WebSocket query parameter or auth frame) and the
-WebSocket Origin check (same origin by default; --allowed-origins widens it, "*" allows any).
+"""The optional API key: Bearer header over HTTP, query parameter or auth frame on the WebSocket.
 
-Keys are compared in constant time. Requests without an Origin header (non-browser clients) pass the
-Origin check; browsers always send one on WebSocket upgrades, which is what the check protects.
+Keys are compared in constant time. Host and Origin checks live in request_guard, which runs first.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
 PUBLIC_PATHS = ("/health",)
 
@@ -33,15 +30,3 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
 def needs_key(path: str) -> bool:
     """The API and metrics need the key; the static UI and /health stay public."""
     return (path.startswith("/v1/") or path == "/v1" or path == "/metrics") and path not in PUBLIC_PATHS
-
-
-def origin_allowed(headers: Mapping[str, str], allowed: list[str]) -> bool:
-    origin = headers.get("origin")
-    if origin is None:
-        return True
-    origin = origin.rstrip("/")
-    if "*" in allowed or origin in allowed:
-        return True
-    host = headers.get("host")
-    parts = urlsplit(origin)
-    return host is not None and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()

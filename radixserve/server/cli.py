@@ -18,8 +18,13 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="require this key: `Authorization: Bearer KEY` over HTTP, `?api_key=KEY` or an auth "
                         "frame on the WebSocket (default: none; env RADIXSERVE_API_KEY)")
     g.add_argument("--allowed-origins", default="",
-                   help="comma-separated extra origins allowed to open the WebSocket and call the API from a "
-                        "browser, '*' for any (default: same origin only)")
+                   help="comma-separated extra browser origins allowed to open the WebSocket and to send "
+                        "POST/PUT/PATCH/DELETE (and given CORS headers), '*' for any (default: same origin only)")
+    g.add_argument("--allowed-hosts", default="",
+                   help="comma-separated extra Host names the server answers (name, or name:port), '*' for any "
+                        "(default: 127.0.0.1, localhost, [::1] and the --host address; other Hosts get 421, "
+                        "which stops DNS rebinding; binding 0.0.0.0 or :: adds nothing, so list the names "
+                        "clients use)")
     g.add_argument("--served-model-name", default=None, help="model id in /v1/models (default: the model's name)")
     g.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest WebSocket frame or HTTP body (default %(default)s)")
@@ -56,6 +61,7 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=a.host, port=a.port, api_key=a.api_key or os.environ.get("RADIXSERVE_API_KEY") or None,
         allowed_origins=[o.strip() for o in a.allowed_origins.split(",") if o.strip()],
+        allowed_hosts=[h.strip() for h in a.allowed_hosts.split(",") if h.strip()],
         served_model_name=a.served_model_name, max_message_bytes=a.max_message_bytes,
         max_prompt_tokens=a.max_prompt_tokens, max_sessions=a.max_sessions, session_ttl_s=a.session_ttl,
         max_generations_per_connection=a.max_generations_per_connection, default_max_tokens=a.default_max_tokens,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixserve.server.request_guard import split_host
+
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
@@ -18,6 +20,8 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # Bearer token for /v1/* and the WebSocket; None -> open
     allowed_origins: list[str] = field(default_factory=list)  # extra WebSocket/CORS origins; "*" -> any
+    # Host names answered besides the loopback names and the bound host ("name" any port, "name:port"); "*" -> any
+    allowed_hosts: list[str] = field(default_factory=list)
     served_model_name: str | None = None  # name in /v1/models; None -> the engine's model name
     max_message_bytes: int = 256 * 1024  # one WebSocket frame or HTTP request body
     max_prompt_tokens: int | None = None  # None -> the model's context length is the only limit
@@ -54,4 +58,9 @@ class ServerConfig:
             raise ValueError("default temperature must be in [0, 2] and default top_p in (0, 1]")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
-        self.allowed_origins = [o.rstrip("/") for o in self.allowed_origins if o.strip()]
+        self.allowed_origins = [o.strip().rstrip("/").lower() for o in self.allowed_origins if o.strip()]
+        self.allowed_hosts = [h.strip().lower() for h in self.allowed_hosts if h.strip()]
+        for h in self.allowed_hosts:
+            if h != "*" and split_host(h) is None:
+                raise ValueError(f"allowed_hosts entries are host names like example.com or example.com:8000 "
+                                 f"(no scheme or path), got {h!r}")

@@ -1,7 +1,8 @@
 """Session REST endpoints (/v1/sessions...) — the same sessions the WebSocket sees.
 
 POST /v1/sessions/{id}/messages answers with one JSON object, or with `stream: true` an event stream
-whose events are shaped like the WebSocket frames (start, delta, done, error).
+whose events are shaped like the WebSocket frames (start, delta, done, error). Every endpoint acts
+only on the caller's sessions, named by the X-Session-Owner header (see owners.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.routing import Route
 
 from radixserve.server.generation import api_error_from
 from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
+from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
 from radixserve.server.validation import ApiError, get_bool, get_int, get_str, parse_sampling
@@ -25,12 +27,18 @@ def _state(request: Request) -> ServerState:
     return request.app.state.server  # type: ignore[no-any-return]
 
 
-def create_session(state: ServerState, body: dict[str, Any]) -> dict[str, Any]:
-    """Shared with the WebSocket's session.create."""
+def create_session(state: ServerState, body: dict[str, Any], secret: str | None) -> dict[str, Any]:
+    """Shared with the WebSocket's session.create. The new session belongs to `secret`, or to a fresh one
+    when the client sent none; either way the reply carries it as `owner`."""
     _, store = state.require_chat()
     system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
     sampling = parse_sampling(body.get("sampling"))
-    return store.create(system_prompt, sampling).to_json()
+    secret = secret if secret is not None else mint_secret()
+    return {**store.create(system_prompt, sampling, Owner.of(secret)).to_json(), "owner": secret}
+
+
+def _owner(request: Request) -> Owner | None:
+    return owner_of(secret_from_headers(request.headers))
 
 
 async def sessions_collection(request: Request) -> Response:
@@ -38,9 +46,10 @@ async def sessions_collection(request: Request) -> Response:
     try:
         _, store = state.require_chat()
         if request.method == "GET":
-            return JSONResponse({"sessions": [s.summary() for s in store.list()]})
+            return JSONResponse({"sessions": [s.summary() for s in store.list(_owner(request))]})
+        secret = secret_from_headers(request.headers)
         body = await read_json_object(request, state.config.max_message_bytes)
-        return JSONResponse(create_session(state, body), status_code=201)
+        return JSONResponse(create_session(state, body, secret), status_code=201)
     except ApiError as e:
         return error_response(e, state.metrics)
 
@@ -49,10 +58,10 @@ async def session_item(request: Request) -> Response:
     state = _state(request)
     try:
         _, store = state.require_chat()
-        sid = request.path_params["session_id"]
+        sid, owner = request.path_params["session_id"], _owner(request)
         if request.method == "GET":
-            return JSONResponse(store.get(sid).to_json())
-        session = store.delete(sid)
+            return JSONResponse(store.get(sid, owner).to_json())
+        session = store.delete(sid, owner)
         turn = state.session_generations.get(session.id)
         if turn is not None:
             turn.cancel()
@@ -65,11 +74,12 @@ async def fork_session(request: Request) -> Response:
     state = _state(request)
     try:
         _, store = state.require_chat()
+        owner = _owner(request)
         body = await read_json_object(request, state.config.max_message_bytes)
         at = get_int(body, "at_message", minimum=0)
         if at is None:
             raise ApiError("missing_field", "missing required field 'at_message'", param="at_message")
-        return JSONResponse(store.fork(request.path_params["session_id"], at).to_json(), status_code=201)
+        return JSONResponse(store.fork(request.path_params["session_id"], at, owner).to_json(), status_code=201)
     except ApiError as e:
         return error_response(e, state.metrics)
 
@@ -78,12 +88,13 @@ async def post_message(request: Request) -> Response:
     state = _state(request)
     try:
         _, store = state.require_chat()
-        session = store.get(request.path_params["session_id"])
+        owner = _owner(request)
+        session = store.get(request.path_params["session_id"], owner)
         body = await read_json_object(request, state.config.max_message_bytes)
         content = get_str(body, "content")
         sampling = parse_sampling(body.get("sampling"))
         stream = get_bool(body, "stream")
-        store.get(session.id)  # reading the body awaited: the session may have gone meanwhile
+        store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
         assert content is not None
         turn = SessionTurn(state, session, content, sampling, gen_id="rest")
     except ApiError as e:

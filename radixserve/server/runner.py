@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 
 from radixserve.server.app import build_app, drain
 from radixserve.server.config import ServerConfig
+from radixserve.server.request_guard import WILDCARD_BINDS
 from radixserve.server.state import EngineFactory, ServerState
 
 WS_TRANSPORT_SLACK = 4  # uvicorn drops frames over this many times our own limit (close 1009)
@@ -152,6 +153,10 @@ def serve_forever(engine_factory: EngineFactory, config: ServerConfig) -> int:
         url = url_for(config.host, server.bound_port)
         ui = " (web UI at /)" if config.web_dir is not None and (config.web_dir / "index.html").is_file() else ""
         print(f"radixserve: serving {state.model_name} at {url}{ui}; OpenAI API at {url}/v1", flush=True)
+        if config.host.strip("[]") in WILDCARD_BINDS and not config.allowed_hosts:
+            # binding every address does not make every Host valid (DNS rebinding); say what to do
+            print("radixserve: only the Hosts 127.0.0.1, localhost and [::1] are answered; list the names or "
+                  "addresses clients use with --allowed-hosts (or '*')", flush=True)
 
     server = RadixUvicornServer(uvicorn_config(app, config), state, on_ready)
     print("radixserve: loading the model (GET /health answers 503 until it is ready) ...", flush=True)

@@ -4,7 +4,8 @@ One reader loop validates each client frame and answers malformed ones with an e
 connection stays usable); each chat runs as its own task; one writer task owns the socket's send
 side so frames from concurrent generations never interleave mid-frame. A disconnect cancels every
 generation of the connection (the engine aborts them and frees their blocks) before the handler
-returns. Only an authentication failure closes the socket (1008).
+returns. Only an authentication failure closes the socket (1008). Session frames name their owner
+in an `owner` field (owners.py): the connection itself carries no identity.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from radixserve.server.auth import key_matches, origin_allowed
+from radixserve.server.auth import key_matches
 from radixserve.server.generation import api_error_from
 from radixserve.server.http_util import dumps
+from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
@@ -131,11 +133,12 @@ class Connection:
             self.authed = True
             reply({"type": "auth.ok"})
         elif kind == "session.create":
-            reply({"type": "session.created", "session": create_session(self.state, frame)})
+            reply({"type": "session.created", "session": create_session(self.state, frame, secret_from_frame(frame))})
         elif kind == "session.resume":
             _, store = self.state.require_chat()
             session_id = get_str(frame, "session_id")
-            reply({"type": "session.resumed", "session": store.get(session_id).to_json()})
+            owner = owner_of(secret_from_frame(frame))
+            reply({"type": "session.resumed", "session": store.get(session_id, owner).to_json()})
         elif kind == "chat":
             self.start_chat(frame, has_req, req)
         elif kind == "cancel":
@@ -159,7 +162,7 @@ class Connection:
             limit = self.state.config.max_generations_per_connection
             if len(self.generations) >= limit:
                 raise ApiError("too_many_generations", f"at most {limit} generations may run on one connection", 429)
-            session = store.get(session_id)
+            session = store.get(session_id, owner_of(secret_from_frame(frame)))
             assert content is not None
             turn = SessionTurn(self.state, session, content, sampling, gen_id)
         except ApiError as e:
@@ -203,9 +206,5 @@ class Connection:
 
 async def chat_websocket(ws: WebSocket) -> None:
     state: ServerState = ws.app.state.server
-    if not origin_allowed(ws.headers, state.config.allowed_origins):
-        state.metrics.api_errors.labels("forbidden_origin").inc()
-        await ws.close(POLICY_VIOLATION)  # before accept: the upgrade is refused with 403
-        return
-    await ws.accept()
+    await ws.accept()  # Host and Origin were checked by RequestGuardMiddleware before the upgrade got here
     await Connection(ws, state).run()

@@ -1,9 +1,14 @@
 // REST client for the session/cache endpoints of docs/protocol.md.
-// Owns the API key (kept in sessionStorage, tab-scoped) and turns every failure — network error,
-// non-2xx status, body that is not the JSON the protocol promises — into an ApiError with a
-// readable message, so callers never fail silently.
+// Owns the API key (kept in sessionStorage, tab-scoped) and the session owner secret (kept in
+// localStorage, so a reload or another tab sees the same chats; the server shows each owner only
+// its own sessions), and turns every failure — network error, non-2xx status, body that is not the
+// JSON the protocol promises — into an ApiError with a readable message, so callers never fail silently.
 
 const KEY_STORAGE = "radixserve.apiKey";
+const OWNER_STORAGE = "radixserve.owner";
+const OWNER_HEADER = "X-Session-Owner";
+const OWNER_SECRET = /^[A-Za-z0-9_.~+/=-]{16,256}$/; // the server's accepted form
+let memoryOwner = ""; // when storage is disabled: the chats last as long as the page
 
 export class ApiError extends Error {
   constructor(code, message, status = 0) {
@@ -37,6 +42,30 @@ export function setApiKey(key) {
   }
 }
 
+/** A fresh 32-byte secret, URL-safe base64 (what the server mints too). */
+function mintOwner() {
+  const bytes = crypto.getRandomValues(new Uint8Array(32));
+  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+/** This browser's session owner secret, made on first use and kept in localStorage. */
+export function getOwner() {
+  let stored = "";
+  try {
+    stored = localStorage.getItem(OWNER_STORAGE) || "";
+  } catch {
+    /* storage disabled: fall back to memoryOwner */
+  }
+  if (OWNER_SECRET.test(stored)) return stored;
+  if (!memoryOwner) memoryOwner = mintOwner();
+  try {
+    localStorage.setItem(OWNER_STORAGE, memoryOwner);
+  } catch {
+    /* memoryOwner keeps it for this page */
+  }
+  return memoryOwner;
+}
+
 function describe(method, path) {
   return `${method} ${path.split("?")[0]}`;
 }
@@ -66,6 +95,7 @@ export async function apiFetch(path, { method = "GET", body, expect = "json", si
   const key = getApiKey();
   if (key) headers["Authorization"] = `Bearer ${key}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (path.startsWith("/v1/sessions")) headers[OWNER_HEADER] = getOwner();
   let res;
   try {
     res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), signal });

@@ -2,12 +2,16 @@
 // plus jitter after any drop. Owns the connection state the header shows, so it is never optimistic:
 // "open" only between the socket's open and close events. A heartbeat ping detects half-open
 // connections. Frames that are not JSON objects with a `type` are reported, never dropped silently.
+// Session frames carry this browser's owner secret (browsers cannot set headers on a WebSocket).
+
+import { getOwner } from "./api.js";
 
 const BASE_DELAY_MS = 500;
 const MAX_DELAY_MS = 15000;
 const HEARTBEAT_MS = 20000;
 const HEARTBEAT_TIMEOUT_MS = 10000;
 const REQUEST_TIMEOUT_MS = 15000;
+const SESSION_FRAMES = new Set(["session.create", "session.resume", "chat"]); // need the `owner` field
 
 export class ChatSocket {
   /**
@@ -148,7 +152,7 @@ export class ChatSocket {
   /** Send a frame; throws when the socket is not open so the caller can tell the user. */
   send(frame) {
     if (!this.isOpen) throw new Error("Not connected to the server — the message was not sent.");
-    this.ws.send(JSON.stringify(frame));
+    this.ws.send(JSON.stringify(SESSION_FRAMES.has(frame.type) ? { ...frame, owner: getOwner() } : frame));
   }
 
   /** Send a frame carrying a fresh `req` and resolve with the server's reply to it. */
