@@ -1,0 +1,218 @@
+"""Soak: 48 concurrent clients against a small pool for a bounded time, mixing chats, cancels, abrupt
+disconnects, malformed frames, hostile sampling values, OpenAI and REST requests.
+
+Every well-formed request must finish (done / 200) or get a clear error (an error frame or JSON error
+with a code, never a 500); afterwards the engine is idle with 0 blocks used or leaked, the integrity
+check passes, the process's memory is back within 10% of its idle value, and nothing was logged at
+ERROR or with a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import json
+import logging
+import random
+import resource
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from radixserve import AsyncEngine, EngineConfig
+from radixserve.server import BackgroundServer, ServerConfig
+
+pytest.register_assert_rewrite("server_testkit")
+from server_testkit import OWNED, connect, engine_idle, wait_until, write_tiny_chat_model  # noqa: E402
+
+pytest_plugins = ["server_testkit"]
+pytestmark = pytest.mark.slow
+
+CLIENTS = 48
+ACTIONS_PER_CLIENT = 5
+SOAK_DEADLINE_S = 90.0
+HOSTILE_SAMPLING = [{"temperature": 1e-300}, {"temperature": 1e-45}, {"seed": 2**64 - 1, "temperature": 1.0},
+                    {"top_p": 1e-45, "temperature": 1.0}, {"top_k": 10**9, "temperature": 2.0}, {}]
+MALFORMED = ["{", "[]", '{"type":"nope"}', '{"type":"chat"}', '{"type":"cancel","gen_id":"missing"}',
+             '{"type":"chat","session_id":"x","content":"hi","gen_id":"g"}', "[" * 5000, '{"type": 5}',
+             '{"type":"session.resume","session_id":"\\ud800"}']
+WELL_FORMED_FINISH = {"stop", "length", "abort"}
+
+
+class ErrorLog(logging.Handler):
+    """Every record at ERROR or above, or carrying a traceback, from any logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.records.append(record)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def settled_rss() -> int:
+    """RSS once garbage is collected and freed heap is handed back to the OS (glibc keeps freed
+    arenas otherwise, which is not memory the server holds)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    return rss_bytes()
+
+
+@pytest.fixture()
+def soak_server(chat_server: BackgroundServer, tmp_path: Path) -> Iterator[BackgroundServer]:
+    model = write_tiny_chat_model(tmp_path / "tiny", Path(chat_server.engine.engine.model_dir))
+    config = ServerConfig(port=0, web_dir=None, max_generations_per_connection=4)
+    engine = EngineConfig(model=str(model), num_blocks=48, max_num_batched_tokens=256)
+    with BackgroundServer(lambda: AsyncEngine(engine), config) as srv:
+        yield srv
+
+
+class Client:
+    def __init__(self, srv: BackgroundServer, index: int, tally: Counter[str]) -> None:
+        self.srv, self.rng, self.tally = srv, random.Random(index), tally
+        self.index = index
+
+    def sampling(self) -> dict[str, Any]:
+        return {"max_tokens": self.rng.randint(1, 24), **self.rng.choice(HOSTILE_SAMPLING)}
+
+    async def run(self) -> None:
+        for step in range(ACTIONS_PER_CLIENT):
+            action = self.rng.choice([self.ws_chat, self.ws_chat, self.ws_cancel, self.ws_disconnect,
+                                      self.ws_malformed, self.openai, self.openai_stream_disconnect, self.rest])
+            await action(f"c{self.index}-{step}")
+
+    async def new_session(self, ws: Any) -> str:
+        await ws.send(json.dumps({"type": "session.create", "system_prompt": "You are terse.", **OWNED}))
+        frame = json.loads(await ws.recv())
+        assert frame["type"] == "session.created", frame
+        return str(frame["session"]["id"])
+
+    async def generation(self, ws: Any, gen_id: str) -> dict[str, Any]:
+        """Frames of one generation up to its done or error frame (which is returned)."""
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            if frame.get("gen_id") != gen_id:
+                continue
+            if frame["type"] in ("done", "error"):
+                return frame
+
+    def check_end(self, frame: dict[str, Any]) -> None:
+        if frame["type"] == "done":
+            assert frame["finish_reason"] in WELL_FORMED_FINISH, frame
+            self.tally[f"done:{frame['finish_reason']}"] += 1
+        else:  # a clear error: a code and a message, never an internal one
+            assert frame["code"] not in ("internal", "generation_failed") and frame["message"], frame
+            self.tally[f"error:{frame['code']}"] += 1
+
+    async def ws_chat(self, gen_id: str) -> None:
+        async with connect(self.srv) as ws:
+            sid = await self.new_session(ws)
+            for turn in range(2):
+                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": f"turn {turn}",
+                                          "gen_id": f"{gen_id}-{turn}", **OWNED, "sampling": self.sampling()}))
+                self.check_end(await self.generation(ws, f"{gen_id}-{turn}"))
+
+    async def ws_cancel(self, gen_id: str) -> None:
+        async with connect(self.srv) as ws:
+            sid = await self.new_session(ws)
+            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "talk", "gen_id": gen_id,
+                                      **OWNED, "sampling": {"max_tokens": 200}}))
+            await asyncio.sleep(self.rng.random() * 0.5)
+            await ws.send(json.dumps({"type": "cancel", "gen_id": gen_id}))
+            end = await self.generation(ws, gen_id)
+            if end["type"] == "error":  # the cancel may land after the generation ended
+                assert end["code"] == "unknown_gen_id", end
+                end = {"type": "done", "finish_reason": "length"}
+            self.check_end(end)
+
+    async def ws_disconnect(self, gen_id: str) -> None:
+        ws = await connect(self.srv)
+        sid = await self.new_session(ws)
+        await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "talk", "gen_id": gen_id,
+                                  **OWNED, "sampling": {"max_tokens": 200}}))
+        await asyncio.sleep(self.rng.random() * 0.5)
+        ws.transport.abort()  # no close handshake: the peer just vanishes
+        self.tally["disconnect"] += 1
+
+    async def ws_malformed(self, gen_id: str) -> None:
+        async with connect(self.srv) as ws:
+            for text in self.rng.sample(MALFORMED, 4):
+                await ws.send(text)
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                assert frame["type"] == "error" and frame["code"] and frame["code"] != "internal", frame
+                self.tally["malformed"] += 1
+            await ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] == "pong"
+
+    def openai_body(self, **extra: Any) -> dict[str, Any]:
+        return {"model": self.srv.state.model_name, "messages": [{"role": "user", "content": "hello"}],
+                **self.sampling(), **extra}
+
+    async def openai(self, gen_id: str) -> None:
+        async with httpx.AsyncClient(base_url=self.srv.url, timeout=60) as client:
+            r = await client.post("/v1/chat/completions", json=self.openai_body(n=self.rng.randint(1, 3)))
+            assert r.status_code == 200 or (r.status_code < 500 and r.json()["error"]["code"]), r.text
+            self.tally[f"openai:{r.status_code}"] += 1
+
+    async def openai_stream_disconnect(self, gen_id: str) -> None:
+        async with httpx.AsyncClient(base_url=self.srv.url, timeout=60) as client:
+            body = self.openai_body(stream=True, max_tokens=200)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_lines():
+                    break  # leave after the first chunk
+        self.tally["stream-disconnect"] += 1
+
+    async def rest(self, gen_id: str) -> None:
+        headers = {"X-Session-Owner": OWNED["owner"]}
+        async with httpx.AsyncClient(base_url=self.srv.url, timeout=60, headers=headers) as client:
+            sid = (await client.post("/v1/sessions", json={})).json()["id"]
+            r = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi", "sampling": self.sampling()})
+            assert r.status_code == 200, r.text
+            assert r.json()["finish_reason"] in WELL_FORMED_FINISH
+            self.tally["rest:200"] += 1
+
+
+def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer) -> None:
+    errors = ErrorLog()
+    logging.getLogger().addHandler(errors)
+    try:
+        # warm up (first requests allocate caches and compile paths), then take the idle baseline
+        asyncio.run(Client(soak_server, 999, Counter()).ws_chat("warm"))
+        wait_until(lambda: engine_idle(soak_server), what="idle before the soak")
+        idle_rss = settled_rss()
+        tally: Counter[str] = Counter()
+
+        async def soak() -> None:
+            clients = [Client(soak_server, i, tally).run() for i in range(CLIENTS)]
+            await asyncio.wait_for(asyncio.gather(*clients), SOAK_DEADLINE_S)
+
+        started = time.monotonic()
+        asyncio.run(soak())
+        elapsed = time.monotonic() - started
+        wait_until(lambda: engine_idle(soak_server), timeout=30, what="idle after the soak")
+        soak_server.engine.check_integrity()
+        assert soak_server.engine.leaked_blocks() == 0 and soak_server.engine.stats().blocks_used == 0
+        after_rss = settled_rss()
+    finally:
+        logging.getLogger().removeHandler(errors)
+    print(f"soak: {CLIENTS} clients in {elapsed:.1f} s, {dict(tally)}, rss {idle_rss >> 20} -> {after_rss >> 20} MiB")
+    assert sum(v for k, v in tally.items() if k.startswith("done:")) >= CLIENTS, tally
+    assert after_rss <= idle_rss * 1.10, (idle_rss, after_rss)
+    assert not errors.records, [f"{r.name}: {r.getMessage()}" for r in errors.records]
+    assert soak_server.engine.engine.stats_totals.stalled_steps == 0
