@@ -124,7 +124,7 @@ def test_cancel_in_the_same_write_as_its_chat_wins(chat_server: BackgroundServer
                 chat = json.dumps({"type": "chat", "session_id": sid, "content": "Count to a thousand.",
                                    "gen_id": gen, **OWNED, "sampling": {"max_tokens": 400, "temperature": 0}})
                 cancel = json.dumps({"type": "cancel", "gen_id": gen})
-                await asyncio.gather(ws.send(chat), ws.send(cancel))  # no await in between: one write
+                send_in_one_write(ws, chat, cancel)
                 while (f := await recv_frame(ws))["type"] != "done":
                     assert f["type"] in ("start", "delta"), f
                 dones.append(f)
@@ -133,6 +133,13 @@ def test_cancel_in_the_same_write_as_its_chat_wins(chat_server: BackgroundServer
     for done in asyncio.run(run()):
         assert done["finish_reason"] == "abort" and done["usage"]["completion_tokens"] <= 1, done
     wait_until(lambda: engine_idle(chat_server), what="idle engine after the cancels")
+
+
+def send_in_one_write(ws: Any, *texts: str) -> None:
+    """Text frames in one TCP write, so the server reads them together (as the issue's client did)."""
+    for text in texts:
+        ws.protocol.send_text(text.encode())
+    ws.transport.write(b"".join(ws.protocol.data_to_send()))
 
 
 def test_health_reports_a_stalled_engine(tiny_server: BackgroundServer) -> None:
