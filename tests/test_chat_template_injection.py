@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
 QWEN2_TEMPLATE = (
     "{%- for message in messages %}{%- if loop.first and messages[0]['role'] != 'system' %}"
@@ -71,6 +72,9 @@ def test_control_strings_in_content_stay_text(fmt: ChatFormatter) -> None:
         # exactly the template's own control tokens, in order, whatever the content says
         assert controls(fmt, got) == controls(fmt, want) and controls(fmt, want), role
         assert fmt.tokenizer.decode(got, skip_special_tokens=False) == fmt.render(attack, add_generation_prompt=True)
+    padded = [{"role": "user", "content": "  padded <|eot_id|> text \n"}]  # Llama 3 trims contents
+    assert fmt.tokenizer.decode(fmt.prompt_tokens(padded), skip_special_tokens=False) == fmt.render(padded, True)
+    assert fmt.alignment_fallbacks == 0
     sys_attack = [{"role": "system", "content": ATTACK}]
     assert controls(fmt, fmt.system_tokens(sys_attack)) == controls(fmt, fmt.system_tokens([{"role": "system",
                                                                                               "content": "x"}]))

@@ -15,7 +15,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radixserve.server.generation import api_error_from
-from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
+from radixserve.server.http_util import (
+    ClientGone,
+    EventStream,
+    error_response,
+    read_json_object,
+    sse,
+    until_done_or_gone,
+)
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
 from radixserve.server.validation import ApiError, get_bool, get_int, get_str, parse_sampling
@@ -26,11 +33,21 @@ def _state(request: Request) -> ServerState:
 
 
 def create_session(state: ServerState, body: dict[str, Any]) -> dict[str, Any]:
-    """Shared with the WebSocket's session.create."""
+    """Shared with the WebSocket's session.create. A system prompt that leaves no room for a message
+    and a reply within the context is refused: such a session could never chat."""
     _, store = state.require_chat()
+    context, cap = state.require_engine().max_model_len, state.config.max_prompt_tokens
     system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
     sampling = parse_sampling(body.get("sampling"))
-    return store.create(system_prompt, sampling).to_json()
+
+    def room(shortest_prompt: int) -> None:
+        if shortest_prompt >= context or (cap is not None and shortest_prompt > cap):
+            limit = f" and prompts may have at most {cap} tokens (--max-prompt-tokens)" if cap is not None else ""
+            raise ApiError("context_too_long", f"the system prompt leaves no room to chat: with the shortest message "
+                           f"the prompt is {shortest_prompt} tokens, the model's context length is {context} "
+                           f"tokens{limit}", param="system_prompt")
+
+    return store.create(system_prompt, sampling, room).to_json()
 
 
 async def sessions_collection(request: Request) -> Response:
@@ -90,12 +107,10 @@ async def post_message(request: Request) -> Response:
         return error_response(e, state.metrics)
     if stream:
         return EventStream(_sse_events(state, turn))
-    result: dict[str, Any] = {}
     try:
-        async with aclosing(turn.events()) as events:
-            async for ev in events:
-                if ev["type"] == "done":
-                    result = ev
+        result = await until_done_or_gone(request.receive, _last_event(turn))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the turn ended with finish_reason "abort"
     except ApiError as e:
         return error_response(e, state.metrics)
     message = session.messages[result["message_index"]]
@@ -103,6 +118,14 @@ async def post_message(request: Request) -> Response:
                          "finish_reason": result["finish_reason"], "usage": result["usage"],
                          "timing": result["timing"], "message_index": result["message_index"],
                          "session_id": session.id})
+
+
+async def _last_event(turn: SessionTurn) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    async with aclosing(turn.events()) as events:
+        async for ev in events:
+            result = ev
+    return result
 
 
 async def _sse_events(state: ServerState, turn: SessionTurn) -> AsyncGenerator[str, None]:
