@@ -129,12 +129,12 @@ class FakeClock:
 def test_sessions_fork_shares_exact_prefix(fmt: ChatFormatter) -> None:
     store = SessionStore(fmt, max_sessions=8, ttl_s=100)
     s = store.create("Sys", {"temperature": 0.0}, ME)
-    assert fmt.tokenizer.decode(s.tokens) == "<|im_start|>system\nSys<|im_end|>\n" and s.system_len == len(s.tokens)
+    assert fmt.tokenizer.decode(list(s.tokens)) == "<|im_start|>system\nSys<|im_end|>\n" and s.system_len == len(s.tokens)
     from radixserve.server.sessions import Message
 
     for role, text in [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d")]:
         start = len(s.tokens)
-        s.tokens = s.tokens + fmt.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n")
+        s.tokens.extend(fmt.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n"))
         s.messages.append(Message(role, text, start, len(s.tokens)))
     child = store.fork(s.id, 2, ME)
     assert child.id != s.id and [m.content for m in child.messages] == ["a", "b"]
@@ -288,15 +288,19 @@ def test_cli_flags_build_a_server_config(monkeypatch) -> None:  # noqa: ANN001
     cfg = server_config_from_args(p.parse_args(["--port", "0", "--api-key", "k", "--allowed-origins",
                                                 "http://a.example/, http://b.example", "--no-web",
                                                 "--allowed-hosts", "Chat.Example, box.lan:8000",
-                                                "--max-prompt-tokens", "100", "--session-ttl", "5"]))
+                                                "--max-prompt-tokens", "100", "--session-ttl", "5",
+                                                "--ws-send-buffer-bytes", "65536",
+                                                "--max-session-bytes-total", "1000000"]))
     assert cfg.port == 0 and cfg.api_key == "k" and cfg.web_dir is None and cfg.max_prompt_tokens == 100
+    assert cfg.ws_send_buffer_bytes == 65536 and cfg.max_session_bytes_total == 1_000_000
     assert cfg.allowed_origins == ["http://a.example", "http://b.example"] and cfg.session_ttl_s == 5
     assert cfg.allowed_hosts == ["chat.example", "box.lan:8000"]
     with pytest.raises(ValueError, match="allowed_hosts"):
         ServerConfig(allowed_hosts=["http://chat.example/"])
     monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
     assert server_config_from_args(p.parse_args([])).api_key == "from-env"
-    for bad in ({"port": 70000}, {"max_sessions": 0}, {"api_key": ""}, {"default_top_p": 0.0}):
+    for bad in ({"port": 70000}, {"max_sessions": 0}, {"api_key": ""}, {"default_top_p": 0.0},
+                {"ws_send_buffer_bytes": 0}, {"max_session_bytes_total": -1}):
         with pytest.raises(ValueError):
             ServerConfig(**bad)
 

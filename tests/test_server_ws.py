@@ -91,8 +91,8 @@ def test_multi_turn_conversation_reuses_every_previous_token(chat_server, record
         ids = [t for t in rec["generated"] if t not in chat_server.engine.eos_token_ids]
         assert tok(reply, add_special_tokens=False)["input_ids"] == ids, "reply text must round-trip for this test"
     text = tok.apply_chat_template(session.template_messages(), tokenize=False, add_generation_prompt=False)
-    assert session.tokens == tok(text, add_special_tokens=False)["input_ids"]
-    assert session.tokens[:len(recorded[-1]["prompt"])] == recorded[-1]["prompt"]
+    assert list(session.tokens) == tok(text, add_special_tokens=False)["input_ids"]
+    assert list(session.tokens[:len(recorded[-1]["prompt"])]) == recorded[-1]["prompt"]
 
 
 def test_concurrent_clients_share_one_system_prompt_prefill(chat_server) -> None:  # noqa: ANN001

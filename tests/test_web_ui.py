@@ -289,7 +289,7 @@ def test_fork_and_delete(ui: Ui) -> None:
 def test_chats_belong_to_the_browser_that_made_them(browser: Browser, server: Server) -> None:
     """The page makes its own owner secret, keeps it in localStorage across a reload, and sees only
     its own chats; another browser (another secret) sees none of them."""
-    theirs = server.chat_turn("You belong to someone else.", "Private question.")
+    server.chat_turn("You belong to someone else.", "Private question.")  # another client's chat: never listed here
     with make_ui(browser, server, owner=None) as ui:
         page = ui.page
         ui.open()

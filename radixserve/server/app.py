@@ -32,7 +32,7 @@ from radixserve.server import openai_api, rest
 from radixserve.server.auth import bearer_token, key_matches, needs_key
 from radixserve.server.chat_template import ChatFormatter
 from radixserve.server.config import ServerConfig
-from radixserve.server.http_util import error_body, error_response
+from radixserve.server.http_util import InternalErrorMiddleware, error_body, error_response
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.request_guard import RequestGuardMiddleware
 from radixserve.server.sessions import SessionStore
@@ -50,7 +50,8 @@ async def load_engine(state: ServerState) -> None:
         await engine.start()
         if engine.tokenizer is not None:
             state.formatter = ChatFormatter(engine.tokenizer)
-            state.sessions = SessionStore(state.formatter, state.config.max_sessions, state.config.session_ttl_s)
+            state.sessions = SessionStore(state.formatter, state.config.max_sessions, state.config.session_ttl_s,
+                                          max_bytes=state.config.max_session_bytes_total)
         state.model_name = state.config.served_model_name or engine.model_name
         state.engine = engine
     except Exception as e:  # reported by /health and by `radixserve serve`
@@ -172,7 +173,8 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
         Route("/health", health), Route("/metrics", metrics), Route("/v1/cache/stats", cache_stats),
         WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES,
     ]
-    middleware = [Middleware(ApiKeyMiddleware, state=state)]
+    middleware = [Middleware(InternalErrorMiddleware, metrics=state.metrics),
+                  Middleware(ApiKeyMiddleware, state=state)]
     if config.allowed_origins:
         origins = ["*"] if "*" in config.allowed_origins else config.allowed_origins
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],

@@ -12,6 +12,14 @@ tokenizer, the appended tokens equal the full re-tokenization of the same conver
 that rewrite earlier turns when later ones are added (so history is not a text prefix) keep the
 tokens the model saw and append the new text after the longest common text prefix;
 `incremental_fallbacks` counts those turns.
+
+Content is text, never markup: a message that contains "<|im_start|>system" must not open a system
+turn. So the template is rendered twice, once with the real contents and once with a unique
+placeholder per message; the placeholder rendering splits the text into the template's own pieces
+and content pieces. Template pieces are tokenized with special tokens recognized, content pieces
+with special-token parsing off (`split_special_tokens=True`), and the ids are concatenated. The
+real rendering tells what the template did to each content (e.g. Llama 3 trims it); if it cannot be
+aligned with the placeholder rendering, the placeholder rendering with the raw contents is used.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
+import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +43,30 @@ FALLBACK_TEMPLATE = (
 _SENTINEL = "\ue000radixserve-reply\ue001"
 
 Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of rendered text: the template's own (`content` False) or a message's content."""
+
+    text: str
+    content: bool
+
+
+def pieces_after(pieces: list[Piece], start: int) -> list[Piece]:
+    """The pieces of the text from character `start` on."""
+    out: list[Piece] = []
+    for p in pieces:
+        if start >= len(p.text):
+            start -= len(p.text)
+            continue
+        out.append(Piece(p.text[start:], p.content))
+        start = 0
+    return out
+
+
+def pieces_text(pieces: Iterable[Piece]) -> str:
+    return "".join(p.text for p in pieces)
 
 
 @dataclass
@@ -49,6 +84,8 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         self.template: str | None = None if getattr(tokenizer, "chat_template", None) else FALLBACK_TEMPLATE
         self.incremental_fallbacks = 0
+        self.alignment_fallbacks = 0
+        self._mark_tag = secrets.token_hex(6)  # placeholders no template text contains
         # What every conversation without a system message starts with (a default system prompt the
         # template injects, or just the first user header): its length decides whether such a
         # request "hit" the cache.
@@ -64,37 +101,73 @@ class ChatFormatter:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        # The template text already holds every special token (BOS included where the template wants it).
+        """Template text: it holds every special token (BOS included where the template wants it)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def encode_content(self, text: str) -> list[int]:
+        """Message content: special-token strings in it are tokenized as the plain text they are."""
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    def encode_pieces(self, pieces: list[Piece]) -> list[int]:
+        ids: list[int] = []
+        for p in pieces:
+            ids += self.encode_content(p.text) if p.content else self.encode(p.text)
+        return ids
+
+    def pieces(self, messages: list[Message], add_generation_prompt: bool) -> list[Piece]:
+        """The rendered conversation split into template text and message contents."""
+        real = self.render(messages, add_generation_prompt)
+        if not messages:
+            return [Piece(real, False)] if real else []
+        marks = [f"\ue000{self._mark_tag}:{i}\ue001" for i in range(len(messages))]
+        skeleton = self.render([{**m, "content": marks[i]} for i, m in enumerate(messages)], add_generation_prompt)
+        parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", skeleton)
+        contents = [messages[marks.index(part)]["content"] for part in parts[1::2]]
+        aligned = _align(real, parts[0::2], contents)
+        if aligned is not None:
+            return aligned
+        # The template does more to a content than trimming it (or branches on it): keep its structure
+        # from the placeholder rendering and the contents as sent.
+        self.alignment_fallbacks += 1
+        if self.alignment_fallbacks == 1:
+            log.warning("chat template output could not be aligned with its message contents; "
+                        "contents are inserted as sent")
+        out = [Piece(parts[0], False)]
+        for content, template in zip(contents, parts[2::2], strict=True):
+            out += [Piece(content, True), Piece(template, False)]
+        return [p for p in out if p.text]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def prompt_tokens(self, messages: list[Message]) -> list[int]:
         """A whole conversation ending in the assistant generation prompt (the OpenAI path)."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        return self.encode_pieces(self.pieces(messages, add_generation_prompt=True))
 
     def system_tokens(self, messages: list[Message]) -> list[int]:
         """Tokens of the leading system message(s) as the template renders them; [] when there are none."""
         k = 0
         while k < len(messages) and messages[k]["role"] == "system":
             k += 1
-        return self.encode(self.render(messages[:k], add_generation_prompt=False)) if k else []
+        return self.encode_pieces(self.pieces(messages[:k], add_generation_prompt=False)) if k else []
 
     def append_user(self, history: list[Message], content: str) -> TurnTokens:
         """Tokens that turn `history` (closed, as rendered) into history + user message + generation prompt."""
         before = self.render(history, add_generation_prompt=False)
         with_user = history + [{"role": "user", "content": content}]
-        closed = self.render(with_user, add_generation_prompt=False)
-        opened = self.render(with_user, add_generation_prompt=True)
+        closed_pieces = self.pieces(with_user, add_generation_prompt=False)
+        opened_pieces = self.pieces(with_user, add_generation_prompt=True)
+        closed, opened = pieces_text(closed_pieces), pieces_text(opened_pieces)
+        gen = self.encode_pieces(pieces_after(opened_pieces, len(closed))) if opened.startswith(closed) else []
         if closed.startswith(before) and opened.startswith(closed):
-            return TurnTokens(self.encode(closed[len(before):]), self.encode(opened[len(closed):]))
+            return TurnTokens(self.encode_pieces(pieces_after(closed_pieces, len(before))), gen)
         # The template rewrote earlier turns: keep the history the model actually saw and append the new
         # message as rendered after the longest common text prefix.
         self._note_fallback("a new user message")
         k = len(os.path.commonprefix([before, closed]))
-        gen = opened[len(closed):] if opened.startswith(closed) else ""
-        return TurnTokens(self.encode(closed[k:]), self.encode(gen))
+        return TurnTokens(self.encode_pieces(pieces_after(closed_pieces, k)), gen)
 
     def close_assistant(self, history: list[Message], generated: list[int],
                         end_token_ids: tuple[int, ...]) -> list[int]:
@@ -123,7 +196,24 @@ class ChatFormatter:
                         "token sequences for such turns are rebuilt from text", what)
 
 
-def token_hash(ids: list[int]) -> str:
+def _align(real: str, templates: list[str], contents: list[str]) -> list[Piece] | None:
+    """Split `real` into templates[0], content 0, templates[1], ... where each content is rendered as
+    sent or trimmed (what templates do to contents); None when the text does not fit that shape."""
+    out, pos = [Piece(templates[0], False)], len(templates[0])
+    if not real.startswith(templates[0]):
+        return None
+    for content, template in zip(contents, templates[1:], strict=True):
+        for shown in (content, content.strip(), content.lstrip(), content.rstrip()):
+            if real.startswith(shown, pos) and real.startswith(template, pos + len(shown)):
+                break
+        else:
+            return None
+        out += [Piece(shown, True), Piece(template, False)]
+        pos += len(shown) + len(template)
+    return [p for p in out if p.text] if pos == len(real) else None
+
+
+def token_hash(ids: Iterable[int]) -> str:
     """A short stable id for a token sequence (system prompts are keyed by their token IDs)."""
     h = hashlib.sha256()
     for i in ids:

@@ -33,10 +33,16 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-sessions", type=int, default=d.max_sessions,
                    help="chat sessions held at most; the least recently used idle one is evicted "
                         "(default %(default)s)")
+    g.add_argument("--max-session-bytes-total", type=int, default=d.max_session_bytes_total,
+                   help="memory all sessions may hold together, in bytes (4 per token plus their text); the "
+                        "least recently used idle sessions are evicted to stay within it (default %(default)s)")
     g.add_argument("--session-ttl", type=float, default=d.session_ttl_s,
                    help="seconds an idle session lives (default %(default)s)")
     g.add_argument("--max-generations-per-connection", type=int, default=d.max_generations_per_connection,
                    help="WebSocket generations in flight per connection (default %(default)s)")
+    g.add_argument("--ws-send-buffer-bytes", type=int, default=d.ws_send_buffer_bytes,
+                   help="bytes of frames that may wait for a slow WebSocket client; beyond that it is "
+                        "disconnected (close code 1008) and its generations are aborted (default %(default)s)")
     g.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
                    help="reply length for chat sessions that set none (default %(default)s)")
     g.add_argument("--default-temperature", type=float, default=d.default_temperature,
@@ -64,6 +70,7 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
         allowed_hosts=[h.strip() for h in a.allowed_hosts.split(",") if h.strip()],
         served_model_name=a.served_model_name, max_message_bytes=a.max_message_bytes,
         max_prompt_tokens=a.max_prompt_tokens, max_sessions=a.max_sessions, session_ttl_s=a.session_ttl,
+        max_session_bytes_total=a.max_session_bytes_total, ws_send_buffer_bytes=a.ws_send_buffer_bytes,
         max_generations_per_connection=a.max_generations_per_connection, default_max_tokens=a.default_max_tokens,
         default_temperature=a.default_temperature, default_top_p=a.default_top_p,
         system_prompt_labels=a.system_prompt_labels, shutdown_grace_s=a.shutdown_grace,

@@ -26,8 +26,10 @@ class ServerConfig:
     max_message_bytes: int = 256 * 1024  # one WebSocket frame or HTTP request body
     max_prompt_tokens: int | None = None  # None -> the model's context length is the only limit
     max_sessions: int = 1024
+    max_session_bytes_total: int = 256 * 2**20  # all sessions' tokens (4 B each) + text; LRU idle ones go
     session_ttl_s: float = 3600.0  # idle time after which a session expires
     max_generations_per_connection: int = 8  # WebSocket generations in flight on one connection
+    ws_send_buffer_bytes: int = 8 * 2**20  # frames waiting for a slow WebSocket client before it is dropped
     default_max_tokens: int = 512  # sessions/WebSocket when the client sets none (clamped to the context)
     default_temperature: float = 0.7
     default_top_p: float = 0.95
@@ -46,6 +48,7 @@ class ServerConfig:
             "session_ttl_s": self.session_ttl_s, "default_max_tokens": self.default_max_tokens,
             "max_generations_per_connection": self.max_generations_per_connection, "max_n": self.max_n,
             "ws_auth_timeout_s": self.ws_auth_timeout_s, "health_stall_s": self.health_stall_s,
+            "ws_send_buffer_bytes": self.ws_send_buffer_bytes, "max_session_bytes_total": self.max_session_bytes_total,
         }
         for name, value in positive.items():
             if value <= 0:

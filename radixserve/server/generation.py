@@ -9,9 +9,10 @@ counters are recorded exactly once per request. `InFlight` lets shutdown abort w
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -25,6 +26,7 @@ from radixserve.server.validation import ApiError
 if TYPE_CHECKING:
     from radixserve.server.state import ServerState
 
+log = logging.getLogger("radixserve.server")
 PREVIEW_CHARS = 80
 
 
@@ -35,7 +37,7 @@ class SystemPromptRef:
     length: int  # tokens
 
     @classmethod
-    def of(cls, tokens: list[int], text: str | None, implicit_len: int) -> SystemPromptRef:
+    def of(cls, tokens: Sequence[int], text: str | None, implicit_len: int) -> SystemPromptRef:
         """`implicit_len`: the template's own preamble length, used when there is no system prompt."""
         if not tokens or text is None:
             return cls(NONE_KEY, "", implicit_len)
@@ -68,17 +70,22 @@ class InFlight:
             return False
 
 
-def api_error_from(exc: Exception) -> ApiError:
+def api_error_from(exc: BaseException) -> ApiError:
+    """The client-facing error for an exception. Only radixserve's own request errors keep their
+    message; anything unexpected is logged here, once, with its traceback under a fresh id, and the
+    client gets that id and nothing of the exception's text (it may quote library internals)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, EngineStoppedError):
-        return ApiError("unavailable", str(exc), 503)
+        return ApiError("unavailable", "the engine is shutting down", 503)
     if isinstance(exc, RequestFailedError):
         return ApiError("generation_failed", f"generation failed: {exc}", 500)
     if isinstance(exc, RequestError):
         code = "context_too_long" if exc.code == "context_too_long" else "invalid_field"
         return ApiError(code, str(exc), 400)
-    return ApiError("internal", f"generation failed: {exc}", 500)
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error (request id %s)", error_id, exc_info=exc)
+    return ApiError("internal", f"internal error; see the server log (request id {error_id})", 500)
 
 
 def admit_prompt(state: ServerState, prompt_len: int) -> None:

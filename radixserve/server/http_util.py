@@ -1,23 +1,28 @@
 """HTTP plumbing shared by the REST and OpenAI endpoints: bounded JSON bodies, error bodies, SSE.
 
 Error bodies are OpenAI-shaped, {"error": {"message", "type", "param", "code"}}, everywhere, so one
-client-side parser fits every endpoint. `EventStream` watches for the client going away while it
-streams and, when it does, cancels the producer, which aborts the engine request and frees its blocks.
+client-side parser fits every endpoint. A generation never outlives its HTTP client: streaming or not,
+`until_done_or_gone` watches for the client going away and then cancels the work, which aborts the
+engine request and frees its blocks. `InternalErrorMiddleware` turns any exception a handler lets
+escape into a generic JSON 500 (the traceback goes to the log once, under the id the client sees).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import suppress
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixserve.server.generation import api_error_from
 from radixserve.server.validation import ApiError, parse_json_text, require_object
+
+T = TypeVar("T")
 
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                 409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
@@ -60,6 +65,32 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     return require_object(parse_json_text(text, limit))
 
 
+class ClientGone(Exception):
+    """The HTTP client disconnected before the response was ready."""
+
+
+async def until_done_or_gone(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work` while watching `receive` for http.disconnect (the request body must be read
+    already). If the client goes first, `work` is cancelled — closing its generation aborts the
+    engine request — and ClientGone is raised; otherwise `work`'s result or exception is returned."""
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        for t in (task, watcher):
+            with suppress(asyncio.CancelledError, Exception):
+                await t
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
 class EventStream(Response):
     """text/event-stream of `data: ...` lines; the producer is cancelled when the client disconnects."""
 
@@ -78,22 +109,40 @@ class EventStream(Response):
                 await send({"type": "http.response.body", "body": chunk.encode("utf-8"), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-
-        producer, watcher = asyncio.ensure_future(produce()), asyncio.ensure_future(watch())
         try:
-            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await until_done_or_gone(receive, produce())
+        except (ClientGone, OSError):
+            pass  # nobody is listening any more
         finally:
-            for task in (producer, watcher):
-                task.cancel()
-            for task in (producer, watcher):
-                with suppress(asyncio.CancelledError, OSError, Exception):
-                    await task
             with suppress(Exception):
                 await self.events.aclose()
 
 
 def sse(obj: Any) -> str:
     return f"data: {dumps(obj)}\n\n"
+
+
+class InternalErrorMiddleware:
+    """Any exception an HTTP handler lets escape: a generic JSON 500 if the response has not started
+    (api_error_from logs the traceback once, under the id the client is given)."""
+
+    def __init__(self, app: ASGIApp, metrics: Any) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            err = api_error_from(exc)
+            if not started:
+                await error_response(err, self.metrics)(scope, receive, send)

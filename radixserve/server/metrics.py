@@ -111,6 +111,9 @@ class ServerMetrics:
                                   ["code"], registry=r)
         self.server_requests = Counter("radixserve_server_requests", "Generations finished, by API and reason",
                                        ["api", "finish_reason"], registry=r)
+        self.ws_slow_client_disconnects = Counter(
+            "radixserve_websocket_slow_client_disconnects", "WebSockets closed because the client stopped "
+            "reading and its send buffer filled up", registry=r)
 
     def attach(self, engine_stats: Callable[[], Any | None], sessions: Callable[[], Any | None]) -> None:
         self.registry.register(_EngineCollector(engine_stats))

@@ -23,7 +23,14 @@ from starlette.routing import Route
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.generation import SystemPromptRef, admit_prompt, api_error_from, stream_request
-from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
+from radixserve.server.http_util import (
+    ClientGone,
+    EventStream,
+    error_response,
+    read_json_object,
+    sse,
+    until_done_or_gone,
+)
 from radixserve.server.state import ServerState
 from radixserve.server.validation import (
     ApiError,
@@ -148,24 +155,31 @@ async def chat_completions(request: Request) -> Response:
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))
+    try:
+        body = await until_done_or_gone(request.receive, _completion(state, req, rid, created))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the engine request was aborted
+    except ApiError as e:
+        return error_response(e, state.metrics)
+    return JSONResponse(body)
+
+
+async def _completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> dict[str, Any]:
     n = req.params.n
     texts: list[list[str]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     last: RequestOutput | None = None
-    try:
-        async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
-            async for out in outputs:
-                last = out
-                for o in out.outputs:
-                    texts[o.index].append(o.text)
-                    finish[o.index] = o.finish_reason or finish[o.index]
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
+        async for out in outputs:
+            last = out
+            for o in out.outputs:
+                texts[o.index].append(o.text)
+                finish[o.index] = o.finish_reason or finish[o.index]
     assert last is not None
     choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
                 "logprobs": None, "finish_reason": finish[i] or "abort"} for i in range(n)]
-    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                         "choices": choices, "usage": usage_body(last)})
+    return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+            "choices": choices, "usage": usage_body(last)}
 
 
 async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created: int) -> AsyncGenerator[str, None]:

@@ -16,7 +16,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radixserve.server.generation import api_error_from
-from radixserve.server.http_util import EventStream, error_response, read_json_object, sse
+from radixserve.server.http_util import (
+    ClientGone,
+    EventStream,
+    error_response,
+    read_json_object,
+    sse,
+    until_done_or_gone,
+)
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
@@ -29,12 +36,22 @@ def _state(request: Request) -> ServerState:
 
 def create_session(state: ServerState, body: dict[str, Any], secret: str | None) -> dict[str, Any]:
     """Shared with the WebSocket's session.create. The new session belongs to `secret`, or to a fresh one
-    when the client sent none; either way the reply carries it as `owner`."""
+    when the client sent none; either way the reply carries it as `owner`. A system prompt that leaves
+    no room for a message and a reply within the context is refused: such a session could never chat."""
     _, store = state.require_chat()
+    context, cap = state.require_engine().max_model_len, state.config.max_prompt_tokens
     system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
     sampling = parse_sampling(body.get("sampling"))
+
+    def room(shortest_prompt: int) -> None:
+        if shortest_prompt >= context or (cap is not None and shortest_prompt > cap):
+            limit = f" and prompts may have at most {cap} tokens (--max-prompt-tokens)" if cap is not None else ""
+            raise ApiError("context_too_long", f"the system prompt leaves no room to chat: with the shortest message "
+                           f"the prompt is {shortest_prompt} tokens, the model's context length is {context} "
+                           f"tokens{limit}", param="system_prompt")
+
     secret = secret if secret is not None else mint_secret()
-    return {**store.create(system_prompt, sampling, Owner.of(secret)).to_json(), "owner": secret}
+    return {**store.create(system_prompt, sampling, Owner.of(secret), room).to_json(), "owner": secret}
 
 
 def _owner(request: Request) -> Owner | None:
@@ -101,12 +118,10 @@ async def post_message(request: Request) -> Response:
         return error_response(e, state.metrics)
     if stream:
         return EventStream(_sse_events(state, turn))
-    result: dict[str, Any] = {}
     try:
-        async with aclosing(turn.events()) as events:
-            async for ev in events:
-                if ev["type"] == "done":
-                    result = ev
+        result = await until_done_or_gone(request.receive, _last_event(turn))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the turn ended with finish_reason "abort"
     except ApiError as e:
         return error_response(e, state.metrics)
     message = session.messages[result["message_index"]]
@@ -114,6 +129,14 @@ async def post_message(request: Request) -> Response:
                          "finish_reason": result["finish_reason"], "usage": result["usage"],
                          "timing": result["timing"], "message_index": result["message_index"],
                          "session_id": session.id})
+
+
+async def _last_event(turn: SessionTurn) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    async with aclosing(turn.events()) as events:
+        async for ev in events:
+            result = ev
+    return result
 
 
 async def _sse_events(state: ServerState, turn: SessionTurn) -> AsyncGenerator[str, None]:

@@ -44,7 +44,8 @@ class ServerState:
 
     def require_engine(self) -> AsyncEngine:
         if self.engine is None:
-            raise ApiError("unavailable", self.load_error or "the model is still loading", 503)
+            why = "the model failed to load (see GET /health)" if self.load_error else "the model is still loading"
+            raise ApiError("unavailable", why, 503)
         return self.engine
 
     def require_chat(self) -> tuple[ChatFormatter, SessionStore]:

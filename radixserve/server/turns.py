@@ -10,13 +10,14 @@ model produced and the template's end-of-turn tokens. Either way the session is 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from typing import Any
 
 from radixserve.outputs import RequestOutput
 from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
-from radixserve.server.sessions import Message, Session
+from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, build_sampling_params
 
@@ -45,7 +46,7 @@ class SessionTurn:
         self.history = session.template_messages() + [{"role": "user", "content": content}]
         turn = formatter.append_user(session.template_messages(), content)
         self.user_tokens, self.gen_prompt = turn.user, turn.generation_prompt
-        self.prompt = session.tokens + turn.user + turn.generation_prompt
+        self.prompt = session.tokens.tolist() + turn.user + turn.generation_prompt  # the engine takes a list
         admit_prompt(state, len(self.prompt))
         cfg = state.config
         merged = {"temperature": cfg.default_temperature, "top_p": cfg.default_top_p, **session.sampling, **sampling}
@@ -54,11 +55,13 @@ class SessionTurn:
         self.system = SystemPromptRef.of(session.tokens[:session.system_len], session.system_prompt,
                                          formatter.implicit_prefix_len)
         self.end_ids = tuple(engine.eos_token_ids) + tuple(self.params.stop_token_ids)
+        message = Message("user", content, len(session.tokens), len(session.tokens) + len(turn.user))
+        store.make_room(sys.getsizeof(content) + MESSAGE_OVERHEAD_BYTES + TOKEN_BYTES * len(turn.user), keep=session)
         # committed: from here on the turn must end in _rollback or _close
-        start = len(session.tokens)
-        session.tokens = session.tokens + turn.user
-        session.messages.append(Message("user", content, start, len(session.tokens)))
+        session.tokens.extend(turn.user)
+        session.messages.append(message)
         session.busy = gen_id
+        store.account(session)
         store.touch(session)
         self.request_id = f"{session.id[:8]}-{gen_id[:16]}-{id(self):x}"
         self.cancelled = False
@@ -108,16 +111,23 @@ class SessionTurn:
         s = self.session
         s.busy = None
         self.state.session_generations.pop(s.id, None)
-        if self.state.sessions is not None:
-            self.state.sessions.touch(s)
+        store = self.state.sessions
+        if store is not None:
+            store.touch(s)
         if self.last is None:
             s.messages.pop()
-            s.tokens = s.tokens[:len(s.tokens) - len(self.user_tokens)]
+            del s.tokens[len(s.tokens) - len(self.user_tokens):]
+            if store is not None:
+                store.account(s)
             return None
         assert self.state.formatter is not None
         closing = self.state.formatter.close_assistant(self.history, self.generated, self.end_ids)
         start = len(s.tokens)
-        s.tokens = s.tokens + self.gen_prompt + self.generated + closing
+        s.tokens.extend(self.gen_prompt + self.generated + closing)
         s.messages.append(Message("assistant", "".join(self.text), start, len(s.tokens), finish_reason,
                                   usage_json(self.last), timing_json(self.last)))
+        if store is not None:
+            store.account(s)
+            with suppress(ApiError):  # over budget with only busy sessions left: the next create sheds it
+                store.make_room(0, keep=s)
         return len(s.messages) - 1

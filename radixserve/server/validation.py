@@ -2,12 +2,19 @@
 
 Every rejection is an ApiError carrying a machine-readable code, a human message and the HTTP status
 it maps to; handlers turn it into an error frame or an error body. Nothing here touches the engine.
+
+Every JSON document a client sends goes through `parse_json_text`, so what the rest of the server
+sees is bounded: at most MAX_JSON_DEPTH levels of nesting (checked on the raw text, before the
+recursive parser runs) and no string or key holding a lone UTF-16 surrogate (JSON allows the escape
+"\\ud800", but such a string cannot be encoded as UTF-8, tokenized or sent back). Messages never
+quote a library's exception text.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from radixserve.sampling_params import SamplingParams
@@ -15,6 +22,11 @@ from radixserve.sampling_params import SamplingParams
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 256
 MAX_GEN_ID_CHARS = 64
+MAX_JSON_DEPTH = 64  # objects/arrays nested in a request; far below the parser's recursion limit
+MAX_REQ_DEPTH = 4  # `req` is echoed back on WebSocket replies: small and shallow only
+MAX_REQ_BYTES = 1024
+_MARKUP = re.compile(r'\\.|["\[\]{}]')  # escapes first, so an escaped quote never ends a string
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApiError(Exception):
@@ -24,14 +36,67 @@ class ApiError(Exception):
 
 
 def parse_json_text(text: str, limit: int) -> Any:
-    """Size-check then parse one JSON document; NaN/Infinity and absurd nesting count as bad JSON."""
-    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
-        raise ApiError("too_large", f"message of {len(text.encode('utf-8', 'surrogatepass'))} bytes exceeds the "
-                       f"limit of {limit} bytes", 413)
+    """Size-check then parse one JSON document; NaN/Infinity, nesting deeper than MAX_JSON_DEPTH and
+    lone surrogates are refused."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if len(text) > limit or size > limit:
+        raise ApiError("too_large", f"message of {size} bytes exceeds the limit of {limit} bytes", 413)
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise ApiError("bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as e:
-        raise ApiError("bad_json", f"not valid JSON: {str(e)[:200]}") from None
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ApiError("bad_json", f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except (ValueError, RecursionError):
+        raise ApiError("bad_json", "not valid JSON: NaN and Infinity are not allowed") from None
+    _refuse_surrogates(value, "")
+    return value
+
+
+def json_depth(text: str, stop_above: int = MAX_JSON_DEPTH) -> int:
+    """How deep objects and arrays nest in `text` (brackets inside strings do not count), in one
+    linear pass; stops counting once it passes `stop_above`."""
+    depth = deepest = 0
+    in_string = False
+    for m in _MARKUP.finditer(text):
+        c = m.group()
+        if c == '"':
+            in_string = not in_string
+        elif not in_string and len(c) == 1:
+            depth += 1 if c in "[{" else -1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_above:
+                    break
+    return deepest
+
+
+def _refuse_surrogates(value: Any, path: str) -> None:
+    """Walk a parsed document (at most MAX_JSON_DEPTH deep) for strings with lone surrogates."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise ApiError("invalid_field", f"{path or 'the body'!r} contains a lone UTF-16 surrogate "
+                           "(an unpaired \\ud800-\\udfff escape); send valid Unicode text", param=path or None)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_surrogates(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if _SURROGATE.search(key):
+                raise ApiError("invalid_field", f"a key of {path or 'the body'!r} contains a lone UTF-16 "
+                               "surrogate; send valid Unicode text", param=path or None)
+            _refuse_surrogates(item, f"{path}.{key}" if path else key)
+
+
+def check_req(req: Any) -> None:
+    """`req` on a WebSocket frame is echoed back: a scalar or a small, shallow object or array."""
+    def depth(x: Any) -> int:
+        children = x.values() if isinstance(x, dict) else x if isinstance(x, list) else ()
+        return 1 + max((depth(c) for c in children), default=0) if isinstance(x, (dict, list)) else 0
+
+    if depth(req) > MAX_REQ_DEPTH or len(json.dumps(req, ensure_ascii=False)) > MAX_REQ_BYTES:
+        raise ApiError("invalid_field", f"'req' must be a scalar or an object/array nested at most "
+                       f"{MAX_REQ_DEPTH} deep, at most {MAX_REQ_BYTES} characters as JSON", param="req")
 
 
 def _reject_constant(name: str) -> float:

@@ -4,8 +4,13 @@ One reader loop validates each client frame and answers malformed ones with an e
 connection stays usable); each chat runs as its own task; one writer task owns the socket's send
 side so frames from concurrent generations never interleave mid-frame. A disconnect cancels every
 generation of the connection (the engine aborts them and frees their blocks) before the handler
-returns. Only an authentication failure closes the socket (1008). Session frames name their owner
-in an `owner` field (owners.py): the connection itself carries no identity.
+returns. The server closes the socket itself in two cases, both with 1008: an authentication
+failure, and a client that does not read — the frames waiting for it (SendBuffer) would exceed
+`ws_send_buffer_bytes`. Then the queued frames are dropped at once, the reader stops taking frames,
+the connection's generations are aborted and the close frame is sent as soon as the socket takes it.
+`req` is echoed on replies, so it must be small and shallow (validation.check_req).
+Session frames name their owner in an `owner` field (owners.py): the connection itself carries no
+identity.
 """
 
 from __future__ import annotations
@@ -23,28 +28,51 @@ from radixserve.server.generation import api_error_from
 from radixserve.server.http_util import dumps
 from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
+from radixserve.server.send_buffer import SendBuffer
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
-from radixserve.server.validation import ApiError, get_gen_id, get_str, parse_json_text, parse_sampling, require_object
+from radixserve.server.validation import (
+    ApiError,
+    check_req,
+    get_gen_id,
+    get_str,
+    parse_json_text,
+    parse_sampling,
+    require_object,
+)
 
 log = logging.getLogger("radixserve.server")
 POLICY_VIOLATION = 1008
-_CLOSE = object()  # close the socket with 1008, then stop writing
-_STOP = object()  # stop writing (the peer is gone or the handler is ending)
+SLOW_CLIENT_REASON = "send buffer limit exceeded: the client is not reading"
+CLOSE_WAIT_S = 10.0  # how long a close frame may wait for a stalled socket to take it
+_CLOSE = "close"  # writer control: close the socket with 1008, then stop writing
+_STOP = "stop"  # writer control: stop writing (the peer is gone or the handler is ending)
 
 
 class Connection:
     def __init__(self, ws: WebSocket, state: ServerState) -> None:
         self.ws, self.state = ws, state
-        self.outbox: asyncio.Queue[str | object] = asyncio.Queue()
+        self.outbox = SendBuffer(state.config.ws_send_buffer_bytes)
         self.generations: dict[str, tuple[SessionTurn, asyncio.Task[None]]] = {}
         self.authed = state.config.api_key is None
         self.closed = False
+        self.stopped = asyncio.Event()  # wakes the reader when the connection must end
+        self.writer_task: asyncio.Task[None] | None = None
 
     # -- sending -------------------------------------------------------------------------------
     def send(self, frame: dict[str, Any]) -> None:
-        if not self.closed:
-            self.outbox.put_nowait(dumps(frame))
+        if not self.closed and not self.outbox.put(dumps(frame)):
+            self._drop_slow_client()
+
+    def _drop_slow_client(self) -> None:
+        """The client is not reading: stop producing for it; _teardown closes with 1008."""
+        self.closed = True
+        self.state.metrics.ws_slow_client_disconnects.inc()
+        log.warning("closing a WebSocket whose client is not reading (over the %d-byte send buffer)",
+                    self.outbox.limit_bytes)
+        if self.writer_task is not None:
+            self.writer_task.cancel()  # it may be stuck waiting for the socket to take a frame
+        self.stopped.set()
 
     def send_error(self, e: ApiError, gen_id: str | None = None, req: Any = None, has_req: bool = False) -> None:
         self.state.metrics.api_errors.labels(e.code).inc()
@@ -58,22 +86,24 @@ class Connection:
     async def writer(self) -> None:
         while True:
             item = await self.outbox.get()
-            if item is _STOP:
+            if item.control == _STOP:
                 return
-            if item is _CLOSE:
+            if item.control == _CLOSE:
                 with suppress(Exception):
                     await self.ws.close(POLICY_VIOLATION)
                 self.closed = True
                 return
             try:
-                await self.ws.send_text(item)  # type: ignore[arg-type]
+                await self.ws.send_text(item.text)
             except Exception:  # the peer is gone; the reader sees the disconnect
                 self.closed = True
                 return
+            finally:
+                self.outbox.sent(item)
 
     # -- receiving -----------------------------------------------------------------------------
     async def run(self) -> None:
-        writer = asyncio.create_task(self.writer())
+        writer = self.writer_task = asyncio.create_task(self.writer())
         try:
             if not self.authed and "api_key" in self.ws.query_params:
                 if not key_matches(self.ws.query_params["api_key"], self.state.config.api_key):
@@ -82,9 +112,10 @@ class Connection:
             deadline = asyncio.get_running_loop().time() + self.state.config.ws_auth_timeout_s
             while not self.closed:
                 timeout = None if self.authed else deadline - asyncio.get_running_loop().time()
-                try:
-                    message = await asyncio.wait_for(self.ws.receive(), timeout)
-                except asyncio.TimeoutError:
+                message = await self._receive(timeout)
+                if self.closed:
+                    return
+                if message is None:
                     return self._reject("no auth frame in time")
                 if message["type"] == "websocket.disconnect":
                     return
@@ -95,9 +126,21 @@ class Connection:
         finally:
             await self._teardown(writer)
 
+    async def _receive(self, timeout: float | None) -> Mapping[str, Any] | None:
+        """The next message, or None on timeout or once the connection is being dropped."""
+        receive = asyncio.ensure_future(self.ws.receive())
+        stopped = asyncio.ensure_future(self.stopped.wait())
+        try:
+            await asyncio.wait({receive, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not receive.done():
+                receive.cancel()
+        return receive.result() if receive.done() and not receive.cancelled() else None
+
     def _reject(self, why: str) -> None:
         self.send_error(ApiError("unauthorized", f"unauthorized: {why}", 401))
-        self.outbox.put_nowait(_CLOSE)
+        self.outbox.put_control(_CLOSE)
 
     def handle(self, message: Mapping[str, Any]) -> bool:
         """Handle one received message; False once the connection must close."""
@@ -107,7 +150,9 @@ class Connection:
             if text is None:
                 raise ApiError("binary_frame", "binary frames are not accepted; send JSON text frames")
             frame = require_object(parse_json_text(text, self.state.config.max_message_bytes), "a frame")
-            has_req, req = "req" in frame, frame.get("req")
+            if "req" in frame:
+                check_req(frame["req"])  # refused without an echo when it is not small and shallow
+                has_req, req = True, frame["req"]
             kind = get_str(frame, "type")
             if not self.authed:
                 if kind != "auth" or not key_matches(frame.get("api_key"), self.state.config.api_key):
@@ -116,8 +161,7 @@ class Connection:
             self.dispatch(kind, frame, has_req, req)
         except ApiError as e:
             self.send_error(e, req=req, has_req=has_req)
-        except Exception as e:  # a bug must not take the connection down
-            log.exception("websocket frame handling failed")
+        except Exception as e:  # a bug must not take the connection down (api_error_from logs it)
             self.send_error(api_error_from(e), req=req, has_req=has_req)
         return True
 
@@ -178,9 +222,7 @@ class Connection:
                     self.send({**ev, "req": req} if has_req and ev["type"] == "start" else ev)
         except asyncio.CancelledError:
             raise
-        except Exception as e:
-            if not isinstance(e, ApiError):
-                log.exception("generation %s failed", turn.gen_id)
+        except Exception as e:  # api_error_from logs anything unexpected, with the id it reports
             self.send_error(api_error_from(e), gen_id=turn.gen_id, req=req, has_req=has_req)
         finally:
             self.generations.pop(turn.gen_id, None)
@@ -197,7 +239,14 @@ class Connection:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5.0)
-        self.outbox.put_nowait(_STOP)  # after any queued error frame and close
+        if self.outbox.overflowed:
+            with suppress(asyncio.CancelledError, Exception):
+                await writer
+            # the close frame waits until the socket takes data again (the client reads), then goes out
+            with suppress(Exception):
+                await asyncio.wait_for(self.ws.close(POLICY_VIOLATION, SLOW_CLIENT_REASON), CLOSE_WAIT_S)
+            return
+        self.outbox.put_control(_STOP)  # after any queued error frame and close
         try:
             await asyncio.wait_for(writer, 2.0)
         except (asyncio.TimeoutError, Exception):
