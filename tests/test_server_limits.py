@@ -20,10 +20,13 @@ import websockets
 
 from radixserve import AsyncEngine, EngineConfig
 from radixserve.server import BackgroundServer, ServerConfig
+from radixserve.server.owners import OWNER_HEADER
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402
     OWNED,
+    TEST_OWNER,
+    TEST_OWNER_KEY,
     connect,
     engine_idle,
     request,
@@ -109,7 +112,7 @@ def test_websocket_client_that_never_reads_is_disconnected(tiny_server) -> None:
     assert held < 64 * 2**20, f"the server held {held / 2**20:.0f} MB for a client that does not read"
     wait_until(lambda: engine_idle(tiny_server), timeout=10, what="the dropped client's generation aborted")
     assert aborted(tiny_server) == aborted_before + 1
-    session = tiny_server.state.sessions.get(gen_id)
+    session = tiny_server.state.sessions.get(gen_id, TEST_OWNER_KEY)
     wait_until(lambda: session.busy is None, what="the aborted turn recorded")
     assert session.messages[-1].finish_reason == "abort"
     assert tiny_server.engine.leaked_blocks() == 0
@@ -122,7 +125,8 @@ def test_websocket_client_that_never_reads_is_disconnected(tiny_server) -> None:
 
 
 def hang_up_after(url: str, path: str, body: dict[str, Any], seconds: float) -> None:
-    with httpx.Client(base_url=url, timeout=seconds) as client, pytest.raises(httpx.ReadTimeout):
+    with httpx.Client(base_url=url, timeout=seconds, headers={OWNER_HEADER: TEST_OWNER}) as client, \
+            pytest.raises(httpx.ReadTimeout):
         client.post(path, json=body)  # the client gives up and closes the connection
 
 
