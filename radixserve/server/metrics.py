@@ -145,9 +145,11 @@ class _EngineCollector(Collector):
         yield _counter("radixserve_cache_hit_requests", "Requests with a prefix-cache hit", st.cache_hit_requests)
         yield _counter("radixserve_cache_evictions", "Radix-cache evictions", st.evictions)
         yield _counter("radixserve_preemptions", "Requests preempted to free KV blocks", st.preemptions)
+        yield _counter("radixserve_stalled_steps", "Steps that scheduled nothing while work waited (a bug if > 0)",
+                       st.stalled_steps)
         fin = CounterMetricFamily("radixserve_requests_finished", "Finished requests by reason",
                                   labels=["finish_reason"])
-        for reason in sorted(set(st.requests_finished) | {"stop", "length", "abort"}):
+        for reason in sorted(set(st.requests_finished) | {"stop", "length", "abort", "error"}):
             fin.add_metric([reason], st.requests_finished.get(reason, 0))
         yield fin
         blocks = GaugeMetricFamily("radixserve_kv_blocks", "KV blocks by state", labels=["state"])
