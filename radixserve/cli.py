@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from radixserve.config import ATTENTION_BACKENDS, POLICIES, EngineConfig
-from radixserve.embedded import EmbeddedModelMissingError
+from radixserve.model.embedded import EmbeddedModelMissingError
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:

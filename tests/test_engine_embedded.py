@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixserve import LLM, AsyncEngine, EngineConfig, SamplingParams
-from radixserve.embedded import embedded_model_dir
+from radixserve.model.embedded import embedded_model_dir
 
 SYSTEM = (
     "You are a meticulous assistant for a small library. You answer questions about opening hours, "

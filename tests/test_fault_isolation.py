@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from radixserve import LLM, AsyncEngine, SamplingParams
-from radixserve.engine import FORWARD_FAILED, INVALID_LOGITS
+from radixserve.engine.engine import FORWARD_FAILED, INVALID_LOGITS
 from radixserve.errors import RequestFailedError
 from radixserve.sampling_params import MIN_TEMPERATURE, SEED_MODULUS
-from radixserve.scheduler import Batch
+from radixserve.core import Batch
 from tiny_models import tiny_model_dir
 
 POISON = 7  # a token id the faulty runners below refuse

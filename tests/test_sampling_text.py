@@ -8,10 +8,10 @@ import functools
 import pytest
 import torch
 
-from radixserve.detokenizer import IncrementalDetokenizer
-from radixserve.embedded import embedded_model_dir
+from radixserve.engine.detokenizer import IncrementalDetokenizer
+from radixserve.model.embedded import embedded_model_dir
 from radixserve.model.loader import load_tokenizer
-from radixserve.sampler import Sampler
+from radixserve.engine.sampler import Sampler
 from radixserve.sampling_params import SamplingParams
 
 

@@ -3,12 +3,12 @@ waiting for an in-flight prefill of a shared prefix instead of computing it twic
 
 from __future__ import annotations
 
-from radixserve.block_pool import BlockPool
+from radixserve.cache.block_pool import BlockPool
 from radixserve.config import EngineConfig
-from radixserve.radix_tree import RadixTree
+from radixserve.cache.radix_tree import RadixTree
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduler import Scheduler
-from radixserve.sequence import Request, Sequence, SequenceStatus
+from radixserve.scheduler.scheduler import Scheduler
+from radixserve.core import Request, Sequence, SequenceStatus
 
 
 def make(policy: str = "fcfs", num_blocks: int = 64, budget: int = 32, cache: bool = True) -> Scheduler:
@@ -27,10 +27,8 @@ def seq(tokens: list[int], order: int, priority: int = 0) -> Sequence:
 def step(sched: Scheduler) -> dict[str, int]:
     """Schedule, pretend the model ran, and sample token 7 where a chunk reached the end."""
     batch = sched.schedule()
+    sched.complete(batch)
     for item in batch.items:
-        before = item.seq.num_computed
-        item.seq.num_computed = item.start + item.num_tokens
-        sched.cache_computed(item.seq, before)
         if item.samples:
             item.seq.token_ids.append(7)
     return {i.seq.request.request_id: i.num_tokens for i in batch.items}

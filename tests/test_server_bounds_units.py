@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from radixserve.server.chat_template import ChatFormatter
+from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server.owners import Owner
 from radixserve.server.send_buffer import SendBuffer
 from radixserve.server.sessions import SessionStore
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def fmt() -> ChatFormatter:
-    from radixserve.embedded import embedded_model_dir
+    from radixserve.model.embedded import embedded_model_dir
     from radixserve.model.loader import load_tokenizer
 
     return ChatFormatter(load_tokenizer(embedded_model_dir()))

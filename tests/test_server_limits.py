@@ -44,7 +44,7 @@ LONG = {"temperature": 0, "max_tokens": 4000}
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
-    from radixserve.embedded import embedded_model_dir
+    from radixserve.model.embedded import embedded_model_dir
 
     model = write_tiny_chat_model(tmp_path_factory.mktemp("tiny-long"), embedded_model_dir(), max_positions=65536)
     config = ServerConfig(port=0, web_dir=None, max_message_bytes=512 * 1024, ws_send_buffer_bytes=SEND_BUFFER,

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from radixserve.server.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
+from radixserve.engine.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
 from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.request_guard import host_allowed, origin_allowed, refusal, split_host
 from radixserve.server.owners import Owner, parse_secret
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tokenizer():  # noqa: ANN201
-    from radixserve.embedded import embedded_model_dir
+    from radixserve.model.embedded import embedded_model_dir
     from radixserve.model.loader import load_tokenizer
 
     return load_tokenizer(embedded_model_dir())

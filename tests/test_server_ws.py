@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixserve.server.chat_template import token_hash
+from radixserve.engine.chat_template import token_hash
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402

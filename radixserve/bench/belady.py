@@ -21,7 +21,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixserve.radix_tree import common_prefix_len
+from radixserve.cache.radix_tree import common_prefix_len
 
 
 @dataclass(frozen=True)

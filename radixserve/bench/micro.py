@@ -16,21 +16,18 @@ import statistics
 import time
 from typing import Any
 
-from radixserve.block_pool import BlockPool
+from radixserve.cache.block_pool import BlockPool
 from radixserve.config import EngineConfig
-from radixserve.radix_tree import RadixTree
+from radixserve.cache.radix_tree import RadixTree
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduler import Batch, Scheduler
-from radixserve.sequence import Request, Sequence
+from radixserve.core import Batch
+from radixserve.scheduler.scheduler import Scheduler
+from radixserve.core import Request, Sequence
 
 
 def _no_op_step(scheduler: Scheduler, batch: Batch, token: int) -> None:
     """What the engine does after a forward, minus the model and the sampler."""
-    for item in batch.items:
-        seq = item.seq
-        before = seq.num_computed
-        seq.num_computed = item.start + item.num_tokens
-        scheduler.cache_computed(seq, before)
+    scheduler.complete(batch)
     for item in batch.items:
         if item.samples:
             item.seq.token_ids.append(token)

@@ -30,7 +30,7 @@ BOUNDED = "radixserve-pool25"
 
 def _model_facts(model: str | None) -> tuple[str, str, Any, Any]:
     """The directory every system loads, the model's display name, its spec and its tokenizer."""
-    from radixserve.engine import resolve_model
+    from radixserve.model.embedded import resolve_model
     from radixserve.model.loader import load_tokenizer
     from radixserve.model.spec import load_spec
 

@@ -30,7 +30,7 @@ from starlette.websockets import WebSocketClose
 
 from radixserve.server import openai_api, rest
 from radixserve.server.auth import bearer_token, key_matches, needs_key
-from radixserve.server.chat_template import ChatFormatter
+from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware, error_body, error_response
 from radixserve.server.metrics import ServerMetrics

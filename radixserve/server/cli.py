@@ -79,7 +79,7 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
 
 
 def run_server(engine_config: EngineConfig, args: argparse.Namespace) -> int:
-    from radixserve.async_engine import AsyncEngine
+    from radixserve.engine.async_engine import AsyncEngine
     from radixserve.server.runner import serve_forever
 
     try:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
-from radixserve.outputs import RequestOutput
+from radixserve.core import RequestOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.server.chat_template import token_hash
+from radixserve.engine.chat_template import token_hash
 from radixserve.server.metrics import NONE_KEY
 from radixserve.server.validation import ApiError
 

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.outputs import RequestOutput
+from radixserve.core import RequestOutput
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.generation import SystemPromptRef, admit_prompt, api_error_from, stream_request
 from radixserve.server.http_util import (

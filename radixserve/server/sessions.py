@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.server.chat_template import ChatFormatter
+from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server.owners import NOBODY, Owner
 from radixserve.server.validation import ApiError
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.async_engine import AsyncEngine
-from radixserve.server.chat_template import ChatFormatter
+from radixserve.engine.async_engine import AsyncEngine
+from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server.config import ServerConfig
 from radixserve.server.generation import InFlight
 from radixserve.server.metrics import ServerMetrics

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing, suppress
 from typing import Any
 
-from radixserve.outputs import RequestOutput
+from radixserve.core import RequestOutput
 from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
 from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session
 from radixserve.server.state import ServerState

@@ -5,19 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """The engine's rules: auto device = cuda if present; auto dtype = fp32 on CPU, bf16 on CUDA."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
-    return dev, DTYPES[dtype]
+from radixserve.model.device import resolve_device_dtype
 
 
 def load_hf_model(model_dir: str, device: str, dtype: str, attn_implementation: str = "sdpa") -> Any:

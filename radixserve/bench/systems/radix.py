@@ -20,7 +20,7 @@ from radixserve.config import EngineConfig
 from radixserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from radixserve.async_engine import AsyncEngine
+    from radixserve.engine.async_engine import AsyncEngine
 
 
 class RadixServeSystem(System):
@@ -36,7 +36,7 @@ class RadixServeSystem(System):
         self._recording = False
 
     async def start(self) -> None:
-        from radixserve.async_engine import AsyncEngine
+        from radixserve.engine.async_engine import AsyncEngine
 
         engine = await asyncio.to_thread(lambda: AsyncEngine(self.config))
         self.engine = engine

@@ -20,11 +20,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from radixserve.config import EngineConfig
-from radixserve.engine import LLMEngine
+from radixserve.engine.engine import LLMEngine
 from radixserve.errors import EngineStoppedError, RequestFailedError
-from radixserve.outputs import RequestOutput
+from radixserve.core import RequestOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.stats import EngineStats
+from radixserve.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 

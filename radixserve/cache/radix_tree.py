@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from radixserve.block_pool import BlockPool
+from radixserve.cache.block_pool import BlockPool
 
 _ids = itertools.count()
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.config import EngineConfig
-from radixserve.engine import LLMEngine
-from radixserve.outputs import CompletionOutput, RequestOutput
+from radixserve.engine.engine import LLMEngine
+from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.sampling_params import SamplingParams
 
 Prompt = str | list[int]

@@ -12,45 +12,34 @@ Liveness: every sequence the engine accepted fits the pool on its own, locks inc
 match can pin blocks the sequence does not use (the shared partial block of a mid-block hit, which
 it copies on first write, and superseded copies of straddled blocks on the path); a sequence whose
 longest length plus those would exceed the pool takes only the part of its match that pins nothing
-(`RadixTree.exclusive_prefix_len`), and a lock never moves onto another sequence's copy of tokens. Under `cache-aware`, a sequence waiting longer than
-`max_wait_steps` steps goes ahead of every cache hit (oldest first), so hits cannot starve it.
+(`RadixTree.exclusive_prefix_len`), and a lock never moves onto another sequence's copy of tokens.
+Under `cache-aware`, a sequence waiting longer than `max_wait_steps` steps goes ahead of every cache
+hit (oldest first), so hits cannot starve it.
 
-Invariants: a scheduled sequence owns a block for every position it writes this step, and the block
-it writes first has exactly one owner (copy-on-write is decided here and the copies are returned in
-the batch, to run before the forward); running + waiting hold each live sequence exactly once.
+The scheduler is the single owner of cache state: it alone changes refcounts, tree locks and
+insertions, and a sequence's blocks, `num_computed` and status — at admission, when a step completes
+(`complete`), when a request forks into its n samples (`fork`), at preemption and at `finish`. The
+engine asks; it never touches blocks or locks itself.
+
+Invariants (checked by `check_integrity`, see integrity.py): a scheduled sequence owns a block for
+every position it writes this step, and the block it writes first has exactly one owner
+(copy-on-write is decided here and the copies are returned in the batch, to run before the
+forward); running + waiting hold each live sequence exactly once; every block's refcount equals the
+sequence tables and tree nodes listing it; every node's lock count equals the live sequences whose
+locked path passes through it.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 
-from radixserve.block_pool import BlockPool
+from collections.abc import Container
+
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import Match, RadixTree, common_prefix_len
 from radixserve.config import EngineConfig
-from radixserve.radix_tree import Match, RadixTree, common_prefix_len
-from radixserve.sequence import Sequence, SequenceStatus
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    start: int  # first position computed this step
-    num_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """Does this chunk reach the sequence's last token, so its logits give the next token?"""
-        return self.start + self.num_tokens == len(self.seq.token_ids)
-
-
-@dataclass
-class Batch:
-    items: list[ScheduledSeq] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(i.num_tokens for i in self.items)
+from radixserve.core import Batch, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.scheduler.integrity import check_integrity, leaked_blocks
 
 
 class Scheduler:
@@ -243,9 +232,39 @@ class Scheduler:
         seq.block_table = []
         seq.num_computed = 0
 
-    def cache_computed(self, seq: Sequence, before: int) -> None:
-        """After a step: cache the sequence's newly completed full blocks, so concurrent requests
-        with the same prefix hit them while this one still runs. Partial blocks wait for release."""
+    # -- after a step ---------------------------------------------------------------------------
+    def complete(self, batch: Batch, failed: Container[Request] = ()) -> None:
+        """The step's forward ran: its chunks' K/V are computed (except for `failed` requests, which
+        the engine finishes). Newly completed full blocks go into the tree at once, so concurrent
+        requests with the same prefix hit them while this one still runs."""
+        for item in batch.items:
+            seq = item.seq
+            if seq.request in failed:
+                continue
+            before = seq.num_computed
+            seq.num_computed = item.start + item.num_tokens
+            self._cache_computed(seq, before)
+
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """n > 1: the prompt is done; the other samples join the running set sharing every block of
+        the parent (copy-on-write) and its lock. The engine gives them generators and first tokens."""
+        req = parent.request
+        children = []
+        for i in range(1, parent.pending_forks + 1):
+            child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
+                             num_computed=parent.num_computed, block_table=list(parent.block_table),
+                             locked_node=parent.locked_node, admitted_once=True)
+            for b in child.block_table:
+                self.pool.incref(b)
+            if child.locked_node is not None and self.tree is not None:
+                self.tree.lock(child.locked_node)
+            req.sequences.append(child)
+            self.add_running(child)
+            children.append(child)
+        parent.pending_forks = 0
+        return children
+
+    def _cache_computed(self, seq: Sequence, before: int) -> None:
         bs = self.block_size
         if self.tree is None or seq.num_computed // bs == before // bs:
             return
@@ -259,3 +278,13 @@ class Scheduler:
         if seq.locked_node is not None:
             self.tree.unlock(seq.locked_node)
         seq.locked_node = node
+
+    # -- introspection ---------------------------------------------------------------------------
+    def live_sequences(self) -> list[Sequence]:
+        return self.running + self.waiting
+
+    def check_integrity(self) -> None:
+        check_integrity(self.live_sequences(), self.pool, self.tree)
+
+    def leaked_blocks(self) -> int:
+        return leaked_blocks(self.live_sequences(), self.pool, self.tree)

@@ -154,3 +154,12 @@ def _verify(out: Path, original) -> None:
     spec = load_spec(out)
     if original.eos_token_id not in spec.eos_token_ids:
         raise RuntimeError("converted config does not stop at the tokenizer's eos token")
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """(directory, display name) of the model to serve; None means the embedded default."""
+    if model is None:
+        return str(embedded_model_dir()), MODEL_NAME
+    if not Path(model).is_dir():
+        raise FileNotFoundError(f"model directory {model!r} does not exist (radixserve never downloads models)")
+    return model, Path(model).resolve().name

@@ -1,56 +1,57 @@
 """The synchronous engine: requests in, one scheduled step at a time, incremental outputs out.
 
-Owns the request table, the block pool, the radix tree, the scheduler, the model runner and the
-sampler, and the token accounting behind the cache metrics. It is single-threaded by design: the
-async engine drives it from one background thread and hands it requests and aborts between steps.
+Owns the request table, the model runner, the sampler, detokenization and the token accounting
+behind the cache metrics; the scheduler owns the cache state (blocks, tree, queues) and every change
+to it. One step is: schedule, forward, sample, then one `_postprocess` that asks the scheduler to
+complete the step (and to fork, and to finish what stopped) and builds the outputs. Single-threaded
+by design: the async engine drives it from one background thread between its commands.
 
-Invariants (checked by `check_integrity`): every live sequence is in exactly one scheduler queue;
-each block's refcount equals the sequence tables and tree nodes listing it; each tree node's lock
-count equals the live sequences whose locked path passes through it.
+A request whose own forward, logits or decoding fails ends alone with finish_reason "error"; the
+rest of the batch goes on. Step observers see a `StepInfo` after every step;
+RADIXSERVE_CHECK_INTEGRITY=1 runs the scheduler's integrity check after every step.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 import uuid
-from collections import Counter
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from radixserve.block_pool import BlockPool
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
-from radixserve.detokenizer import IncrementalDetokenizer
+from radixserve.core import (
+    Batch,
+    CompletionOutput,
+    Request,
+    RequestOutput,
+    Sequence,
+    SequenceStatus,
+    StepInfo,
+    Usage,
+)
+from radixserve.engine.detokenizer import IncrementalDetokenizer
+from radixserve.engine.sampler import Sampler, generator_for
+from radixserve.engine.stats import EngineStats
 from radixserve.errors import PromptTooLongError, RequestError
+from radixserve.model.embedded import resolve_model
 from radixserve.model.loader import load_tokenizer
-from radixserve.model_runner import ModelRunner
-from radixserve.outputs import CompletionOutput, RequestOutput, Usage
-from radixserve.radix_tree import RadixTree
-from radixserve.sampler import Sampler, generator_for
+from radixserve.model.runner import ModelRunner
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduler import Batch, Scheduler
-from radixserve.sequence import Request, Sequence, SequenceStatus
-from radixserve.stats import EngineStats
+from radixserve.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 # What a failed request's caller is told: our words, never a library's exception text (that is logged).
 FORWARD_FAILED = "the model failed on this request; see the server log"
 INVALID_LOGITS = "the model produced non-finite logits for this request"
 POSTPROCESS_FAILED = "decoding this request's output failed; see the server log"
-
-
-def resolve_model(model: str | None) -> tuple[str, str]:
-    """(directory, display name) of the model to serve; None means the embedded default."""
-    if model is None:
-        from radixserve.embedded import MODEL_NAME, embedded_model_dir
-
-        return str(embedded_model_dir()), MODEL_NAME
-    if not Path(model).is_dir():
-        raise FileNotFoundError(f"model directory {model!r} does not exist (radixserve never downloads models)")
-    return model, Path(model).resolve().name
+StepObserver = Callable[[StepInfo], None]
 
 
 class LLMEngine:
@@ -80,6 +81,9 @@ class LLMEngine:
         self._sent: dict[int, int] = {}  # seq_id -> generated tokens already handed out
         self._order = itertools.count()
         self.stats_totals = EngineStats()
+        self._observers: list[StepObserver] = []
+        self._steps = 0
+        self._check_integrity = os.environ.get("RADIXSERVE_CHECK_INTEGRITY", "") not in ("", "0")
 
     # -- requests ------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -137,10 +141,25 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # -- the step ------------------------------------------------------------------------------
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call `observer` with a StepInfo after every step that ran (on the stepping thread)."""
+        self._observers.append(observer)
+
     def step(self) -> list[RequestOutput]:
+        started = time.monotonic()
         batch = self.scheduler.schedule()
         if not batch.items:
             return self._unschedulable()
+        peak = self._pool_counts() if self._observers else None
+        outputs = self._run(batch)
+        self._steps += 1
+        if self._check_integrity:
+            self.check_integrity()
+        if peak is not None:
+            self._notify(batch, started, peak)
+        return outputs
+
+    def _run(self, batch: Batch) -> list[RequestOutput]:
         now = time.monotonic()
         for item in batch.items:
             req = item.seq.request
@@ -178,20 +197,13 @@ class LLMEngine:
         return [self._fail(head, "the request does not fit in the KV cache")]
 
     def _postprocess(self, batch: Batch, logits: Any, failed: dict[Request, str]) -> list[RequestOutput]:
-        sampling = [it for it in batch.items if it.samples]
-        rows = [it.seq for it in sampling]
+        rows = [it.seq for it in batch.items if it.samples]
         tokens = self.sampler.sample(logits, [s.request.params for s in rows], [s.generator for s in rows]) \
             if rows else []
         failed.update((s.request, INVALID_LOGITS) for s, t in zip(rows, tokens) if t is None)
+        self.scheduler.complete(batch, failed)
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}
-        for item in batch.items:
-            seq = item.seq
-            if seq.request in failed:
-                continue
-            before = seq.num_computed
-            seq.num_computed = item.start + item.num_tokens
-            self.scheduler.cache_computed(seq, before)
         for i, (seq, token) in enumerate(zip(rows, tokens)):
             req = seq.request
             if req in failed or token is None:
@@ -224,26 +236,15 @@ class LLMEngine:
         return out
 
     def _fork(self, parent: Sequence, row: Any) -> list[tuple[Sequence, int]]:
-        """n > 1: the prompt is done; fork the other samples, sharing every block (COW), each with
-        its own first token drawn from the same logits."""
-        req = parent.request
-        forks = []
-        for i in range(1, parent.pending_forks + 1):
-            child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
-                             generator=generator_for(req.params, i), num_computed=parent.num_computed,
-                             block_table=list(parent.block_table), locked_node=parent.locked_node,
-                             admitted_once=True)
-            for b in child.block_table:
-                self.pool.incref(b)
-            if child.locked_node is not None and self.tree is not None:
-                self.tree.lock(child.locked_node)
-            req.sequences.append(child)
+        """n > 1: the scheduler forks the other samples off the finished prompt; each draws its own
+        first token from the same logits row."""
+        req, forks = parent.request, []
+        for child in self.scheduler.fork(parent):
+            child.generator = generator_for(req.params, child.index)
             self._track(child)
-            self.scheduler.add_running(child)
             token = self.sampler.sample(row[None], [req.params], [child.generator])[0]
             assert token is not None, "the parent's row was usable, so the same row is"
             forks.append((child, token))
-        parent.pending_forks = 0
         return forks
 
     def _append(self, seq: Sequence, token: int) -> None:
@@ -284,32 +285,27 @@ class LLMEngine:
 
     # -- introspection -------------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:
-        return self.scheduler.running + self.scheduler.waiting
+        return self.scheduler.live_sequences()
 
     def stats(self) -> EngineStats:
         return EngineStats.collect(self)
 
     def leaked_blocks(self) -> int:
-        owners = Counter(b for s in self.live_sequences() for b in s.block_table)
-        if self.tree is not None:
-            owners.update(self.tree.block_refs())
-        return sum(1 for b, rc in enumerate(self.pool.refcount) if rc > 0 and owners[b] == 0)
+        return self.scheduler.leaked_blocks()
 
     def check_integrity(self) -> None:
-        live = self.live_sequences()
-        assert len({s.seq_id for s in live}) == len(live), "a sequence is queued twice"
-        owners: Counter[int] = Counter()
-        locks: Counter[int] = Counter()
-        for s in live:
-            owners.update(s.block_table)
-            assert len(s.block_table) * self.pool.block_size >= s.num_computed, "table shorter than computed"
-            node = s.locked_node
-            while node is not None and self.tree is not None and node is not self.tree.root:
-                locks[node.id] += 1
-                node = node.parent
-        if self.tree is not None:
-            owners.update(self.tree.block_refs())
-            self.tree.check_integrity()
-            for n in self.tree.nodes():
-                assert n.lock_count == locks[n.id], f"node {n.id}: lock count {n.lock_count} != {locks[n.id]}"
-        self.pool.check_integrity(owners)
+        self.scheduler.check_integrity()
+
+    def _pool_counts(self) -> tuple[int, int, int]:
+        """(free, held by live sequences, held only by the tree) blocks."""
+        used = len({b for s in self.scheduler.live_sequences() for b in s.block_table})
+        free = self.pool.num_free
+        return free, used, self.pool.num_blocks - free - used
+
+    def _notify(self, batch: Batch, started: float, peak: tuple[int, int, int]) -> None:
+        decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.samples)
+        info = StepInfo(self._steps, started, time.monotonic() - started, len(batch.items),
+                        batch.num_tokens - decode, decode, len(self.scheduler.running), len(self.scheduler.waiting),
+                        self.pool.num_blocks, *peak)
+        for observer in self._observers:
+            observer(info)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixserve.engine import LLMEngine
+    from radixserve.engine.engine import LLMEngine
 
 
 @dataclass

@@ -10,30 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.kv_cache import KVCache, KVLayout
+from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.attention import AttentionMetadata, make_backend
+from radixserve.model.device import resolve_device, resolve_dtype
 from radixserve.model.loader import load_model
-from radixserve.scheduler import Batch
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but CUDA is not available")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
-
+from radixserve.core import Batch
 
 @dataclass
 class StepInputs:

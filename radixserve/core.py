@@ -1,0 +1,193 @@
+"""The neutral core types every layer shares: requests and their sequences, the scheduled batch,
+per-step observations, and what the engine hands back to callers. Imports nothing of the engine.
+
+Sequence invariants: `num_computed <= len(token_ids) - 1` while running — the last token's K/V is
+computed by the step that samples its successor; `block_table` covers at least `num_computed`
+positions; a sequence holds exactly one reference on each block of its table. A request with n
+samples prefills one sequence and forks it into n when its prompt is done, so the prompt is computed
+once. Only the scheduler changes a sequence's blocks, `num_computed`, lock and status.
+
+Batch invariants: a scheduled item owns a block for every position it writes this step, and the
+block it writes first has one owner (the copy-on-write copies in `copies` run before the forward).
+
+Outputs: a streamed RequestOutput carries only what is new since the previous one (token ids and a
+text delta that never splits a UTF-8 character); `finished` is True exactly once, on the last output
+of a request.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from radixserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixserve.cache.radix_tree import RadixNode
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (not recomputed)
+    completion_tokens: int = 0
+
+
+@dataclass
+class Timing:
+    arrival: float = 0.0  # time.monotonic() when the request entered the engine
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_ms(self) -> float:
+        return _ms(self.arrival, self.first_scheduled)
+
+    @property
+    def ttft_ms(self) -> float:
+        return _ms(self.arrival, self.first_token)
+
+    @property
+    def total_ms(self) -> float:
+        return _ms(self.arrival, self.finished)
+
+
+def _ms(start: float, end: float | None) -> float:
+    return 0.0 if end is None else max(0.0, (end - start) * 1000.0)
+
+
+@dataclass
+class CompletionOutput:
+    index: int  # which of the request's n samples
+    token_ids: list[int] = field(default_factory=list)  # new tokens (streaming) or all (offline)
+    text: str = ""  # text delta (streaming) or the whole text (offline)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    outputs: list[CompletionOutput]
+    usage: Usage
+    timing: Timing
+    finished: bool = False
+    prompt_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None  # set (with finish_reason "error") when this request failed on its own
+
+    def tokens_per_s(self) -> float:
+        """Decode speed after the first token, over the whole request."""
+        t = self.timing
+        if t.first_token is None or t.finished is None or self.usage.completion_tokens <= 1:
+            return 0.0
+        span = t.finished - t.first_token
+        return (self.usage.completion_tokens - 1) / span if span > 0 else 0.0
+
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    order: int = 0  # arrival order, the FCFS key
+    timing: Timing = field(default_factory=Timing)
+    cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    sequences: list[Sequence] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.sequences) and all(s.status is SequenceStatus.FINISHED for s in self.sequences)
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: Request
+    index: int  # which of the request's n samples
+    token_ids: list[int]
+    num_prompt_tokens: int
+    generator: torch.Generator | None = None
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    locked_node: RadixNode | None = None
+    finish_reason: str | None = None
+    admitted_once: bool = False
+    waiting_since: int | None = None  # scheduler step of arrival while waiting; None once admitted
+    # set when the request still has to fork into n samples after this sequence's prompt
+    pending_forks: int = 0
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens whose K/V must still be computed before the next sample."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.remaining > 1
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (self.request.order, self.index)
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first position computed this step
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Does this chunk reach the sequence's last token, so its logits give the next token?"""
+        return self.start + self.num_tokens == len(self.seq.token_ids)
+
+
+@dataclass
+class Batch:
+    items: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One engine step as observers see it (`LLMEngine.add_step_observer`): what ran, how long it
+    took, and the pool at the step's peak (blocks allocated, nothing yet released)."""
+
+    step: int
+    started: float  # time.monotonic()
+    duration_s: float
+    num_seqs: int
+    prefill_tokens: int
+    decode_tokens: int
+    num_running: int
+    num_waiting: int
+    blocks_total: int
+    blocks_free: int
+    blocks_used: int  # held by live sequences
+    blocks_cached: int  # held only by the radix tree (evictable)
