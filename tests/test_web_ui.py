@@ -329,21 +329,26 @@ COUNT_SERIES_PIXELS = """sel => {
 }"""
 
 
-TTFT_BUCKET = re.compile(r'^radixserve_time_to_first_token_seconds_bucket\{le="([^"]+)"\} (\S+)$', re.MULTILINE)
-
-
-def ttft_quantile(metrics: str, q: float) -> float:
-    """histogram_quantile over the TTFT buckets, written independently of the UI's JavaScript."""
-    buckets = []
-    for m in TTFT_BUCKET.finditer(metrics):
-        buckets.append((float(m.group(1)), float(m.group(2))))
-    buckets.sort()
+def histogram_quantile(metrics: str, name: str, q: float) -> float:
+    """histogram_quantile over a histogram's buckets, written independently of the UI's JavaScript."""
+    bucket = re.compile(rf'^{name}_bucket\{{le="([^"]+)"\}} (\S+)$', re.MULTILINE)
+    buckets = sorted((float(m.group(1)), float(m.group(2))) for m in bucket.finditer(metrics))
     rank, prev_le, prev_count = q * buckets[-1][1], 0.0, 0.0
     for le, count in buckets:
         if count >= rank:
             return prev_le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
         prev_le, prev_count = le, count
-    raise AssertionError("no TTFT observations")
+    raise AssertionError(f"no {name} observations")
+
+
+def shown_seconds(value: float) -> str:
+    return f"{value:.2f} s" if value >= 1 else f"{round(value * 1000)} ms"
+
+
+def metric_value(metrics: str, sample: str) -> float:
+    m = re.search(rf"^{sample} (\S+)$", metrics, re.MULTILINE)
+    assert m is not None, f"{sample} missing from /metrics"
+    return float(m.group(1))
 
 
 def test_dashboard_charts_have_data(ui: Ui) -> None:
@@ -359,9 +364,15 @@ def test_dashboard_charts_have_data(ui: Ui) -> None:
     total = page.locator(".stat-card", has_text="KV blocks used").locator(".stat-value")
     expect(total).to_contain_text(f"/ {stats['blocks']['total']:,}")
     expect(page.locator("#sp-table tbody tr", has_text="You are a dashboard test assistant.")).to_have_count(1)
-    p50 = ttft_quantile(ui.server.rest_text("/metrics"), 0.5)
-    shown = f"{p50:.2f} s" if p50 >= 1 else f"{round(p50 * 1000)} ms"
-    expect(page.locator(".stat-card", has_text="TTFT median").locator(".stat-value")).to_have_text(shown)
+    metrics = ui.server.rest_text("/metrics")
+    p50 = histogram_quantile(metrics, "radixserve_time_to_first_token_seconds", 0.5)
+    expect(page.locator(".stat-card", has_text="TTFT median").locator(".stat-value")).to_have_text(shown_seconds(p50))
+    # the engine's per-step observations (a step observer feeds these histograms)
+    step = page.locator(".stat-card", has_text="Engine step")
+    expect(step.locator(".stat-value")).to_have_text(
+        shown_seconds(histogram_quantile(metrics, "radixserve_step_seconds", 0.5)))
+    per_step = metric_value(metrics, "radixserve_step_tokens_sum") / metric_value(metrics, "radixserve_step_tokens_count")
+    expect(step.locator(".stat-sub")).to_contain_text(f"{round(per_step):,} tokens/step")
     expect(page.locator("#chart-hit-rate canvas")).to_have_attribute("aria-label", re.compile(r"overall \d+%"))
     expect(page.locator(".metrics-details summary")).to_contain_text("families from /metrics")
     page.set_viewport_size(ViewportSize(width=1280, height=1180))

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from radixserve.config import EngineConfig
-from radixserve.engine.engine import LLMEngine
+from radixserve.engine.engine import LLMEngine, StepObserver
 from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.core import RequestOutput
 from radixserve.sampling_params import SamplingParams
@@ -186,6 +186,10 @@ class AsyncEngine:
                 self._deliver(out)
 
         self._submit(do_abort)
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """`observer(StepInfo)` after every step, called on the engine thread: keep it short."""
+        self.engine.add_step_observer(observer)
 
     def health(self, stall_s: float) -> str | None:
         """None when healthy; else why not: the engine thread died, or it has made no progress for

@@ -47,6 +47,7 @@ SYSTEM_PROMPT_ROWS = 20  # rows of the /v1/cache/stats table
 async def load_engine(state: ServerState) -> None:
     try:
         engine = await asyncio.to_thread(state.engine_factory)
+        engine.add_step_observer(state.metrics.observe_step)
         await engine.start()
         if engine.tokenizer is not None:
             state.formatter = ChatFormatter(engine.tokenizer)

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixserve.core import StepInfo
+
 NONE_KEY, OTHER_KEY = "none", "other"
 PROMOTE_AFTER = 2  # requests a system prompt needs before it may take a label value
 MAX_TRACKED = 4096  # exact per-prompt rows kept for the JSON table
@@ -111,9 +113,20 @@ class ServerMetrics:
                                   ["code"], registry=r)
         self.server_requests = Counter("radixserve_server_requests", "Generations finished, by API and reason",
                                        ["api", "finish_reason"], registry=r)
+        self.step_time = Histogram("radixserve_step_seconds", "Engine step wall time (schedule, forward, sample)",
+                                   registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                        1, 2.5, 5, 10))
+        self.step_tokens = Histogram("radixserve_step_tokens", "Tokens computed per engine step (decodes + "
+                                     "prefill chunks)", registry=r,
+                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))
         self.ws_slow_client_disconnects = Counter(
             "radixserve_websocket_slow_client_disconnects", "WebSockets closed because the client stopped "
             "reading and its send buffer filled up", registry=r)
+
+    def observe_step(self, step: StepInfo) -> None:
+        """A step observer (`AsyncEngine.add_step_observer`); runs on the engine thread."""
+        self.step_time.observe(step.duration_s)
+        self.step_tokens.observe(step.prefill_tokens + step.decode_tokens)
 
     def attach(self, engine_stats: Callable[[], Any | None], sessions: Callable[[], Any | None]) -> None:
         self.registry.register(_EngineCollector(engine_stats))

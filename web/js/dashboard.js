@@ -21,6 +21,8 @@ const GEN_COUNTERS = ["radixserve_generation_tokens_total"];
 const RUNNING_GAUGES = ["radixserve_requests_running"];
 const WAITING_GAUGES = ["radixserve_requests_waiting"];
 const TTFT_HISTOGRAM = "radixserve_time_to_first_token_seconds";
+const STEP_HISTOGRAM = "radixserve_step_seconds";
+const STEP_TOKENS = "radixserve_step_tokens";
 
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 
@@ -162,14 +164,18 @@ export class Dashboard {
     const evictedBlocks = num(s.evicted_blocks);
     const p50 = histogramQuantile(families, TTFT_HISTOGRAM, 0.5);
     const p95 = histogramQuantile(families, TTFT_HISTOGRAM, 0.95);
+    const stepP50 = histogramQuantile(families, STEP_HISTOGRAM, 0.5);
+    const steps = sampleSum(families, `${STEP_TOKENS}_count`);
+    const tokensPerStep = steps > 0 ? sampleSum(families, `${STEP_TOKENS}_sum`) / steps : null;
     const cards = [
       ["Hit rate", fmtPct(num(s.hit_rate), 1), reqHit === null ? "cached ÷ prompt tokens" : `of tokens · ${fmtPct(reqHit)} of requests hit`],
       ["Cached tokens", fmtInt(num(s.cached_tokens)), `of ${fmtInt(num(s.prompt_tokens))} prompt tokens`],
       ["Requests", fmtInt(num(s.requests)), `${fmtInt(num(s.running))} running · ${fmtInt(num(s.waiting))} waiting`],
       ["TTFT median", p50 === null ? "—" : fmtMs(p50 * 1000), `p95 ${p95 === null ? "—" : fmtMs(p95 * 1000)} · from /metrics`],
       ["KV blocks used", `${fmtInt(num(b.used))} / ${fmtInt(num(b.total))}`, `${fmtInt(num(b.cached))} cached · ${fmtInt(num(b.free))} free`],
-      ["Radix tree", `${fmtInt(num(tree.nodes))} nodes`, `${fmtInt(num(tree.tokens))} tokens`],
-      ["Evictions", fmtInt(num(s.evictions)), evictedBlocks === null ? "radix-cache evictions" : `${fmtInt(evictedBlocks)} blocks reclaimed`],
+      ["Radix tree", `${fmtInt(num(tree.nodes))} nodes`, `${fmtInt(num(tree.tokens))} tokens · ${fmtInt(num(s.evictions))} evictions` +
+        (evictedBlocks === null ? "" : ` (${fmtInt(evictedBlocks)} blocks)`)],
+      ["Engine step", stepP50 === null ? "—" : fmtMs(stepP50 * 1000), `median · ${tokensPerStep === null ? "—" : fmtInt(tokensPerStep)} tokens/step · from /metrics`],
       ["Sessions", fmtInt(num(s.sessions)), `${fmtInt(num(s.preemptions))} preemptions`],
     ];
     this.cards.replaceChildren(...cards.map(([label, value, sub]) => h("div", { className: "stat-card" }, [

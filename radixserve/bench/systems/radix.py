@@ -2,11 +2,10 @@
 any other EngineConfig, e.g. a small pool or the Triton backend). Outputs are streamed, so every
 token is stamped when it reaches the client.
 
-Pool samples are exact and per step: this engine's scheduler's `schedule` is wrapped (a measurement
-hook on this object only) to count, once a step's blocks are allocated and before anything is
-released, on the engine thread, the blocks live sequences hold; blocks neither free nor held by a
-sequence are held by the cache alone. Sampling from another
-thread would have to take the step lock (delaying steps) and could miss short peaks.
+Pool samples are exact and per step: a step observer (`AsyncEngine.add_step_observer`) receives, on
+the engine thread, the pool at each step's peak (blocks allocated, nothing yet released): the blocks
+live sequences hold and those held by the cache alone. Sampling from another thread would have to
+take the step lock (delaying steps) and could miss short peaks.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.bench.systems.base import Completion, PoolSample, System, SystemInfo
 from radixserve.config import EngineConfig
+from radixserve.core import StepInfo
 from radixserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -41,21 +41,12 @@ class RadixServeSystem(System):
         engine = await asyncio.to_thread(lambda: AsyncEngine(self.config))
         self.engine = engine
         self._num_blocks = engine.stats().blocks_total
-        self._hook_steps(engine.engine)
+        engine.add_step_observer(self._on_step)
         await engine.start()
 
-    def _hook_steps(self, inner) -> None:  # inner: the synchronous LLMEngine
-        schedule = inner.scheduler.schedule
-        total = self._num_blocks or 0
-
-        def sampled_schedule():  # -> the scheduler's Batch
-            batch = schedule()
-            if self._recording:
-                used = len({b for s in inner.live_sequences() for b in s.block_table})
-                self._samples.append(PoolSample(time.monotonic(), used, total - used - inner.pool.num_free, total))
-            return batch
-
-        inner.scheduler.schedule = sampled_schedule
+    def _on_step(self, step: StepInfo) -> None:
+        if self._recording:
+            self._samples.append(PoolSample(step.started, step.blocks_used, step.blocks_cached, step.blocks_total))
 
     def start_sampling(self) -> None:
         self._samples = []
