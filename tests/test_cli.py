@@ -39,3 +39,32 @@ def test_bad_model_path_is_a_clear_error() -> None:
                           text=True, timeout=120)
     assert proc.returncode != 0
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# Runs `radixserve` with the server's libraries made unimportable: a subcommand that needs none of
+# them must still work (a GPU box with only the engine's dependencies can run them).
+WITHOUT_SERVER_LIBS = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("starlette", "uvicorn", "websockets"):
+            raise ImportError(f"this subcommand imported {name}")
+sys.meta_path.insert(0, Refuse())
+from radixserve.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_without_server_libs(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", WITHOUT_SERVER_LIBS, *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_subcommands_import_only_what_they_use() -> None:
+    for args in (["generate", "--max-tokens", "2", "Hi"], ["bench", "micro", "--smoke"]):
+        proc = run_without_server_libs(args)
+        assert proc.returncode == 0, (args, proc.stderr[-2000:])
+    kernels = run_without_server_libs(["bench", "kernels"])  # no CUDA here: it must say so, not crash on imports
+    assert "imported" not in kernels.stderr and "CUDA" in kernels.stdout + kernels.stderr, kernels.stderr[-2000:]
+    refused = run_without_server_libs(["serve", "--port", "0"])  # the control: serve does need them
+    assert refused.returncode != 0 and "this subcommand imported" in refused.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.config import EngineConfig
+from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.engine import LLMEngine
 from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.sampling_params import SamplingParams
@@ -20,6 +21,7 @@ class LLM:
     def __init__(self, model: str | None = None, **config: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **config))
         self.tokenizer = self.engine.tokenizer
+        self._formatter: ChatFormatter | None = None
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
         params = params or SamplingParams()
@@ -34,14 +36,16 @@ class LLM:
                 _accumulate(results, out)
         return [results[i] for i in ids]
 
-    def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None) -> list[RequestOutput]:
-        if self.tokenizer is None:
-            raise ValueError("this model directory has no tokenizer, so it has no chat template")
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Chat completions through the same ChatFormatter as the server and the terminal chat (the
+        model's template, or ChatML when it ships none; message content is always tokenized as text)."""
+        if self._formatter is None:
+            if self.tokenizer is None:
+                raise ValueError("this model directory has no tokenizer, so it has no chat template")
+            self._formatter = ChatFormatter(self.tokenizer)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            list(self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False))
-            for c in conversations
-        ]
+        prompts: list[Prompt] = [self._formatter.prompt_tokens(c) for c in conversations]  # type: ignore[arg-type]
         return self.generate(prompts, params)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixserve.server.request_guard import split_host
+from radixserve.server.hosts import split_host
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
