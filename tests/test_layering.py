@@ -1,0 +1,139 @@
+"""Layering as a test: every module's imports (read with ast) must follow the layer table below, which
+must equal the layer picture in the README. Data flows one way — web → server → engine → scheduler →
+cache → core, the engine also → model → kernels — and nothing imports upward.
+
+Imports under `if TYPE_CHECKING:` are exempt: they are annotations only (core names the radix tree's
+node type that way) and create no dependency at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("radixserve", "kernels")
+
+# module (or package prefix) -> layer; the longest matching prefix wins
+LAYER_OF = {
+    "kernels": "kernels",
+    "radixserve.core": "core",
+    "radixserve.config": "core",
+    "radixserve.errors": "core",
+    "radixserve.sampling_params": "core",
+    "radixserve.cache": "cache",
+    "radixserve.model": "model",
+    "radixserve.scheduler": "scheduler",
+    "radixserve.engine": "engine",
+    "radixserve.server": "server",
+    "radixserve.bench": "bench",
+    "radixserve": "entry",  # the package's public names, cli.py, terminal_chat.py
+}
+ALL_LAYERS = ("entry", "server", "bench", "engine", "scheduler", "model", "cache", "core", "kernels")
+# layer -> the other layers it may import (its own is always allowed)
+MAY_IMPORT = {
+    "entry": {"server", "bench", "engine", "scheduler", "model", "cache", "core", "kernels"},
+    "server": {"engine", "core"},
+    "bench": {"engine", "scheduler", "cache", "model", "core", "kernels"},
+    "engine": {"scheduler", "cache", "model", "core"},
+    "scheduler": {"cache", "core"},
+    "model": {"core", "kernels"},
+    "cache": {"core"},
+    "core": set(),
+    "kernels": set(),
+}
+
+
+def layer_of(module: str) -> str | None:
+    for prefix in sorted(LAYER_OF, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return LAYER_OF[prefix]
+    return None  # not ours (stdlib, torch, starlette, ...)
+
+
+def runtime_imports(source: str, module: str, is_package: bool) -> list[str]:
+    """Modules `source` imports outside `if TYPE_CHECKING:` blocks, relative imports resolved."""
+    tree = ast.parse(source)
+    type_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.append(base)
+            found += [f"{base}.{alias.name}" for alias in node.names]  # `from pkg import submodule`
+    return found
+
+
+def violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
+    """'a -> b (layer x may not import layer y)' for every upward or sideways edge."""
+    bad = []
+    for module, (source, is_package) in sorted(modules.items()):
+        mine = layer_of(module)
+        assert mine is not None, f"{module} is in no layer: add it to LAYER_OF"
+        for target in runtime_imports(source, module, is_package):
+            theirs = layer_of(target)
+            if theirs is not None and theirs != mine and theirs not in MAY_IMPORT[mine]:
+                bad.append(f"{module} -> {target} ({mine} may not import {theirs})")
+    return sorted(set(bad))
+
+
+def project_modules() -> dict[str, tuple[str, bool]]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_package else parts)
+            modules[name] = (path.read_text(), is_package)
+    return modules
+
+
+def test_no_module_imports_upward() -> None:
+    modules = project_modules()
+    assert len(modules) > 40
+    assert violations(modules) == []
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("radixserve.cache.synthetic", "from radixserve.scheduler import Scheduler\n"),
+    ("radixserve.model.synthetic", "import radixserve.engine.engine\n"),
+    ("radixserve.engine.synthetic", "from radixserve.server import app\n"),
+    ("radixserve.core", "from radixserve.cache.radix_tree import RadixNode\n"),  # at run time, not type-only
+    ("radixserve.scheduler.synthetic", "def f():\n    from ..engine import LLMEngine\n"),  # relative, nested
+])
+def test_an_upward_import_is_caught(module: str, source: str) -> None:
+    modules = {**project_modules(), module: (source, False)}  # a synthetic module, or one rewritten
+    assert any(v.startswith(module + " ->") for v in violations(modules)), violations(modules)
+
+
+def test_type_checking_imports_are_exempt() -> None:
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from radixserve.engine import LLMEngine\n"
+    assert violations({"radixserve.cache.synthetic": (source, False)}) == []
+
+
+def test_readme_layer_picture_matches_the_table() -> None:
+    """The README's table (between the `layers` markers) lists each layer and what it may import."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- layers -->\s*```text\n(.*?)```\s*<!-- /layers -->", readme, re.S)
+    assert block is not None, "README.md has no layer table between <!-- layers --> markers"
+    pictured: dict[str, set[str]] = {}
+    for line in block.group(1).splitlines()[1:]:  # the first line is the header
+        layer, _, rest = line.partition(" ")
+        deps = rest.split("(")[0].replace(",", " ").split()
+        pictured[layer] = set() if deps == ["nothing"] else set(deps)
+    assert list(pictured) == list(ALL_LAYERS)
+    assert pictured == MAY_IMPORT
