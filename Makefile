@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve chat test bench
+.PHONY: setup serve chat test bench lint
 
 setup: $(STAMP)
 
@@ -29,3 +29,7 @@ bench: $(STAMP)
 test: $(STAMP)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check radixserve tests kernels
+	$(PY) -m mypy

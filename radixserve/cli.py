@@ -40,7 +40,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-        max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, enable_prefix_cache=not a.no_prefix_cache,
+        max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps,
+        enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
     )
 

@@ -12,10 +12,10 @@ import sys
 import time
 
 from radixserve.config import EngineConfig
-from radixserve.engine.engine import LLMEngine
 from radixserve.core import RequestOutput
-from radixserve.sampling_params import SamplingParams
 from radixserve.engine.chat_template import ChatFormatter
+from radixserve.engine.engine import LLMEngine
+from radixserve.sampling_params import SamplingParams
 
 
 def _stream(engine: LLMEngine, prompt: list[int] | str, params: SamplingParams, echo: bool) -> tuple[list[int], RequestOutput]:

@@ -10,15 +10,15 @@ import functools
 
 import pytest
 import torch
+from tiny_models import hf_model, tiny_model_dir
 
 from radixserve import LLM, SamplingParams
-from tiny_models import hf_model, tiny_model_dir
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(arch: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     model = hf_model(tiny_model_dir(arch))
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,

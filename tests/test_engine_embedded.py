@@ -75,6 +75,7 @@ def test_multi_turn_computes_only_new_tokens(llm: LLM) -> None:
     tok = llm.tokenizer
     history = chat_ids(tok, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}])
     params = SamplingParams(temperature=0.0, max_tokens=12)
+    new_tokens = 0  # tokens the previous turn appended after its reply
     for turn, question in enumerate(["Name a fruit.", "And a vegetable?", "And a colour?"]):
         before = llm.engine.stats().computed_tokens
         out = llm.generate([history], params)[0]

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_models import tiny_model_dir
 
 from radixserve import LLM, AsyncEngine, SamplingParams
+from radixserve.core import Batch
 from radixserve.engine.engine import FORWARD_FAILED, INVALID_LOGITS
 from radixserve.errors import RequestFailedError
 from radixserve.sampling_params import MIN_TEMPERATURE, SEED_MODULUS
-from radixserve.core import Batch
-from tiny_models import tiny_model_dir
 
 POISON = 7  # a token id the faulty runners below refuse
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

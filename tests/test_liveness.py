@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_models import TINY_VOCAB, tiny_model_dir
 
 from radixserve import SamplingParams
 from radixserve.config import POLICIES, EngineConfig
+from radixserve.core import RequestOutput
 from radixserve.engine.engine import LLMEngine
 from radixserve.errors import RequestError
-from radixserve.core import RequestOutput
-from tiny_models import TINY_VOCAB, tiny_model_dir
 
 GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 

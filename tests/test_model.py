@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import MISTRAL_WINDOW, TINY_CONFIGS, TINY_VOCAB, hf_model, tiny_model_dir
 
-from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
+from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model, load_tokenizer
 from radixserve.model.rope import RopeParams, inv_frequencies
 from radixserve.model.spec import SUPPORTED_ARCHITECTURES, load_spec, rope_params_from_config

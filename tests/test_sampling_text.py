@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from radixserve.engine.detokenizer import IncrementalDetokenizer
+from radixserve.engine.sampler import Sampler
 from radixserve.model.embedded import embedded_model_dir
 from radixserve.model.loader import load_tokenizer
-from radixserve.engine.sampler import Sampler
 from radixserve.sampling_params import SamplingParams
 
 

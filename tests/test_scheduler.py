@@ -4,11 +4,11 @@ waiting for an in-flight prefill of a shared prefix instead of computing it twic
 from __future__ import annotations
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.config import EngineConfig
 from radixserve.cache.radix_tree import RadixTree
+from radixserve.config import EngineConfig
+from radixserve.core import Request, Sequence, SequenceStatus
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler.scheduler import Scheduler
-from radixserve.core import Request, Sequence, SequenceStatus
 
 
 def make(policy: str = "fcfs", num_blocks: int = 64, budget: int = 32, cache: bool = True) -> Scheduler:

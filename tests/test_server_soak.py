@@ -10,6 +10,7 @@ ERROR or with a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import json
@@ -66,10 +67,8 @@ def settled_rss() -> int:
     """RSS once garbage is collected and freed heap is handed back to the OS (glibc keeps freed
     arenas otherwise, which is not memory the server holds)."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
     return rss_bytes()
 
 

@@ -9,10 +9,10 @@ import math
 import pytest
 
 from radixserve.engine.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
-from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.hosts import host_allowed, origin_allowed, split_host
-from radixserve.server.request_guard import refusal
+from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.owners import Owner, parse_secret
+from radixserve.server.request_guard import refusal
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError, build_sampling_params, parse_json_text, parse_sampling
 

@@ -17,12 +17,11 @@ import time
 from typing import Any
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.config import EngineConfig
 from radixserve.cache.radix_tree import RadixTree
+from radixserve.config import EngineConfig
+from radixserve.core import Batch, Request, Sequence
 from radixserve.sampling_params import SamplingParams
-from radixserve.core import Batch
 from radixserve.scheduler.scheduler import Scheduler
-from radixserve.core import Request, Sequence
 
 
 def _no_op_step(scheduler: Scheduler, batch: Batch, token: int) -> None:

@@ -175,7 +175,7 @@ def build_workload(name: str, params: object, load: Load, encode: Callable[[str]
         sessions = _random(params, stream, rng)
     else:
         raise TypeError(f"no workload builder for {type(params).__name__}")
-    return Workload(name, tuple(sessions), load, dataclasses.asdict(params))  # type: ignore[call-overload]
+    return Workload(name, tuple(sessions), load, dataclasses.asdict(params))
 
 
 def _shared_prefix(p: SharedPrefixParams, stream: TokenStream, rng: random.Random) -> list[Session]:

@@ -14,7 +14,7 @@ so cached prefixes are evicted only under memory pressure.
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Callable
+from collections.abc import Callable
 
 
 class OutOfBlocksError(RuntimeError):

@@ -128,7 +128,7 @@ class RadixTree:
     def foreign_blocks(self, node: RadixNode, own: list[int], stop: RadixNode | None = None) -> int:
         """Blocks listed on the path from `node` up to `stop` (exclusive; the root by default) that
         are not in `own`: what a lock on `node` keeps alive besides a sequence's own blocks."""
-        own_set, foreign = set(own), set()
+        own_set, foreign = set(own), set[int]()
         n: RadixNode | None = node
         while n is not None and n is not stop and n is not self.root:
             foreign.update(b for b in n.blocks if b not in own_set)

@@ -18,13 +18,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from radixserve.config import EngineConfig
-from radixserve.engine.engine import LLMEngine, StepObserver
-from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.core import RequestOutput
-from radixserve.sampling_params import SamplingParams
+from radixserve.engine.engine import LLMEngine, StepObserver
 from radixserve.engine.stats import EngineStats
+from radixserve.errors import EngineStoppedError, RequestFailedError
+from radixserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class AsyncEngine:
 
     # -- facts callers need --------------------------------------------------------------------
     @property
-    def tokenizer(self):  # noqa: ANN201 - a transformers tokenizer or None
+    def tokenizer(self) -> Any:  # a transformers tokenizer or None
         return self.engine.tokenizer
 
     @property

@@ -23,7 +23,7 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def add(self, token_ids: list[int]) -> None:
         """Take new tokens; afterwards `stopped` says whether a stop string appeared."""

@@ -168,6 +168,7 @@ class LLMEngine:
             self.stats_totals.computed_tokens += max(0, min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
                                                      - item.start)
         failed: dict[Request, str] = {}
+        logits: torch.Tensor | None
         try:
             logits = self.runner.run(batch)
         except Exception:
@@ -176,7 +177,8 @@ class LLMEngine:
             log.exception("a forward pass of %d sequences failed; retrying them one by one", len(batch.items))
             per_item = self.runner.run_each(batch)
             failed = {it.seq.request: FORWARD_FAILED for it, rows in zip(batch.items, per_item) if rows is None}
-            kept = [(it, rows) for it, rows in zip(batch.items, per_item) if it.seq.request not in failed]
+            kept = [(it, rows) for it, rows in zip(batch.items, per_item)
+                    if rows is not None and it.seq.request not in failed]
             batch = Batch([it for it, _ in kept], [])
             logits = torch.cat([rows for _, rows in kept]) if kept else None
         return self._postprocess(batch, logits, failed)

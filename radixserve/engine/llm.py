@@ -6,12 +6,12 @@ without leaving half a batch in the engine.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from radixserve.config import EngineConfig
+from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.engine import LLMEngine
-from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -25,16 +25,15 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
         params = params or SamplingParams()
-        batch = _as_prompt_list(prompts)
-        token_lists = [self.engine.tokenize(p) for p in batch]
+        token_lists = [self.engine.tokenize(p) for p in _as_prompt_list(prompts)]
         for ids in token_lists:
             self.engine.validate(ids, params)
-        ids = [self.engine.add_request(t, params) for t in token_lists]
+        request_ids = [self.engine.add_request(t, params) for t in token_lists]
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 _accumulate(results, out)
-        return [results[i] for i in ids]
+        return [results[i] for i in request_ids]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -44,19 +43,20 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer, so it has no chat template")
             self._formatter = ChatFormatter(self.tokenizer)
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts: list[Prompt] = [self._formatter.prompt_tokens(c) for c in conversations]  # type: ignore[arg-type]
+        one = bool(messages) and isinstance(messages[0], dict)
+        conversations = [cast(list[dict[str, str]], messages)] if one else cast(list[list[dict[str, str]]], messages)
+        prompts: list[Prompt] = [self._formatter.prompt_tokens(c) for c in conversations]
         return self.generate(prompts, params)
 
 
 def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
-    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt given as token ids
     if not isinstance(prompts, list) or not prompts:
         raise ValueError("prompts must be a string, a token-id list, or a non-empty list of those")
-    return prompts
+    if all(isinstance(t, int) for t in prompts):
+        return [[t for t in prompts if isinstance(t, int)]]  # one prompt given as token ids
+    return [p for p in prompts if not isinstance(p, int)]
 
 
 def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixserve.model.kv_cache import KVCache
 from radixserve.model.attention import AttentionBackend, AttentionMetadata
+from radixserve.model.kv_cache import KVCache
 from radixserve.model.rope import RotaryEmbedding, apply_rotary
 from radixserve.model.spec import ModelSpec
 

@@ -62,14 +62,14 @@ def _load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
     unexpected: list[str] = []
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as shard:
-            for name in shard.keys():
+            for name in shard.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 target = _target(name, packed)
                 if target is None or target[0] not in params:
                     if not _ignorable(name, model.spec):
                         unexpected.append(name)
                     continue
                 param_name, first_row, rows = target
-                dest = params[param_name]
+                dest: torch.Tensor = params[param_name]
                 if rows is not None:
                     dest = dest.narrow(0, first_row, rows)
                 tensor = shard.get_tensor(name)

@@ -82,8 +82,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of each token, [T, 1, D] in `dtype`, shaped to broadcast over heads."""
-        cos = self.cos_table[positions]
-        sin = self.sin_table[positions]
+        cos = self.get_buffer("cos_table")[positions]
+        sin = self.get_buffer("sin_table")[positions]
         cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1)
         sin = torch.cat((sin, sin), dim=-1).to(dtype).unsqueeze(1)
         return cos, sin

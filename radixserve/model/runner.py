@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.model.kv_cache import KVCache, KVLayout
+from radixserve.core import Batch
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.device import resolve_device, resolve_dtype
+from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
-from radixserve.core import Batch
+
 
 @dataclass
 class StepInputs:

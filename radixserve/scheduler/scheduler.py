@@ -32,7 +32,6 @@ locked path passes through it.
 from __future__ import annotations
 
 import bisect
-
 from collections.abc import Container
 
 from radixserve.cache.block_pool import BlockPool

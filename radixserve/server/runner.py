@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 
 from radixserve.server.app import build_app, drain
 from radixserve.server.config import ServerConfig
-from radixserve.server.request_guard import WILDCARD_BINDS
+from radixserve.server.hosts import WILDCARD_BINDS
 from radixserve.server.state import EngineFactory, ServerState
 
 WS_TRANSPORT_SLACK = 4  # uvicorn drops frames over this many times our own limit (close 1009)

@@ -57,7 +57,7 @@ class System(ABC):
     def info(self) -> SystemInfo: ...
 
     # -- pool samples, recorded between start_sampling() and stop_sampling() around a measured run --
-    def start_sampling(self) -> None:
+    def start_sampling(self) -> None:  # noqa: B027 - a no-op for systems without a block pool
         pass
 
     def stop_sampling(self) -> list[PoolSample]:

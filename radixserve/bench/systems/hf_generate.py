@@ -10,6 +10,7 @@ TTFT and inter-token latency are real, not end-of-batch. No KV is reused across 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,10 +123,8 @@ class HFStaticBatchSystem(System):
     async def stop(self) -> None:
         if self._server is not None:
             self._server.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._server
-            except asyncio.CancelledError:
-                pass
             self._server = None
         for p in self._queue:
             if not p.future.done():
