@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixserve.server.http_util import error_response
+from radixserve.server.api_errors import error_response, report_error
 from radixserve.server.validation import ApiError
 
 if TYPE_CHECKING:  # state imports config, which validates --allowed-hosts with split_host
@@ -135,5 +135,5 @@ class RequestGuardMiddleware:
             # Starlette responses send the websocket.http.response.* denial messages in a WebSocket scope
             await error_response(error, self.state.metrics)(scope, receive, send)
         else:  # closing before accepting refuses the upgrade with a bare 403
-            self.state.metrics.api_errors.labels(error.code).inc()
+            report_error(error, self.state.metrics)
             await send({"type": "websocket.close", "code": 1008})
