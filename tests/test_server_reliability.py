@@ -118,8 +118,8 @@ def test_cancel_in_the_same_write_as_its_chat_wins(chat_server: BackgroundServer
     async def run() -> list[dict[str, Any]]:
         dones = []
         async with connect(chat_server) as ws:
-            sid = (await request(ws, {"type": "session.create", **OWNED}))["session"]["id"]
-            for trial in range(3):
+            for trial in range(3):  # a fresh session each time: the same prompt, which does not end at once
+                sid = (await request(ws, {"type": "session.create", **OWNED}))["session"]["id"]
                 gen = f"race-{trial}"
                 chat = json.dumps({"type": "chat", "session_id": sid, "content": "Count to a thousand.",
                                    "gen_id": gen, **OWNED, "sampling": {"max_tokens": 400, "temperature": 0}})

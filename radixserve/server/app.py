@@ -28,11 +28,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
-from radixserve.server import openai_api, rest
-from radixserve.server.auth import bearer_token, key_matches, needs_key
 from radixserve.engine.chat_template import ChatFormatter
+from radixserve.server import openai_api, rest
+from radixserve.server.api_errors import api_error_handler, error_response
+from radixserve.server.auth import bearer_token, key_matches, needs_key
 from radixserve.server.config import ServerConfig
-from radixserve.server.http_util import InternalErrorMiddleware, error_body, error_response
+from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.request_guard import RequestGuardMiddleware
 from radixserve.server.sessions import SessionStore
@@ -101,10 +102,7 @@ async def metrics(request: Request) -> Response:
 
 async def cache_stats(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    try:
-        engine = state.require_engine()
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    engine = state.require_engine()
     st = await asyncio.to_thread(engine.stats)
     requests = sum(st.requests_finished.values())
     tracker = state.metrics.system_prompts
@@ -144,8 +142,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     if not request.url.path.startswith(("/v1", "/metrics", "/health")):
         return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
-    return JSONResponse(error_body(ApiError(code, str(exc.detail), exc.status_code)), status_code=exc.status_code,
-                        headers=getattr(exc, "headers", None))
+    return error_response(ApiError(code, str(exc.detail), exc.status_code), headers=exc.headers)
 
 
 def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None) -> Starlette:
@@ -182,8 +179,9 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
                                         allow_headers=["*"]))
     # outermost: a request for a foreign Host or a cross-site state change reaches nothing else
     middleware.insert(0, Middleware(RequestGuardMiddleware, state=state))
+    # Routes raise ApiError; this one handler answers it (unexpected exceptions: InternalErrorMiddleware)
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error})
+                    exception_handlers={HTTPException: _http_error, ApiError: api_error_handler(state.metrics)})
     # The UI is the router's fallback, not a Mount: a Mount at "/" would match every path and turn a
     # wrong method on an API route (405) into a static-file 404.
     app.router.default = StaticFallback(config.web_dir)
@@ -204,8 +202,7 @@ class StaticFallback:
             return
         path = scope["path"]
         if path.startswith(("/v1", "/metrics", "/health")):
-            e = ApiError("not_found", f"no endpoint {path}", 404)
-            await JSONResponse(error_body(e), status_code=404)(scope, receive, send)
+            await error_response(ApiError("not_found", f"no endpoint {path}", 404))(scope, receive, send)
         elif self.files is None:
             text = "radixserve: the web UI is not installed; the API is under /v1 (see docs/server.md)"
             await PlainTextResponse(text, status_code=200 if path == "/" else 404)(scope, receive, send)

@@ -16,10 +16,10 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
 from radixserve.core import RequestOutput
-from radixserve.sampling_params import SamplingParams
 from radixserve.engine.chat_template import token_hash
+from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
+from radixserve.sampling_params import SamplingParams
 from radixserve.server.metrics import NONE_KEY
 from radixserve.server.validation import ApiError
 

@@ -1,10 +1,10 @@
-"""HTTP plumbing shared by the REST and OpenAI endpoints: bounded JSON bodies, error bodies, SSE.
+"""HTTP plumbing shared by the REST and OpenAI endpoints: bounded JSON bodies, SSE, disconnects.
 
-Error bodies are OpenAI-shaped, {"error": {"message", "type", "param", "code"}}, everywhere, so one
-client-side parser fits every endpoint. A generation never outlives its HTTP client: streaming or not,
+Error bodies are built in api_errors. A generation never outlives its HTTP client: streaming or not,
 `until_done_or_gone` watches for the client going away and then cancels the work, which aborts the
 engine request and frees its blocks. `InternalErrorMiddleware` turns any exception a handler lets
-escape into a generic JSON 500 (the traceback goes to the log once, under the id the client sees).
+escape into a generic JSON 500 (the traceback goes to the log once, under the id the client sees);
+an ApiError never gets that far, the app's exception handler (api_errors) answers it.
 """
 
 from __future__ import annotations
@@ -16,28 +16,15 @@ from contextlib import suppress
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixserve.server.api_errors import error_response
 from radixserve.server.generation import api_error_from
+from radixserve.server.metrics import ServerMetrics
 from radixserve.server.validation import ApiError, parse_json_text, require_object
 
 T = TypeVar("T")
-
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
-
-
-def error_body(e: ApiError) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(e.status, "server_error" if e.status >= 500 else "invalid_request_error")
-    return {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
-
-
-def error_response(e: ApiError, metrics: Any | None = None) -> JSONResponse:
-    if metrics is not None:
-        metrics.api_errors.labels(e.code).inc()
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-    return JSONResponse(error_body(e), status_code=e.status, headers=headers)
 
 
 def dumps(obj: Any) -> str:
@@ -124,9 +111,11 @@ def sse(obj: Any) -> str:
 
 class InternalErrorMiddleware:
     """Any exception an HTTP handler lets escape: a generic JSON 500 if the response has not started
-    (api_error_from logs the traceback once, under the id the client is given)."""
+    (api_error_from logs the traceback once, under the id the client is given). It swallows the
+    exception, so Starlette's ServerErrorMiddleware (outermost, whose handler would re-raise and have
+    the server log the traceback a second time) only sees failures of the middleware outside this one."""
 
-    def __init__(self, app: ASGIApp, metrics: Any) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -22,15 +22,9 @@ from starlette.routing import Route
 
 from radixserve.core import RequestOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.server.generation import SystemPromptRef, admit_prompt, api_error_from, stream_request
-from radixserve.server.http_util import (
-    ClientGone,
-    EventStream,
-    error_response,
-    read_json_object,
-    sse,
-    until_done_or_gone,
-)
+from radixserve.server.api_errors import openai_stream_error
+from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
+from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.state import ServerState
 from radixserve.server.validation import (
     ApiError,
@@ -147,11 +141,9 @@ def usage_body(out: RequestOutput) -> dict[str, Any]:
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    try:
-        body = await read_json_object(request, state.config.max_message_bytes)
-        req = parse_chat_request(state, body)
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    # refusals raise here, before any response starts: a JSON error with its status, never a stream
+    body = await read_json_object(request, state.config.max_message_bytes)
+    req = parse_chat_request(state, body)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))
@@ -159,8 +151,6 @@ async def chat_completions(request: Request) -> Response:
         body = await until_done_or_gone(request.receive, _completion(state, req, rid, created))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the engine request was aborted
-    except ApiError as e:
-        return error_response(e, state.metrics)
     return JSONResponse(body)
 
 
@@ -207,11 +197,8 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
                     if o.finish_reason:
                         yield chunk([{"index": o.index, "delta": {}, "logprobs": None,
                                       "finish_reason": o.finish_reason}])
-    except Exception as e:
-        err = api_error_from(e)
-        state.metrics.api_errors.labels(err.code).inc()
-        yield sse({"error": {"message": err.message, "type": "server_error" if err.status >= 500 else
-                             "invalid_request_error", "param": err.param, "code": err.code}})
+    except Exception as e:  # the stream has started: the error is an event, then [DONE]
+        yield sse(openai_stream_error(e, state.metrics))
     if req.include_usage and last is not None:
         yield chunk([], usage_body(last))
     yield "data: [DONE]\n\n"
@@ -219,10 +206,7 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
 
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    try:
-        engine = state.require_engine()
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    engine = state.require_engine()
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "radixserve",
         "max_model_len": engine.max_model_len}]})

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radixserve.server.api_errors import error_response, report_error
 from radixserve.server.hosts import host_allowed, origin_allowed
-from radixserve.server.http_util import error_response
 from radixserve.server.validation import ApiError
 
 if TYPE_CHECKING:  # state imports config
@@ -71,5 +71,5 @@ class RequestGuardMiddleware:
             # Starlette responses send the websocket.http.response.* denial messages in a WebSocket scope
             await error_response(error, self.state.metrics)(scope, receive, send)
         else:  # closing before accepting refuses the upgrade with a bare 403
-            self.state.metrics.api_errors.labels(error.code).inc()
+            report_error(error, self.state.metrics)
             await send({"type": "websocket.close", "code": 1008})

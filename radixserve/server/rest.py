@@ -15,15 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server.generation import api_error_from
-from radixserve.server.http_util import (
-    ClientGone,
-    EventStream,
-    error_response,
-    read_json_object,
-    sse,
-    until_done_or_gone,
-)
+from radixserve.server.api_errors import error_frame
+from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
@@ -31,7 +24,8 @@ from radixserve.server.validation import ApiError, get_bool, get_int, get_str, p
 
 
 def _state(request: Request) -> ServerState:
-    return request.app.state.server  # type: ignore[no-any-return]
+    state: ServerState = request.app.state.server
+    return state
 
 
 def create_session(state: ServerState, body: dict[str, Any], secret: str | None) -> dict[str, Any]:
@@ -60,70 +54,57 @@ def _owner(request: Request) -> Owner | None:
 
 async def sessions_collection(request: Request) -> Response:
     state = _state(request)
-    try:
-        _, store = state.require_chat()
-        if request.method == "GET":
-            return JSONResponse({"sessions": [s.summary() for s in store.list(_owner(request))]})
-        secret = secret_from_headers(request.headers)
-        body = await read_json_object(request, state.config.max_message_bytes)
-        return JSONResponse(create_session(state, body, secret), status_code=201)
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    _, store = state.require_chat()
+    if request.method == "GET":
+        return JSONResponse({"sessions": [s.summary() for s in store.list(_owner(request))]})
+    secret = secret_from_headers(request.headers)
+    body = await read_json_object(request, state.config.max_message_bytes)
+    return JSONResponse(create_session(state, body, secret), status_code=201)
 
 
 async def session_item(request: Request) -> Response:
     state = _state(request)
-    try:
-        _, store = state.require_chat()
-        sid, owner = request.path_params["session_id"], _owner(request)
-        if request.method == "GET":
-            return JSONResponse(store.get(sid, owner).to_json())
-        session = store.delete(sid, owner)
-        turn = state.session_generations.get(session.id)
-        if turn is not None:
-            turn.cancel()
-        return Response(status_code=204)
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    _, store = state.require_chat()
+    sid, owner = request.path_params["session_id"], _owner(request)
+    if request.method == "GET":
+        return JSONResponse(store.get(sid, owner).to_json())
+    session = store.delete(sid, owner)
+    turn = state.session_generations.get(session.id)
+    if turn is not None:
+        turn.cancel()
+    return Response(status_code=204)
 
 
 async def fork_session(request: Request) -> Response:
     state = _state(request)
-    try:
-        _, store = state.require_chat()
-        owner = _owner(request)
-        body = await read_json_object(request, state.config.max_message_bytes)
-        at = get_int(body, "at_message", minimum=0)
-        if at is None:
-            raise ApiError("missing_field", "missing required field 'at_message'", param="at_message")
-        return JSONResponse(store.fork(request.path_params["session_id"], at, owner).to_json(), status_code=201)
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    _, store = state.require_chat()
+    owner = _owner(request)
+    body = await read_json_object(request, state.config.max_message_bytes)
+    at = get_int(body, "at_message", minimum=0)
+    if at is None:
+        raise ApiError("missing_field", "missing required field 'at_message'", param="at_message")
+    return JSONResponse(store.fork(request.path_params["session_id"], at, owner).to_json(), status_code=201)
 
 
 async def post_message(request: Request) -> Response:
+    """Refusals raise before any response starts, so they are JSON errors, never a stream."""
     state = _state(request)
-    try:
-        _, store = state.require_chat()
-        owner = _owner(request)
-        session = store.get(request.path_params["session_id"], owner)
-        body = await read_json_object(request, state.config.max_message_bytes)
-        content = get_str(body, "content")
-        sampling = parse_sampling(body.get("sampling"))
-        stream = get_bool(body, "stream")
-        store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
-        assert content is not None
-        turn = SessionTurn(state, session, content, sampling, gen_id="rest")
-    except ApiError as e:
-        return error_response(e, state.metrics)
+    _, store = state.require_chat()
+    owner = _owner(request)
+    session = store.get(request.path_params["session_id"], owner)
+    body = await read_json_object(request, state.config.max_message_bytes)
+    content = get_str(body, "content")
+    sampling = parse_sampling(body.get("sampling"))
+    stream = get_bool(body, "stream")
+    store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
+    assert content is not None
+    turn = SessionTurn(state, session, content, sampling, gen_id="rest")
     if stream:
         return EventStream(_sse_events(state, turn))
     try:
         result = await until_done_or_gone(request.receive, _last_event(turn))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the turn ended with finish_reason "abort"
-    except ApiError as e:
-        return error_response(e, state.metrics)
     message = session.messages[result["message_index"]]
     return JSONResponse({"message": {"role": "assistant", "content": message.content},
                          "finish_reason": result["finish_reason"], "usage": result["usage"],
@@ -144,10 +125,8 @@ async def _sse_events(state: ServerState, turn: SessionTurn) -> AsyncGenerator[s
         async with aclosing(turn.events()) as events:
             async for ev in events:
                 yield sse(ev)
-    except Exception as e:
-        err = api_error_from(e)
-        state.metrics.api_errors.labels(err.code).inc()
-        yield sse({"type": "error", "code": err.code, "message": err.message, "gen_id": turn.gen_id})
+    except Exception as e:  # the stream has started: the error is its last event
+        yield sse(error_frame(e, state.metrics, gen_id=turn.gen_id))
 
 
 ROUTES = [

@@ -23,8 +23,8 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from radixserve.server.api_errors import error_frame
 from radixserve.server.auth import key_matches
-from radixserve.server.generation import api_error_from
 from radixserve.server.http_util import dumps
 from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
@@ -74,14 +74,9 @@ class Connection:
             self.writer_task.cancel()  # it may be stuck waiting for the socket to take a frame
         self.stopped.set()
 
-    def send_error(self, e: ApiError, gen_id: str | None = None, req: Any = None, has_req: bool = False) -> None:
-        self.state.metrics.api_errors.labels(e.code).inc()
-        frame: dict[str, Any] = {"type": "error", "code": e.code, "message": e.message}
-        if gen_id is not None:
-            frame["gen_id"] = gen_id
-        if has_req:
-            frame["req"] = req
-        self.send(frame)
+    def send_error(self, exc: Exception, gen_id: str | None = None, req: Any = None, has_req: bool = False) -> None:
+        """An error frame for any exception (api_error_from logs an unexpected one, with the id it reports)."""
+        self.send(error_frame(exc, self.state.metrics, gen_id, req, has_req))
 
     async def writer(self) -> None:
         while True:
@@ -154,15 +149,12 @@ class Connection:
                 check_req(frame["req"])  # refused without an echo when it is not small and shallow
                 has_req, req = True, frame["req"]
             kind = get_str(frame, "type")
-            if not self.authed:
-                if kind != "auth" or not key_matches(frame.get("api_key"), self.state.config.api_key):
-                    self._reject("the first frame must be {\"type\":\"auth\",\"api_key\":...} with a valid key")
-                    return False
+            if not self.authed and (kind != "auth" or not key_matches(frame.get("api_key"), self.state.config.api_key)):
+                self._reject("the first frame must be {\"type\":\"auth\",\"api_key\":...} with a valid key")
+                return False
             self.dispatch(kind, frame, has_req, req)
-        except ApiError as e:
+        except Exception as e:  # a refused frame, or a bug: neither may take the connection down
             self.send_error(e, req=req, has_req=has_req)
-        except Exception as e:  # a bug must not take the connection down (api_error_from logs it)
-            self.send_error(api_error_from(e), req=req, has_req=has_req)
         return True
 
     def dispatch(self, kind: str | None, frame: dict[str, Any], has_req: bool, req: Any) -> None:
@@ -222,8 +214,8 @@ class Connection:
                     self.send({**ev, "req": req} if has_req and ev["type"] == "start" else ev)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # api_error_from logs anything unexpected, with the id it reports
-            self.send_error(api_error_from(e), gen_id=turn.gen_id, req=req, has_req=has_req)
+        except Exception as e:  # the generation has started: the error is its last frame
+            self.send_error(e, gen_id=turn.gen_id, req=req, has_req=has_req)
         finally:
             self.generations.pop(turn.gen_id, None)
 

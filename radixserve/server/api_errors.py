@@ -1,0 +1,78 @@
+"""How an error reaches a client: the one place error bodies, frames and events are built.
+
+Owns the OpenAI-shaped JSON error body, {"error": {"message", "type", "param", "code"}}, used by
+every HTTP endpoint so one client-side parser fits them all; the JSON error response; the app's
+exception handler for ApiError; and the error payloads of the streams (the WebSocket `error` frame,
+the session SSE `error` event, the OpenAI SSE error). Every one of them goes through `report_error`,
+so each error a client is told about counts once in the api_errors metric.
+
+Route handlers raise ApiError and never catch it to answer: `api_error_handler` (registered in
+build_app) turns it into the JSON response. Only code that answers outside routing (middleware) or
+after a response has started (stream producers, the WebSocket frame loop) calls the functions here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.requests import HTTPConnection
+from starlette.responses import JSONResponse, Response
+
+from radixserve.server.generation import api_error_from
+from radixserve.server.metrics import ServerMetrics
+from radixserve.server.validation import ApiError
+
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def error_body(e: ApiError) -> dict[str, Any]:
+    """The OpenAI-shaped error body; also the payload of an OpenAI SSE error."""
+    kind = _ERROR_TYPES.get(e.status, "server_error" if e.status >= 500 else "invalid_request_error")
+    return {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
+
+
+def report_error(exc: BaseException, metrics: ServerMetrics | None) -> ApiError:
+    """The client-facing error for `exc` (api_error_from logs an unexpected one), counted once. Called
+    directly only where a refusal carries no payload (a WebSocket upgrade closed before accepting)."""
+    err = api_error_from(exc)
+    if metrics is not None:
+        metrics.api_errors.labels(err.code).inc()
+    return err
+
+
+def error_response(e: ApiError, metrics: ServerMetrics | None = None,
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The JSON error response; counted when `metrics` is given (routing's own 404/405 are not)."""
+    err = report_error(e, metrics)
+    extra = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+    return JSONResponse(error_body(err), status_code=err.status, headers={**extra, **(headers or {})} or None)
+
+
+def api_error_handler(metrics: ServerMetrics) -> Callable[[HTTPConnection, Exception], Awaitable[Response]]:
+    """The app's exception handler for ApiError, raised by a route before its response started (an
+    EventStream never lets one escape; the WebSocket answers with frames and never lets one escape)."""
+    async def handle(conn: HTTPConnection, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc, metrics)
+
+    return handle
+
+
+def error_frame(exc: BaseException, metrics: ServerMetrics, gen_id: str | None = None, req: Any = None,
+                has_req: bool = False) -> dict[str, Any]:
+    """The WebSocket `error` frame, also the session SSE `error` event:
+    {"type":"error","code","message","gen_id"?,"req"?} (`req` only when the client sent one)."""
+    err = report_error(exc, metrics)
+    frame: dict[str, Any] = {"type": "error", "code": err.code, "message": err.message}
+    if gen_id is not None:
+        frame["gen_id"] = gen_id
+    if has_req:
+        frame["req"] = req
+    return frame
+
+
+def openai_stream_error(exc: BaseException, metrics: ServerMetrics) -> dict[str, Any]:
+    """The error event of an OpenAI chat-completion stream: the same body as the JSON error."""
+    return error_body(report_error(exc, metrics))
