@@ -137,3 +137,23 @@ def test_readme_layer_picture_matches_the_table() -> None:
         pictured[layer] = set() if deps == ["nothing"] else set(deps)
     assert list(pictured) == list(ALL_LAYERS)
     assert pictured == MAY_IMPORT
+
+
+def test_public_names_in_the_docs_still_import() -> None:
+    """Every `from radixserve... import ...` in the README and docs resolves, and the package's own
+    public names are all there."""
+    import importlib
+
+    import radixserve
+
+    texts = [(ROOT / "README.md").read_text(), *(p.read_text() for p in (ROOT / "docs").glob("*.md"))]
+    lines = {m.group(0) for t in texts for m in re.finditer(r"^from (radixserve[\w.]*) import ([\w, ]+)$", t, re.M)}
+    assert lines, "the docs show no imports"
+    for line in sorted(lines):
+        module, names = re.match(r"from (\S+) import (.+)", line).groups()  # type: ignore[union-attr]
+        mod = importlib.import_module(module)
+        for name in (n.strip() for n in names.split(",")):
+            assert hasattr(mod, name), f"{line}: {name} is gone"
+    for name in ("LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams", "RequestOutput",
+                 "CompletionOutput", "Usage", "Timing"):
+        assert name in radixserve.__all__ and hasattr(radixserve, name)

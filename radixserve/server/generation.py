@@ -3,17 +3,16 @@
 Every generation the server starts goes through `stream_request`, so (a) engine RequestErrors become
 ApiErrors before any output, (b) the request is always closed — a consumer that stops iterating
 aborts it and the engine frees its blocks — and (c) latency histograms and the per-system-prompt
-counters are recorded exactly once per request. `InFlight` lets shutdown abort whatever is running.
+counters are recorded exactly once per request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from radixserve.core import RequestOutput
@@ -42,32 +41,6 @@ class SystemPromptRef:
         if not tokens or text is None:
             return cls(NONE_KEY, "", implicit_len)
         return cls(token_hash(tokens), " ".join(text.split())[:PREVIEW_CHARS], len(tokens))
-
-
-@dataclass
-class InFlight:
-    """Engine request ids the server has running, so shutdown can drain or abort them."""
-
-    ids: set[str] = field(default_factory=set)
-    _idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def add(self, rid: str) -> None:
-        self.ids.add(rid)
-        self._idle.clear()
-
-    def discard(self, rid: str) -> None:
-        self.ids.discard(rid)
-        if not self.ids:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        if not self.ids:
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
 
 
 def api_error_from(exc: BaseException) -> ApiError:

@@ -2,7 +2,7 @@
 
 The engine loads in a worker thread after the app starts, so until `engine` is set every endpoint
 but /health and the static UI answers 503. `draining` is set when shutdown begins: new generations
-are refused while the running ones finish or are aborted.
+are refused while the running ones finish or are aborted; `InFlight` tracks them for that.
 """
 
 from __future__ import annotations
@@ -16,12 +16,37 @@ from typing import Any
 from radixserve.engine.async_engine import AsyncEngine
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server.config import ServerConfig
-from radixserve.server.generation import InFlight
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError
 
 EngineFactory = Callable[[], AsyncEngine]
+
+
+@dataclass
+class InFlight:
+    """Engine request ids the server has running, so shutdown can drain or abort them."""
+
+    ids: set[str] = field(default_factory=set)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, rid: str) -> None:
+        self.ids.add(rid)
+        self._idle.clear()
+
+    def discard(self, rid: str) -> None:
+        self.ids.discard(rid)
+        if not self.ids:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        if not self.ids:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
 
 @dataclass
