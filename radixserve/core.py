@@ -126,7 +126,7 @@ class Sequence:
     locked_node: RadixNode | None = None
     finish_reason: str | None = None
     admitted_once: bool = False
-    waiting_since: int | None = None  # scheduler step of arrival while waiting; None once admitted
+    waiting_since: int | None = None  # scheduler step it entered the waiting queue; None while running
     # set when the request still has to fork into n samples after this sequence's prompt
     pending_forks: int = 0
 

@@ -55,8 +55,7 @@ class Scheduler:
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        if seq.waiting_since is None:
-            seq.waiting_since = self.steps  # arrival, kept across preemptions: age counts from there
+        seq.waiting_since = self.steps  # arrival, or preemption: the wait counts from entering the queue
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
