@@ -97,6 +97,9 @@ class AsyncEngine:
                 continue
             if progressed:
                 self._last_progress = time.monotonic()
+            else:  # a scheduler bug left work it cannot schedule: do not spin; /health reports the stall
+                self._wake.wait(0.05)
+                self._wake.clear()
             for out in outputs:
                 self._deliver(out)
 
