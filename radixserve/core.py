@@ -177,7 +177,8 @@ class Batch:
 @dataclass(frozen=True, slots=True)
 class StepInfo:
     """One engine step as observers see it (`LLMEngine.add_step_observer`): what ran, how long it
-    took, and the pool at the step's peak (blocks allocated, nothing yet released)."""
+    took, and the pool at the step's peak (blocks allocated, nothing yet released). The used/cached
+    split is None unless an observer asked for it (it costs a pass over every block table)."""
 
     step: int
     started: float  # time.monotonic()
@@ -189,5 +190,5 @@ class StepInfo:
     num_waiting: int
     blocks_total: int
     blocks_free: int
-    blocks_used: int  # held by live sequences
-    blocks_cached: int  # held only by the radix tree (evictable)
+    blocks_used: int | None  # held by live sequences
+    blocks_cached: int | None  # held only by the radix tree (evictable)

@@ -191,9 +191,9 @@ class AsyncEngine:
 
         self._submit(do_abort)
 
-    def add_step_observer(self, observer: StepObserver) -> None:
+    def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
         """`observer(StepInfo)` after every step, called on the engine thread: keep it short."""
-        self.engine.add_step_observer(observer)
+        self.engine.add_step_observer(observer, pool)
 
     def health(self, stall_s: float) -> str | None:
         """None when healthy; else why not: the engine thread died, or it has made no progress for

@@ -82,6 +82,7 @@ class LLMEngine:
         self._order = itertools.count()
         self.stats_totals = EngineStats()
         self._observers: list[StepObserver] = []
+        self._observers_want_pool = False
         self._steps = 0
         self._check_integrity = os.environ.get("RADIXSERVE_CHECK_INTEGRITY", "") not in ("", "0")
 
@@ -141,9 +142,12 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # -- the step ------------------------------------------------------------------------------
-    def add_step_observer(self, observer: StepObserver) -> None:
-        """Call `observer` with a StepInfo after every step that ran (on the stepping thread)."""
+    def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
+        """Call `observer` with a StepInfo after every step that ran (on the stepping thread). With
+        `pool`, the StepInfo also counts the blocks live sequences hold, a pass over every block table
+        that each step then pays for, so only observers that need it ask."""
         self._observers.append(observer)
+        self._observers_want_pool |= pool
 
     def step(self) -> list[RequestOutput]:
         started = time.monotonic()
@@ -156,7 +160,7 @@ class LLMEngine:
         if self._check_integrity:
             self.check_integrity()
         if peak is not None:
-            self._notify(batch, started, peak)
+            self._notify(batch, started, *peak)
         return outputs
 
     def _run(self, batch: Batch) -> list[RequestOutput]:
@@ -298,16 +302,19 @@ class LLMEngine:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
 
-    def _pool_counts(self) -> tuple[int, int, int]:
-        """(free, held by live sequences, held only by the tree) blocks."""
-        used = len({b for s in self.scheduler.live_sequences() for b in s.block_table})
+    def _pool_counts(self) -> tuple[int, int | None, int | None]:
+        """(free, held by live sequences, held only by the tree) blocks; the last two only when an
+        observer asked for them."""
         free = self.pool.num_free
+        if not self._observers_want_pool:
+            return free, None, None
+        used = len({b for s in self.scheduler.live_sequences() for b in s.block_table})
         return free, used, self.pool.num_blocks - free - used
 
-    def _notify(self, batch: Batch, started: float, peak: tuple[int, int, int]) -> None:
+    def _notify(self, batch: Batch, started: float, free: int, used: int | None, cached: int | None) -> None:
         decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.samples)
         info = StepInfo(self._steps, started, time.monotonic() - started, len(batch.items),
                         batch.num_tokens - decode, decode, len(self.scheduler.running), len(self.scheduler.waiting),
-                        self.pool.num_blocks, *peak)
+                        self.pool.num_blocks, free, used, cached)
         for observer in self._observers:
             observer(info)

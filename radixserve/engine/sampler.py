@@ -22,9 +22,9 @@ class Sampler:
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> list[int | None]:
         logits = logits.float().cpu()
-        greedy = logits.argmax(dim=-1).tolist()
-        usable = (~(logits.isnan() | logits.isposinf()).any(dim=-1) & logits.amax(dim=-1).isfinite()).tolist() \
-            if logits.numel() else []
+        # one pass: a row's max is NaN if any logit is NaN, +inf if any is +inf, -inf if all are
+        peak, argmax = logits.max(dim=-1) if logits.numel() else (logits.new_empty(0), logits.new_empty(0))
+        greedy, usable = argmax.tolist(), peak.isfinite().tolist()
         out: list[int | None] = []
         for i, p in enumerate(params):
             if not usable[i]:

@@ -41,11 +41,12 @@ class RadixServeSystem(System):
         engine = await asyncio.to_thread(lambda: AsyncEngine(self.config))
         self.engine = engine
         self._num_blocks = engine.stats().blocks_total
-        engine.add_step_observer(self._on_step)
+        engine.add_step_observer(self._on_step, pool=True)
         await engine.start()
 
     def _on_step(self, step: StepInfo) -> None:
         if self._recording:
+            assert step.blocks_used is not None and step.blocks_cached is not None  # asked for with pool=True
             self._samples.append(PoolSample(step.started, step.blocks_used, step.blocks_cached, step.blocks_total))
 
     def start_sampling(self) -> None:
