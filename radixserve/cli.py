@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixserve.config import ATTENTION_BACKENDS, POLICIES, EngineConfig
+from radixserve.config import ATTENTION_BACKENDS, LOAD_FORMATS, POLICIES, EngineConfig
 from radixserve.model.embedded import EmbeddedModelMissingError
 
 
@@ -17,8 +17,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help="HF model directory (default: embedded SmolLM2-135M-Instruct)")
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
-    g.add_argument("--kv-cache-memory-mb", type=float, default=d.kv_cache_memory_mb,
-                   help="KV block pool budget in MiB (default %(default)s)")
+    g.add_argument("--kv-cache-memory-mb", type=float, default=None,
+                   help="KV block pool budget in MiB (default: 256 on CPU; on CUDA what --gpu-memory-utilization leaves)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                   help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
+                        "(default %(default)s)")
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step eagerly, no CUDA graphs")
+    g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
+                   help="auto: the checkpoint's weights | dummy: random weights of its shapes, for speed tests")
     g.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size in blocks (overrides memory)")
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help="token budget per step, decodes + prefill chunks (default %(default)s)")
@@ -43,6 +49,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
+        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, load_format=a.load_format,
     )
 
 

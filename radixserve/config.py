@@ -10,13 +10,18 @@ from dataclasses import dataclass
 
 POLICIES = ("fcfs", "cache-aware", "priority")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+LOAD_FORMATS = ("auto", "dummy")
+DEFAULT_CPU_KV_MB = 256.0
 
 
 @dataclass
 class EngineConfig:
     model: str | None = None  # HF model directory; None -> the embedded SmolLM2-135M-Instruct
     block_size: int = 16  # tokens per physical KV block
-    kv_cache_memory_mb: float = 256.0  # KV pool budget; num_blocks derives from it unless set
+    # KV pool budget; num_blocks derives from it unless set. None: 256 MB on CPU, and on CUDA
+    # gpu_memory_utilization of the device minus weights, activations and CUDA graphs
+    kv_cache_memory_mb: float | None = None
+    gpu_memory_utilization: float = 0.90  # CUDA: fraction of device memory the engine may use in all
     num_blocks: int | None = None  # explicit pool size (tests use tiny pools to force eviction)
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most
@@ -28,6 +33,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
+    enforce_eager: bool = False  # CUDA: never capture or replay CUDA graphs (always eager)
+    load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights of its shapes
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -40,8 +47,12 @@ class EngineConfig:
             raise ValueError("max_wait_steps must be >= 1")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
-        if self.kv_cache_memory_mb <= 0:
+        if self.kv_cache_memory_mb is not None and self.kv_cache_memory_mb <= 0:
             raise ValueError("kv_cache_memory_mb must be > 0")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"unknown load_format {self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.attention_backend not in ATTENTION_BACKENDS:

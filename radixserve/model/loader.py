@@ -22,14 +22,37 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 _LAYER_PREFIX = "model.layers."
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelSpec]:
+def load_model(
+    path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto"
+) -> tuple[LlamaForCausalLM, ModelSpec]:
+    """Build the model of `path`'s config.json. load_format "auto" fills it from the checkpoint;
+    "dummy" fills it with seeded random weights of the same shapes (speed tests need no checkpoint)."""
     root = Path(path)
     spec = load_spec(root)  # raises for a missing directory, config.json or an unsupported architecture
-    files = weight_files(root)
-    model = LlamaForCausalLM(spec, dtype, device)
-    _load_weights(model, files)
+    if load_format == "dummy":
+        model = LlamaForCausalLM(spec, dtype, device)
+        fill_dummy_weights(model)
+    elif load_format == "auto":
+        files = weight_files(root)
+        model = LlamaForCausalLM(spec, dtype, device)
+        _load_weights(model, files)
+    else:
+        raise ValueError(f"unknown load_format {load_format!r}; choose auto or dummy")
     model.eval()
     return model, spec
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+    """Seeded random weights: norms at 1, everything else N(0, 0.02) as an initialised model has
+    (small enough that activations stay finite through any depth)."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.copy_(torch.randn(param.shape, generator=generator, device=param.device, dtype=torch.float32)
+                        .mul_(0.02).to(param.dtype))
 
 
 def weight_files(root: Path) -> list[Path]:
