@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -184,6 +186,106 @@ def auto_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_n: in
     return max(1, min(want, longest, MAX_SPLITS))
 
 
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """A checked decode launch for one batch shape: calling it runs the kernels with no validation.
+
+    `plan_decode` validates once; a model then calls the plan once per layer (same shapes, other
+    caches and queries), which is what keeps the per-layer host cost to Triton's own launch.
+    """
+
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    splits_for: Callable[[LaunchConfig], int]
+    configs: tuple[LaunchConfig, ...]
+    key: tuple
+    scale_log2: float
+    constants: dict
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+        seq_lens: torch.Tensor, out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = torch.empty_like(q) if out is None else out
+        if self.batch == 0:
+            return out
+        dim_pad = self.constants["DIM_PAD"]
+
+        def launch(cfg: LaunchConfig) -> None:
+            splits = self.splits_for(cfg)
+            if splits > 1:
+                part_out = torch.empty(self.batch, self.num_q_heads, splits, dim_pad, dtype=torch.float32, device=q.device)
+                part_lse = torch.empty(self.batch, self.num_q_heads, splits, dtype=torch.float32, device=q.device)
+            else:
+                part_out = part_lse = out  # unused by the kernel when NUM_SPLITS == 1
+            _decode_split_kernel[(self.batch, self.num_kv_heads, splits)](
+                q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
+                self.scale_log2,
+                *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
+                BLOCK_N=cfg.block_n, NUM_SPLITS=splits, **self.constants,
+                **scheduling_kwargs(_decode_split_kernel, cfg),
+            )
+            if splits > 1:
+                _merge_kernel[(self.batch, self.num_q_heads)](
+                    part_out, part_lse, out, *out.stride(),
+                    HEAD_DIM=self.constants["HEAD_DIM"], DIM_PAD=dim_pad, NUM_SPLITS=splits,
+                    SPLITS_PAD=next_pow2(splits),
+                )
+
+        launch_with_fallback(launch, list(self.configs), self.key)
+        return out
+
+
+def plan_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    config: LaunchConfig | None = None,
+) -> DecodeLaunch:
+    """Validate a decode launch and fix its parameters (see `paged_decode_attention` for the arguments).
+
+    The split count depends only on the batch size, the kv heads and `max_seq_len`, all host values,
+    so a plan made with a fixed bound is replayable inside a CUDA graph whatever the live lengths.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
+    group = check_query(q, k_cache, num_kv_heads, head_dim)
+    batch = q.shape[0]
+    check_int_vector("seq_lens", seq_lens, batch, torch.int32)
+    check_block_table(block_table, batch, num_blocks)
+    check_device(_decode_split_kernel, q, k_cache, v_cache, block_table, seq_lens)
+    if should_check_values(seq_lens):
+        check_table_covers(block_table, seq_lens, block_size, num_blocks)
+        if batch and int(seq_lens.min()) < 1:
+            raise ValueError("decode seq_lens must be >= 1 (they count the current token)")
+    if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if max_seq_len is None:
+        max_seq_len = block_table.shape[1] * block_size
+    if batch > 2**31 - 1 or num_kv_heads > 65535:
+        raise ValueError("grid too large: batch must be < 2^31 and Hkv <= 65535")
+    interpreted = is_interpreted(_decode_split_kernel)
+    constants = {
+        "GROUP": group, "GROUP_PAD": max(16, next_pow2(group)), "HEAD_DIM": head_dim, "DIM_PAD": head_dim_pad(head_dim),
+        "PAGE_SIZE": block_size, "UPCAST": upcast_in_kernel(_decode_split_kernel, q.dtype),
+        "DOT_PRECISION": dot_precision(q.dtype),
+    }
+    device, bound = q.device, max_seq_len
+
+    def splits_for(cfg: LaunchConfig) -> int:
+        return num_splits or auto_num_splits(batch, num_kv_heads, bound, cfg.block_n, device)
+
+    configs = (config,) if config else tuple(decode_configs(q.dtype, head_dim, interpreted))
+    return DecodeLaunch(batch, q.shape[1], num_kv_heads, splits_for, configs,
+                        ("decode", q.dtype, head_dim, q.device, config), scale * LOG2E, constants)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -203,53 +305,6 @@ def paged_decode_attention(
     `max_seq_len` (a host bound on seq_lens), `num_splits` and `config` (tile override) only tune
     the launch; by default the bound is the block table's capacity, so no device sync is needed.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
-    group = check_query(q, k_cache, num_kv_heads, head_dim)
-    batch = q.shape[0]
-    check_int_vector("seq_lens", seq_lens, batch, torch.int32)
-    check_block_table(block_table, batch, num_blocks)
-    check_device(_decode_split_kernel, q, k_cache, v_cache, block_table, seq_lens)
-    if should_check_values(seq_lens):
-        check_table_covers(block_table, seq_lens, block_size, num_blocks)
-        if batch and int(seq_lens.min()) < 1:
-            raise ValueError("decode seq_lens must be >= 1 (they count the current token)")
-    if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-    out = check_out(out, q)
-    if batch == 0:
-        return out
-    if max_seq_len is None:
-        max_seq_len = block_table.shape[1] * block_size
-    if batch > 2**31 - 1 or num_kv_heads > 65535:
-        raise ValueError("grid too large: batch must be < 2^31 and Hkv <= 65535")
-
-    interpreted = is_interpreted(_decode_split_kernel)
-    dim_pad = head_dim_pad(head_dim)
-    common = {
-        "GROUP": group, "GROUP_PAD": max(16, next_pow2(group)), "HEAD_DIM": head_dim, "DIM_PAD": dim_pad,
-        "PAGE_SIZE": block_size, "UPCAST": upcast_in_kernel(_decode_split_kernel, q.dtype),
-        "DOT_PRECISION": dot_precision(q.dtype),
-    }
-
-    def launch(cfg: LaunchConfig) -> None:
-        splits = num_splits or auto_num_splits(batch, num_kv_heads, max_seq_len, cfg.block_n, q.device)
-        if splits > 1:
-            part_out = torch.empty(batch, q.shape[1], splits, dim_pad, dtype=torch.float32, device=q.device)
-            part_lse = torch.empty(batch, q.shape[1], splits, dtype=torch.float32, device=q.device)
-        else:
-            part_out = part_lse = out  # unused by the kernel when NUM_SPLITS == 1
-        _decode_split_kernel[(batch, num_kv_heads, splits)](
-            q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
-            scale * LOG2E,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
-            BLOCK_N=cfg.block_n, NUM_SPLITS=splits, **common, **scheduling_kwargs(_decode_split_kernel, cfg),
-        )
-        if splits > 1:
-            _merge_kernel[(batch, q.shape[1])](
-                part_out, part_lse, out, *out.stride(),
-                HEAD_DIM=head_dim, DIM_PAD=dim_pad, NUM_SPLITS=splits, SPLITS_PAD=next_pow2(splits),
-            )
-
-    configs = [config] if config else decode_configs(q.dtype, head_dim, interpreted)
-    launch_with_fallback(launch, configs, ("decode", q.dtype, head_dim, q.device, config))
-    return out
+    plan = plan_decode(q, k_cache, v_cache, block_table, seq_lens, scale, max_seq_len=max_seq_len,
+                       num_splits=num_splits, config=config)
+    return plan(q, k_cache, v_cache, block_table, seq_lens, check_out(out, q))

@@ -12,6 +12,9 @@ unmasked; only the tail up to the tile's last token is masked. Online softmax in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -159,6 +162,80 @@ def extend_configs(dtype: torch.dtype, head_dim: int, interpreted: bool) -> list
     ]
 
 
+@dataclass(frozen=True)
+class ExtendLaunch:
+    """A checked extend launch for one batch shape; calling it runs the kernel with no validation
+    (a model validates once per step with `plan_extend` and launches once per layer)."""
+
+    batch: int
+    num_kv_heads: int
+    tiles_for: Callable[[LaunchConfig], int]
+    configs: tuple[LaunchConfig, ...]
+    key: tuple
+    scale_log2: float
+    constants: dict
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = torch.empty_like(q) if out is None else out
+        if self.batch == 0 or q.shape[0] == 0:
+            return out
+
+        def launch(cfg: LaunchConfig) -> None:
+            _extend_kernel[(self.tiles_for(cfg), self.batch, self.num_kv_heads)](
+                q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
+                self.scale_log2,
+                *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **self.constants, **scheduling_kwargs(_extend_kernel, cfg),
+            )
+
+        launch_with_fallback(launch, list(self.configs), self.key)
+        return out
+
+
+def plan_extend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    config: LaunchConfig | None = None,
+) -> ExtendLaunch:
+    """Validate an extend launch and fix its parameters (see `paged_extend_attention`)."""
+    num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
+    group = check_query(q, k_cache, num_kv_heads, head_dim)
+    if seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens must be 1-D [B], got shape {tuple(seq_lens.shape)}")
+    batch = seq_lens.shape[0]
+    check_int_vector("seq_lens", seq_lens, batch, torch.int32)
+    check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, torch.int32)
+    check_block_table(block_table, batch, num_blocks)
+    check_device(_extend_kernel, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
+    if should_check_values(seq_lens):
+        _check_packing(q, cu_seqlens_q, seq_lens)
+        check_table_covers(block_table, seq_lens, block_size, num_blocks)
+    if batch > 65535 or num_kv_heads > 65535:
+        raise ValueError("grid too large: at most 65535 sequences and 65535 kv heads per launch")
+    if max_query_len is None:
+        max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if batch else 0
+    rows = max(0, max_query_len) * group
+    if rows == 0:
+        batch = 0  # nothing to compute: the launch returns its (empty-sized) output untouched
+    constants = {
+        "GROUP": group, "HEAD_DIM": head_dim, "DIM_PAD": head_dim_pad(head_dim), "PAGE_SIZE": block_size,
+        "UPCAST": upcast_in_kernel(_extend_kernel, q.dtype), "DOT_PRECISION": dot_precision(q.dtype),
+    }
+    configs = (config,) if config else tuple(extend_configs(q.dtype, head_dim, is_interpreted(_extend_kernel)))
+    return ExtendLaunch(batch, num_kv_heads, lambda cfg: triton.cdiv(rows, cfg.block_m), configs,
+                        ("extend", q.dtype, head_dim, q.device, config), scale * LOG2E, constants)
+
+
 def paged_extend_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -178,45 +255,9 @@ def paged_extend_attention(
     all, its new ones last; their K/V must already be in the cache. `max_query_len` (a host bound on
     the per-sequence new-token counts) saves a device sync; `config` overrides the tile choice.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
-    group = check_query(q, k_cache, num_kv_heads, head_dim)
-    if seq_lens.dim() != 1:
-        raise ValueError(f"seq_lens must be 1-D [B], got shape {tuple(seq_lens.shape)}")
-    batch = seq_lens.shape[0]
-    check_int_vector("seq_lens", seq_lens, batch, torch.int32)
-    check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, torch.int32)
-    check_block_table(block_table, batch, num_blocks)
-    check_device(_extend_kernel, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
-    if should_check_values(seq_lens):
-        _check_packing(q, cu_seqlens_q, seq_lens)
-        check_table_covers(block_table, seq_lens, block_size, num_blocks)
-    if batch > 65535 or num_kv_heads > 65535:
-        raise ValueError("grid too large: at most 65535 sequences and 65535 kv heads per launch")
-    out = check_out(out, q)
-    if batch == 0 or q.shape[0] == 0:
-        return out
-    if max_query_len is None:
-        max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    if max_query_len <= 0:
-        return out
-
-    interpreted = is_interpreted(_extend_kernel)
-    upcast = upcast_in_kernel(_extend_kernel, q.dtype)
-
-    def launch(cfg: LaunchConfig) -> None:
-        tiles = triton.cdiv(max_query_len * group, cfg.block_m)
-        _extend_kernel[(tiles, batch, num_kv_heads)](
-            q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
-            scale * LOG2E,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
-            GROUP=group, HEAD_DIM=head_dim, DIM_PAD=head_dim_pad(head_dim), PAGE_SIZE=block_size,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UPCAST=upcast, DOT_PRECISION=dot_precision(q.dtype),
-            **scheduling_kwargs(_extend_kernel, cfg),
-        )
-
-    configs = [config] if config else extend_configs(q.dtype, head_dim, interpreted)
-    launch_with_fallback(launch, configs, ("extend", q.dtype, head_dim, q.device, config))
-    return out
+    plan = plan_extend(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale,
+                       max_query_len=max_query_len, config=config)
+    return plan(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, check_out(out, q))
 
 
 def _check_packing(q: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> None:

@@ -9,6 +9,8 @@ an error first). Offsets are int64: a cache can hold more than 2^31 elements.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -51,10 +53,31 @@ def _store_kv_kernel(
     tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kv(
+@dataclass(frozen=True)
+class StoreLaunch:
+    """A checked `store_kv` launch for one step's shapes; calling it copies with no validation."""
+
+    num_tokens: int
+    num_slots: int
+    constants: dict
+
+    def __call__(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        if self.num_tokens == 0:
+            return
+        _store_kv_kernel[(self.num_tokens,)](
+            k, v, k_cache, v_cache, slot_mapping,
+            self.num_slots,
+            *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
+            **self.constants,
+        )
+
+
+def plan_store_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write k, v [T, Hkv, D] into k_cache/v_cache [num_blocks, block_size, Hkv, D] at slot_mapping [T] int64."""
+) -> StoreLaunch:
+    """Validate a `store_kv` call (see there) and fix its launch parameters."""
     num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
     expected = (slot_mapping.shape[0], num_kv_heads, head_dim) if slot_mapping.dim() == 1 else None
     if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:
@@ -68,13 +91,15 @@ def store_kv(
     num_slots = num_blocks * block_size
     if should_check_values(slot_mapping) and slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping holds a slot >= {num_slots} (num_blocks * block_size)")
-    num_tokens = slot_mapping.shape[0]
-    if num_tokens == 0:
-        return
-    _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        num_slots,
-        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
-        NUM_HEADS=num_kv_heads, HEAD_DIM=head_dim, HEADS_PAD=next_pow2(num_kv_heads), DIM_PAD=next_pow2(head_dim),
-        PAGE_SIZE=block_size,
-    )
+    constants = {
+        "NUM_HEADS": num_kv_heads, "HEAD_DIM": head_dim, "HEADS_PAD": next_pow2(num_kv_heads),
+        "DIM_PAD": next_pow2(head_dim), "PAGE_SIZE": block_size,
+    }
+    return StoreLaunch(slot_mapping.shape[0], num_slots, constants)
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write k, v [T, Hkv, D] into k_cache/v_cache [num_blocks, block_size, Hkv, D] at slot_mapping [T] int64."""
+    plan_store_kv(k, v, k_cache, v_cache, slot_mapping)(k, v, k_cache, v_cache, slot_mapping)

@@ -16,6 +16,8 @@ from radixserve import LLM, SamplingParams
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+# decode steps take the padded static-buffer path (CUDA graphs on GPU) unless enforce_eager
+PATHS = [pytest.param(False, id="padded"), pytest.param(True, id="eager")]
 
 
 @functools.cache
@@ -51,9 +53,10 @@ def assert_clean(llm: LLM) -> None:
     assert llm.engine.stats().blocks_used == 0
 
 
+@pytest.mark.parametrize("eager", PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cold_then_warm_cache_matches_transformers(arch: str) -> None:
-    llm = make_llm(arch)
+def test_cold_then_warm_cache_matches_transformers(arch: str, eager: bool) -> None:
+    llm = make_llm(arch, enforce_eager=eager)
     prompts = random_prompts([1, 15, 16, 17, 40, 90])  # mixed lengths in one batch, block edges
     cold = assert_matches(arch, llm, prompts)
     assert [o.usage.cached_tokens for o in cold] == [0] * len(prompts)
@@ -62,9 +65,10 @@ def test_cold_then_warm_cache_matches_transformers(arch: str) -> None:
     assert [o.usage.cached_tokens for o in warm] == [len(p) - 1 for p in prompts]
 
 
+@pytest.mark.parametrize("eager", PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_hits_ending_mid_block_copy_on_write(arch: str) -> None:
-    llm = make_llm(arch)
+def test_hits_ending_mid_block_copy_on_write(arch: str, eager: bool) -> None:
+    llm = make_llm(arch, enforce_eager=eager)
     base = random_prompts([60], seed=1)[0]
     assert_matches(arch, llm, [base])
     before = llm.engine.stats().computed_tokens
@@ -82,10 +86,11 @@ def test_chunk_boundaries_at_every_offset(budget: int) -> None:
     assert_matches("llama", llm, random_prompts([100, 45], seed=2))
 
 
+@pytest.mark.parametrize("eager", PATHS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_preemption_in_a_tiny_pool(arch: str) -> None:
+def test_preemption_in_a_tiny_pool(arch: str, eager: bool) -> None:
     # 8 blocks of 16 hold 128 tokens; six 40-token prompts growing by 16 need 24 blocks at once
-    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48)
+    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = random_prompts([40] * 6, seed=3)
     assert_matches(arch, llm, prompts, params)
@@ -93,8 +98,9 @@ def test_preemption_in_a_tiny_pool(arch: str) -> None:
     assert llm.engine.stats().evictions > 0
 
 
-def test_n_forks_share_the_prompt() -> None:
-    llm = make_llm("qwen2")
+@pytest.mark.parametrize("eager", PATHS)
+def test_n_forks_share_the_prompt(eager: bool) -> None:
+    llm = make_llm("qwen2", enforce_eager=eager)
     prompt = random_prompts([37], seed=4)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, n=3, ignore_eos=True))[0]
     assert len(out.outputs) == 3

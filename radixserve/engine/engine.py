@@ -25,7 +25,7 @@ import torch
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.config import EngineConfig
+from radixserve.config import DEFAULT_CPU_KV_MB, EngineConfig
 from radixserve.core import (
     Batch,
     CompletionOutput,
@@ -59,11 +59,10 @@ class LLMEngine:
         self.config = config
         self.model_dir, self.model_name = resolve_model(config.model)
         self.runner = ModelRunner(self.model_dir, config.dtype, config.device, config.attention_backend,
-                                  config.block_size)
+                                  config.block_size, config.load_format, config.enforce_eager)
         self.spec = self.runner.spec
         self.tokenizer: Any = load_tokenizer(self.model_dir)
-        layout = self.runner.kv_layout()
-        num_blocks = config.num_blocks or layout.blocks_for_budget(config.kv_cache_memory_mb)
+        num_blocks = config.num_blocks or self._pool_blocks()
         self.runner.allocate_kv_cache(num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size)
         self.tree = RadixTree(self.pool) if config.enable_prefix_cache else None
@@ -75,6 +74,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or limit
         # one sequence must fit the pool on its own, or it could never run
         self.max_seq_len = min(self.max_model_len, num_blocks * config.block_size)
+        self.runner.prepare_decode(config.max_num_seqs, self.max_seq_len)
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._detok: dict[int, IncrementalDetokenizer] = {}
@@ -85,6 +85,13 @@ class LLMEngine:
         self._observers_want_pool = False
         self._steps = 0
         self._check_integrity = os.environ.get("RADIXSERVE_CHECK_INTEGRITY", "") not in ("", "0")
+
+    def _pool_blocks(self) -> int:
+        config = self.config
+        if config.kv_cache_memory_mb is None and self.runner.device.type == "cuda":
+            return self.runner.kv_blocks_for_device(config.gpu_memory_utilization, config.max_num_batched_tokens,
+                                                    config.max_num_seqs)
+        return self.runner.kv_layout().blocks_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
 
     # -- requests ------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:

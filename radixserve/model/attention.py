@@ -10,8 +10,8 @@ the engine guarantees that every slot written belongs to a block owned by exactl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -24,6 +24,14 @@ class AttentionMetadata:
     block_table: torch.Tensor  # [B, max_blocks] int32: physical block of each logical block
     query_lens: list[int]  # host copies of the above, so backends need no device sync
     seq_lens_host: list[int]
+    # host upper bound on seq_lens that sizes launches: max(seq_lens_host) on eager steps, the longest
+    # possible sequence in a CUDA graph (whose launches must suit any lengths it is replayed with)
+    max_seq_len: int = 0
+    plans: dict[str, Any] = field(default_factory=dict)  # a backend's launch plans for this step, made once
+
+    def __post_init__(self) -> None:
+        if not self.max_seq_len and self.seq_lens_host:
+            self.max_seq_len = max(self.seq_lens_host)
 
     @property
     def num_seqs(self) -> int:

@@ -10,26 +10,30 @@ parameter (it checks that it did).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from radixserve.model.attention import AttentionBackend, AttentionMetadata
 from radixserve.model.kv_cache import KVCache
-from radixserve.model.rope import RotaryEmbedding, apply_rotary
+from radixserve.model.ops import ModelOps, TorchOps, rms_norm
+from radixserve.model.rope import RotaryEmbedding
 from radixserve.model.spec import ModelSpec
+
+TORCH_OPS = TorchOps()
 
 
 class RMSNorm(nn.Module):
+    """Holds a norm's weight and eps; the ops apply it (fused with the residual add on the hot path)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the model dtype, as the checkpoints were trained to expect.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -44,14 +48,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Any, kv_cache: KVCache, meta: AttentionMetadata,
+                backend: AttentionBackend, ops: ModelOps) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
@@ -59,7 +57,7 @@ class Attention(nn.Module):
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim).contiguous()
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        q, k = ops.rotary(q, k, rope)
         out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
@@ -70,9 +68,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -83,9 +80,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cos_sin, kv_cache, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, kv_cache, meta, backend, ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) -> (mlp output, residual stream before it); the next layer's norm adds them."""
+        norm = self.input_layernorm
+        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        h = self.self_attn(h, rope, kv_cache, meta, backend, ops)
+        norm = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(h, residual, norm.weight, norm.eps)
+        return self.mlp(h, ops), residual
 
 
 class DecoderModel(nn.Module):
@@ -118,14 +120,18 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        ops: ModelOps | None = None,
     ) -> torch.Tensor:  # [T, hidden] final-normed hidden states
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must be [T]")
+        ops = ops or TORCH_OPS
         x = self.model.embed_tokens(input_ids)
-        cos_sin = self.rotary.cos_sin(positions, x.dtype)  # shared by every layer
+        rope = ops.prepare_rotary(self.rotary, positions, x.dtype)  # shared by every layer
+        residual: torch.Tensor | None = None
         for layer in self.model.layers:
-            x = layer(x, cos_sin, kv_cache, meta, backend)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, meta, backend, ops)
+        norm = self.model.norm
+        return ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 (callers pass only the rows they sample from)."""

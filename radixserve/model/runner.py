@@ -1,7 +1,11 @@
-"""Runs one scheduled batch through the model: flattens it into tensors, applies the batch's
-copy-on-write block copies, calls the forward pass and returns logits for the sampling rows.
+"""Runs one scheduled batch through the model: applies the batch's copy-on-write block copies, runs
+the forward pass and returns logits for the sampling rows.
 
-Owns the model, the KV cache tensors and the attention backend; knows nothing of scheduling.
+Decode-only batches take the padded static-buffer path (`decode_graphs.PaddedDecoder`: CUDA graphs
+on CUDA with the Triton backend, the same padded path eagerly elsewhere); batches with prefill
+chunks, and every batch under `enforce_eager`, are flattened into fresh tensors and run eagerly.
+Owns the model, the KV cache tensors, the attention backend and the hot-path ops; knows nothing of
+scheduling. On CUDA it also sizes the KV pool from device memory (`memory.DeviceBudget`).
 """
 
 from __future__ import annotations
@@ -11,10 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.core import Batch
+import logging
+
 from radixserve.model.attention import AttentionMetadata, make_backend
+from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
+from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
+from radixserve.model.ops import make_ops
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,15 +37,24 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int) -> None:
+    def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int,
+                 load_format: str = "auto", enforce_eager: bool = False) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.model, self.spec = load_model(model_dir, self.dtype, self.device)
+        self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format)
         self.backend = make_backend(backend, self.device)
+        self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
             raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")
         self.block_size = block_size
+        self.enforce_eager = enforce_eager
         self.kv_cache: KVCache | None = None
+        self.decoder: PaddedDecoder | None = None
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        # the torch backend reads host copies of lengths inside its forward, which a graph cannot replay
+        return self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
@@ -42,6 +62,56 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)
+
+    def kv_blocks_for_device(self, utilization: float, max_step_tokens: int, max_batch: int) -> int:
+        """CUDA: the KV blocks that fit in `utilization` of the device after weights, the activations
+        of the largest step and (unless eager) the decode graphs, all measured before the pool exists."""
+        layout = self.kv_layout()
+        probe = KVCache(layout, 1, self.device)  # padding-style rows write only its scratch block
+        activations = peak_bytes(lambda: self._probe(probe, max_step_tokens, min(max_step_tokens, max_batch)), self.device)
+        largest = capture_sizes(max_batch)[-1]
+        graphs = peak_bytes(lambda: self._probe(probe, largest, largest), self.device) if self.uses_cuda_graphs else 0
+        del probe
+        total, used = in_use_bytes(self.device)
+        budget = DeviceBudget(total, used, activations, graphs, utilization)
+        blocks = budget.kv_blocks(layout.bytes_per_block)
+        log.info("KV pool: %d blocks (%d tokens, %.2f GiB) = %.2f of %.1f GiB minus weights/context %.2f GiB, "
+                 "activations %.2f GiB, CUDA graphs %.2f GiB", blocks, blocks * self.block_size,
+                 blocks * layout.bytes_per_block / 2**30, utilization, total / 2**30, used / 2**30,
+                 activations / 2**30, graphs / 2**30)
+        return blocks
+
+    @torch.inference_mode()
+    def _probe(self, cache: KVCache, tokens: int, sampled_rows: int) -> None:
+        """One forward of `tokens` one-token rows on a scratch cache, with logits for `sampled_rows`."""
+        dev, slot = self.device, cache.scratch_block * self.block_size
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((tokens,), slot, dtype=torch.long, device=dev),
+            cu_seqlens_q=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.ones(tokens, dtype=torch.int32, device=dev),
+            block_table=torch.full((tokens, 1), cache.scratch_block, dtype=torch.int32, device=dev),
+            query_lens=[1] * tokens, seq_lens_host=[1] * tokens,
+        )
+        ids = torch.zeros(tokens, dtype=torch.long, device=dev)
+        hidden = self.model(ids, ids, cache, meta, self.backend, self.ops)
+        self.model.compute_logits(hidden[:sampled_rows])
+
+    def prepare_decode(self, max_batch: int, max_seq_len: int) -> None:
+        """Set up the padded decode path for batches up to `max_batch` (and capture its CUDA graphs)."""
+        assert self.kv_cache is not None, "allocate_kv_cache first"
+        if self.enforce_eager:
+            return
+        self.decoder = PaddedDecoder(max_batch, max_seq_len, self.block_size, self.kv_cache.scratch_block,
+                                     self.spec.vocab_size, self.device)
+        if self.uses_cuda_graphs:
+            with torch.inference_mode():
+                self.decoder.capture(self._forward)
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Logits of every token (the padded decode path samples from every row)."""
+        assert self.kv_cache is not None
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, self.backend, self.ops)
+        return self.model.compute_logits(hidden)
 
     def prepare(self, batch: Batch) -> StepInputs:
         ids: list[int] = []
@@ -82,13 +152,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:
-        """Logits [rows, vocab] (fp32) for the batch items whose chunk reaches their last token."""
+        """Logits [rows, vocab] (fp32) for the batch items whose chunk reaches their last token; valid
+        until the next call (the padded decode path returns a view of its static logits buffer)."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
         if batch.copies:
             src, dst = zip(*batch.copies)
             self.kv_cache.copy_blocks(list(src), list(dst))
+        if self.decoder is not None and self.decoder.accepts(batch):
+            return self.decoder.run(batch, self._forward)
         inputs = self.prepare(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, self.ops)
         if inputs.sample_rows.numel() == 0:
             return hidden.new_empty((0, self.spec.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])

@@ -2,9 +2,11 @@
 
 Per layer and step: store the step's K/V into the cache (`store_kv`), then run the split-K decode
 kernel when every sequence has exactly one new token, otherwise the extend kernel, which handles
-prefill chunks over a cached prefix and decodes in one launch. Host-side lengths from the metadata
-size the launches, so no device sync happens here. Runs on CUDA, or on CPU under the Triton
-interpreter (tests); anything else gets a clear error from the kernels.
+prefill chunks over a cached prefix and decodes in one launch. Arguments are validated and launch
+parameters fixed once per step (the first layer makes the plans, kept on the step's metadata); every
+layer then only launches. Host-side lengths from the metadata size the launches, so no device sync
+happens here, and a decode plan sized by `meta.max_seq_len` replays inside a CUDA graph. Runs on
+CUDA, or on CPU under the Triton interpreter (tests); anything else gets a clear error from the kernels.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ class TritonAttentionBackend:
 
     def __init__(self) -> None:
         # resolved now, not at the first forward: a missing or broken triton fails at engine start
-        from kernels import paged_decode_attention, paged_extend_attention, store_kv
+        from kernels.decode import plan_decode
+        from kernels.extend import plan_extend
+        from kernels.kv_store import plan_store_kv
 
-        self._decode = paged_decode_attention
-        self._extend = paged_extend_attention
-        self._store_kv = store_kv
+        self._plan_decode = plan_decode
+        self._plan_extend = plan_extend
+        self._plan_store = plan_store_kv
 
     def forward(
         self,
@@ -35,18 +39,21 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        self._store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        plans = meta.plans
+        if "store" not in plans:
+            plans["store"] = self._plan_store(k, v, k_cache, v_cache, meta.slot_mapping)
+        plans["store"](k, v, k_cache, v_cache, meta.slot_mapping)
         query = q if q.dtype == k_cache.dtype else q.to(k_cache.dtype)
         if meta.num_seqs == 0:
             return torch.empty_like(q)
         if meta.all_decode:
-            out = self._decode(
-                query, k_cache, v_cache, meta.block_table, meta.seq_lens, scale,
-                max_seq_len=max(meta.seq_lens_host),
-            )
+            if "decode" not in plans:
+                plans["decode"] = self._plan_decode(query, k_cache, v_cache, meta.block_table, meta.seq_lens, scale,
+                                                    max_seq_len=meta.max_seq_len)
+            out = plans["decode"](query, k_cache, v_cache, meta.block_table, meta.seq_lens)
         else:
-            out = self._extend(
-                query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens, scale,
-                max_query_len=max(meta.query_lens),
-            )
+            if "extend" not in plans:
+                plans["extend"] = self._plan_extend(query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q,
+                                                    meta.seq_lens, scale, max_query_len=max(meta.query_lens))
+            out = plans["extend"](query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens)
         return out if out.dtype == q.dtype else out.to(q.dtype)

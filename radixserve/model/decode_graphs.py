@@ -1,0 +1,168 @@
+"""Decode steps from static buffers, padded to a ladder of batch sizes, replayed as CUDA graphs.
+
+A decode-only step (every item one new token) of B sequences is padded to the smallest captured
+size >= B. Its inputs are written in place into static device buffers (token ids, positions, cache
+slots, sequence lengths, block table); the forward and the LM head read those buffers and write
+the logits of every padded row into a static logits buffer. On CUDA with the Triton backend each
+size is captured once as a CUDA graph at engine start and a step is one replay; elsewhere (CPU, or
+`--enforce-eager` off) the very same padded path runs eagerly, so its padding and bucketing are
+exercised by every CPU test.
+
+Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
+slot of the KV cache's scratch block and their block-table row starts with that block, so they
+write and read only the scratch block, which no sequence ever owns; a captured graph's launch
+parameters (decode split counts) are sized for the longest sequence the engine allows, so a replay
+is right for any live lengths; the logits buffer is overwritten by the next step, so callers use
+the returned view before they run another step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.core import Batch
+from radixserve.model.attention import AttentionMetadata
+
+log = logging.getLogger(__name__)
+Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]  # ids, positions, meta -> logits
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to and including max_batch: padding wastes at most 15 rows."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch] + list(range(16, max_batch, 16)) + [max_batch]
+    return sorted(set(sizes))
+
+
+def bucket_for(batch: int, sizes: list[int]) -> int | None:
+    """The smallest size >= batch, or None when the batch is larger than every size."""
+    i = bisect.bisect_left(sizes, batch)
+    return sizes[i] if i < len(sizes) else None
+
+
+@dataclass
+class DecodeBuffers:
+    """Static device inputs for up to `max_batch` decode rows, and pinned host staging for them."""
+
+    input_ids: torch.Tensor  # [max_batch] int64
+    positions: torch.Tensor  # [max_batch] int64
+    slot_mapping: torch.Tensor  # [max_batch] int64
+    seq_lens: torch.Tensor  # [max_batch] int32
+    block_table: torch.Tensor  # [max_batch, max_blocks] int32
+    cu_seqlens_q: torch.Tensor  # [max_batch + 1] int32: 0, 1, 2, ... (one token per row, never changes)
+    logits: torch.Tensor  # [max_batch, vocab] float32: the LM head's output for every row
+
+    @classmethod
+    def allocate(cls, max_batch: int, max_blocks: int, vocab: int, device: torch.device) -> DecodeBuffers:
+        def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        return cls(
+            input_ids=zeros(max_batch, dtype=torch.long), positions=zeros(max_batch, dtype=torch.long),
+            slot_mapping=zeros(max_batch, dtype=torch.long), seq_lens=zeros(max_batch, dtype=torch.int32),
+            block_table=zeros(max_batch, max_blocks, dtype=torch.int32),
+            cu_seqlens_q=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
+            logits=zeros(max_batch, vocab, dtype=torch.float32),
+        )
+
+
+class PaddedDecoder:
+    """Runs decode-only batches through the padded static-buffer path, from CUDA graphs when captured."""
+
+    def __init__(self, max_batch: int, max_seq_len: int, block_size: int, scratch_block: int, vocab: int,
+                 device: torch.device) -> None:
+        self.sizes = capture_sizes(max_batch)
+        self.max_seq_len = max_seq_len
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.device = device
+        max_blocks = -(-max_seq_len // block_size)
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, vocab, device)
+        pin = device.type == "cuda"
+        self._stage_vectors = torch.zeros(4, self.sizes[-1], dtype=torch.long, pin_memory=pin)
+        self._stage_table = torch.zeros(self.sizes[-1], max_blocks, dtype=torch.int32, pin_memory=pin)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def accepts(self, batch: Batch) -> bool:
+        return 0 < len(batch.items) <= self.sizes[-1] and all(it.num_tokens == 1 for it in batch.items)
+
+    def run(self, batch: Batch, forward: Forward) -> torch.Tensor:
+        """Logits [rows, vocab] of the items that sample, as `ModelRunner.run` returns them."""
+        rows = len(batch.items)
+        size = bucket_for(rows, self.sizes)
+        assert size is not None, "accepts() first"
+        lens = self._fill(batch, size)
+        graph = self.graphs.get(size)
+        if graph is not None:
+            graph.replay()
+        else:
+            b = self.buffers
+            b.logits[:size] = forward(b.input_ids[:size], b.positions[:size], self._meta(size, lens))
+        sampling = [i for i, it in enumerate(batch.items) if it.samples]
+        logits = self.buffers.logits[:rows]
+        return logits if len(sampling) == rows else logits[torch.tensor(sampling, dtype=torch.long, device=logits.device)]
+
+    def _fill(self, batch: Batch, size: int) -> list[int]:
+        """Write the batch's rows, then padding rows up to `size`; returns each row's length."""
+        bs = self.block_size
+        ids, positions, slots, lens = [], [], [], []
+        width = 1
+        for item in batch.items:
+            seq, pos = item.seq, item.start
+            table = seq.block_table
+            ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            lens.append(pos + 1)
+            width = max(width, len(table))
+        pad = size - len(batch.items)
+        scratch_slot = self.scratch_block * bs
+        ids += [0] * pad
+        positions += [0] * pad
+        slots += [scratch_slot] * pad
+        lens += [1] * pad
+        tables = [it.seq.block_table + [self.scratch_block] * (width - len(it.seq.block_table)) for it in batch.items]
+        tables += [[self.scratch_block] * width] * pad
+        stage, b = self._stage_vectors, self.buffers
+        stage[:, :size] = torch.tensor([ids, positions, slots, lens], dtype=torch.long)
+        self._stage_table[:size, :width] = torch.tensor(tables, dtype=torch.int32)
+        b.input_ids[:size].copy_(stage[0, :size], non_blocking=True)
+        b.positions[:size].copy_(stage[1, :size], non_blocking=True)
+        b.slot_mapping[:size].copy_(stage[2, :size], non_blocking=True)
+        b.seq_lens[:size].copy_(stage[3, :size], non_blocking=True)
+        b.block_table[:size, :width].copy_(self._stage_table[:size, :width], non_blocking=True)
+        return lens
+
+    def _meta(self, size: int, lens: list[int], graph: bool = False) -> AttentionMetadata:
+        b = self.buffers
+        return AttentionMetadata(
+            slot_mapping=b.slot_mapping[:size], cu_seqlens_q=b.cu_seqlens_q[: size + 1], seq_lens=b.seq_lens[:size],
+            block_table=b.block_table[:size], query_lens=[1] * size, seq_lens_host=lens,
+            max_seq_len=self.max_seq_len if graph else max(lens),
+        )
+
+    def capture(self, forward: Forward) -> None:
+        """Capture one CUDA graph per size, largest first so the smaller ones reuse its memory pool."""
+        start = time.perf_counter()
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        pool = torch.cuda.graph_pool_handle()
+        b = self.buffers
+        for size in reversed(self.sizes):
+            lens = self._fill(Batch([], []), size)  # all padding: capture reads only the scratch block
+            # eager first: compiles the kernels and settles launch configs outside the capture
+            b.logits[:size] = forward(b.input_ids[:size], b.positions[:size], self._meta(size, lens, graph=True))
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                b.logits[:size] = forward(b.input_ids[:size], b.positions[:size], self._meta(size, lens, graph=True))
+            self.graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - start
+        self.graph_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
+        log.info("captured %d CUDA graphs for decode batches %s in %.1f s, using %.0f MiB of device memory",
+                 len(self.graphs), self.sizes, self.capture_seconds, self.graph_bytes / 2**20)

@@ -1,0 +1,115 @@
+"""The padded decode path (CUDA graphs on GPU, the same static buffers eagerly on CPU), the KV pool
+sizing rule and the dummy load format, on CPU.
+
+The padded path must be invisible: greedy tokens equal the unpadded eager path and transformers
+(tests/test_engine.py runs both paths), and padding rows must never write a block the pool owns.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from tiny_models import tiny_model_dir
+
+from radixserve import LLM, SamplingParams
+from radixserve.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
+from radixserve.model.decode_graphs import bucket_for, capture_sizes
+from radixserve.model.memory import DeviceBudget
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def test_capture_sizes_cover_every_batch_with_little_padding() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(5) == [1, 2, 4, 5]
+    assert capture_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    sizes = capture_sizes(256)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256 and len(sizes) == 20
+    for batch in range(1, 257):
+        size = bucket_for(batch, sizes)
+        assert size is not None and batch <= size and size - batch < max(16, batch)
+        assert size - batch <= 15
+    assert bucket_for(257, sizes) is None
+
+
+def _engine(**kw) -> LLMEngine:
+    cfg = {"model": str(tiny_model_dir("llama")), "block_size": 16, "num_blocks": 64,
+           "max_num_batched_tokens": 128, "max_num_seqs": 8} | kw
+    return LLMEngine(EngineConfig(**cfg))
+
+
+def test_padding_rows_never_write_a_live_block() -> None:
+    engine = _engine()
+    decoder = engine.runner.decoder
+    assert decoder is not None and decoder.graphs == {}  # CPU: the padded path runs without capture
+    g = torch.Generator().manual_seed(0)
+    for n in (21, 16, 40):  # three live sequences -> padded to 4 rows
+        engine.add_request(torch.randint(4, 500, (n,), generator=g).tolist(), GREEDY)
+    while any(s.num_computed < len(s.token_ids) - 1 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    running = list(engine.scheduler.running)
+    assert len(running) == 3 and bucket_for(3, decoder.sizes) == 4
+    kv = engine.runner.kv_cache
+    assert kv is not None
+    bs = engine.config.block_size
+    newest = {s.seq_id: len(s.token_ids) - 1 for s in running}  # the position each one writes this step
+    scratch = kv.scratch_block
+    kv.data[:, :, scratch] = float("nan")  # padding must overwrite this, and nothing may read it into a live row
+    before = kv.data.clone()
+    engine.step()
+    written = {s.block_table[newest[s.seq_id] // bs] * bs + newest[s.seq_id] % bs for s in running}
+    flat_before = before.flatten(2, 3)  # [layers, 2, slots, heads, dim]
+    flat_after = kv.data.flatten(2, 3)
+    changed = (flat_before != flat_after) & ~(flat_before.isnan() & flat_after.isnan())
+    changed_slots = set(changed.flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist())
+    live_changed = {s for s in changed_slots if s // bs != scratch}
+    assert live_changed == written, "a padded step wrote a slot of a live block it did not own"
+    assert scratch * bs in changed_slots, "the padding row did not write its scratch slot"
+    assert not any(o.finished and o.outputs[0].finish_reason == "error" for o in engine.step())
+    engine.check_integrity()
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_padded_and_unpadded_paths_give_the_same_tokens(eager: bool) -> None:
+    prompts = [torch.randint(4, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 17, 33, 50, 9)]
+    padded = LLM(model=str(tiny_model_dir("qwen3")), num_blocks=96, max_num_seqs=8).generate(prompts, GREEDY)
+    llm = LLM(model=str(tiny_model_dir("qwen3")), num_blocks=96, max_num_seqs=8, enforce_eager=eager)
+    assert (llm.engine.runner.decoder is None) == eager
+    other = llm.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in other]
+
+
+def test_device_budget_rule() -> None:
+    gib = 2**30
+    budget = DeviceBudget(total_bytes=80 * gib, in_use_bytes=17 * gib, activation_bytes=gib, graph_bytes=gib // 2,
+                          utilization=0.9)
+    assert budget.kv_bytes == int(72 * gib) - 17 * gib - gib - gib // 2
+    assert budget.kv_blocks(2 * 2**20) == budget.kv_bytes // (2 * 2**20)
+    tight = DeviceBudget(total_bytes=20 * gib, in_use_bytes=17 * gib, activation_bytes=gib, graph_bytes=0,
+                         utilization=0.9)
+    with pytest.raises(ValueError, match="gpu-memory-utilization"):
+        tight.kv_blocks(2 * 2**20)
+
+
+def test_dummy_load_format_needs_only_the_config(tmp_path) -> None:
+    src = tiny_model_dir("llama")
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        LLM(model=str(tmp_path), num_blocks=16)
+    llm = LLM(model=str(tmp_path), num_blocks=16, load_format="dummy")
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 4
+    weights = [p for n, p in llm.engine.runner.model.named_parameters() if not n.endswith("norm.weight")]
+    assert all(bool(p.isfinite().all()) and float(p.std()) > 0.01 for p in weights)
+
+
+def test_engine_config_rejects_bad_memory_settings() -> None:
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="load_format"):
+        EngineConfig(load_format="pt")
