@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve chat test bench lint
+.PHONY: setup serve chat test bench lint gpu-bundle
 
 setup: $(STAMP)
 
@@ -33,3 +33,12 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check radixserve tests kernels
 	$(PY) -m mypy
+
+# what scripts/gpu_check.sh needs on a GPU machine without network: the pure-Python wheels it lacks
+# (.whl/) and the embedded model's tokenizer for the random-weight Llama shapes (.gpu/tokenizer/)
+gpu-bundle: $(STAMP)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 -d .whl chitchat-dataset
+	$(PY) -c "import shutil, pathlib; from radixserve.model.embedded import resolve_model; \
+		src = pathlib.Path(resolve_model(None)[0]); dst = pathlib.Path('.gpu/tokenizer'); dst.mkdir(parents=True, exist_ok=True); \
+		[shutil.copy(f, dst) for f in src.iterdir() if f.suffix != '.safetensors']"

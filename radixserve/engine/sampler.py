@@ -21,10 +21,16 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> list[int | None]:
-        logits = logits.float().cpu()
-        # one pass: a row's max is NaN if any logit is NaN, +inf if any is +inf, -inf if all are
-        peak, argmax = logits.max(dim=-1) if logits.numel() else (logits.new_empty(0), logits.new_empty(0))
+        logits = logits.float()
+        # one pass on the logits' device: a row's max is NaN if any logit is NaN, +inf if any is +inf,
+        # -inf if all are; only these two numbers per row cross to the host for greedy rows
+        if logits.numel():
+            peak, argmax = logits.max(dim=-1)
+        else:
+            peak, argmax = logits.new_empty(0), logits.new_empty(0, dtype=torch.long)
         greedy, usable = argmax.tolist(), peak.isfinite().tolist()
+        drawn = [i for i, p in enumerate(params) if usable[i] and not p.greedy]
+        rows = dict(zip(drawn, logits[drawn].cpu())) if drawn else {}
         out: list[int | None] = []
         for i, p in enumerate(params):
             if not usable[i]:
@@ -32,7 +38,7 @@ class Sampler:
             elif p.greedy:
                 out.append(greedy[i])
             else:
-                out.append(self._draw(self.probabilities(logits[i], p), generators[i] or self.generator))
+                out.append(self._draw(self.probabilities(rows[i], p), generators[i] or self.generator))
         return out
 
     @staticmethod

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole GPU check of issue 12 in one go (well under 10 minutes on an H100), from a checkout:
+#   1. environment: GPU, driver, torch / triton / transformers versions
+#   2. the kernel benchmark (`radixserve bench kernels`): correctness vs fp32 references, eager and
+#      CUDA-graph timings, SDPA comparison, fused-kernel timings
+#   3. `radixserve bench step` on random-weight Llama-3.2-1B and Llama-3.1-8B shapes, graphs on/off,
+#      greedy and top-p, with the roofline fraction
+#   4. greedy equality on the GPU (tests/test_gpu.py): fp32 vs transformers, bf16 Triton vs torch backend
+#   5. an end-to-end `radixserve bench` on the 1B shape (random bf16 weights written here) against
+#      transformers
+# Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them.
+#
+# Works on a machine with torch, triton and transformers preinstalled and no network: the package
+# runs from the checkout (PYTHONPATH), missing pure-Python packages come as wheels in .whl/, and
+# the Llama shapes borrow the embedded model's tokenizer files from $RADIXSERVE_TOKENIZER
+# (default .gpu/tokenizer; `make gpu-bundle` fills .whl/ and .gpu/ on a machine with the network).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+LOG="$OUT/gpu-check.log"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rs-site .whl/*.whl
+  export PYTHONPATH=/tmp/rs-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
+RS="python3 -m radixserve"
+status=0
+step() { echo; echo "=== $* ==="; }
+run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
+{
+  step environment
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda, '| triton', triton.__version__, '| transformers', transformers.__version__)"
+
+  step "kernel benchmark"
+  run timeout 240 $RS bench kernels --json "$OUT/kernels.json"
+
+  for shape in llama-3.2-1b llama-3.1-8b; do
+    step "bench step $shape"
+    run timeout 300 $RS bench step --shape "$shape" --tokenizer "$TOKENIZER" --json "$OUT/step-$shape.json"
+  done
+
+  step "greedy equality on the GPU"
+  run timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+
+  step "end-to-end bench, llama-3.2-1b shape, random bf16 weights, vs transformers"
+  run timeout 600 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
+  run timeout 900 $RS bench --model /tmp/rs-1b --device cuda --workload shared-prefix,multi-turn --repeats 1 \
+      --no-progress --no-charts --out /tmp/rs-e2e
+  cp /tmp/rs-e2e/results.json "$OUT/e2e-results.json" 2>/dev/null
+  cp /tmp/rs-e2e/table.md "$OUT/e2e-table.md" 2>/dev/null
+  echo; echo "gpu_check: exit $status"
+} 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,68 @@
+"""Greedy equality on a CUDA device (skipped without one; scripts/gpu_check.sh runs it on a GPU).
+
+fp32: the engine on CUDA (Triton attention, fused kernels, CUDA graphs on and off) equals
+transformers token for token on the tiny models of every architecture, through the cache paths of
+tests/test_engine.py. bf16: the Triton path with graphs equals the torch backend's eager path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import ARCHS, GREEDY, random_prompts, reference
+from tiny_models import tiny_model_dir
+
+from radixserve import LLM, SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+PATHS = [pytest.param(False, id="graphs"), pytest.param(True, id="eager")]
+
+
+def cuda_llm(arch: str, **kw) -> LLM:
+    kw = {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 64, "device": "cuda", "max_num_seqs": 16} | kw
+    return LLM(model=str(tiny_model_dir(arch)), **kw)
+
+
+def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
+    outs = llm.generate(prompts, params)
+    for p, o in zip(prompts, outs):
+        for c in o.outputs:
+            assert c.token_ids == reference(arch, tuple(p), params.max_tokens), f"prompt of {len(p)} tokens diverged"
+    llm.engine.check_integrity()
+    assert llm.engine.leaked_blocks() == 0
+    return outs
+
+
+@pytest.mark.parametrize("eager", PATHS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_cold_warm_and_mid_block_hits_match_transformers(arch: str, eager: bool) -> None:
+    llm = cuda_llm(arch, dtype="float32", enforce_eager=eager)
+    assert llm.engine.runner.uses_cuda_graphs != eager
+    prompts = random_prompts([1, 15, 16, 17, 40, 90])
+    check(arch, llm, prompts)
+    check(arch, llm, prompts)  # warm
+    base = random_prompts([60], seed=1)[0]
+    check(arch, llm, [base[:k] + random_prompts([9], seed=k)[0] for k in (5, 21, 33, 47)])
+
+
+@pytest.mark.parametrize("eager", PATHS)
+def test_fp32_preemption_and_forks_match_transformers(eager: bool) -> None:
+    llm = cuda_llm("llama", dtype="float32", num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager)
+    check("llama", llm, random_prompts([40] * 6, seed=3), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert llm.engine.stats().preemptions > 0
+    out = cuda_llm("qwen2", dtype="float32", enforce_eager=eager).generate(
+        [random_prompts([37], seed=4)[0]], SamplingParams(temperature=0.0, max_tokens=10, n=3, ignore_eos=True))[0]
+    expected = reference("qwen2", tuple(random_prompts([37], seed=4)[0]), 10)
+    assert [c.token_ids for c in out.outputs] == [expected] * 3
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_triton_with_graphs_equals_the_torch_backend(arch: str) -> None:
+    prompts = random_prompts([1, 15, 16, 17, 40, 90, 33, 5], seed=7)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    fast = cuda_llm(arch, dtype="bfloat16", attention_backend="triton")
+    assert fast.engine.runner.uses_cuda_graphs and fast.engine.runner.ops.name == "triton"
+    slow = cuda_llm(arch, dtype="bfloat16", attention_backend="torch", enforce_eager=True)
+    got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]
+    want = [o.outputs[0].token_ids for o in slow.generate(prompts, params)]
+    assert got == want
