@@ -25,7 +25,7 @@ import torch
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.config import EngineConfig
+from radixserve.config import DEFAULT_CPU_KV_MB, EngineConfig
 from radixserve.core import (
     Batch,
     CompletionOutput,
@@ -59,11 +59,12 @@ class LLMEngine:
         self.config = config
         self.model_dir, self.model_name = resolve_model(config.model)
         self.runner = ModelRunner(self.model_dir, config.dtype, config.device, config.attention_backend,
-                                  config.block_size)
+                                  config.block_size, config.load_format)
         self.spec = self.runner.spec
         self.tokenizer: Any = load_tokenizer(self.model_dir)
         layout = self.runner.kv_layout()
-        num_blocks = config.num_blocks or layout.blocks_for_budget(config.kv_cache_memory_mb)
+        budget_mb = DEFAULT_CPU_KV_MB if config.kv_cache_memory_mb is None else config.kv_cache_memory_mb
+        num_blocks = config.num_blocks or layout.blocks_for_budget(budget_mb)
         self.runner.allocate_kv_cache(num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size)
         self.tree = RadixTree(self.pool) if config.enable_prefix_cache else None

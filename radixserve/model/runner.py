@@ -26,10 +26,11 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int) -> None:
+    def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int,
+                 load_format: str = "auto") -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.model, self.spec = load_model(model_dir, self.dtype, self.device)
+        self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format)
         self.backend = make_backend(backend, self.device)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
             raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")
