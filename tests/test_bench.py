@@ -374,6 +374,48 @@ def test_kernels_subcommand_is_passed_through(monkeypatch):
     assert seen == {"iters": 7}
 
 
+# -- transformers versions -------------------------------------------------------------------------
+def test_cb_config_kwargs_follow_the_installed_transformers():
+    """transformers <= 5.17 names the tokens per block `block_size`, later versions `page_size` (keeping
+    `block_size` as a deprecated alias): the peer's settings are renamed to what the class accepts."""
+    import dataclasses
+
+    from radixserve.bench.systems.hf_cb import HFContinuousBatchSystem, cb_config_kwargs, config_fields
+
+    @dataclasses.dataclass
+    class Config517:  # the fields of transformers 5.17's ContinuousBatchingConfig that matter here
+        block_size: int = 256
+        num_blocks: int | None = None
+        max_batch_tokens: int | None = None
+        max_requests_per_batch: int | None = None
+        allow_block_sharing: bool = True
+
+    @dataclasses.dataclass
+    class Config523(Config517):  # 5.23: page_size, with block_size a deprecated alias
+        page_size: int = 256
+        block_size: int | None = None  # type: ignore[assignment]
+
+    class PlainConfig:  # not a dataclass: read from the signature
+        def __init__(self, page_size: int = 256, num_blocks: int | None = None, *, allow_block_sharing: bool = True,
+                     **ignored: object) -> None:
+            pass
+
+    system = HFContinuousBatchSystem("cb", "m", "cpu", "float32", block_size=16, num_blocks=40, max_batch_tokens=64,
+                                     max_requests_per_batch=8)
+    settings = system._settings()
+    old = Config517(**cb_config_kwargs(settings, config_fields(Config517)))
+    assert (old.block_size, old.num_blocks, old.max_batch_tokens, old.max_requests_per_batch) == (16, 40, 64, 8)
+    new = cb_config_kwargs(settings, config_fields(Config523))
+    assert new["page_size"] == 16 and "block_size" not in new
+    assert config_fields(PlainConfig) == {"page_size", "num_blocks", "allow_block_sharing"}
+    with pytest.raises(RuntimeError, match="max_batch_tokens"):
+        cb_config_kwargs(settings, config_fields(PlainConfig))
+    # and the installed version builds, with the page size where it belongs
+    generation, cb = system._configs()
+    assert getattr(cb, "page_size", None) == 16 or cb.block_size == 16
+    assert (cb.num_blocks, cb.max_batch_tokens, cb.max_requests_per_batch) == (40, 64, 8)
+
+
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_llama() -> str:

@@ -46,6 +46,17 @@ def test_stop_string_truncates_and_never_leaks() -> None:
     assert not any("E" in x for x in deltas)
 
 
+def test_ids_beyond_the_tokenizer_decode_to_nothing() -> None:
+    """A model's vocabulary may exceed its tokenizer's (padded embeddings; `bench step`'s Llama shapes
+    carry SmolLM2's tokenizer under a 128256-row vocabulary): such ids add no text and raise nothing."""
+    size = len(tokenizer())
+    hello = tokenizer().encode("Hello")
+    d = IncrementalDetokenizer(tokenizer(), [])
+    for t in [hello[0], size, size + 1000, 128255, *hello[1:]]:
+        d.add([t])
+    assert d.delta(final=True) == "Hello"
+
+
 def test_top_k_and_top_p_keep_the_right_tokens() -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     p = Sampler.probabilities(logits, SamplingParams(temperature=1.0, top_p=0.8))

@@ -3,6 +3,7 @@
     radixserve bench [run] --workload shared-prefix|multi-turn|random|all --systems a,b --repeats N
                            --smoke --out DIR --publish docs/bench ...
     radixserve bench micro      # scheduler and radix-tree micro-benchmarks only
+    radixserve bench step       # the engine's decode step vs the memory roofline (radixserve/bench/step_bench.py)
     radixserve bench kernels    # the Triton kernel benchmark (radixserve/bench/kernel_bench.py)
 
 `run` is the default, so `radixserve bench --smoke` works; put run options after `run` if you
@@ -58,12 +59,13 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,kernels}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels}")
     _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
     p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
     p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
     p_micro.add_argument("--out", default=None, help="also write micro.json here")
     p_micro.add_argument("--block-size", type=int, default=16)
+    _add_step_arguments(sub.add_parser("step", help="time LLMEngine.step() decoding; ms/step, tok/s, roofline"))
     # its options belong to kernel_bench, imported only when this subcommand runs: a '+' prefix makes
     # this parser take every following word, dashes included, as a pass-through positional
     p_kernels = sub.add_parser("kernels", help="Triton kernel benchmark (arguments are passed through)",
@@ -77,7 +79,58 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_micro(args)
     if command == "kernels":
         return _run_kernels(args.kernel_args)
+    if command == "step":
+        return _run_step(args)
     return _run(args)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _add_step_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", default="embedded", choices=("embedded", "llama-3.2-1b", "llama-3.1-8b"),
+                   help="embedded: SmolLM2-135M with its weights; llama-*: the real shapes, random weights")
+    p.add_argument("--model", default=None, help="a model directory instead of --shape")
+    p.add_argument("--load-format", default=None, choices=("auto", "dummy"),
+                   help="default: dummy for the llama shapes, auto (the checkpoint) otherwise")
+    p.add_argument("--batch", type=_ints, default=None, help="batch sizes (default 1,16,64,128; 1,4 on CPU)")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens per sequence (default %(default)s)")
+    p.add_argument("--steps", type=int, default=None, help="timed decode steps per row (default 32; 8 on CPU)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed decode steps first (default %(default)s)")
+    p.add_argument("--sampling", type=_names, default=("greedy", "top-p"), help="greedy,top-p (default both)")
+    p.add_argument("--graphs", type=_names, default=("on", "off"),
+                   help="on (enforce_eager=False), off (enforce_eager=True), or on,off (default)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: max(8192, largest batch)")
+    p.add_argument("--num-blocks", type=int, default=None, help="default: every row fits")
+    p.add_argument("--bandwidth-mib", type=int, default=None, help="copy size of the bandwidth test (1024; CPU 256)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every number as JSON here")
+
+
+def _run_step(args: argparse.Namespace) -> int:
+    from radixserve.bench.step_bench import StepBenchOptions, render_table, run_step_bench
+
+    options = StepBenchOptions(
+        shape=args.shape, model=args.model, load_format=args.load_format, batches=args.batch, context=args.context,
+        steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, device=args.device,
+        dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
+        bandwidth_mib=args.bandwidth_mib, seed=args.seed)
+    result = run_step_bench(options)
+    print(render_table(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
 
 
 def _run_kernels(argv: list[str]) -> int:

@@ -7,16 +7,47 @@ all-at-once closed loop is exactly a `generate_batch` call, while multi-turn and
 streams in as it would to a server. EOS is disabled per request so every request generates exactly
 its output length. The prefix-cache hit of each request is read by wrapping the cache's prefix
 search on this manager's cache instance (a measurement hook; it changes nothing).
+
+transformers renamed the config's tokens-per-block field from `block_size` (<= 5.17) to `page_size`
+(later; `block_size` stays as a deprecated alias): `cb_config_kwargs` names each setting the way the
+installed version's ContinuousBatchingConfig does. The manager API used here is the same in both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import time
+from collections.abc import Collection
 from typing import Any
 
 from radixserve.bench.systems.base import Completion, System, SystemInfo
 from radixserve.bench.systems.hf_common import shared_hf_model
+
+# our setting -> its field names across transformers versions, preferred first
+CB_CONFIG_ALIASES: dict[str, tuple[str, ...]] = {"page_size": ("page_size", "block_size")}
+
+
+def config_fields(cls: Any) -> set[str]:
+    """The keyword arguments `cls` (a dataclass, or any class) accepts."""
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls) if f.init}
+    return {name for name, p in inspect.signature(cls).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def cb_config_kwargs(settings: dict[str, Any], accepted: Collection[str]) -> dict[str, Any]:
+    """`settings` renamed to the fields a ContinuousBatchingConfig accepting `accepted` has; a setting
+    it has under no known name is an error (silently dropping it would change what is measured)."""
+    out = {}
+    for key, value in settings.items():
+        names = CB_CONFIG_ALIASES.get(key, (key,))
+        name = next((n for n in names if n in accepted), None)
+        if name is None:
+            raise RuntimeError(f"this transformers' ContinuousBatchingConfig takes none of {', '.join(names)}")
+        out[name] = value
+    return out
 
 
 class HFContinuousBatchSystem(System):
@@ -39,11 +70,12 @@ class HFContinuousBatchSystem(System):
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         generation = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=1)
-        cb = ContinuousBatchingConfig(
-            page_size=self.block_size, allow_block_sharing=True, num_blocks=self.num_blocks,
-            max_batch_tokens=self.max_batch_tokens, max_requests_per_batch=self.max_requests_per_batch,
-        )
+        cb = ContinuousBatchingConfig(**cb_config_kwargs(self._settings(), config_fields(ContinuousBatchingConfig)))
         return generation, cb
+
+    def _settings(self) -> dict[str, Any]:
+        return {"page_size": self.block_size, "allow_block_sharing": True, "num_blocks": self.num_blocks,
+                "max_batch_tokens": self.max_batch_tokens, "max_requests_per_batch": self.max_requests_per_batch}
 
     def _start_manager(self) -> Any:
         self.model = shared_hf_model(self.model_dir, self.device, self.dtype, self.name)
@@ -114,6 +146,4 @@ class HFContinuousBatchSystem(System):
     def info(self) -> SystemInfo:
         return SystemInfo(self.name, "transformers continuous batching (generate_batch's manager), block sharing on",
                           block_size=self.block_size, num_blocks=self.num_blocks,
-                          settings={"page_size": self.block_size, "allow_block_sharing": True,
-                                    "num_blocks": self.num_blocks, "max_batch_tokens": self.max_batch_tokens,
-                                    "max_requests_per_batch": self.max_requests_per_batch})
+                          settings=self._settings())

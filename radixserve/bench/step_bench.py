@@ -1,0 +1,265 @@
+"""`radixserve bench step`: the decode step through the real engine, against the memory roofline.
+
+One engine per graphs setting (on: `EngineConfig(enforce_eager=False)`, off: `enforce_eager=True`),
+reused for every (sampling, batch) row. A row adds `batch` requests of `context` seeded random token
+ids (`ignore_eos`), steps until every sequence has its first token (prefill done, all decoding), runs
+`warmup` decode steps, then times `steps` calls of `LLMEngine.step()` (schedule, prepare, forward,
+sample, postprocess) one by one with `time.perf_counter`, and aborts the requests; the pool must then
+hold no block that no sequence or tree node lists. Both sampling modes of one batch size use the
+same prompts, so the second finds them cached; prefill is never timed.
+
+Model: `--shape embedded` (SmolLM2-135M with its weights) or a real model's shapes
+(`llama-3.2-1b`, `llama-3.1-8b`): a directory under the cache holding its config.json and the embedded
+model's tokenizer, run with `load_format="dummy"` (random weights; ids beyond the tokenizer decode
+to ""). Roofline: a decode step must read every weight once plus each sequence's K/V, so
+bytes = weights + KV and roofline fraction = bytes / bandwidth / median step time, where
+weights = every parameter once (a tied embedding counts once: the LM head reads all of it), except
+that an untied input embedding counts only the `batch` rows its lookup reads. KV = sum over
+sequences of their length that step (every cached token plus the one computed) x 2 x layers x
+kv_heads x head_dim x dtype size, averaged over the timed steps. Bandwidth: median of copies of a
+large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixserve.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
+from radixserve.model.device import resolve_device
+from radixserve.model.embedded import EmbeddedModelMissingError, cache_root, resolve_model
+from radixserve.model.llama import LlamaForCausalLM
+from radixserve.sampling_params import SamplingParams
+
+_LLAMA3 = dict(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False, mlp_bias=False,
+               hidden_act="silu", num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+               max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=128000,
+               eos_token_id=128001, torch_dtype="bfloat16")
+_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+SHAPES: dict[str, dict[str, Any]] = {  # meta-llama/Llama-3.2-1B and Llama-3.1-8B config.json (what we read)
+    "llama-3.2-1b": {**_LLAMA3, "num_hidden_layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
+                     "head_dim": 64, "tie_word_embeddings": True, "rope_scaling": {**_ROPE, "factor": 32.0}},
+    "llama-3.1-8b": {**_LLAMA3, "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+                     "head_dim": 128, "tie_word_embeddings": False, "rope_scaling": {**_ROPE, "factor": 8.0}},
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "chat_template.jinja")
+SAMPLING: dict[str, tuple[float, float]] = {"greedy": (0.0, 1.0), "top-p": (0.7, 0.9)}  # (temperature, top_p)
+GRAPHS = ("on", "off")
+
+
+@dataclass
+class StepBenchOptions:
+    shape: str = "embedded"  # embedded | a SHAPES name
+    model: str | None = None  # a model directory instead of a shape
+    load_format: str | None = None  # None: dummy for shapes, auto otherwise
+    batches: tuple[int, ...] | None = None  # None: 1,16,64,128 (CUDA) / 1,4 (CPU)
+    context: int = 512
+    steps: int | None = None  # None: 32 (CUDA) / 8 (CPU)
+    warmup: int = 3
+    sampling: tuple[str, ...] = ("greedy", "top-p")
+    graphs: tuple[str, ...] = GRAPHS
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int | None = None  # None: the largest batch
+    max_num_batched_tokens: int | None = None  # None: max(8192, largest batch)
+    num_blocks: int | None = None  # None: every row's sequences fit, plus slack
+    bandwidth_mib: int | None = None  # None: 1024 (CUDA) / 256 (CPU)
+    seed: int = 0
+
+
+def write_shape_dir(config: dict[str, Any], out: Path, tokenizer_dir: Path | None) -> Path:
+    """A model directory with `config` and `tokenizer_dir`'s tokenizer files; no weights."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".config.json.{os.getpid()}"
+    tmp.write_text(json.dumps(config, indent=1) + "\n")
+    os.replace(tmp, out / "config.json")
+    for name in TOKENIZER_FILES:
+        if tokenizer_dir is not None and (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, out / name)
+    return out
+
+
+def shape_dir(name: str) -> Path:
+    """The cached directory of shape `name`, with the embedded model's tokenizer when it is installed."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; choose embedded or one of {', '.join(SHAPES)}")
+    try:
+        tokenizer_dir: Path | None = Path(resolve_model(None)[0])
+    except EmbeddedModelMissingError:
+        tokenizer_dir = None  # the engine then takes token ids and detokenizes nothing
+    return write_shape_dir(SHAPES[name], cache_root() / "shapes" / name, tokenizer_dir)
+
+
+def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
+    """Bytes per second of a large copy (read + written), median of `repeats` after one warm-up."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    del src, dst
+    return 2 * nbytes / statistics.median(times[1:])
+
+
+def weight_bytes(model: LlamaForCausalLM, batch: int) -> int:
+    """Bytes of weights one decode step of `batch` sequences reads (see the module docstring)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # shared (tied) params once
+    embed = model.model.embed_tokens.weight
+    if model.lm_head is not None:  # untied: the lookup reads `batch` rows only
+        total -= (embed.shape[0] - batch) * embed.shape[1] * embed.element_size()
+    return total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = platform.processor() or platform.machine()
+    return f"{name} ({torch.get_num_threads()} threads)"
+
+
+def _version(module: str) -> str | None:
+    try:
+        return str(__import__(module).__version__)
+    except ImportError:  # triton on a machine without it
+        return None
+
+
+def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: int, warmup: int,
+            bandwidth: float) -> dict[str, Any]:
+    """Time `steps` decode steps of len(prompts) sequences; the requests are aborted afterwards."""
+    batch, device = len(prompts), engine.runner.device
+    temperature, top_p = SAMPLING[sampling]
+    params = SamplingParams(max_tokens=warmup + steps + 8, temperature=temperature, top_p=top_p, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    seqs = [engine.requests[i].sequences[0] for i in ids]
+    prefill_steps = 0
+    while any(s.num_generated < 1 for s in seqs):
+        if prefill_steps > 2 * len(prompts) * len(prompts[0]) + 100:
+            raise RuntimeError("the prompts never finished prefill")
+        engine.step()
+        prefill_steps += 1
+    if len(engine.scheduler.running) != batch or engine.scheduler.waiting:
+        raise RuntimeError(f"{len(engine.scheduler.running)} of {batch} sequences running; raise --num-blocks")
+    for _ in range(warmup):
+        engine.step()
+    gc.collect()
+    times, kv_tokens = [], []
+    _sync(device)
+    for _ in range(steps):
+        kv_tokens.append(sum(len(s.token_ids) for s in seqs))  # each reads its whole length this step
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        times.append(time.perf_counter() - t0)
+        if len(outputs) != batch or any(len(o.outputs[0].token_ids) != 1 for o in outputs):
+            raise RuntimeError("a timed step was not one decode of every sequence")
+    _sync(device)
+    for i in ids:
+        engine.abort(i)
+    engine.check_integrity()
+    layout = engine.runner.kv_layout()
+    kv_per_token = layout.bytes_per_block // layout.block_size
+    weights = weight_bytes(engine.runner.model, batch)
+    kv = kv_per_token * statistics.fmean(kv_tokens)
+    ms = 1000 * statistics.median(times)
+    return dict(sampling=sampling, batch=batch, context=len(prompts[0]), steps=steps, warmup=warmup,
+                prefill_steps=prefill_steps, ms_median=ms, ms_mean=1000 * statistics.fmean(times),
+                ms_min=1000 * min(times), tok_s=batch * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
+                kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
+                roofline_fraction=(weights + kv) / bandwidth / (ms / 1000),
+                leaked_blocks=engine.leaked_blocks(), live_sequences=len(engine.live_sequences()))
+
+
+def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
+    if o.model:
+        model_dir, load_format = o.model, o.load_format or "auto"
+    elif o.shape == "embedded":
+        model_dir, load_format = resolve_model(None)[0], o.load_format or "auto"
+    else:
+        model_dir, load_format = str(shape_dir(o.shape)), o.load_format or "dummy"
+    device = resolve_device(o.device)
+    cuda = device.type == "cuda"
+    batches = o.batches or ((1, 16, 64, 128) if cuda else (1, 4))
+    steps = o.steps or (32 if cuda else 8)
+    unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS]
+    if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0:
+        raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
+    max_len = o.context + o.warmup + steps + 8
+    mib = o.bandwidth_mib or (1024 if cuda else 256)
+    bandwidth = measure_bandwidth(device, mib << 20)  # before any engine holds device memory
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = dict(
+        options=asdict(o), shape=o.model or o.shape, model_dir=model_dir, load_format=load_format, device=str(device),
+        device_name=_device_name(device), torch=torch.__version__, triton=_version("triton"),
+        transformers=_version("transformers"), bandwidth_bytes=mib << 20, bandwidth_bytes_per_s=bandwidth)
+    for graphs in o.graphs:
+        config = EngineConfig(
+            model=model_dir, device=o.device, dtype=o.dtype, block_size=o.block_size, seed=o.seed,
+            enforce_eager=graphs == "off", load_format=load_format, max_num_seqs=o.max_num_seqs or max(batches),
+            max_num_batched_tokens=o.max_num_batched_tokens or max(8192, max(batches)),
+            num_blocks=o.num_blocks or max(batches) * (-(-max_len // o.block_size) + 1) + 64)
+        engine = LLMEngine(config)
+        spec = engine.spec
+        result.update(dtype=str(engine.runner.dtype).removeprefix("torch."), attention_backend=engine.runner.backend.name,
+                      num_blocks=engine.pool.num_blocks, model=dict(
+                          layers=spec.num_layers, hidden=spec.hidden_size, intermediate=spec.intermediate_size,
+                          heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                          vocab=spec.vocab_size, tied=spec.tie_word_embeddings))
+        vocab = min(engine.spec.vocab_size, len(engine.tokenizer) if engine.tokenizer is not None else 1 << 62)
+        for batch in batches:
+            rng = random.Random(f"{o.seed}-{batch}")  # same prompts for each sampling mode and graphs setting
+            prompts = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
+            for sampling in o.sampling:
+                rows.append({"graphs": graphs, **run_row(engine, prompts, sampling, steps, o.warmup, bandwidth)})
+        del engine
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    result["rows"] = rows
+    return result
+
+
+def render_table(result: dict[str, Any]) -> str:
+    graphs = list(dict.fromkeys(r["graphs"] for r in result["rows"]))
+    head = "| sampling | batch | " + " | ".join(f"graphs {g}: ms/step (median / mean) | tok/s | roofline"
+                                                for g in graphs) + " |"
+    lines = [f"## decode step: {result['shape']} ({result['dtype']}, {result['device_name']})", "",
+             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {result['rows'][0]['context']}"
+             f", {result['rows'][0]['steps']} timed steps, attention {result['attention_backend']}"
+             + (" (CPU: no CUDA graphs, on and off run the same code)" if result["device"] == "cpu" else ""), "",
+             head, "|---|---|" + "---|---|---|" * len(graphs)]
+    keys = list(dict.fromkeys((r["sampling"], r["batch"]) for r in result["rows"]))
+    for sampling, batch in keys:
+        cells = []
+        for g in graphs:
+            r = next((r for r in result["rows"] if (r["graphs"], r["sampling"], r["batch"]) == (g, sampling, batch)), None)
+            cells.append(" - | - | - " if r is None else
+                         f" {r['ms_median']:.2f} / {r['ms_mean']:.2f} | {r['tok_s']:.1f} | {r['roofline_fraction']:.1%} ")
+        lines.append(f"| {sampling} | {batch} |" + "|".join(cells) + "|")
+    return "\n".join(lines) + "\n"
