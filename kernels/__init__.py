@@ -1,6 +1,7 @@
 """Triton paged-attention kernels over the block cache, with plain-torch references.
 
-Public API (fixed): `paged_decode_attention`, `paged_extend_attention`, `store_kv`; references in
+Public API (fixed): `paged_decode_attention`, `paged_extend_attention`, `store_kv`, and the fused
+decode-path kernels `add_rms_norm`, `rotary_qk_`, `silu_and_mul` (kernels/fused.py); references in
 `kernels.reference`. Cache layout [num_blocks, block_size, Hkv, D] (see radixserve/kv_cache.py).
 
 The exports load lazily so that `import kernels` stays cheap and never imports triton: an unrelated
@@ -15,12 +16,22 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "add_rms_norm": "kernels.fused",
     "paged_decode_attention": "kernels.decode",
     "paged_extend_attention": "kernels.extend",
+    "rotary_qk_": "kernels.fused",
+    "silu_and_mul": "kernels.fused",
     "store_kv": "kernels.kv_store",
 }
 
-__all__ = ["paged_decode_attention", "paged_extend_attention", "store_kv"]
+__all__ = [
+    "add_rms_norm",
+    "paged_decode_attention",
+    "paged_extend_attention",
+    "rotary_qk_",
+    "silu_and_mul",
+    "store_kv",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -114,7 +114,7 @@ def _compiled(kernel) -> list[CompiledVariant]:
 
 
 def check_arch(arch: int, dtype: torch.dtype, head_dim: int, group: int = 4, block_size: int = 16) -> list[CompiledVariant]:
-    """Drive every public wrapper once per code path (decode with 1 and several splits, extend, store)."""
+    """Drive every attention wrapper once per code path (decode with 1 and several splits, extend, store)."""
     import kernels
     from kernels import decode, extend, kv_store
 
@@ -141,6 +141,32 @@ def check_arch(arch: int, dtype: torch.dtype, head_dim: int, group: int = 4, blo
     return found
 
 
+def check_fused(arch: int, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+                ) -> list[CompiledVariant]:
+    """Compile the fused kernels (kernels.fused), two code paths each, per dtype."""
+    import kernels
+    from kernels import fused
+
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(64, 64, generator=gen)
+    with stand_in_gpu(arch):
+        compiled = (fused._add_rms_norm_kernel, fused._rotary_qk_kernel, fused._silu_and_mul_kernel)
+        for kernel in compiled:
+            kernel.device_caches.clear()
+        for dtype in dtypes:
+            for tokens, hidden, residual in ((3, 200, True), (2, 10000, False)):  # one pass; looped over blocks
+                x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+                kernels.add_rms_norm(x, x if residual else None, x[0], 1e-6)
+            for hq, hkv, dim in ((4, 1, 128), (8, 2, 64)):
+                qkv = torch.randn(2, (hq + 2 * hkv) * dim, generator=gen).to(dtype)
+                q, k, _ = qkv.split([hq * dim, hkv * dim, hkv * dim], dim=-1)
+                kernels.rotary_qk_(q.reshape(2, hq, dim), k.reshape(2, hkv, dim), torch.tensor([1, 5]),
+                                   table[:, : dim // 2], table[:, : dim // 2])
+            for inter in (100, 14336):
+                kernels.silu_and_mul(torch.randn(2, 2 * inter, generator=gen).to(dtype))
+        return [v for kernel in compiled for v in _compiled(kernel)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.aot_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(MAX_SHARED))
@@ -160,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                 # the wrappers fall back past configs that do not fit; each kernel's last one is the one used
                 last = {v.kernel: v for v in variants}
                 ok &= len(last) == 4 and all(v.fits for v in last.values())
+        for v in check_fused(arch, tuple(getattr(torch, name) for name in args.dtype)):
+            print(f"sm_{arch} fused {v.kernel:22} warps={v.num_warps} shared={v.shared:>6} B "
+                  f"{'fits' if v.fits else 'TOO BIG'}")
+            ok &= v.fits
     return 0 if ok else 1
 
 

@@ -3,6 +3,10 @@
 Same signatures and semantics as the Triton entry points. Attention math runs in fp32 with an
 explicit softmax, one sequence at a time, reading K/V through the block table exactly as the kernels
 must; results are cast back to q's dtype. Slots < 0 in `store_kv_reference` are skipped (padding).
+
+The fused-kernel references (`add_rms_norm_reference`, `rotary_qk_reference_`, `silu_and_mul_reference`)
+are the model's own torch code for those steps, written out here because kernels never import radixserve:
+every rounding to the model dtype they perform is one `kernels.fused` must reproduce.
 """
 
 from __future__ import annotations
@@ -74,3 +78,31 @@ def paged_decode_attention_reference(
 ) -> torch.Tensor:
     cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_extend_attention_reference(q, k_cache, v_cache, block_table, cu, seq_lens, scale)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    new_residual = x if residual is None else x + residual  # rounded to x's dtype
+    x32 = new_residual.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, new_residual
+
+
+def rotary_qk_reference_(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor
+) -> None:
+    """Rotate-half RoPE in place, as radixserve/model/rope.py: cos/sin cast to x's dtype, then x*cos + rot*sin."""
+    for x in (q, k):
+        half = x.shape[-1] // 2
+        cos = cos_table[positions]
+        sin = sin_table[positions]
+        cos = torch.cat((cos, cos), dim=-1).to(x.dtype).unsqueeze(1)
+        sin = torch.cat((sin, sin), dim=-1).to(x.dtype).unsqueeze(1)
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        x.copy_(x * cos + rotated * sin)
+
+
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
