@@ -27,6 +27,8 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
 RS="python3 -m radixserve"
+PARTS=${PARTS:-"kernels step equality e2e"}  # a subset runs only those parts
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $* ==="; }
 run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
@@ -35,23 +37,28 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda, '| triton', triton.__version__, '| transformers', transformers.__version__)"
 
-  step "kernel benchmark"
-  run timeout 240 $RS bench kernels --json "$OUT/kernels.json"
-
-  for shape in llama-3.2-1b llama-3.1-8b; do
-    step "bench step $shape"
-    run timeout 300 $RS bench step --shape "$shape" --tokenizer "$TOKENIZER" --json "$OUT/step-$shape.json"
-  done
-
-  step "greedy equality on the GPU"
-  run timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
-
-  step "end-to-end bench, llama-3.2-1b shape, random bf16 weights, vs transformers"
-  run timeout 600 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
-  run timeout 900 $RS bench --model /tmp/rs-1b --device cuda --workload shared-prefix,multi-turn --repeats 1 \
-      --no-progress --no-charts --out /tmp/rs-e2e
-  cp /tmp/rs-e2e/results.json "$OUT/e2e-results.json" 2>/dev/null
-  cp /tmp/rs-e2e/table.md "$OUT/e2e-table.md" 2>/dev/null
+  if want kernels; then
+    step "kernel benchmark"
+    run timeout 150 $RS bench kernels --batches 1 16 64 --contexts 512 4096 --json "$OUT/kernels.json"
+  fi
+  if want step; then
+    for shape in llama-3.2-1b llama-3.1-8b; do
+      step "bench step $shape"
+      run timeout 180 $RS bench step --shape "$shape" --json "$OUT/step-$shape.json"
+    done
+  fi
+  if want equality; then
+    step "greedy equality on the GPU"
+    run timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+  fi
+  if want e2e; then
+    step "end-to-end bench, llama-3.2-1b shape, random bf16 weights, vs transformers"
+    run timeout 120 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
+    run timeout 400 $RS bench --model /tmp/rs-1b --device cuda --workload shared-prefix,multi-turn --repeats 1 \
+        --systems radixserve,radixserve-nocache,hf-generate-batch --no-micro --no-progress --no-charts --out /tmp/rs-e2e
+    cp /tmp/rs-e2e/results.json "$OUT/e2e-results.json" 2>/dev/null
+    cp /tmp/rs-e2e/table.md "$OUT/e2e-table.md" 2>/dev/null
+  fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"
 exit "${PIPESTATUS[0]}"

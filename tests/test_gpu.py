@@ -66,3 +66,22 @@ def test_bf16_triton_with_graphs_equals_the_torch_backend(arch: str) -> None:
     got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]
     want = [o.outputs[0].token_ids for o in slow.generate(prompts, params)]
     assert got == want
+
+
+def test_kv_pool_is_sized_from_device_memory() -> None:
+    from radixserve.bench.step_bench import shape_dir
+    from radixserve.config import EngineConfig
+    from radixserve.engine.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(shape_dir("llama-3.2-1b")), load_format="dummy", device="cuda",
+                                    max_num_seqs=64))
+    free, total = torch.cuda.mem_get_info()
+    kv_bytes = engine.pool.num_blocks * engine.runner.kv_layout().bytes_per_block
+    decoder = engine.runner.decoder
+    assert decoder is not None and len(decoder.graphs) == len(decoder.sizes)
+    print(f"\nKV pool {engine.pool.num_blocks} blocks = {kv_bytes / 2**30:.1f} GiB; device in use "
+          f"{(total - free) / total:.3f} of {total / 2**30:.1f} GiB; {len(decoder.graphs)} graphs captured in "
+          f"{decoder.capture_seconds:.1f} s using {decoder.graph_bytes / 2**20:.0f} MiB")
+    assert kv_bytes > 0.5 * total  # a 1B model leaves most of an 80 GB device to the pool
+    assert (total - free) <= 0.92 * total  # the utilization target (0.90) holds, to allocator slack
+    del engine
