@@ -57,15 +57,24 @@ def test_fp32_preemption_and_forks_match_transformers(eager: bool) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bf16_triton_with_graphs_equals_the_torch_backend(arch: str) -> None:
+def test_bf16_graphs_equal_eager_and_stay_close_to_the_torch_backend(arch: str) -> None:
+    """bf16 with graphs vs without on the same kernels: identical. Against the torch backend (other
+    attention arithmetic, unfused elementwise ops) bf16 logits differ in their last bits, and these tiny
+    models' bf16 logits tie often (spacing 0.125 at magnitude ~20), so greedy paths may part after a
+    tie: the first token of every prompt must agree, and most tokens overall."""
     prompts = random_prompts([1, 15, 16, 17, 40, 90, 33, 5], seed=7)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     fast = cuda_llm(arch, dtype="bfloat16", attention_backend="triton")
     assert fast.engine.runner.uses_cuda_graphs and fast.engine.runner.ops.name == "triton"
-    slow = cuda_llm(arch, dtype="bfloat16", attention_backend="torch", enforce_eager=True)
     got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]
-    want = [o.outputs[0].token_ids for o in slow.generate(prompts, params)]
-    assert got == want
+    eager = cuda_llm(arch, dtype="bfloat16", attention_backend="triton", enforce_eager=True)
+    assert [o.outputs[0].token_ids for o in eager.generate(prompts, params)] == got
+    torch_backend = cuda_llm(arch, dtype="bfloat16", attention_backend="torch", enforce_eager=True)
+    want = [o.outputs[0].token_ids for o in torch_backend.generate(prompts, params)]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    agree = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(g)) for g, w in zip(got, want)]
+    print(f"\n{arch}: bf16 triton+graphs vs torch backend, tokens before the first difference: {agree}")
+    assert sum(agree) >= 0.6 * sum(len(w) for w in want)
 
 
 def test_kv_pool_is_sized_from_device_memory() -> None:

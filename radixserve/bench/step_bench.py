@@ -178,7 +178,8 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
         outputs = engine.step()
         times.append(time.perf_counter() - t0)
         if len(outputs) != batch or any(len(o.outputs[0].token_ids) != 1 for o in outputs):
-            raise RuntimeError("a timed step was not one decode of every sequence")
+            seen = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason, o.error) for o in outputs]
+            raise RuntimeError(f"a timed step was not one decode of each of {batch} sequences: {seen[:4]}")
     _sync(device)
     for i in ids:
         engine.abort(i)

@@ -10,13 +10,13 @@ scheduling. On CUDA it also sizes the KV pool from device memory (`memory.Device
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from radixserve.core import Batch
-import logging
-
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype
@@ -68,9 +68,9 @@ class ModelRunner:
         of the largest step and (unless eager) the decode graphs, all measured before the pool exists."""
         layout = self.kv_layout()
         probe = KVCache(layout, 1, self.device)  # padding-style rows write only its scratch block
-        activations = peak_bytes(lambda: self._probe(probe, max_step_tokens, min(max_step_tokens, max_batch)), self.device)
+        activations = peak_bytes(partial(self._probe, probe, max_step_tokens, min(max_step_tokens, max_batch)), self.device)
         largest = capture_sizes(max_batch)[-1]
-        graphs = peak_bytes(lambda: self._probe(probe, largest, largest), self.device) if self.uses_cuda_graphs else 0
+        graphs = peak_bytes(partial(self._probe, probe, largest, largest), self.device) if self.uses_cuda_graphs else 0
         del probe
         total, used = in_use_bytes(self.device)
         budget = DeviceBudget(total, used, activations, graphs, utilization)
