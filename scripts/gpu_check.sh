@@ -53,8 +53,8 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   fi
   if want e2e; then
     step "end-to-end bench, llama-3.2-1b shape, random bf16 weights, vs transformers"
-    run timeout 120 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
-    run timeout 400 $RS bench --model /tmp/rs-1b --device cuda --workload shared-prefix,multi-turn --repeats 1 \
+    run timeout 60 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
+    run timeout 240 $RS bench --model /tmp/rs-1b --device cuda --workload shared-prefix,multi-turn --repeats 1 \
         --systems radixserve,radixserve-nocache,hf-generate-batch --no-micro --no-progress --no-charts --out /tmp/rs-e2e
     cp /tmp/rs-e2e/results.json "$OUT/e2e-results.json" 2>/dev/null
     cp /tmp/rs-e2e/table.md "$OUT/e2e-table.md" 2>/dev/null

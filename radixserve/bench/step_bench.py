@@ -151,12 +151,19 @@ def _version(module: str) -> str | None:
         return None
 
 
+def prefill_margin(batch: int, context: int, step_tokens: int) -> int:
+    """Tokens a sequence may generate while the rest of its batch is still in prefill (a sequence
+    decodes every step once its own prompt is done), with slack."""
+    return -(-batch * context // step_tokens) + 8
+
+
 def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: int, warmup: int,
             bandwidth: float) -> dict[str, Any]:
     """Time `steps` decode steps of len(prompts) sequences; the requests are aborted afterwards."""
     batch, device = len(prompts), engine.runner.device
     temperature, top_p = SAMPLING[sampling]
-    params = SamplingParams(max_tokens=warmup + steps + 8, temperature=temperature, top_p=top_p, ignore_eos=True)
+    margin = prefill_margin(batch, len(prompts[0]), engine.config.max_num_batched_tokens)
+    params = SamplingParams(max_tokens=warmup + steps + margin, temperature=temperature, top_p=top_p, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     seqs = [engine.requests[i].sequences[0] for i in ids]
     prefill_steps = 0
@@ -211,7 +218,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS]
     if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0:
         raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
-    max_len = o.context + o.warmup + steps + 8
+    step_tokens = o.max_num_batched_tokens or max(8192, max(batches))
+    max_len = o.context + o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)
     mib = o.bandwidth_mib or (1024 if cuda else 256)
     bandwidth = measure_bandwidth(device, mib << 20)  # before any engine holds device memory
     rows: list[dict[str, Any]] = []
@@ -223,7 +231,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         config = EngineConfig(
             model=model_dir, device=o.device, dtype=o.dtype, block_size=o.block_size, seed=o.seed,
             enforce_eager=graphs == "off", load_format=load_format, max_num_seqs=o.max_num_seqs or max(batches),
-            max_num_batched_tokens=o.max_num_batched_tokens or max(8192, max(batches)),
+            max_num_batched_tokens=step_tokens,
             num_blocks=o.num_blocks or max(batches) * (-(-max_len // o.block_size) + 1) + 64)
         engine = LLMEngine(config)
         spec = engine.spec
