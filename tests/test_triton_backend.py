@@ -93,3 +93,31 @@ def test_engine_gives_same_greedy_tokens_on_triton_and_torch():
     assert all(len(t) == 8 for t in tokens["torch"])
     assert tokens["triton"] == tokens["torch"]
     assert warm["triton"] == warm["torch"] == [t[:2] for t in tokens["torch"]]
+
+
+def test_launches_are_planned_once_per_step_not_per_layer(monkeypatch) -> None:
+    """Argument checks run once per step: every layer of a forward reuses the first layer's plans."""
+    import kernels.decode
+    import kernels.extend
+    import kernels.kv_store
+    from tiny_models import tiny_model_dir
+
+    from radixserve import LLM, SamplingParams
+
+    calls: dict[str, int] = {"store": 0, "decode": 0, "extend": 0}
+    for name, module, attr in (("store", kernels.kv_store, "plan_store_kv"), ("decode", kernels.decode, "plan_decode"),
+                               ("extend", kernels.extend, "plan_extend")):
+        real = getattr(module, attr)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(module, attr, counted)
+    llm = LLM(model=str(tiny_model_dir("llama")), attention_backend="triton", num_blocks=32, enforce_eager=True)
+    steps = []
+    llm.engine.add_step_observer(steps.append)
+    llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert llm.engine.spec.num_layers > 1
+    assert calls["store"] == len(steps) == 4  # one prefill step, three decode steps
+    assert calls["extend"] == 1 and calls["decode"] == 3
