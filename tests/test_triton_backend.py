@@ -97,11 +97,11 @@ def test_engine_gives_same_greedy_tokens_on_triton_and_torch():
 
 def test_launches_are_planned_once_per_step_not_per_layer(monkeypatch) -> None:
     """Argument checks run once per step: every layer of a forward reuses the first layer's plans."""
+    from tiny_models import tiny_model_dir
+
     import kernels.decode
     import kernels.extend
     import kernels.kv_store
-    from tiny_models import tiny_model_dir
-
     from radixserve import LLM, SamplingParams
 
     calls: dict[str, int] = {"store": 0, "decode": 0, "extend": 0}
