@@ -5,8 +5,8 @@ size >= B. Its inputs are written in place into static device buffers (token ids
 slots, sequence lengths, block table); the forward and the LM head read those buffers and write
 the logits of every padded row into a static logits buffer. On CUDA with the Triton backend each
 size is captured once as a CUDA graph at engine start and a step is one replay; elsewhere (CPU, or
-`--enforce-eager` off) the very same padded path runs eagerly, so its padding and bucketing are
-exercised by every CPU test.
+the torch backend on CUDA) the very same padded path runs eagerly, so its padding and bucketing are
+exercised by every CPU test. `--enforce-eager` bypasses this module altogether.
 
 Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
 slot of the KV cache's scratch block and their block-table row starts with that block, so they
