@@ -10,6 +10,7 @@ Screenshots of the chat and the dashboard are written to artifacts/.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -342,7 +343,9 @@ def histogram_quantile(metrics: str, name: str, q: float) -> float:
 
 
 def shown_seconds(value: float) -> str:
-    return f"{value:.2f} s" if value >= 1 else f"{round(value * 1000)} ms"
+    # as web/js/ui.js fmtMs: Math.round rounds halves up, where Python's round() rounds them to even
+    ms = value * 1000
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{math.floor(ms + 0.5)} ms"
 
 
 def metric_value(metrics: str, sample: str) -> float:
