@@ -192,7 +192,7 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
         engine.abort(i)
     engine.check_integrity()
     layout = engine.runner.kv_layout()
-    kv_per_token = layout.bytes_per_block // layout.block_size
+    kv_per_token = layout.bytes_per_token
     weights = weight_bytes(engine.runner.model, batch)
     kv = kv_per_token * statistics.fmean(kv_tokens)
     ms = 1000 * statistics.median(times)
