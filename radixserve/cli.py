@@ -23,6 +23,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step eagerly, no CUDA graphs")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="run each step to the end before preparing the next (debugging, equality tests)")
     g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
                    help="auto: the checkpoint's weights | dummy: random weights of its shapes, for speed tests")
     g.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size in blocks (overrides memory)")
@@ -49,7 +51,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
-        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, load_format=a.load_format,
+        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=not a.no_overlap, load_format=a.load_format,
     )
 
 

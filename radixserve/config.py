@@ -34,6 +34,8 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     enforce_eager: bool = False  # CUDA: never capture or replay CUDA graphs (always eager)
+    # prepare step N+1 and post-process step N-1 while step N runs (engine/engine.py); off: one at a time
+    overlap: bool = True
     load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights of its shapes
 
     def __post_init__(self) -> None:

@@ -2,7 +2,9 @@
 per-step observations, and what the engine hands back to callers. Imports nothing of the engine.
 
 Sequence invariants: `num_computed <= len(token_ids) - 1` while running — the last token's K/V is
-computed by the step that samples its successor; `block_table` covers at least `num_computed`
+computed by the step that samples its successor; only the last token may be `PENDING_TOKEN` (sampled
+by a step still in flight: its id lives on the device until the engine resolves it), and no
+computed token is ever pending when the scheduler inserts it into the tree; `block_table` covers at least `num_computed`
 positions; a sequence holds exactly one reference on each block of its table. A request with n
 samples prefills one sequence and forks it into n when its prompt is done, so the prompt is computed
 once. Only the scheduler changes a sequence's blocks, `num_computed`, lock and status.
@@ -25,9 +27,10 @@ from typing import TYPE_CHECKING
 from radixserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from radixserve.cache.radix_tree import RadixNode
+
+PENDING_TOKEN = -1  # stands for a sampled id still on the device (overlap scheduling)
+
 
 @dataclass
 class Usage:
@@ -60,12 +63,22 @@ def _ms(start: float, end: float | None) -> float:
     return 0.0 if end is None else max(0.0, (end - start) * 1000.0)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model, with the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
 @dataclass
 class CompletionOutput:
     index: int  # which of the request's n samples
     token_ids: list[int] = field(default_factory=list)  # new tokens (streaming) or all (offline)
     text: str = ""  # text delta (streaming) or the whole text (offline)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
+    logprobs: list[TokenLogprob] | None = None  # one per token in token_ids when the request asked
 
 
 @dataclass
@@ -118,25 +131,39 @@ class Sequence:
     index: int  # which of the request's n samples
     token_ids: list[int]
     num_prompt_tokens: int
-    generator: torch.Generator | None = None
+    noise_key: int = 0  # 64-bit key of this sample's random numbers (engine/sampler.py)
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     locked_node: RadixNode | None = None
+    num_cached: int = 0  # leading tokens this sequence has put into (or taken from) the tree
     finish_reason: str | None = None
     admitted_once: bool = False
     waiting_since: int | None = None  # scheduler step it entered the waiting queue; None while running
     # set when the request still has to fork into n samples after this sequence's prompt
     pending_forks: int = 0
+    # the pending last token reaches a length limit: the sequence ends when it resolves, so it is
+    # not scheduled again
+    final_token_pending: bool = False
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when asked
+
+    @property
+    def has_pending_token(self) -> bool:
+        return bool(self.token_ids) and self.token_ids[-1] == PENDING_TOKEN
+
+    @property
+    def num_resolved(self) -> int:
+        """Tokens whose ids are known on the host."""
+        return len(self.token_ids) - self.has_pending_token
 
     @property
     def num_generated(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return self.num_resolved - self.num_prompt_tokens
 
     @property
     def generated_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens:self.num_resolved]
 
     @property
     def remaining(self) -> int:

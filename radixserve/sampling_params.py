@@ -4,8 +4,9 @@ A request is rejected up front (ValueError with a clear message) rather than fai
 Every accepted value is one the sampler handles for any logits: a temperature below
 `MIN_TEMPERATURE` is greedy (dividing logits by a subnormal float overflows them to inf and the
 probabilities to NaN), and any integer seed is taken modulo 2**64, the generator's range, so
-`seed + sample index` never overflows. Seeded requests draw from their own torch.Generator, so their
-samples do not depend on what else is in the batch; unseeded requests share the engine's generator.
+`seed + sample index` never overflows. A seeded sample's random numbers are a function of
+(seed + sample index, position) alone (see engine/sampler.py), so its tokens do not depend on what
+else is in the batch; an unseeded sample takes its key from the engine's generator.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy (as vLLM does)
-SEED_MODULUS = 2**64  # torch generators take seeds in [0, 2**64)
+SEED_MODULUS = 2**64  # sample keys are 64-bit
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
 
 
 @dataclass
@@ -22,11 +24,15 @@ class SamplingParams:
     temperature: float = 1.0  # below MIN_TEMPERATURE -> greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 -> disabled
+    min_p: float = 0.0  # drop tokens whose probability is below min_p x the most likely one's; 0 -> disabled
     n: int = 1  # parallel samples forked from one prompt (prompt computed once, blocks shared COW)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # None: no logprobs; k >= 0: each generated token's logprob plus the k most likely alternatives,
+    # from the model's distribution before temperature and filtering (vLLM's default "raw" mode)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -34,7 +40,7 @@ class SamplingParams:
         self.validate()
 
     def sample_seed(self, index: int) -> int | None:
-        """The generator seed of sample `index`, reduced into the generator's range."""
+        """The noise key of sample `index`, reduced into 64 bits; None when unseeded."""
         return None if self.seed is None else (self.seed + index) % SEED_MODULUS
 
     @property
@@ -56,6 +62,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -1,7 +1,7 @@
 """Fault isolation: one request's values or failures never fail the other requests of its batch.
 
 Sampling values at the edges of what validation accepts are served (a temperature below the minimum
-is greedy; any integer seed is reduced into the generator's range). A forward pass that fails on one
+is greedy; any integer seed is reduced into 64 bits). A forward pass that fails on one
 request's input, or logits that come back non-finite for one row, fail that request alone with
 finish_reason "error"; the others finish exactly as they would have without it.
 """
@@ -41,14 +41,14 @@ class ForwardFailsOnPoison:
     def __init__(self, inner: Any) -> None:
         self.inner, self.batched_failures = inner, 0
 
-    def run(self, batch: Batch) -> torch.Tensor:
+    def run(self, batch: Batch, pending: Any = None) -> torch.Tensor:
         if any(POISON in it.seq.token_ids[it.start:it.start + it.num_tokens] for it in batch.items):
             self.batched_failures += len(batch.items) > 1
             raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
-        return self.inner.run(batch)
+        return self.inner.run(batch, pending)
 
-    def run_each(self, batch: Batch) -> list[torch.Tensor | None]:
-        return type(self.inner).run_each(self, batch)  # type: ignore[arg-type]
+    def run_each(self, batch: Batch, pending: Any = None) -> list[torch.Tensor | None]:
+        return type(self.inner).run_each(self, batch, pending)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -57,8 +57,8 @@ class ForwardFailsOnPoison:
 class NanLogitsOnPoison(ForwardFailsOnPoison):
     """Wraps the runner: the sampled row of a sequence holding the poison token comes back NaN."""
 
-    def run(self, batch: Batch) -> torch.Tensor:
-        logits = self.inner.run(batch).clone()  # an inference tensor: not writable outside inference mode
+    def run(self, batch: Batch, pending: Any = None) -> torch.Tensor:
+        logits = self.inner.run(batch, pending).clone()  # an inference tensor: not writable outside inference mode
         sampling = [it for it in batch.items if it.samples]
         for row, it in enumerate(sampling):
             if POISON in it.seq.token_ids:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from radixserve.engine.detokenizer import IncrementalDetokenizer
-from radixserve.engine.sampler import Sampler
 from radixserve.model.embedded import embedded_model_dir
 from radixserve.model.loader import load_tokenizer
 from radixserve.sampling_params import SamplingParams
@@ -55,26 +54,3 @@ def test_ids_beyond_the_tokenizer_decode_to_nothing() -> None:
     for t in [hello[0], size, size + 1000, 128255, *hello[1:]]:
         d.add([t])
     assert d.delta(final=True) == "Hello"
-
-
-def test_top_k_and_top_p_keep_the_right_tokens() -> None:
-    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    p = Sampler.probabilities(logits, SamplingParams(temperature=1.0, top_p=0.8))
-    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
-    p = Sampler.probabilities(logits, SamplingParams(temperature=1.0, top_k=3))
-    assert p[3] == 0 and torch.isclose(p.sum(), torch.tensor(1.0))
-    cold = Sampler.probabilities(logits, SamplingParams(temperature=0.1))
-    assert cold[0] > 0.99
-
-
-def test_sampler_greedy_and_seeded_rows() -> None:
-    s = Sampler(seed=0)
-    logits = torch.randn(3, 50)
-    seeded = SamplingParams(temperature=1.0, seed=3)
-    a = s.sample(logits, [SamplingParams(temperature=0.0), seeded, seeded],
-                 [None, torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)])
-    assert a[0] == int(logits[0].argmax())
-    counts = torch.bincount(torch.tensor([s.sample(logits[:1], [SamplingParams(temperature=1.0)], [None])[0]
-                                          for _ in range(400)]), minlength=50).float()
-    expected = torch.softmax(logits[0], -1) * 400
-    assert (counts - expected).abs().max() < 40  # sampling follows the distribution

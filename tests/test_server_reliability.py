@@ -147,9 +147,9 @@ def test_health_reports_a_stalled_engine(tiny_server: BackgroundServer) -> None:
     release = threading.Event()
     real_run = runner.run
 
-    def hung_run(batch: Any) -> Any:
+    def hung_run(batch: Any, pending: Any = None) -> Any:
         release.wait(30)
-        return real_run(batch)
+        return real_run(batch, pending)
 
     runner.run = hung_run  # a forward that hangs (a stuck kernel, a deadlock)
     try:

@@ -1,10 +1,20 @@
 """The synchronous engine: requests in, one scheduled step at a time, incremental outputs out.
 
-Owns the request table, the model runner, the sampler, detokenization and the token accounting
-behind the cache metrics; the scheduler owns the cache state (blocks, tree, queues) and every change
-to it. One step is: schedule, forward, sample, then one `_postprocess` that asks the scheduler to
-complete the step (and to fork, and to finish what stopped) and builds the outputs. Single-threaded
-by design: the async engine drives it from one background thread between its commands.
+Owns the request table, the model runner, the sampler, the outputs (`outputs.OutputTracker`) and the
+token accounting behind the cache metrics; the scheduler owns the cache state (blocks, tree,
+queues) and every change to it. A step is: schedule, launch (forward and sampling, queued on the
+device without waiting; the sampled ids become `PENDING_TOKEN`s), then one `_resolve` that waits for
+a launched step's ids, fills them in, finishes what stopped and builds the outputs.
+
+Overlap (`EngineConfig.overlap`, on by default): `step()` launches step N and then resolves step
+N-1, so the host schedules, prepares and post-processes while the device computes. A decoding
+sequence's next input is its pending token, which the runner reads from the previous step's sampled
+ids on the device, so no host round trip sits between two steps. What a resolution decides (a stop,
+an error) takes effect one step late: the step launched meanwhile computed one token too many for
+that sequence, which is dropped, and its blocks are released when it finishes (later device work
+is queued behind that step, so a released block is never written twice at once). Length limits are
+known at launch, so such a sequence is not scheduled again. Without overlap, each step resolves
+before the next is scheduled. Either way the scheduler's invariants hold at every step boundary.
 
 A request whose own forward, logits or decoding fails ends alone with finish_reason "error"; the
 rest of the batch goes on. Step observers see a `StepInfo` after every step;
@@ -16,9 +26,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,22 +39,22 @@ from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import DEFAULT_CPU_KV_MB, EngineConfig
 from radixserve.core import (
+    PENDING_TOKEN,
     Batch,
-    CompletionOutput,
     Request,
     RequestOutput,
     Sequence,
     SequenceStatus,
     StepInfo,
-    Usage,
 )
-from radixserve.engine.detokenizer import IncrementalDetokenizer
-from radixserve.engine.sampler import Sampler, generator_for
+from radixserve.engine.outputs import OutputTracker
+from radixserve.engine.sampler import Draw, Sampler, SampleResult
 from radixserve.engine.stats import EngineStats
+from radixserve.engine.step_clock import StepClock, StepSpan
 from radixserve.errors import PromptTooLongError, RequestError
 from radixserve.model.embedded import resolve_model
 from radixserve.model.loader import load_tokenizer
-from radixserve.model.runner import ModelRunner
+from radixserve.model.runner import ModelRunner, PendingInputs
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler import Scheduler
 
@@ -52,6 +64,22 @@ FORWARD_FAILED = "the model failed on this request; see the server log"
 INVALID_LOGITS = "the model produced non-finite logits for this request"
 POSTPROCESS_FAILED = "decoding this request's output failed; see the server log"
 StepObserver = Callable[[StepInfo], None]
+
+
+@dataclass
+class InFlight:
+    """A launched step whose sampled ids have not been resolved on the host yet."""
+
+    owners: list[Sequence]  # the sequence each draw belongs to
+    sampled: SampleResult | None
+    failed: dict[Request, str]
+    positions: list[int]  # where each draw's pending token sits in its sequence's token_ids
+    span: StepSpan
+
+    @property
+    def rows(self) -> dict[int, int]:
+        """seq_id -> its draw's index in `sampled.token_ids`."""
+        return {s.seq_id: i for i, s in enumerate(self.owners)}
 
 
 class LLMEngine:
@@ -67,7 +95,9 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, config.block_size)
         self.tree = RadixTree(self.pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(config, self.pool, self.tree)
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(self.runner.device)
+        self.clock = StepClock(self.runner.device)
+        self._keys = random.Random(config.seed)  # the engine's generator: noise keys of unseeded samples
         limit = self.spec.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > limit:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {limit} positions")
@@ -77,8 +107,8 @@ class LLMEngine:
         self.runner.prepare_decode(config.max_num_seqs, self.max_seq_len)
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self.requests: dict[str, Request] = {}
-        self._detok: dict[int, IncrementalDetokenizer] = {}
-        self._sent: dict[int, int] = {}  # seq_id -> generated tokens already handed out
+        self.outputs = OutputTracker(self.tokenizer)
+        self._in_flight: InFlight | None = None
         self._order = itertools.count()
         self.stats_totals = EngineStats()
         self._observers: list[StepObserver] = []
@@ -123,18 +153,19 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         req = Request(request_id, token_ids, params, priority=priority, order=next(self._order))
         req.timing.arrival = time.monotonic()
-        seq = Sequence(req, 0, list(token_ids), len(token_ids), generator=generator_for(params, 0),
+        seq = Sequence(req, 0, list(token_ids), len(token_ids), noise_key=self._noise_key(params, 0),
                        pending_forks=params.n - 1)
         req.sequences.append(seq)
         self.requests[request_id] = req
-        self._track(seq)
+        self.outputs.track(seq)
         self.scheduler.add(seq)
         self.stats_totals.prompt_tokens += len(token_ids)
         return request_id
 
-    def _track(self, seq: Sequence) -> None:
-        self._detok[seq.seq_id] = IncrementalDetokenizer(self.tokenizer, seq.request.params.stop)
-        self._sent[seq.seq_id] = 0
+    def _noise_key(self, params: SamplingParams, index: int) -> int:
+        """A seeded sample's key follows from its seed; an unseeded one's from the engine's generator."""
+        seed = params.sample_seed(index)
+        return self._keys.getrandbits(64) if seed is None else seed
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)
@@ -142,11 +173,11 @@ class LLMEngine:
             return None
         for seq in req.sequences:
             if seq.status is not SequenceStatus.FINISHED:
-                self.scheduler.finish(seq, "abort")
+                self._finish(seq, "abort")
         return self._output(req, req.sequences)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     # -- the step ------------------------------------------------------------------------------
     def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
@@ -157,12 +188,21 @@ class LLMEngine:
         self._observers_want_pool |= pool
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch one step; return the outputs of the step that just resolved: this
+        one without overlap, the previous one with it (the last call with nothing left to schedule
+        resolves the step still in flight)."""
         started = time.monotonic()
         batch = self.scheduler.schedule()
         if not batch.items:
-            return self._unschedulable()
+            flight, self._in_flight = self._in_flight, None
+            return self._resolve(flight) if flight is not None else self._unschedulable()
         peak = self._pool_counts() if self._observers else None
-        outputs = self._run(batch)
+        launched = self._launch(batch)
+        if self.config.overlap:
+            flight, self._in_flight = self._in_flight, launched
+        else:
+            flight = launched
+        outputs = self._resolve(flight) if flight is not None else []
         self._steps += 1
         if self._check_integrity:
             self.check_integrity()
@@ -170,7 +210,9 @@ class LLMEngine:
             self._notify(batch, started, *peak)
         return outputs
 
-    def _run(self, batch: Batch) -> list[RequestOutput]:
+    def _launch(self, batch: Batch) -> InFlight:
+        """Run the forward and sampling of `batch` without waiting for the device; the sampled ids
+        become pending tokens that `_resolve` fills in."""
         now = time.monotonic()
         for item in batch.items:
             req = item.seq.request
@@ -178,21 +220,96 @@ class LLMEngine:
                 req.timing.first_scheduled = now
             self.stats_totals.computed_tokens += max(0, min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
                                                      - item.start)
+        prev = self._in_flight
+        inputs = PendingInputs(prev.sampled.token_ids, prev.rows) if prev is not None and prev.sampled else None
         failed: dict[Request, str] = {}
         logits: torch.Tensor | None
+        start = self.clock.mark()
         try:
-            logits = self.runner.run(batch)
+            logits = self.runner.run(batch, inputs)
         except Exception:
             # One request's input can break a batched forward; rerun the items one at a time so only
             # the requests whose own forward fails are lost.
             log.exception("a forward pass of %d sequences failed; retrying them one by one", len(batch.items))
-            per_item = self.runner.run_each(batch)
+            per_item = self.runner.run_each(batch, inputs)
             failed = {it.seq.request: FORWARD_FAILED for it, rows in zip(batch.items, per_item) if rows is None}
             kept = [(it, rows) for it, rows in zip(batch.items, per_item)
                     if rows is not None and it.seq.request not in failed]
             batch = Batch([it for it, _ in kept], [])
             logits = torch.cat([rows for _, rows in kept]) if kept else None
-        return self._postprocess(batch, logits, failed)
+            for req in failed:  # known now: end them before the next step is scheduled
+                for seq in req.sequences:
+                    if seq.status is not SequenceStatus.FINISHED:
+                        self._finish(seq, "error")
+        self.scheduler.complete(batch, failed)
+        owners, draws = self._draws(batch)
+        sampled = self.sampler.sample(logits, draws) if draws and logits is not None else None
+        span = self.clock.span(start)
+        if sampled is not None:
+            sampled.start_copy()
+        for seq in owners:
+            seq.token_ids.append(PENDING_TOKEN)
+            params = seq.request.params
+            seq.final_token_pending = seq.num_generated + 1 >= params.max_tokens \
+                or len(seq.token_ids) >= self.max_seq_len
+        return InFlight(owners, sampled, failed, [d.position for d in draws], span)
+
+    def _draws(self, batch: Batch) -> tuple[list[Sequence], list[Draw]]:
+        """Who samples this step, and from which logits row; n > 1 forks the other samples off the
+        finished prompt here, each drawing its first token from the prompt's row."""
+        owners, draws = [], []
+        rows = [it.seq for it in batch.items if it.samples]
+        for row, seq in enumerate(rows):
+            forks = self.scheduler.fork(seq) if seq.pending_forks else []
+            for s in (seq, *forks):
+                if s is not seq:
+                    s.noise_key = self._noise_key(s.request.params, s.index)
+                    self.outputs.track(s)
+                owners.append(s)
+                draws.append(Draw(row, s.request.params, s.noise_key, len(s.token_ids)))
+        return owners, draws
+
+    def _resolve(self, flight: InFlight) -> list[RequestOutput]:
+        """Fill in a launched step's sampled tokens, finish what stopped, and build the outputs."""
+        failed = flight.failed
+        ids, usable, logprobs = flight.sampled.host() if flight.sampled is not None else ([], [], {})
+        self.clock.resolved(flight.span)
+        failed.update((s.request, INVALID_LOGITS) for s, ok in zip(flight.owners, usable) if not ok)
+        now = time.monotonic()
+        touched: dict[str, list[Sequence]] = {}
+        for i, (seq, token) in enumerate(zip(flight.owners, ids)):
+            req = seq.request
+            if req in failed or seq.status is SequenceStatus.FINISHED:
+                continue  # aborted or finished while in flight: its pending token was dropped
+            seq.token_ids[flight.positions[i]] = token
+            if req.timing.first_token is None:
+                req.timing.first_token = now
+            if req.params.logprobs is not None:
+                seq.logprobs.append(logprobs[i])
+            try:
+                self._append(seq, token)
+            except Exception:  # e.g. a tokenizer that cannot decode this id
+                log.exception("finishing a token of request %s failed", req.request_id)
+                failed[req] = POSTPROCESS_FAILED
+                continue
+            touched.setdefault(req.request_id, []).append(seq)
+        self.scheduler.resolved([s for s in flight.owners if s.status is SequenceStatus.RUNNING])
+        outputs = [self._output(self.requests[rid], seqs) for rid, seqs in touched.items()
+                   if rid in self.requests and self.requests[rid] not in failed]
+        return outputs + [self._fail(req, why) for req, why in failed.items() if req.request_id in self.requests]
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        del seq.token_ids[seq.num_resolved:]  # a token still in flight for it will not be used
+
+    def _fail(self, req: Request, why: str) -> RequestOutput:
+        """End one request with finish_reason "error"; the rest of the batch is untouched."""
+        for seq in req.sequences:
+            if seq.status is not SequenceStatus.FINISHED:
+                self._finish(seq, "error")
+        out = self._output(req, req.sequences)
+        out.error = why
+        return out
 
     def _unschedulable(self) -> list[RequestOutput]:
         """Nothing could be scheduled. With work waiting and nothing running, the head of the queue can
@@ -209,88 +326,23 @@ class LLMEngine:
                   self.pool.num_blocks)
         return [self._fail(head, "the request does not fit in the KV cache")]
 
-    def _postprocess(self, batch: Batch, logits: Any, failed: dict[Request, str]) -> list[RequestOutput]:
-        rows = [it.seq for it in batch.items if it.samples]
-        tokens = self.sampler.sample(logits, [s.request.params for s in rows], [s.generator for s in rows]) \
-            if rows else []
-        failed.update((s.request, INVALID_LOGITS) for s, t in zip(rows, tokens) if t is None)
-        self.scheduler.complete(batch, failed)
-        now = time.monotonic()
-        touched: dict[str, list[Sequence]] = {}
-        for i, (seq, token) in enumerate(zip(rows, tokens)):
-            req = seq.request
-            if req in failed or token is None:
-                continue
-            if req.timing.first_token is None:
-                req.timing.first_token = now
-            pairs = [(seq, token)]
-            if seq.pending_forks:
-                pairs += self._fork(seq, logits[i])
-            for s, t in pairs:
-                s.token_ids.append(t)
-                try:
-                    self._append(s, t)
-                except Exception:  # e.g. a tokenizer that cannot decode this id
-                    log.exception("finishing a token of request %s failed", req.request_id)
-                    failed[req] = POSTPROCESS_FAILED
-                    break
-                touched.setdefault(req.request_id, []).append(s)
-        outputs = [self._output(self.requests[rid], seqs) for rid, seqs in touched.items()
-                   if self.requests[rid] not in failed]
-        return outputs + [self._fail(req, why) for req, why in failed.items()]
-
-    def _fail(self, req: Request, why: str) -> RequestOutput:
-        """End one request with finish_reason "error"; the rest of the batch is untouched."""
-        for seq in req.sequences:
-            if seq.status is not SequenceStatus.FINISHED:
-                self.scheduler.finish(seq, "error")
-        out = self._output(req, req.sequences)
-        out.error = why
-        return out
-
-    def _fork(self, parent: Sequence, row: Any) -> list[tuple[Sequence, int]]:
-        """n > 1: the scheduler forks the other samples off the finished prompt; each draws its own
-        first token from the same logits row."""
-        req, forks = parent.request, []
-        for child in self.scheduler.fork(parent):
-            child.generator = generator_for(req.params, child.index)
-            self._track(child)
-            token = self.sampler.sample(row[None], [req.params], [child.generator])[0]
-            assert token is not None, "the parent's row was usable, so the same row is"
-            forks.append((child, token))
-        return forks
-
     def _append(self, seq: Sequence, token: int) -> None:
         params = seq.request.params
         self.stats_totals.generation_tokens += 1
-        detok = self._detok[seq.seq_id]
-        detok.add([token])
-        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids \
-                or detok.stopped:
-            self.scheduler.finish(seq, "stop")
-        elif seq.num_generated >= params.max_tokens or len(seq.token_ids) >= self.max_seq_len:
-            self.scheduler.finish(seq, "length")
+        stopped = self.outputs.add_token(seq, token)
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids or stopped:
+            self._finish(seq, "stop")
+        elif seq.num_generated >= params.max_tokens or seq.num_resolved >= self.max_seq_len:
+            self._finish(seq, "length")
 
     def _output(self, req: Request, seqs: list[Sequence]) -> RequestOutput:
-        outs = []
-        for seq in dict.fromkeys(seqs):
-            sent = self._sent[seq.seq_id]
-            final = seq.status is SequenceStatus.FINISHED
-            outs.append(CompletionOutput(seq.index, seq.generated_ids[sent:], self._detok[seq.seq_id].delta(final),
-                                         seq.finish_reason))
-            self._sent[seq.seq_id] = seq.num_generated
-        finished = req.finished
-        if finished:
-            req.timing.finished = time.monotonic()
+        out = self.outputs.output(req, seqs)
+        if out.finished:
             self._retire(req)
-        usage = Usage(len(req.prompt_token_ids), req.cached_tokens, sum(s.num_generated for s in req.sequences))
-        return RequestOutput(req.request_id, outs, usage, req.timing, finished, req.prompt_token_ids)
+        return out
 
     def _retire(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
-        for seq in req.sequences:
-            self._detok.pop(seq.seq_id, None)
-            self._sent.pop(seq.seq_id, None)
         t = self.stats_totals
         t.requests_finished[req.sequences[0].finish_reason or "abort"] += 1
         t.cached_tokens += req.cached_tokens

@@ -1,72 +1,192 @@
-"""Turns logits rows into next tokens: greedy, temperature, top-k, top-p, seeded or not.
+"""Turns a step's logits into next tokens on the logits' device, for the whole batch at once.
 
-A row the sampler cannot draw from (the model produced NaN or +inf logits, or nothing finite) yields
-None instead of a token, so the engine fails that one request and the rest of the batch goes on.
-Greedy rows never touch a random generator. A seeded sequence samples from its own generator, so
-its draws do not depend on which other requests share the batch (the logits themselves may differ
-in the last bits with batch composition, which can flip a near-tie).
+One call samples every draw of a step: rows with different settings share one set of tensor ops
+(per-row temperature, top-k, top-p, min-p and random number held in tensors), greedy draws are the
+exact argmax, and only the token ids, a usable flag and the asked-for logprobs cross to the host,
+through one copy (`SampleResult.start_copy`) that the engine waits on when it needs the ids. Nothing
+here waits on the device while sampling, except on CPU where there is nothing to wait for.
+
+Filtering, in this order and each renormalizing what it keeps: temperature; min-p (drop tokens
+less likely than min_p x the most likely); top-k; top-p (the smallest most-likely-first set whose
+mass reaches top_p; the most likely token always stays). Each keeps a prefix of the tokens sorted
+by probability, so one sorted view serves all three. On CUDA that view is a full sort (no host
+decision); on CPU, where sorting the vocabulary is slow, it is the top `CANDIDATES` tokens, and the
+rows whose kept set does not close inside them are redone with a full sort, so the result is exact.
+
+Randomness: a draw takes one uniform number u and picks the token where the kept prefix's cumulative
+mass crosses u x its total (inverse CDF). u is a counter-based hash of (the sample's 64-bit key, the
+position being drawn), computed on the host, so a seeded sample's tokens do not depend on what else
+shares the batch, the device, or the step it runs in (the logits may still differ in their last
+bits with batch composition, which can flip a near-tie). A seeded sample's key is (seed + sample
+index) mod 2**64; an unseeded one's comes from the engine's generator.
+
+A logits row with NaN or +inf, or nothing finite, is unusable: its draw yields token 0 on the
+device (so a step that consumes it stays in range) and `usable` False, and the engine fails that
+request alone. Logprobs are log-softmax of the raw logits (before temperature and filtering).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from radixserve.core import TokenLogprob
 from radixserve.sampling_params import SamplingParams
+
+CANDIDATES = 256  # sorted candidates per row on CPU before falling back to a full sort
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    row: int  # the logits row it samples from (n > 1 forks share their parent's row)
+    params: SamplingParams
+    key: int  # the sample's 64-bit noise key
+    position: int  # the position of the token being drawn
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finalizer: a bijection on 64-bit integers that scatters every input bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(key: int, position: int) -> float:
+    """The draw's random number in [0, 1 - 2**-23]: 53 bits of a hash of (key, position). The cap
+    keeps u x total strictly below a float32 total, so the inverse CDF never runs off the end."""
+    u = (_mix64(_mix64(key & _MASK64) ^ (position * 0x9E3779B97F4A7C15 & _MASK64)) >> 11) * 2.0**-53
+    return min(u, 1.0 - 2.0**-23)
+
+
+@dataclass
+class SampleResult:
+    """A step's draws on the device; `start_copy` then `host` bring them to Python."""
+
+    token_ids: torch.Tensor  # [D] int64 (0 where unusable)
+    usable: torch.Tensor  # [D] bool
+    logprob_draws: list[int]  # draw indices that asked for logprobs, in order
+    logprobs: torch.Tensor | None = None  # [L, 1 + k]: the chosen token's, then the top k's
+    top_ids: torch.Tensor | None = None  # [L, k]
+    _host: tuple[torch.Tensor, ...] | None = None
+    _event: torch.cuda.Event | None = None
+
+    def start_copy(self) -> None:
+        """Start moving the results to (pinned) host memory without waiting for the device."""
+        tensors = [self.token_ids, self.usable.long()]
+        extra = [t for t in (self.logprobs, self.top_ids) if t is not None]
+        if self.token_ids.device.type != "cuda":
+            self._host = tuple(tensors + extra)
+            return
+        self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                           for t in tensors + extra)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def host(self) -> tuple[list[int], list[bool], dict[int, TokenLogprob]]:
+        """(token ids, usable flags, logprobs by draw index); waits for the copy."""
+        if self._host is None:
+            self.start_copy()
+        if self._event is not None:
+            self._event.synchronize()
+        assert self._host is not None
+        ids, usable = self._host[0].tolist(), [bool(u) for u in self._host[1].tolist()]
+        out: dict[int, TokenLogprob] = {}
+        if self.logprobs is not None:
+            lps = self._host[2].tolist()
+            tops = self._host[3].tolist() if self.top_ids is not None else [[] for _ in lps]
+            for draw, lp, top in zip(self.logprob_draws, lps, tops):
+                out[draw] = TokenLogprob(ids[draw], lp[0], tuple(zip(top, lp[1:])))
+        return ids, usable, out
 
 
 class Sampler:
-    def __init__(self, seed: int) -> None:
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
 
-    def sample(
-        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-    ) -> list[int | None]:
-        logits = logits.float()
-        # one pass on the logits' device: a row's max is NaN if any logit is NaN, +inf if any is +inf,
-        # -inf if all are; only these two numbers per row cross to the host for greedy rows
-        if logits.numel():
-            peak, argmax = logits.max(dim=-1)
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, draws: list[Draw]) -> SampleResult:
+        dev = logits.device
+        x = logits.float()
+        rows = torch.tensor([d.row for d in draws], dtype=torch.long).to(dev, non_blocking=True)
+        if x.numel():
+            peak, argmax = x.max(dim=-1)  # NaN if any logit is NaN, +inf if any is +inf, -inf if all are
         else:
-            peak, argmax = logits.new_empty(0), logits.new_empty(0, dtype=torch.long)
-        greedy, usable = argmax.tolist(), peak.isfinite().tolist()
-        drawn = [i for i, p in enumerate(params) if usable[i] and not p.greedy]
-        rows = dict(zip(drawn, logits[drawn].cpu())) if drawn else {}
-        out: list[int | None] = []
-        for i, p in enumerate(params):
-            if not usable[i]:
-                out.append(None)
-            elif p.greedy:
-                out.append(greedy[i])
-            else:
-                out.append(self._draw(self.probabilities(rows[i], p), generators[i] or self.generator))
-        return out
+            peak, argmax = x.new_empty(0), x.new_empty(0, dtype=torch.long)
+        usable = peak.isfinite()[rows]
+        tokens = argmax[rows]
+        drawn = [i for i, d in enumerate(draws) if not d.params.greedy]
+        if drawn:
+            which = torch.tensor(drawn, dtype=torch.long).to(dev, non_blocking=True)
+            tokens.index_copy_(0, which, self._draw(x, [draws[i] for i in drawn]))
+        tokens = torch.where(usable, tokens, torch.zeros_like(tokens))
+        result = SampleResult(tokens, usable, [i for i, d in enumerate(draws) if d.params.logprobs is not None])
+        if result.logprob_draws:
+            self._logprobs(x, rows, result, max(draws[i].params.logprobs or 0 for i in result.logprob_draws))
+        return result
 
     @staticmethod
-    def _draw(probs: torch.Tensor, generator: torch.Generator) -> int | None:
-        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
-            return None
-        return int(torch.multinomial(probs, 1, generator=generator).item())
+    def _logprobs(x: torch.Tensor, rows: torch.Tensor, result: SampleResult, top: int) -> None:
+        which = torch.tensor(result.logprob_draws, dtype=torch.long).to(x.device, non_blocking=True)
+        lsm = torch.log_softmax(x[rows[which]], dim=-1)
+        chosen = lsm.gather(1, result.token_ids[which, None])
+        if top:
+            values, ids = lsm.topk(top, dim=-1)
+            result.logprobs, result.top_ids = torch.cat([chosen, values], dim=1), ids
+        else:
+            result.logprobs = chosen
 
-    @staticmethod
-    def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-        row = row / p.temperature
-        if p.top_k and p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # keep the smallest set whose mass reaches top_p (the first token always stays)
-            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            probs /= probs.sum()
-        return probs
+    def _draw(self, x: torch.Tensor, draws: list[Draw]) -> torch.Tensor:
+        dev, vocab = x.device, x.shape[-1]
+        # one host tensor, one copy: row, temperature, top-k (vocab when off), top-p, min-p, u
+        table = torch.tensor([[d.row, d.params.temperature, d.params.top_k or vocab, d.params.top_p,
+                               d.params.min_p, uniform(d.key, d.position)] for d in draws], dtype=torch.float64)
+        p = table.to(dev, non_blocking=True).T
+        rows, temperature, top_k, top_p, min_p, u = p[0].long(), p[1].float(), p[2].long(), p[3].float(), \
+            p[4].float(), p[5]
+        scaled = x[rows] / temperature[:, None]
+        if all(d.params.top_p >= 1.0 and not d.params.top_k and not d.params.min_p for d in draws):
+            return pick_unfiltered(scaled, u)
+        log_z = scaled.logsumexp(dim=-1, keepdim=True)
+        if dev.type == "cuda" or vocab <= CANDIDATES:
+            return pick(scaled, log_z, top_k, top_p, min_p, u, vocab)[0]
+        tokens, exact = pick(scaled, log_z, top_k, top_p, min_p, u, CANDIDATES)
+        redo = (~exact).nonzero().flatten()
+        if redo.numel():  # CPU: no device to wait for, so deciding on the host is free
+            tokens[redo] = pick(scaled[redo], log_z[redo], top_k[redo], top_p[redo], min_p[redo], u[redo], vocab)[0]
+        return tokens
 
 
-def generator_for(params: SamplingParams, index: int) -> torch.Generator | None:
-    """Seeded requests get their own generator per sample (sample i uses (seed + i) mod 2**64)."""
-    seed = params.sample_seed(index)
-    if seed is None or params.greedy:
-        return None
-    return torch.Generator(device="cpu").manual_seed(seed)
+def pick_unfiltered(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw from softmax(scaled) itself: the inverse CDF in vocabulary order needs no sort."""
+    weights = torch.softmax(scaled, dim=-1).cumsum(dim=-1)
+    target = (u[:, None] * weights[:, -1:].double()).to(weights.dtype)
+    return torch.searchsorted(weights, target, right=True).clamp(max=scaled.shape[-1] - 1).squeeze(1)
+
+
+def pick(scaled: torch.Tensor, log_z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+         u: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw from each row's filtered distribution using its `width` most likely tokens: (token ids,
+    whether the row's kept set was decided inside them, i.e. the draw is exact)."""
+    vocab = scaled.shape[-1]
+    if width >= vocab:
+        values, ids = scaled.sort(dim=-1, descending=True)
+    else:
+        values, ids = scaled.topk(width, dim=-1)
+    probs = (values - log_z).exp()  # sorted, most likely first
+    rank = torch.arange(values.shape[-1], device=scaled.device)
+    capped = (rank < top_k[:, None]) & (probs >= min_p[:, None] * probs[:, :1])  # min-p, then top-k
+    capped_mass = torch.where(capped, probs, 0.0).sum(dim=-1, keepdim=True)
+    open_ended = capped[:, -1]  # the min-p / top-k set may continue past the candidates
+    uncapped = (top_k >= vocab) & (min_p == 0)  # then its mass is the whole distribution's
+    norm = torch.where(open_ended[:, None] & uncapped[:, None], torch.ones_like(capped_mass), capped_mass)
+    kept_probs = torch.where(capped, probs, 0.0) / norm
+    kept = capped & (kept_probs.cumsum(dim=-1) - kept_probs < top_p[:, None])
+    kept[:, 0] = True
+    weights = torch.where(kept, probs, 0.0).cumsum(dim=-1)
+    num_kept = kept.sum(dim=-1, keepdim=True)
+    target = (u[:, None] * weights[:, -1:].double()).to(weights.dtype)
+    index = torch.searchsorted(weights, target, right=True).minimum(num_kept - 1)
+    exact = (width >= vocab) | (~kept[:, -1] & (~open_ended | uncapped))
+    return ids.gather(1, index).squeeze(1), exact

@@ -26,10 +26,23 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.core import Batch
+from radixserve.core import PENDING_TOKEN, Batch
 from radixserve.model.attention import AttentionMetadata
+from radixserve.model.step_buffers import BlockTableRows, StagedCopy
 
 log = logging.getLogger(__name__)
+_SEGMENTS = 6  # staged per row: token id, position, slot, length, previous-step row, block-table row
+
+
+@dataclass
+class PendingInputs:
+    """The previous step's sampled ids, still on the device: a decode row whose token is
+    PENDING_TOKEN reads its id from `token_ids[rows[seq_id]]`."""
+
+    token_ids: torch.Tensor
+    rows: dict[int, int]
+
+
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]  # ids, positions, meta -> logits
 
 
@@ -82,21 +95,21 @@ class PaddedDecoder:
         self.scratch_block = scratch_block
         self.device = device
         max_blocks = -(-max_seq_len // block_size)
-        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, vocab, device)
-        pin = device.type == "cuda"
-        self._stage_vectors = torch.zeros(4, self.sizes[-1], dtype=torch.long, pin_memory=pin)
-        self._stage_table = torch.zeros(self.sizes[-1], max_blocks, dtype=torch.int32, pin_memory=pin)
+        self.rows = self.sizes[-1]
+        self.buffers = DecodeBuffers.allocate(self.rows, max_blocks, vocab, device)
+        self.staging = StagedCopy(_SEGMENTS * self.rows + 3 * 4 * self.rows, device)
+        self.tables = BlockTableRows(2 * self.rows, max_blocks, scratch_block, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def accepts(self, batch: Batch) -> bool:
         return 0 < len(batch.items) <= self.sizes[-1] and all(it.num_tokens == 1 for it in batch.items)
 
-    def run(self, batch: Batch, forward: Forward) -> torch.Tensor:
+    def run(self, batch: Batch, forward: Forward, pending: PendingInputs | None = None) -> torch.Tensor:
         """Logits [rows, vocab] of the items that sample, as `ModelRunner.run` returns them."""
         rows = len(batch.items)
         size = bucket_for(rows, self.sizes)
         assert size is not None, "accepts() first"
-        lens = self._fill(batch, size)
+        lens = self._fill(batch, size, pending)
         graph = self.graphs.get(size)
         if graph is not None:
             graph.replay()
@@ -107,36 +120,46 @@ class PaddedDecoder:
         logits = self.buffers.logits[:rows]
         return logits if len(sampling) == rows else logits[torch.tensor(sampling, dtype=torch.long, device=logits.device)]
 
-    def _fill(self, batch: Batch, size: int) -> list[int]:
-        """Write the batch's rows, then padding rows up to `size`; returns each row's length."""
-        bs = self.block_size
-        ids, positions, slots, lens = [], [], [], []
-        width = 1
+    def _fill(self, batch: Batch, size: int, pending: PendingInputs | None = None) -> list[int]:
+        """Stage the batch's rows, then padding rows up to `size`, into one host buffer; send it with
+        one copy and spread it into the static buffers on the device. Returns each row's length."""
+        bs, m, n = self.block_size, self.rows, len(batch.items)
+        ids, positions, slots, lens, prev, cols = [], [], [], [], [], []
         for item in batch.items:
             seq, pos = item.seq, item.start
-            table = seq.block_table
-            ids.append(seq.token_ids[pos])
+            token = seq.token_ids[pos]
+            ids.append(token)
+            if token == PENDING_TOKEN:
+                assert pending is not None, "a pending token needs the previous step's sampled ids"
+                prev.append(pending.rows[seq.seq_id])
+            else:
+                prev.append(0)
             positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
+            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             lens.append(pos + 1)
-            width = max(width, len(table))
-        pad = size - len(batch.items)
-        scratch_slot = self.scratch_block * bs
-        ids += [0] * pad
-        positions += [0] * pad
-        slots += [scratch_slot] * pad
-        lens += [1] * pad
-        tables = [it.seq.block_table + [self.scratch_block] * (width - len(it.seq.block_table)) for it in batch.items]
-        tables += [[self.scratch_block] * width] * pad
-        stage, b = self._stage_vectors, self.buffers
-        stage[:, :size] = torch.tensor([ids, positions, slots, lens], dtype=torch.long)
-        self._stage_table[:size, :width] = torch.tensor(tables, dtype=torch.int32)
-        b.input_ids[:size].copy_(stage[0, :size], non_blocking=True)
-        b.positions[:size].copy_(stage[1, :size], non_blocking=True)
-        b.slot_mapping[:size].copy_(stage[2, :size], non_blocking=True)
-        b.seq_lens[:size].copy_(stage[3, :size], non_blocking=True)
-        b.block_table[:size, :width].copy_(self._stage_table[:size, :width], non_blocking=True)
-        return lens
+            cols.append(pos // bs)
+        deltas: list[int] = []
+        table_rows = self.tables.assign([it.seq for it in batch.items], cols, deltas)
+        used = _SEGMENTS * m + len(deltas)
+        host = self.staging.host(used)
+        pad = (0, 0, self.scratch_block * bs, 1, 0, self.tables.scratch_row)  # what a padding row holds
+        for k, (values, filler) in enumerate(zip((ids, positions, slots, lens, prev, table_rows), pad)):
+            host[k * m:k * m + n] = values
+            host[k * m + n:k * m + size] = filler
+        host[_SEGMENTS * m:used] = deltas
+        dev = self.staging.send(used)
+        seg = dev[:_SEGMENTS * m].view(_SEGMENTS, m)[:, :size]
+        self.tables.apply(dev[_SEGMENTS * m:])
+        b = self.buffers
+        if pending is not None and any(t == PENDING_TOKEN for t in ids):
+            b.input_ids[:size] = torch.where(seg[0] < 0, pending.token_ids[seg[4]], seg[0])
+        else:
+            b.input_ids[:size] = seg[0]
+        b.positions[:size] = seg[1]
+        b.slot_mapping[:size] = seg[2]
+        b.seq_lens[:size] = seg[3]
+        torch.index_select(self.tables.table, 0, seg[5], out=b.block_table[:size])
+        return lens + [1] * (size - n)
 
     def _meta(self, size: int, lens: list[int], graph: bool = False) -> AttentionMetadata:
         b = self.buffers

@@ -16,9 +16,9 @@ from functools import partial
 
 import torch
 
-from radixserve.core import Batch
+from radixserve.core import PENDING_TOKEN, Batch
 from radixserve.model.attention import AttentionMetadata, make_backend
-from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
+from radixserve.model.decode_graphs import PaddedDecoder, PendingInputs, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
@@ -113,8 +113,9 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_cache, meta, self.backend, self.ops)
         return self.model.compute_logits(hidden)
 
-    def prepare(self, batch: Batch) -> StepInputs:
+    def prepare(self, batch: Batch, pending: PendingInputs | None = None) -> StepInputs:
         ids: list[int] = []
+        resolve: list[tuple[int, int]] = []  # (token index, row of the previous step's sampled ids)
         positions: list[int] = []
         slots: list[int] = []
         cu = [0]
@@ -124,6 +125,9 @@ class ModelRunner:
         max_blocks = 1
         for item in batch.items:
             seq, start, n = item.seq, item.start, item.num_tokens
+            if seq.token_ids[start + n - 1] == PENDING_TOKEN:  # only ever the last token
+                assert pending is not None, "a pending token needs the previous step's sampled ids"
+                resolve.append((len(ids) + n - 1, pending.rows[seq.seq_id]))
             ids.extend(seq.token_ids[start:start + n])
             positions.extend(range(start, start + n))
             table = seq.block_table
@@ -143,30 +147,37 @@ class ModelRunner:
             query_lens=[it.num_tokens for it in batch.items],
             seq_lens_host=seq_lens,
         )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        if resolve:
+            assert pending is not None
+            where, rows = torch.tensor(resolve, dtype=torch.long, device=dev).T
+            input_ids[where] = pending.token_ids[rows]
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            input_ids=input_ids,
             positions=torch.tensor(positions, dtype=torch.long, device=dev),
             meta=meta,
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
         )
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> torch.Tensor:
+    def run(self, batch: Batch, pending: PendingInputs | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the batch items whose chunk reaches their last token; valid
-        until the next call (the padded decode path returns a view of its static logits buffer)."""
+        until the next call (the padded decode path returns a view of its static logits buffer).
+        Queued on the device without waiting for it. A last token that is PENDING_TOKEN is read from
+        `pending`, the previous step's sampled ids on the device."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
         if batch.copies:
             src, dst = zip(*batch.copies)
             self.kv_cache.copy_blocks(list(src), list(dst))
         if self.decoder is not None and self.decoder.accepts(batch):
-            return self.decoder.run(batch, self._forward)
-        inputs = self.prepare(batch)
+            return self.decoder.run(batch, self._forward, pending)
+        inputs = self.prepare(batch, pending)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, self.ops)
         if inputs.sample_rows.numel() == 0:
             return hidden.new_empty((0, self.spec.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])
 
-    def run_each(self, batch: Batch) -> list[torch.Tensor | None]:
+    def run_each(self, batch: Batch, pending: PendingInputs | None = None) -> list[torch.Tensor | None]:
         """Run each item of a batch on its own (after a batched forward failed): per item, its logits
         rows (0 or 1) or None where its own forward fails. Copy-on-write copies are idempotent, so
         each item takes the ones that fill its own blocks."""
@@ -174,7 +185,8 @@ class ModelRunner:
         for item in batch.items:
             own = set(item.seq.block_table)
             try:
-                out.append(self.run(Batch([item], [c for c in batch.copies if c[1] in own])))
+                # a copy: the padded path returns a view of a buffer the next item overwrites
+                out.append(self.run(Batch([item], [c for c in batch.copies if c[1] in own]), pending).clone())
             except Exception:
                 out.append(None)
         return out

@@ -79,7 +79,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
         # `running` is kept in policy order, so decodes-then-prefills needs no sort
-        decodes = [s for s in self.running if len(s.token_ids) - s.num_computed == 1]
+        decodes = [s for s in self.running if len(s.token_ids) - s.num_computed == 1 and not s.final_token_pending]
         prefills = [s for s in self.running if len(s.token_ids) - s.num_computed > 1]
         for seq in decodes + prefills:
             if budget == 0:
@@ -105,6 +105,8 @@ class Scheduler:
         for seq in self.waiting_in_order():
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
+            if seq.has_pending_token:
+                continue  # preempted while its last token was in flight: it runs once that resolves
             matched = self._take_cached_prefix(seq)
             if matched is None:
                 continue  # a running prefill will cache this sequence's prefix shortly
@@ -150,6 +152,7 @@ class Scheduler:
         for b in match.blocks:
             self.pool.incref(b)
         seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
+        seq.num_cached = match.length // self.block_size * self.block_size
         return match.length
 
     def _footprint(self, seq: Sequence, match: Match) -> int:
@@ -220,38 +223,45 @@ class Scheduler:
         seq.finish_reason = reason
 
     def _release(self, seq: Sequence) -> None:
-        if self.tree is not None and seq.num_computed > 0:
-            self.tree.insert(seq.token_ids[:seq.num_computed], seq.block_table)
+        computed = min(seq.num_computed, seq.num_resolved)  # equal at every step boundary
+        if self.tree is not None and computed > 0:
+            self.tree.insert(seq.token_ids[:computed], seq.block_table)
         if seq.locked_node is not None:
             assert self.tree is not None
             self.tree.unlock(seq.locked_node)
             seq.locked_node = None
         self.pool.release(seq.block_table)
         seq.block_table = []
-        seq.num_computed = 0
+        seq.num_computed = seq.num_cached = 0
 
     # -- after a step ---------------------------------------------------------------------------
     def complete(self, batch: Batch, failed: Container[Request] = ()) -> None:
-        """The step's forward ran: its chunks' K/V are computed (except for `failed` requests, which
-        the engine finishes). Newly completed full blocks go into the tree at once, so concurrent
-        requests with the same prefix hit them while this one still runs."""
+        """The step's forward is launched: its chunks' K/V count as computed (except for `failed`
+        requests, which the engine finishes), since any later reader is queued behind it. Newly
+        completed full blocks go into the tree at once, so concurrent requests with the same prefix
+        hit them while this one still runs — those whose tokens are all resolved; a block that ends
+        in a pending token goes in when `resolved` is told."""
         for item in batch.items:
             seq = item.seq
             if seq.request in failed:
                 continue
-            before = seq.num_computed
             seq.num_computed = item.start + item.num_tokens
-            self._cache_computed(seq, before)
+            self._cache_computed(seq)
+
+    def resolved(self, seqs: list[Sequence]) -> None:
+        """These running sequences' pending tokens are now known: cache what they completed."""
+        for seq in seqs:
+            self._cache_computed(seq)
 
     def fork(self, parent: Sequence) -> list[Sequence]:
         """n > 1: the prompt is done; the other samples join the running set sharing every block of
-        the parent (copy-on-write) and its lock. The engine gives them generators and first tokens."""
+        the parent (copy-on-write) and its lock. The engine gives them noise keys and first tokens."""
         req = parent.request
         children = []
         for i in range(1, parent.pending_forks + 1):
             child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
                              num_computed=parent.num_computed, block_table=list(parent.block_table),
-                             locked_node=parent.locked_node, admitted_once=True)
+                             locked_node=parent.locked_node, num_cached=parent.num_cached, admitted_once=True)
             for b in child.block_table:
                 self.pool.incref(b)
             if child.locked_node is not None and self.tree is not None:
@@ -262,11 +272,12 @@ class Scheduler:
         parent.pending_forks = 0
         return children
 
-    def _cache_computed(self, seq: Sequence, before: int) -> None:
+    def _cache_computed(self, seq: Sequence) -> None:
         bs = self.block_size
-        if self.tree is None or seq.num_computed // bs == before // bs:
+        full = min(seq.num_computed, seq.num_resolved) // bs * bs
+        if self.tree is None or full <= seq.num_cached:
             return
-        full = seq.num_computed // bs * bs
+        seq.num_cached = full
         node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node)
         if self.tree.foreign_blocks(node, seq.block_table, stop=seq.locked_node):
             # another sequence cached these tokens first: locking its copy would pin blocks this

@@ -1,0 +1,50 @@
+"""What callers see of each sequence: its incremental text, the tokens and logprobs not yet handed
+out, and the RequestOutput built from them.
+
+Owns one detokenizer and one "sent" mark per live sequence. A streamed output carries exactly the
+resolved tokens (and their logprobs, when asked) generated since the previous output of the same
+sequence; a pending token (still on the device) is never handed out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixserve.core import CompletionOutput, Request, RequestOutput, Sequence, SequenceStatus, Usage
+from radixserve.engine.detokenizer import IncrementalDetokenizer
+
+
+class OutputTracker:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._sent: dict[int, int] = {}  # seq_id -> generated tokens already handed out
+
+    def track(self, seq: Sequence) -> None:
+        self._detok[seq.seq_id] = IncrementalDetokenizer(self.tokenizer, seq.request.params.stop)
+        self._sent[seq.seq_id] = 0
+
+    def add_token(self, seq: Sequence, token: int) -> bool:
+        """Detokenize a newly resolved token; True when a stop string has appeared."""
+        detok = self._detok[seq.seq_id]
+        detok.add([token])
+        return detok.stopped
+
+    def output(self, req: Request, seqs: list[Sequence]) -> RequestOutput:
+        """The request's output for `seqs` since their last one; the last of a request retires it."""
+        outs = []
+        for seq in dict.fromkeys(seqs):
+            sent = self._sent[seq.seq_id]
+            final = seq.status is SequenceStatus.FINISHED
+            lps = seq.logprobs[sent:seq.num_generated] if req.params.logprobs is not None else None
+            outs.append(CompletionOutput(seq.index, seq.generated_ids[sent:], self._detok[seq.seq_id].delta(final),
+                                         seq.finish_reason, lps))
+            self._sent[seq.seq_id] = seq.num_generated
+        if req.finished:
+            req.timing.finished = time.monotonic()
+            for seq in req.sequences:
+                self._detok.pop(seq.seq_id, None)
+                self._sent.pop(seq.seq_id, None)
+        usage = Usage(len(req.prompt_token_ids), req.cached_tokens, sum(s.num_generated for s in req.sequences))
+        return RequestOutput(req.request_id, outs, usage, req.timing, req.finished, req.prompt_token_ids)
