@@ -51,7 +51,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
-        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=not a.no_overlap, load_format=a.load_format,
+        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=not a.no_overlap,
+        load_format=a.load_format,
     )
 
 

@@ -73,9 +73,10 @@ def test_step_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     context, steps, warmup = 40, 3, 2
     assert main(["bench", "step", "--model", str(model_dir), "--load-format", "dummy", "--batch", "1,2",
                  "--context", str(context), "--steps", str(steps), "--warmup", str(warmup), "--device", "cpu",
-                 "--bandwidth-mib", "16", "--json", str(out)]) == 0
+                 "--bandwidth-mib", "16", "--overlap", "on,off", "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "graphs on: ms/step" in table and "graphs off: ms/step" in table and "| top-p | 2 |" in table
+    assert "| greedy ms/step (median / mean) | top-p ms/step (median / mean) | top-p / greedy |" in table
+    assert "| on | on | 2 |" in table and "| off | off | 1 |" in table
     result = json.loads(out.read_text())
     for key in ("device", "device_name", "torch", "triton", "dtype", "bandwidth_bytes_per_s", "model", "rows"):
         assert key in result
@@ -83,17 +84,22 @@ def test_step_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     bandwidth = result["bandwidth_bytes_per_s"]
     assert math.isfinite(bandwidth) and bandwidth > 0
     rows = result["rows"]
-    assert {(r["graphs"], r["sampling"], r["batch"]) for r in rows} == {
-        (g, s, b) for g in ("on", "off") for s in ("greedy", "top-p") for b in (1, 2)}
+    assert {(r["graphs"], r["overlap"], r["sampling"], r["batch"]) for r in rows} == {
+        (g, v, s, b) for g in ("on", "off") for v in ("on", "off") for s in ("greedy", "top-p") for b in (1, 2)}
     for r in rows:
-        for key in ("ms_median", "ms_mean", "tok_s", "roofline_fraction", "weight_bytes", "kv_bytes", "bytes_per_step"):
+        for key in ("ms_median", "ms_mean", "tok_s", "roofline_fraction", "weight_bytes", "kv_bytes", "bytes_per_step",
+                    "device_ms"):
             assert math.isfinite(r[key]) and r[key] > 0, key
         b = r["batch"]
         assert r["tok_s"] == pytest.approx(b * 1000 / r["ms_median"])
         assert r["weight_bytes"] == expected_weight_bytes(TINY, b)
         assert r["kv_bytes_per_token"] == kv_bytes_per_token(TINY)
-        # timed step j reads context + 1 (prefill's token) + warmup + j tokens of each sequence
-        assert r["kv_bytes"] == pytest.approx(b * (context + 1 + warmup + (steps - 1) / 2) * kv_bytes_per_token(TINY))
+        # timed step j reads context + 1 (prefill's token) + warmup + j tokens of each sequence, and one
+        # more with overlap: the first token resolves while the step after it is already launched
+        ahead = r["overlap"] == "on"
+        assert r["kv_bytes"] == pytest.approx(
+            b * (context + 1 + ahead + warmup + (steps - 1) / 2) * kv_bytes_per_token(TINY))
+        assert 0 <= r["host_unhidden_ms"] < r["ms_median"] and r["device_ms"] < r["ms_median"]
         assert r["bytes_per_step"] == pytest.approx(r["weight_bytes"] + r["kv_bytes"])
         assert r["roofline_fraction"] == pytest.approx(r["bytes_per_step"] / bandwidth / (r["ms_median"] / 1000))
         assert r["leaked_blocks"] == 0 and r["live_sequences"] == 0

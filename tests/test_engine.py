@@ -16,8 +16,10 @@ from radixserve import LLM, SamplingParams
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-# decode steps take the padded static-buffer path (CUDA graphs on GPU) unless enforce_eager
-PATHS = [pytest.param(False, id="padded"), pytest.param(True, id="eager")]
+# decode steps take the padded static-buffer path (CUDA graphs on GPU) unless enforce_eager; each
+# with overlap scheduling (step N+1 launched before step N resolves) and without
+PATHS = [pytest.param(eager, overlap, id=f"{'eager' if eager else 'padded'}-{'overlap' if overlap else 'sync'}")
+         for eager in (False, True) for overlap in (True, False)]
 
 
 @functools.cache
@@ -53,10 +55,10 @@ def assert_clean(llm: LLM) -> None:
     assert llm.engine.stats().blocks_used == 0
 
 
-@pytest.mark.parametrize("eager", PATHS)
+@pytest.mark.parametrize("eager, overlap", PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cold_then_warm_cache_matches_transformers(arch: str, eager: bool) -> None:
-    llm = make_llm(arch, enforce_eager=eager)
+def test_cold_then_warm_cache_matches_transformers(arch: str, eager: bool, overlap: bool) -> None:
+    llm = make_llm(arch, enforce_eager=eager, overlap=overlap)
     prompts = random_prompts([1, 15, 16, 17, 40, 90])  # mixed lengths in one batch, block edges
     cold = assert_matches(arch, llm, prompts)
     assert [o.usage.cached_tokens for o in cold] == [0] * len(prompts)
@@ -65,10 +67,10 @@ def test_cold_then_warm_cache_matches_transformers(arch: str, eager: bool) -> No
     assert [o.usage.cached_tokens for o in warm] == [len(p) - 1 for p in prompts]
 
 
-@pytest.mark.parametrize("eager", PATHS)
+@pytest.mark.parametrize("eager, overlap", PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_hits_ending_mid_block_copy_on_write(arch: str, eager: bool) -> None:
-    llm = make_llm(arch, enforce_eager=eager)
+def test_hits_ending_mid_block_copy_on_write(arch: str, eager: bool, overlap: bool) -> None:
+    llm = make_llm(arch, enforce_eager=eager, overlap=overlap)
     base = random_prompts([60], seed=1)[0]
     assert_matches(arch, llm, [base])
     before = llm.engine.stats().computed_tokens
@@ -86,11 +88,11 @@ def test_chunk_boundaries_at_every_offset(budget: int) -> None:
     assert_matches("llama", llm, random_prompts([100, 45], seed=2))
 
 
-@pytest.mark.parametrize("eager", PATHS)
+@pytest.mark.parametrize("eager, overlap", PATHS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_preemption_in_a_tiny_pool(arch: str, eager: bool) -> None:
+def test_preemption_in_a_tiny_pool(arch: str, eager: bool, overlap: bool) -> None:
     # 8 blocks of 16 hold 128 tokens; six 40-token prompts growing by 16 need 24 blocks at once
-    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager)
+    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager, overlap=overlap)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = random_prompts([40] * 6, seed=3)
     assert_matches(arch, llm, prompts, params)
@@ -98,9 +100,9 @@ def test_preemption_in_a_tiny_pool(arch: str, eager: bool) -> None:
     assert llm.engine.stats().evictions > 0
 
 
-@pytest.mark.parametrize("eager", PATHS)
-def test_n_forks_share_the_prompt(eager: bool) -> None:
-    llm = make_llm("qwen2", enforce_eager=eager)
+@pytest.mark.parametrize("eager, overlap", PATHS)
+def test_n_forks_share_the_prompt(eager: bool, overlap: bool) -> None:
+    llm = make_llm("qwen2", enforce_eager=eager, overlap=overlap)
     prompt = random_prompts([37], seed=4)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, n=3, ignore_eos=True))[0]
     assert len(out.outputs) == 3
@@ -119,6 +121,35 @@ def test_seeded_sampling_is_reproducible_and_samples_differ() -> None:
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert len({tuple(c.token_ids) for c in a.outputs}) > 1
     assert_clean(llm)
+
+
+NEIGHBOURS = [  # other requests sharing the batch, each with different settings
+    SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+    SamplingParams(temperature=0.8, top_k=5, max_tokens=15, ignore_eos=True),
+    SamplingParams(temperature=1.2, min_p=0.05, top_p=0.7, max_tokens=4, ignore_eos=True, seed=99),
+    SamplingParams(temperature=0.5, max_tokens=20, n=2, ignore_eos=True, logprobs=2),
+]
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["padded", "eager"])
+def test_a_seeded_request_is_the_same_alone_and_in_any_batch(eager: bool) -> None:
+    """Its tokens are a function of (seed, sample index, position) and the logits: the same alone, in
+    a batch of requests with other settings, and with overlap scheduling on or off."""
+    prompt = random_prompts([23], seed=8)[0]
+    others = random_prompts([5, 40, 17, 31], seed=9)
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, min_p=0.01, max_tokens=14, n=2, seed=1234,
+                            ignore_eos=True)
+    runs = []
+    for overlap in (True, False):
+        llm = make_llm("llama", enforce_eager=eager, overlap=overlap)
+        runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
+        for other, params in zip(others, NEIGHBOURS):
+            llm.engine.add_request(other, params)  # queued first: they run in the same steps
+        runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        assert_clean(llm)
+    assert all(r == runs[0] for r in runs) and runs[0][0] != runs[0][1]
 
 
 def test_stop_token_and_eos() -> None:
@@ -173,3 +204,39 @@ def test_bad_model_paths(tmp_path) -> None:
     cfg.write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         LLM(model=str(tmp_path))
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["padded", "eager"])
+def test_aborts_and_stops_while_a_step_is_in_flight_free_every_block(eager: bool) -> None:
+    """With overlap, a request aborted (or stopped) while its next token is still in flight ends at
+    once, its in-flight token is dropped, and no block leaks; the others match transformers."""
+    llm = make_llm("llama", enforce_eager=eager, overlap=True)
+    engine = llm.engine
+    prompts = random_prompts([30, 18, 45, 9], seed=10)
+    ref = [reference("llama", tuple(p), 10) for p in prompts]
+    stopper = SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[ref[3][4]])
+    ids = [engine.add_request(p, GREEDY) for p in prompts[:3]] + [engine.add_request(prompts[3], stopper)]
+    tokens: dict[str, list[int]] = {i: [] for i in ids}
+    finish: dict[str, str | None] = {}
+    aborted_in_flight = False
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            tokens[out.request_id] += out.outputs[0].token_ids
+            if out.finished:
+                finish[out.request_id] = out.outputs[0].finish_reason
+        if len(tokens[ids[1]]) >= 3 and ids[1] not in finish:
+            assert engine._in_flight is not None  # its next token is on the device right now
+            out = engine.abort(ids[1])
+            assert out is not None and out.finished
+            tokens[ids[1]] += out.outputs[0].token_ids
+            finish[ids[1]] = out.outputs[0].finish_reason
+            aborted_in_flight = True
+            engine.check_integrity()
+    assert aborted_in_flight and not engine.has_unfinished()
+    assert finish == {ids[0]: "length", ids[1]: "abort", ids[2]: "length", ids[3]: "stop"}
+    assert tokens[ids[0]] == ref[0] and tokens[ids[2]] == ref[2]
+    assert tokens[ids[1]] == ref[1][:len(tokens[ids[1]])] and 3 <= len(tokens[ids[1]]) < 10
+    assert tokens[ids[3]] == ref[3][:ref[3].index(ref[3][4]) + 1]
+    assert_clean(llm)

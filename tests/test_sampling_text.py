@@ -1,17 +1,15 @@
-"""Incremental detokenization (never a split character, stop strings never leak) and the sampler's
-top-k / top-p / temperature maths, with the embedded model's real tokenizer."""
+"""Incremental detokenization (never a split character, stop strings never leak), with the embedded
+model's real tokenizer. The sampler's maths is tested in test_sampler.py."""
 
 from __future__ import annotations
 
 import functools
 
 import pytest
-import torch
 
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.model.embedded import embedded_model_dir
 from radixserve.model.loader import load_tokenizer
-from radixserve.sampling_params import SamplingParams
 
 
 @functools.lru_cache(maxsize=1)

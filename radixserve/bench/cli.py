@@ -105,6 +105,8 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling", type=_names, default=("greedy", "top-p"), help="greedy,top-p (default both)")
     p.add_argument("--graphs", type=_names, default=("on", "off"),
                    help="on (enforce_eager=False), off (enforce_eager=True), or on,off (default)")
+    p.add_argument("--overlap", type=_names, default=("on",),
+                   help="on (overlap scheduling, the default), off (--no-overlap), or on,off")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--block-size", type=int, default=16)
@@ -121,7 +123,8 @@ def _run_step(args: argparse.Namespace) -> int:
 
     options = StepBenchOptions(
         shape=args.shape, model=args.model, load_format=args.load_format, batches=args.batch, context=args.context,
-        steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, device=args.device,
+        steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, overlap=args.overlap,
+        device=args.device,
         dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         bandwidth_mib=args.bandwidth_mib, seed=args.seed)

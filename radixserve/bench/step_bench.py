@@ -1,12 +1,17 @@
 """`radixserve bench step`: the decode step through the real engine, against the memory roofline.
 
-One engine per graphs setting (on: `EngineConfig(enforce_eager=False)`, off: `enforce_eager=True`),
-reused for every (sampling, batch) row. A row adds `batch` requests of `context` seeded random token
-ids (`ignore_eos`), steps until every sequence has its first token (prefill done, all decoding), runs
-`warmup` decode steps, then times `steps` calls of `LLMEngine.step()` (schedule, prepare, forward,
-sample, postprocess) one by one with `time.perf_counter`, and aborts the requests; the pool must then
-hold no block that no sequence or tree node lists. Both sampling modes of one batch size use the
-same prompts, so the second finds them cached; prefill is never timed.
+One engine per (graphs, overlap) setting (graphs on: `EngineConfig(enforce_eager=False)`, off:
+`enforce_eager=True`; overlap on: `EngineConfig(overlap=True)`), reused for every (sampling, batch)
+row. A row adds `batch` requests of `context` seeded random token ids (`ignore_eos`), steps until
+every sequence has its first token (prefill done, all decoding), runs `warmup` decode steps, then
+times `steps` calls of `LLMEngine.step()` (schedule, prepare, forward, sample, postprocess) one by
+one with `time.perf_counter`, and aborts the requests; the pool must then hold no block that no
+sequence or tree node lists. Both sampling modes of one batch size use the same prompts, so the
+second finds them cached; prefill is never timed. Greedy and top-p (temperature 0.7, top-p 0.9) rows
+sit side by side with their ratio. From the engine's `StepClock`, over the steps resolved in the
+timed window: device ms (forward + sampling on the device) and unhidden host ms (how long the device
+sat idle between two steps: host work not overlapped with device work; on CPU all host work between
+forwards).
 
 Model: `--shape embedded` (SmolLM2-135M with its weights) or a real model's shapes
 (`llama-3.2-1b`, `llama-3.1-8b`): a directory under the cache holding its config.json and the embedded
@@ -58,6 +63,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "chat_template.jinja")
 SAMPLING: dict[str, tuple[float, float]] = {"greedy": (0.0, 1.0), "top-p": (0.7, 0.9)}  # (temperature, top_p)
 GRAPHS = ("on", "off")
+OVERLAP = ("on", "off")
 
 
 @dataclass
@@ -71,6 +77,7 @@ class StepBenchOptions:
     warmup: int = 3
     sampling: tuple[str, ...] = ("greedy", "top-p")
     graphs: tuple[str, ...] = GRAPHS
+    overlap: tuple[str, ...] = ("on",)
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
@@ -179,6 +186,8 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     gc.collect()
     times, kv_tokens = [], []
     _sync(device)
+    clock = engine.clock.history
+    clock.clear()
     for _ in range(steps):
         kv_tokens.append(sum(len(s.token_ids) for s in seqs))  # each reads its whole length this step
         t0 = time.perf_counter()
@@ -188,6 +197,7 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
             seen = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason, o.error) for o in outputs]
             raise RuntimeError(f"a timed step was not one decode of each of {batch} sequences: {seen[:4]}")
     _sync(device)
+    spans = list(clock)
     for i in ids:
         engine.abort(i)
     engine.check_integrity()
@@ -196,7 +206,10 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     weights = weight_bytes(engine.runner.model, batch)
     kv = kv_per_token * statistics.fmean(kv_tokens)
     ms = 1000 * statistics.median(times)
-    return dict(sampling=sampling, batch=batch, context=len(prompts[0]), steps=steps, warmup=warmup,
+    device_ms = 1000 * statistics.median(t.device_s for t in spans) if spans else float("nan")
+    host_ms = 1000 * statistics.median(t.idle_s for t in spans) if spans else float("nan")
+    return dict(sampling=sampling, batch=batch, device_ms=device_ms, host_unhidden_ms=host_ms,
+                context=len(prompts[0]), steps=steps, warmup=warmup,
                 prefill_steps=prefill_steps, ms_median=ms, ms_mean=1000 * statistics.fmean(times),
                 ms_min=1000 * min(times), tok_s=batch * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
                 kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
@@ -215,7 +228,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     cuda = device.type == "cuda"
     batches = o.batches or ((1, 16, 64, 128) if cuda else (1, 4))
     steps = o.steps or (32 if cuda else 8)
-    unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS]
+    unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS] \
+        + [v for v in o.overlap if v not in OVERLAP]
     if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0:
         raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
     step_tokens = o.max_num_batched_tokens or max(8192, max(batches))
@@ -227,10 +241,11 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         options=asdict(o), shape=o.model or o.shape, model_dir=model_dir, load_format=load_format, device=str(device),
         device_name=_device_name(device), torch=torch.__version__, triton=_version("triton"),
         transformers=_version("transformers"), bandwidth_bytes=mib << 20, bandwidth_bytes_per_s=bandwidth)
-    for graphs in o.graphs:
+    for graphs, overlap in [(g, v) for g in o.graphs for v in o.overlap]:
         config = EngineConfig(
             model=model_dir, device=o.device, dtype=o.dtype, block_size=o.block_size, seed=o.seed,
-            enforce_eager=graphs == "off", load_format=load_format, max_num_seqs=o.max_num_seqs or max(batches),
+            enforce_eager=graphs == "off", overlap=overlap == "on", load_format=load_format,
+            max_num_seqs=o.max_num_seqs or max(batches),
             max_num_batched_tokens=step_tokens,
             num_blocks=o.num_blocks or max(batches) * (-(-max_len // o.block_size) + 1) + 64)
         engine = LLMEngine(config)
@@ -245,7 +260,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
             rng = random.Random(f"{o.seed}-{batch}")  # same prompts for each sampling mode and graphs setting
             prompts = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
             for sampling in o.sampling:
-                rows.append({"graphs": graphs, **run_row(engine, prompts, sampling, steps, o.warmup, bandwidth)})
+                rows.append({"graphs": graphs, "overlap": overlap,
+                             **run_row(engine, prompts, sampling, steps, o.warmup, bandwidth)})
         del engine
         gc.collect()
         if cuda:
@@ -255,20 +271,29 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
 
 
 def render_table(result: dict[str, Any]) -> str:
-    graphs = list(dict.fromkeys(r["graphs"] for r in result["rows"]))
-    head = "| sampling | batch | " + " | ".join(f"graphs {g}: ms/step (median / mean) | tok/s | roofline"
-                                                for g in graphs) + " |"
+    """One line per (graphs, overlap, batch): greedy and top-p side by side."""
+    rows = result["rows"]
     lines = [f"## decode step: {result['shape']} ({result['dtype']}, {result['device_name']})", "",
-             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {result['rows'][0]['context']}"
-             f", {result['rows'][0]['steps']} timed steps, attention {result['attention_backend']}"
+             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
+             f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
              + (" (CPU: no CUDA graphs, on and off run the same code)" if result["device"] == "cpu" else ""), "",
-             head, "|---|---|" + "---|---|---|" * len(graphs)]
-    keys = list(dict.fromkeys((r["sampling"], r["batch"]) for r in result["rows"]))
-    for sampling, batch in keys:
-        cells = []
-        for g in graphs:
-            r = next((r for r in result["rows"] if (r["graphs"], r["sampling"], r["batch"]) == (g, sampling, batch)), None)
-            cells.append(" - | - | - " if r is None else
-                         f" {r['ms_median']:.2f} / {r['ms_mean']:.2f} | {r['tok_s']:.1f} | {r['roofline_fraction']:.1%} ")
-        lines.append(f"| {sampling} | {batch} |" + "|".join(cells) + "|")
+             "| graphs | overlap | batch | greedy ms/step (median / mean) | top-p ms/step (median / mean) "
+             "| top-p / greedy | device ms (greedy / top-p) | unhidden host ms (greedy / top-p) "
+             "| tok/s (greedy) | roofline (greedy) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for graphs, overlap, batch in dict.fromkeys((r["graphs"], r.get("overlap", "on"), r["batch"]) for r in rows):
+        by = {r["sampling"]: r for r in rows
+              if (r["graphs"], r.get("overlap", "on"), r["batch"]) == (graphs, overlap, batch)}
+        greedy, top_p = by.get("greedy"), by.get("top-p")
+
+        def cell(r: dict[str, Any] | None, fmt: str) -> str:
+            return "-" if r is None else fmt.format(**r)
+
+        ratio = f"{top_p['ms_median'] / greedy['ms_median']:.2f}x" if greedy and top_p else "-"
+        lines.append(
+            f"| {graphs} | {overlap} | {batch} | {cell(greedy, '{ms_median:.2f} / {ms_mean:.2f}')} "
+            f"| {cell(top_p, '{ms_median:.2f} / {ms_mean:.2f}')} | {ratio} "
+            f"| {cell(greedy, '{device_ms:.2f}')} / {cell(top_p, '{device_ms:.2f}')} "
+            f"| {cell(greedy, '{host_unhidden_ms:.3f}')} / {cell(top_p, '{host_unhidden_ms:.3f}')} "
+            f"| {cell(greedy or top_p, '{tok_s:.1f}')} | {cell(greedy or top_p, '{roofline_fraction:.1%}')} |")
     return "\n".join(lines) + "\n"

@@ -81,7 +81,7 @@ class SampleResult:
             return
         self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
                            for t in tensors + extra)
-        self._event = torch.cuda.Event()
+        self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._event.record()
 
     def host(self) -> tuple[list[int], list[bool], dict[int, TokenLogprob]]:

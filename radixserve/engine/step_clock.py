@@ -40,7 +40,7 @@ class StepClock:
     def mark(self) -> Any:
         if not self.cuda:
             return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         event.record()
         return event
 

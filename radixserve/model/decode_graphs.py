@@ -1,15 +1,18 @@
 """Decode steps from static buffers, padded to a ladder of batch sizes, replayed as CUDA graphs.
 
 A decode-only step (every item one new token) of B sequences is padded to the smallest captured
-size >= B. Its inputs are written in place into static device buffers (token ids, positions, cache
-slots, sequence lengths, block table); the forward and the LM head read those buffers and write
-the logits of every padded row into a static logits buffer. On CUDA with the Triton backend each
+size >= B. Its inputs (token ids, positions, cache slots, sequence lengths, which previous-step row
+a pending token comes from, which block-table row) are staged in one persistent host buffer and
+sent with one copy (`step_buffers.StagedCopy`); block tables live on the device and change by
+deltas (`step_buffers.BlockTableRows`). A few device ops then fill the static buffers (a pending
+token's id is taken from the previous step's sampled ids there); the forward and the LM head read
+those buffers and write the logits of every padded row into a static logits buffer. On CUDA with the Triton backend each
 size is captured once as a CUDA graph at engine start and a step is one replay; elsewhere (CPU, or
 the torch backend on CUDA) the very same padded path runs eagerly, so its padding and bucketing are
 exercised by every CPU test. `--enforce-eager` bypasses this module altogether.
 
 Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
-slot of the KV cache's scratch block and their block-table row starts with that block, so they
+slot of the KV cache's scratch block and their block-table row is the scratch row, so they
 write and read only the scratch block, which no sequence ever owns; a captured graph's launch
 parameters (decode split counts) are sized for the longest sequence the engine allows, so a replay
 is right for any live lengths; the logits buffer is overwritten by the next step, so callers use
