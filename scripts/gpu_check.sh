@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The whole GPU check of issue 12 in one go (well under 10 minutes on an H100), from a checkout:
+# The whole GPU check of issues 12 and 13 in one go (well under 10 minutes on an H100), from a checkout:
 #   1. environment: GPU, driver, torch / triton / transformers versions
 #   2. the kernel benchmark (`radixserve bench kernels`): correctness vs fp32 references, eager and
 #      CUDA-graph timings, SDPA comparison, fused-kernel timings
 #   3. `radixserve bench step` on random-weight Llama-3.2-1B and Llama-3.1-8B shapes, graphs on/off,
-#      greedy, with the roofline fraction (top-p waits for the batched device sampler: today's per-row
-#      host sampler takes minutes at batch 128 on a 128k vocabulary)
+#      overlap on/off, greedy and top-p side by side, with the roofline fraction, device time and the
+#      host time the device waited for
 #   4. greedy equality on the GPU (tests/test_gpu.py): fp32 vs transformers, bf16 Triton vs torch backend
 #   5. an end-to-end `radixserve bench` on the 1B shape (random bf16 weights written here) against
 #      transformers
@@ -45,7 +45,7 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   if want step; then
     for shape in llama-3.2-1b llama-3.1-8b; do
       step "bench step $shape"
-      run timeout 180 $RS bench step --shape "$shape" --sampling greedy --steps 16 --json "$OUT/step-$shape.json"
+      run timeout 240 $RS bench step --shape "$shape" --overlap on,off --steps 16 --json "$OUT/step-$shape.json"
     done
   fi
   if want equality; then

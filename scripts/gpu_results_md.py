@@ -49,7 +49,8 @@ def main(folder: Path) -> str:
         "Schedule, prepare, forward, sample and postprocess of one `LLMEngine.step()`, random bf16 weights of",
         "the real shapes, 512-token contexts, greedy. `graphs on` replays the captured CUDA graph of the",
         "batch's padded size; `graphs off` is `--enforce-eager`. Roofline = (weights + KV read) / copy",
-        "bandwidth / step time.",
+        "bandwidth / step time. Results recorded before overlap scheduling existed (issue 12's run) show",
+        "overlap, device and host columns as `-`.",
         "",
     ]
     for result in steps:

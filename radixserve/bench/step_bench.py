@@ -281,13 +281,16 @@ def render_table(result: dict[str, Any]) -> str:
              "| top-p / greedy | device ms (greedy / top-p) | unhidden host ms (greedy / top-p) "
              "| tok/s (greedy) | roofline (greedy) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for graphs, overlap, batch in dict.fromkeys((r["graphs"], r.get("overlap", "on"), r["batch"]) for r in rows):
+    for graphs, overlap, batch in dict.fromkeys((r["graphs"], r.get("overlap", "-"), r["batch"]) for r in rows):
         by = {r["sampling"]: r for r in rows
-              if (r["graphs"], r.get("overlap", "on"), r["batch"]) == (graphs, overlap, batch)}
+              if (r["graphs"], r.get("overlap", "-"), r["batch"]) == (graphs, overlap, batch)}
         greedy, top_p = by.get("greedy"), by.get("top-p")
 
         def cell(r: dict[str, Any] | None, fmt: str) -> str:
-            return "-" if r is None else fmt.format(**r)
+            try:
+                return "-" if r is None else fmt.format(**r)
+            except KeyError:  # a result written before the figure existed
+                return "-"
 
         ratio = f"{top_p['ms_median'] / greedy['ms_median']:.2f}x" if greedy and top_p else "-"
         lines.append(
