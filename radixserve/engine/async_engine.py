@@ -22,7 +22,8 @@ from typing import Any
 
 from radixserve.config import EngineConfig
 from radixserve.core import RequestOutput
-from radixserve.engine.engine import LLMEngine, StepObserver
+from radixserve.engine.engine import LLMEngine
+from radixserve.engine.observers import StepObserver
 from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.sampling_params import SamplingParams

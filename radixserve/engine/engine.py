@@ -29,7 +29,6 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +44,14 @@ from radixserve.core import (
     RequestOutput,
     Sequence,
     SequenceStatus,
-    StepInfo,
 )
+from radixserve.engine.intake import tokenize, validate
+from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
 from radixserve.engine.sampler import Draw, Sampler, SampleResult
 from radixserve.engine.stats import EngineStats
 from radixserve.engine.step_clock import StepClock, StepSpan
-from radixserve.errors import PromptTooLongError, RequestError
+from radixserve.errors import RequestError
 from radixserve.model.embedded import resolve_model
 from radixserve.model.loader import load_tokenizer
 from radixserve.model.runner import ModelRunner, PendingInputs
@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 FORWARD_FAILED = "the model failed on this request; see the server log"
 INVALID_LOGITS = "the model produced non-finite logits for this request"
 POSTPROCESS_FAILED = "decoding this request's output failed; see the server log"
-StepObserver = Callable[[StepInfo], None]
 
 
 @dataclass
@@ -111,8 +110,7 @@ class LLMEngine:
         self._in_flight: InFlight | None = None
         self._order = itertools.count()
         self.stats_totals = EngineStats()
-        self._observers: list[StepObserver] = []
-        self._observers_want_pool = False
+        self.observers = StepObservers()
         self._steps = 0
         self._check_integrity = os.environ.get("RADIXSERVE_CHECK_INTEGRITY", "") not in ("", "0")
 
@@ -125,24 +123,10 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this model directory has no tokenizer: send token ids")
-            return list(self.tokenizer.encode(prompt))  # BOS where the model wants one, as vLLM does
-        if not isinstance(prompt, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise RequestError("a prompt is a string or a list of integer token ids")
-        return list(prompt)
+        return tokenize(self.tokenizer, prompt)
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise RequestError("the prompt is empty")
-        vocab = self.spec.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if len(token_ids) >= self.max_seq_len:
-            raise PromptTooLongError(len(token_ids), params.max_tokens, self.max_seq_len)
-        params.validate()
+        validate(token_ids, params, self.spec.vocab_size, self.max_seq_len)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                     priority: int = 0) -> str:
@@ -184,8 +168,7 @@ class LLMEngine:
         """Call `observer` with a StepInfo after every step that ran (on the stepping thread). With
         `pool`, the StepInfo also counts the blocks live sequences hold, a pass over every block table
         that each step then pays for, so only observers that need it ask."""
-        self._observers.append(observer)
-        self._observers_want_pool |= pool
+        self.observers.add(observer, pool)
 
     def step(self) -> list[RequestOutput]:
         """Schedule and launch one step; return the outputs of the step that just resolved: this
@@ -196,7 +179,7 @@ class LLMEngine:
         if not batch.items:
             flight, self._in_flight = self._in_flight, None
             return self._resolve(flight) if flight is not None else self._unschedulable()
-        peak = self._pool_counts() if self._observers else None
+        peak = self.observers.pool_counts(self.pool, self.scheduler) if self.observers else None
         launched = self._launch(batch)
         if self.config.overlap:
             flight, self._in_flight = self._in_flight, launched
@@ -207,7 +190,7 @@ class LLMEngine:
         if self._check_integrity:
             self.check_integrity()
         if peak is not None:
-            self._notify(batch, started, *peak)
+            self.observers.notify(self._steps, batch, started, peak, self.pool, self.scheduler)
         return outputs
 
     def _launch(self, batch: Batch) -> InFlight:
@@ -343,10 +326,7 @@ class LLMEngine:
 
     def _retire(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
-        t = self.stats_totals
-        t.requests_finished[req.sequences[0].finish_reason or "abort"] += 1
-        t.cached_tokens += req.cached_tokens
-        t.cache_hit_requests += int(req.cached_tokens > 0)
+        self.stats_totals.count_finished(req)
 
     # -- introspection -------------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:
@@ -360,20 +340,3 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-
-    def _pool_counts(self) -> tuple[int, int | None, int | None]:
-        """(free, held by live sequences, held only by the tree) blocks; the last two only when an
-        observer asked for them."""
-        free = self.pool.num_free
-        if not self._observers_want_pool:
-            return free, None, None
-        used = len({b for s in self.scheduler.live_sequences() for b in s.block_table})
-        return free, used, self.pool.num_blocks - free - used
-
-    def _notify(self, batch: Batch, started: float, free: int, used: int | None, cached: int | None) -> None:
-        decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.samples)
-        info = StepInfo(self._steps, started, time.monotonic() - started, len(batch.items),
-                        batch.num_tokens - decode, decode, len(self.scheduler.running), len(self.scheduler.waiting),
-                        self.pool.num_blocks, free, used, cached)
-        for observer in self._observers:
-            observer(info)

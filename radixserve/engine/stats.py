@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
 
 
@@ -55,3 +56,8 @@ class EngineStats:
         s.num_waiting = len(engine.scheduler.waiting)
         s.preemptions = engine.scheduler.preemptions
         return s
+
+    def count_finished(self, req: Request) -> None:
+        self.requests_finished[req.sequences[0].finish_reason or "abort"] += 1
+        self.cached_tokens += req.cached_tokens
+        self.cache_hit_requests += int(req.cached_tokens > 0)

@@ -1,10 +1,12 @@
 """Cross-structure invariants of the cache state the scheduler owns, recomputed from scratch.
 
 `check_integrity` proves: every live sequence is queued once; each sequence's table covers what it
-has computed; each block's refcount equals the sequence tables and tree nodes listing it (so free,
-owned and cached blocks partition the pool); each tree node's lock count equals the live sequences
-whose locked path passes through it; and the tree's own invariants hold. Tests run it after every
-step, and so does any engine with RADIXSERVE_CHECK_INTEGRITY=1.
+has computed; a pending token (sampled, still on the device) is only ever a sequence's last token
+and never counts as computed, and none is in the tree; each block's refcount equals the sequence
+tables and tree nodes listing it (so free, owned and cached blocks partition the pool); each tree
+node's lock count equals the live sequences whose locked path passes through it; and the tree's own
+invariants hold. Tests run it after every step, and so does any engine with
+RADIXSERVE_CHECK_INTEGRITY=1.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections import Counter
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.core import Sequence
+from radixserve.core import PENDING_TOKEN, Sequence
 
 
 def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None) -> int:
@@ -31,6 +33,8 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
     for s in live:
         owners.update(s.block_table)
         assert len(s.block_table) * pool.block_size >= s.num_computed, "table shorter than computed"
+        assert PENDING_TOKEN not in s.token_ids[:-1], f"sequence {s.seq_id}: a pending token before its last"
+        assert s.num_computed <= s.num_resolved, f"sequence {s.seq_id}: a pending token counts as computed"
         node = s.locked_node
         while node is not None and tree is not None and node is not tree.root:
             locks[node.id] += 1
@@ -40,4 +44,5 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
         tree.check_integrity()
         for n in tree.nodes():
             assert n.lock_count == locks[n.id], f"node {n.id}: lock count {n.lock_count} != {locks[n.id]}"
+            assert PENDING_TOKEN not in n.tokens, f"node {n.id} caches a pending token"
     pool.check_integrity(owners)
