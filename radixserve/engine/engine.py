@@ -282,8 +282,11 @@ class LLMEngine:
         return outputs + [self._fail(req, why) for req, why in failed.items() if req.request_id in self.requests]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        # tokens still on the device for it will not be used (a failed request's may sit before the
+        # one in flight): drop them first, so what the scheduler caches is only tokens known here
+        if PENDING_TOKEN in seq.token_ids:
+            del seq.token_ids[seq.token_ids.index(PENDING_TOKEN):]
         self.scheduler.finish(seq, reason)
-        del seq.token_ids[seq.num_resolved:]  # a token still in flight for it will not be used
 
     def _fail(self, req: Request, why: str) -> RequestOutput:
         """End one request with finish_reason "error"; the rest of the batch is untouched."""
