@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.core import TokenLogprob
+from radixserve.model.device import to_device
 from radixserve.sampling_params import SamplingParams
 
 CANDIDATES = 256  # sorted candidates per row on CPU before falling back to a full sort
@@ -109,7 +110,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, draws: list[Draw]) -> SampleResult:
         dev = logits.device
         x = logits.float()
-        rows = torch.tensor([d.row for d in draws], dtype=torch.long).to(dev, non_blocking=True)
+        rows = to_device([d.row for d in draws], torch.long, dev)
         if x.numel():
             peak, argmax = x.max(dim=-1)  # NaN if any logit is NaN, +inf if any is +inf, -inf if all are
         else:
@@ -118,7 +119,7 @@ class Sampler:
         tokens = argmax[rows]
         drawn = [i for i, d in enumerate(draws) if not d.params.greedy]
         if drawn:
-            which = torch.tensor(drawn, dtype=torch.long).to(dev, non_blocking=True)
+            which = to_device(drawn, torch.long, dev)
             tokens.index_copy_(0, which, self._draw(x, [draws[i] for i in drawn]))
         tokens = torch.where(usable, tokens, torch.zeros_like(tokens))
         result = SampleResult(tokens, usable, [i for i, d in enumerate(draws) if d.params.logprobs is not None])
@@ -128,7 +129,7 @@ class Sampler:
 
     @staticmethod
     def _logprobs(x: torch.Tensor, rows: torch.Tensor, result: SampleResult, top: int) -> None:
-        which = torch.tensor(result.logprob_draws, dtype=torch.long).to(x.device, non_blocking=True)
+        which = to_device(result.logprob_draws, torch.long, x.device)
         lsm = torch.log_softmax(x[rows[which]], dim=-1)
         chosen = lsm.gather(1, result.token_ids[which, None])
         if top:
@@ -140,9 +141,9 @@ class Sampler:
     def _draw(self, x: torch.Tensor, draws: list[Draw]) -> torch.Tensor:
         dev, vocab = x.device, x.shape[-1]
         # one host tensor, one copy: row, temperature, top-k (vocab when off), top-p, min-p, u
-        table = torch.tensor([[d.row, d.params.temperature, d.params.top_k or vocab, d.params.top_p,
-                               d.params.min_p, uniform(d.key, d.position)] for d in draws], dtype=torch.float64)
-        p = table.to(dev, non_blocking=True).T
+        table = to_device([[d.row, d.params.temperature, d.params.top_k or vocab, d.params.top_p, d.params.min_p,
+                             uniform(d.key, d.position)] for d in draws], torch.float64, dev)
+        p = table.T
         rows, temperature, top_k, top_p, min_p, u = p[0].long(), p[1].float(), p[2].long(), p[3].float(), \
             p[4].float(), p[5]
         scaled = x[rows] / temperature[:, None]

@@ -31,6 +31,7 @@ import torch
 
 from radixserve.core import PENDING_TOKEN, Batch
 from radixserve.model.attention import AttentionMetadata
+from radixserve.model.device import to_device
 from radixserve.model.step_buffers import BlockTableRows, StagedCopy
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class PaddedDecoder:
             b.logits[:size] = forward(b.input_ids[:size], b.positions[:size], self._meta(size, lens))
         sampling = [i for i, it in enumerate(batch.items) if it.samples]
         logits = self.buffers.logits[:rows]
-        return logits if len(sampling) == rows else logits[torch.tensor(sampling, dtype=torch.long, device=logits.device)]
+        return logits if len(sampling) == rows else logits[to_device(sampling, torch.long, logits.device)]
 
     def _fill(self, batch: Batch, size: int, pending: PendingInputs | None = None) -> list[int]:
         """Stage the batch's rows, then padding rows up to `size`, into one host buffer; send it with

@@ -6,6 +6,8 @@ CPU fallback). `auto` dtype is bf16 on CUDA and fp32 on CPU (CPU bf16 matmuls ar
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -31,3 +33,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     dev = resolve_device(device)
     return dev, resolve_dtype(dtype, dev)
+
+
+def to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device` without waiting for the device: `torch.tensor(...,
+    device=cuda)` synchronizes the stream (it would wait for the step in flight), while a
+    non-blocking copy from pageable memory only stages the bytes."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)

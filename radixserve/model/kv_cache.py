@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.model.device import to_device
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -59,6 +61,5 @@ class KVCache:
         if not src:
             return
         device = self.data.device
-        s = torch.tensor(src, dtype=torch.long, device=device)
-        d = torch.tensor(dst, dtype=torch.long, device=device)
+        s, d = to_device(src, torch.long, device), to_device(dst, torch.long, device)
         self.data[:, :, d] = self.data[:, :, s]

@@ -19,7 +19,7 @@ import torch
 from radixserve.core import PENDING_TOKEN, Batch
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.decode_graphs import PaddedDecoder, PendingInputs, capture_sizes
-from radixserve.model.device import resolve_device, resolve_dtype
+from radixserve.model.device import resolve_device, resolve_dtype, to_device
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
@@ -140,23 +140,23 @@ class ModelRunner:
         tables = [it.seq.block_table + [0] * (max_blocks - len(it.seq.block_table)) for it in batch.items]
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_table=torch.tensor(tables, dtype=torch.int32, device=dev),
+            slot_mapping=to_device(slots, torch.long, dev),
+            cu_seqlens_q=to_device(cu, torch.int32, dev),
+            seq_lens=to_device(seq_lens, torch.int32, dev),
+            block_table=to_device(tables, torch.int32, dev),
             query_lens=[it.num_tokens for it in batch.items],
             seq_lens_host=seq_lens,
         )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        input_ids = to_device(ids, torch.long, dev)
         if resolve:
             assert pending is not None
-            where, rows = torch.tensor(resolve, dtype=torch.long, device=dev).T
+            where, rows = to_device(resolve, torch.long, dev).T
             input_ids[where] = pending.token_ids[rows]
         return StepInputs(
             input_ids=input_ids,
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            positions=to_device(positions, torch.long, dev),
             meta=meta,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            sample_rows=to_device(sample_rows, torch.long, dev),
         )
 
     @torch.inference_mode()
