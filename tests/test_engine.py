@@ -240,3 +240,36 @@ def test_aborts_and_stops_while_a_step_is_in_flight_free_every_block(eager: bool
     assert tokens[ids[1]] == ref[1][:len(tokens[ids[1]])] and 3 <= len(tokens[ids[1]]) < 10
     assert tokens[ids[3]] == ref[3][:ref[3].index(ref[3][4]) + 1]
     assert_clean(llm)
+
+
+def test_logprobs_per_request_in_a_shared_batch() -> None:
+    """`SamplingParams.logprobs=k`: one entry per generated token with exactly k alternatives, even
+    when a request asking for more shares the batch; greedy picks the top alternative; the values are
+    the model's log-softmax (checked against transformers' logits for the first token)."""
+    llm = make_llm("llama")
+    prompts = random_prompts([13, 21, 8], seed=11)
+    asks = [None, 0, 4]
+    engine = llm.engine
+    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=k))
+           for p, k in zip(prompts, asks)]
+    got: dict[str, list] = {i: [] for i in ids}
+    for _ in range(100):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            c = out.outputs[0]
+            assert (c.logprobs is None) == (asks[ids.index(out.request_id)] is None)
+            assert c.logprobs is None or len(c.logprobs) == len(c.token_ids)
+            got[out.request_id] += c.logprobs or []
+    assert got[ids[0]] == [] and len(got[ids[1]]) == len(got[ids[2]]) == 6
+    assert all(t.top == () for t in got[ids[1]])
+    for t in got[ids[2]]:
+        assert len(t.top) == 4 and t.top[0][0] == t.token_id and t.top[0][1] == pytest.approx(t.logprob)
+        assert [lp for _, lp in t.top] == sorted((lp for _, lp in t.top), reverse=True)
+    first = torch.log_softmax(hf_model(tiny_model_dir("llama"))(torch.tensor([prompts[2]])).logits[0, -1].float(), -1)
+    assert got[ids[2]][0].logprob == pytest.approx(float(first.max()), abs=1e-4)
+    offline = llm.generate([prompts[2]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=4))
+    alone = offline[0].outputs[0].logprobs  # LLM.generate folds them too (the batch differs: last bits may)
+    assert alone is not None and [t.token_id for t in alone] == [t.token_id for t in got[ids[2]]]
+    assert [t.logprob for t in alone] == pytest.approx([t.logprob for t in got[ids[2]]], abs=1e-5)
+    assert_clean(llm)

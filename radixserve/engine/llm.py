@@ -68,6 +68,8 @@ def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:
         c = by_index.setdefault(delta.index, CompletionOutput(delta.index))
         c.token_ids.extend(delta.token_ids)
         c.text += delta.text
+        if delta.logprobs is not None:
+            c.logprobs = (c.logprobs or []) + delta.logprobs
         c.finish_reason = delta.finish_reason or c.finish_reason
     whole.outputs = [by_index[i] for i in sorted(by_index)]
     whole.usage, whole.timing, whole.finished = out.usage, out.timing, out.finished

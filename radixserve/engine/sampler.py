@@ -68,6 +68,7 @@ class SampleResult:
     token_ids: torch.Tensor  # [D] int64 (0 where unusable)
     usable: torch.Tensor  # [D] bool
     logprob_draws: list[int]  # draw indices that asked for logprobs, in order
+    logprob_counts: list[int]  # how many alternatives each of them asked for
     logprobs: torch.Tensor | None = None  # [L, 1 + k]: the chosen token's, then the top k's
     top_ids: torch.Tensor | None = None  # [L, k]
     _host: tuple[torch.Tensor, ...] | None = None
@@ -97,8 +98,8 @@ class SampleResult:
         if self.logprobs is not None:
             lps = self._host[2].tolist()
             tops = self._host[3].tolist() if self.top_ids is not None else [[] for _ in lps]
-            for draw, lp, top in zip(self.logprob_draws, lps, tops):
-                out[draw] = TokenLogprob(ids[draw], lp[0], tuple(zip(top, lp[1:])))
+            for draw, k, lp, top in zip(self.logprob_draws, self.logprob_counts, lps, tops):
+                out[draw] = TokenLogprob(ids[draw], lp[0], tuple(zip(top[:k], lp[1:k + 1])))
         return ids, usable, out
 
 
@@ -122,9 +123,10 @@ class Sampler:
             which = to_device(drawn, torch.long, dev)
             tokens.index_copy_(0, which, self._draw(x, [draws[i] for i in drawn]))
         tokens = torch.where(usable, tokens, torch.zeros_like(tokens))
-        result = SampleResult(tokens, usable, [i for i, d in enumerate(draws) if d.params.logprobs is not None])
-        if result.logprob_draws:
-            self._logprobs(x, rows, result, max(draws[i].params.logprobs or 0 for i in result.logprob_draws))
+        asked = [i for i, d in enumerate(draws) if d.params.logprobs is not None]
+        result = SampleResult(tokens, usable, asked, [draws[i].params.logprobs or 0 for i in asked])
+        if asked:  # one top-k for all of them, as wide as the widest ask; each keeps its own count
+            self._logprobs(x, rows, result, max(result.logprob_counts))
         return result
 
     @staticmethod
