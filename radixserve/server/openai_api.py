@@ -2,9 +2,16 @@
 
 Stateless: each request renders the whole conversation with the chat template; the radix cache still
 serves every prefix seen before. Unknown top-level fields are ignored (clients send extras), but
-features this server does not implement (tools, logprobs, penalties, non-text response formats) are
-refused with 400 rather than silently ignored. usage.prompt_tokens_details.cached_tokens reports the
+features this server does not implement (tools, penalties, non-text response formats) are refused
+with 400 rather than silently ignored. usage.prompt_tokens_details.cached_tokens reports the
 prefix-cache hit.
+
+`logprobs` / `top_logprobs` (server/logprobs.py builds the bodies): a choice's logprobs list every
+token it generated, one entry per completion token, from the raw model distribution. A stream
+chunk's logprobs list the tokens the engine handed out with that chunk's delta; when tokens came
+without text (held back: a partial UTF-8 character, or text that may start a stop string) they
+still get a chunk, with empty content, so the chunks' logprobs together are exactly the
+non-streamed ones. Chunks without tokens (role, finish) carry `logprobs: null`.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.core import RequestOutput
-from radixserve.sampling_params import SamplingParams
+from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob
+from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixserve.server.api_errors import openai_stream_error
 from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
+from radixserve.server.logprobs import logprobs_body
 from radixserve.server.state import ServerState
 from radixserve.server.validation import (
     ApiError,
@@ -88,6 +96,17 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """SamplingParams.logprobs for OpenAI's `logprobs` (bool) and `top_logprobs` (0..20, only with
+    logprobs true, as OpenAI and vLLM require): None when not asked."""
+    asked = get_bool(body, "logprobs")
+    top = get_int(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    if top is not None and not asked:
+        raise ApiError("invalid_field", "'top_logprobs' is only allowed when 'logprobs' is true",
+                       param="top_logprobs")
+    return (top or 0) if asked else None
+
+
 def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     formatter, _ = state.require_chat()
     engine = state.require_engine()
@@ -99,8 +118,6 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     for name in UNSUPPORTED:
         if body.get(name) is not None:
             raise ApiError("unsupported", f"{name!r} is not supported by this server", param=name)
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise ApiError("unsupported", "logprobs are not supported by this server", param="logprobs")
     for name in ("presence_penalty", "frequency_penalty"):
         if get_float(body, name, -2.0, 2.0):
             raise ApiError("unsupported", f"{name} is not supported by this server (only 0)", param=name)
@@ -116,6 +133,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         "temperature": get_float(body, "temperature", 0.0, 2.0), "top_p": get_float(body, "top_p", 0.0, 1.0, True),
         "top_k": get_int(body, "top_k", minimum=0), "max_tokens": max_tokens,
         "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
+        "logprobs": _logprobs(body),
     }
     n = get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
     stream = get_bool(body, "stream")
@@ -154,9 +172,21 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(body)
 
 
+def _choice_logprobs(state: ServerState, req: ChatRequest, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """A choice's `logprobs`: None unless the request asked."""
+    top = req.params.logprobs
+    return None if top is None else logprobs_body(lps, top, state.token_texts())
+
+
+def _chunk_logprobs(state: ServerState, req: ChatRequest, o: CompletionOutput) -> dict[str, Any] | None:
+    """A stream chunk's `logprobs`: the tokens of this output, None when it has none."""
+    return _choice_logprobs(state, req, o.logprobs) if o.token_ids else None
+
+
 async def _completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> dict[str, Any]:
     n = req.params.n
     texts: list[list[str]] = [[] for _ in range(n)]
+    lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     last: RequestOutput | None = None
     async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
@@ -164,10 +194,12 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
             last = out
             for o in out.outputs:
                 texts[o.index].append(o.text)
+                lps[o.index].extend(o.logprobs or ())
                 finish[o.index] = o.finish_reason or finish[o.index]
     assert last is not None
     choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
-                "logprobs": None, "finish_reason": finish[i] or "abort"} for i in range(n)]
+                "logprobs": _choice_logprobs(state, req, lps[i]), "finish_reason": finish[i] or "abort"}
+               for i in range(n)]
     return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
             "choices": choices, "usage": usage_body(last)}
 
@@ -191,9 +223,10 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
                         started.add(o.index)
                         yield chunk([{"index": o.index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}])
-                    if o.text:
-                        yield chunk([{"index": o.index, "delta": {"content": o.text}, "logprobs": None,
-                                      "finish_reason": None}])
+                    # tokens without text still get a chunk when logprobs were asked (their entries)
+                    if o.text or (o.token_ids and req.params.logprobs is not None):
+                        yield chunk([{"index": o.index, "delta": {"content": o.text},
+                                      "logprobs": _chunk_logprobs(state, req, o), "finish_reason": None}])
                     if o.finish_reason:
                         yield chunk([{"index": o.index, "delta": {}, "logprobs": None,
                                       "finish_reason": o.finish_reason}])

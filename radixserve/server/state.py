@@ -16,6 +16,7 @@ from typing import Any
 from radixserve.engine.async_engine import AsyncEngine
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server.config import ServerConfig
+from radixserve.server.logprobs import TokenTexts
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError
@@ -66,6 +67,7 @@ class ServerState:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     # the SessionTurn in flight per session id, so deleting a session can cancel it
     session_generations: dict[str, Any] = field(default_factory=dict)
+    _token_texts: TokenTexts | None = None  # per-token text for logprobs, built on first use
 
     def require_engine(self) -> AsyncEngine:
         if self.engine is None:
@@ -78,6 +80,13 @@ class ServerState:
         if self.formatter is None or self.sessions is None:
             raise ApiError("unsupported", "this model has no tokenizer, so chat endpoints are unavailable", 400)
         return self.formatter, self.sessions
+
+    def token_texts(self) -> TokenTexts:
+        """The (text, bytes) of single tokens of the engine's tokenizer, as logprobs show them."""
+        engine = self.require_engine()
+        if self._token_texts is None or self._token_texts.tokenizer is not engine.tokenizer:
+            self._token_texts = TokenTexts(engine.tokenizer)
+        return self._token_texts
 
     def engine_stats(self) -> Any | None:
         return self.engine.stats() if self.engine is not None else None

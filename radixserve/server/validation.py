@@ -226,6 +226,7 @@ def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_mode
         return SamplingParams(
             max_tokens=max_tokens, temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
             top_k=sampling.get("top_k", 0), n=n, seed=sampling.get("seed"), stop=list(sampling.get("stop") or []),
+            logprobs=sampling.get("logprobs"),
         )
     except ValueError as e:
         raise ApiError("invalid_field", str(e)) from None
