@@ -188,20 +188,14 @@ def test_non_finite_and_tiny_logprobs_become_the_floor_and_stay_valid_json() -> 
     assert json_logprob(-math.inf) == json_logprob(math.nan) == json_logprob(-1e30) == LOGPROB_FLOOR == -9999.0
     assert json_logprob(-0.25) == -0.25 and json_logprob(0.0) == 0.0
     lps = [TokenLogprob(5, -math.inf, ((7, -0.1), (5, -math.inf), (9, -math.inf)))]
-    body = logprobs_body(lps, 3, TokenTexts(None))
+    body = logprobs_body(lps, TokenTexts(None))
     text = json.dumps(body, allow_nan=False)  # raises on inf/nan
     entry = json.loads(text)["content"][0]
     assert entry["logprob"] == -9999.0 and [t["logprob"] for t in entry["top_logprobs"]] == [-0.1, -9999.0, -9999.0]
 
 
-def test_alternatives_are_cut_to_what_was_asked() -> None:
-    lp = TokenLogprob(1, -0.5, ((1, -0.5), (2, -1.0), (3, -2.0)))
-    texts = TokenTexts(None)
-    assert logprobs_body([lp], 0, texts)["content"][0]["top_logprobs"] == []
-    assert [t["token"] for t in logprobs_body([lp], 2, texts)["content"][0]["top_logprobs"]] == \
-        ["token_id:1", "token_id:2"]
-    assert logprobs_body([lp], 20, texts)["content"][0]["top_logprobs"][2]["logprob"] == -2.0
-    assert logprobs_body(None, 3, texts) == {"content": []}
+def test_an_empty_list_gives_empty_content() -> None:
+    assert logprobs_body(None, TokenTexts(None)) == {"content": []}
 
 
 def test_without_a_tokenizer_tokens_are_shown_by_id() -> None:

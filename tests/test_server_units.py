@@ -250,7 +250,8 @@ def test_parse_json_text_rejects(text: str, code: str) -> None:
 @pytest.mark.parametrize("sampling", [
     [], "x", {"temperature": -1}, {"temperature": 2.5}, {"temperature": "1"}, {"top_p": 0}, {"top_p": 1.5},
     {"max_tokens": 0}, {"max_tokens": 1.5}, {"max_tokens": True}, {"seed": "s"}, {"stop": [1]}, {"stop": [""]},
-    {"stop": ["a"] * 9}, {"bogus": 1}, {"top_k": -1}, {"temperature": float("nan")},
+    {"stop": ["a"] * 9}, {"bogus": 1}, {"top_k": -1}, {"temperature": float("nan")}, {"min_p": -0.1},
+    {"min_p": 1.5}, {"min_p": "0.1"},
 ])
 def test_parse_sampling_rejects(sampling: object) -> None:
     with pytest.raises(ApiError) as e:
@@ -267,6 +268,8 @@ def test_sampling_defaults_clamp_to_the_context() -> None:
     with pytest.raises(ApiError) as e:
         build_sampling_params({}, prompt_len=100, max_model_len=100, default_max_tokens=5)
     assert e.value.code == "context_too_long" and "100" in e.value.message
+    assert build_sampling_params(parse_sampling({"min_p": 0.05}), prompt_len=1, max_model_len=9,
+                                 default_max_tokens=None).min_p == 0.05
     assert build_sampling_params({"max_tokens": 10}, prompt_len=90, max_model_len=100,
                                  default_max_tokens=None).max_tokens == 10
     with pytest.raises(ApiError) as e:

@@ -12,7 +12,7 @@ this module turns them into the OpenAI shape {"content": [{"token", "logprob", "
   "token_id:<id>" (vLLM's form), as is an id the tokenizer cannot decode.
 - `logprob` values below LOGPROB_FLOOR, -inf included (a token the model rules out), and any
   non-finite value are reported as LOGPROB_FLOOR: JSON has no infinities (as vLLM does).
-- `top_logprobs` lists the k alternatives the request asked for, most likely first, and never more.
+- `top_logprobs` lists the k alternatives the request asked for, most likely first.
 """
 
 from __future__ import annotations
@@ -78,13 +78,13 @@ class TokenTexts:
         return text, list(raw if raw is not None else text.encode("utf-8", "replace"))
 
 
-def logprobs_body(lps: Sequence[TokenLogprob] | None, top: int, texts: TokenTexts) -> dict[str, Any]:
-    """One choice's `logprobs` object for these tokens, with `top` alternatives per token."""
+def logprobs_body(lps: Sequence[TokenLogprob] | None, texts: TokenTexts) -> dict[str, Any]:
+    """One choice's `logprobs` object for these tokens."""
     content = []
     for lp in lps or ():
         token, raw = texts(lp.token_id)
         alternatives = []
-        for tid, value in lp.top[:top]:  # the engine may compute more than this request asked for
+        for tid, value in lp.top:  # exactly the alternatives the request asked for (the engine trims)
             alt, alt_raw = texts(tid)
             alternatives.append({"token": alt, "logprob": json_logprob(value), "bytes": alt_raw})
         content.append({"token": token, "logprob": json_logprob(lp.logprob), "bytes": raw,

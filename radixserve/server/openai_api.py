@@ -131,7 +131,8 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         max_tokens = get_int(body, "max_tokens", minimum=1)
     sampling = {
         "temperature": get_float(body, "temperature", 0.0, 2.0), "top_p": get_float(body, "top_p", 0.0, 1.0, True),
-        "top_k": get_int(body, "top_k", minimum=0), "max_tokens": max_tokens,
+        "top_k": get_int(body, "top_k", minimum=0), "min_p": get_float(body, "min_p", 0.0, 1.0),
+        "max_tokens": max_tokens,
         "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
         "logprobs": _logprobs(body),
     }
@@ -174,8 +175,7 @@ async def chat_completions(request: Request) -> Response:
 
 def _choice_logprobs(state: ServerState, req: ChatRequest, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
     """A choice's `logprobs`: None unless the request asked."""
-    top = req.params.logprobs
-    return None if top is None else logprobs_body(lps, top, state.token_texts())
+    return None if req.params.logprobs is None else logprobs_body(lps, state.token_texts())
 
 
 def _chunk_logprobs(state: ServerState, req: ChatRequest, o: CompletionOutput) -> dict[str, Any] | None:

@@ -185,7 +185,7 @@ def get_gen_id(obj: dict[str, Any]) -> str:
     return gen_id
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop")
 
 
 def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
@@ -201,6 +201,7 @@ def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
         "temperature": get_float(x, "temperature", 0.0, 2.0),
         "top_p": get_float(x, "top_p", 0.0, 1.0, lo_open=True),
         "top_k": get_int(x, "top_k", minimum=0),
+        "min_p": get_float(x, "min_p", 0.0, 1.0),
         "max_tokens": get_int(x, "max_tokens", minimum=1),
         "seed": get_int(x, "seed", minimum=-(2**63), maximum=2**64 - 1),
         "stop": get_stop(x) or None,
@@ -225,8 +226,8 @@ def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_mode
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
-            top_k=sampling.get("top_k", 0), n=n, seed=sampling.get("seed"), stop=list(sampling.get("stop") or []),
-            logprobs=sampling.get("logprobs"),
+            top_k=sampling.get("top_k", 0), min_p=sampling.get("min_p", 0.0), n=n, seed=sampling.get("seed"),
+            stop=list(sampling.get("stop") or []), logprobs=sampling.get("logprobs"),
         )
     except ValueError as e:
         raise ApiError("invalid_field", str(e)) from None
