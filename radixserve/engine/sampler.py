@@ -14,11 +14,12 @@ decision); on CPU, where sorting the vocabulary is slow, it is the top `CANDIDAT
 rows whose kept set does not close inside them are redone with a full sort, so the result is exact.
 
 Randomness: a draw takes one uniform number u and picks the token where the kept prefix's cumulative
-mass crosses u x its total (inverse CDF). u is a counter-based hash of (the sample's 64-bit key, the
-position being drawn), computed on the host, so a seeded sample's tokens do not depend on what else
-shares the batch, the device, or the step it runs in (the logits may still differ in their last
-bits with batch composition, which can flip a near-tie). A seeded sample's key is (seed + sample
-index) mod 2**64; an unseeded one's comes from the engine's generator.
+mass crosses u x its total (inverse CDF; a draw with no filter walks the vocabulary in its own order
+instead, which needs no sort, whatever else shares the batch). u is a counter-based hash of (the
+sample's 64-bit key, the position being drawn), computed on the host, so a seeded sample's tokens do
+not depend on what else shares the batch, the device, or the step it runs in (the logits may still
+differ in their last bits with batch composition, which can flip a near-tie). A seeded sample's key is
+(seed + sample index) mod 2**64; an unseeded one's comes from the engine's generator.
 
 A logits row with NaN or +inf, or nothing finite, is unusable: its draw yields token 0 on the
 device (so a step that consumes it stays in range) and `usable` False, and the engine fails that
@@ -149,8 +150,26 @@ class Sampler:
         rows, temperature, top_k, top_p, min_p, u = p[0].long(), p[1].float(), p[2].long(), p[3].float(), \
             p[4].float(), p[5]
         scaled = x[rows] / temperature[:, None]
-        if all(d.params.top_p >= 1.0 and not d.params.top_k and not d.params.min_p for d in draws):
+        # An unfiltered draw always takes `pick_unfiltered` (vocabulary order) and a filtered one `pick`
+        # (sorted order): the same u maps to different tokens in the two, so which one a draw takes must
+        # not depend on what else shares its batch.
+        is_plain = [d.params.top_p >= 1.0 and not d.params.top_k and not d.params.min_p for d in draws]
+        if all(is_plain):
             return pick_unfiltered(scaled, u)
+        if not any(is_plain):
+            return self._pick_filtered(scaled, top_k, top_p, min_p, u)
+        plain = to_device([i for i, p in enumerate(is_plain) if p], torch.long, dev)
+        filtered = to_device([i for i, p in enumerate(is_plain) if not p], torch.long, dev)
+        tokens = torch.empty(len(draws), dtype=torch.long, device=dev)
+        tokens[plain] = pick_unfiltered(scaled[plain], u[plain])
+        tokens[filtered] = self._pick_filtered(scaled[filtered], top_k[filtered], top_p[filtered], min_p[filtered],
+                                               u[filtered])
+        return tokens
+
+    @staticmethod
+    def _pick_filtered(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                       u: torch.Tensor) -> torch.Tensor:
+        dev, vocab = scaled.device, scaled.shape[-1]
         log_z = scaled.logsumexp(dim=-1, keepdim=True)
         if dev.type == "cuda" or vocab <= CANDIDATES:
             return pick(scaled, log_z, top_k, top_p, min_p, u, vocab)[0]
