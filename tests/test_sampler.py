@@ -8,8 +8,9 @@ Covered:
 - tokens outside the kept set (nucleus, top-k, min-p) never appear, also for u at its extremes;
 - temperature 0 and temperatures below MIN_TEMPERATURE are the argmax, and so is a tiny valid
   temperature when one token clearly wins;
-- a 5000-token vocabulary through both CPU paths: the top-CANDIDATES path (peaked rows) and the
-  full-sort fallback (flat rows whose kept set runs past the candidates), by rank-binned frequencies;
+- a 5000-token vocabulary through every CPU path: the top-256 candidates (peaked rows), the wider
+  top-4096 (flat rows whose kept set runs past 256) and the full sort (a near-uniform row whose
+  nucleus runs past 4096), by rank-binned frequencies;
   and a mixed batch (greedy, top-p, top-k, min-p, plain temperature, combined rows) gives each draw the
   token it gets when its row is sampled alone;
 - seeded reproducibility: a draw's token is a function of (logits row, settings, key, position);
@@ -250,10 +251,15 @@ def large_row(kind: str) -> torch.Tensor:
     """A 5000-token logits row in scrambled vocabulary order.
 
     peaked: 10 head tokens (logits 10 .. 8.2) hold ~95% of the mass over a tail uniform in [-1, 1], so
-        top-p 0.9 and top-k 100 close inside the top CANDIDATES tokens.
+        top-p 0.9 and top-k 100 close inside the first CANDIDATES tokens.
     flat: 10 head tokens (logits 4 .. 3.1) hold ~31%, 600 middle tokens (logits in [0, 0.5]) ~68% and
         4390 tail tokens (logits in [-6, -5.5]) ~1%, so the kept sets below (~510 and 610 tokens) run
-        past the candidates and the row falls back to a full sort."""
+        past the first candidates and the row takes the wider top-k.
+    wide: 4500 tokens with logits in [0, 0.3] (within 0.74x of the most likely) over 500 at -5: min-p
+        0.1 keeps the 4500, past every candidate width, so the row is sorted in full."""
+    if kind == "wide":
+        row = torch.cat([torch.linspace(0.0, 0.3, 4500), torch.linspace(-5.0, -4.9, 500)])
+        return row[torch.randperm(LARGE_VOCAB, generator=torch.Generator().manual_seed(12))]
     head = 10.0 - 0.2 * torch.arange(10.0) if kind == "peaked" else 4.0 - 0.1 * torch.arange(10.0)
     rest = [torch.linspace(-1.0, 1.0, 4990)] if kind == "peaked" else \
         [torch.linspace(0.0, 0.5, 600), torch.linspace(-6.0, -5.5, 4390)]  # evenly spaced: no ties
@@ -261,32 +267,35 @@ def large_row(kind: str) -> torch.Tensor:
     return torch.cat([head, *rest])[perm]
 
 
-LARGE_CASES = {  # name: (row kind, params, whether the full-sort fallback must run)
-    "peaked top-p": ("peaked", SamplingParams(top_p=0.9), False),
-    "peaked top-k": ("peaked", SamplingParams(top_k=100, temperature=1.2), False),
-    "flat top-p": ("flat", SamplingParams(top_p=0.9), True),  # nucleus of ~510 tokens
-    "flat min-p": ("flat", SamplingParams(min_p=0.005), True),  # keeps the 610 head + middle tokens
+LARGE_CASES = {  # name: (row kind, params, the widths the CPU path must try, in order)
+    "peaked top-p": ("peaked", SamplingParams(top_p=0.9), [256]),
+    "peaked top-k": ("peaked", SamplingParams(top_k=100, temperature=1.2), [256]),
+    "flat top-p": ("flat", SamplingParams(top_p=0.9), [256, 4096]),  # nucleus of ~510 tokens
+    "flat min-p": ("flat", SamplingParams(min_p=0.005), [256, 4096]),  # keeps the 610 head + middle tokens
+    "wide min-p": ("wide", SamplingParams(min_p=0.1), [256, 4096, 5000]),  # 4500 kept: a full sort
 }  # (an open-ended top-k takes the same branch as min-p; the mixed-batch test has one)
 
 
 def rank_bins(ref: Reference) -> torch.Tensor:
-    """Each token's summary bin: its rank for the 10 most likely, then ranks [10, CANDIDATES),
-    [CANDIDATES, kept) and outside the kept set (bins 10, 11, 12)."""
+    """Each token's summary bin: its rank for the 10 most likely, then ranks [10, CANDIDATES[0]),
+    [CANDIDATES[0], kept) and outside the kept set (bins 10, 11, 12)."""
     rank = torch.empty_like(ref.order)
     rank[ref.order] = torch.arange(ref.order.numel())
     bins = rank.clamp(max=10)
-    bins[rank >= CANDIDATES] = 11
+    bins[rank >= CANDIDATES[0]] = 11
     bins[rank >= ref.kept] = 12
     return bins
 
 
 @pytest.mark.parametrize("case", list(LARGE_CASES))
 def test_large_vocabulary_matches_the_reference_on_both_paths(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    kind, params, falls_back = LARGE_CASES[case]
+    kind, params, path = LARGE_CASES[case]
+    assert CANDIDATES == (256, 4096) and LARGE_VOCAB == 5000  # the cases are built for these widths
+    falls_back = len(path) > 1
     logits = large_row(kind)
     ref = reference(logits, params)
     assert ref.margin > 1e-4  # far above float32 rounding of the cumulative mass
-    assert (ref.kept > CANDIDATES) == falls_back
+    assert (ref.kept > CANDIDATES[0]) == falls_back and (ref.kept > CANDIDATES[1]) == (len(path) > 2)
 
     widths: list[tuple[int, int]] = []  # (width, rows) of each pick: which path ran
     real_pick = sampler_module.pick
@@ -298,8 +307,7 @@ def test_large_vocabulary_matches_the_reference_on_both_paths(case: str, monkeyp
     monkeypatch.setattr(sampler_module, "pick", spy)
     tokens = sample_tokens(logits, params, LARGE_DRAWS, chunk=1000)
     chunks = LARGE_DRAWS // 1000
-    expected_widths = [(CANDIDATES, 1000), (LARGE_VOCAB, 1000)] if falls_back else [(CANDIDATES, 1000)]
-    assert widths == expected_widths * chunks
+    assert widths == [(w, 1000) for w in path] * chunks
 
     bins = rank_bins(ref)
     expected = torch.zeros(13, dtype=torch.float64).index_add_(0, bins, ref.probs)
@@ -372,7 +380,7 @@ def test_different_positions_and_keys_give_different_draws() -> None:
                          ids=["unfiltered", "filtered"])
 def test_non_finite_rows_are_unusable_and_leave_the_others_alone(params: SamplingParams) -> None:
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(5, 300, generator=g) * 2  # 300 > CANDIDATES: the fallback can run too
+    logits = torch.randn(5, 300, generator=g) * 2  # 300 > CANDIDATES[0]: the fallback can run too
     logits[1, 17] = math.nan
     logits[2, 250] = math.inf
     logits[3] = -math.inf

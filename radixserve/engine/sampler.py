@@ -10,8 +10,10 @@ Filtering, in this order and each renormalizing what it keeps: temperature; min-
 less likely than min_p x the most likely); top-k; top-p (the smallest most-likely-first set whose
 mass reaches top_p; the most likely token always stays). Each keeps a prefix of the tokens sorted
 by probability, so one sorted view serves all three. On CUDA that view is a full sort (no host
-decision); on CPU, where sorting the vocabulary is slow, it is the top `CANDIDATES` tokens, and the
-rows whose kept set does not close inside them are redone with a full sort, so the result is exact.
+decision); on CPU, where sorting the vocabulary is slow, it is the top `CANDIDATES[0]` tokens, and the
+rows whose kept set does not close inside them are redone with the next, wider top-k, and finally a
+full sort, so the result is exact (a nucleus of thousands of tokens, as a flat distribution has,
+costs a top-4096 rather than a sort).
 
 Randomness: a draw takes one uniform number u and picks the token where the kept prefix's cumulative
 mass crosses u x its total (inverse CDF; a draw with no filter walks the vocabulary in its own order
@@ -36,7 +38,7 @@ from radixserve.core import TokenLogprob
 from radixserve.model.device import to_device
 from radixserve.sampling_params import SamplingParams
 
-CANDIDATES = 256  # sorted candidates per row on CPU before falling back to a full sort
+CANDIDATES = (256, 4096)  # sorted candidates per row on CPU, widening, before a full sort
 _MASK64 = (1 << 64) - 1
 
 
@@ -171,12 +173,16 @@ class Sampler:
                        u: torch.Tensor) -> torch.Tensor:
         dev, vocab = scaled.device, scaled.shape[-1]
         log_z = scaled.logsumexp(dim=-1, keepdim=True)
-        if dev.type == "cuda" or vocab <= CANDIDATES:
+        if dev.type == "cuda":
             return pick(scaled, log_z, top_k, top_p, min_p, u, vocab)[0]
-        tokens, exact = pick(scaled, log_z, top_k, top_p, min_p, u, CANDIDATES)
-        redo = (~exact).nonzero().flatten()
-        if redo.numel():  # CPU: no device to wait for, so deciding on the host is free
-            tokens[redo] = pick(scaled[redo], log_z[redo], top_k[redo], top_p[redo], min_p[redo], u[redo], vocab)[0]
+        tokens = torch.empty(scaled.shape[0], dtype=torch.long, device=dev)
+        todo = torch.arange(scaled.shape[0], device=dev)
+        for width in [w for w in CANDIDATES if w < vocab] + [vocab]:
+            got, exact = pick(scaled[todo], log_z[todo], top_k[todo], top_p[todo], min_p[todo], u[todo], width)
+            tokens[todo[exact]] = got[exact]
+            todo = todo[~exact]
+            if not todo.numel():  # CPU: no device to wait for, so deciding on the host is free
+                break
         return tokens
 
 
