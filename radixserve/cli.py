@@ -23,7 +23,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step eagerly, no CUDA graphs")
-    g.add_argument("--no-overlap", action="store_true",
+    o = g.add_mutually_exclusive_group()
+    o.add_argument("--overlap", dest="overlap", action="store_const", const=True, default=None,
+                   help="prepare the next step while the device runs this one (default on CUDA, off on CPU)")
+    o.add_argument("--no-overlap", dest="overlap", action="store_const", const=False,
                    help="run each step to the end before preparing the next (debugging, equality tests)")
     g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
                    help="auto: the checkpoint's weights | dummy: random weights of its shapes, for speed tests")
@@ -51,7 +54,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
-        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=not a.no_overlap,
+        gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,
         load_format=a.load_format,
     )
 

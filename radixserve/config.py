@@ -34,8 +34,10 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     enforce_eager: bool = False  # CUDA: never capture or replay CUDA graphs (always eager)
-    # prepare step N+1 and post-process step N-1 while step N runs (engine/engine.py); off: one at a time
-    overlap: bool = True
+    # prepare step N+1 and post-process step N-1 while step N runs (engine/engine.py). None: on CUDA,
+    # where the device runs asynchronously; off on CPU, where the forward runs on the host anyway and
+    # overlap would only hand each output out one step later
+    overlap: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights of its shapes
 
     def __post_init__(self) -> None:

@@ -152,8 +152,9 @@ def test_a_seeded_request_is_the_same_alone_and_in_any_batch(eager: bool) -> Non
     assert all(r == runs[0] for r in runs) and runs[0][0] != runs[0][1]
 
 
-def test_stop_token_and_eos() -> None:
-    llm = make_llm("llama")
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_stop_token_and_eos(overlap: bool) -> None:
+    llm = make_llm("llama", overlap=overlap)
     prompt = random_prompts([12], seed=6)[0]
     ref = reference("llama", tuple(prompt), 10)
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[ref[3]]))[0]

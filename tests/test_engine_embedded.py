@@ -56,6 +56,24 @@ def test_greedy_chat_matches_transformers(llm: LLM) -> None:
     assert llm.engine.leaked_blocks() == 0
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_stop_strings_cut_the_greedy_reply_with_overlap_on_and_off(llm: LLM, overlap: bool) -> None:
+    """A stop string ends the reply where its text starts (the text never shows it), the tokens are the
+    greedy reply's prefix, and every block is freed, with overlap scheduling on and off."""
+    conv = [{"role": "user", "content": "Name three animals that live in the sea."}]
+    free = llm.chat(conv, SamplingParams(temperature=0.0, max_tokens=24))[0].outputs[0]
+    words = free.text.split()
+    assert len(words) > 4, free.text
+    stop = " " + words[3]
+    engine = LLM(max_num_batched_tokens=512, kv_cache_memory_mb=64, overlap=overlap)
+    out = engine.chat(conv, SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]))[0].outputs[0]
+    assert out.finish_reason == "stop" and stop not in out.text
+    assert free.text.startswith(out.text) and free.text[len(out.text):].startswith(stop)
+    assert out.token_ids == free.token_ids[:len(out.token_ids)]
+    engine.engine.check_integrity()
+    assert engine.engine.leaked_blocks() == 0 and engine.engine.stats().blocks_used == 0
+
+
 def test_shared_system_prompt_is_computed_once(llm: LLM) -> None:
     llm.engine.tree.clear()
     system_ids = chat_ids(llm.tokenizer, [{"role": "system", "content": SYSTEM}])[:-3]
@@ -86,7 +104,7 @@ def test_multi_turn_computes_only_new_tokens(llm: LLM) -> None:
             assert computed == new_tokens + unfed
         # with overlap, the step launched before a stop token resolved already fed it (and cached it);
         # a length limit is known at launch, so that step never ran
-        unfed = 0 if llm.engine.config.overlap and out.outputs[0].finish_reason == "stop" else 1
+        unfed = 0 if llm.engine.overlap and out.outputs[0].finish_reason == "stop" else 1
         # append-only: the reply's tokens stay as generated, then the next user message's tokens
         suffix = tok.encode(f"\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
         history = history + out.outputs[0].token_ids + suffix
@@ -94,9 +112,12 @@ def test_multi_turn_computes_only_new_tokens(llm: LLM) -> None:
     llm.engine.check_integrity()
 
 
-def test_async_engine_streams_concurrent_requests() -> None:
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_async_engine_streams_concurrent_requests(overlap: bool) -> None:
+    """Concurrent streams, and a caller that walks away mid-stream (a disconnect): its request is
+    aborted and every block freed, with overlap on (its next token in flight) and off."""
     async def main() -> None:
-        engine = AsyncEngine(EngineConfig(max_num_batched_tokens=256))
+        engine = AsyncEngine(EngineConfig(max_num_batched_tokens=256, overlap=overlap))
         await engine.start()
         tok = engine.tokenizer
         prompts = [chat_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS[:6]]

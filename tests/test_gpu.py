@@ -1,21 +1,27 @@
 """Greedy equality on a CUDA device (skipped without one; scripts/gpu_check.sh runs it on a GPU).
 
-fp32: the engine on CUDA (Triton attention, fused kernels, CUDA graphs on and off) equals
-transformers token for token on the tiny models of every architecture, through the cache paths of
-tests/test_engine.py. bf16: the Triton path with graphs equals the torch backend's eager path.
+fp32: the engine on CUDA (Triton attention, fused kernels, CUDA graphs on and off, overlap
+scheduling on and off) equals transformers token for token on the tiny models of every
+architecture, through the cache paths of tests/test_engine.py. bf16: the Triton path with graphs
+equals the torch backend's eager path. Sampling on the device: a seeded request is the same alone
+and in a mixed batch with overlap on and off, and the full-sort path's frequencies follow the
+filtered distribution.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_engine import ARCHS, GREEDY, random_prompts, reference
+from test_engine import ARCHS, GREEDY, NEIGHBOURS, random_prompts, reference
+from test_sampler import reference as filtered_reference
+from test_sampler import total_variation, tv_bound
 from tiny_models import tiny_model_dir
 
 from radixserve import LLM, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-PATHS = [pytest.param(False, id="graphs"), pytest.param(True, id="eager")]
+PATHS = [pytest.param(eager, overlap, id=f"{'eager' if eager else 'graphs'}-{'overlap' if overlap else 'sync'}")
+         for eager in (False, True) for overlap in (True, False)]
 
 
 def cuda_llm(arch: str, **kw) -> LLM:
@@ -33,10 +39,10 @@ def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams 
     return outs
 
 
-@pytest.mark.parametrize("eager", PATHS)
+@pytest.mark.parametrize("eager, overlap", PATHS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fp32_cold_warm_and_mid_block_hits_match_transformers(arch: str, eager: bool) -> None:
-    llm = cuda_llm(arch, dtype="float32", enforce_eager=eager)
+def test_fp32_cold_warm_and_mid_block_hits_match_transformers(arch: str, eager: bool, overlap: bool) -> None:
+    llm = cuda_llm(arch, dtype="float32", enforce_eager=eager, overlap=overlap)
     assert llm.engine.runner.uses_cuda_graphs != eager
     prompts = random_prompts([1, 15, 16, 17, 40, 90])
     check(arch, llm, prompts)
@@ -45,12 +51,13 @@ def test_fp32_cold_warm_and_mid_block_hits_match_transformers(arch: str, eager: 
     check(arch, llm, [base[:k] + random_prompts([9], seed=k)[0] for k in (5, 21, 33, 47)])
 
 
-@pytest.mark.parametrize("eager", PATHS)
-def test_fp32_preemption_and_forks_match_transformers(eager: bool) -> None:
-    llm = cuda_llm("llama", dtype="float32", num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager)
+@pytest.mark.parametrize("eager, overlap", PATHS)
+def test_fp32_preemption_and_forks_match_transformers(eager: bool, overlap: bool) -> None:
+    llm = cuda_llm("llama", dtype="float32", num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager,
+                   overlap=overlap)
     check("llama", llm, random_prompts([40] * 6, seed=3), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert llm.engine.stats().preemptions > 0
-    out = cuda_llm("qwen2", dtype="float32", enforce_eager=eager).generate(
+    out = cuda_llm("qwen2", dtype="float32", enforce_eager=eager, overlap=overlap).generate(
         [random_prompts([37], seed=4)[0]], SamplingParams(temperature=0.0, max_tokens=10, n=3, ignore_eos=True))[0]
     expected = reference("qwen2", tuple(random_prompts([37], seed=4)[0]), 10)
     assert [c.token_ids for c in out.outputs] == [expected] * 3
@@ -94,3 +101,36 @@ def test_kv_pool_is_sized_from_device_memory() -> None:
     assert kv_bytes > 0.5 * total  # a 1B model leaves most of an 80 GB device to the pool
     assert (total - free) <= 0.92 * total  # the utilization target (0.90) holds, to allocator slack
     del engine
+
+
+def test_a_seeded_request_is_the_same_alone_and_in_a_mixed_batch_on_cuda() -> None:
+    prompt = random_prompts([23], seed=8)[0]
+    others = random_prompts([5, 40, 17, 31], seed=9)
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, min_p=0.01, max_tokens=14, n=2, seed=1234,
+                            ignore_eos=True)
+    runs = []
+    for overlap in (True, False):
+        llm = cuda_llm("llama", dtype="float32", overlap=overlap)
+        runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
+        for other, params in zip(others, NEIGHBOURS):
+            llm.engine.add_request(other, params)
+        runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
+        llm.engine.check_integrity()
+        assert llm.engine.leaked_blocks() == 0
+    assert all(r == runs[0] for r in runs) and runs[0][0] != runs[0][1]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(min_p=0.05, top_k=30)],
+                         ids=["top-p", "min-p+top-k"])
+def test_device_sampling_follows_the_filtered_distribution(params: SamplingParams) -> None:
+    """The CUDA path (one full sort, no host decision) against the float64 reference of test_sampler."""
+    from radixserve.engine.sampler import Draw, Sampler
+
+    logits = torch.randn(3000, generator=torch.Generator().manual_seed(3)) * 2
+    draws = [Draw(0, params, 77, p) for p in range(30000)]
+    ids, usable, _ = Sampler(torch.device("cuda")).sample(logits[None].cuda(), draws).host()
+    assert all(usable)
+    ref = filtered_reference(logits, params)
+    observed = torch.bincount(torch.tensor(ids), minlength=logits.numel()).double() / len(ids)
+    assert observed[ref.order[ref.kept:]].sum() == 0
+    assert total_variation(observed, ref.probs) < tv_bound(ref.probs, len(ids))

@@ -106,7 +106,7 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graphs", type=_names, default=("on", "off"),
                    help="on (enforce_eager=False), off (enforce_eager=True), or on,off (default)")
     p.add_argument("--overlap", type=_names, default=("on",),
-                   help="on (overlap scheduling, the default), off (--no-overlap), or on,off")
+                   help="on (overlap scheduling; the default here), off (--no-overlap), or on,off")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--block-size", type=int, default=16)

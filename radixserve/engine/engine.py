@@ -6,14 +6,15 @@ queues) and every change to it. A step is: schedule, launch (forward and samplin
 device without waiting; the sampled ids become `PENDING_TOKEN`s), then one `_resolve` that waits for
 a launched step's ids, fills them in, finishes what stopped and builds the outputs.
 
-Overlap (`EngineConfig.overlap`, on by default): `step()` launches step N and then resolves step
-N-1, so the host schedules, prepares and post-processes while the device computes. A decoding
-sequence's next input is its pending token, which the runner reads from the previous step's sampled
-ids on the device, so no host round trip sits between two steps. What a resolution decides (a stop,
-an error) takes effect one step late: the step launched meanwhile computed one token too many for
-that sequence, which is dropped, and its blocks are released when it finishes (later device work
-is queued behind that step, so a released block is never written twice at once). Length limits are
-known at launch, so such a sequence is not scheduled again. Without overlap, each step resolves
+Overlap (`EngineConfig.overlap`; by default on CUDA, off on CPU where the forward runs on the host
+anyway and overlap would only delay each output by a step): `step()` launches step N and then
+resolves step N-1, so the host schedules, prepares and post-processes while the device computes. A
+decoding sequence's next input is its pending token, which the runner reads from the previous step's
+sampled ids on the device, so no host round trip sits between two steps. What a resolution decides
+(a stop, an error) takes effect one step late: the step launched meanwhile computed one token too
+many for that sequence, which is dropped, and its blocks are released when it finishes (later device
+work is queued behind that step, so a released block is never written twice at once). Length limits
+are known at launch, so such a sequence is not scheduled again. Without overlap, each step resolves
 before the next is scheduled. Either way the scheduler's invariants hold at every step boundary.
 
 A request whose own forward, logits or decoding fails ends alone with finish_reason "error"; the
@@ -95,6 +96,7 @@ class LLMEngine:
         self.tree = RadixTree(self.pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(config, self.pool, self.tree)
         self.sampler = Sampler(self.runner.device)
+        self.overlap = config.overlap if config.overlap is not None else self.runner.device.type == "cuda"
         self.clock = StepClock(self.runner.device)
         self._keys = random.Random(config.seed)  # the engine's generator: noise keys of unseeded samples
         limit = self.spec.max_position_embeddings
@@ -181,7 +183,7 @@ class LLMEngine:
             return self._resolve(flight) if flight is not None else self._unschedulable()
         peak = self.observers.pool_counts(self.pool, self.scheduler) if self.observers else None
         launched = self._launch(batch)
-        if self.config.overlap:
+        if self.overlap:
             flight, self._in_flight = self._in_flight, launched
         else:
             flight = launched
