@@ -7,6 +7,7 @@ tiny pool, n > 1 forks, and mixed batches. Every test ends with the integrity ch
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -131,17 +132,16 @@ NEIGHBOURS = [  # other requests sharing the batch, each with different settings
 ]
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["padded", "eager"])
-def test_a_seeded_request_is_the_same_alone_and_in_any_batch(eager: bool) -> None:
-    """Its tokens are a function of (seed, sample index, position) and the logits: the same alone, in
-    a batch of requests with other settings, and with overlap scheduling on or off."""
+def seeded_runs(make: Callable[..., LLM]) -> list[list[list[int]]]:
+    """A seeded n=2 request's samples alone and inside a batch of NEIGHBOURS, with overlap on and off
+    (`make(overlap=...)` builds the engine): four runs that must be equal."""
     prompt = random_prompts([23], seed=8)[0]
     others = random_prompts([5, 40, 17, 31], seed=9)
     seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, min_p=0.01, max_tokens=14, n=2, seed=1234,
                             ignore_eos=True)
     runs = []
     for overlap in (True, False):
-        llm = make_llm("llama", enforce_eager=eager, overlap=overlap)
+        llm = make(overlap=overlap)
         runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
         for other, params in zip(others, NEIGHBOURS):
             llm.engine.add_request(other, params)  # queued first: they run in the same steps
@@ -149,6 +149,14 @@ def test_a_seeded_request_is_the_same_alone_and_in_any_batch(eager: bool) -> Non
         while llm.engine.has_unfinished():
             llm.engine.step()
         assert_clean(llm)
+    return runs
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["padded", "eager"])
+def test_a_seeded_request_is_the_same_alone_and_in_any_batch(eager: bool) -> None:
+    """Its tokens are a function of (seed, sample index, position) and the logits: the same alone, in
+    a batch of requests with other settings, and with overlap scheduling on or off."""
+    runs = seeded_runs(lambda overlap: make_llm("llama", enforce_eager=eager, overlap=overlap))
     assert all(r == runs[0] for r in runs) and runs[0][0] != runs[0][1]
 
 

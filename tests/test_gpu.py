@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine import ARCHS, GREEDY, NEIGHBOURS, random_prompts, reference
+from test_engine import ARCHS, GREEDY, random_prompts, reference, seeded_runs
 from test_sampler import reference as filtered_reference
 from test_sampler import total_variation, tv_bound
 from tiny_models import tiny_model_dir
@@ -104,19 +104,7 @@ def test_kv_pool_is_sized_from_device_memory() -> None:
 
 
 def test_a_seeded_request_is_the_same_alone_and_in_a_mixed_batch_on_cuda() -> None:
-    prompt = random_prompts([23], seed=8)[0]
-    others = random_prompts([5, 40, 17, 31], seed=9)
-    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, min_p=0.01, max_tokens=14, n=2, seed=1234,
-                            ignore_eos=True)
-    runs = []
-    for overlap in (True, False):
-        llm = cuda_llm("llama", dtype="float32", overlap=overlap)
-        runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
-        for other, params in zip(others, NEIGHBOURS):
-            llm.engine.add_request(other, params)
-        runs.append([c.token_ids for c in llm.generate([prompt], seeded)[0].outputs])
-        llm.engine.check_integrity()
-        assert llm.engine.leaked_blocks() == 0
+    runs = seeded_runs(lambda overlap: cuda_llm("llama", dtype="float32", overlap=overlap))
     assert all(r == runs[0] for r in runs) and runs[0][0] != runs[0][1]
 
 
