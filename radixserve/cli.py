@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixserve.config import ATTENTION_BACKENDS, LOAD_FORMATS, POLICIES, EngineConfig
+from radixserve.config import ATTENTION_BACKENDS, LOAD_FORMATS, POLICIES, PREEMPTION_MODES, EngineConfig
 from radixserve.model.embedded import EmbeddedModelMissingError
 
 
@@ -38,6 +38,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", choices=POLICIES, default=d.policy, help="scheduling policy (default %(default)s)")
     g.add_argument("--max-wait-steps", type=int, default=d.max_wait_steps,
                    help="cache-aware: a request waiting this many steps goes ahead of cache hits (default %(default)s)")
+    g.add_argument("--host-cache-mb", type=float, default=d.host_cache_mb,
+                   help="host-memory KV tier in MiB (pinned on CUDA): evicted prefixes are written back there and "
+                        "loaded back on a hit instead of recomputed; 0 turns it off (default %(default)s)")
+    g.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default=d.preemption_mode,
+                   help="swap: a preempted sequence's KV waits in the host tier; recompute: it is cached as an "
+                        "evictable prefix; auto: swap when the host tier has room and copying is cheaper "
+                        "(default %(default)s)")
     g.add_argument("--no-prefix-cache", action="store_true", help="disable the radix prefix cache")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
                    help="attention implementation (default %(default)s: triton on CUDA, torch otherwise)")
@@ -55,7 +62,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,
-        load_format=a.load_format,
+        load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
     )
 
 

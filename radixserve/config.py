@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("fcfs", "cache-aware", "priority")
+PREEMPTION_MODES = ("auto", "swap", "recompute")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
 DEFAULT_CPU_KV_MB = 256.0
@@ -39,6 +40,13 @@ class EngineConfig:
     # overlap would only hand each output out one step later
     overlap: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights of its shapes
+    # the host-memory tier of the KV cache (pinned on CUDA): evicted prefixes are written back to it and
+    # loaded back on a hit; 0 turns it off (eviction then drops blocks)
+    host_cache_mb: float = 0.0
+    # how a running sequence is preempted: swap (its KV kept in the host tier, loaded back on resume),
+    # recompute (cached as an evictable prefix, recomputed if evicted), or auto (swap when the host
+    # tier has room and copying costs less than recomputing; recompute without a host tier)
+    preemption_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -57,6 +65,14 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"unknown load_format {self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
+        if self.host_cache_mb < 0:
+            raise ValueError(f"host_cache_mb must be >= 0 (0 turns the host tier off), got {self.host_cache_mb}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"unknown preemption_mode {self.preemption_mode!r}; "
+                             f"choose one of {', '.join(PREEMPTION_MODES)}")
+        if self.preemption_mode == "swap" and not (self.host_cache_mb > 0 and self.enable_prefix_cache):
+            raise ValueError("preemption_mode 'swap' needs the host tier: set host_cache_mb > 0 "
+                             "(--host-cache-mb) and keep the prefix cache on")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.attention_backend not in ATTENTION_BACKENDS:

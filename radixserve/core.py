@@ -37,6 +37,7 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not recomputed)
     completion_tokens: int = 0
+    host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host-memory tier
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Request:
     order: int = 0  # arrival order, the FCFS key
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host tier
     sequences: list[Sequence] = field(default_factory=list)
 
     @property

@@ -46,5 +46,6 @@ class OutputTracker:
             for seq in req.sequences:
                 self._detok.pop(seq.seq_id, None)
                 self._sent.pop(seq.seq_id, None)
-        usage = Usage(len(req.prompt_token_ids), req.cached_tokens, sum(s.num_generated for s in req.sequences))
+        usage = Usage(len(req.prompt_token_ids), req.cached_tokens, sum(s.num_generated for s in req.sequences),
+                      req.host_cached_tokens)
         return RequestOutput(req.request_id, outs, usage, req.timing, req.finished, req.prompt_token_ids)

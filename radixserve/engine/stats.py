@@ -37,6 +37,22 @@ class EngineStats:
     evicted_blocks: int = 0
     preemptions: int = 0
     stalled_steps: int = 0  # steps with work waiting that scheduled nothing (a liveness bug if ever > 0)
+    # the host-memory tier (all 0 while it is off): gauges
+    host_blocks_total: int = 0
+    host_blocks_free: int = 0
+    host_nodes: int = 0  # radix-tree nodes whose K/V lives only in host memory
+    host_tokens: int = 0  # the tokens those nodes cover
+    # ... and counters
+    host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host tier (finished requests)
+    written_back_blocks: int = 0  # device blocks copied to the host tier (eviction write-back, swap-out)
+    written_back_bytes: int = 0
+    write_back_s: float = 0.0  # time those copies took (on CUDA: measured by device events, once completed)
+    loaded_blocks: int = 0  # host blocks copied back to the device (load-back on a hit, swap-in)
+    loaded_bytes: int = 0
+    load_s: float = 0.0
+    host_dropped_blocks: int = 0  # host blocks dropped (least recently used) to make room
+    swaps_out: int = 0  # preemptions by swap (the rest of `preemptions` recompute)
+    swaps_in: int = 0  # swapped sequences resumed
 
     @classmethod
     def collect(cls, engine: LLMEngine) -> EngineStats:
