@@ -67,6 +67,9 @@ class EngineConfig:
             raise ValueError(f"unknown load_format {self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
         if self.host_cache_mb < 0:
             raise ValueError(f"host_cache_mb must be >= 0 (0 turns the host tier off), got {self.host_cache_mb}")
+        if self.host_cache_mb > 0 and not self.enable_prefix_cache:
+            raise ValueError("the host tier (host_cache_mb > 0) holds evicted prefixes of the prefix cache, "
+                             "which is turned off; turn it on or set host_cache_mb to 0")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"unknown preemption_mode {self.preemption_mode!r}; "
                              f"choose one of {', '.join(PREEMPTION_MODES)}")

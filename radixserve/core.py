@@ -10,7 +10,10 @@ samples prefills one sequence and forks it into n when its prompt is done, so th
 once. Only the scheduler changes a sequence's blocks, `num_computed`, lock and status.
 
 Batch invariants: a scheduled item owns a block for every position it writes this step, and the
-block it writes first has one owner (the copy-on-write copies in `copies` run before the forward).
+block it writes first has one owner. `copies` lists every block copy the step needs before its
+forward, in the order the scheduler decided them: copy-on-write copies on the device, write-backs
+of evicted or swapped-out blocks to the host tier, and load-backs from it. The order matters: a
+block freed by one copy may be the destination of a later one in the same step.
 
 Outputs: a streamed RequestOutput carries only what is new since the previous one (token ids and a
 text delta that never splits a UTF-8 character); `finished` is True exactly once, on the last output
@@ -140,6 +143,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     locked_node: RadixNode | None = None
     num_cached: int = 0  # leading tokens this sequence has put into (or taken from) the tree
+    # swapped out: the tree node ending at its computed tokens, whose path it pins in the host tier
+    swapped_node: RadixNode | None = None
     finish_reason: str | None = None
     admitted_once: bool = False
     waiting_since: int | None = None  # scheduler step it entered the waiting queue; None while running
@@ -181,6 +186,19 @@ class Sequence:
         return (self.request.order, self.index)
 
 
+class CopyKind(enum.Enum):
+    DEVICE = "device"  # device block -> device block (copy-on-write)
+    TO_HOST = "to_host"  # device block -> host block (write-back, swap-out)
+    TO_DEVICE = "to_device"  # host block -> device block (load-back, swap-in)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopy:
+    kind: CopyKind
+    src: int
+    dst: int
+
+
 @dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
@@ -196,7 +214,7 @@ class ScheduledSeq:
 @dataclass
 class Batch:
     items: list[ScheduledSeq] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
+    copies: list[BlockCopy] = field(default_factory=list)  # to run, in order, before the forward
 
     @property
     def num_tokens(self) -> int:

@@ -112,6 +112,43 @@ def test_multi_turn_computes_only_new_tokens(llm: LLM) -> None:
     llm.engine.check_integrity()
 
 
+def test_host_tier_write_back_load_back_and_swap_match_transformers() -> None:
+    """A device pool of 36 blocks (576 tokens) with the host tier on: a second system prompt pushes
+    the first to the host tier, its conversations come back loaded rather than recomputed, and all
+    eight together need swap preemption; every reply stays greedy-identical to transformers."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
+    tiered = LLM(max_num_batched_tokens=256, num_blocks=36, host_cache_mb=128, preemption_mode="swap")
+    tok = tiered.tokenizer
+    other = "You are a patient tutor of geography and arithmetic. Explain each answer in one sentence. " * 12
+    groups = [[chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": q}])
+               for q in QUESTIONS[:4]] for system in (SYSTEM, other)]
+    def check(prompts: list[list[int]], max_tokens: int = 12) -> list:
+        outs = tiered.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        for ids, out in zip(prompts, outs):
+            x = torch.tensor([ids])
+            ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False)[0, len(ids):]
+            got = out.outputs[0].token_ids
+            assert got == ref.tolist()[:len(got)] and (len(got) == len(ref) or out.outputs[0].finish_reason == "stop")
+        tiered.engine.check_integrity()
+        assert tiered.engine.leaked_blocks() == 0
+        return outs
+
+    check(groups[0])
+    check(groups[1])
+    assert tiered.engine.stats().written_back_blocks > 0
+    again = check(groups[0])
+    assert all(o.usage.host_cached_tokens > 0 for o in again)
+    long_replies = ["Count from one to forty in words.", "Write a long story about a dragon and a knight.",
+                    "List twenty animals, one per line.", "Describe the water cycle step by step in detail."]
+    busy = [chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": q}])
+            for system in (SYSTEM, other) for q in long_replies]
+    check(busy, max_tokens=32)  # eight growing replies outgrow the pool: swap preemption
+    st = tiered.engine.stats()
+    assert st.swaps_out > 0 and st.swaps_in == st.swaps_out and st.loaded_blocks > 0
+
+
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
 def test_async_engine_streams_concurrent_requests(overlap: bool) -> None:
     """Concurrent streams, and a caller that walks away mid-stream (a disconnect): its request is

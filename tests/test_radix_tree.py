@@ -44,15 +44,21 @@ class CacheMachine(RuleBasedStateMachine):
         for p in range(length):
             assert self.kv.get((blocks[p // BLOCK], p % BLOCK)) == (tokens[p], p), f"stale KV at position {p}"
 
-    @rule(tokens=tokens_st)
-    def start(self, tokens: list[int]) -> None:
+    def _moved(self) -> None:
+        """Blocks were allocated or evicted (the two-tier machine applies the copies decided)."""
+
+    def _take(self, tokens: list[int]) -> SimSeq:
         m = self.tree.match(tokens)
         self._check_blocks(tokens, m.blocks, m.length)
         assert m.node.end == m.length
         self.tree.lock(m.node)
         for b in m.blocks:
             self.pool.incref(b)
-        self.seqs.append(SimSeq(tokens, list(m.blocks), m.length, m.node))
+        return SimSeq(tokens, list(m.blocks), m.length, m.node)
+
+    @rule(tokens=tokens_st)
+    def start(self, tokens: list[int]) -> None:
+        self.seqs.append(self._take(tokens))
 
     @precondition(lambda self: self.seqs)
     @rule(i=st.integers(0, 100), n=st.integers(1, 9), extra=st.lists(st.integers(0, 3), max_size=6))
@@ -66,6 +72,7 @@ class CacheMachine(RuleBasedStateMachine):
         missing = max(0, -(-(s.computed + n) // BLOCK) - len(s.table))
         shared = first < len(s.table) and self.pool.refcount[s.table[first]] > 1
         fresh = self.pool.allocate(missing + int(shared))
+        self._moved()  # write-backs read blocks that `fresh` may reuse
         if fresh is None:
             return
         if shared:
@@ -123,6 +130,7 @@ class CacheMachine(RuleBasedStateMachine):
     def evict(self, n: int) -> None:
         free_before = self.pool.num_free
         freed = self.tree.evict(n)
+        self._moved()
         assert self.pool.num_free == free_before + freed
 
     @invariant()
@@ -131,12 +139,7 @@ class CacheMachine(RuleBasedStateMachine):
         owners.update(self.tree.block_refs())
         self.pool.check_integrity(owners)
         self.tree.check_integrity()
-        locks: Counter[int] = Counter()
-        for s in self.seqs:
-            n = s.node
-            while n is not None and n is not self.tree.root:
-                locks[n.id] += 1
-                n = n.parent
+        locks = path_counts(self.tree, [s.node for s in self.seqs])
         for node in self.tree.nodes():
             assert node.lock_count == locks[node.id]
 
@@ -144,7 +147,17 @@ class CacheMachine(RuleBasedStateMachine):
         while self.seqs:
             self.free(0, False)
         self.tree.clear()
-        assert self.pool.num_free == NUM_BLOCKS, "blocks leaked after freeing everything"
+        assert self.pool.num_free == self.pool.num_blocks, "blocks leaked after freeing everything"
+
+
+def path_counts(tree: RadixTree, nodes: list[RadixNode | None]) -> Counter[int]:
+    """Per node id, how many of `nodes` have it on their path (what lock and pin counts must be)."""
+    counts: Counter[int] = Counter()
+    for n in nodes:
+        while n is not None and n is not tree.root:
+            counts[n.id] += 1
+            n = n.parent
+    return counts
 
 
 TestCacheMachine = CacheMachine.TestCase

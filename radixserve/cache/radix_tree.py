@@ -1,295 +1,180 @@
-"""The radix prefix cache: a radix tree over token IDs whose nodes own refcounted KV blocks.
+"""The radix prefix cache: a radix tree over token IDs whose nodes own refcounted KV blocks in two
+tiers, device memory and (optionally) a host-memory pool.
 
 Each edge is a run of tokens; a node covers positions [start, end) of every sequence that passes
 through it and lists the physical blocks holding those positions' K/V, one per logical block index
-from start // block_size to (end - 1) // block_size. A block may straddle two nodes: a parent and
-its child then both list it (and both hold a reference), or the child lists its own copy, which holds
-the parent's positions too. For any matched prefix the deepest node covering a block index has valid
-K/V for every matched position in that block, which is what makes token-granular hits (ending
-mid-block) safe: the matcher shares the partial block and the scheduler copies it on first write.
+from start // block_size to (end - 1) // block_size: `blocks` on the device, `host_blocks` in the
+host tier, either list empty when the node has no copy there. A block may straddle two nodes: a
+parent and its child then both list it (and both hold a reference), or the child lists its own copy,
+which holds the parent's positions too. For any matched prefix the deepest node covering a block
+index has valid K/V for every matched position in that block, which is what makes token-granular
+hits (ending mid-block) safe in both tiers: the matcher shares the partial block and the scheduler
+copies it on first write.
+
+Tiers: a node lives on the device, in host memory, or both. Device-resident nodes form a subtree
+hanging from the root (a node on the device has its parent on the device), so a match is a device
+part followed by a host-only part, which `load_back` copies into fresh device blocks. When the pool
+needs blocks, eviction takes the least recently used unlocked node with no child on the device: a
+node with a host copy just frees its device blocks; otherwise it is written back (its blocks copied
+to the host pool) first, and only when the host pool cannot take it is it dropped, with its host-only
+subtree. The host pool makes room by dropping least recently used host copies: of nodes also on the
+device, or host-only leaves. A swapped-out sequence pins its cached path (`swap_out`), which keeps
+every node on it in the host tier until the sequence resumes. Every copy decided here is appended to
+`copies`, in order, for the scheduler to hand to the next step.
 
 Invariants (checked by `check_integrity`): children are keyed by their first token; a child starts
-where its parent ends; len(blocks) matches the covered block range; a node's lock count is at least
-the sum of its children's (locks are taken on a whole path); the LRU set holds exactly the unlocked
-non-root leaves. Eviction removes unlocked leaves in least-recently-used order, only when the block
-pool asks for blocks.
+where its parent ends; each non-empty block list matches the covered block range and every non-root
+node has at least one; a node on the device has its parent on the device; a locked node is on the
+device; a pinned node is in the host tier; lock and pin counts are at least the sum of the
+children's (both are taken on a whole path); the two LRU sets hold exactly the nodes their
+predicates name. Nothing is evicted or dropped except when a pool asks for blocks.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter
-from dataclasses import dataclass, field
-
-from sortedcontainers import SortedList
-
 from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_nodes import Match, RadixNode, RadixStructure, common_prefix_len
+from radixserve.core import BlockCopy, CopyKind
 
-_ids = itertools.count()
-
-
-@dataclass(eq=False)
-class RadixNode:
-    tokens: list[int]
-    start: int
-    blocks: list[int]
-    parent: RadixNode | None = None
-    children: dict[int, RadixNode] = field(default_factory=dict)
-    lock_count: int = 0
-    last_access: int = 0
-    id: int = field(default_factory=lambda: next(_ids))
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
+__all__ = ["Match", "RadixNode", "RadixTree", "common_prefix_len"]
 
 
-@dataclass
-class Match:
-    length: int  # matched tokens
-    blocks: list[int]  # ceil(length / block_size) blocks holding them (the last may be partial)
-    node: RadixNode  # deepest node of the match; the match ends exactly at its end
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, comparing slices (C speed) before single tokens."""
-    n = min(len(a), len(b))
-    i, step = 0, 64
-    while i < n:
-        j = min(i + step, n)
-        if a[i:j] == b[i:j]:
-            i = j
-            continue
-        while a[i] == b[i]:
-            i += 1
-        return i
-    return n
-
-
-class RadixTree:
-    def __init__(self, pool: BlockPool) -> None:
-        self.pool = pool
-        self.block_size = pool.block_size
-        self.root = RadixNode(tokens=[], start=0, blocks=[])
-        self.root.lock_count = 1  # the root is never evicted
-        self._lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))
-        self._clock = itertools.count(1)
-        self.evictions = 0  # nodes evicted
-        self.evicted_blocks = 0
-        self.num_nodes = 0
-        self.num_tokens = 0
+class RadixTree(RadixStructure):
+    def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None) -> None:
+        super().__init__(pool, host_pool)
+        self.copies: list[BlockCopy] = []  # decided, not yet handed to a step (the scheduler drains it)
+        self.write_back_enabled = host_pool is not None
+        self.evictions = 0  # nodes evicted from the device
+        self.evicted_blocks = 0  # device blocks freed by eviction
+        self.written_back_blocks = 0
+        self.loaded_blocks = 0
+        self.host_dropped_blocks = 0
         pool.evictor = self.evict
+        if host_pool is not None:
+            host_pool.evictor = self.evict_host
 
-    # -- lookup --------------------------------------------------------------------------------
-    def match(self, tokens: list[int], split: bool = True) -> Match:
-        """Longest cached prefix of `tokens`. With split, a match ending inside an edge splits it so
-        the match ends at a node (which the caller may lock); without, the tree is left untouched."""
-        node, pos, path = self.root, 0, []
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
-            if k < len(child.tokens):
-                if split:
-                    child = self._split(child, k)
-                else:
-                    path.append(child)
-                    pos += k
-                    break
-            path.append(child)
-            pos += k
-            node = child
-        self._touch(path if split else [])
-        return Match(length=pos, blocks=self._blocks_of(path, pos), node=node)
+    # -- moving between tiers ---------------------------------------------------------------------
+    def load_back(self, match: Match) -> Match:
+        """Copy the host-only tail of `match` into fresh device blocks (which may evict others). If
+        the pool cannot supply them, the match is cut back to its device part."""
+        if not match.host_tokens:
+            return match
+        hosted = [n for n in match.path if not n.blocks]  # a suffix of the path
+        anchor = hosted[0].parent
+        assert anchor is not None
+        self.lock(anchor)  # its path must stay on the device while eviction runs
+        self._protect(hosted, True)
+        fresh = self.pool.allocate(sum(len(n.host_blocks) for n in hosted))
+        self._protect(hosted, False)
+        self.unlock(anchor)
+        if fresh is None:
+            device = match.path[:len(match.path) - len(hosted)]
+            return self._match_of(device, anchor.end, anchor)
+        for n in hosted:
+            own, fresh = fresh[:len(n.host_blocks)], fresh[len(n.host_blocks):]
+            self.copies.extend(BlockCopy(CopyKind.TO_DEVICE, h, d) for h, d in zip(n.host_blocks, own))
+            self.loaded_blocks += len(own)
+            self._set_blocks(n, own)
+        return self._match_of(match.path, match.length, match.node)
 
-    def exclusive_prefix_len(self, tokens: list[int]) -> int:
-        """The longest block-aligned cached prefix of `tokens` whose path lists each block index once.
-
-        Where a match passes a mid-block boundary at which the child keeps its own copy of the
-        straddled block, a lock on the path pins the parent's copy too, which the sequence does not
-        use; stopping before such a boundary (and on a block edge, so nothing is copied on write)
-        means a locked match keeps alive only blocks of the sequence's own table."""
-        bs = self.block_size
-        node, pos = self.root, 0
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            if node is not self.root and node.end % bs and child.blocks[0] != node.blocks[-1]:
-                return node.end // bs * bs
-            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
-            pos += k
-            if k < len(child.tokens):
-                break
-            node = child
-        return pos // bs * bs
-
-    def foreign_blocks(self, node: RadixNode, own: list[int], stop: RadixNode | None = None) -> int:
-        """Blocks listed on the path from `node` up to `stop` (exclusive; the root by default) that
-        are not in `own`: what a lock on `node` keeps alive besides a sequence's own blocks."""
-        own_set, foreign = set(own), set[int]()
-        n: RadixNode | None = node
-        while n is not None and n is not stop and n is not self.root:
-            foreign.update(b for b in n.blocks if b not in own_set)
-            n = n.parent
-        return len(foreign)
-
-    def _blocks_of(self, path: list[RadixNode], length: int) -> list[int]:
-        bs = self.block_size
-        blocks: list[int] = [-1] * (-(-length // bs))
-        for node in path:  # deeper nodes overwrite: their copy of a straddled block is valid longer
-            first = node.start // bs
-            for i, b in enumerate(node.blocks):
-                if first + i < len(blocks):
-                    blocks[first + i] = b
-        return blocks
-
-    # -- insertion -----------------------------------------------------------------------------
-    def insert(self, tokens: list[int], blocks: list[int], known: RadixNode | None = None) -> RadixNode:
-        """Cache `tokens` (whose K/V sit in `blocks`, a sequence's block table) and return the node
-        ending at len(tokens). New nodes take a reference on the blocks they list. `known`, a node
-        the caller holds locked on the path of `tokens`, lets the walk start there instead of at the
-        root (a lock keeps it in the tree, and splits keep its end)."""
-        bs = self.block_size
-        if len(blocks) * bs < len(tokens):
-            raise ValueError("insert: fewer blocks than the tokens need")
-        node, pos, path = self.root, 0, []
-        if known is not None and known.lock_count > 0 and known.end <= len(tokens):
-            node, pos = known, known.end
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                leaf_blocks = blocks[pos // bs:(len(tokens) - 1) // bs + 1]
-                for b in leaf_blocks:
-                    self.pool.incref(b)
-                child = RadixNode(tokens=tokens[pos:], start=pos, blocks=leaf_blocks, parent=node)
-                self._attach(node, child)
-                path.append(child)
-                pos = len(tokens)
-                break
-            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
-            if k < len(child.tokens):
-                child = self._split(child, k)
-            path.append(child)
-            pos += k
-            node = child
-        self._touch(path)
-        return path[-1] if path else self.root
-
-    def _attach(self, parent: RadixNode, child: RadixNode) -> None:
-        if not parent.children and parent.lock_count == 0:
-            self._lru.discard(parent)
-        parent.children[child.tokens[0]] = child
-        self.num_nodes += 1
-        self.num_tokens += len(child.tokens)
-        if child.lock_count == 0:
-            child.last_access = next(self._clock)
-            self._lru.add(child)
-
-    def _split(self, node: RadixNode, k: int) -> RadixNode:
-        """Cut `node`'s edge after k tokens; return the new upper node (which ends at start + k)."""
-        bs = self.block_size
-        first = node.start // bs
-        upper_last = (node.start + k - 1) // bs
-        lower_first = (node.start + k) // bs
-        upper = RadixNode(tokens=node.tokens[:k], start=node.start,
-                          blocks=node.blocks[:upper_last - first + 1], parent=node.parent,
-                          lock_count=node.lock_count, last_access=node.last_access)
-        if upper_last == lower_first:  # the block at the cut is now listed by both nodes
-            self.pool.incref(node.blocks[upper_last - first])
-        assert node.parent is not None
-        node.parent.children[upper.tokens[0]] = upper
-        node.tokens = node.tokens[k:]
-        node.start += k
-        node.blocks = node.blocks[lower_first - first:]
-        node.parent = upper
-        upper.children[node.tokens[0]] = node
-        self.num_nodes += 1
-        return upper
-
-    # -- locking and LRU -----------------------------------------------------------------------
-    def lock(self, node: RadixNode) -> None:
+    def swap_out(self, node: RadixNode) -> bool:
+        """Give every node on `node`'s path a host copy and pin the path there, for a preempted
+        sequence whose computed tokens end at `node`. False (nothing changed) if the host pool
+        cannot hold them."""
+        if self.host_pool is None:
+            return False
+        path: list[RadixNode] = []
         n: RadixNode | None = node
         while n is not None and n is not self.root:
-            if n.lock_count == 0:
-                self._lru.discard(n)
-            n.lock_count += 1
+            path.append(n)
             n = n.parent
+        missing = [n for n in reversed(path) if not n.host_blocks]
+        self._protect(path, True)  # making room must not drop this path's own host copies
+        host = self.host_pool.allocate(sum(len(n.blocks) for n in missing))
+        self._protect(path, False)
+        if host is None:
+            return False
+        for n in missing:
+            own, host = host[:len(n.blocks)], host[len(n.blocks):]
+            self._write_to(n, own)
+        self._pin(node, +1)
+        return True
 
-    def unlock(self, node: RadixNode) -> None:
-        n: RadixNode | None = node
-        while n is not None and n is not self.root:
-            assert n.lock_count > 0, "unlock of an unlocked node"
-            n.lock_count -= 1
-            if n.lock_count == 0 and not n.children:
-                self._lru.add(n)
-            n = n.parent
-
-    def _touch(self, path: list[RadixNode]) -> None:
-        now = next(self._clock)
-        for n in path:
-            in_lru = n.lock_count == 0 and not n.children
-            if in_lru:
-                self._lru.discard(n)
-            n.last_access = now
-            if in_lru:
-                self._lru.add(n)
+    def _write_to(self, n: RadixNode, host: list[int]) -> None:
+        self.copies.extend(BlockCopy(CopyKind.TO_HOST, d, h) for d, h in zip(n.blocks, host))
+        self.written_back_blocks += len(host)
+        n.host_blocks = host
+        self._refresh(n)
 
     def evict(self, num_blocks: int) -> int:
-        """Evict least-recently-used unlocked leaves until num_blocks blocks are free (or none is
-        left to evict); return the blocks freed."""
+        """Free device blocks until num_blocks are free or nothing is left to evict, least recently
+        used first, writing back what the host tier can take; return the blocks freed."""
         freed = 0
         while freed < num_blocks and self._lru:
-            leaf = self._lru.pop(0)
-            parent = leaf.parent
-            assert parent is not None
-            del parent.children[leaf.tokens[0]]
-            got = self.pool.release(leaf.blocks)
+            node = self._lru[0]
+            if not node.host_blocks and self.write_back_enabled:
+                assert self.host_pool is not None
+                host = self.host_pool.allocate(len(node.blocks))
+                if host is not None:
+                    self._write_to(node, host)
+            if node.host_blocks:
+                blocks = node.blocks
+                self._set_blocks(node, [])
+                got = self.pool.release(blocks)
+            else:
+                got = self._remove(node)
             freed += got
             self.evicted_blocks += got
             self.evictions += 1
-            self.num_nodes -= 1
-            self.num_tokens -= len(leaf.tokens)
-            if parent is not self.root and not parent.children and parent.lock_count == 0:
-                self._lru.add(parent)
         return freed
 
-    def clear(self) -> int:
-        """Evict everything unlocked (used by tests and at shutdown)."""
-        return self.evict(self.pool.num_blocks + 1)
+    def evict_host(self, num_blocks: int) -> int:
+        """Drop least recently used host copies until num_blocks host blocks are free (or none is
+        droppable); return the host blocks freed."""
+        assert self.host_pool is not None
+        freed = 0
+        while freed < num_blocks and self._host_lru:
+            node = self._host_lru[0]
+            if node.blocks:  # still on the device: only the host copy goes
+                host, node.host_blocks = node.host_blocks, []
+                self._refresh(node)
+                got = self.host_pool.release(host)
+                self.host_dropped_blocks += got
+            else:
+                got = self._remove(node)
+            freed += got
+        return freed
 
-    # -- accounting ----------------------------------------------------------------------------
-    def nodes(self) -> list[RadixNode]:
-        out, stack = [], list(self.root.children.values())
+    def _remove(self, node: RadixNode) -> int:
+        """Drop `node` and its subtree (host-only: nothing below an evictable node is on the device)
+        from both tiers; return the blocks freed in the pool `node` was evicted from."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.tokens[0]]
+        parent.device_children -= int(bool(node.blocks))
+        freed_device = freed_host = 0
+        stack = [node]
         while stack:
             n = stack.pop()
-            out.append(n)
             stack.extend(n.children.values())
-        return out
+            self._unlist(n)
+            freed_device += self.pool.release(n.blocks)
+            if n.host_blocks:
+                assert self.host_pool is not None
+                freed_host += self.host_pool.release(n.host_blocks)
+            self.num_nodes -= 1
+            self.num_tokens -= len(n.tokens)
+        self.host_dropped_blocks += freed_host
+        self._refresh(parent)
+        return freed_device if node.blocks else freed_host
 
-    def block_refs(self) -> Counter[int]:
-        refs: Counter[int] = Counter()
-        for n in self.nodes():
-            refs.update(n.blocks)
-        return refs
-
-    def check_integrity(self) -> None:
-        bs = self.block_size
-        nodes = self.nodes()
-        assert len(nodes) == self.num_nodes, f"node count {self.num_nodes} != {len(nodes)}"
-        assert sum(len(n.tokens) for n in nodes) == self.num_tokens, "token count drifted"
-        expected_lru = set()
-        for n in [self.root, *nodes]:
-            for first_token, c in n.children.items():
-                assert c.parent is n, "child's parent link is wrong"
-                assert c.tokens and c.tokens[0] == first_token, "child keyed by the wrong token"
-                assert c.start == n.end, "child does not start where its parent ends"
-            if n is self.root:
-                continue
-            span = (n.end - 1) // bs - n.start // bs + 1
-            assert len(n.blocks) == span, f"node covers {span} blocks but lists {len(n.blocks)}"
-            assert n.lock_count >= sum(c.lock_count for c in n.children.values()), "lock count below children's"
-            if n.lock_count == 0 and not n.children:
-                expected_lru.add(n.id)
-        assert {n.id for n in self._lru} == expected_lru, "LRU set is not the unlocked leaves"
+    def clear(self) -> int:
+        """Drop everything not locked or pinned from both tiers, writing nothing back (tests, shutdown)."""
+        self.write_back_enabled = False
+        try:
+            freed = self.evict(self.pool.num_blocks + 1)
+            if self.host_pool is not None:
+                self.evict_host(self.host_pool.num_blocks + 1)
+        finally:
+            self.write_back_enabled = self.host_pool is not None
+        return freed

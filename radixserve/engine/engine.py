@@ -46,6 +46,7 @@ from radixserve.core import (
     Sequence,
     SequenceStatus,
 )
+from radixserve.engine.host_tier import CostFeed, host_tier_blocks
 from radixserve.engine.intake import tokenize, validate
 from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
@@ -75,6 +76,7 @@ class InFlight:
     failed: dict[Request, str]
     positions: list[int]  # where each draw's pending token sits in its sequence's token_ids
     span: StepSpan
+    prefill_tokens: int = 0  # tokens of the step beyond one per sampled row: what preemption costs weigh
 
     @property
     def rows(self) -> dict[int, int]:
@@ -91,13 +93,16 @@ class LLMEngine:
         self.spec = self.runner.spec
         self.tokenizer: Any = load_tokenizer(self.model_dir)
         num_blocks = config.num_blocks or self._pool_blocks()
-        self.runner.allocate_kv_cache(num_blocks)
+        host_blocks = host_tier_blocks(config.host_cache_mb, self.runner.kv_layout().bytes_per_block)
+        self.runner.allocate_kv_cache(num_blocks, host_blocks)
         self.pool = BlockPool(num_blocks, config.block_size)
-        self.tree = RadixTree(self.pool) if config.enable_prefix_cache else None
+        self.host_pool = BlockPool(host_blocks, config.block_size) if host_blocks else None
+        self.tree = RadixTree(self.pool, self.host_pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(config, self.pool, self.tree)
         self.sampler = Sampler(self.runner.device)
         self.overlap = config.overlap if config.overlap is not None else self.runner.device.type == "cuda"
         self.clock = StepClock(self.runner.device)
+        self.cost_feed = CostFeed(self.scheduler.costs, self.clock, self.runner.host_cache)
         self._keys = random.Random(config.seed)  # the engine's generator: noise keys of unseeded samples
         limit = self.spec.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > limit:
@@ -178,6 +183,8 @@ class LLMEngine:
         resolves the step still in flight)."""
         started = time.monotonic()
         batch = self.scheduler.schedule()
+        if batch.copies:
+            self.runner.apply_copies(batch.copies)
         if not batch.items:
             flight, self._in_flight = self._in_flight, None
             return self._resolve(flight) if flight is not None else self._unschedulable()
@@ -237,7 +244,8 @@ class LLMEngine:
             params = seq.request.params
             seq.final_token_pending = seq.num_generated + 1 >= params.max_tokens \
                 or len(seq.token_ids) >= self.max_seq_len
-        return InFlight(owners, sampled, failed, [d.position for d in draws], span)
+        prefill = batch.num_tokens - sum(it.samples for it in batch.items)
+        return InFlight(owners, sampled, failed, [d.position for d in draws], span, prefill)
 
     def _draws(self, batch: Batch) -> tuple[list[Sequence], list[Draw]]:
         """Who samples this step, and from which logits row; n > 1 forks the other samples off the
@@ -259,6 +267,7 @@ class LLMEngine:
         failed = flight.failed
         ids, usable, logprobs = flight.sampled.host() if flight.sampled is not None else ([], [], {})
         self.clock.resolved(flight.span)
+        self.cost_feed.observe(flight.prefill_tokens)
         failed.update((s.request, INVALID_LOGITS) for s, ok in zip(flight.owners, usable) if not ok)
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}

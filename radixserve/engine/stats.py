@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from radixserve.core import CopyKind
+
 if TYPE_CHECKING:
     from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
@@ -71,9 +73,30 @@ class EngineStats:
         s.num_running = len(engine.scheduler.running)
         s.num_waiting = len(engine.scheduler.waiting)
         s.preemptions = engine.scheduler.preemptions
+        s.swaps_out, s.swaps_in = engine.scheduler.swaps_out, engine.scheduler.swaps_in
+        if tree is not None and tree.host_pool is not None:
+            s.collect_host_tier(engine)
         return s
+
+    def collect_host_tier(self, engine: LLMEngine) -> None:
+        tree, host = engine.tree, engine.runner.host_cache
+        assert tree is not None and tree.host_pool is not None and host is not None
+        self.host_blocks_total = tree.host_pool.num_blocks
+        self.host_blocks_free = tree.host_pool.num_free
+        host_only = [n for n in tree.nodes() if not n.blocks]
+        self.host_nodes = len(host_only)
+        self.host_tokens = sum(len(n.tokens) for n in host_only)
+        self.written_back_blocks = tree.written_back_blocks
+        self.loaded_blocks = tree.loaded_blocks
+        self.host_dropped_blocks = tree.host_dropped_blocks
+        done = host.completed()
+        self.written_back_bytes = tree.written_back_blocks * host.bytes_per_block
+        self.loaded_bytes = tree.loaded_blocks * host.bytes_per_block
+        self.write_back_s = done.seconds.get(CopyKind.TO_HOST, 0.0)
+        self.load_s = done.seconds.get(CopyKind.TO_DEVICE, 0.0)
 
     def count_finished(self, req: Request) -> None:
         self.requests_finished[req.sequences[0].finish_reason or "abort"] += 1
         self.cached_tokens += req.cached_tokens
         self.cache_hit_requests += int(req.cached_tokens > 0)
+        self.host_cached_tokens += req.host_cached_tokens

@@ -1,5 +1,6 @@
-"""Runs one scheduled batch through the model: applies the batch's copy-on-write block copies, runs
-the forward pass and returns logits for the sampling rows.
+"""Runs one scheduled batch through the model: the forward pass and logits for the sampling rows.
+Before it, `apply_copies` runs the batch's block copies (copy-on-write, and moves between the
+device pool and the host tier, `host_kv.HostKVCache`).
 
 Decode-only batches take the padded static-buffer path (`decode_graphs.PaddedDecoder`: CUDA graphs
 on CUDA with the Triton backend, the same padded path eagerly elsewhere); batches with prefill
@@ -16,10 +17,11 @@ from functools import partial
 
 import torch
 
-from radixserve.core import PENDING_TOKEN, Batch
+from radixserve.core import PENDING_TOKEN, Batch, BlockCopy
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.decode_graphs import PaddedDecoder, PendingInputs, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype, to_device
+from radixserve.model.host_kv import HostKVCache
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
@@ -49,6 +51,7 @@ class ModelRunner:
         self.block_size = block_size
         self.enforce_eager = enforce_eager
         self.kv_cache: KVCache | None = None
+        self.host_cache: HostKVCache | None = None
         self.decoder: PaddedDecoder | None = None
 
     @property
@@ -60,8 +63,15 @@ class ModelRunner:
         s = self.spec
         return KVLayout(s.num_layers, s.num_kv_heads, s.head_dim, self.block_size, self.dtype)
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)
+        self.host_cache = HostKVCache(self.kv_cache, host_blocks)
+
+    def apply_copies(self, copies: list[BlockCopy]) -> None:
+        """Run a step's block copies, in order, queued ahead of its forward."""
+        assert self.host_cache is not None, "allocate_kv_cache first"
+        with torch.inference_mode():
+            self.host_cache.apply(copies)
 
     def kv_blocks_for_device(self, utilization: float, max_step_tokens: int, max_batch: int) -> int:
         """CUDA: the KV blocks that fit in `utilization` of the device after weights, the activations
@@ -163,12 +173,10 @@ class ModelRunner:
     def run(self, batch: Batch, pending: PendingInputs | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the batch items whose chunk reaches their last token; valid
         until the next call (the padded decode path returns a view of its static logits buffer).
-        Queued on the device without waiting for it. A last token that is PENDING_TOKEN is read from
+        Queued on the device without waiting for it; the batch's copies must have been applied
+        (`apply_copies`). A last token that is PENDING_TOKEN is read from
         `pending`, the previous step's sampled ids on the device."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
-        if batch.copies:
-            src, dst = zip(*batch.copies)
-            self.kv_cache.copy_blocks(list(src), list(dst))
         if self.decoder is not None and self.decoder.accepts(batch):
             return self.decoder.run(batch, self._forward, pending)
         inputs = self.prepare(batch, pending)
@@ -179,14 +187,12 @@ class ModelRunner:
 
     def run_each(self, batch: Batch, pending: PendingInputs | None = None) -> list[torch.Tensor | None]:
         """Run each item of a batch on its own (after a batched forward failed): per item, its logits
-        rows (0 or 1) or None where its own forward fails. Copy-on-write copies are idempotent, so
-        each item takes the ones that fill its own blocks."""
+        rows (0 or 1) or None where its own forward fails. The batch's copies already ran."""
         out: list[torch.Tensor | None] = []
         for item in batch.items:
-            own = set(item.seq.block_table)
             try:
                 # a copy: the padded path returns a view of a buffer the next item overwrites
-                out.append(self.run(Batch([item], [c for c in batch.copies if c[1] in own]), pending).clone())
+                out.append(self.run(Batch([item]), pending).clone())
             except Exception:
                 out.append(None)
         return out

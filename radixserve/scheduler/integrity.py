@@ -4,9 +4,11 @@
 has computed; a pending token (sampled, still on the device) is only ever a sequence's last token
 and never counts as computed, and none is in the tree; each block's refcount equals the sequence
 tables and tree nodes listing it (so free, owned and cached blocks partition the pool); each tree
-node's lock count equals the live sequences whose locked path passes through it; and the tree's own
-invariants hold. Tests run it after every step, and so does any engine with
-RADIXSERVE_CHECK_INTEGRITY=1.
+node's lock count equals the live sequences whose locked path passes through it; the host tier's
+block refcounts equal the tree nodes listing them (a swapped-out sequence holds its host blocks
+through the tree path it pins, never a table of its own), and each node's pin count equals the
+waiting swapped-out sequences whose path passes through it; and the tree's own invariants hold.
+Tests run it after every step, and so does any engine with RADIXSERVE_CHECK_INTEGRITY=1.
 """
 
 from __future__ import annotations
@@ -14,35 +16,49 @@ from __future__ import annotations
 from collections import Counter
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import RadixTree
+from radixserve.cache.radix_tree import RadixNode, RadixTree
 from radixserve.core import PENDING_TOKEN, Sequence
 
 
 def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None) -> int:
-    """Blocks with references but no sequence or tree node listing them."""
+    """Blocks of either tier with references but no sequence or tree node listing them."""
     owners = Counter(b for s in live for b in s.block_table)
     if tree is not None:
         owners.update(tree.block_refs())
-    return sum(1 for b, rc in enumerate(pool.refcount) if rc > 0 and owners[b] == 0)
+    leaked = sum(1 for b, rc in enumerate(pool.refcount) if rc > 0 and owners[b] == 0)
+    if tree is not None and tree.host_pool is not None:
+        host_owners = tree.host_block_refs()
+        leaked += sum(1 for b, rc in enumerate(tree.host_pool.refcount) if rc > 0 and host_owners[b] == 0)
+    return leaked
 
 
 def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | None) -> None:
     assert len({s.seq_id for s in live}) == len(live), "a sequence is queued twice"
     owners: Counter[int] = Counter()
     locks: Counter[int] = Counter()
+    pins: Counter[int] = Counter()
     for s in live:
         owners.update(s.block_table)
         assert len(s.block_table) * pool.block_size >= s.num_computed, "table shorter than computed"
         assert PENDING_TOKEN not in s.token_ids[:-1], f"sequence {s.seq_id}: a pending token before its last"
         assert s.num_computed <= s.num_resolved, f"sequence {s.seq_id}: a pending token counts as computed"
-        node = s.locked_node
-        while node is not None and tree is not None and node is not tree.root:
-            locks[node.id] += 1
-            node = node.parent
+        _count_path(s.locked_node, tree, locks)
+        if s.swapped_node is not None:
+            assert not s.block_table and s.locked_node is None, f"sequence {s.seq_id} is swapped out but holds blocks"
+            _count_path(s.swapped_node, tree, pins)
     if tree is not None:
         owners.update(tree.block_refs())
         tree.check_integrity()
         for n in tree.nodes():
             assert n.lock_count == locks[n.id], f"node {n.id}: lock count {n.lock_count} != {locks[n.id]}"
+            assert n.swap_pins == pins[n.id], f"node {n.id}: pin count {n.swap_pins} != {pins[n.id]}"
             assert PENDING_TOKEN not in n.tokens, f"node {n.id} caches a pending token"
+        if tree.host_pool is not None:
+            tree.host_pool.check_integrity(tree.host_block_refs())
     pool.check_integrity(owners)
+
+
+def _count_path(node: RadixNode | None, tree: RadixTree | None, counts: Counter[int]) -> None:
+    while node is not None and tree is not None and node is not tree.root:
+        counts[node.id] += 1
+        node = node.parent

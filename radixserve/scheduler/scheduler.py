@@ -3,10 +3,13 @@
 Every step mixes decode tokens and prefill chunks under one token budget: running decodes first,
 then running prefills, then waiting sequences admitted in policy order while the budget, the
 sequence cap and free blocks allow. A waiting sequence first takes its longest cached prefix from
-the radix tree (shared by refcount, the partial last block copied on first write), so only uncached
-tokens are computed. A sequence whose prompt shares a prefix with one still being prefilled waits
-for it instead of computing the same tokens twice. When blocks run out, the lowest-priority running
-sequence is preempted by recompute: its computed tokens go into the cache, its blocks are released.
+the radix tree (shared by refcount, the partial last block copied on first write; a part that lives
+only in the host tier is loaded back first), so only uncached tokens are computed. A sequence whose
+prompt shares a prefix with one still being prefilled waits for it instead of computing the same
+tokens twice. When blocks run out, the lowest-priority running sequence is preempted: its computed
+tokens go into the cache and its blocks are released. By recompute, that cached prefix is an
+ordinary evictable one; by swap (`preemption.py` chooses), it is also copied to the host tier and
+pinned there until the sequence resumes, so resuming loads it back and recomputes nothing.
 
 Liveness: every sequence the engine accepted fits the pool on its own, locks included. A locked
 match can pin blocks the sequence does not use (the shared partial block of a mid-block hit, which
@@ -19,7 +22,8 @@ hit (oldest first), so hits cannot starve it.
 The scheduler is the single owner of cache state: it alone changes refcounts, tree locks and
 insertions, and a sequence's blocks, `num_computed` and status — at admission, when a step completes
 (`complete`), when a request forks into its n samples (`fork`), at preemption and at `finish`. The
-engine asks; it never touches blocks or locks itself.
+engine asks; it never touches blocks or locks itself. Every block copy decided while scheduling
+(copy-on-write, write-back, load-back) is handed out in the step's `Batch.copies`, in order.
 
 Invariants (checked by `check_integrity`, see integrity.py): a scheduled sequence owns a block for
 every position it writes this step, and the block it writes first has exactly one owner
@@ -37,8 +41,9 @@ from collections.abc import Container
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import Match, RadixTree, common_prefix_len
 from radixserve.config import EngineConfig
-from radixserve.core import Batch, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.core import Batch, BlockCopy, CopyKind, Request, ScheduledSeq, Sequence, SequenceStatus
 from radixserve.scheduler.integrity import check_integrity, leaked_blocks
+from radixserve.scheduler.preemption import PreemptionCosts
 
 
 class Scheduler:
@@ -50,7 +55,12 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.swaps_out = 0
+        self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
+        # copies decided and not yet handed to a step; the tree appends its tier moves to the same list
+        self.copies: list[BlockCopy] = tree.copies if tree is not None else []
+        self.costs = PreemptionCosts()
 
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -87,7 +97,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(len(seq.token_ids) - seq.num_computed, budget)
-            while self._needs_blocks(seq, n) and not self._reserve(seq, n, batch):
+            while self._needs_blocks(seq, n) and not self._reserve(seq, n):
                 victim = self._victim(scheduled)  # `seq` itself is a candidate: never None
                 assert victim is not None
                 self.preempt(victim)
@@ -99,6 +109,8 @@ class Scheduler:
                 budget -= n
         if budget > 0:
             self._admit(batch, budget)
+        batch.copies = list(self.copies)
+        self.copies.clear()
         return batch
 
     def _admit(self, batch: Batch, budget: int) -> None:
@@ -107,16 +119,25 @@ class Scheduler:
                 break
             if seq.has_pending_token:
                 continue  # preempted while its last token was in flight: it runs once that resolves
-            matched = self._take_cached_prefix(seq)
-            if matched is None:
+            taken = self._take_cached_prefix(seq)
+            if not seq.admitted_once and taken is not None:
+                # a load-back done by an attempt that could not admit still served this request
+                seq.request.host_cached_tokens = max(seq.request.host_cached_tokens, taken[1])
+            if taken is None:
                 continue  # a running prefill will cache this sequence's prefix shortly
             n = min(seq.remaining, budget)
-            if not self._reserve(seq, n, batch):
+            if not self._reserve(seq, n):
                 self._release(seq)
                 break  # no blocks even after eviction: admit nothing after it (no overtaking)
+            if seq.swapped_node is not None:  # resumed: its path may leave the host tier again
+                assert self.tree is not None
+                self.tree.unpin(seq.swapped_node)
+                seq.swapped_node = None
+                self.swaps_in += 1
             if not seq.admitted_once:
                 seq.admitted_once = True
-                seq.request.cached_tokens = matched
+                seq.request.cached_tokens = taken[0]
+                seq.request.host_cached_tokens = min(taken[0], seq.request.host_cached_tokens)
             seq.waiting_since = None
             self.waiting.remove(seq)
             self.add_running(seq)
@@ -137,13 +158,16 @@ class Scheduler:
             return sorted(self.waiting, key=key)
         return sorted(self.waiting, key=self._order_key)
 
-    def _take_cached_prefix(self, seq: Sequence) -> int | None:
-        """Share the longest cached prefix (never the last token: its logits are needed). Returns
-        the matched length, or None when the sequence should wait for an in-flight prefill."""
+    def _take_cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
+        """Share the longest cached prefix (never the last token: its logits are needed), loading
+        back the part that lives only in the host tier. Returns the matched length and how much of
+        it came from the host tier, or None when the sequence should wait for an in-flight prefill."""
         if self.tree is None:
-            return 0
+            return 0, 0
         prefix = seq.token_ids[:-1]
         match = self.tree.match(prefix)
+        on_device = match.length - match.host_tokens
+        match = self.tree.load_back(match)
         if self._footprint(seq, match) > self.pool.num_blocks:
             match = self.tree.match(prefix[:self.tree.exclusive_prefix_len(prefix)])
         if self._prefix_in_flight(seq, match.length):
@@ -153,7 +177,7 @@ class Scheduler:
             self.pool.incref(b)
         seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
         seq.num_cached = match.length // self.block_size * self.block_size
-        return match.length
+        return match.length, max(0, match.length - on_device)
 
     def _footprint(self, seq: Sequence, match: Match) -> int:
         """Blocks this sequence could hold at its longest if it locks `match`: its own table plus
@@ -179,7 +203,7 @@ class Scheduler:
         pos, table = seq.num_computed, seq.block_table
         return pos >= len(table) * self.block_size or self.pool.refcount[table[pos // self.block_size]] > 1
 
-    def _reserve(self, seq: Sequence, n: int, batch: Batch) -> bool:
+    def _reserve(self, seq: Sequence, n: int) -> bool:
         """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
         written block if it is shared. False (nothing changed) if the pool cannot supply them."""
         bs, table = self.block_size, seq.block_table
@@ -193,7 +217,7 @@ class Scheduler:
             dst = fresh.pop()
             src = table[first]
             if self.pool.refcount[src] > 1:  # allocating may have evicted the other owner
-                batch.copies.append((src, dst))
+                self.copies.append(BlockCopy(CopyKind.DEVICE, src, dst))
                 self.pool.decref(src)
                 table[first] = dst
             else:
@@ -207,14 +231,27 @@ class Scheduler:
 
     # -- leaving the running set ---------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:
-        """Preempt by recompute: cache what was computed, release the blocks, wait again."""
+        """Cache what was computed, release the blocks, wait again; by swap when `preemption_mode`
+        (or, under auto, the estimated cost) says so and the host tier can hold the sequence."""
         self.preemptions += 1
-        self._release(seq)
+        self.swaps_out += self._release(seq, swap=self._should_swap(seq))
         self.running.remove(seq)
         self.add(seq)
 
+    def _should_swap(self, seq: Sequence) -> bool:
+        if self.tree is None or self.tree.host_pool is None or self.config.preemption_mode == "recompute":
+            return False
+        if self.config.preemption_mode == "swap":
+            return True
+        computed = min(seq.num_computed, seq.num_resolved)
+        return self.costs.swap_is_cheaper(computed, -(-computed // self.block_size))
+
     def finish(self, seq: Sequence, reason: str) -> None:
         self._release(seq)
+        if seq.swapped_node is not None:  # ended while swapped out (an abort): unpin its path
+            assert self.tree is not None
+            self.tree.unpin(seq.swapped_node)
+            seq.swapped_node = None
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -222,10 +259,15 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, swap: bool = False) -> bool:
+        """Cache the computed tokens and give up the blocks and the lock. With `swap`, the cached
+        path is also copied to the host tier and pinned there (`seq.swapped_node`); True if it was."""
         computed = min(seq.num_computed, seq.num_resolved)  # equal at every step boundary
+        swapped = False
         if self.tree is not None and computed > 0:
-            self.tree.insert(seq.token_ids[:computed], seq.block_table)
+            node = self.tree.insert(seq.token_ids[:computed], seq.block_table)
+            if swap and seq.swapped_node is None and self.tree.swap_out(node):
+                seq.swapped_node, swapped = node, True
         if seq.locked_node is not None:
             assert self.tree is not None
             self.tree.unlock(seq.locked_node)
@@ -233,6 +275,7 @@ class Scheduler:
         self.pool.release(seq.block_table)
         seq.block_table = []
         seq.num_computed = seq.num_cached = 0
+        return swapped
 
     # -- after a step ---------------------------------------------------------------------------
     def complete(self, batch: Batch, failed: Container[Request] = ()) -> None:

@@ -1,0 +1,339 @@
+"""The radix tree's structure: nodes over token IDs, each listing its KV blocks in the device and
+host tiers, with matching, insertion, splits, locks, swap pins and the two LRU sets that eviction
+reads. What the fields and invariants mean is told in radix_tree.py, which builds the cache on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.tree_integrity import check_tree
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class RadixNode:
+    tokens: list[int]
+    start: int
+    blocks: list[int]  # device blocks, [] while the K/V lives only in the host tier
+    parent: RadixNode | None = None
+    children: dict[int, RadixNode] = field(default_factory=dict)
+    lock_count: int = 0  # running sequences whose locked path passes here: must stay on the device
+    last_access: int = 0
+    host_blocks: list[int] = field(default_factory=list)  # the host tier's copy, [] if none
+    swap_pins: int = 0  # swapped-out sequences whose cached path passes here: must stay in the host tier
+    device_children: int = 0  # children on the device
+    in_lru: bool = False
+    in_host_lru: bool = False
+    id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    @property
+    def on_device(self) -> bool:
+        return bool(self.blocks) or self.parent is None  # the root holds nothing and counts as resident
+
+    @property
+    def tier(self) -> str:
+        return "both" if self.blocks and self.host_blocks else "device" if self.on_device else "host"
+
+
+@dataclass
+class Match:
+    length: int  # matched tokens
+    blocks: list[int]  # device blocks of the first `length - host_tokens` tokens (the last may be partial)
+    node: RadixNode  # deepest node of the match; the match ends exactly at its end when split
+    host_tokens: int = 0  # trailing matched tokens whose K/V is only in the host tier
+    path: list[RadixNode] = field(default_factory=list)
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix, comparing slices (C speed) before single tokens."""
+    n = min(len(a), len(b))
+    i, step = 0, 64
+    while i < n:
+        j = min(i + step, n)
+        if a[i:j] == b[i:j]:
+            i = j
+            continue
+        while a[i] == b[i]:
+            i += 1
+        return i
+    return n
+
+
+class RadixStructure:
+    """Nodes, matching, insertion, splits, locks, pins and the two LRU sets; `RadixTree` adds eviction
+    and the moves between tiers."""
+
+    def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None) -> None:
+        self.pool = pool
+        self.host_pool = host_pool
+        self.block_size = pool.block_size
+        if host_pool is not None and host_pool.block_size != pool.block_size:
+            raise ValueError("the host pool's block size must equal the device pool's")
+        self.root = RadixNode(tokens=[], start=0, blocks=[])
+        self.root.lock_count = 1  # the root is never evicted
+        self._lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # evictable from the device
+        self._host_lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # droppable host copies
+        self._protected: set[int] = set()  # nodes in the middle of a move: neither tier may give them up
+        self._clock = itertools.count(1)
+        self.num_nodes = 0
+        self.num_tokens = 0
+
+    # -- lookup --------------------------------------------------------------------------------
+    def match(self, tokens: list[int], split: bool = True) -> Match:
+        """Longest cached prefix of `tokens`, in either tier. With split, a match ending inside an
+        edge splits it so the match ends at a node (which the caller may lock once it is on the
+        device, see `load_back`); without, the tree is left untouched."""
+        node, pos, path = self.root, 0, []
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            if k < len(child.tokens):
+                if split:
+                    child = self._split(child, k)
+                else:
+                    path.append(child)
+                    pos += k
+                    break
+            path.append(child)
+            pos += k
+            node = child
+        self._touch(path if split else [])
+        return self._match_of(path, pos, node)
+
+    def _match_of(self, path: list[RadixNode], length: int, node: RadixNode) -> Match:
+        device = [n for n in path if n.blocks]  # a prefix of the path
+        on_device = min(length, device[-1].end) if device else 0
+        return Match(length, self._blocks_of(device, on_device), node, length - on_device, path)
+
+    def exclusive_prefix_len(self, tokens: list[int]) -> int:
+        """The longest block-aligned device-resident prefix of `tokens` whose path lists each block
+        index once.
+
+        Where a match passes a mid-block boundary at which the child keeps its own copy of the
+        straddled block, a lock on the path pins the parent's copy too, which the sequence does not
+        use; stopping before such a boundary (and on a block edge, so nothing is copied on write)
+        means a locked match keeps alive only blocks of the sequence's own table."""
+        bs = self.block_size
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None or not child.blocks:
+                break
+            if node is not self.root and node.end % bs and child.blocks[0] != node.blocks[-1]:
+                return node.end // bs * bs
+            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            pos += k
+            if k < len(child.tokens):
+                break
+            node = child
+        return pos // bs * bs
+
+    def foreign_blocks(self, node: RadixNode, own: list[int], stop: RadixNode | None = None) -> int:
+        """Device blocks listed on the path from `node` up to `stop` (exclusive; the root by default)
+        that are not in `own`: what a lock on `node` keeps alive besides a sequence's own blocks."""
+        own_set, foreign = set(own), set[int]()
+        n: RadixNode | None = node
+        while n is not None and n is not stop and n is not self.root:
+            foreign.update(b for b in n.blocks if b not in own_set)
+            n = n.parent
+        return len(foreign)
+
+    def _blocks_of(self, path: list[RadixNode], length: int) -> list[int]:
+        bs = self.block_size
+        blocks: list[int] = [-1] * (-(-length // bs))
+        for node in path:  # deeper nodes overwrite: their copy of a straddled block is valid longer
+            first = node.start // bs
+            for i, b in enumerate(node.blocks):
+                if first + i < len(blocks):
+                    blocks[first + i] = b
+        return blocks
+
+    # -- insertion -----------------------------------------------------------------------------
+    def insert(self, tokens: list[int], blocks: list[int], known: RadixNode | None = None) -> RadixNode:
+        """Cache `tokens` (whose K/V sit in `blocks`, a sequence's block table) and return the node
+        ending at len(tokens). New nodes, and host-only nodes on the way (the sequence computed the
+        same K/V, so its blocks become their device copy), take a reference on the blocks they list.
+        `known`, a node the caller holds locked on the path of `tokens`, lets the walk start there
+        instead of at the root (a lock keeps it in the tree, and splits keep its end)."""
+        bs = self.block_size
+        if len(blocks) * bs < len(tokens):
+            raise ValueError("insert: fewer blocks than the tokens need")
+        node, pos, path = self.root, 0, []
+        if known is not None and known.lock_count > 0 and known.end <= len(tokens):
+            node, pos = known, known.end
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                leaf_blocks = blocks[pos // bs:(len(tokens) - 1) // bs + 1]
+                for b in leaf_blocks:
+                    self.pool.incref(b)
+                child = RadixNode(tokens=tokens[pos:], start=pos, blocks=leaf_blocks, parent=node)
+                self._attach(node, child)
+                path.append(child)
+                pos = len(tokens)
+                break
+            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            if k < len(child.tokens):
+                child = self._split(child, k)
+            if not child.blocks:
+                own = blocks[child.start // bs:(child.end - 1) // bs + 1]
+                for b in own:
+                    self.pool.incref(b)
+                self._set_blocks(child, own)
+            path.append(child)
+            pos += k
+            node = child
+        self._touch(path)
+        return path[-1] if path else self.root
+
+    def _attach(self, parent: RadixNode, child: RadixNode) -> None:
+        parent.children[child.tokens[0]] = child
+        parent.device_children += 1
+        self.num_nodes += 1
+        self.num_tokens += len(child.tokens)
+        child.last_access = next(self._clock)
+        self._refresh(child)
+        self._refresh(parent)
+
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
+        """Cut `node`'s edge after k tokens; return the new upper node (which ends at start + k)."""
+        bs = self.block_size
+        first = node.start // bs
+        upper_last = (node.start + k - 1) // bs
+        lower_first = (node.start + k) // bs
+        upper = RadixNode(tokens=node.tokens[:k], start=node.start, blocks=node.blocks[:upper_last - first + 1],
+                          parent=node.parent, lock_count=node.lock_count, last_access=node.last_access,
+                          host_blocks=node.host_blocks[:upper_last - first + 1], swap_pins=node.swap_pins,
+                          device_children=int(bool(node.blocks)))
+        if upper_last == lower_first:  # the block at the cut is now listed by both nodes
+            if node.blocks:
+                self.pool.incref(node.blocks[upper_last - first])
+            if node.host_blocks:
+                assert self.host_pool is not None
+                self.host_pool.incref(node.host_blocks[upper_last - first])
+        assert node.parent is not None
+        node.parent.children[upper.tokens[0]] = upper
+        node.tokens = node.tokens[k:]
+        node.start += k
+        node.blocks = node.blocks[lower_first - first:]
+        node.host_blocks = node.host_blocks[lower_first - first:]
+        node.parent = upper
+        upper.children[node.tokens[0]] = node
+        self.num_nodes += 1
+        self._refresh(upper)
+        self._refresh(node)
+        return upper
+
+    # -- locks, pins and the LRU sets ------------------------------------------------------------
+    def lock(self, node: RadixNode) -> None:
+        n: RadixNode | None = node
+        while n is not None and n is not self.root:
+            assert n.blocks, "lock of a node that is not on the device"
+            n.lock_count += 1
+            self._refresh(n)
+            n = n.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        n: RadixNode | None = node
+        while n is not None and n is not self.root:
+            assert n.lock_count > 0, "unlock of an unlocked node"
+            n.lock_count -= 1
+            self._refresh(n)
+            n = n.parent
+
+    def _pin(self, node: RadixNode, delta: int) -> None:
+        n: RadixNode | None = node
+        while n is not None and n is not self.root:
+            n.swap_pins += delta
+            assert n.swap_pins >= 0, "unpin of an unpinned node"
+            self._refresh(n)
+            n = n.parent
+
+    def unpin(self, node: RadixNode) -> None:
+        """A swapped-out sequence resumed or ended: its path may leave the host tier again."""
+        self._pin(node, -1)
+
+    def _touch(self, path: list[RadixNode]) -> None:
+        now = next(self._clock)
+        for n in path:
+            self._unlist(n)
+            n.last_access = now
+            self._refresh(n)
+
+    def _unlist(self, n: RadixNode) -> None:
+        if n.in_lru:
+            self._lru.remove(n)
+            n.in_lru = False
+        if n.in_host_lru:
+            self._host_lru.remove(n)
+            n.in_host_lru = False
+
+    def _evictable(self, n: RadixNode) -> bool:
+        return bool(n.blocks) and n.lock_count == 0 and n.device_children == 0 and n.id not in self._protected
+
+    def _droppable(self, n: RadixNode) -> bool:
+        return (bool(n.host_blocks) and n.swap_pins == 0 and (bool(n.blocks) or not n.children)
+                and n.id not in self._protected)
+
+    def _refresh(self, n: RadixNode) -> None:
+        """Put `n` in exactly the LRU sets its state names (its key, last_access, is unchanged)."""
+        if n is self.root:
+            return
+        want, want_host = self._evictable(n), self._droppable(n)
+        if want != n.in_lru:
+            (self._lru.add if want else self._lru.remove)(n)
+            n.in_lru = want
+        if want_host != n.in_host_lru:
+            (self._host_lru.add if want_host else self._host_lru.remove)(n)
+            n.in_host_lru = want_host
+
+    def _set_blocks(self, n: RadixNode, blocks: list[int]) -> None:
+        """Give `n` a device copy, or take it away ([]); the caller moves the references."""
+        was = bool(n.blocks)
+        n.blocks = blocks
+        assert n.parent is not None
+        n.parent.device_children += int(bool(blocks)) - int(was)
+        self._refresh(n)
+        self._refresh(n.parent)
+
+    def _protect(self, nodes: list[RadixNode], on: bool) -> None:
+        for n in nodes:
+            (self._protected.add if on else self._protected.discard)(n.id)
+            self._refresh(n)
+
+    # -- accounting ----------------------------------------------------------------------------
+    def nodes(self) -> list[RadixNode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def block_refs(self) -> Counter[int]:
+        refs: Counter[int] = Counter()
+        for n in self.nodes():
+            refs.update(n.blocks)
+        return refs
+
+    def host_block_refs(self) -> Counter[int]:
+        refs: Counter[int] = Counter()
+        for n in self.nodes():
+            refs.update(n.host_blocks)
+        return refs
+
+    def check_integrity(self) -> None:
+        check_tree(self)
