@@ -2,7 +2,8 @@
 
 fp32: the engine on CUDA (Triton attention, fused kernels, CUDA graphs on and off, overlap
 scheduling on and off) equals transformers token for token on the tiny models of every
-architecture, through the cache paths of tests/test_engine.py. bf16: the Triton path with graphs
+architecture, through the cache paths of tests/test_engine.py and the host tier's of
+tests/test_host_tier.py. bf16: the Triton path with graphs
 equals the torch backend's eager path. Sampling on the device: a seeded request is the same alone
 and in a mixed batch with overlap on and off, and the full-sort path's frequencies follow the
 filtered distribution.
@@ -49,6 +50,28 @@ def test_fp32_cold_warm_and_mid_block_hits_match_transformers(arch: str, eager: 
     check(arch, llm, prompts)  # warm
     base = random_prompts([60], seed=1)[0]
     check(arch, llm, [base[:k] + random_prompts([9], seed=k)[0] for k in (5, 21, 33, 47)])
+
+
+@pytest.mark.parametrize("eager, overlap", PATHS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_host_tier_write_back_load_back_and_swap_match_transformers(arch: str, eager: bool, overlap: bool) -> None:
+    """The host tier on CUDA: pinned host blocks, copies queued on the stream ahead of the forward."""
+    llm = cuda_llm(arch, dtype="float32", num_blocks=12, host_cache_mb=64, enforce_eager=eager, overlap=overlap)
+    assert llm.engine.runner.host_cache is not None and llm.engine.runner.host_cache.data.is_pinned()
+    first = random_prompts([70, 90], seed=21)
+    check(arch, llm, first)
+    for prompt in random_prompts([110, 110], seed=22):
+        check(arch, llm, [prompt])
+    again = check(arch, llm, first)
+    assert [o.usage.host_cached_tokens for o in again] == [len(p) - 1 for p in first]
+    for prompt in random_prompts([110, 110], seed=22):  # `first` back out to the host tier
+        check(arch, llm, [prompt])
+    check(arch, llm, [first[1][:k] + random_prompts([9], seed=k)[0] for k in (5, 21, 33, 47)])  # loads ending mid-block
+    swap = cuda_llm(arch, dtype="float32", num_blocks=8, max_num_batched_tokens=48, host_cache_mb=64,
+                    preemption_mode="swap", enforce_eager=eager, overlap=overlap)
+    check(arch, swap, random_prompts([40] * 6, seed=3), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    st = swap.engine.stats()
+    assert st.swaps_out > 0 and st.swaps_in == st.swaps_out and st.load_s > 0
 
 
 @pytest.mark.parametrize("eager, overlap", PATHS)
