@@ -243,7 +243,8 @@ class RadixStructure:
         while n is not None and n is not self.root:
             assert n.blocks, "lock of a node that is not on the device"
             n.lock_count += 1
-            self._refresh(n)
+            if n.lock_count == 1:  # only the first lock changes what eviction may take
+                self._refresh(n)
             n = n.parent
 
     def unlock(self, node: RadixNode) -> None:
@@ -251,7 +252,8 @@ class RadixStructure:
         while n is not None and n is not self.root:
             assert n.lock_count > 0, "unlock of an unlocked node"
             n.lock_count -= 1
-            self._refresh(n)
+            if n.lock_count == 0:
+                self._refresh(n)
             n = n.parent
 
     def _pin(self, node: RadixNode, delta: int) -> None:
@@ -259,7 +261,8 @@ class RadixStructure:
         while n is not None and n is not self.root:
             n.swap_pins += delta
             assert n.swap_pins >= 0, "unpin of an unpinned node"
-            self._refresh(n)
+            if n.swap_pins == int(delta > 0):  # 0 <-> 1: what the host tier may drop changed
+                self._refresh(n)
             n = n.parent
 
     def unpin(self, node: RadixNode) -> None:
@@ -269,9 +272,12 @@ class RadixStructure:
     def _touch(self, path: list[RadixNode]) -> None:
         now = next(self._clock)
         for n in path:
-            self._unlist(n)
-            n.last_access = now
-            self._refresh(n)
+            if n.in_lru or n.in_host_lru:  # its key changes: out of the sorted sets and back in
+                self._unlist(n)
+                n.last_access = now
+                self._refresh(n)
+            else:
+                n.last_access = now
 
     def _unlist(self, n: RadixNode) -> None:
         if n.in_lru:
