@@ -2,7 +2,7 @@
 within a bounded number of steps, and no step is empty while work waits.
 
 The hypothesis test drives the real engine (tiny random-weight Llama) over random pool sizes, block
-sizes, token budgets, policies, prompts built on shared prefixes (so hits end mid-block and paths
+sizes, token budgets, policies, host tiers and preemption modes, prompts built on shared prefixes (so hits end mid-block and paths
 carry straddled blocks), n > 1, preemption and aborts, with the integrity check after every step.
 The fixed tests are the reproductions of the wedges we found.
 """
@@ -18,12 +18,13 @@ from hypothesis import strategies as st
 from tiny_models import TINY_VOCAB, tiny_model_dir
 
 from radixserve import SamplingParams
-from radixserve.config import POLICIES, EngineConfig
+from radixserve.config import POLICIES, PREEMPTION_MODES, EngineConfig
 from radixserve.core import RequestOutput
 from radixserve.engine.engine import LLMEngine
 from radixserve.errors import RequestError
 
 GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: K and V x 2 layers x 2 kv heads x head_dim 16 x fp32
 
 
 def make_engine(**kw: object) -> LLMEngine:
@@ -129,12 +130,17 @@ requests_strategy = st.lists(st.builds(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_size=st.sampled_from([1, 2, 4, 8, 16]), num_blocks=st.integers(2, 24),
        budget_blocks=st.integers(1, 4), max_num_seqs=st.integers(1, 6), policy=st.sampled_from(POLICIES),
-       requests=requests_strategy, seed=st.integers(0, 2**16))
+       requests=requests_strategy, seed=st.integers(0, 2**16), host_blocks=st.sampled_from([0, 2, 8, 64]),
+       preemption=st.sampled_from(PREEMPTION_MODES))
 def test_every_accepted_request_finishes_within_bounded_steps(
         block_size: int, num_blocks: int, budget_blocks: int, max_num_seqs: int, policy: str,
-        requests: list[Req], seed: int) -> None:
+        requests: list[Req], seed: int, host_blocks: int, preemption: str) -> None:
+    # the host tier (a tiny one fills and drops, a large one holds everything) with each preemption mode
+    host_mb = host_blocks * TINY_KV_BYTES_PER_TOKEN * block_size / 2**20
     engine = make_engine(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=block_size * budget_blocks, policy=policy, max_wait_steps=4)
+                         max_num_batched_tokens=block_size * budget_blocks, policy=policy, max_wait_steps=4,
+                         host_cache_mb=host_mb, preemption_mode=preemption if host_blocks else "auto")
+    assert engine.host_pool is None if not host_blocks else engine.host_pool.num_blocks == host_blocks
     rng = random.Random(seed)
     capacity = block_size * num_blocks
     prefixes = [[rng.randrange(4, TINY_VOCAB) for _ in range(capacity)] for _ in range(3)]
@@ -189,6 +195,8 @@ def test_every_accepted_request_finishes_within_bounded_steps(
         assert all(why in ("length", "abort") for why in got.values()), got
         assert len(got) == accepted[rid].n or "abort" in got.values(), got
     assert engine.leaked_blocks() == 0 and engine.stats().blocks_used == 0
+    if engine.tree is not None:  # nothing is left pinned: every swapped-out sequence resumed or ended
+        assert all(n.swap_pins == 0 for n in engine.tree.nodes())
 
 
 def test_check_integrity_env_var_checks_after_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
