@@ -66,7 +66,8 @@ class EngineConfig:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"unknown load_format {self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
         if self.host_cache_mb < 0:
-            raise ValueError(f"host_cache_mb must be >= 0 (0 turns the host tier off), got {self.host_cache_mb}")
+            raise ValueError("host_cache_mb (--host-cache-mb) must be >= 0, 0 turning the host tier off; "
+                             f"got {self.host_cache_mb}")
         if self.host_cache_mb > 0 and not self.enable_prefix_cache:
             raise ValueError("the host tier (host_cache_mb > 0) holds evicted prefixes of the prefix cache, "
                              "which is turned off; turn it on or set host_cache_mb to 0")

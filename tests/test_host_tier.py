@@ -139,7 +139,7 @@ def test_aborts_while_blocks_move_between_tiers_leak_nothing() -> None:
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"host_cache_mb": -1.0}, "host_cache_mb must be >= 0"),
+    ({"host_cache_mb": -1.0}, "host_cache_mb \\(--host-cache-mb\\) must be >= 0"),
     ({"preemption_mode": "swap"}, "needs the host tier"),
     ({"preemption_mode": "sometimes"}, "unknown preemption_mode"),
     ({"host_cache_mb": 8.0, "enable_prefix_cache": False}, "prefix cache"),
