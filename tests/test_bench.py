@@ -439,6 +439,7 @@ def test_smoke_run_end_to_end(tiny_llama, tmp_path, capsys):
         assert set(results["results"][workload]) == {"radixserve", "radixserve-nocache", "hf-generate",
                                                      "hf-generate-batch"}
     assert set(results["results"]["bounded-pool"]) == {"radixserve", "radixserve-pool25"}
+    assert set(results["results"]["returning-chats"]) == {"radixserve", "radixserve-pool25", "radixserve-pool25-host"}
     bounded = results["results"]["bounded-pool"]["radixserve-pool25"]["median"]
     assert 0 < bounded["pool_blocks"] < bounded["working_set_blocks"] and 0 <= bounded["belady_hit_rate"] <= 1
     for per_system in results["results"].values():
@@ -451,7 +452,7 @@ def test_smoke_run_end_to_end(tiny_llama, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "## Targets" in printed and "radixserve relative to each peer" in printed
     for name in ("table.md", "results.json", "throughput.png", "ttft.png", "hit_rate.png", "blocks.png",
-                 "ttft_by_turn.png", "README.md"):
+                 "ttft_by_turn.png", "host_tier.png", "README.md"):
         assert (docs / name).stat().st_size > 0
     assert "![throughput](throughput.png)" in (docs / "README.md").read_text()
 

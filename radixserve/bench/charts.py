@@ -1,6 +1,7 @@
 """PNG charts of a results document (matplotlib, headless): output throughput per system, TTFT
-distributions, cumulative cache hit rate over time, pool blocks in use over time, and for multi-turn
-the mean TTFT of each turn. Timelines show the first repeat; bars show medians with min-max whiskers."""
+distributions, cumulative cache hit rate over time, pool blocks in use over time, for multi-turn
+the mean TTFT of each turn, and for returning-chats the host tier's hits and first / returning-turn
+TTFT. Timelines show the first repeat; bars show medians with min-max whiskers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from radixserve.bench.returning import WORKLOAD as RETURNING
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
 
 
@@ -125,6 +127,38 @@ def ttft_by_turn(results: dict, path: Path) -> bool:
     return True
 
 
+def host_tier(results: dict, path: Path) -> bool:
+    """returning-chats: hit rate split into device hits and host load-backs, and mean TTFT by turn."""
+    per_system = results["results"].get(RETURNING)
+    if not per_system:
+        return False
+    systems = list(per_system)
+    med = [per_system[s]["median"] for s in systems]
+    fig, (hits, turns) = plt.subplots(1, 2, figsize=(11, 4))
+    host = [m["hit_rate"] * m.get("host_hit_share", 0.0) for m in med]
+    device = [m["hit_rate"] - h for m, h in zip(med, host)]
+    colors = [_color(s) for s in systems]
+    hits.bar(range(len(systems)), device, color=colors, label="device pool")
+    hits.bar(range(len(systems)), host, bottom=device, color=colors, hatch="//", alpha=0.5, label="loaded from host")
+    hits.set_xticks(range(len(systems)), systems, rotation=20, ha="right", fontsize=8)
+    hits.set_ylim(0, 1)
+    hits.set_ylabel("hit rate (median)")
+    hits.set_title(f"{RETURNING}: prompt tokens served from cache")
+    hits.legend(fontsize=7)
+    for sname, m in zip(systems, med):
+        ks = sorted(int(k.removeprefix("ttft_ms_turn")) for k in m if k.startswith("ttft_ms_turn"))
+        turns.plot(ks, [m[f"ttft_ms_turn{k}"] for k in ks], marker="o", label=sname, color=_color(sname))
+    turns.set_xlabel("turn (1: first; later: returning after every other conversation's turn)")
+    turns.set_ylabel("mean TTFT, ms (log)")
+    turns.set_yscale("log")
+    turns.set_title(f"{RETURNING}: TTFT by turn")
+    turns.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_charts(results: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -134,4 +168,6 @@ def write_charts(results: dict, out_dir: Path) -> list[Path]:
         written.append(out_dir / name)
     if ttft_by_turn(results, out_dir / "ttft_by_turn.png"):
         written.append(out_dir / "ttft_by_turn.png")
+    if host_tier(results, out_dir / "host_tier.png"):
+        written.append(out_dir / "host_tier.png")
     return written

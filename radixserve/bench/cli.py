@@ -1,6 +1,7 @@
 """`radixserve bench`: the command line of the benchmark.
 
-    radixserve bench [run] --workload shared-prefix|multi-turn|random|all --systems a,b --repeats N
+    radixserve bench [run] --workload shared-prefix|multi-turn|random|bounded-pool|returning-chats|all
+                           --systems a,b --repeats N
                            --smoke --out DIR --publish docs/bench ...
     radixserve bench micro      # scheduler and radix-tree micro-benchmarks only
     radixserve bench step       # the engine's decode step vs the memory roofline (radixserve/bench/step_bench.py)
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
-from radixserve.bench.workloads import WORKLOADS
+from radixserve.bench.workloads import LOAD_MODES, WORKLOADS
 
 RUN_OUTPUTS = ("results.json", "table.md")
 
@@ -38,11 +39,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     g.add_argument("--param", action="append", default=[], metavar="WORKLOAD.FIELD=N",
                    help="override a workload parameter, e.g. shared-prefix.groups=8 (repeatable)")
-    g.add_argument("--load", choices=("closed", "open"), default=None, help="override every workload's load mode")
-    g.add_argument("--concurrency", type=int, default=None, help="closed loop: clients in flight")
+    g.add_argument("--load", choices=LOAD_MODES, default=None,
+                   help="override every workload's load mode (rounds: clients take the sessions' turns round-robin)")
+    g.add_argument("--concurrency", type=int, default=None, help="closed loop and rounds: clients in flight")
     g.add_argument("--request-rate", type=float, default=None, help="open loop: Poisson arrivals per second")
     g.add_argument("--pool-fraction", type=float, default=0.25,
-                   help="radixserve-pool25's pool as a fraction of the working set (default %(default)s)")
+                   help="radixserve-pool25(-host)'s pool as a fraction of the working set (default %(default)s)")
     g.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run (default %(default)s)")
     g.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
     g.add_argument("--no-charts", action="store_true", help="skip the PNG charts")

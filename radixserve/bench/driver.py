@@ -1,8 +1,10 @@
 """Runs one workload against one system and records what every request saw.
 
 Closed loop: `concurrency` clients each take the next session from a shared queue and send its turns
-one after another. Open loop: each session starts at its Poisson arrival time, however many are in
-flight. A turn's prompt is the session's history (earlier prompts plus the system's own replies)
+one after another. Rounds: the same clients take the next turn from a queue holding every session's
+turn 1, then every session's turn 2, ... (a turn still waits for its session's previous reply), so a
+session is idle while the others take their turns. Open loop: each session starts at its Poisson
+arrival time, however many are in flight. A turn's prompt is the session's history (earlier prompts plus the system's own replies)
 plus the turn's new tokens. All times are time.monotonic() seconds.
 
 Invariants: a run either returns a record for every request of the workload or raises; a run is
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from radixserve.bench.systems.base import PoolSample, System
-from radixserve.bench.workloads import Session, Workload
+from radixserve.bench.workloads import Session, Workload, send_order
 
 
 @dataclass
@@ -36,6 +38,7 @@ class RequestRecord:
     cached_tokens: int
     scheduled_time: float | None
     sequence: list[int] = field(repr=False, default_factory=list)  # prompt + output, for cache simulations
+    host_cached_tokens: int = 0  # the part of cached_tokens loaded back from a host-memory tier
 
     @property
     def ttft_s(self) -> float:
@@ -79,24 +82,29 @@ async def drive(system: System, workload: Workload, repeat: int, seed: int, time
                 on_record: Callable[[RequestRecord], None] | None = None) -> RunTrace:
     records: list[RequestRecord] = []
 
+    async def run_turn(session: Session, k: int, history: list[int]) -> list[int]:
+        """Send turn k after `history` (the session's sequence so far); returns the new sequence."""
+        turn = session.turns[k]
+        prompt = history + list(turn.new_tokens)
+        rid = f"{session.session_id}-t{k}-r{repeat}"
+        sent = time.monotonic()
+        done = await system.generate(prompt, turn.output_len, rid)
+        finished = time.monotonic()
+        if len(done.output_tokens) != turn.output_len or len(done.token_times) != turn.output_len:
+            raise RuntimeError(f"{system.name}: {rid} produced {len(done.output_tokens)} tokens, "
+                               f"wanted exactly {turn.output_len}")
+        record = RequestRecord(rid, session.session_id, session.group, k, len(prompt), turn.output_len, sent,
+                               finished, list(done.token_times), done.cached_tokens, done.scheduled_time,
+                               prompt + list(done.output_tokens), done.host_cached_tokens)
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+        return record.sequence
+
     async def run_session(session: Session) -> None:
         history: list[int] = []
-        for k, turn in enumerate(session.turns):
-            prompt = history + list(turn.new_tokens)
-            rid = f"{session.session_id}-t{k}-r{repeat}"
-            sent = time.monotonic()
-            done = await system.generate(prompt, turn.output_len, rid)
-            finished = time.monotonic()
-            if len(done.output_tokens) != turn.output_len or len(done.token_times) != turn.output_len:
-                raise RuntimeError(f"{system.name}: {rid} produced {len(done.output_tokens)} tokens, "
-                                   f"wanted exactly {turn.output_len}")
-            record = RequestRecord(rid, session.session_id, session.group, k, len(prompt), turn.output_len, sent,
-                                   finished, list(done.token_times), done.cached_tokens, done.scheduled_time,
-                                   prompt + list(done.output_tokens))
-            records.append(record)
-            if on_record is not None:
-                on_record(record)
-            history = record.sequence
+        for k in range(len(session.turns)):
+            history = await run_turn(session, k, history)
 
     async def closed_loop() -> None:
         queue = deque(workload.sessions)
@@ -104,6 +112,23 @@ async def drive(system: System, workload: Workload, repeat: int, seed: int, time
         async def client() -> None:
             while queue:
                 await run_session(queue.popleft())
+
+        await asyncio.gather(*(client() for _ in range(min(workload.load.concurrency, len(queue)))))
+
+    async def rounds() -> None:
+        queue = deque(send_order(workload))
+        histories: dict[str, list[int]] = {s.session_id: [] for s in workload.sessions}
+        # done[(session, k)] is set once turn k's reply is in: turn k + 1 may be taken by another client
+        # while turn k is still running, and then waits for it
+        done = {(s.session_id, k): asyncio.Event() for s, k in queue}
+
+        async def client() -> None:
+            while queue:
+                session, k = queue.popleft()
+                if k:
+                    await done[(session.session_id, k - 1)].wait()
+                histories[session.session_id] = await run_turn(session, k, histories[session.session_id])
+                done[(session.session_id, k)].set()
 
         await asyncio.gather(*(client() for _ in range(min(workload.load.concurrency, len(queue)))))
 
@@ -119,7 +144,8 @@ async def drive(system: System, workload: Workload, repeat: int, seed: int, time
     system.start_sampling()
     start = time.monotonic()
     try:
-        body = closed_loop() if workload.load.mode == "closed" else open_loop(start)
+        loops = {"closed": closed_loop, "rounds": rounds}
+        body = loops[workload.load.mode]() if workload.load.mode in loops else open_loop(start)
         try:
             await asyncio.wait_for(body, timeout_s)
         except asyncio.TimeoutError:

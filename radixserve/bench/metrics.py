@@ -25,6 +25,9 @@ CORE_METRICS = (
 POOL_METRICS = ("pool_blocks", "peak_blocks_used", "static_reservation_blocks", "peak_vs_static")
 BOUNDED_POOL_METRICS = ("working_set_blocks", "pool_fraction", "belady_hit_rate", "lru_sim_hit_rate",
                         "hit_rate_vs_belady")
+# returning-chats (computed in returning.py, which needs this module's percentile)
+RETURNING_METRICS = ("first_turn_ttft_ms_mean", "returning_ttft_ms_mean", "returning_ttft_ms_p50",
+                     "returning_hit_rate", "host_cached_tokens", "host_hit_share")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -114,8 +117,9 @@ def median_metrics(runs: Sequence[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
-def expected_metrics(has_pool: bool, bounded_pool: bool) -> tuple[str, ...]:
-    return CORE_METRICS + (POOL_METRICS if has_pool else ()) + (BOUNDED_POOL_METRICS if bounded_pool else ())
+def expected_metrics(has_pool: bool, bounded_pool: bool, returning: bool = False) -> tuple[str, ...]:
+    return (CORE_METRICS + (POOL_METRICS if has_pool else ()) + (BOUNDED_POOL_METRICS if bounded_pool else ())
+            + (RETURNING_METRICS if returning else ()))
 
 
 def check_complete(results: dict) -> list[str]:

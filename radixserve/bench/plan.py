@@ -5,7 +5,8 @@ Pool sizing per workload, in blocks: the working set is what an unbounded cache 
 trace (replies counted as unshareable placeholders of their fixed length); "ample" is that plus what
 the clients in flight could hold without any sharing, so no system is memory-bound and the cache
 never evicts; the bounded pool is `pool_fraction` of the working set, but never less than one
-request's blocks (a request that cannot fit could never run).
+request's blocks (a request that cannot fit could never run). The host tier of the bounded pool with
+it (`radixserve-pool25-host`) gets the ample number of blocks: the whole working set fits there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from radixserve.bench.belady import TraceRequest, working_set_blocks
-from radixserve.bench.systems import SYSTEM_DESCRIPTIONS, default_systems
+from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, default_systems
 from radixserve.bench.workloads import (
     DEFAULT_PARAMS,
     SMOKE_PARAMS,
@@ -25,6 +26,7 @@ from radixserve.bench.workloads import (
     Workload,
     build_workload,
     default_load,
+    send_order,
     with_overrides,
 )
 
@@ -90,6 +92,7 @@ class Sizing:
     ample_blocks: int
     bounded_blocks: int
     static_batch_size: int
+    host_blocks: int = 0  # the host tier of radixserve-pool25-host, in blocks of the device pool's size
 
 
 def make_load(name: str, params: object, o: BenchOptions) -> Load:
@@ -99,7 +102,7 @@ def make_load(name: str, params: object, o: BenchOptions) -> Load:
         if o.request_rate is None:
             raise BenchConfigError("--load open needs --request-rate")
         return Load("open", concurrency=base.concurrency, rate=o.request_rate)
-    return Load("closed", concurrency=o.concurrency or base.concurrency)
+    return Load(mode, concurrency=o.concurrency or base.concurrency)
 
 
 def build_workloads(o: BenchOptions, encode: Callable[[str], list[int]], vocab_size: int,
@@ -123,15 +126,16 @@ def build_workloads(o: BenchOptions, encode: Callable[[str], list[int]], vocab_s
 
 
 def placeholder_trace(w: Workload) -> list[TraceRequest]:
-    """The workload's requests with replies replaced by unique placeholders of the same length."""
+    """The workload's requests in the order one client sends them, with replies replaced by unique
+    placeholders of the same length."""
     fresh = itertools.count(-1, -1)
     trace = []
-    for s in w.sessions:
-        history: tuple[int, ...] = ()
-        for turn in s.turns:
-            prompt = history + turn.new_tokens
-            history = prompt + tuple(next(fresh) for _ in range(turn.output_len))
-            trace.append(TraceRequest(len(prompt), history))
+    histories: dict[str, tuple[int, ...]] = {}
+    for s, k in send_order(w):
+        turn = s.turns[k]
+        prompt = histories.get(s.session_id, ()) + turn.new_tokens
+        histories[s.session_id] = prompt + tuple(next(fresh) for _ in range(turn.output_len))
+        trace.append(TraceRequest(len(prompt), histories[s.session_id]))
     return trace
 
 
@@ -143,8 +147,8 @@ def size_pools(w: Workload, o: BenchOptions) -> Sizing:
     in_flight = len(w.sessions) if w.load.mode == "open" else min(w.load.concurrency, len(w.sessions))
     ample = o.num_blocks or ws + in_flight * (per_request + 1) + 16
     bounded = max(math.ceil(o.pool_fraction * ws), per_request + 2)
-    batch = min(in_flight, 64) if w.load.mode == "closed" else 16
-    return Sizing(ws, per_request, ample, bounded, batch)
+    batch = min(in_flight, 64) if w.load.mode != "open" else 16
+    return Sizing(ws, per_request, ample, bounded, batch, host_blocks=ample)
 
 
 def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple[list[str], list[str]]:
@@ -153,11 +157,16 @@ def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple
     wanted = list(o.systems or default_systems(cuda))
     run, skipped = [], []
     for name in wanted:
-        if w.name == "bounded-pool" and name not in ("radixserve", "radixserve-pool25"):
+        if w.name == "bounded-pool" and name not in ("radixserve", BOUNDED):
             skipped.append(f"{w.name}/{name}: this scenario compares radixserve's bounded pool with the offline "
                            "optimum only")
-        elif name == "radixserve-pool25" and w.name != "bounded-pool":
-            skipped.append(f"{w.name}/{name}: the bounded pool runs on the bounded-pool workload")
+        elif w.name == "returning-chats" and name not in ("radixserve", BOUNDED, BOUNDED_HOST):
+            skipped.append(f"{w.name}/{name}: this scenario compares radixserve's bounded pool with and without "
+                           "the host tier against an ample pool only")
+        elif name == BOUNDED and w.name not in ("bounded-pool", "returning-chats"):
+            skipped.append(f"{w.name}/{name}: the bounded pool runs on the bounded-pool and returning-chats workloads")
+        elif name == BOUNDED_HOST and w.name != "returning-chats":
+            skipped.append(f"{w.name}/{name}: the host tier runs on the returning-chats workload")
         elif name == "radixserve-triton" and not (device == "cuda" or (device == "auto" and cuda)):
             skipped.append(f"{w.name}/{name}: the Triton backend needs a CUDA device")
         else:

@@ -1,11 +1,13 @@
 """The human-readable report: a Markdown table of absolute figures per workload, radixserve's ratio
-to each peer, the bounded-pool comparison with Belady, the targets, and the micro-benchmarks.
+to each peer, the bounded-pool comparison with Belady, the host tier's figures and ratios
+(returning-chats), the targets, and the micro-benchmarks.
 The same text is printed to stdout and written to table.md."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from radixserve.bench import returning
 from radixserve.bench.systems import REFERENCE
 
 
@@ -97,6 +99,7 @@ def render(results: dict) -> str:
         lines += _turn_table(per_system) if wname == "multi-turn" else []
         lines += _ratio_lines(results.get("ratios", {}).get(wname, {}))
         lines += _bounded_lines(per_system)
+        lines += returning.report_lines(results) if wname == returning.WORKLOAD else []
     if results.get("targets"):
         lines += ["", "## Targets", "", "| target | value | goal | status |", "|---|---:|---:|---|"]
         for t in results["targets"]:

@@ -10,6 +10,7 @@ import os
 import platform
 from typing import Any
 
+from radixserve.bench import returning
 from radixserve.bench.driver import RunTrace
 from radixserve.bench.metrics import blocks_timeline, hit_rate_timeline
 from radixserve.bench.systems import REFERENCE
@@ -151,6 +152,7 @@ def evaluate_targets(results: dict) -> list[dict[str, Any]]:
         m = _median(results, workload, REFERENCE)
         targets.append(Target(f"{workload} hit rate / optimal (ample memory)", ">=", 0.99,
                               m["hit_rate_vs_optimal"] if m else None))
+    targets += [Target(name, op, goal, value) for name, op, goal, value in returning.target_values(results)]
     sched = results.get("micro", {}).get("scheduler", {}).get("256")
     targets.append(Target("scheduler CPU ms per step, 256 running sequences", "<=", 1.0,
                           sched["cpu_ms_per_step"] if sched else None))

@@ -1,6 +1,6 @@
 """Runs a planned benchmark: every repeat runs every workload on every planned system, interleaved so
-machine noise spreads over all systems, then folds repeats into medians and derives ratios, targets
-and the bounded-pool comparison with the offline optimum.
+machine noise spreads over all systems, then folds repeats into medians and derives ratios, targets,
+the bounded-pool comparison with the offline optimum and the host tier's figures (returning.py).
 
 Each run starts its system cold (a fresh engine, a fresh continuous-batching manager: no cache
 carried over), warms it up with one short request of tokens no workload contains, then measures.
@@ -20,12 +20,12 @@ from radixserve.bench.belady import simulate_pool, working_set_blocks
 from radixserve.bench.driver import RequestRecord, RunTrace, drive, warm_up
 from radixserve.bench.metrics import expected_metrics, median_metrics, pool_metrics, run_metrics, trace_requests
 from radixserve.bench.plan import BenchConfigError, BenchOptions, Sizing, build_workloads, plan_systems, size_pools
-from radixserve.bench.systems import SYSTEM_DESCRIPTIONS, SystemSettings, build_system
+from radixserve.bench.returning import WORKLOAD as RETURNING
+from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
+from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, SystemSettings, build_system
 from radixserve.bench.systems.hf_common import release_hf_models
 from radixserve.bench.textsource import byte_encoder
 from radixserve.bench.workloads import Workload
-
-BOUNDED = "radixserve-pool25"
 
 
 def _model_facts(model: str | None) -> tuple[str, str, Any, Any]:
@@ -57,6 +57,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
             raise BenchConfigError(f"no requested system runs on {w.name}: " + "; ".join(why))
         skipped += why
     warm_prompt = [spec.eos_token_ids[0] if spec.eos_token_ids else 0] * 8
+    block_bytes = kv_block_bytes(spec, o.block_size, o.device, o.dtype)
 
     traces: dict[str, dict[str, list[RunTrace]]] = {w.name: {s: [] for s in planned[w.name]} for w in workloads}
     extras: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -68,7 +69,9 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
             for w in workloads:
                 for name in planned[w.name]:
                     bar.set_postfix_str(f"repeat {repeat + 1}/{o.repeats} {w.name} {name}")
-                    trace, extra = await _run_one(name, w, repeat, settings, sizing[w.name], warm_prompt, o, bar)
+                    host_mb = host_cache_mb(sizing[w.name].host_blocks, block_bytes) if name == BOUNDED_HOST else 0.0
+                    trace, extra = await _run_one(name, w, repeat, settings, sizing[w.name], host_mb, warm_prompt, o,
+                                                  bar)
                     traces[w.name][name].append(trace)
                     extras[(w.name, name, repeat)] = extra
 
@@ -80,6 +83,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
         release_hf_models()
     results = _fold(o, workloads, planned, sizing, traces, extras)
     results["skipped"] = skipped
+    results["host_tier"] = host_tier_ratios(results)
     results["wall_time_s"] = time.time() - started
     results_mod.add_environment(results, o, (model_dir, model_name), spec, argv)
     if o.micro:
@@ -90,10 +94,10 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     return results
 
 
-async def _run_one(name: str, w: Workload, repeat: int, settings: SystemSettings, sizing: Sizing,
+async def _run_one(name: str, w: Workload, repeat: int, settings: SystemSettings, sizing: Sizing, host_mb: float,
                    warm_prompt: list[int], o: BenchOptions, bar: tqdm) -> tuple[RunTrace, dict[str, Any]]:
-    blocks = sizing.bounded_blocks if name == BOUNDED else sizing.ample_blocks
-    system = build_system(name, settings, blocks, sizing.static_batch_size)
+    blocks = sizing.bounded_blocks if name in (BOUNDED, BOUNDED_HOST) else sizing.ample_blocks
+    system = build_system(name, settings, blocks, sizing.static_batch_size, host_cache_mb=host_mb)
     await system.start()
     try:
         await warm_up(system, warm_prompt)
@@ -128,12 +132,15 @@ def _fold(o: BenchOptions, workloads: list[Workload], planned: dict[str, list[st
                 has_pool = name.startswith("radixserve")
                 if has_pool:
                     m |= pool_metrics(trace, bs, pool or 0)
-                if name == BOUNDED:
+                if name in (BOUNDED, BOUNDED_HOST):
                     m |= _bounded_metrics(trace, bs, pool or 0, m["hit_rate"])
+                if w.name == RETURNING:
+                    m |= returning_metrics(trace)
                 runs.append({"repeat": trace.repeat, "metrics": m, **results_mod.run_detail(trace, extra)})
                 out["systems"].setdefault(name, {"description": SYSTEM_DESCRIPTIONS[name], **extra["info"]})
             per_system[name] = {
-                "expected_metrics": list(expected_metrics(name.startswith("radixserve"), name == BOUNDED)),
+                "expected_metrics": list(expected_metrics(name.startswith("radixserve"), name in (BOUNDED, BOUNDED_HOST),
+                                                          w.name == RETURNING)),
                 "median": median_metrics([r["metrics"] for r in runs]),
                 "repeats": runs,
             }

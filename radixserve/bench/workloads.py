@@ -13,9 +13,14 @@ Every turn has a fixed output length, and every system is made to generate exact
 - bounded-pool: the shared-prefix shape with many groups and few clients, so that a pool of a
   quarter of the working set still fits every request: the scenario for comparing radixserve's
   eviction with the offline optimum.
+- returning-chats: many conversations with long histories that take turns round-robin, so each goes
+  idle while the others talk and comes back after its history has left a device pool of a quarter
+  of the working set: the scenario for the host-memory tier (load back vs recompute).
 
 Loads: closed loop (a fixed number of clients, each sending its session's next turn as soon as the
-previous one finished) or open loop (sessions arrive as a Poisson process at `rate` per second).
+previous one finished), rounds (the same clients, but they take turns from every session in
+round-robin order: turn 1 of each session, then turn 2 of each, ...) or open loop (sessions arrive
+as a Poisson process at `rate` per second).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dataclasses import dataclass, field
 
 from radixserve.bench.textsource import TokenStream
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random", "bounded-pool")
+WORKLOADS = ("shared-prefix", "multi-turn", "random", "bounded-pool", "returning-chats")
+LOAD_MODES = ("closed", "rounds", "open")
 
 
 @dataclass(frozen=True)
@@ -45,15 +51,15 @@ class Session:
 
 @dataclass(frozen=True)
 class Load:
-    mode: str = "closed"  # closed | open
-    concurrency: int = 1  # closed loop: clients; open loop: ignored
+    mode: str = "closed"  # closed | rounds | open
+    concurrency: int = 1  # closed loop and rounds: clients; open loop: ignored
     rate: float = 0.0  # open loop: sessions per second
 
     def __post_init__(self) -> None:
-        if self.mode not in ("closed", "open"):
-            raise ValueError(f"load mode must be closed or open, got {self.mode!r}")
-        if self.mode == "closed" and self.concurrency < 1:
-            raise ValueError("a closed loop needs concurrency >= 1")
+        if self.mode not in LOAD_MODES:
+            raise ValueError(f"load mode must be one of {', '.join(LOAD_MODES)}, got {self.mode!r}")
+        if self.mode != "open" and self.concurrency < 1:
+            raise ValueError(f"a {self.mode} load needs concurrency >= 1")
         if self.mode == "open" and not self.rate > 0:
             raise ValueError("an open loop needs a request rate > 0")
 
@@ -67,7 +73,10 @@ class Load:
         return out
 
     def describe(self) -> str:
-        return f"closed loop, {self.concurrency} clients" if self.mode == "closed" else f"open loop, {self.rate:g} req/s"
+        if self.mode == "open":
+            return f"open loop, {self.rate:g} req/s"
+        clients = f"{self.concurrency} client{'s' if self.concurrency != 1 else ''}"
+        return f"closed loop, {clients}" + (", sessions take turns round-robin" if self.mode == "rounds" else "")
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,16 @@ class MultiTurnParams:
 
 
 @dataclass(frozen=True)
+class ReturningChatsParams:
+    conversations: int = 8
+    turns: int = 3  # the first, then turns - 1 returns after every other conversation has had its turn
+    system_len: int = 128  # one system prompt shared by every conversation (stays hot on the device)
+    history_len: int = 896  # each conversation's earlier exchanges, already in its first prompt
+    user_len: int = 32
+    output_len: int = 8
+
+
+@dataclass(frozen=True)
 class RandomParams:
     requests: int = 8
     prompt_len: int = 128  # mean; each prompt is drawn from [prompt_len/2, 3*prompt_len/2]
@@ -105,11 +124,14 @@ class RandomParams:
 
 # Defaults are scaled so a full run (5 systems x 3 workloads x 3 repeats) takes minutes on 2 CPU
 # cores, where a 1024-token prefill costs ~3.4 s: prefill dominates, as in the SGLang / vLLM shapes.
+# returning-chats: 8 first prompts of ~1,056 tokens, 16 returning turns; with the host tier off each
+# returning turn recomputes its ~1,100-token history, about a minute and a half per repeat.
 DEFAULT_PARAMS: dict[str, object] = {
     "shared-prefix": SharedPrefixParams(),
     "multi-turn": MultiTurnParams(),
     "random": RandomParams(),
     "bounded-pool": BoundedPoolParams(),
+    "returning-chats": ReturningChatsParams(),
 }
 SMOKE_PARAMS: dict[str, object] = {
     "shared-prefix": SharedPrefixParams(groups=2, prompts_per_group=3, system_len=48, question_len=8, output_len=4),
@@ -117,6 +139,8 @@ SMOKE_PARAMS: dict[str, object] = {
                                   user_len=6, output_len=4),
     "random": RandomParams(requests=4, prompt_len=24, output_len=4),
     "bounded-pool": BoundedPoolParams(groups=4, prompts_per_group=2, system_len=32, question_len=8, output_len=4),
+    "returning-chats": ReturningChatsParams(conversations=4, turns=3, system_len=16, history_len=64, user_len=8,
+                                            output_len=4),
 }
 
 
@@ -138,7 +162,11 @@ class Workload:
 
 def default_load(name: str, params: object) -> Load:
     """Shared-prefix: everything submitted at once; multi-turn: one client per conversation;
-    random: 4 clients; bounded-pool: 2 clients (few requests pin blocks, as in the offline simulation)."""
+    random: 4 clients; bounded-pool: 2 clients (few requests pin blocks, as in the offline simulation);
+    returning-chats: one client taking the conversations' turns round-robin (each returning turn's
+    time to first token is then the cost of its history alone, loaded back or recomputed)."""
+    if isinstance(params, ReturningChatsParams):
+        return Load("rounds", concurrency=1)
     if isinstance(params, BoundedPoolParams):
         return Load("closed", concurrency=2)
     if isinstance(params, SharedPrefixParams):
@@ -173,6 +201,8 @@ def build_workload(name: str, params: object, load: Load, encode: Callable[[str]
         sessions = _multi_turn(params, stream)
     elif isinstance(params, RandomParams):
         sessions = _random(params, stream, rng)
+    elif isinstance(params, ReturningChatsParams):
+        sessions = _returning_chats(params, stream)
     else:
         raise TypeError(f"no workload builder for {type(params).__name__}")
     return Workload(name, tuple(sessions), load, dataclasses.asdict(params))
@@ -189,15 +219,31 @@ def _shared_prefix(p: SharedPrefixParams, stream: TokenStream, rng: random.Rando
     return sessions
 
 
-def _multi_turn(p: MultiTurnParams, stream: TokenStream) -> list[Session]:
+def _multi_turn(p: MultiTurnParams, stream: TokenStream, id_prefix: str = "mt") -> list[Session]:
     common = tuple(stream.take(p.common_prefix_len))
     sessions = []
     for c in range(p.conversations):
         first = common + tuple(stream.take(p.conversation_prefix_len)) + tuple(stream.take(p.user_len))
         turns = [Turn(first, p.output_len)]
         turns += [Turn(tuple(stream.take(p.user_len)), p.output_len) for _ in range(p.turns - 1)]
-        sessions.append(Session(f"mt-c{c}", c, tuple(turns)))
+        sessions.append(Session(f"{id_prefix}-c{c}", c, tuple(turns)))
     return sessions
+
+
+def _returning_chats(p: ReturningChatsParams, stream: TokenStream) -> list[Session]:
+    """The multi-turn shape with a long per-conversation history; what differs is the load (rounds)."""
+    shape = MultiTurnParams(conversations=p.conversations, turns=p.turns, common_prefix_len=p.system_len,
+                            conversation_prefix_len=p.history_len, user_len=p.user_len, output_len=p.output_len)
+    return _multi_turn(shape, stream, id_prefix="rc")
+
+
+def send_order(w: Workload) -> list[tuple[Session, int]]:
+    """(session, turn index) in the order one client sends them: session by session, or for a rounds
+    load turn k of every session before any session's turn k + 1 (open loops: session by session)."""
+    if w.load.mode != "rounds":
+        return [(s, k) for s in w.sessions for k in range(len(s.turns))]
+    rounds = max((len(s.turns) for s in w.sessions), default=0)
+    return [(s, k) for k in range(rounds) for s in w.sessions if k < len(s.turns)]
 
 
 def _random(p: RandomParams, stream: TokenStream, rng: random.Random) -> list[Session]:

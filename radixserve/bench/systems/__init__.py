@@ -2,7 +2,8 @@
 
 Every system runs the same model directory with the same dtype and device. Pool sizes are given in
 blocks of `block_size` tokens and are the same for every system with a pool, except the bounded-pool
-variant, which gets a fraction of the workload's working set on purpose.
+variants, which get a fraction of the workload's working set on purpose; the one with the host tier
+also gets a host pool (`host_cache_mb`) that holds the whole working set.
 """
 
 from __future__ import annotations
@@ -16,16 +17,21 @@ SYSTEM_DESCRIPTIONS = {
     "radixserve": "radixserve, prefix cache on, ample pool",
     "radixserve-nocache": "radixserve, prefix cache off (EngineConfig(enable_prefix_cache=False))",
     "radixserve-pool25": "radixserve, prefix cache on, pool = a fraction (default 25%) of the working set",
+    "radixserve-pool25-host": "radixserve-pool25 plus the host-memory tier (EngineConfig(host_cache_mb=...)), "
+                              "sized for the whole working set",
     "radixserve-triton": "radixserve, prefix cache on, Triton attention backend (CUDA only)",
     "hf-generate": "transformers generate, static left-padded batches",
     "hf-generate-batch": "transformers generate_batch (continuous batching, block sharing on)",
 }
 REFERENCE = "radixserve"
+BOUNDED = "radixserve-pool25"  # the bounded pool (a fraction of the working set), host tier off
+BOUNDED_HOST = "radixserve-pool25-host"  # the same pool with the host tier on
 PEERS = ("radixserve-nocache", "hf-generate", "hf-generate-batch")
 
 
 def default_systems(cuda: bool) -> tuple[str, ...]:
-    base = ("radixserve", "radixserve-nocache", "hf-generate", "hf-generate-batch", "radixserve-pool25")
+    base = ("radixserve", "radixserve-nocache", "hf-generate", "hf-generate-batch", "radixserve-pool25",
+            "radixserve-pool25-host")
     return base + (("radixserve-triton",) if cuda else ())
 
 
@@ -40,8 +46,10 @@ class SystemSettings:
     seed: int
 
 
-def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_size: int) -> System:
-    """A fresh system object (HF peers share their loaded weights across runs, see hf_common)."""
+def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_size: int,
+                 host_cache_mb: float = 0.0) -> System:
+    """A fresh system object (HF peers share their loaded weights across runs, see hf_common).
+    `host_cache_mb` is radixserve's host tier (0: off)."""
     if name.startswith("radixserve"):
         from radixserve.bench.systems.radix import RadixServeSystem
 
@@ -50,7 +58,7 @@ def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_siz
             max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
             enable_prefix_cache=name != "radixserve-nocache",
             attention_backend="triton" if name == "radixserve-triton" else "auto",
-            dtype=s.dtype, device=s.device, seed=s.seed,
+            dtype=s.dtype, device=s.device, seed=s.seed, host_cache_mb=host_cache_mb,
         )
         return RadixServeSystem(name, SYSTEM_DESCRIPTIONS[name], config)
     if name == "hf-generate":

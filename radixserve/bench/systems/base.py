@@ -19,6 +19,7 @@ class Completion:
     token_times: list[float]  # when each output token reached the client (monotonic seconds)
     cached_tokens: int  # prompt tokens the system served from a cache instead of computing them
     scheduled_time: float | None = None  # when the system began computing the request, if it says
+    host_cached_tokens: int = 0  # the part of cached_tokens loaded back from a host-memory tier
 
 
 @dataclass(frozen=True)

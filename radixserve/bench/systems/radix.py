@@ -19,6 +19,9 @@ from radixserve.config import EngineConfig
 from radixserve.core import StepInfo
 from radixserve.sampling_params import SamplingParams
 
+HOST_COUNTERS = ("host_blocks_total", "host_cached_tokens", "written_back_blocks", "write_back_s", "loaded_blocks",
+                 "load_s", "host_dropped_blocks", "swaps_out", "swaps_in")
+
 if TYPE_CHECKING:
     from radixserve.engine.async_engine import AsyncEngine
 
@@ -71,15 +74,20 @@ class RadixServeSystem(System):
             last = out
         if last is None or not last.finished:
             raise RuntimeError(f"{self.name}: request {request_id} ended without a final output")
-        return Completion(tokens, times, last.usage.cached_tokens, last.timing.first_scheduled)
+        return Completion(tokens, times, last.usage.cached_tokens, last.timing.first_scheduled,
+                          last.usage.host_cached_tokens)
 
-    def engine_counters(self) -> dict[str, int]:
-        """Cumulative engine counters (evictions, preemptions, ...) for the JSON report."""
+    def engine_counters(self) -> dict[str, float]:
+        """Cumulative engine counters (evictions, preemptions, host-tier traffic, ...) for the JSON report."""
         if self.engine is None:
             return {}
         s = self.engine.stats()
-        return {"evictions": s.evictions, "evicted_blocks": s.evicted_blocks, "preemptions": s.preemptions,
-                "computed_tokens": s.computed_tokens, "leaked_blocks": self.engine.leaked_blocks()}
+        counters: dict[str, float] = {"evictions": s.evictions, "evicted_blocks": s.evicted_blocks, "preemptions": s.preemptions,
+                                      "computed_tokens": s.computed_tokens,
+                                      "leaked_blocks": self.engine.leaked_blocks()}
+        if self.config.host_cache_mb > 0:
+            counters |= {name: getattr(s, name) for name in HOST_COUNTERS}
+        return counters
 
     async def stop(self) -> None:
         if self.engine is not None:
@@ -89,6 +97,7 @@ class RadixServeSystem(System):
     def info(self) -> SystemInfo:
         c = self.config
         return SystemInfo(self.name, self.description, block_size=c.block_size, num_blocks=self._num_blocks,
-                          settings={"enable_prefix_cache": c.enable_prefix_cache, "attention_backend": c.attention_backend,
+                          settings={"enable_prefix_cache": c.enable_prefix_cache, "host_cache_mb": c.host_cache_mb,
+                                    "attention_backend": c.attention_backend,
                                     "max_num_batched_tokens": c.max_num_batched_tokens, "max_num_seqs": c.max_num_seqs,
                                     "policy": c.policy, "device": c.device, "dtype": c.dtype})
