@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from radixserve.bench.returning import WORKLOAD as RETURNING
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
@@ -148,6 +149,7 @@ def host_tier(results: dict, path: Path) -> bool:
     for sname, m in zip(systems, med):
         ks = sorted(int(k.removeprefix("ttft_ms_turn")) for k in m if k.startswith("ttft_ms_turn"))
         turns.plot(ks, [m[f"ttft_ms_turn{k}"] for k in ks], marker="o", label=sname, color=_color(sname))
+    turns.xaxis.set_major_locator(MaxNLocator(integer=True))
     turns.set_xlabel("turn (1: first; later: returning after every other conversation's turn)")
     turns.set_ylabel("mean TTFT, ms (log)")
     turns.set_yscale("log")
