@@ -22,7 +22,7 @@ from radixserve.bench.metrics import expected_metrics, median_metrics, pool_metr
 from radixserve.bench.plan import BenchConfigError, BenchOptions, Sizing, build_workloads, plan_systems, size_pools
 from radixserve.bench.returning import WORKLOAD as RETURNING
 from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
-from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, SystemSettings, build_system
+from radixserve.bench.systems import AMPLE_HOST, BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, SystemSettings, build_system
 from radixserve.bench.systems.hf_common import release_hf_models
 from radixserve.bench.textsource import byte_encoder
 from radixserve.bench.workloads import Workload
@@ -69,7 +69,8 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
             for w in workloads:
                 for name in planned[w.name]:
                     bar.set_postfix_str(f"repeat {repeat + 1}/{o.repeats} {w.name} {name}")
-                    host_mb = host_cache_mb(sizing[w.name].host_blocks, block_bytes) if name == BOUNDED_HOST else 0.0
+                    tiered = name in (BOUNDED_HOST, AMPLE_HOST)
+                    host_mb = host_cache_mb(sizing[w.name].host_blocks, block_bytes) if tiered else 0.0
                     trace, extra = await _run_one(name, w, repeat, settings, sizing[w.name], host_mb, warm_prompt, o,
                                                   bar)
                     traces[w.name][name].append(trace)

@@ -3,7 +3,8 @@
 Every system runs the same model directory with the same dtype and device. Pool sizes are given in
 blocks of `block_size` tokens and are the same for every system with a pool, except the bounded-pool
 variants, which get a fraction of the workload's working set on purpose; the one with the host tier
-also gets a host pool (`host_cache_mb`) that holds the whole working set.
+also gets a host pool (`host_cache_mb`) that holds the whole working set, as does `radixserve-host`
+beside the ample pool.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ SYSTEM_DESCRIPTIONS = {
     "radixserve-pool25": "radixserve, prefix cache on, pool = a fraction (default 25%) of the working set",
     "radixserve-pool25-host": "radixserve-pool25 plus the host-memory tier (EngineConfig(host_cache_mb=...)), "
                               "sized for the whole working set",
+    "radixserve-host": "radixserve plus a host-memory tier as large as its pool: what the tier costs when "
+                       "everything fits (not run by default)",
     "radixserve-triton": "radixserve, prefix cache on, Triton attention backend (CUDA only)",
     "hf-generate": "transformers generate, static left-padded batches",
     "hf-generate-batch": "transformers generate_batch (continuous batching, block sharing on)",
@@ -26,6 +29,7 @@ SYSTEM_DESCRIPTIONS = {
 REFERENCE = "radixserve"
 BOUNDED = "radixserve-pool25"  # the bounded pool (a fraction of the working set), host tier off
 BOUNDED_HOST = "radixserve-pool25-host"  # the same pool with the host tier on
+AMPLE_HOST = "radixserve-host"  # the ample pool with a host tier of the same size (ask for it by name)
 PEERS = ("radixserve-nocache", "hf-generate", "hf-generate-batch")
 
 
