@@ -32,6 +32,7 @@ from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server import openai_api, rest
 from radixserve.server.api_errors import api_error_handler, error_response
 from radixserve.server.auth import bearer_token, key_matches, needs_key
+from radixserve.server.cache_stats import cache_stats_json
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.metrics import ServerMetrics
@@ -104,21 +105,9 @@ async def cache_stats(request: Request) -> Response:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
     st = await asyncio.to_thread(engine.stats)
-    requests = sum(st.requests_finished.values())
-    tracker = state.metrics.system_prompts
-    return JSONResponse({
-        "hit_rate": st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
-        "prompt_tokens": st.prompt_tokens, "cached_tokens": st.cached_tokens, "computed_tokens": st.computed_tokens,
-        "generation_tokens": st.generation_tokens, "requests": requests, "hit_requests": st.cache_hit_requests,
-        "request_hit_rate": st.cache_hit_requests / requests if requests else 0.0,
-        "blocks": {"total": st.blocks_total, "free": st.blocks_free, "used": st.blocks_used,
-                   "cached": st.blocks_cached, "block_size": engine.engine.config.block_size},
-        "tree": {"nodes": st.tree_nodes, "tokens": st.tree_tokens},
-        "evictions": st.evictions, "evicted_blocks": st.evicted_blocks, "preemptions": st.preemptions,
-        "running": st.num_running, "waiting": st.num_waiting,
-        "sessions": len(state.sessions) if state.sessions is not None else 0,
-        "system_prompts": tracker.table(SYSTEM_PROMPT_ROWS),
-    })
+    sessions = len(state.sessions) if state.sessions is not None else 0
+    return JSONResponse(cache_stats_json(st, engine.engine.config.block_size, sessions,
+                                         state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS)))
 
 
 class ApiKeyMiddleware:

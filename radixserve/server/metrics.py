@@ -174,6 +174,32 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("radixserve_requests_waiting", "Requests waiting", value=st.num_waiting)
         yield GaugeMetricFamily("radixserve_radix_tree_nodes", "Radix-tree nodes", value=st.tree_nodes)
         yield GaugeMetricFamily("radixserve_radix_tree_tokens", "Tokens held by the radix tree", value=st.tree_tokens)
+        yield from _host_tier_metrics(st)
+
+
+def _host_tier_metrics(st: Any) -> Iterator[Metric]:
+    """The host-memory tier and swap preemption; all 0 while the tier is off, so series never vanish."""
+    yield _counter("radixserve_prompt_tokens_cached_host", "Prompt tokens served from the cache that were "
+                   "loaded back from the host-memory tier", st.host_cached_tokens)
+    for direction, prefix, blocks, nbytes, seconds in (
+            ("device to host", "write_back", st.written_back_blocks, st.written_back_bytes, st.write_back_s),
+            ("host to device", "load_back", st.loaded_blocks, st.loaded_bytes, st.load_s)):
+        yield _counter(f"radixserve_host_{prefix}_blocks", f"KV blocks copied {direction}", blocks)
+        yield _counter(f"radixserve_host_{prefix}_bytes", f"Bytes of KV blocks copied {direction}", nbytes)
+        yield _counter(f"radixserve_host_{prefix}_seconds", f"Time the KV block copies {direction} took", seconds)
+    yield _counter("radixserve_host_dropped_blocks", "Host-tier blocks dropped (least recently used) to make room",
+                   st.host_dropped_blocks)
+    swaps = CounterMetricFamily("radixserve_swaps", "Preemptions by swap (out) and swapped sequences resumed (in)",
+                                labels=["direction"])
+    swaps.add_metric(["out"], st.swaps_out)
+    swaps.add_metric(["in"], st.swaps_in)
+    yield swaps
+    blocks = GaugeMetricFamily("radixserve_host_kv_blocks", "Host-tier KV blocks by state", labels=["state"])
+    blocks.add_metric(["used"], st.host_blocks_total - st.host_blocks_free)
+    blocks.add_metric(["free"], st.host_blocks_free)
+    yield blocks
+    yield GaugeMetricFamily("radixserve_host_kv_blocks_total", "KV blocks in the host tier (0: off)",
+                            value=st.host_blocks_total)
 
 
 class _ServerStateCollector(Collector):

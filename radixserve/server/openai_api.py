@@ -4,7 +4,8 @@ Stateless: each request renders the whole conversation with the chat template; t
 serves every prefix seen before. Unknown top-level fields are ignored (clients send extras), but
 features this server does not implement (tools, penalties, non-text response formats) are refused
 with 400 rather than silently ignored. usage.prompt_tokens_details.cached_tokens reports the
-prefix-cache hit.
+prefix-cache hit, and the extension field prompt_tokens_details.host_cached_tokens the part of it
+loaded back from the host-memory tier (0 while the tier is off).
 
 `logprobs` / `top_logprobs` (server/logprobs.py builds the bodies): a choice's logprobs list every
 token it generated, one entry per completion token, from the raw model distribution. A stream
@@ -155,7 +156,8 @@ def usage_body(out: RequestOutput) -> dict[str, Any]:
     u = out.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+            # host_cached_tokens is our extension: the part of cached_tokens loaded back from the host tier
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens, "host_cached_tokens": u.host_cached_tokens}}
 
 
 async def chat_completions(request: Request) -> Response:

@@ -25,7 +25,7 @@ from radixserve.server.validation import ApiError, build_sampling_params
 def usage_json(out: RequestOutput) -> dict[str, int]:
     u = out.usage
     return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
-            "completion_tokens": u.completion_tokens}
+            "host_cached_tokens": u.host_cached_tokens, "completion_tokens": u.completion_tokens}
 
 
 def timing_json(out: RequestOutput) -> dict[str, float]:
@@ -87,7 +87,8 @@ class SessionTurn:
                 async for out in outputs:
                     if self.last is None:
                         yield {"type": "start", **base, "prompt_tokens": out.usage.prompt_tokens,
-                               "cached_tokens": out.usage.cached_tokens}
+                               "cached_tokens": out.usage.cached_tokens,
+                               "host_cached_tokens": out.usage.host_cached_tokens}
                     self.last = out
                     for o in out.outputs[:1]:
                         self.generated += o.token_ids

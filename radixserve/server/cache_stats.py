@@ -1,0 +1,50 @@
+"""The JSON body of GET /v1/cache/stats: the engine's cache figures, the host-memory tier's and the
+per-system-prompt table, shaped for the web UI's dashboard (docs/protocol.md, "Cache and health").
+
+A pure function of an `EngineStats`, so its shape is tested without a server. Every key is present
+whether or not the host tier is on (`host.enabled` says which; its figures are then 0), so clients
+never have to probe for keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.engine.stats import EngineStats
+
+
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else 0.0
+
+
+def host_json(st: EngineStats) -> dict[str, Any]:
+    """The `host` object: the host-memory tier's pool, what it holds and the copies to and from it."""
+    return {
+        # sized from --host-cache-mb at start, and never to 0 blocks while on (that is refused)
+        "enabled": st.host_blocks_total > 0,
+        "blocks": {"total": st.host_blocks_total, "free": st.host_blocks_free,
+                   "used": st.host_blocks_total - st.host_blocks_free},
+        "nodes": st.host_nodes, "tokens": st.host_tokens, "hit_tokens": st.host_cached_tokens,
+        "write_back": {"blocks": st.written_back_blocks, "bytes": st.written_back_bytes, "seconds": st.write_back_s},
+        "load_back": {"blocks": st.loaded_blocks, "bytes": st.loaded_bytes, "seconds": st.load_s},
+        "dropped_blocks": st.host_dropped_blocks,
+    }
+
+
+def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_prompts: list[dict[str, Any]]) -> dict[str, Any]:
+    requests = sum(st.requests_finished.values())
+    return {
+        "hit_rate": _ratio(st.cached_tokens, st.prompt_tokens),
+        "prompt_tokens": st.prompt_tokens, "cached_tokens": st.cached_tokens,
+        "host_cached_tokens": st.host_cached_tokens, "computed_tokens": st.computed_tokens,
+        "generation_tokens": st.generation_tokens, "requests": requests, "hit_requests": st.cache_hit_requests,
+        "request_hit_rate": _ratio(st.cache_hit_requests, requests),
+        "blocks": {"total": st.blocks_total, "free": st.blocks_free, "used": st.blocks_used,
+                   "cached": st.blocks_cached, "block_size": block_size},
+        "tree": {"nodes": st.tree_nodes, "tokens": st.tree_tokens},
+        "evictions": st.evictions, "evicted_blocks": st.evicted_blocks, "preemptions": st.preemptions,
+        "swaps": {"out": st.swaps_out, "in": st.swaps_in},
+        "host": host_json(st),
+        "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,
+        "system_prompts": system_prompts,
+    }
