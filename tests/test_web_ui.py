@@ -382,6 +382,105 @@ def test_dashboard_charts_have_data(ui: Ui) -> None:
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
 
 
+# A host tier as /v1/cache/stats reports it (docs/protocol.md), every figure distinct.
+HOST_ON = {"enabled": True, "blocks": {"total": 1000, "free": 250, "used": 750}, "nodes": 12, "tokens": 3456,
+           "hit_tokens": 900, "write_back": {"blocks": 800, "bytes": 3 * 2**20, "seconds": 0.25},
+           "load_back": {"blocks": 400, "bytes": 3 * 2**19, "seconds": 0.5}, "dropped_blocks": 17}
+
+
+def test_dashboard_host_tier_panel(ui: Ui) -> None:
+    """Off on this server (no --host-cache-mb): the panel says so. With a host tier (the server's own
+    reply, its `host` object replaced) it shows the pool as a bar and the traffic; a reply without
+    `host` (an older server) hides it."""
+    page = ui.page
+    ui.open("#dashboard")
+    panel = page.locator("#host-panel")
+    expect(panel).to_be_visible()
+    assert ui.server.rest("GET", "/v1/cache/stats")["host"]["enabled"] is False
+    expect(panel).to_have_attribute("data-enabled", "false")
+    expect(page.locator("#host-state")).to_have_text("off")
+    expect(panel.locator(".host-off")).to_contain_text("--host-cache-mb")
+    expect(panel.locator(".host-bar")).to_have_count(0)
+
+    reply: dict[str, Any] = {"host": HOST_ON, "swaps": {"out": 7, "in": 5}, "cached_tokens": 1200}
+
+    def patched(route: Any) -> None:
+        body = json.loads(route.fetch().text())
+        body.update(reply)
+        if reply.get("host") is None:
+            del body["host"]
+        route.fulfill(json=body)
+
+    page.route("**/v1/cache/stats", patched)
+    expect(panel).to_have_attribute("data-enabled", "true")  # the next poll
+    expect(page.locator("#host-state")).to_have_text("on")
+    bar = panel.locator(".host-bar")
+    expect(bar).to_have_attribute("aria-valuenow", "750")
+    expect(bar).to_have_attribute("aria-valuemax", "1000")
+    assert bar.locator(".bar-fill").evaluate("e => e.style.width") == "75%"
+    expect(panel.locator(".host-blocks-used")).to_have_text("750 / 1,000 blocks used")
+    expect(panel.locator(".host-blocks-free")).to_have_text("250 free")
+
+    def card(key: str) -> Locator:
+        return panel.locator(f'.stat-card[data-key="{key}"]')
+
+    expect(card("hit_tokens").locator(".stat-value")).to_have_text("900")
+    expect(card("hit_tokens").locator(".stat-sub")).to_contain_text("75.0% of cached tokens")
+    expect(card("held").locator(".stat-value")).to_have_text("3,456 tokens")
+    expect(card("held").locator(".stat-sub")).to_have_text("12 radix-tree nodes")
+    expect(card("write_back").locator(".stat-value")).to_have_text("3.00 MiB")
+    expect(card("write_back").locator(".stat-sub")).to_have_text("800 blocks · 250 ms · 12.0 MiB/s")
+    expect(card("load_back").locator(".stat-value")).to_have_text("1.50 MiB")
+    expect(card("load_back").locator(".stat-sub")).to_have_text("400 blocks · 500 ms · 3.00 MiB/s")
+    expect(card("swaps").locator(".stat-value")).to_have_text("7 out · 5 in")
+    expect(card("swaps").locator(".stat-sub")).to_contain_text("preemptions")
+    expect(card("dropped").locator(".stat-value")).to_have_text("17 blocks")
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "dashboard_host_tier.png"), full_page=True)
+    page.set_viewport_size(ViewportSize(width=390, height=800))
+    assert page.evaluate("document.querySelector('#view-dashboard').scrollWidth <= window.innerWidth"), \
+        "the host panel overflows a phone-width screen"
+
+    reply["host"] = None
+    expect(panel).to_be_hidden()
+
+
+def test_reply_loaded_from_the_host_tier_shows_a_chip(ui: Ui) -> None:
+    """A turn whose usage says some cached tokens came from the host tier shows them (frames from the
+    server with host_cached_tokens set, as a server with a host tier sends them)."""
+    def from_host(ws: WebSocketRoute) -> None:
+        server = ws.connect_to_server()
+
+        def forward(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "start":
+                frame["host_cached_tokens"] = frame["cached_tokens"] = frame["prompt_tokens"] - 1
+            if frame.get("type") == "done":
+                u = frame["usage"]
+                u["host_cached_tokens"] = u["cached_tokens"] = u["prompt_tokens"] - 1
+            ws.send(json.dumps(frame))
+
+        server.on_message(forward)
+
+    ui.page.route_web_socket("**/v1/chat/ws*", from_host)
+    ui.open()
+    ui.send("Say hi.")
+    ui.wait_replies(1)
+    reply = ui.page.locator(".msg-assistant").last
+    chip = reply.locator(".meta-host")
+    expect(chip).to_be_visible()
+    assert chip_value(chip) == chip_value(reply.locator(".meta-prompt")) - 1 > 0
+    expect(chip.locator(".chip-value")).to_have_text(f"{chip_value(chip):,} tok")
+
+
+def test_reply_without_host_hits_has_no_host_chip(ui: Ui) -> None:
+    ui.open()
+    ui.send("Name a color.")
+    ui.wait_replies(1)
+    expect(ui.page.locator(".msg-assistant .meta-cached")).to_have_count(1)
+    expect(ui.page.locator(".msg-assistant .meta-host")).to_have_count(0)
+
+
 def test_malformed_replies_and_server_errors_are_shown(ui: Ui) -> None:
     page = ui.page
     page.route("**/v1/cache/stats", lambda route: route.fulfill(status=200, body="<html>not json</html>"))

@@ -1,5 +1,6 @@
 // Renders one conversation: user and assistant turns, the live streaming turn, and each assistant
-// turn's cache figures (prompt tokens, cached tokens and %, TTFT, tokens/s). Message objects are
+// turn's cache figures (prompt tokens, cached tokens and %, the part loaded back from the host-memory
+// tier when there is one, TTFT, tokens/s). Message objects are
 // plain data owned by the chat controller; this module keeps a WeakMap from message to its element
 // so a streamed delta re-renders only its own bubble.
 
@@ -22,7 +23,7 @@ function setChip(node, text) {
 
 function metaFor(msg) {
   const meta = h("div", { className: "msg-meta" });
-  const usage = msg.usage || (msg.start ? { prompt_tokens: msg.start.prompt_tokens, cached_tokens: msg.start.cached_tokens } : null);
+  const usage = msg.usage || msg.start || null;
   if (usage && Number.isFinite(usage.prompt_tokens)) {
     const p = chip("meta-prompt", "prompt", usage.prompt_tokens, "Tokens in the prompt, history included");
     setChip(p, `${fmtInt(usage.prompt_tokens)} tok`);
@@ -31,6 +32,11 @@ function metaFor(msg) {
     setChip(c, `${fmtInt(usage.cached_tokens)} (${fmtPct(ratio)})`);
     if (usage.cached_tokens > 0) c.classList.add("chip-hit");
     meta.append(p, c);
+    if (usage.host_cached_tokens > 0) {
+      const host = chip("meta-host", "from host", usage.host_cached_tokens, "Cached prompt tokens loaded back from the host-memory tier");
+      setChip(host, `${fmtInt(usage.host_cached_tokens)} tok`);
+      meta.append(host);
+    }
   }
   const t = msg.timing;
   if (t) {

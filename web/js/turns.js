@@ -104,7 +104,7 @@ export class Turns {
     switch (f.type) {
       case "start":
         if (!gen) return;
-        gen.msg.start = { prompt_tokens: f.prompt_tokens, cached_tokens: f.cached_tokens };
+        gen.msg.start = { prompt_tokens: f.prompt_tokens, cached_tokens: f.cached_tokens, host_cached_tokens: f.host_cached_tokens };
         this.queueRender(gen);
         return;
       case "delta":

@@ -55,6 +55,18 @@ export function fmtMs(ms) {
   return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
 }
 
+/** Bytes in binary units (KiB, MiB, GiB), three significant digits. */
+export function fmtBytes(n) {
+  if (!Number.isFinite(n)) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${Math.round(n)} B` : `${n >= 100 ? Math.round(n) : n.toPrecision(3)} ${units[i]}`;
+}
+
 export function fmtRate(v) {
   return Number.isFinite(v) ? `${v >= 100 ? Math.round(v) : v.toFixed(1)} tok/s` : "—";
 }
