@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from radixserve.core import StepInfo
+from radixserve.engine.stats import EngineStats
 
 NONE_KEY, OTHER_KEY = "none", "other"
 PROMOTE_AFTER = 2  # requests a system prompt needs before it may take a label value
@@ -177,7 +178,7 @@ class _EngineCollector(Collector):
         yield from _host_tier_metrics(st)
 
 
-def _host_tier_metrics(st: Any) -> Iterator[Metric]:
+def _host_tier_metrics(st: EngineStats) -> Iterator[Metric]:
     """The host-memory tier and swap preemption; all 0 while the tier is off, so series never vanish."""
     yield _counter("radixserve_prompt_tokens_cached_host", "Prompt tokens served from the cache that were "
                    "loaded back from the host-memory tier", st.host_cached_tokens)
@@ -194,10 +195,10 @@ def _host_tier_metrics(st: Any) -> Iterator[Metric]:
     swaps.add_metric(["out"], st.swaps_out)
     swaps.add_metric(["in"], st.swaps_in)
     yield swaps
-    blocks = GaugeMetricFamily("radixserve_host_kv_blocks", "Host-tier KV blocks by state", labels=["state"])
-    blocks.add_metric(["used"], st.host_blocks_total - st.host_blocks_free)
-    blocks.add_metric(["free"], st.host_blocks_free)
-    yield blocks
+    pool = GaugeMetricFamily("radixserve_host_kv_blocks", "Host-tier KV blocks by state", labels=["state"])
+    pool.add_metric(["used"], st.host_blocks_total - st.host_blocks_free)
+    pool.add_metric(["free"], st.host_blocks_free)
+    yield pool
     yield GaugeMetricFamily("radixserve_host_kv_blocks_total", "KV blocks in the host tier (0: off)",
                             value=st.host_blocks_total)
 
