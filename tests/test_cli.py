@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 CMD = [sys.executable, "-m", "radixserve.cli"]
 
 
@@ -30,7 +32,7 @@ def test_generate_and_help() -> None:
     assert "### Say hi." in out and "[cached 0/" in out
     help_text = run(["serve", "--help"])
     for flag in ("--block-size", "--kv-cache-memory-mb", "--max-num-batched-tokens", "--policy",
-                 "--attention-backend", "--port"):
+                 "--attention-backend", "--port", "--host-cache-mb", "--preemption-mode"):
         assert flag in help_text
 
 
@@ -39,6 +41,17 @@ def test_bad_model_path_is_a_clear_error() -> None:
                           text=True, timeout=120)
     assert proc.returncode != 0
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--host-cache-mb", "-1"], "must be >= 0"),
+    (["--host-cache-mb", "1e12"], "more host memory than this machine can pin"),
+    (["--preemption-mode", "swap"], "needs the host tier"),
+])
+def test_bad_host_tier_settings_are_clear_errors_at_start(flags: list[str], message: str) -> None:
+    proc = subprocess.run(CMD + ["generate", *flags, "hi"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
 # Runs `radixserve` with the server's libraries made unimportable: a subcommand that needs none of
