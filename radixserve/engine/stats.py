@@ -55,6 +55,8 @@ class EngineStats:
     host_dropped_blocks: int = 0  # host blocks dropped (least recently used) to make room
     swaps_out: int = 0  # preemptions by swap (the rest of `preemptions` recompute)
     swaps_in: int = 0  # swapped sequences resumed
+    admission_blocked: Counter[str] = field(default_factory=Counter)  # steps whose admission stopped, by cause
+    preemptions_by_cause: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def collect(cls, engine: LLMEngine) -> EngineStats:
@@ -74,6 +76,8 @@ class EngineStats:
         s.num_waiting = len(engine.scheduler.waiting)
         s.preemptions = engine.scheduler.preemptions
         s.swaps_out, s.swaps_in = engine.scheduler.swaps_out, engine.scheduler.swaps_in
+        s.admission_blocked = Counter(engine.scheduler.admission_blocked)
+        s.preemptions_by_cause = Counter(engine.scheduler.preemptions_by_cause)
         if tree is not None and tree.host_pool is not None:
             s.collect_host_tier(engine)
         return s

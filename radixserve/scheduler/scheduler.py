@@ -36,6 +36,7 @@ locked path passes through it.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Container
 
 from radixserve.cache.block_pool import BlockPool
@@ -55,6 +56,10 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
+        # why admission stopped ("blocks", "max_num_seqs", ...) and why sequences were preempted
+        # ("blocks", ...): per-cause counters for metrics
+        self.admission_blocked: Counter[str] = Counter()
+        self.preemptions_by_cause: Counter[str] = Counter()
         self.swaps_out = 0
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
@@ -115,7 +120,10 @@ class Scheduler:
 
     def _admit(self, batch: Batch, budget: int) -> None:
         for seq in self.waiting_in_order():
-            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            if budget == 0:
+                break
+            if len(self.running) >= self.config.max_num_seqs:
+                self.admission_blocked["max_num_seqs"] += 1
                 break
             if seq.has_pending_token:
                 continue  # preempted while its last token was in flight: it runs once that resolves
@@ -128,6 +136,7 @@ class Scheduler:
             n = min(seq.remaining, budget)
             if not self._reserve(seq, n):
                 self._release(seq)
+                self.admission_blocked["blocks"] += 1
                 break  # no blocks even after eviction: admit nothing after it (no overtaking)
             if seq.swapped_node is not None:  # resumed: its path may leave the host tier again
                 assert self.tree is not None
@@ -230,10 +239,11 @@ class Scheduler:
         return next((s for s in reversed(self.running) if s.seq_id not in scheduled), None)
 
     # -- leaving the running set ---------------------------------------------------------------
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence, cause: str = "blocks") -> None:
         """Cache what was computed, release the blocks, wait again; by swap when `preemption_mode`
         (or, under auto, the estimated cost) says so and the host tier can hold the sequence."""
         self.preemptions += 1
+        self.preemptions_by_cause[cause] += 1
         self.swaps_out += self._release(seq, swap=self._should_swap(seq))
         self.running.remove(seq)
         self.add(seq)
