@@ -38,6 +38,17 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", choices=POLICIES, default=d.policy, help="scheduling policy (default %(default)s)")
     g.add_argument("--max-wait-steps", type=int, default=d.max_wait_steps,
                    help="cache-aware: a request waiting this many steps goes ahead of cache hits (default %(default)s)")
+    g.add_argument("--aging-s", type=float, default=d.aging_s,
+                   help="priority, sjf: seconds of waiting worth one priority level / one job-size step (a doubling); "
+                        "0 turns aging off (default %(default)s)")
+    g.add_argument("--preempt-gap", type=float, default=d.preempt_gap,
+                   help="priority, sjf: a waiting request outranking a running one by this many levels preempts it "
+                        "when it cannot be admitted otherwise; 0 turns this off (default %(default)s)")
+    g.add_argument("--preempt-min-run-s", type=float, default=d.preempt_min_run_s,
+                   help="never preempt for an urgent request one that has run less than this (default %(default)s)")
+    g.add_argument("--new-token-ratio", type=float, default=d.new_token_ratio,
+                   help="output-aware admission: keep free blocks for this fraction of what running requests may "
+                        "still generate (decays while nothing is preempted); 0 turns it off (default %(default)s)")
     g.add_argument("--host-cache-mb", type=float, default=d.host_cache_mb,
                    help="host-memory KV tier in MiB (pinned on CUDA): evicted prefixes are written back there and "
                         "loaded back on a hit instead of recomputed; 0 turns it off (default %(default)s)")
@@ -58,7 +69,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-        max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps,
+        max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
+        preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, new_token_ratio=a.new_token_ratio,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POLICIES = ("fcfs", "cache-aware", "priority")
+POLICIES = ("fcfs", "cache-aware", "priority", "sjf")
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
@@ -27,8 +27,21 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
-    policy: str = "fcfs"  # fcfs | cache-aware | priority
+    policy: str = "fcfs"  # fcfs | cache-aware | priority | sjf (scheduler/policy.py)
     max_wait_steps: int = 64  # cache-aware: after this many steps waiting, a request goes first
+    cache_aware_max_queue: int = 128  # cache-aware: with more waiting than this, rank by arrival (bounded cost)
+    # priority and sjf: seconds of waiting worth one priority level / one job-size step (a doubling);
+    # 0 turns aging off (strict order, which can starve)
+    aging_s: float = 10.0
+    # priority and sjf: a waiting request that outranks a running one by at least this many levels
+    # preempts it when it cannot be admitted otherwise; 0 turns urgent preemption off
+    preempt_gap: float = 1.0
+    preempt_min_run_s: float = 1.0  # ... but never one that has run less than this (no thrashing)
+    # output-aware admission (scheduler/admission.py): blocks kept free for the running sequences'
+    # expected growth, as a fraction of what they may still generate; 0 turns it off
+    new_token_ratio: float = 0.7
+    new_token_ratio_min: float = 0.1
+    new_token_ratio_decay: float = 0.001  # per step, while nothing is preempted
     enable_prefix_cache: bool = True
     attention_backend: str = "auto"  # auto (triton on CUDA, torch otherwise) | triton | torch
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
@@ -57,6 +70,14 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_wait_steps < 1:
             raise ValueError("max_wait_steps must be >= 1")
+        if self.cache_aware_max_queue < 1:
+            raise ValueError("cache_aware_max_queue must be >= 1")
+        for name in ("aging_s", "preempt_gap", "preempt_min_run_s", "new_token_ratio_decay"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("new_token_ratio", "new_token_ratio_min"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         if self.kv_cache_memory_mb is not None and self.kv_cache_memory_mb <= 0:

@@ -123,6 +123,7 @@ class Request:
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host tier
+    queued_at: float | None = None  # when the scheduler first queued it (its clock): what aging counts from
     sequences: list[Sequence] = field(default_factory=list)
 
     @property
@@ -148,6 +149,7 @@ class Sequence:
     finish_reason: str | None = None
     admitted_once: bool = False
     waiting_since: int | None = None  # scheduler step it entered the waiting queue; None while running
+    running_since: float | None = None  # when it was last admitted (scheduler clock); None while waiting
     # set when the request still has to fork into n samples after this sequence's prompt
     pending_forks: int = 0
     # the pending last token reaches a length limit: the sequence ends when it resolves, so it is

@@ -93,7 +93,8 @@ def test_chunk_boundaries_at_every_offset(budget: int) -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_preemption_in_a_tiny_pool(arch: str, eager: bool, overlap: bool) -> None:
     # 8 blocks of 16 hold 128 tokens; six 40-token prompts growing by 16 need 24 blocks at once
-    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager, overlap=overlap)
+    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48, enforce_eager=eager, overlap=overlap,
+                   new_token_ratio=0.0)  # admission without a growth reserve: preemption is what is tested
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = random_prompts([40] * 6, seed=3)
     assert_matches(arch, llm, prompts, params)

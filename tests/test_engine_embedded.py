@@ -119,7 +119,8 @@ def test_host_tier_write_back_load_back_and_swap_match_transformers() -> None:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
-    tiered = LLM(max_num_batched_tokens=256, num_blocks=36, host_cache_mb=128, preemption_mode="swap")
+    tiered = LLM(max_num_batched_tokens=256, num_blocks=36, host_cache_mb=128, preemption_mode="swap",
+                 new_token_ratio=0.0)  # no growth reserve at admission: swaps must happen
     tok = tiered.tokenizer
     other = "You are a patient tutor of geography and arithmetic. Explain each answer in one sentence. " * 12
     groups = [[chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": q}])

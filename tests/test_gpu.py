@@ -26,7 +26,8 @@ PATHS = [pytest.param(eager, overlap, id=f"{'eager' if eager else 'graphs'}-{'ov
 
 
 def cuda_llm(arch: str, **kw) -> LLM:
-    kw = {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 64, "device": "cuda", "max_num_seqs": 16} | kw
+    kw = {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 64, "device": "cuda", "max_num_seqs": 16,
+          "new_token_ratio": 0.0} | kw  # no growth reserve: the tiny-pool tests must preempt
     return LLM(model=str(tiny_model_dir(arch)), **kw)
 
 

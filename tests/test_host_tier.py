@@ -22,7 +22,8 @@ OVERLAP = [pytest.param(True, id="overlap"), pytest.param(False, id="sync")]
 
 
 def tiered(arch: str, **kw) -> LLM:
-    return make_llm(arch, **({"num_blocks": 12, "host_cache_mb": 64.0} | kw))
+    # no growth reserve at admission (scheduler/admission.py): the tiny pools must preempt
+    return make_llm(arch, **({"num_blocks": 12, "host_cache_mb": 64.0, "new_token_ratio": 0.0} | kw))
 
 
 @pytest.mark.parametrize("overlap", OVERLAP)

@@ -2,7 +2,8 @@
 within a bounded number of steps, and no step is empty while work waits.
 
 The hypothesis test drives the real engine (tiny random-weight Llama) over random pool sizes, block
-sizes, token budgets, policies, host tiers and preemption modes, prompts built on shared prefixes (so hits end mid-block and paths
+sizes, token budgets, policies (urgent preemption included), output-aware admission on and off, host
+tiers and preemption modes, prompts built on shared prefixes (so hits end mid-block and paths
 carry straddled blocks), n > 1, preemption and aborts, with the integrity check after every step.
 The fixed tests are the reproductions of the wedges we found.
 """
@@ -131,15 +132,18 @@ requests_strategy = st.lists(st.builds(
 @given(block_size=st.sampled_from([1, 2, 4, 8, 16]), num_blocks=st.integers(2, 24),
        budget_blocks=st.integers(1, 4), max_num_seqs=st.integers(1, 6), policy=st.sampled_from(POLICIES),
        requests=requests_strategy, seed=st.integers(0, 2**16), host_blocks=st.sampled_from([0, 2, 8, 64]),
-       preemption=st.sampled_from(PREEMPTION_MODES))
+       preemption=st.sampled_from(PREEMPTION_MODES), new_token_ratio=st.sampled_from([0.0, 0.7]),
+       min_run_s=st.sampled_from([0.0, 1.0]))
 def test_every_accepted_request_finishes_within_bounded_steps(
         block_size: int, num_blocks: int, budget_blocks: int, max_num_seqs: int, policy: str,
-        requests: list[Req], seed: int, host_blocks: int, preemption: str) -> None:
+        requests: list[Req], seed: int, host_blocks: int, preemption: str, new_token_ratio: float,
+        min_run_s: float) -> None:
     # the host tier (a tiny one fills and drops, a large one holds everything) with each preemption mode
     host_mb = host_blocks * TINY_KV_BYTES_PER_TOKEN * block_size / 2**20
     engine = make_engine(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=block_size * budget_blocks, policy=policy, max_wait_steps=4,
-                         host_cache_mb=host_mb, preemption_mode=preemption if host_blocks else "auto")
+                         host_cache_mb=host_mb, preemption_mode=preemption if host_blocks else "auto",
+                         new_token_ratio=new_token_ratio, preempt_min_run_s=min_run_s)
     assert engine.host_pool is None if not host_blocks else engine.host_pool.num_blocks == host_blocks
     rng = random.Random(seed)
     capacity = block_size * num_blocks

@@ -3,6 +3,8 @@ waiting for an in-flight prefill of a shared prefix instead of computing it twic
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
@@ -11,8 +13,10 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler.scheduler import Scheduler
 
 
-def make(policy: str = "fcfs", num_blocks: int = 64, budget: int = 32, cache: bool = True) -> Scheduler:
-    config = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, policy=policy)
+def make(policy: str = "fcfs", num_blocks: int = 64, budget: int = 32, cache: bool = True, **kw: Any) -> Scheduler:
+    # output-aware admission off unless a test asks: these tests pin down the other rules
+    kw = {"new_token_ratio": 0.0} | kw
+    config = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, policy=policy, **kw)
     pool = BlockPool(num_blocks, 4)
     return Scheduler(config, pool, RadixTree(pool) if cache else None)
 

@@ -52,7 +52,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def serve(model: str, host_cache_mb: float) -> BackgroundServer:
-    engine = EngineConfig(model=model, num_blocks=POOL_BLOCKS, host_cache_mb=host_cache_mb, preemption_mode="swap")
+    engine = EngineConfig(model=model, num_blocks=POOL_BLOCKS, host_cache_mb=host_cache_mb, preemption_mode="swap",
+                          new_token_ratio=0.0)  # no growth reserve at admission: swaps must happen
     return BackgroundServer(lambda: AsyncEngine(engine), ServerConfig(port=0, web_dir=None))
 
 

@@ -88,6 +88,9 @@ class RadixStructure:
         self._clock = itertools.count(1)
         self.num_nodes = 0
         self.num_tokens = 0
+        # device blocks listed by unlocked nodes (straddled ones twice): what eviction could free at
+        # most, for the scheduler's admission estimate
+        self.evictable_blocks = 0
 
     # -- lookup --------------------------------------------------------------------------------
     def match(self, tokens: list[int], split: bool = True) -> Match:
@@ -202,6 +205,7 @@ class RadixStructure:
     def _attach(self, parent: RadixNode, child: RadixNode) -> None:
         parent.children[child.tokens[0]] = child
         parent.device_children += 1
+        self.evictable_blocks += len(child.blocks) if child.lock_count == 0 else 0
         self.num_nodes += 1
         self.num_tokens += len(child.tokens)
         child.last_access = next(self._clock)
@@ -221,6 +225,7 @@ class RadixStructure:
         if upper_last == lower_first:  # the block at the cut is now listed by both nodes
             if node.blocks:
                 self.pool.incref(node.blocks[upper_last - first])
+                self.evictable_blocks += int(node.lock_count == 0)
             if node.host_blocks:
                 assert self.host_pool is not None
                 self.host_pool.incref(node.host_blocks[upper_last - first])
@@ -244,6 +249,7 @@ class RadixStructure:
             assert n.blocks, "lock of a node that is not on the device"
             n.lock_count += 1
             if n.lock_count == 1:  # only the first lock changes what eviction may take
+                self.evictable_blocks -= len(n.blocks)
                 self._refresh(n)
             n = n.parent
 
@@ -253,6 +259,7 @@ class RadixStructure:
             assert n.lock_count > 0, "unlock of an unlocked node"
             n.lock_count -= 1
             if n.lock_count == 0:
+                self.evictable_blocks += len(n.blocks)
                 self._refresh(n)
             n = n.parent
 
@@ -309,6 +316,8 @@ class RadixStructure:
     def _set_blocks(self, n: RadixNode, blocks: list[int]) -> None:
         """Give `n` a device copy, or take it away ([]); the caller moves the references."""
         was = bool(n.blocks)
+        if n.lock_count == 0:
+            self.evictable_blocks += len(blocks) - len(n.blocks)
         n.blocks = blocks
         assert n.parent is not None
         n.parent.device_children += int(bool(blocks)) - int(was)

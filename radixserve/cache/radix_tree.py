@@ -158,6 +158,7 @@ class RadixTree(RadixStructure):
             n = stack.pop()
             stack.extend(n.children.values())
             self._unlist(n)
+            self.evictable_blocks -= len(n.blocks)  # an evicted node is never locked
             freed_device += self.pool.release(n.blocks)
             if n.host_blocks:
                 assert self.host_pool is not None

@@ -41,5 +41,7 @@ def check_tree(tree: RadixStructure) -> None:
         if tree._droppable(n):
             droppable.add(n.id)
         assert n.in_lru == (n.id in evictable) and n.in_host_lru == (n.id in droppable), f"node {n.id}: stale LRU flags"
+    listed = sum(len(n.blocks) for n in nodes if n.lock_count == 0)
+    assert tree.evictable_blocks == listed, f"evictable_blocks {tree.evictable_blocks} != {listed} listed by unlocked nodes"
     assert {n.id for n in tree._lru} == evictable, "device LRU set is not the evictable nodes"
     assert {n.id for n in tree._host_lru} == droppable, "host LRU set is not the droppable host copies"

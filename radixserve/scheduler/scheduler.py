@@ -36,20 +36,28 @@ locked path passes through it.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import Match, RadixTree, common_prefix_len
 from radixserve.config import EngineConfig
 from radixserve.core import Batch, BlockCopy, CopyKind, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.scheduler.admission import GrowthReserve
 from radixserve.scheduler.integrity import check_integrity, leaked_blocks
+from radixserve.scheduler.policy import Policy
 from radixserve.scheduler.preemption import PreemptionCosts
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: BlockPool, tree: RadixTree | None) -> None:
+    def __init__(self, config: EngineConfig, pool: BlockPool, tree: RadixTree | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.clock = clock  # seconds: what aging and minimum run times are measured with
+        self.policy = Policy(config, tree, clock)
+        self.growth = GrowthReserve(config.new_token_ratio, config.new_token_ratio_min, config.new_token_ratio_decay,
+                                    pool.block_size)
         self.pool = pool
         self.tree = tree
         self.block_size = pool.block_size
@@ -71,30 +79,33 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         seq.waiting_since = self.steps  # arrival, or preemption: the wait counts from entering the queue
+        seq.running_since = None
+        if seq.request.queued_at is None:
+            seq.request.queued_at = self.clock()
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
         """Join the running set, which is kept sorted in policy order (forks join directly: their
         blocks are shared with the parent's)."""
         seq.status = SequenceStatus.RUNNING
-        bisect.insort(self.running, seq, key=self._order_key)
+        now = self.clock()
+        bisect.insort(self.running, seq, key=lambda s: self.policy.rank(s, now))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _order_key(self, seq: Sequence) -> tuple[int, ...]:
-        if self.config.policy == "priority":
-            return (seq.request.priority, *seq.sort_key)
-        return seq.sort_key
-
     # -- the step plan -------------------------------------------------------------------------
     def schedule(self) -> Batch:
         self.steps += 1
+        self.growth.step()
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
         # `running` is kept in policy order, so decodes-then-prefills needs no sort
         decodes = [s for s in self.running if len(s.token_ids) - s.num_computed == 1 and not s.final_token_pending]
+        if self.policy.ranks_by_merit and self.config.preempt_gap > 0 and self.waiting and self.running:
+            budget -= self._admit_urgent(batch, budget - len(decodes))
+            scheduled.update(it.seq.seq_id for it in batch.items)
         prefills = [s for s in self.running if len(s.token_ids) - s.num_computed > 1]
         for seq in decodes + prefills:
             if budget == 0:
@@ -119,6 +130,7 @@ class Scheduler:
         return batch
 
     def _admit(self, batch: Batch, budget: int) -> None:
+        reserve = self.growth.total(self.running)
         for seq in self.waiting_in_order():
             if budget == 0:
                 break
@@ -127,45 +139,85 @@ class Scheduler:
                 break
             if seq.has_pending_token:
                 continue  # preempted while its last token was in flight: it runs once that resolves
-            taken = self._take_cached_prefix(seq)
-            if not seq.admitted_once and taken is not None:
-                # a load-back done by an attempt that could not admit still served this request
-                seq.request.host_cached_tokens = max(seq.request.host_cached_tokens, taken[1])
+            taken = self._take(seq)
             if taken is None:
                 continue  # a running prefill will cache this sequence's prefix shortly
             n = min(seq.remaining, budget)
+            own = self.growth.blocks(seq)
+            room = self._room_after(seq, n)  # below 0: a shortage of blocks, which _reserve tells exactly
+            if self.running and 0 <= room < reserve + own:
+                self._release(seq)
+                self.admission_blocked["watermark"] += 1
+                break  # the running sequences' expected growth needs the rest (no overtaking)
             if not self._reserve(seq, n):
                 self._release(seq)
                 self.admission_blocked["blocks"] += 1
                 break  # no blocks even after eviction: admit nothing after it (no overtaking)
-            if seq.swapped_node is not None:  # resumed: its path may leave the host tier again
-                assert self.tree is not None
-                self.tree.unpin(seq.swapped_node)
-                seq.swapped_node = None
-                self.swaps_in += 1
-            if not seq.admitted_once:
-                seq.admitted_once = True
-                seq.request.cached_tokens = taken[0]
-                seq.request.host_cached_tokens = min(taken[0], seq.request.host_cached_tokens)
-            seq.waiting_since = None
-            self.waiting.remove(seq)
-            self.add_running(seq)
-            batch.items.append(ScheduledSeq(seq, seq.num_computed, n))
+            self._admitted(seq, taken, n, batch)
+            reserve += own
             budget -= n
 
+    def _admit_urgent(self, batch: Batch, budget: int) -> int:
+        """Under priority and sjf, before anything else is scheduled: if the best-ranked waiting
+        sequence outranks running ones by at least `preempt_gap` and cannot be admitted as things
+        stand, preempt the worst-ranked of those (each running for at least `preempt_min_run_s`)
+        until it fits. Returns the budget it took."""
+        now, config = self.clock(), self.config
+        ready = [s for s in self.waiting if not s.has_pending_token]
+        if not ready or budget <= 0:
+            return 0
+        head = min(ready, key=lambda s: self.policy.rank(s, now))
+        head_rank = self.policy.rank(head, now)[0]
+        victims = sorted((s for s in self.running if self.policy.rank(s, now)[0] - head_rank >= config.preempt_gap
+                          and s.running_since is not None and now - s.running_since >= config.preempt_min_run_s),
+                         key=lambda s: self.policy.rank(s, now), reverse=True)
+        if not victims:
+            return 0
+        taken = self._take(head)
+        if taken is None:
+            return 0
+        n = min(head.remaining, budget)
+        while len(self.running) >= config.max_num_seqs or not self._reserve(head, n):
+            if not victims:
+                self._release(head)
+                return 0
+            self.preempt(victims.pop(0), cause="urgent")
+        self._admitted(head, taken, n, batch)
+        return n
+
+    def _take(self, seq: Sequence) -> tuple[int, int] | None:
+        taken = self._take_cached_prefix(seq)
+        if not seq.admitted_once and taken is not None:
+            # a load-back done by an attempt that could not admit still served this request
+            seq.request.host_cached_tokens = max(seq.request.host_cached_tokens, taken[1])
+        return taken
+
+    def _room_after(self, seq: Sequence, n: int) -> int:
+        """Blocks free or evictable once `seq` has blocks for its next n tokens (an estimate: the
+        tree counts blocks listed by unlocked nodes, straddled ones twice)."""
+        assert self.tree is None or self.tree.evictable_blocks >= 0
+        evictable = self.tree.evictable_blocks if self.tree is not None else 0
+        needed = max(0, -(-(seq.num_computed + n) // self.block_size) - len(seq.block_table))
+        return self.pool.num_free + evictable - needed
+
+    def _admitted(self, seq: Sequence, taken: tuple[int, int], n: int, batch: Batch) -> None:
+        if seq.swapped_node is not None:  # resumed: its path may leave the host tier again
+            assert self.tree is not None
+            self.tree.unpin(seq.swapped_node)
+            seq.swapped_node = None
+            self.swaps_in += 1
+        if not seq.admitted_once:
+            seq.admitted_once = True
+            seq.request.cached_tokens = taken[0]
+            seq.request.host_cached_tokens = min(taken[0], seq.request.host_cached_tokens)
+        seq.waiting_since = None
+        seq.running_since = self.clock()
+        self.waiting.remove(seq)
+        self.add_running(seq)
+        batch.items.append(ScheduledSeq(seq, seq.num_computed, n))
+
     def waiting_in_order(self) -> list[Sequence]:
-        if self.config.policy == "cache-aware" and self.tree is not None:
-            # longest cached prefix first (ties by arrival), so hot prefixes are reused before eviction
-            tree, overdue_after = self.tree, self.steps - self.config.max_wait_steps
-
-            def key(s: Sequence) -> tuple[int, ...]:
-                assert s.waiting_since is not None
-                if s.waiting_since < overdue_after:
-                    return (0, 0, *s.sort_key)
-                return (1, -tree.match(s.token_ids[:-1], split=False).length, *s.sort_key)
-
-            return sorted(self.waiting, key=key)
-        return sorted(self.waiting, key=self._order_key)
+        return self.policy.waiting_order(self.waiting, self.steps)
 
     def _take_cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
         """Share the longest cached prefix (never the last token: its logits are needed), loading
@@ -244,6 +296,8 @@ class Scheduler:
         (or, under auto, the estimated cost) says so and the host tier can hold the sequence."""
         self.preemptions += 1
         self.preemptions_by_cause[cause] += 1
+        if cause == "blocks":
+            self.growth.preempted()
         self.swaps_out += self._release(seq, swap=self._should_swap(seq))
         self.running.remove(seq)
         self.add(seq)

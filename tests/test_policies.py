@@ -1,0 +1,212 @@
+"""Scheduling policies without a model (a fake clock, one second per step): aging bounds how long a
+low-priority or long request waits under a stream of better-ranked ones (and without aging it
+starves), sjf admits the shortest job first, cache-aware the hot prefix first and arrival order on
+a long queue, urgent arrivals preempt under priority (never a sequence younger than the minimum run
+time), and output-aware admission keeps blocks for the running sequences' growth. The engine tests
+at the end check outputs against transformers with urgent preemption and the growth reserve."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from test_engine import assert_matches, make_llm, random_prompts
+
+from radixserve import SamplingParams
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import RadixTree
+from radixserve.config import EngineConfig
+from radixserve.core import Request, Sequence, SequenceStatus
+from radixserve.scheduler.scheduler import Scheduler
+
+_orders = itertools.count()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(clock: FakeClock, **kw: Any) -> Scheduler:
+    config = EngineConfig(**({"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 64,
+                              "new_token_ratio": 0.0} | kw))
+    pool = BlockPool(config.num_blocks or 1, 4)
+    return Scheduler(config, pool, RadixTree(pool), clock=clock)
+
+
+def add(sched: Scheduler, tokens: list[int], max_tokens: int = 2, priority: int = 0) -> Sequence:
+    order = next(_orders)
+    req = Request(f"r{order}", tokens, SamplingParams(max_tokens=max_tokens), priority=priority, order=order)
+    s = Sequence(req, 0, list(tokens), len(tokens))
+    req.sequences.append(s)
+    sched.add(s)
+    return s
+
+
+def step(sched: Scheduler, clock: FakeClock) -> list[Sequence]:
+    """One step: schedule, pretend the model ran (token 7), finish at max_tokens; 1 s passes."""
+    batch = sched.schedule()
+    sched.complete(batch)
+    for item in batch.items:
+        seq = item.seq
+        if item.samples:
+            seq.token_ids.append(7)
+            if seq.num_generated >= seq.request.params.max_tokens:
+                sched.finish(seq, "length")
+    sched.check_integrity()
+    clock.now += 1.0
+    return [it.seq for it in batch.items]
+
+
+def steps_until_done(sched: Scheduler, clock: FakeClock, target: Sequence, arrivals: Any, limit: int) -> int | None:
+    """Steps until `target` finishes while `arrivals(step)` keeps adding work; None if it never does."""
+    for n in range(limit):
+        arrivals(n)
+        step(sched, clock)
+        if target.status is SequenceStatus.FINISHED:
+            return n + 1
+    return None
+
+
+@pytest.mark.parametrize("aging_s", [2.0, 0.0])
+def test_priority_aging_bounds_the_wait_and_without_it_a_request_starves(aging_s: float) -> None:
+    clock = FakeClock()
+    sched = make(clock, policy="priority", aging_s=aging_s, max_num_seqs=1, preempt_gap=0.0)
+    low = add(sched, [1] * 6, priority=2)
+    # a higher-priority request arrives every step, more than one slot can serve
+    done = steps_until_done(sched, clock, low, lambda n: add(sched, [2, n % 50 + 3, 4], priority=0), 300)
+    if aging_s == 0:
+        assert done is None, "with aging off the low-priority request should starve"
+        return
+    # it outranks every arrival later than gap * aging_s = 4 s after it; the ones before take 3 steps
+    # each (one prompt step and two tokens), then it runs its own 3
+    assert done is not None and done <= (2 * 2.0 + 1) * 3 + 3, done
+
+
+@pytest.mark.parametrize("aging_s", [1.0, 0.0])
+def test_sjf_aging_lets_a_long_job_through_a_stream_of_short_ones(aging_s: float) -> None:
+    clock = FakeClock()
+    sched = make(clock, policy="sjf", aging_s=aging_s, max_num_seqs=1, preempt_gap=0.0)
+    long = add(sched, list(range(10, 74)), max_tokens=64)  # 128 tokens of work: rank log2(128) = 7
+    done = steps_until_done(sched, clock, long, lambda n: add(sched, [2, n % 50 + 3], max_tokens=2), 400)
+    if aging_s == 0:
+        assert done is None, "with aging off the long job should starve"
+        return
+    # short jobs rank log2(4) = 2: the long one outranks arrivals 5 s younger than it; it then runs 65 steps
+    assert done is not None and done <= (5 + 1) * 3 + 65 + 3, done
+
+
+def test_sjf_orders_a_mixed_queue_shortest_first() -> None:
+    clock = FakeClock()
+    sched = make(clock, policy="sjf", max_num_seqs=1)
+    jobs = {"mid": add(sched, [1] * 20, max_tokens=8), "short": add(sched, [2] * 4, max_tokens=2),
+            "long": add(sched, [3] * 40, max_tokens=30)}
+    order: list[str] = []
+    for _ in range(120):
+        for s in step(sched, clock):
+            name = next(k for k, v in jobs.items() if v is s)
+            if name not in order:
+                order.append(name)
+    assert order == ["short", "mid", "long"]
+
+
+def test_cache_aware_admits_the_hot_prefix_first_and_falls_back_to_arrival_order() -> None:
+    clock = FakeClock()
+    sched = make(clock, policy="cache-aware", max_num_seqs=1, cache_aware_max_queue=3)
+    hot = list(range(100, 140))
+    add(sched, hot + [1])
+    while sched.has_work():
+        step(sched, clock)
+    cold, warm = add(sched, list(range(300, 340))), add(sched, hot + [2])
+    assert sched.waiting_in_order() == [warm, cold]  # the hot prefix first
+    calls = 0
+    match = sched.tree.match  # type: ignore[union-attr]
+
+    def counting(*a: Any, **k: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return match(*a, **k)
+
+    sched.tree.match = counting  # type: ignore[union-attr, method-assign]
+    more = [add(sched, list(range(500 + i, 540 + i))) for i in range(2)]
+    assert sched.waiting_in_order() == [cold, warm, *more] and calls == 0  # 4 waiting > 3: arrival order
+
+
+def test_urgent_arrival_preempts_the_lowest_ranked_after_its_minimum_run_time() -> None:
+    clock = FakeClock()
+    sched = make(clock, policy="priority", num_blocks=8, preempt_gap=1.0, preempt_min_run_s=3.0, aging_s=0.0)
+    lows = [add(sched, [i] * 12, max_tokens=20, priority=5) for i in (1, 2)]  # 2 x (12 + 20) tokens fill 8 blocks
+    step(sched, clock)
+    urgent = add(sched, [9] * 12, max_tokens=2, priority=0)
+    step(sched, clock)  # the lows have run 1 s: below the minimum run time, nobody is preempted
+    assert urgent.status is SequenceStatus.WAITING and sched.preemptions_by_cause["urgent"] == 0
+    clock.now += 2.0
+    ran = step(sched, clock)
+    assert urgent in ran and sched.preemptions_by_cause["urgent"] >= 1
+    assert lows[1].status is SequenceStatus.WAITING  # the later of the two equals is preempted first
+    same = add(sched, [8] * 12, max_tokens=2, priority=5)  # no better than the running: never preempts
+    before = sched.preemptions_by_cause["urgent"]
+    step(sched, clock)
+    assert sched.preemptions_by_cause["urgent"] == before and same.status is SequenceStatus.WAITING
+
+
+def test_output_aware_admission_keeps_room_for_growth() -> None:
+    clock = FakeClock()
+    runs = {}
+    for ratio in (0.0, 1.0):
+        sched = make(clock, num_blocks=12, new_token_ratio=ratio, new_token_ratio_min=ratio)
+        for i in range(4):  # 4 x (8 + 16) tokens need 24 blocks at their longest, the pool has 12
+            add(sched, [i + 1] * 8, max_tokens=16)
+        while sched.has_work():
+            step(sched, clock)
+        runs[ratio] = sched
+    assert runs[0.0].preemptions > 0 and runs[0.0].admission_blocked["watermark"] == 0
+    assert runs[1.0].preemptions == 0 and runs[1.0].admission_blocked["watermark"] > 0
+    assert runs[1.0].growth.reserved_blocks >= 0
+
+
+def test_growth_ratio_decays_and_resets_on_preemption() -> None:
+    sched = make(FakeClock(), new_token_ratio=0.5, new_token_ratio_min=0.1, new_token_ratio_decay=0.1)
+    for _ in range(10):
+        sched.growth.step()
+    assert sched.growth.ratio == pytest.approx(0.1)
+    sched.growth.preempted()
+    assert sched.growth.ratio == 0.5
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_urgent_preemption_and_growth_reserve_keep_outputs_equal_to_transformers(arch: str) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    llm = make_llm(arch, num_blocks=8, max_num_batched_tokens=48, policy="priority", preempt_min_run_s=0.0,
+                   new_token_ratio=0.0)
+    engine = llm.engine
+    lows = random_prompts([40] * 3, seed=41)
+    low_ids = [engine.add_request(p, params, priority=3) for p in lows]
+    urgent = random_prompts([30], seed=42)[0]
+    urgent_id = ""
+    outs: dict[str, list[int]] = {}
+    order: list[str] = []
+    for n in range(300):
+        if n == 2:  # the lows hold the pool by now
+            urgent_id = engine.add_request(urgent, params, priority=0)
+        if n > 2 and not engine.has_unfinished():
+            break
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
+            if out.finished:
+                order.append(out.request_id)
+    assert engine.stats().preemptions_by_cause["urgent"] > 0
+    assert order.index(urgent_id) < max(order.index(r) for r in low_ids)
+    from test_engine import reference
+
+    for rid, prompt in zip([*low_ids, urgent_id], [*lows, urgent]):
+        assert outs[rid] == reference(arch, tuple(prompt), 16)
+    engine.check_integrity()
+    assert engine.leaked_blocks() == 0
+    # the growth reserve on the same pressure: the same outputs
+    assert_matches(arch, make_llm(arch, num_blocks=8, max_num_batched_tokens=48), random_prompts([40] * 6, seed=3),
+                   params)
