@@ -11,6 +11,12 @@ tokens go into the cache and its blocks are released. By recompute, that cached 
 ordinary evictable one; by swap (`preemption.py` chooses), it is also copied to the host tier and
 pinned there until the sequence resumes, so resuming loads it back and recomputes nothing.
 
+Policies and aging are in `policy.py`. Under `priority` and `sjf`, a waiting sequence that outranks
+running ones by `preempt_gap` levels and cannot be admitted preempts the worst-ranked of them (cause
+"urgent"; never one that has run less than `preempt_min_run_s`) before anything else is scheduled.
+Admission also keeps room for the running sequences' expected growth (`admission.py`). How a
+sequence holds blocks, locks and pins is `seq_cache.py`; this module decides when.
+
 Liveness: every sequence the engine accepted fits the pool on its own, locks included. A locked
 match can pin blocks the sequence does not use (the shared partial block of a mid-block hit, which
 it copies on first write, and superseded copies of straddled blocks on the path); a sequence whose
@@ -41,13 +47,14 @@ from collections import Counter
 from collections.abc import Callable, Container
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import Match, RadixTree, common_prefix_len
+from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
-from radixserve.core import Batch, BlockCopy, CopyKind, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.core import Batch, Request, ScheduledSeq, Sequence, SequenceStatus
 from radixserve.scheduler.admission import GrowthReserve
 from radixserve.scheduler.integrity import check_integrity, leaked_blocks
 from radixserve.scheduler.policy import Policy
 from radixserve.scheduler.preemption import PreemptionCosts
+from radixserve.scheduler.seq_cache import SequenceCache
 
 
 class Scheduler:
@@ -71,8 +78,8 @@ class Scheduler:
         self.swaps_out = 0
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
-        # copies decided and not yet handed to a step; the tree appends its tier moves to the same list
-        self.copies: list[BlockCopy] = tree.copies if tree is not None else []
+        self.cache = SequenceCache(pool, tree, self.running)
+        self.copies = self.cache.copies  # decided and not yet handed to a step (the tree's tier moves too)
         self.costs = PreemptionCosts()
 
     # -- queue management ----------------------------------------------------------------------
@@ -113,7 +120,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(len(seq.token_ids) - seq.num_computed, budget)
-            while self._needs_blocks(seq, n) and not self._reserve(seq, n):
+            while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n):
                 victim = self._victim(scheduled)  # `seq` itself is a candidate: never None
                 assert victim is not None
                 self.preempt(victim)
@@ -146,11 +153,11 @@ class Scheduler:
             own = self.growth.blocks(seq)
             room = self._room_after(seq, n)  # below 0: a shortage of blocks, which _reserve tells exactly
             if self.running and 0 <= room < reserve + own:
-                self._release(seq)
+                self.cache.release(seq)
                 self.admission_blocked["watermark"] += 1
                 break  # the running sequences' expected growth needs the rest (no overtaking)
-            if not self._reserve(seq, n):
-                self._release(seq)
+            if not self.cache.reserve(seq, n):
+                self.cache.release(seq)
                 self.admission_blocked["blocks"] += 1
                 break  # no blocks even after eviction: admit nothing after it (no overtaking)
             self._admitted(seq, taken, n, batch)
@@ -177,16 +184,16 @@ class Scheduler:
         if taken is None:
             return 0
         n = min(head.remaining, budget)
-        while len(self.running) >= config.max_num_seqs or not self._reserve(head, n):
+        while len(self.running) >= config.max_num_seqs or not self.cache.reserve(head, n):
             if not victims:
-                self._release(head)
+                self.cache.release(head)
                 return 0
             self.preempt(victims.pop(0), cause="urgent")
         self._admitted(head, taken, n, batch)
         return n
 
     def _take(self, seq: Sequence) -> tuple[int, int] | None:
-        taken = self._take_cached_prefix(seq)
+        taken = self.cache.take_prefix(seq)
         if not seq.admitted_once and taken is not None:
             # a load-back done by an attempt that could not admit still served this request
             seq.request.host_cached_tokens = max(seq.request.host_cached_tokens, taken[1])
@@ -219,73 +226,6 @@ class Scheduler:
     def waiting_in_order(self) -> list[Sequence]:
         return self.policy.waiting_order(self.waiting, self.steps)
 
-    def _take_cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
-        """Share the longest cached prefix (never the last token: its logits are needed), loading
-        back the part that lives only in the host tier. Returns the matched length and how much of
-        it came from the host tier, or None when the sequence should wait for an in-flight prefill."""
-        if self.tree is None:
-            return 0, 0
-        prefix = seq.token_ids[:-1]
-        match = self.tree.match(prefix)
-        on_device = match.length - match.host_tokens
-        match = self.tree.load_back(match)
-        if self._footprint(seq, match) > self.pool.num_blocks:
-            match = self.tree.match(prefix[:self.tree.exclusive_prefix_len(prefix)])
-        if self._prefix_in_flight(seq, match.length):
-            return None
-        self.tree.lock(match.node)
-        for b in match.blocks:
-            self.pool.incref(b)
-        seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
-        seq.num_cached = match.length // self.block_size * self.block_size
-        return match.length, max(0, match.length - on_device)
-
-    def _footprint(self, seq: Sequence, match: Match) -> int:
-        """Blocks this sequence could hold at its longest if it locks `match`: its own table plus
-        the blocks the locked path pins besides (superseded copies of straddled blocks, and the
-        shared partial block that a mid-block hit copies on first write)."""
-        assert self.tree is not None
-        longest = min(seq.num_prompt_tokens + seq.request.params.max_tokens, self.pool.num_blocks * self.block_size)
-        pinned = self.tree.foreign_blocks(match.node, match.blocks) + int(match.length % self.block_size != 0)
-        return -(-longest // self.block_size) + pinned
-
-    def _prefix_in_flight(self, seq: Sequence, matched: int) -> bool:
-        for other in self.running:
-            if other.is_prefill:
-                shared = common_prefix_len(seq.token_ids[:-1], other.token_ids[:-1])
-                if shared - matched >= self.block_size:
-                    return True
-        return False
-
-    def _needs_blocks(self, seq: Sequence, n: int) -> bool:
-        """False for the common decode step, whose write lands in a private block it already has."""
-        if n > 1:
-            return True
-        pos, table = seq.num_computed, seq.block_table
-        return pos >= len(table) * self.block_size or self.pool.refcount[table[pos // self.block_size]] > 1
-
-    def _reserve(self, seq: Sequence, n: int) -> bool:
-        """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
-        written block if it is shared. False (nothing changed) if the pool cannot supply them."""
-        bs, table = self.block_size, seq.block_table
-        first = seq.num_computed // bs
-        missing = max(0, -(-(seq.num_computed + n) // bs) - len(table))
-        shared = first < len(table) and self.pool.refcount[table[first]] > 1
-        fresh = self.pool.allocate(missing + int(shared))
-        if fresh is None:
-            return False
-        if shared:
-            dst = fresh.pop()
-            src = table[first]
-            if self.pool.refcount[src] > 1:  # allocating may have evicted the other owner
-                self.copies.append(BlockCopy(CopyKind.DEVICE, src, dst))
-                self.pool.decref(src)
-                table[first] = dst
-            else:
-                self.pool.decref(dst)
-        table.extend(fresh)
-        return True
-
     def _victim(self, scheduled: set[int]) -> Sequence | None:
         """The lowest-priority running sequence not yet given work this step."""
         return next((s for s in reversed(self.running) if s.seq_id not in scheduled), None)
@@ -298,7 +238,7 @@ class Scheduler:
         self.preemptions_by_cause[cause] += 1
         if cause == "blocks":
             self.growth.preempted()
-        self.swaps_out += self._release(seq, swap=self._should_swap(seq))
+        self.swaps_out += self.cache.release(seq, swap=self._should_swap(seq))
         self.running.remove(seq)
         self.add(seq)
 
@@ -311,7 +251,7 @@ class Scheduler:
         return self.costs.swap_is_cheaper(computed, -(-computed // self.block_size))
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        self._release(seq)
+        self.cache.release(seq)
         if seq.swapped_node is not None:  # ended while swapped out (an abort): unpin its path
             assert self.tree is not None
             self.tree.unpin(seq.swapped_node)
@@ -322,24 +262,6 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-
-    def _release(self, seq: Sequence, swap: bool = False) -> bool:
-        """Cache the computed tokens and give up the blocks and the lock. With `swap`, the cached
-        path is also copied to the host tier and pinned there (`seq.swapped_node`); True if it was."""
-        computed = min(seq.num_computed, seq.num_resolved)  # equal at every step boundary
-        swapped = False
-        if self.tree is not None and computed > 0:
-            node = self.tree.insert(seq.token_ids[:computed], seq.block_table)
-            if swap and seq.swapped_node is None and self.tree.swap_out(node):
-                seq.swapped_node, swapped = node, True
-        if seq.locked_node is not None:
-            assert self.tree is not None
-            self.tree.unlock(seq.locked_node)
-            seq.locked_node = None
-        self.pool.release(seq.block_table)
-        seq.block_table = []
-        seq.num_computed = seq.num_cached = 0
-        return swapped
 
     # -- after a step ---------------------------------------------------------------------------
     def complete(self, batch: Batch, failed: Container[Request] = ()) -> None:
@@ -353,12 +275,12 @@ class Scheduler:
             if seq.request in failed:
                 continue
             seq.num_computed = item.start + item.num_tokens
-            self._cache_computed(seq)
+            self.cache.cache_computed(seq)
 
     def resolved(self, seqs: list[Sequence]) -> None:
         """These running sequences' pending tokens are now known: cache what they completed."""
         for seq in seqs:
-            self._cache_computed(seq)
+            self.cache.cache_computed(seq)
 
     def fork(self, parent: Sequence) -> list[Sequence]:
         """n > 1: the prompt is done; the other samples join the running set sharing every block of
@@ -378,22 +300,6 @@ class Scheduler:
             children.append(child)
         parent.pending_forks = 0
         return children
-
-    def _cache_computed(self, seq: Sequence) -> None:
-        bs = self.block_size
-        full = min(seq.num_computed, seq.num_resolved) // bs * bs
-        if self.tree is None or full <= seq.num_cached:
-            return
-        seq.num_cached = full
-        node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node)
-        if self.tree.foreign_blocks(node, seq.block_table, stop=seq.locked_node):
-            # another sequence cached these tokens first: locking its copy would pin blocks this
-            # one does not use (it may need the whole pool), so the lock stays where it was
-            return
-        self.tree.lock(node)
-        if seq.locked_node is not None:
-            self.tree.unlock(seq.locked_node)
-        seq.locked_node = node
 
     # -- introspection ---------------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:
