@@ -49,6 +49,29 @@ class Timing:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
+    # inter-token latency: the gaps between consecutive hand-outs of new tokens after the first
+    # (one per step while decoding), filled by the engine's OutputTracker
+    last_token: float | None = None  # when tokens were last handed out
+    itl_count: int = 0
+    itl_total_s: float = 0.0
+    itl_max_s: float = 0.0
+
+    def add_token_time(self, now: float) -> None:
+        """New tokens were handed out at `now` (time.monotonic())."""
+        if self.last_token is not None:
+            gap = max(0.0, now - self.last_token)
+            self.itl_count += 1
+            self.itl_total_s += gap
+            self.itl_max_s = max(self.itl_max_s, gap)
+        self.last_token = now
+
+    @property
+    def mean_itl_ms(self) -> float:
+        return self.itl_total_s * 1000.0 / self.itl_count if self.itl_count else 0.0
+
+    @property
+    def max_itl_ms(self) -> float:
+        return self.itl_max_s * 1000.0
 
     @property
     def queue_ms(self) -> float:
@@ -241,3 +264,16 @@ class StepInfo:
     blocks_free: int
     blocks_used: int | None  # held by live sequences
     blocks_cached: int | None  # held only by the radix tree (evictable)
+    max_num_seqs: int = 0  # the batch's slots (EngineConfig.max_num_seqs); 0: unknown
+    max_num_batched_tokens: int = 0  # the step's token budget; 0: unknown
+
+    @property
+    def slot_utilization(self) -> float:
+        """Sequences scheduled this step / max_num_seqs."""
+        return self.num_seqs / self.max_num_seqs if self.max_num_seqs else 0.0
+
+    @property
+    def token_budget_utilization(self) -> float:
+        """Tokens computed this step / max_num_batched_tokens."""
+        tokens = self.prefill_tokens + self.decode_tokens
+        return tokens / self.max_num_batched_tokens if self.max_num_batched_tokens else 0.0

@@ -221,12 +221,23 @@ def test_system_prompt_labels_are_bounded_and_monotonic() -> None:
             seen[label] = c.requests
     assert set(tr.labelled) == {NONE_KEY, OTHER_KEY, "p1", "p2"}
     assert sum(c.requests for c in tr.labelled.values()) == tr.total.requests == 25
-    assert tr.labelled["p1"].requests == 4 and tr.labelled[OTHER_KEY].requests == 2 + 5 + 5
+    # labels go to the first prompts seen, from their first request on; the rest count under "other"
+    assert tr.labelled["p1"].requests == tr.labelled["p2"].requests == 5 and tr.labelled[OTHER_KEY].requests == 5 + 5
     table = tr.table(top=3)
     assert [r["id"] for r in table][-1] == OTHER_KEY and sum(r["requests"] for r in table) == 25
     p1 = next(r for r in table if r["id"] == "p1")
     assert (p1["requests"], p1["hit_requests"], p1["cached_tokens"], p1["computed_tokens"]) == (5, 4, 48, 102)
     assert math.isclose(p1["hit_rate"], 0.8)
+
+
+def test_system_prompt_first_request_counts_under_its_own_label() -> None:
+    tr = SystemPromptTracker(labels=1)
+    tr.record("p1", "P1", 10, 30, 0)
+    assert tr.labelled["p1"].requests == 1 and tr.labelled[OTHER_KEY].requests == 0
+    tr.record("p2", "P2", 10, 30, 0)  # the one label is taken: p2 counts under "other", from its first request
+    tr.record("p1", "P1", 10, 30, 10)
+    assert (tr.labelled["p1"].requests, tr.labelled["p1"].hit_requests, tr.labelled[OTHER_KEY].requests) == (2, 1, 1)
+    assert "p2" not in tr.labelled
 
 
 def test_system_prompt_tracker_drops_rare_rows_when_full() -> None:

@@ -4,5 +4,6 @@
 from radixserve.engine.async_engine import AsyncEngine
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.llm import LLM
+from radixserve.engine.session import ChatSession
 
-__all__ = ["LLM", "AsyncEngine", "LLMEngine"]
+__all__ = ["LLM", "AsyncEngine", "ChatSession", "LLMEngine"]

@@ -23,6 +23,7 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.core import RequestOutput
 from radixserve.engine.engine import LLMEngine
+from radixserve.engine.intake import validate_priority
 from radixserve.engine.observers import StepObserver
 from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineStoppedError, RequestFailedError
@@ -139,7 +140,8 @@ class AsyncEngine:
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                        priority: int = 0, cancelled: Callable[[], bool] | None = None,
                        ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's incremental outputs; the last one has finished=True.
+        """Stream a request's incremental outputs; the last one has finished=True. `priority`: an
+        integer, lower runs first under `--policy priority` (fcfs and cache-aware ignore it).
 
         `cancelled`, checked once the request is queued, lets a caller whose cancel came before
         this call (and so aborted an id the engine did not know yet) still win: the abort then
@@ -149,6 +151,7 @@ class AsyncEngine:
         await self.start()
         token_ids = self.engine.tokenize(prompt)
         self.engine.validate(token_ids, params)  # bad requests fail here, before anything is queued
+        validate_priority(priority)
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")

@@ -47,7 +47,7 @@ from radixserve.core import (
     SequenceStatus,
 )
 from radixserve.engine.host_tier import CostFeed, host_tier_blocks
-from radixserve.engine.intake import tokenize, validate
+from radixserve.engine.intake import tokenize, validate, validate_priority
 from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
 from radixserve.engine.sampler import Draw, Sampler, SampleResult
@@ -139,6 +139,7 @@ class LLMEngine:
                     priority: int = 0) -> str:
         token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
+        validate_priority(priority)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")

@@ -2,7 +2,8 @@
 
 A prompt is a string (tokenized with the model's tokenizer, BOS where the model wants one, as vLLM
 does) or a list of integer token ids; it must be non-empty, inside the vocabulary, and leave room
-for at least one generated token in the longest sequence the engine allows.
+for at least one generated token in the longest sequence the engine allows. A priority is an integer
+(a bool is not one) with |priority| <= PRIORITY_LIMIT; lower runs first under `--policy priority`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 from radixserve.errors import PromptTooLongError, RequestError
 from radixserve.sampling_params import SamplingParams
+
+PRIORITY_LIMIT = 2**31  # |priority| at most this: any sane scheme fits, and keys stay small ints
 
 
 def tokenize(tokenizer: Any, prompt: str | list[int]) -> list[int]:
@@ -32,3 +35,12 @@ def validate(token_ids: list[int], params: SamplingParams, vocab: int, max_seq_l
     if len(token_ids) >= max_seq_len:
         raise PromptTooLongError(len(token_ids), params.max_tokens, max_seq_len)
     params.validate()
+
+
+def validate_priority(priority: object) -> int:
+    """The request's priority, or a RequestError naming what is wrong with it."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise RequestError(f"priority must be an integer, got {type(priority).__name__}")
+    if abs(priority) > PRIORITY_LIMIT:
+        raise RequestError(f"priority must be in [-2**31, 2**31], got {priority}")
+    return priority

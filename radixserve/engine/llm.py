@@ -1,7 +1,9 @@
-"""Offline API: `LLM(...).generate(prompts, params)` and `.chat(messages, params)`, synchronous.
+"""Offline API: `LLM(...).generate(prompts, params)`, `.chat(messages, params)` and `.session(system)`
+(a multi-turn `ChatSession` that appends exact token ids), synchronous.
 
-Every prompt is tokenized and validated before any is queued, so one bad prompt rejects the call
-without leaving half a batch in the engine.
+Every prompt (and its priority) is tokenized and validated before any is queued, so one bad prompt
+rejects the call without leaving half a batch in the engine. `priority` is one integer for every
+prompt or one per prompt; lower runs first under `--policy priority`, fcfs and cache-aware ignore it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from radixserve.config import EngineConfig
 from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.engine import LLMEngine
+from radixserve.engine.intake import validate_priority
+from radixserve.engine.session import ChatSession
 from radixserve.sampling_params import SamplingParams
 
 Prompt = str | list[int]
+Priority = int | list[int]
 
 
 class LLM:
@@ -23,30 +28,43 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._formatter: ChatFormatter | None = None
 
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None,
+                 priority: Priority = 0) -> list[RequestOutput]:
         params = params or SamplingParams()
         token_lists = [self.engine.tokenize(p) for p in _as_prompt_list(prompts)]
+        priorities = _priorities(priority, len(token_lists))
         for ids in token_lists:
             self.engine.validate(ids, params)
-        request_ids = [self.engine.add_request(t, params) for t in token_lists]
+        request_ids = [self.engine.add_request(t, params, priority=p) for t, p in zip(token_lists, priorities)]
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 _accumulate(results, out)
         return [results[i] for i in request_ids]
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Chat completions through the same ChatFormatter as the server and the terminal chat (the
-        model's template, or ChatML when it ships none; message content is always tokenized as text)."""
+    @property
+    def formatter(self) -> ChatFormatter:
+        """The chat formatter (built on first use): the model's template, or ChatML when it ships none."""
         if self._formatter is None:
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer, so it has no chat template")
             self._formatter = ChatFormatter(self.tokenizer)
+        return self._formatter
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             params: SamplingParams | None = None, priority: Priority = 0) -> list[RequestOutput]:
+        """Chat completions through the same ChatFormatter as the server and the terminal chat (the
+        model's template, or ChatML when it ships none; message content is always tokenized as text)."""
         one = bool(messages) and isinstance(messages[0], dict)
         conversations = [cast(list[dict[str, str]], messages)] if one else cast(list[list[dict[str, str]]], messages)
-        prompts: list[Prompt] = [self._formatter.prompt_tokens(c) for c in conversations]
-        return self.generate(prompts, params)
+        prompts: list[Prompt] = [self.formatter.prompt_tokens(c) for c in conversations]
+        return self.generate(prompts, params, priority)
+
+    def session(self, system: str | None = None, params: SamplingParams | None = None,
+                priority: int = 0) -> ChatSession:
+        """A multi-turn conversation that appends each turn's exact token ids, as the server's sessions
+        do, so every turn hits the whole conversation before it in the cache."""
+        return ChatSession(self, system, params, priority)
 
 
 def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
@@ -57,6 +75,15 @@ def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     if all(isinstance(t, int) for t in prompts):
         return [[t for t in prompts if isinstance(t, int)]]  # one prompt given as token ids
     return [p for p in prompts if not isinstance(p, int)]
+
+
+def _priorities(priority: Priority, count: int) -> list[int]:
+    """One validated priority per prompt, from a single integer or a list of one per prompt."""
+    if isinstance(priority, list):
+        if len(priority) != count:
+            raise ValueError(f"priority lists {len(priority)} values for {count} prompts; give one per prompt")
+        return [validate_priority(p) for p in priority]
+    return [validate_priority(priority)] * count
 
 
 def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:

@@ -2,7 +2,8 @@
 
 Counting the blocks live sequences hold costs a pass over every block table, so a step pays for it
 only when some observer asked (`pool=True`); the pool figures are taken at the step's peak, after
-scheduling allocated and before anything was released.
+scheduling allocated and before anything was released. A StepInfo also carries the batch's limits
+(max_num_seqs, max_num_batched_tokens), so observers read slot and token-budget utilization from it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class StepObservers:
     def notify(self, step: int, batch: Batch, started: float, peak: PoolCounts, pool: BlockPool,
                scheduler: Scheduler) -> None:
         decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.samples)
+        config = scheduler.config
         info = StepInfo(step, started, time.monotonic() - started, len(batch.items), batch.num_tokens - decode,
-                        decode, len(scheduler.running), len(scheduler.waiting), pool.num_blocks, *peak)
+                        decode, len(scheduler.running), len(scheduler.waiting), pool.num_blocks, *peak,
+                        config.max_num_seqs, config.max_num_batched_tokens)
         for observer in self._observers:
             observer(info)

@@ -3,7 +3,9 @@ out, and the RequestOutput built from them.
 
 Owns one detokenizer and one "sent" mark per live sequence. A streamed output carries exactly the
 resolved tokens (and their logprobs, when asked) generated since the previous output of the same
-sequence; a pending token (still on the device) is never handed out.
+sequence; a pending token (still on the device) is never handed out. Each output that hands out new
+tokens stamps the request's Timing (`add_token_time`), so its inter-token latency figures (mean, max)
+are the gaps between those hand-outs: the ITL a streaming caller of the engine sees.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class OutputTracker:
     def output(self, req: Request, seqs: list[Sequence]) -> RequestOutput:
         """The request's output for `seqs` since their last one; the last of a request retires it."""
         outs = []
+        now = time.monotonic()
         for seq in dict.fromkeys(seqs):
             sent = self._sent[seq.seq_id]
             final = seq.status is SequenceStatus.FINISHED
@@ -41,8 +44,10 @@ class OutputTracker:
             outs.append(CompletionOutput(seq.index, seq.generated_ids[sent:], self._detok[seq.seq_id].delta(final),
                                          seq.finish_reason, lps))
             self._sent[seq.seq_id] = seq.num_generated
+        if any(o.token_ids for o in outs):
+            req.timing.add_token_time(now)
         if req.finished:
-            req.timing.finished = time.monotonic()
+            req.timing.finished = now
             for seq in req.sequences:
                 self._detok.pop(seq.seq_id, None)
                 self._sent.pop(seq.seq_id, None)

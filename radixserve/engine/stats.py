@@ -1,7 +1,8 @@
 """Engine statistics: the pool and cache counts plus cumulative token and request counters.
 
 Counters only ever grow (hit rates are ratios of counters, never a per-batch gauge); the gauges
-(blocks, queue lengths, tree size) are read fresh on every `collect`.
+(blocks, queue lengths, tree size) are read fresh on every `collect`. `admission_blocked` and
+`preemptions_by_cause` are keyed by cause; `by_cause` reports them with every known cause present.
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ from radixserve.core import CopyKind
 if TYPE_CHECKING:
     from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
+
+
+# Causes the scheduler counts, reported with 0 until seen so series never appear late: "blocks" (no KV
+# blocks even after eviction), "max_num_seqs" (the running set is full), "watermark" (free blocks
+# below the admission watermark), "urgent" (a running sequence preempted for a more urgent one).
+KNOWN_CAUSES = ("blocks", "max_num_seqs", "urgent", "watermark")
+
+
+def by_cause(counts: Counter[str]) -> dict[str, int]:
+    """Every known cause (0 when never seen) plus any other the scheduler counted, sorted by name."""
+    return {cause: counts.get(cause, 0) for cause in sorted(set(KNOWN_CAUSES) | set(counts))}
 
 
 @dataclass

@@ -107,7 +107,8 @@ async def cache_stats(request: Request) -> Response:
     st = await asyncio.to_thread(engine.stats)
     sessions = len(state.sessions) if state.sessions is not None else 0
     return JSONResponse(cache_stats_json(st, engine.engine.config.block_size, sessions,
-                                         state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS)))
+                                         state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),
+                                         state.metrics.step_utilization.to_json()))
 
 
 class ApiKeyMiddleware:

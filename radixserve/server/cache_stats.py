@@ -3,14 +3,39 @@ per-system-prompt table, shaped for the web UI's dashboard (docs/protocol.md, "C
 
 A pure function of an `EngineStats`, so its shape is tested without a server. Every key is present
 whether or not the host tier is on (`host.enabled` says which; its figures are then 0), so clients
-never have to probe for keys.
+never have to probe for keys: the cause counters list every known cause (0 until seen), and `steps`
+is all zeros before the first step.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from radixserve.engine.stats import EngineStats
+from radixserve.engine.stats import EngineStats, by_cause
+
+
+@dataclass
+class StepUtilization:
+    """Batch-slot and token-budget utilization over the engine's steps (fed by the step observer)."""
+
+    steps: int = 0
+    slot_sum: float = 0.0
+    budget_sum: float = 0.0
+    last_slot: float = 0.0
+    last_budget: float = 0.0
+
+    def add(self, slot: float, budget: float) -> None:
+        self.steps += 1
+        self.slot_sum += slot
+        self.budget_sum += budget
+        self.last_slot, self.last_budget = slot, budget
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.steps,
+                "mean_slot_utilization": self.slot_sum / self.steps if self.steps else 0.0,
+                "mean_token_budget_utilization": self.budget_sum / self.steps if self.steps else 0.0,
+                "last_slot_utilization": self.last_slot, "last_token_budget_utilization": self.last_budget}
 
 
 def _ratio(num: int, den: int) -> float:
@@ -31,7 +56,9 @@ def host_json(st: EngineStats) -> dict[str, Any]:
     }
 
 
-def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_prompts: list[dict[str, Any]]) -> dict[str, Any]:
+def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_prompts: list[dict[str, Any]],
+                     steps: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`steps`: the batch-utilization summary the server's step observer keeps (StepUtilization.to_json)."""
     requests = sum(st.requests_finished.values())
     return {
         "hit_rate": _ratio(st.cached_tokens, st.prompt_tokens),
@@ -44,6 +71,8 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "tree": {"nodes": st.tree_nodes, "tokens": st.tree_tokens},
         "evictions": st.evictions, "evicted_blocks": st.evicted_blocks, "preemptions": st.preemptions,
         "swaps": {"out": st.swaps_out, "in": st.swaps_in},
+        "admission_blocked": by_cause(st.admission_blocked), "preemptions_by_cause": by_cause(st.preemptions_by_cause),
+        "steps": steps if steps is not None else StepUtilization().to_json(),
         "host": host_json(st),
         "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,
         "system_prompts": system_prompts,

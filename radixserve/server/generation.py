@@ -73,15 +73,17 @@ def admit_prompt(state: ServerState, prompt_len: int) -> None:
 
 async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
                          system: SystemPromptRef, api: str, request_id: str | None = None,
-                         cancelled: Callable[[], bool] | None = None) -> AsyncGenerator[RequestOutput, None]:
+                         cancelled: Callable[[], bool] | None = None, priority: int = 0,
+                         ) -> AsyncGenerator[RequestOutput, None]:
     """Yield the engine's incremental outputs for one request; raises ApiError for refused requests.
-    `cancelled`: see AsyncEngine.generate (a cancel that came before the request reached the engine)."""
+    `cancelled`: see AsyncEngine.generate (a cancel that came before the request reached the engine);
+    `priority`: the scheduler's (lower runs first under --policy priority)."""
     engine, metrics = state.require_engine(), state.metrics
     admit_prompt(state, len(prompt))  # checked again: shutdown may have begun since the caller checked
     rid = request_id or uuid.uuid4().hex
     state.inflight.add(rid)
     agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid,
-                                                                             cancelled=cancelled))
+                                                                     priority=priority, cancelled=cancelled))
     last: RequestOutput | None = None
     last_token_at: float | None = None
     try:

@@ -3,12 +3,15 @@
 Token and request counters are the engine's own cumulative totals (engine.stats()), exposed by a
 custom collector at scrape time, so they are monotonic and hit rates derive from counters only.
 Latency histograms are observed here, once per finished request (inter-token latency once per
-token). System prompts are keyed by a hash of their token IDs; `SystemPromptTracker` keeps exact
-per-prompt counters for the JSON table and bounded, monotonic label sets for Prometheus: a prompt
-gets its own label value once it has been seen twice while fewer than `labels` prompts have one
-(labels are never taken back), every other request counts under "other", requests without a system
-prompt under "none". A request "hit" when its cached tokens cover its whole system prompt (for
-"none": the template's own preamble, e.g. SmolLM2's default system prompt).
+token); the step histograms (time, tokens, batch-slot and token-budget utilization) once per engine
+step, from the step observer. The admission-blocked and preemption counters are labelled by cause,
+every known cause always present. System prompts are keyed by a hash of their token IDs;
+`SystemPromptTracker` keeps exact per-prompt counters for the JSON table and bounded, monotonic label
+sets for Prometheus: a prompt gets its own label value on its first request while fewer than `labels`
+prompts have one, and keeps it (labels are never taken back, so its first request counts under its
+label too); every other request counts under "other", requests without a system prompt under "none".
+A request "hit" when its cached tokens cover its whole system prompt (for "none": the template's own
+preamble, e.g. SmolLM2's default system prompt).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from radixserve.core import StepInfo
-from radixserve.engine.stats import EngineStats
+from radixserve.engine.stats import EngineStats, by_cause
+from radixserve.server.cache_stats import StepUtilization
 
 NONE_KEY, OTHER_KEY = "none", "other"
-PROMOTE_AFTER = 2  # requests a system prompt needs before it may take a label value
+UTILIZATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 MAX_TRACKED = 4096  # exact per-prompt rows kept for the JSON table
 
 
@@ -63,13 +67,13 @@ class SystemPromptTracker:
         row = self.exact.setdefault(key, PromptCounts())
         row.add(hit, prompt_tokens, cached_tokens)
         self.previews.setdefault(key, preview)
-        label = self._label_for(key, row)
+        label = self._label_for(key)
         self.labelled.setdefault(label, PromptCounts()).add(hit, prompt_tokens, cached_tokens)
 
-    def _label_for(self, key: str, row: PromptCounts) -> str:
-        if key in self.labelled:
-            return key
-        if row.requests >= PROMOTE_AFTER and len(self.labelled) - 2 < self.labels:
+    def _label_for(self, key: str) -> str:
+        # A label is decided on a prompt's first request, so that request counts under it too: moving
+        # it out of "other" later would make "other" go down, which a Prometheus counter must not.
+        if key in self.labelled or len(self.labelled) - 2 < self.labels:
             return key
         return OTHER_KEY
 
@@ -120,6 +124,11 @@ class ServerMetrics:
         self.step_tokens = Histogram("radixserve_step_tokens", "Tokens computed per engine step (decodes + "
                                      "prefill chunks)", registry=r,
                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))
+        self.step_slots = Histogram("radixserve_step_batch_slot_utilization", "Sequences scheduled per step / "
+                                    "max_num_seqs", registry=r, buckets=UTILIZATION_BUCKETS)
+        self.step_budget = Histogram("radixserve_step_token_budget_utilization", "Tokens computed per step / "
+                                     "max_num_batched_tokens", registry=r, buckets=UTILIZATION_BUCKETS)
+        self.step_utilization = StepUtilization()
         self.ws_slow_client_disconnects = Counter(
             "radixserve_websocket_slow_client_disconnects", "WebSockets closed because the client stopped "
             "reading and its send buffer filled up", registry=r)
@@ -128,6 +137,9 @@ class ServerMetrics:
         """A step observer (`AsyncEngine.add_step_observer`); runs on the engine thread."""
         self.step_time.observe(step.duration_s)
         self.step_tokens.observe(step.prefill_tokens + step.decode_tokens)
+        self.step_slots.observe(step.slot_utilization)
+        self.step_budget.observe(step.token_budget_utilization)
+        self.step_utilization.add(step.slot_utilization, step.token_budget_utilization)
 
     def attach(self, engine_stats: Callable[[], Any | None], sessions: Callable[[], Any | None]) -> None:
         self.registry.register(_EngineCollector(engine_stats))
@@ -166,6 +178,13 @@ class _EngineCollector(Collector):
         for reason in sorted(set(st.requests_finished) | {"stop", "length", "abort", "error"}):
             fin.add_metric([reason], st.requests_finished.get(reason, 0))
         yield fin
+        for name, doc, counts in (
+                ("radixserve_admission_blocked", "Steps whose admission stopped, by cause", st.admission_blocked),
+                ("radixserve_preemptions_by_cause", "Requests preempted, by cause", st.preemptions_by_cause)):
+            fam = CounterMetricFamily(name, doc, labels=["cause"])
+            for cause, n in by_cause(counts).items():
+                fam.add_metric([cause], n)
+            yield fam
         blocks = GaugeMetricFamily("radixserve_kv_blocks", "KV blocks by state", labels=["state"])
         for state in ("used", "cached", "free"):
             blocks.add_metric([state], getattr(st, f"blocks_{state}"))

@@ -41,6 +41,7 @@ from radixserve.server.validation import (
     get_bool,
     get_float,
     get_int,
+    get_priority,
     get_stop,
     get_str,
 )
@@ -58,6 +59,7 @@ class ChatRequest:
     include_usage: bool
     prompt: list[int]
     system: SystemPromptRef
+    priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs and cache-aware ignore it
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -143,13 +145,14 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     if options is not None and not isinstance(options, dict):
         raise ApiError("invalid_field", "'stream_options' must be an object", param="stream_options")
     include_usage = get_bool(options or {}, "include_usage")
+    priority = get_priority(body)
     prompt = formatter.prompt_tokens(messages)
     admit_prompt(state, len(prompt))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=None, n=n)
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
     system = SystemPromptRef.of(formatter.system_tokens(messages), first_system, formatter.implicit_prefix_len)
-    return ChatRequest(model, messages, params, stream, include_usage, prompt, system)
+    return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority)
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:
@@ -191,7 +194,8 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     last: RequestOutput | None = None
-    async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
+    async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai",
+                                       priority=req.priority)) as outputs:
         async for out in outputs:
             last = out
             for o in out.outputs:
@@ -217,7 +221,8 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
     started: set[int] = set()
     last: RequestOutput | None = None
     try:
-        async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai")) as outputs:
+        async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai",
+                                           priority=req.priority)) as outputs:
             async for out in outputs:
                 last = out
                 for o in out.outputs:

@@ -20,7 +20,7 @@ from radixserve.server.http_util import ClientGone, EventStream, read_json_objec
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
 from radixserve.server.state import ServerState
 from radixserve.server.turns import SessionTurn
-from radixserve.server.validation import ApiError, get_bool, get_int, get_str, parse_sampling
+from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, parse_sampling
 
 
 def _state(request: Request) -> ServerState:
@@ -96,9 +96,10 @@ async def post_message(request: Request) -> Response:
     content = get_str(body, "content")
     sampling = parse_sampling(body.get("sampling"))
     stream = get_bool(body, "stream")
+    priority = get_priority(body)
     store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
     assert content is not None
-    turn = SessionTurn(state, session, content, sampling, gen_id="rest")
+    turn = SessionTurn(state, session, content, sampling, gen_id="rest", priority=priority)
     if stream:
         return EventStream(_sse_events(state, turn))
     try:

@@ -31,18 +31,19 @@ def usage_json(out: RequestOutput) -> dict[str, int]:
 def timing_json(out: RequestOutput) -> dict[str, float]:
     t = out.timing
     return {"queue_ms": round(t.queue_ms, 2), "ttft_ms": round(t.ttft_ms, 2),
-            "tokens_per_s": round(out.tokens_per_s(), 2), "total_ms": round(t.total_ms, 2)}
+            "tokens_per_s": round(out.tokens_per_s(), 2), "total_ms": round(t.total_ms, 2),
+            "mean_itl_ms": round(t.mean_itl_ms, 2), "max_itl_ms": round(t.max_itl_ms, 2)}
 
 
 class SessionTurn:
     def __init__(self, state: ServerState, session: Session, content: str, sampling: dict[str, Any],
-                 gen_id: str) -> None:
+                 gen_id: str, priority: int = 0) -> None:
         formatter, store = state.require_chat()
         engine = state.require_engine()
         if session.busy is not None:
             raise ApiError("session_busy", f"session is already generating ({session.busy!r}); cancel it or wait",
                            409)
-        self.state, self.session, self.gen_id = state, session, gen_id
+        self.state, self.session, self.gen_id, self.priority = state, session, gen_id, priority
         self.history = session.template_messages() + [{"role": "user", "content": content}]
         turn = formatter.append_user(session.template_messages(), content)
         self.user_tokens, self.gen_prompt = turn.user, turn.generation_prompt
@@ -82,7 +83,7 @@ class SessionTurn:
         finish: str | None = None
         try:
             stream = stream_request(self.state, self.prompt, self.params, self.system, "session", self.request_id,
-                                    cancelled=lambda: self.cancelled)
+                                    cancelled=lambda: self.cancelled, priority=self.priority)
             async with aclosing(stream) as outputs:
                 async for out in outputs:
                     if self.last is None:

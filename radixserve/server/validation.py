@@ -17,6 +17,7 @@ import math
 import re
 from typing import Any
 
+from radixserve.engine.intake import PRIORITY_LIMIT
 from radixserve.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 8
@@ -177,6 +178,12 @@ def get_stop(obj: dict[str, Any], name: str = "stop") -> list[str]:
     if len(items) > MAX_STOP_STRINGS:
         raise ApiError("invalid_field", f"{name!r} takes at most {MAX_STOP_STRINGS} strings", param=name)
     return list(items)
+
+
+def get_priority(obj: dict[str, Any]) -> int:
+    """`priority` of an OpenAI body, a chat frame or a session message: an integer (not a boolean)
+    with |priority| <= 2**31, default 0; lower runs first under --policy priority."""
+    return get_int(obj, "priority", minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT) or 0
 
 
 def get_gen_id(obj: dict[str, Any]) -> str:

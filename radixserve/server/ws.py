@@ -35,6 +35,7 @@ from radixserve.server.validation import (
     ApiError,
     check_req,
     get_gen_id,
+    get_priority,
     get_str,
     parse_json_text,
     parse_sampling,
@@ -193,6 +194,7 @@ class Connection:
             session_id = get_str(frame, "session_id")
             content = get_str(frame, "content")
             sampling = parse_sampling(frame.get("sampling"))
+            priority = get_priority(frame)
             if gen_id in self.generations:
                 raise ApiError("duplicate_gen_id", f"generation {gen_id!r} is already in flight on this connection")
             limit = self.state.config.max_generations_per_connection
@@ -200,7 +202,7 @@ class Connection:
                 raise ApiError("too_many_generations", f"at most {limit} generations may run on one connection", 429)
             session = store.get(session_id, owner_of(secret_from_frame(frame)))
             assert content is not None
-            turn = SessionTurn(self.state, session, content, sampling, gen_id)
+            turn = SessionTurn(self.state, session, content, sampling, gen_id, priority)
         except ApiError as e:
             self.send_error(e, gen_id=gen_id, req=req, has_req=has_req)
             return
