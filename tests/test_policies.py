@@ -210,3 +210,30 @@ def test_urgent_preemption_and_growth_reserve_keep_outputs_equal_to_transformers
     # the growth reserve on the same pressure: the same outputs
     assert_matches(arch, make_llm(arch, num_blocks=8, max_num_batched_tokens=48), random_prompts([40] * 6, seed=3),
                    params)
+
+
+def test_the_growth_reserve_is_visible_in_stats_json_and_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from radixserve.server.cache_stats import cache_stats_json
+    from radixserve.server.metrics import _EngineCollector
+
+    llm = make_llm("llama", num_blocks=12, max_num_batched_tokens=48, new_token_ratio=1.0, new_token_ratio_min=1.0)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)  # 4 x (1 + 3 blocks) > 12
+    engine = llm.engine
+    for p in random_prompts([8] * 4, seed=7):
+        engine.add_request(p, params)
+    reserves = []
+    while engine.has_unfinished():
+        engine.step()
+        reserves.append(engine.stats().growth_reserve_blocks)
+    st = engine.stats()
+    assert max(reserves) > 0 and st.new_token_ratio == 1.0 and st.admission_blocked["watermark"] > 0
+    body = cache_stats_json(st, 16, 0, [])
+    assert body["admission"] == {"new_token_ratio": 1.0, "growth_reserve_blocks": st.growth_reserve_blocks}
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(lambda: st))
+    text = generate_latest(registry).decode()
+    assert "radixserve_admission_new_token_ratio 1.0" in text
+    assert f"radixserve_admission_growth_reserve_blocks {float(st.growth_reserve_blocks)}" in text
+    assert 'radixserve_admission_blocked_total{cause="watermark"}' in text

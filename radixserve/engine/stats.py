@@ -69,6 +69,10 @@ class EngineStats:
     swaps_in: int = 0  # swapped sequences resumed
     admission_blocked: Counter[str] = field(default_factory=Counter)  # steps whose admission stopped, by cause
     preemptions_by_cause: Counter[str] = field(default_factory=Counter)
+    # output-aware admission (gauges): the new-token ratio now, and the blocks the last admission pass
+    # kept free for the running sequences' expected growth
+    new_token_ratio: float = 0.0
+    growth_reserve_blocks: int = 0
 
     @classmethod
     def collect(cls, engine: LLMEngine) -> EngineStats:
@@ -90,6 +94,8 @@ class EngineStats:
         s.swaps_out, s.swaps_in = engine.scheduler.swaps_out, engine.scheduler.swaps_in
         s.admission_blocked = Counter(engine.scheduler.admission_blocked)
         s.preemptions_by_cause = Counter(engine.scheduler.preemptions_by_cause)
+        s.new_token_ratio = engine.scheduler.growth.ratio
+        s.growth_reserve_blocks = engine.scheduler.growth.reserved_blocks
         if tree is not None and tree.host_pool is not None:
             s.collect_host_tier(engine)
         return s

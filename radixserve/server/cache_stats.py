@@ -72,6 +72,7 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "evictions": st.evictions, "evicted_blocks": st.evicted_blocks, "preemptions": st.preemptions,
         "swaps": {"out": st.swaps_out, "in": st.swaps_in},
         "admission_blocked": by_cause(st.admission_blocked), "preemptions_by_cause": by_cause(st.preemptions_by_cause),
+        "admission": {"new_token_ratio": st.new_token_ratio, "growth_reserve_blocks": st.growth_reserve_blocks},
         "steps": steps if steps is not None else StepUtilization().to_json(),
         "host": host_json(st),
         "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,

@@ -190,6 +190,12 @@ class _EngineCollector(Collector):
             blocks.add_metric([state], getattr(st, f"blocks_{state}"))
         yield blocks
         yield GaugeMetricFamily("radixserve_kv_blocks_total", "KV blocks in the pool", value=st.blocks_total)
+        yield GaugeMetricFamily("radixserve_admission_new_token_ratio",
+                                "Output-aware admission: expected fraction of max_tokens still to generate",
+                                value=st.new_token_ratio)
+        yield GaugeMetricFamily("radixserve_admission_growth_reserve_blocks",
+                                "Blocks admission kept free for running requests' expected growth",
+                                value=st.growth_reserve_blocks)
         yield GaugeMetricFamily("radixserve_requests_running", "Requests running", value=st.num_running)
         yield GaugeMetricFamily("radixserve_requests_waiting", "Requests waiting", value=st.num_waiting)
         yield GaugeMetricFamily("radixserve_radix_tree_nodes", "Radix-tree nodes", value=st.tree_nodes)
