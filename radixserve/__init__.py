@@ -7,9 +7,10 @@ chunked-prefill continuous batcher runs a lean Llama-family model over them.
 from radixserve.config import EngineConfig
 from radixserve.core import CompletionOutput, RequestOutput, Timing, Usage
 from radixserve.engine import LLM, AsyncEngine, ChatSession, LLMEngine
+from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.sampling_params import SamplingParams
 
 __all__ = [
-    "AsyncEngine", "ChatSession", "CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams",
-    "Timing", "Usage",
+    "AsyncEngine", "BeamSearchOutput", "BeamSearchParams", "ChatSession", "CompletionOutput", "EngineConfig", "LLM",
+    "LLMEngine", "RequestOutput", "SamplingParams", "Timing", "Usage",
 ]

@@ -12,6 +12,7 @@ else is in the batch; an unseeded sample takes its key from the engine's generat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy (as vLLM does)
 SEED_MODULUS = 2**64  # sample keys are 64-bit
@@ -33,6 +34,8 @@ class SamplingParams:
     # None: no logprobs; k >= 0: each generated token's logprob plus the k most likely alternatives,
     # from the model's distribution before temperature and filtering (vLLM's default "raw" mode)
     logprobs: int | None = None
+    # the widest `logprobs` accepted; beam search's internal steps ask wider (engine/beam_search.py)
+    logprobs_limit: ClassVar[int] = MAX_LOGPROBS
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -64,8 +67,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= self.logprobs_limit):
+            raise ValueError(f"logprobs must be an integer in [0, {self.logprobs_limit}] or None, got {self.logprobs!r}")
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -12,6 +12,8 @@ from typing import Any, cast
 
 from radixserve.config import EngineConfig
 from radixserve.core import CompletionOutput, RequestOutput
+from radixserve.engine.beam_drivers import run_beam_search
+from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.intake import validate_priority
@@ -65,6 +67,11 @@ class LLM:
         """A multi-turn conversation that appends each turn's exact token ids, as the server's sessions
         do, so every turn hits the whole conversation before it in the cache."""
         return ChatSession(self, system, params, priority)
+
+    def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Beam search, one output per prompt with its best beams first; equals transformers'
+        `generate(num_beams=k, do_sample=False, early_stopping=True)` (engine/beam_search.py)."""
+        return run_beam_search(self.engine, [self.engine.tokenize(p) for p in _as_prompt_list(prompts)], params)
 
 
 def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:

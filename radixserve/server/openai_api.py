@@ -28,9 +28,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob
+from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
+from radixserve.engine.beam_search import BeamSearchParams
 from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixserve.server.api_errors import openai_stream_error
+from radixserve.server.beam_api import BeamAsk, beam_choices, beam_fields, run_beam_search
 from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.logprobs import logprobs_body
@@ -60,6 +62,7 @@ class ChatRequest:
     prompt: list[int]
     system: SystemPromptRef
     priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs and cache-aware ignore it
+    beam: BeamSearchParams | None = None  # use_beam_search (server/beam_api.py); then params.n is the choices
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -139,7 +142,8 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
         "logprobs": _logprobs(body),
     }
-    n = get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
+    beam: BeamAsk | None = beam_fields(body)
+    n = beam.n if beam is not None else get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
     stream = get_bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -152,11 +156,15 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
                                    max_model_len=engine.max_model_len, default_max_tokens=None, n=n)
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
     system = SystemPromptRef.of(formatter.system_tokens(messages), first_system, formatter.implicit_prefix_len)
-    return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority)
+    return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
+                       beam.params(params.max_tokens) if beam is not None else None)
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:
-    u = out.usage
+    return usage_dict(out.usage)
+
+
+def usage_dict(u: Usage) -> dict[str, Any]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             # host_cached_tokens is our extension: the part of cached_tokens loaded back from the host tier
@@ -172,7 +180,8 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))
     try:
-        body = await until_done_or_gone(request.receive, _completion(state, req, rid, created))
+        run = _beam_completion if req.beam is not None else _completion
+        body = await until_done_or_gone(request.receive, run(state, req, rid, created))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the engine request was aborted
     return JSONResponse(body)
@@ -208,6 +217,13 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
                for i in range(n)]
     return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
             "choices": choices, "usage": usage_body(last)}
+
+
+async def _beam_completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> dict[str, Any]:
+    assert req.beam is not None
+    out = await run_beam_search(state, req.prompt, req.beam, req.params.n, req.system, req.priority)
+    return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+            "choices": beam_choices(out), "usage": usage_dict(out.usage)}
 
 
 async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created: int) -> AsyncGenerator[str, None]:

@@ -1,0 +1,93 @@
+"""The OpenAI extension for beam search in /v1/chat/completions: `use_beam_search: true`.
+
+Fields: `n` is how many beams come back as choices (best first, 1..32, default 1); `beam_width`
+(extension, 1..32) is how many beams are searched, default `n`, and must be at least `n`;
+`length_penalty` (extension, default 1.0) divides a finished beam's summed logprob by its length to
+that power; `max_tokens` / `max_completion_tokens` as usual. The search equals transformers'
+`generate(num_beams=beam_width, do_sample=False, early_stopping=True)` (engine/beam_search.py).
+
+Beam search is deterministic and whole-sequence, so what cannot apply is refused with a 400 rather
+than ignored: `temperature` > 0, `top_p` < 1, `top_k` > 0, `min_p` > 0, `logprobs`, `stop` strings,
+and `stream` (the beams are only known at the end, as with vLLM, which does not stream them either).
+`seed` is accepted and has no effect. Nothing here touches the engine except through the driver.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.engine.beam_drivers import beam_search_async
+from radixserve.engine.beam_search import MAX_BEAM_WIDTH, BeamSearchOutput, BeamSearchParams
+from radixserve.server.generation import SystemPromptRef, api_error_from
+from radixserve.server.state import ServerState
+from radixserve.server.validation import ApiError, get_bool, get_float, get_int
+
+MAX_LENGTH_PENALTY = 10.0
+# sampling fields and their neutral values: set to anything else, they are refused with beam search
+_NOT_WITH_BEAMS = (("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
+
+
+@dataclass(frozen=True)
+class BeamAsk:
+    n: int  # choices returned
+    beam_width: int
+    length_penalty: float
+
+    def params(self, max_tokens: int) -> BeamSearchParams:
+        return BeamSearchParams(beam_width=self.beam_width, max_tokens=max_tokens, length_penalty=self.length_penalty)
+
+
+def beam_fields(body: dict[str, Any]) -> BeamAsk | None:
+    """The beam-search fields of a chat completion body; None unless `use_beam_search` is true."""
+    if not get_bool(body, "use_beam_search"):
+        for name in ("beam_width", "length_penalty"):
+            if body.get(name) is not None:
+                raise ApiError("invalid_field", f"{name!r} is only allowed with 'use_beam_search': true", param=name)
+        return None
+    n = get_int(body, "n", minimum=1, maximum=MAX_BEAM_WIDTH) or 1
+    width = get_int(body, "beam_width", minimum=1, maximum=MAX_BEAM_WIDTH)
+    if width is None:
+        width = n
+    elif n > width:
+        raise ApiError("invalid_field", f"'n' ({n}) must not exceed 'beam_width' ({width})", param="n")
+    penalty = get_float(body, "length_penalty", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+    for name, neutral in _NOT_WITH_BEAMS:
+        value = body.get(name)
+        if value is not None and value != neutral:
+            raise ApiError("invalid_field", f"beam search is deterministic: {name!r} must be {neutral} or absent "
+                           f"with 'use_beam_search', got {value!r}", param=name)
+    for name in ("logprobs", "stop", "stream"):
+        if body.get(name):
+            raise ApiError("invalid_field", f"{name!r} is not supported with 'use_beam_search'", param=name)
+    return BeamAsk(n, width, 1.0 if penalty is None else penalty)
+
+
+async def run_beam_search(state: ServerState, prompt: list[int], params: BeamSearchParams, n: int,
+                          system: SystemPromptRef, priority: int = 0) -> BeamSearchOutput:
+    """Run one beam search on the server's engine and keep its `n` best beams (usage counts their
+    tokens); engine errors become ApiErrors. A client that goes away cancels this coroutine, which
+    aborts the step's requests."""
+    engine = state.require_engine()
+    rid = f"beam-{uuid.uuid4().hex}"
+    state.inflight.add(rid)  # shutdown waits for it like any generation (its step requests end with the engine)
+    try:
+        out = await beam_search_async(engine, prompt, params, priority)
+    except Exception as e:
+        raise api_error_from(e) from None
+    finally:
+        state.inflight.discard(rid)
+    out.beams = out.beams[:n]
+    out.usage.completion_tokens = sum(len(b.token_ids) for b in out.beams)
+    state.metrics.system_prompts.record(system.key, system.preview, system.length, out.usage.prompt_tokens,
+                                        out.usage.cached_tokens)
+    reason = out.beams[0].finish_reason if out.beams else None
+    state.metrics.server_requests.labels("openai", reason or "abort").inc()
+    return out
+
+
+def beam_choices(out: BeamSearchOutput) -> list[dict[str, Any]]:
+    """The beams as chat completion choices, best first."""
+    return [{"index": i, "message": {"role": "assistant", "content": b.text}, "logprobs": None,
+             "finish_reason": b.finish_reason or "length"} for i, b in enumerate(out.beams)]
