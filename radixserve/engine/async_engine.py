@@ -141,7 +141,7 @@ class AsyncEngine:
                        priority: int = 0, cancelled: Callable[[], bool] | None = None,
                        ) -> AsyncIterator[RequestOutput]:
         """Stream a request's incremental outputs; the last one has finished=True. `priority`: an
-        integer, lower runs first under `--policy priority` (fcfs and cache-aware ignore it).
+        integer, lower runs first under `--policy priority` (fcfs, cache-aware and sjf ignore it).
 
         `cancelled`, checked once the request is queued, lets a caller whose cancel came before
         this call (and so aborted an id the engine did not know yet) still win: the abort then

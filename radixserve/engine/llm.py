@@ -3,7 +3,7 @@
 
 Every prompt (and its priority) is tokenized and validated before any is queued, so one bad prompt
 rejects the call without leaving half a batch in the engine. `priority` is one integer for every
-prompt or one per prompt; lower runs first under `--policy priority`, fcfs and cache-aware ignore it.
+prompt or one per prompt; lower runs first under `--policy priority`, fcfs, cache-aware and sjf ignore it.
 """
 
 from __future__ import annotations

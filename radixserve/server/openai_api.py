@@ -61,7 +61,7 @@ class ChatRequest:
     include_usage: bool
     prompt: list[int]
     system: SystemPromptRef
-    priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs and cache-aware ignore it
+    priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs, cache-aware and sjf ignore it
     beam: BeamSearchParams | None = None  # use_beam_search (server/beam_api.py); then params.n is the choices
 
 
