@@ -237,3 +237,30 @@ def test_the_growth_reserve_is_visible_in_stats_json_and_metrics() -> None:
     assert "radixserve_admission_new_token_ratio 1.0" in text
     assert f"radixserve_admission_growth_reserve_blocks {float(st.growth_reserve_blocks)}" in text
     assert 'radixserve_admission_blocked_total{cause="watermark"}' in text
+
+
+def test_a_request_admitted_as_urgent_is_scheduled_once_in_its_step() -> None:
+    """Regression: the urgent admission put the head into the running set, and the same step's
+    prefill loop scheduled it a second time."""
+    clock = FakeClock()
+    sched = make(clock, policy="priority", num_blocks=8, preempt_gap=1.0, preempt_min_run_s=0.0, aging_s=0.0)
+    for i in (1, 2):
+        add(sched, [i] * 12, max_tokens=20, priority=5)
+    step(sched, clock)
+    urgent = add(sched, [9] * 12, max_tokens=2, priority=0)
+    batch = sched.schedule()
+    assert [it.seq for it in batch.items].count(urgent) == 1
+    sched.complete(batch)
+    sched.check_integrity()
+
+
+def test_urgent_preemption_does_not_preempt_for_nothing() -> None:
+    """A head the victims' blocks cannot make room for preempts nobody."""
+    clock = FakeClock()
+    sched = make(clock, policy="priority", num_blocks=8, preempt_gap=2.0, preempt_min_run_s=0.0, aging_s=0.0)
+    add(sched, [1] * 23, max_tokens=8, priority=1)  # 6 blocks, not a victim (gap 1 < 2)
+    add(sched, [2] * 7, max_tokens=8, priority=5)  # 2 blocks, a victim
+    step(sched, clock)
+    add(sched, [9] * 12, max_tokens=2, priority=0)  # needs 3 blocks: more than the victim could free
+    step(sched, clock)
+    assert sched.preemptions_by_cause["urgent"] == 0

@@ -96,6 +96,8 @@ class Scheduler:
         blocks are shared with the parent's)."""
         seq.status = SequenceStatus.RUNNING
         now = self.clock()
+        if seq.running_since is None:  # forks: they run from now on, like their parent
+            seq.running_since = now
         bisect.insort(self.running, seq, key=lambda s: self.policy.rank(s, now))
 
     def has_work(self) -> bool:
@@ -117,8 +119,8 @@ class Scheduler:
         for seq in decodes + prefills:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or seq.seq_id in scheduled:
+                continue  # preempted earlier in this loop, or admitted as urgent this step
             n = min(len(seq.token_ids) - seq.num_computed, budget)
             while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n):
                 victim = self._victim(scheduled)  # `seq` itself is a candidate: never None
@@ -184,6 +186,12 @@ class Scheduler:
         if taken is None:
             return 0
         n = min(head.remaining, budget)
+        # preempt only if the victims' blocks could make room at all (an estimate: shared blocks stay)
+        evictable = self.tree.evictable_blocks if self.tree is not None else 0
+        needed = max(0, -(-(head.num_computed + n) // self.block_size) - len(head.block_table))
+        if self.pool.num_free + evictable + sum(len(v.block_table) for v in victims) < needed:
+            self.cache.release(head)
+            return 0
         while len(self.running) >= config.max_num_seqs or not self.cache.reserve(head, n):
             if not victims:
                 self.cache.release(head)
