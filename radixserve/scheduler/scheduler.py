@@ -187,9 +187,7 @@ class Scheduler:
             return 0
         n = min(head.remaining, budget)
         # preempt only if the victims' blocks could make room at all (an estimate: shared blocks stay)
-        evictable = self.tree.evictable_blocks if self.tree is not None else 0
-        needed = max(0, -(-(head.num_computed + n) // self.block_size) - len(head.block_table))
-        if self.pool.num_free + evictable + sum(len(v.block_table) for v in victims) < needed:
+        if self._room_after(head, n) + sum(len(v.block_table) for v in victims) < 0:
             self.cache.release(head)
             return 0
         while len(self.running) >= config.max_num_seqs or not self.cache.reserve(head, n):
@@ -210,7 +208,6 @@ class Scheduler:
     def _room_after(self, seq: Sequence, n: int) -> int:
         """Blocks free or evictable once `seq` has blocks for its next n tokens (an estimate: the
         tree counts blocks listed by unlocked nodes, straddled ones twice)."""
-        assert self.tree is None or self.tree.evictable_blocks >= 0
         evictable = self.tree.evictable_blocks if self.tree is not None else 0
         needed = max(0, -(-(seq.num_computed + n) // self.block_size) - len(seq.block_table))
         return self.pool.num_free + evictable - needed
