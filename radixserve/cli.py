@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     from radixserve.server.cli import add_server_arguments
 
     add_server_arguments(p_serve)
+    from radixserve.scaleout.cli import add_scaleout_arguments
+
+    add_scaleout_arguments(p_serve)
 
     p_bench = sub.add_parser("bench", help="benchmarks against peers (see `radixserve bench -h`)")
     from radixserve.bench.cli import add_bench_arguments
@@ -125,6 +128,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from radixserve.terminal_chat import run_generate
 
         return run_generate(engine_config_from_args(args), args)
+    if args.command == "serve" and args.replicas != 1:
+        from radixserve.scaleout.cli import run_scaled
+
+        return run_scaled(engine_config_from_args(args), args)
     if args.command == "serve":
         from radixserve.server.cli import run_server
 

@@ -36,6 +36,16 @@ PENDING_TOKEN = -1  # stands for a sampled id still on the device (overlap sched
 
 
 @dataclass
+class Placement:
+    """Where a request ran, for an engine client that spreads requests over replicas (scaleout/).
+    `affinity`: a key (a chat session's id) whose requests should stay on one replica; `replica`: set
+    by the client once the request has one. A single engine leaves `replica` None."""
+
+    affinity: str | None = None
+    replica: str | None = None
+
+
+@dataclass
 class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not recomputed)

@@ -30,14 +30,16 @@ LAYER_OF = {
     "radixserve.engine": "engine",
     "radixserve.server": "server",
     "radixserve.bench": "bench",
+    "radixserve.scaleout": "scaleout",
     "radixserve": "entry",  # the package's public names, cli.py, terminal_chat.py
 }
-ALL_LAYERS = ("entry", "server", "bench", "engine", "scheduler", "model", "cache", "core", "kernels")
+ALL_LAYERS = ("entry", "scaleout", "server", "bench", "engine", "scheduler", "model", "cache", "core", "kernels")
 # layer -> the other layers it may import (its own is always allowed)
 MAY_IMPORT = {
-    "entry": {"server", "bench", "engine", "scheduler", "model", "cache", "core", "kernels"},
+    "entry": {"scaleout", "server", "bench", "engine", "scheduler", "model", "cache", "core", "kernels"},
+    "scaleout": {"server", "engine", "cache", "core"},
     "server": {"engine", "core"},
-    "bench": {"engine", "scheduler", "cache", "model", "core", "kernels"},
+    "bench": {"scaleout", "engine", "scheduler", "cache", "model", "core", "kernels"},
     "engine": {"scheduler", "cache", "model", "core"},
     "scheduler": {"cache", "core"},
     "model": {"core", "kernels"},

@@ -20,7 +20,8 @@ to the host pool) first, and only when the host pool cannot take it is it droppe
 subtree. The host pool makes room by dropping least recently used host copies: of nodes also on the
 device, or host-only leaves. A swapped-out sequence pins its cached path (`swap_out`), which keeps
 every node on it in the host tier until the sequence resumes. Every copy decided here is appended to
-`copies`, in order, for the scheduler to hand to the next step.
+`copies`, in order, for the scheduler to hand to the next step. With `events` set, every subtree
+dropped from both tiers is also reported there, for a scale-out router (cache/events.py).
 
 Invariants (checked by `check_integrity`): children are keyed by their first token; a child starts
 where its parent ends; each non-empty block list matches the covered block range and every non-root
@@ -33,6 +34,7 @@ predicates name. Nothing is evicted or dropped except when a pool asks for block
 from __future__ import annotations
 
 from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.events import CacheEventLog
 from radixserve.cache.radix_nodes import Match, RadixNode, RadixStructure, common_prefix_len
 from radixserve.core import BlockCopy, CopyKind
 
@@ -49,6 +51,7 @@ class RadixTree(RadixStructure):
         self.written_back_blocks = 0
         self.loaded_blocks = 0
         self.host_dropped_blocks = 0
+        self.events: CacheEventLog | None = None  # set when a router follows what this tree drops
         pool.evictor = self.evict
         if host_pool is not None:
             host_pool.evictor = self.evict_host
@@ -150,6 +153,8 @@ class RadixTree(RadixStructure):
         from both tiers; return the blocks freed in the pool `node` was evicted from."""
         parent = node.parent
         assert parent is not None
+        if self.events is not None:
+            self.events.dropped(self.path_tokens(parent) + (node.tokens[0],))
         del parent.children[node.tokens[0]]
         parent.device_children -= int(bool(node.blocks))
         freed_device = freed_host = 0
@@ -168,6 +173,16 @@ class RadixTree(RadixStructure):
         self.host_dropped_blocks += freed_host
         self._refresh(parent)
         return freed_device if node.blocks else freed_host
+
+    @staticmethod
+    def path_tokens(node: RadixNode) -> tuple[int, ...]:
+        """The tokens from the root to the end of `node`."""
+        runs: list[list[int]] = []
+        walk: RadixNode | None = node
+        while walk is not None and walk.parent is not None:
+            runs.append(walk.tokens)
+            walk = walk.parent
+        return tuple(t for run in reversed(runs) for t in run)
 
     def clear(self) -> int:
         """Drop everything not locked or pinned from both tiers, writing nothing back (tests, shutdown)."""

@@ -18,16 +18,20 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from radixserve.cache.events import CacheEventLog
 from radixserve.config import EngineConfig
-from radixserve.core import RequestOutput
+from radixserve.core import Placement, RequestOutput
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.intake import validate_priority
 from radixserve.engine.observers import StepObserver
 from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,10 @@ class AsyncEngine:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self.engine.eos_token_ids))
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.config.block_size
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,9 +147,10 @@ class AsyncEngine:
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                        priority: int = 0, cancelled: Callable[[], bool] | None = None,
-                       ) -> AsyncIterator[RequestOutput]:
+                       placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's incremental outputs; the last one has finished=True. `priority`: an
         integer, lower runs first under `--policy priority` (fcfs, cache-aware and sjf ignore it).
+        `placement` is for clients over several replicas (engine/client.py): one engine ignores it.
 
         `cancelled`, checked once the request is queued, lets a caller whose cancel came before
         this call (and so aborted an id the engine did not know yet) still win: the abort then
@@ -185,6 +194,13 @@ class AsyncEngine:
                 self.abort(rid)
             self._streams.pop(rid, None)
 
+    async def beam_search(self, prompt: list[int], params: BeamSearchParams, priority: int = 0,
+                          placement: Placement | None = None) -> BeamSearchOutput:
+        """One beam search beside whatever else runs (engine/beam_drivers.py)."""
+        from radixserve.engine.beam_drivers import beam_search_async  # it builds on this class
+
+        return await beam_search_async(self, prompt, params, priority)
+
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request ends with finish_reason 'abort' within one step."""
 
@@ -214,6 +230,16 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             return self.engine.stats()
+
+    def follow_cache_events(self) -> CacheEventLog:
+        """Have the radix tree report what it drops (for a scale-out router); idempotent."""
+        with self._lock:
+            tree = self.engine.tree
+            if tree is None:
+                raise ValueError("the prefix cache is off: there are no cache events to follow")
+            if tree.events is None:
+                tree.events = CacheEventLog()
+            return tree.events
 
     def check_integrity(self) -> None:
         with self._lock:

@@ -8,7 +8,8 @@ Counters only ever grow (hit rates are ratios of counters, never a per-batch gau
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from radixserve.core import CopyKind
@@ -99,6 +100,21 @@ class EngineStats:
         if tree is not None and tree.host_pool is not None:
             s.collect_host_tier(engine)
         return s
+
+    @classmethod
+    def merged(cls, parts: Sequence[EngineStats]) -> EngineStats:
+        """Several engines' statistics as one (replicas behind one endpoint): every count and gauge
+        summed, the new-token ratio averaged."""
+        total = cls()
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in parts]
+            if f.name == "new_token_ratio":
+                setattr(total, f.name, sum(values) / len(values) if values else 0.0)
+            elif isinstance(getattr(total, f.name), Counter):
+                setattr(total, f.name, sum(values, Counter()))
+            else:
+                setattr(total, f.name, sum(values, type(getattr(total, f.name))()))
+        return total
 
     def collect_host_tier(self, engine: LLMEngine) -> None:
         tree, host = engine.tree, engine.runner.host_cache

@@ -36,6 +36,7 @@ from radixserve.server.cache_stats import cache_stats_json
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.replica_header import ReplicaHeaderMiddleware
 from radixserve.server.request_guard import RequestGuardMiddleware
 from radixserve.server.sessions import SessionStore
 from radixserve.server.state import EngineFactory, ServerState
@@ -106,9 +107,11 @@ async def cache_stats(request: Request) -> Response:
     engine = state.require_engine()
     st = await asyncio.to_thread(engine.stats)
     sessions = len(state.sessions) if state.sessions is not None else 0
-    return JSONResponse(cache_stats_json(st, engine.engine.config.block_size, sessions,
-                                         state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),
-                                         state.metrics.step_utilization.to_json()))
+    body = cache_stats_json(st, engine.block_size, sessions, state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),
+                            state.metrics.step_utilization.to_json())
+    if state.extra_cache_stats is not None:
+        body.update(await asyncio.to_thread(state.extra_cache_stats))
+    return JSONResponse(body)
 
 
 class ApiKeyMiddleware:
@@ -167,6 +170,8 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
         origins = ["*"] if "*" in config.allowed_origins else config.allowed_origins
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],
                                         allow_headers=["*"]))
+    if config.replica_header:
+        middleware.append(Middleware(ReplicaHeaderMiddleware))
     # outermost: a request for a foreign Host or a cross-site state change reaches nothing else
     middleware.insert(0, Middleware(RequestGuardMiddleware, state=state))
     # Routes raise ApiError; this one handler answers it (unexpected exceptions: InternalErrorMiddleware)

@@ -18,7 +18,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.engine.beam_drivers import beam_search_async
 from radixserve.engine.beam_search import MAX_BEAM_WIDTH, BeamSearchOutput, BeamSearchParams
 from radixserve.server.generation import SystemPromptRef, api_error_from
 from radixserve.server.state import ServerState
@@ -73,7 +72,7 @@ async def run_beam_search(state: ServerState, prompt: list[int], params: BeamSea
     rid = f"beam-{uuid.uuid4().hex}"
     state.inflight.add(rid)  # shutdown waits for it like any generation (its step requests end with the engine)
     try:
-        out = await beam_search_async(engine, prompt, params, priority)
+        out = await engine.beam_search(prompt, params, priority)
     except Exception as e:
         raise api_error_from(e) from None
     finally:

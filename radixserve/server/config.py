@@ -39,6 +39,7 @@ class ServerConfig:
     web_dir: Path | None = DEFAULT_WEB_DIR  # static UI served at /; None or missing -> no UI
     ws_auth_timeout_s: float = 10.0  # how long a keyed WebSocket may wait before its auth frame
     health_stall_s: float = 120.0  # /health is 503 after this long without an engine step while work waits
+    replica_header: bool = False  # add x-radixserve-replica to HTTP responses (set by scaleout/ over replicas)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

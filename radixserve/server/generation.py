@@ -15,11 +15,12 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from radixserve.core import RequestOutput
+from radixserve.core import Placement, RequestOutput
 from radixserve.engine.chat_template import token_hash
 from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.metrics import NONE_KEY
+from radixserve.server.replica_header import note_replica
 from radixserve.server.validation import ApiError
 
 if TYPE_CHECKING:
@@ -74,16 +75,18 @@ def admit_prompt(state: ServerState, prompt_len: int) -> None:
 async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
                          system: SystemPromptRef, api: str, request_id: str | None = None,
                          cancelled: Callable[[], bool] | None = None, priority: int = 0,
-                         ) -> AsyncGenerator[RequestOutput, None]:
+                         affinity: str | None = None) -> AsyncGenerator[RequestOutput, None]:
     """Yield the engine's incremental outputs for one request; raises ApiError for refused requests.
     `cancelled`: see AsyncEngine.generate (a cancel that came before the request reached the engine);
-    `priority`: the scheduler's (lower runs first under --policy priority)."""
+    `priority`: the scheduler's (lower runs first under --policy priority); `affinity`: a key (the
+    chat session's id) whose requests a multi-replica engine keeps on one replica."""
     engine, metrics = state.require_engine(), state.metrics
     admit_prompt(state, len(prompt))  # checked again: shutdown may have begun since the caller checked
     rid = request_id or uuid.uuid4().hex
     state.inflight.add(rid)
-    agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid,
-                                                                     priority=priority, cancelled=cancelled))
+    placement = Placement(affinity=affinity)
+    agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid, priority=priority,
+                                                                     cancelled=cancelled, placement=placement))
     last: RequestOutput | None = None
     last_token_at: float | None = None
     try:
@@ -93,6 +96,8 @@ async def stream_request(state: ServerState, prompt: list[int], params: Sampling
             return
         except Exception as e:
             raise api_error_from(e) from None
+        if placement.replica is not None:
+            note_replica(placement.replica)
         out: RequestOutput | None = first
         while out is not None:
             now = time.monotonic()
@@ -114,13 +119,14 @@ async def stream_request(state: ServerState, prompt: list[int], params: Sampling
         await agen.aclose()  # aborts the request if it has not finished
         state.inflight.discard(rid)
         if last is not None:
-            _record(state, last, system, api)
+            _record(state, last, system, api, placement.replica)
 
 
-def _record(state: ServerState, out: RequestOutput, system: SystemPromptRef, api: str) -> None:
+def _record(state: ServerState, out: RequestOutput, system: SystemPromptRef, api: str, replica: str | None) -> None:
     m = state.metrics
-    m.system_prompts.record(system.key, system.preview, system.length, out.usage.prompt_tokens,
-                            out.usage.cached_tokens)
+    for tracker in (m.system_prompts, m.replica_prompts(replica) if replica is not None else None):
+        if tracker is not None:
+            tracker.record(system.key, system.preview, system.length, out.usage.prompt_tokens, out.usage.cached_tokens)
     t = out.timing
     if not out.finished:
         m.server_requests.labels(api, "abort").inc()

@@ -105,6 +105,7 @@ class ServerMetrics:
     def __init__(self, system_prompt_labels: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.system_prompts = SystemPromptTracker(system_prompt_labels)
+        self.by_replica: dict[str, SystemPromptTracker] = {}  # the same, per engine replica (scaleout/)
         r = self.registry
         self.ttft = Histogram("radixserve_time_to_first_token_seconds", "Arrival to first generated token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -132,6 +133,12 @@ class ServerMetrics:
         self.ws_slow_client_disconnects = Counter(
             "radixserve_websocket_slow_client_disconnects", "WebSockets closed because the client stopped "
             "reading and its send buffer filled up", registry=r)
+
+    def replica_prompts(self, replica: str) -> SystemPromptTracker:
+        tracker = self.by_replica.get(replica)
+        if tracker is None:
+            tracker = self.by_replica[replica] = SystemPromptTracker(self.system_prompts.labels)
+        return tracker
 
     def observe_step(self, step: StepInfo) -> None:
         """A step observer (`AsyncEngine.add_step_observer`); runs on the engine thread."""

@@ -13,15 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.engine.async_engine import AsyncEngine
 from radixserve.engine.chat_template import ChatFormatter
+from radixserve.engine.client import EngineClient
 from radixserve.server.config import ServerConfig
 from radixserve.server.logprobs import TokenTexts
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError
 
-EngineFactory = Callable[[], AsyncEngine]
+EngineFactory = Callable[[], EngineClient]
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ServerState:
     config: ServerConfig
     engine_factory: EngineFactory
     metrics: ServerMetrics
-    engine: AsyncEngine | None = None
+    engine: EngineClient | None = None
     formatter: ChatFormatter | None = None
     sessions: SessionStore | None = None
     model_name: str = ""
@@ -68,8 +68,10 @@ class ServerState:
     # the SessionTurn in flight per session id, so deleting a session can cancel it
     session_generations: dict[str, Any] = field(default_factory=dict)
     _token_texts: TokenTexts | None = None  # per-token text for logprobs, built on first use
+    # more of GET /v1/cache/stats, from whoever built the app around a multi-replica engine (scaleout/)
+    extra_cache_stats: Callable[[], dict[str, Any]] | None = None
 
-    def require_engine(self) -> AsyncEngine:
+    def require_engine(self) -> EngineClient:
         if self.engine is None:
             why = "the model failed to load (see GET /health)" if self.load_error else "the model is still loading"
             raise ApiError("unavailable", why, 503)

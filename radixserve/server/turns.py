@@ -83,7 +83,8 @@ class SessionTurn:
         finish: str | None = None
         try:
             stream = stream_request(self.state, self.prompt, self.params, self.system, "session", self.request_id,
-                                    cancelled=lambda: self.cancelled, priority=self.priority)
+                                    cancelled=lambda: self.cancelled, priority=self.priority,
+                                    affinity=self.session.id)
             async with aclosing(stream) as outputs:
                 async for out in outputs:
                     if self.last is None:

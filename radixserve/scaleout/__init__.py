@@ -1,0 +1,17 @@
+"""Scale-out on Ray Serve: N engine replicas behind one ingress with cache-aware routing.
+
+Ray is an optional extra (`pip install 'radixserve[ray]'`): `routing`, `prefix_index`, `config` and
+`cli` import without it; everything that talks to Ray (`app`, `router`, `replica`, `cluster_engine`,
+`local`) needs it. The Python entry point for your own Ray Serve applications is
+`radixserve.scaleout.app.build_application`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+RAY_EXTRA_HINT = "pip install 'radixserve[ray]'"
+
+
+def ray_available() -> bool:
+    return importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.serve") is not None

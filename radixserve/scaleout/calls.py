@@ -1,0 +1,74 @@
+"""What travels between the ingress and the engine replicas (pickled by Ray): plain dataclasses.
+
+A generation is one streaming call: the replica first sends `Served` (its name, before any token, so
+the ingress can pin a session to it), then the engine's `RequestOutput`s, and a request the engine
+refused or failed ends with `Failed` instead of an exception, so the ingress re-raises radixserve's
+own error with its own message (a Ray-wrapped exception would carry the replica's traceback).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.engine.beam_search import BeamSearchParams
+from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
+from radixserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    prompt: list[int]
+    params: SamplingParams
+    request_id: str
+    priority: int = 0
+    prefer: str | None = None  # the replica the request's session lives on, if any
+
+
+@dataclass(frozen=True)
+class BeamCall:
+    prompt: list[int]
+    params: BeamSearchParams
+    priority: int = 0
+    prefer: str | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    replica: str
+
+
+@dataclass(frozen=True)
+class ReplicaFacts:
+    replica: str
+    model_name: str
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    block_size: int
+    tokenizer: Any  # a transformers tokenizer (picklable) or None
+
+
+@dataclass(frozen=True)
+class Failed:
+    kind: str  # "request" (refused: 400), "stopped" (503) or "failed" (500)
+    message: str
+    code: str = RequestError.code
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failed:
+        if isinstance(exc, RequestError):
+            return cls("request", str(exc), exc.code)
+        if isinstance(exc, EngineStoppedError):
+            return cls("stopped", str(exc))
+        if isinstance(exc, RequestFailedError):
+            return cls("failed", str(exc))
+        return cls("failed", "the replica failed this request; see its log")
+
+    def error(self) -> Exception:
+        if self.kind == "request":
+            err = RequestError(self.message)
+            err.code = self.code
+            return err
+        if self.kind == "stopped":
+            return EngineStoppedError(self.message)
+        return RequestFailedError(self.message)

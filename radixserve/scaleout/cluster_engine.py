@@ -1,0 +1,184 @@
+"""The ingress's engine: the EngineClient contract (engine/client.py) over the engine replicas of a
+Ray Serve application, so the unchanged server app serves many replicas as it serves one engine.
+
+Each generation is one streaming call through the deployment handle; the handle's router (router.py)
+picks the replica. The ingress, not the replica, keeps what a conversation needs: the server's
+sessions hold the token history, and this class holds which replica each session lives on
+(`placement.affinity` -> replica, learnt from the replica's first frame). When that replica is gone
+the router sends the next turn elsewhere ("failover") and the history is simply recomputed there.
+
+A replica that dies mid-request fails that request with a clear RequestFailedError (the server's
+500 `generation_failed`); nothing else is affected. When a request finishes, the tokens its replica
+cached (prompt and reply) go into the router's picture of that replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
+
+from ray.exceptions import RayError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from radixserve.core import Placement, RequestOutput
+from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
+from radixserve.engine.observers import StepObserver
+from radixserve.engine.stats import EngineStats
+from radixserve.errors import EngineStoppedError, RequestFailedError
+from radixserve.sampling_params import SamplingParams
+from radixserve.scaleout.calls import BeamCall, EngineCall, Failed, ReplicaFacts, Served
+from radixserve.scaleout.routing import RoutingTable, table_for
+
+log = logging.getLogger("radixserve.scaleout")
+MAX_AFFINITIES = 100_000  # sessions remembered (least recently used forgotten: they then fail over)
+
+
+class ClusterEngine:
+    def __init__(self, handle: DeploymentHandle, table_key: str) -> None:
+        self.handle = handle
+        self.table: RoutingTable = table_for(table_key)
+        self._facts: ReplicaFacts | None = None
+        self._affinity: OrderedDict[str, str] = OrderedDict()
+        self._streams: dict[str, DeploymentResponseGenerator] = {}
+        self._stopping = False
+
+    # -- facts (from any replica: they run the same model) ---------------------------------------
+    @property
+    def facts(self) -> ReplicaFacts:
+        if self._facts is None:
+            raise RuntimeError("ClusterEngine.start() has not run")
+        return self._facts
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.facts.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.facts.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.facts.max_model_len
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.facts.eos_token_ids
+
+    @property
+    def block_size(self) -> int:
+        return self.facts.block_size
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._facts is None:
+            self._facts = await self.handle.facts.remote()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        for stream in list(self._streams.values()):
+            stream.cancel()
+
+    # -- requests ------------------------------------------------------------------------------
+    def _prefer(self, placement: Placement | None) -> str | None:
+        if placement is None or placement.affinity is None:
+            return None
+        replica = self._affinity.get(placement.affinity)
+        if replica is not None:
+            self._affinity.move_to_end(placement.affinity)
+        return replica
+
+    def _placed(self, placement: Placement | None, replica: str) -> None:
+        if placement is None:
+            return
+        placement.replica = replica
+        if placement.affinity is not None:
+            self._affinity[placement.affinity] = replica
+            self._affinity.move_to_end(placement.affinity)
+            while len(self._affinity) > MAX_AFFINITIES:
+                self._affinity.popitem(last=False)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                       priority: int = 0, cancelled: Callable[[], bool] | None = None,
+                       placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
+        if self._stopping:
+            raise EngineStoppedError("the server is shutting down")
+        tokens = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._streams:
+            raise ValueError(f"request id {rid!r} is already in use")
+        call = EngineCall(tokens, params, rid, priority, self._prefer(placement))
+        stream = cast(DeploymentResponseGenerator, self.handle.options(stream=True).generate.remote(call))
+        self._streams[rid] = stream
+        if cancelled is not None and cancelled():
+            stream.cancel()
+        replica: str | None = None
+        replies: dict[int, list[int]] = {}
+        try:
+            async for frame in stream:
+                if isinstance(frame, Served):
+                    replica = frame.replica
+                    self._placed(placement, replica)
+                elif isinstance(frame, Failed):
+                    raise frame.error()
+                else:
+                    for o in frame.outputs:
+                        replies.setdefault(o.index, []).extend(o.token_ids)
+                    yield frame
+                    if frame.finished:
+                        self._cached(replica, tokens, replies)
+                        return
+        except RayError as e:
+            log.warning("replica %s failed during request %s: %s", replica, rid, type(e).__name__)
+            where = f"replica {replica}" if replica is not None else "the engine replica"
+            raise RequestFailedError(f"{where} stopped while serving this request; send it again "
+                                     "(a conversation continues on another replica)") from None
+        finally:
+            stream.cancel()  # a no-op once finished; otherwise it aborts the request on the replica
+            self._streams.pop(rid, None)
+
+    def _cached(self, replica: str | None, prompt: list[int], replies: dict[int, list[int]]) -> None:
+        if replica is None:
+            return
+        with self.table.lock:
+            for reply in replies.values() or [[]]:
+                self.table.cached(replica, prompt + reply[:-1])  # the last token was sampled, not computed
+
+    async def beam_search(self, prompt: list[int], params: BeamSearchParams, priority: int = 0,
+                          placement: Placement | None = None) -> BeamSearchOutput:
+        try:
+            replica, out = await self.handle.beam_search.remote(BeamCall(prompt, params, priority,
+                                                                          self._prefer(placement)))
+        except RayError:
+            raise RequestFailedError("the replica stopped while running this beam search; send it again") from None
+        self._placed(placement, replica)
+        if isinstance(out, Failed):
+            raise out.error()
+        assert isinstance(out, BeamSearchOutput)
+        return out
+
+    def abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.cancel()
+
+    def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
+        """Steps run on the replicas; their step histograms are in each replica's own process."""
+
+    def health(self, stall_s: float) -> str | None:
+        """Ray Serve restarts a replica whose engine is unhealthy; the endpoint is down only when no
+        replica is up."""
+        with self.table.lock:
+            return None if self.table.indexes else "no engine replica is running"
+
+    # -- statistics ----------------------------------------------------------------------------
+    def replica_stats(self) -> dict[str, EngineStats]:
+        """Each replica's statistics from its last report (a replica that has not reported yet: empty)."""
+        with self.table.lock:
+            return {name: rep.stats or EngineStats() for name, rep in sorted(self.table.reports.items())}
+
+    def stats(self) -> EngineStats:
+        return EngineStats.merged(list(self.replica_stats().values()))

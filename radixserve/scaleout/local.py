@@ -1,0 +1,111 @@
+"""Running the application: `ServeCluster` starts Ray (a local instance, or the cluster RAY_ADDRESS
+names), Ray Serve's HTTP proxy on the configured host and port, and the application, and waits until
+the ingress answers /health; leaving it shuts Serve and Ray down, so nothing is left running.
+`run_cluster` is the foreground `radixserve serve --replicas N`.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+
+from radixserve.config import EngineConfig
+from radixserve.scaleout.app import ClusterConfig, build_application
+from radixserve.server.config import ServerConfig
+from radixserve.server.runner import url_for
+
+
+class ServeCluster:
+    def __init__(self, engine_config: EngineConfig, server_config: ServerConfig, cluster: ClusterConfig,
+                 num_cpus: int | None = None, startup_timeout_s: float = 600.0) -> None:
+        if server_config.port == 0:
+            raise ValueError("Ray Serve's proxy needs a fixed port: pick one (the default is 8000)")
+        self.engine_config, self.server_config, self.cluster = engine_config, server_config, cluster
+        self.num_cpus, self.startup_timeout_s = num_cpus, startup_timeout_s
+        self._started_ray = False
+
+    @property
+    def url(self) -> str:
+        return url_for(self.server_config.host, self.server_config.port)
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://", 1) + "/v1/chat/ws"
+
+    def __enter__(self) -> ServeCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            if not ray.is_initialized():
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+                self._started_ray = True
+            serve.start(http_options={"host": self.server_config.host, "port": self.server_config.port})
+            app = build_application(self.engine_config, self.server_config, self.cluster)
+            serve.run(app, name=self.cluster.app_name, route_prefix="/", blocking=False)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(self.url + "/health", timeout=5.0)
+                if r.status_code == 200:
+                    return
+                last = r.text
+                if r.json().get("status") == "error":
+                    raise RuntimeError(f"the ingress failed to start: {r.json().get('detail')}")
+            except (httpx.HTTPError, ValueError) as e:
+                last = type(e).__name__
+            time.sleep(0.5)
+        raise TimeoutError(f"the application did not become healthy in {self.startup_timeout_s:.0f} s ({last})")
+
+    def stop(self) -> None:
+        if ray.is_initialized():
+            try:
+                serve.shutdown()
+            finally:
+                if self._started_ray:
+                    ray.shutdown()
+                    self._started_ray = False
+
+
+def run_cluster(engine_config: EngineConfig, server_config: ServerConfig, cluster: ClusterConfig) -> int:
+    """Foreground: serve until Ctrl-C or SIGTERM; returns the exit code."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous: dict[int, Any] = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"radixserve: starting Ray Serve with {cluster.replicas} engine replicas ({cluster.router} routing) ...",
+          flush=True)
+    try:
+        with ServeCluster(engine_config, server_config, cluster) as c:
+            print(f"radixserve: serving at {c.url} (web UI at /); OpenAI API at {c.url}/v1", flush=True)
+            stop.wait()
+            print("radixserve: stopping the replicas ...", flush=True)
+    except (RuntimeError, TimeoutError, ValueError) as e:
+        print(f"radixserve: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0

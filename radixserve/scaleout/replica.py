@@ -1,0 +1,74 @@
+"""One engine replica of the Ray Serve application: an AsyncEngine with its own pool, radix tree and
+(on GPU) its own device, which Ray gives it through the deployment's resource request.
+
+It streams generations as calls.py describes, runs beam searches whole, and reports to the routers
+through Ray Serve's `record_routing_stats` (polled by the controller every
+`request_routing_stats_period_s` and handed to every router): its engine statistics and the cache
+events its tree dropped. A report carries the events of the last `REPORT_WINDOW` reports, so a
+router that misses a few reports (they are snapshots, the newest wins) still sees every event.
+Ray Serve's health check calls `check_health`; an engine that died or stalls gets the replica
+restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from radixserve.config import EngineConfig
+from radixserve.engine.async_engine import AsyncEngine
+from radixserve.engine.beam_search import BeamSearchOutput
+from radixserve.scaleout.calls import BeamCall, EngineCall, Failed, ReplicaFacts, Served
+
+log = logging.getLogger("radixserve.scaleout")
+REPORT_WINDOW = 4
+
+
+class EngineReplica:
+    def __init__(self, engine_config: EngineConfig, torch_threads: int | None = None,
+                 health_stall_s: float = 120.0) -> None:
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        self.name = serve.get_replica_context().replica_id.unique_id
+        self.engine = AsyncEngine(engine_config)
+        self.events = self.engine.follow_cache_events() if engine_config.enable_prefix_cache else None
+        self.health_stall_s = health_stall_s
+        self._reported: deque[int] = deque(maxlen=REPORT_WINDOW)  # last event seq of recent reports
+
+    def facts(self) -> ReplicaFacts:
+        e = self.engine
+        return ReplicaFacts(self.name, e.model_name, e.max_model_len, e.eos_token_ids, e.block_size, e.tokenizer)
+
+    async def generate(self, call: EngineCall) -> AsyncIterator[Any]:
+        yield Served(self.name)
+        try:
+            async for out in self.engine.generate(call.prompt, call.params, request_id=call.request_id,
+                                                  priority=call.priority):
+                yield out
+        except Exception as e:  # the caller gets radixserve's error, not a traceback
+            if not isinstance(e, ValueError):
+                log.exception("request %s failed on replica %s", call.request_id, self.name)
+            yield Failed.of(e)
+
+    async def beam_search(self, call: BeamCall) -> tuple[str, BeamSearchOutput | Failed]:
+        try:
+            return self.name, await self.engine.beam_search(call.prompt, call.params, call.priority)
+        except Exception as e:
+            return self.name, Failed.of(e)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        events = self.events.since(self._reported[0] if self._reported else 0) if self.events is not None else None
+        if events is not None:
+            self._reported.append(events.last_seq)
+        return {"replica": self.name, "stats": self.engine.stats(), "events": events}
+
+    def check_health(self) -> None:
+        problem = self.engine.health(self.health_stall_s)
+        if problem is not None:
+            raise RuntimeError(problem)

@@ -1,0 +1,158 @@
+"""Which replica a request goes to, and why: the cache-aware rule, free of Ray so it is tested alone.
+
+The rule, in order:
+1. `session`: the request names the replica its session lives on, and that replica is up.
+2. `prefix`: the replica believed to hold the longest prefix of the prompt (prefix_index.py), unless
+   its in-flight requests exceed the least-loaded replica's by more than `max_load_gap`; then
+3. `imbalance`: the least-loaded replica instead.
+4. `miss` (no replica holds any of the prompt) and `failover` (the session's replica is gone): the
+   least-loaded replica; among equals the one holding the fewest tokens, so new prefixes spread.
+Ties between equal prefixes go to the less loaded replica. Every decision is counted by reason.
+
+The table is also where the router keeps what each replica last reported (`ReplicaReport`: its
+engine statistics and the cache events it dropped), so the ingress reads one place for both.
+Invariants: `loads` counts requests routed and not yet completed, never below 0; an index exists
+exactly for the replicas in `replicas`. The table is shared by threads: callers hold `lock`.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from radixserve.cache.events import EventBatch
+from radixserve.engine.stats import EngineStats
+from radixserve.scaleout.prefix_index import PrefixIndex
+
+REASONS = ("session", "prefix", "imbalance", "miss", "failover")
+DEFAULT_MAX_LOAD_GAP = 8
+
+
+@dataclass(frozen=True)
+class Decision:
+    replica: str
+    reason: str
+    matched: int  # prompt tokens the chosen replica is believed to hold
+
+
+@dataclass
+class ReplicaReport:
+    """What a replica last told the router (its `record_routing_stats`), decoded."""
+
+    stats: EngineStats | None = None
+    events_seq: int = 0  # the newest cache event applied to this replica's index
+    resyncs: int = 0  # times events were missed and the index was cleared
+
+
+_tables: dict[str, RoutingTable] = {}
+_tables_lock = threading.Lock()
+
+
+def table_for(key: str) -> RoutingTable:
+    """The routing table of one deployment in this process (`key`: "app/deployment")."""
+    with _tables_lock:
+        table = _tables.get(key)
+        if table is None:
+            table = _tables[key] = RoutingTable()
+        return table
+
+
+class RoutingTable:
+    def __init__(self, max_load_gap: int = DEFAULT_MAX_LOAD_GAP, rng: random.Random | None = None) -> None:
+        self.max_load_gap = max_load_gap
+        self.indexes: dict[str, PrefixIndex] = {}
+        self.loads: Counter[str] = Counter()
+        self.reports: dict[str, ReplicaReport] = {}
+        self.decisions: Counter[str] = Counter({r: 0 for r in REASONS})
+        self.routed: Counter[str] = Counter()  # requests sent, per replica
+        self._rng = rng or random.Random()
+        self.lock = threading.Lock()
+
+    @property
+    def replicas(self) -> list[str]:
+        return sorted(self.indexes)
+
+    def set_replicas(self, names: Iterable[str]) -> None:
+        """The replicas now up; a new one starts with an empty index, a gone one is forgotten."""
+        names = set(names)
+        for gone in set(self.indexes) - names:
+            del self.indexes[gone]
+            self.loads.pop(gone, None)
+            self.reports.pop(gone, None)
+        for new in names - set(self.indexes):
+            self.indexes[new] = PrefixIndex()
+            self.reports[new] = ReplicaReport()
+
+    def choose(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None = None) -> Decision:
+        """Decide for one request; `among` are the replicas that may take it (all known ones)."""
+        if not among:
+            raise ValueError("no replica to route to")
+        if prefer is not None and prefer in among:
+            return self._decided(Decision(prefer, "session", self._match(prefer, tokens)))
+        matched = {r: self._match(r, tokens) for r in among}
+        least = min(self.loads[r] for r in among)
+        best = max(matched.values())
+        if best > 0:
+            holders = [r for r in among if matched[r] == best]
+            pick = self._least_loaded(holders)
+            if self.loads[pick] - least <= self.max_load_gap:
+                return self._decided(Decision(pick, "prefix", best))
+            pick = self._least_loaded(among)
+            return self._decided(Decision(pick, "imbalance", matched[pick]))
+        pick = self._least_loaded(among)
+        return self._decided(Decision(pick, "failover" if prefer is not None else "miss", 0))
+
+    def _match(self, replica: str, tokens: Sequence[int]) -> int:
+        index = self.indexes.get(replica)
+        return index.match(tokens) if index is not None else 0
+
+    def _least_loaded(self, names: Sequence[str]) -> str:
+        def key(r: str) -> tuple[int, int]:
+            index = self.indexes.get(r)
+            return self.loads[r], index.tokens if index is not None else 0
+
+        low = min(key(r) for r in names)
+        return self._rng.choice([r for r in names if key(r) == low])
+
+    def _decided(self, d: Decision) -> Decision:
+        self.decisions[d.reason] += 1
+        return d
+
+    # -- what happened afterwards -------------------------------------------------------------
+    def sent(self, replica: str, tokens: Sequence[int]) -> None:
+        """The request went to `replica` (possibly not the one chosen: Ray may fall back)."""
+        self.loads[replica] += 1
+        self.routed[replica] += 1
+        index = self.indexes.get(replica)
+        if index is not None:
+            index.insert(tokens)
+
+    def completed(self, replica: str) -> None:
+        if self.loads[replica] > 0:
+            self.loads[replica] -= 1
+
+    def cached(self, replica: str, tokens: Sequence[int]) -> None:
+        """The replica cached `tokens` (a finished request's prompt and reply)."""
+        index = self.indexes.get(replica)
+        if index is not None:
+            index.insert(tokens)
+
+    def report(self, replica: str, stats: EngineStats | None, events: EventBatch | None) -> None:
+        """A replica's periodic report: its statistics, and the cache events since the last one."""
+        index, rep = self.indexes.get(replica), self.reports.get(replica)
+        if index is None or rep is None:
+            return
+        rep.stats = stats
+        if events is None:  # the replica runs without a prefix cache
+            return
+        if events.missed(rep.events_seq):
+            self.indexes[replica] = PrefixIndex()  # what it dropped is unknown: believe nothing
+            rep.resyncs += 1
+        else:
+            for e in events.events:
+                if e.seq > rep.events_seq:
+                    index.cut(e.path)
+        rep.events_seq = max(rep.events_seq, events.last_seq)
