@@ -73,7 +73,8 @@ def build_application(engine_config: EngineConfig, server_config: ServerConfig |
     server_config = server_config or ServerConfig()
     router: dict[str, Any] = {
         "request_router_class": ROUTERS[cluster.router],
-        "request_router_kwargs": {"max_load_gap": cluster.max_load_gap},
+        "request_router_kwargs": {"max_load_gap": cluster.max_load_gap,
+                                  "min_prefix_fraction": cluster.min_prefix_fraction},
         "request_routing_stats_period_s": cluster.stats_period_s,
         "request_routing_stats_timeout_s": max(10.0, 4 * cluster.stats_period_s)}
     replica = serve.deployment(

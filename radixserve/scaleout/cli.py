@@ -20,13 +20,16 @@ def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-load-gap", type=int, default=d.max_load_gap,
                    help="in-flight requests by which the replica holding a prompt's longest prefix may exceed the "
                         "least-loaded one before the request goes to the least loaded (default %(default)s)")
+    g.add_argument("--min-prefix-fraction", type=float, default=d.min_prefix_fraction,
+                   help="a replica's cached prefix counts for routing only if it covers this fraction of the prompt "
+                        "(default %(default)s)")
     g.add_argument("--replica-torch-threads", type=int, default=None,
                    help="torch CPU threads per replica (CPU runs: cores / replicas keeps them from competing)")
 
 
 def cluster_config_from_args(a: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(replicas=a.replicas, router=a.router, max_load_gap=a.max_load_gap,
-                         torch_threads=a.replica_torch_threads)
+                         min_prefix_fraction=a.min_prefix_fraction, torch_threads=a.replica_torch_threads)
 
 
 def run_scaled(engine_config: EngineConfig, args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from radixserve.cache.events import EventBatch
 from radixserve.engine.stats import EngineStats
-from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP, RoutingTable, table_for
+from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP, DEFAULT_MIN_PREFIX_FRACTION, RoutingTable, table_for
 
 
 def _call_of(pending: PendingRequest | None) -> Any:
@@ -36,6 +36,7 @@ class _Recording(RequestRouter):
         self.table = table_for(f"{self._deployment_id.app_name}/{self._deployment_id.name}")
         with self.table.lock:
             self.table.max_load_gap = int(kwargs.get("max_load_gap", DEFAULT_MAX_LOAD_GAP))
+            self.table.min_prefix_fraction = float(kwargs.get("min_prefix_fraction", DEFAULT_MIN_PREFIX_FRACTION))
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)

@@ -2,11 +2,14 @@
 
 The rule, in order:
 1. `session`: the request names the replica its session lives on, and that replica is up.
-2. `prefix`: the replica believed to hold the longest prefix of the prompt (prefix_index.py), unless
-   its in-flight requests exceed the least-loaded replica's by more than `max_load_gap`; then
+2. `prefix`: the replica believed to hold the longest prefix of the prompt (prefix_index.py), if
+   that prefix is at least `min_prefix_fraction` of the prompt, unless its in-flight requests exceed
+   the least-loaded replica's by more than `max_load_gap`; then
 3. `imbalance`: the least-loaded replica instead.
-4. `miss` (no replica holds any of the prompt) and `failover` (the session's replica is gone): the
+4. `miss` (no replica holds enough of the prompt) and `failover` (the session's replica is gone): the
    least-loaded replica; among equals the one holding the fewest tokens, so new prefixes spread.
+The fraction is what keeps the chat template's few shared opening tokens, which every prompt
+matches, from pulling all new conversations onto one replica (SGLang's router has the same rule).
 Ties between equal prefixes go to the less loaded replica. Every decision is counted by reason.
 
 The table is also where the router keeps what each replica last reported (`ReplicaReport`: its
@@ -29,6 +32,7 @@ from radixserve.scaleout.prefix_index import PrefixIndex
 
 REASONS = ("session", "prefix", "imbalance", "miss", "failover")
 DEFAULT_MAX_LOAD_GAP = 8
+DEFAULT_MIN_PREFIX_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,9 @@ def table_for(key: str) -> RoutingTable:
 
 
 class RoutingTable:
-    def __init__(self, max_load_gap: int = DEFAULT_MAX_LOAD_GAP, rng: random.Random | None = None) -> None:
-        self.max_load_gap = max_load_gap
+    def __init__(self, max_load_gap: int = DEFAULT_MAX_LOAD_GAP, min_prefix_fraction: float = DEFAULT_MIN_PREFIX_FRACTION,
+                 rng: random.Random | None = None) -> None:
+        self.max_load_gap, self.min_prefix_fraction = max_load_gap, min_prefix_fraction
         self.indexes: dict[str, PrefixIndex] = {}
         self.loads: Counter[str] = Counter()
         self.reports: dict[str, ReplicaReport] = {}
@@ -95,7 +100,7 @@ class RoutingTable:
         matched = {r: self._match(r, tokens) for r in among}
         least = min(self.loads[r] for r in among)
         best = max(matched.values())
-        if best > 0:
+        if best > 0 and best >= self.min_prefix_fraction * len(tokens):
             holders = [r for r in among if matched[r] == best]
             pick = self._least_loaded(holders)
             if self.loads[pick] - least <= self.max_load_gap:
@@ -103,7 +108,7 @@ class RoutingTable:
             pick = self._least_loaded(among)
             return self._decided(Decision(pick, "imbalance", matched[pick]))
         pick = self._least_loaded(among)
-        return self._decided(Decision(pick, "failover" if prefer is not None else "miss", 0))
+        return self._decided(Decision(pick, "failover" if prefer is not None else "miss", matched[pick]))
 
     def _match(self, replica: str, tokens: Sequence[int]) -> int:
         index = self.indexes.get(replica)

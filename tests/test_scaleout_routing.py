@@ -1,0 +1,220 @@
+"""The scale-out router's pure parts, without Ray: the per-replica prefix index, the tree's drop events
+that correct it, the routing rule, and merged statistics.
+
+The strongest check is `TestTreeMirror`: the radix-tree state machine of test_radix_tree, with an
+index that sees every insert and every reported drop; after every step the index must answer every
+prefix query exactly as the tree does, i.e. the events lose nothing and cut nothing extra.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant
+from test_radix_tree import CacheMachine
+
+from radixserve.cache.events import CacheEventLog
+from radixserve.engine.stats import EngineStats
+from radixserve.scaleout.config import ClusterConfig
+from radixserve.scaleout.prefix_index import PrefixIndex
+from radixserve.scaleout.routing import RoutingTable
+
+small_tokens = st.lists(st.integers(0, 3), min_size=1, max_size=12)
+
+
+def brute_match(held: set[tuple[int, ...]], tokens: list[int]) -> int:
+    """The longest prefix of `tokens` that is a prefix of some held sequence."""
+    best = 0
+    for h in held:
+        n = 0
+        while n < min(len(h), len(tokens)) and h[n] == tokens[n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["insert", "cut"]), small_tokens), max_size=30),
+       probes=st.lists(small_tokens, min_size=1, max_size=8))
+def test_prefix_index_matches_a_brute_force_model(ops: list[tuple[str, list[int]]], probes: list[list[int]]) -> None:
+    index, held = PrefixIndex(), set()
+    for op, tokens in ops:
+        if op == "insert":
+            index.insert(tokens)
+            held.add(tuple(tokens))
+        else:  # drop everything continuing tokens[:-1] with tokens[-1]
+            index.cut(tokens)
+            depth = len(tokens) - 1
+            cut = {h[:depth] for h in held if len(h) > depth and list(h[:depth + 1]) == tokens}
+            held = {h for h in held if not (len(h) > depth and list(h[:depth + 1]) == tokens)} | {c for c in cut if c}
+        index.check_integrity()
+        for p in probes + [list(h) for h in held]:
+            assert index.match(p) == brute_match(held, p), (p, held)
+
+
+class TreeMirror(CacheMachine):
+    """The tree machine, mirrored by a PrefixIndex fed its inserts and its drop events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tree.events = CacheEventLog(max_events=1 << 20, max_tokens=1 << 30)
+        self.index, self.applied = PrefixIndex(), 0
+        self.probes: list[list[int]] = []
+        tree_insert = self.tree.insert
+
+        def insert(tokens: list[int], blocks: list[int], known: object = None) -> object:
+            self.index.insert(tokens)
+            self.probes.append(list(tokens))
+            return tree_insert(tokens, blocks, known)  # type: ignore[arg-type]
+
+        self.tree.insert = insert  # type: ignore[method-assign]
+
+    @invariant()
+    def index_answers_as_the_tree(self) -> None:
+        assert self.tree.events is not None
+        batch = self.tree.events.since(self.applied)
+        assert not batch.missed(self.applied)
+        for e in batch.events:
+            self.index.cut(e.path)
+        self.applied = batch.last_seq
+        self.index.check_integrity()
+        for p in self.probes[-12:] + [s.tokens for s in self.seqs]:
+            assert self.index.match(p) == self.tree.match(p, split=False).length, p
+
+
+TestTreeMirror = TreeMirror.TestCase
+TestTreeMirror.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+
+
+def test_event_log_is_bounded_and_reports_what_a_reader_missed() -> None:
+    log = CacheEventLog(max_events=3)
+    for i in range(5):
+        log.dropped((i, i + 1))
+    batch = log.since(0)
+    assert [e.seq for e in batch.events] == [3, 4, 5] and batch.last_seq == 5
+    assert batch.missed(0) and batch.missed(1) and not batch.missed(2) and not batch.missed(5)
+    assert log.since(5).events == () and not log.since(5).missed(5)
+    tokens = CacheEventLog(max_events=100, max_tokens=4)
+    tokens.dropped((1, 2, 3))
+    tokens.dropped((4, 5))  # 5 tokens kept would exceed 4: the oldest goes
+    assert [e.path for e in tokens.since(0).events] == [(4, 5)]
+
+
+def table(replicas: list[str], gap: int = 2) -> RoutingTable:
+    t = RoutingTable(max_load_gap=gap, rng=random.Random(0))
+    t.set_replicas(replicas)
+    return t
+
+
+def test_a_shared_prefix_follows_the_replica_that_holds_it() -> None:
+    t = table(["a", "b"])
+    system = list(range(100, 140))
+    first = t.choose(system + [1, 2], ["a", "b"])
+    assert first.reason == "miss" and first.matched == 0
+    t.sent(first.replica, system + [1, 2])
+    t.completed(first.replica)
+    again = t.choose(system + [7, 8, 9], ["a", "b"])
+    assert (again.replica, again.reason, again.matched) == (first.replica, "prefix", len(system))
+    assert t.decisions["miss"] == 1 and t.decisions["prefix"] == 1
+
+
+def test_a_short_shared_opening_is_a_miss() -> None:
+    t = table(["a", "b"])
+    t.sent("a", [1, 2, 3] + [10] * 20)  # a chat template's opening tokens, then one conversation
+    t.completed("a")
+    d = t.choose([1, 2, 3] + [20] * 20, ["a", "b"])  # shares 3 of 23 tokens with a: below the fraction
+    assert (d.replica, d.reason, d.matched) == ("b", "miss", 0)
+    t.min_prefix_fraction = 0.1
+    assert t.choose([1, 2, 3] + [20] * 20, ["a", "b"]).reason == "prefix"
+
+
+def test_misses_go_to_the_least_loaded_then_to_the_emptier_cache() -> None:
+    t = table(["a", "b", "c"])
+    t.sent("a", [1, 2, 3])
+    t.sent("b", [4, 5, 6])
+    assert t.choose([9, 9], ["a", "b", "c"]).replica == "c"  # a and b each have one in flight
+    t.completed("a")
+    t.completed("b")
+    t.sent("c", [7] * 50)
+    t.completed("c")
+    picks = {t.choose([8, 8], ["a", "b", "c"]).replica for _ in range(20)}
+    assert picks == {"a", "b"}  # equal loads: the replicas holding fewer tokens, either of them
+
+
+def test_a_loaded_holder_loses_to_the_least_loaded_beyond_the_gap() -> None:
+    t = table(["a", "b"], gap=2)
+    prompt = list(range(30))
+    for _ in range(3):
+        t.sent("a", prompt)
+    d = t.choose(prompt, ["a", "b"])
+    assert (d.replica, d.reason, d.matched) == ("b", "imbalance", 0)
+    t.completed("a")  # 2 in flight on a, 0 on b: within the gap
+    assert t.choose(prompt, ["a", "b"]).reason == "prefix"
+
+
+def test_a_session_stays_on_its_replica_and_fails_over_when_it_is_gone() -> None:
+    t = table(["a", "b"], gap=0)
+    t.sent("b", [5] * 10)
+    t.sent("a", [1, 2, 3])
+    for _ in range(4):
+        t.sent("a", [0])  # "a" is busy: a session there still stays
+    assert t.choose([1, 2, 3, 4], ["a", "b"], prefer="a").reason == "session"
+    t.set_replicas(["b", "c"])  # "a" died, "c" replaced it
+    d = t.choose([1, 2, 3, 4], ["b", "c"], prefer="a")
+    assert d.reason == "failover" and d.replica in {"b", "c"}
+    assert "a" not in t.loads and t.replicas == ["b", "c"]
+
+
+def test_reports_apply_drops_once_and_clear_an_index_that_missed_some() -> None:
+    t = table(["a"])
+    t.sent("a", [1, 2, 3, 4])
+    t.sent("a", [1, 2, 9])
+    log = CacheEventLog(max_events=2)
+    log.dropped((1, 2, 9))
+    t.report("a", EngineStats(prompt_tokens=7), log.since(0))
+    assert t.indexes["a"].match([1, 2, 9]) == 2 and t.indexes["a"].match([1, 2, 3, 4]) == 4
+    t.report("a", EngineStats(prompt_tokens=7), log.since(0))  # the same report again: nothing changes
+    assert t.indexes["a"].match([1, 2, 3, 4]) == 4
+    assert t.reports["a"].stats == EngineStats(prompt_tokens=7)
+    for path in ((1, 2, 3), (5,), (6,)):
+        log.dropped(path)
+    t.report("a", EngineStats(), log.since(1))  # event 2 fell out of the window before this report
+    assert t.indexes["a"].match([1, 2, 3, 4]) == 0 and t.reports["a"].resyncs == 1
+
+
+def test_merged_stats_sum_counts_and_average_the_ratio() -> None:
+    a = EngineStats(blocks_total=10, prompt_tokens=5, write_back_s=0.5, requests_finished=Counter(stop=2),
+                    new_token_ratio=0.2)
+    b = EngineStats(blocks_total=20, prompt_tokens=7, write_back_s=1.0, requests_finished=Counter(stop=1, length=1),
+                    new_token_ratio=0.4)
+    m = EngineStats.merged([a, b])
+    assert (m.blocks_total, m.prompt_tokens, m.write_back_s) == (30, 12, 1.5)
+    assert m.requests_finished == Counter(stop=3, length=1) and m.new_token_ratio == pytest.approx(0.3)
+    assert EngineStats.merged([]) == EngineStats()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"replicas": 0}, "replicas must be >= 1"),
+    ({"router": "random"}, "router must be one of cache-aware, power-of-two"),
+    ({"max_load_gap": -1}, "max_load_gap must be >= 0"),
+    ({"min_prefix_fraction": 1.5}, "min_prefix_fraction must be in"),
+])
+def test_bad_cluster_settings_are_clear_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ClusterConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_replicas_without_ray_name_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import radixserve.scaleout.cli as scaleout_cli
+    from radixserve.cli import main
+
+    monkeypatch.setattr(scaleout_cli, "ray_available", lambda: False)
+    assert main(["serve", "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--replicas 2 needs Ray Serve" in err and "pip install 'radixserve[ray]'" in err
+    assert main(["serve", "--replicas", "0"]) == 2
+    assert "replicas must be >= 1" in capsys.readouterr().err
