@@ -445,6 +445,161 @@ def test_dashboard_host_tier_panel(ui: Ui) -> None:
     expect(panel).to_be_hidden()
 
 
+def replica(name: str, *, hit_rate: float, prompt: int, cached: int, requests: int, blocks: dict[str, int],
+            running: int, waiting: int, routed: int, in_flight: int, view: tuple[int, int, int],
+            prompts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One entry of `replicas` in GET /v1/cache/stats (radixserve/scaleout/views.py::cluster_json)."""
+    return {"replica": name, "hit_rate": hit_rate, "prompt_tokens": prompt, "cached_tokens": cached,
+            "requests": requests, "blocks": blocks, "running": running, "waiting": waiting, "routed": routed,
+            "in_flight": in_flight, "router_view": dict(zip(("prefixes", "tokens", "resyncs"), view, strict=True)),
+            "system_prompts": prompts}
+
+
+def prompt_row(sp_id: str, preview: str, requests: int, hits: int, hit_rate: float) -> dict[str, Any]:
+    return {"id": sp_id, "preview": preview, "requests": requests, "hit_requests": hits,
+            "cached_tokens": 100 * hits, "computed_tokens": 50 * requests, "hit_rate": hit_rate}
+
+
+# Two replicas and the router as the ingress of `serve --replicas 2` reports them, every figure distinct.
+TWO_REPLICAS = {
+    "replicas": [
+        replica("px365mzo", hit_rate=0.71, prompt=552, cached=393, requests=4,
+                blocks={"total": 64, "free": 52, "used": 0, "cached": 12}, running=0, waiting=0, routed=4,
+                in_flight=0, view=(4, 159, 0),
+                prompts=[prompt_row("963aabc28416", "You are a helpful assistant.", 4, 3, 0.75)]),
+        replica("q8k2ztw1", hit_rate=0.125, prompt=1600, cached=200, requests=9,
+                blocks={"total": 64, "free": 16, "used": 32, "cached": 16}, running=2, waiting=3, routed=11,
+                in_flight=5, view=(7, 2048, 1),
+                prompts=[prompt_row("aa01", "Rarely used prompt", 1, 0, 0.0),
+                         prompt_row("bb02", "You are a pirate.", 6, 5, 0.8),
+                         prompt_row("cc03", "You are a poet.", 2, 1, 0.5)]),
+    ],
+    "routing": {"router": "cache-aware",
+                "decisions": {"session": 2, "prefix": 5, "imbalance": 1, "miss": 3, "failover": 7}},
+}
+
+
+def serve_cluster_stats(page: Page, cluster: dict[str, Any]) -> None:
+    """Answer GET /v1/cache/stats with the server's real (single-process) reply plus `cluster`."""
+    def patched(route: Any) -> None:
+        body = json.loads(route.fetch().text())
+        assert "replicas" not in body and "routing" not in body, "the test server is single-process"
+        body.update(cluster)
+        route.fulfill(json=body)
+
+    page.route("**/v1/cache/stats", patched)
+
+
+def test_dashboard_replicas_panel_single_process(ui: Ui) -> None:
+    """The test server is one process: its stats have no `replicas`, and the panel says so."""
+    page = ui.page
+    ui.open("#dashboard")
+    panel = page.locator("#replicas-panel")
+    expect(panel).to_be_visible()
+    stats = ui.server.rest("GET", "/v1/cache/stats")
+    assert "replicas" not in stats and "routing" not in stats
+    expect(panel).to_have_attribute("data-mode", "single")
+    expect(page.locator("#replicas-state")).to_have_text("single process")
+    expect(panel.locator(".replicas-single")).to_contain_text("Single process: one engine serves every request.")
+    expect(panel.locator(".replicas-single code")).to_have_text("--replicas N")
+    expect(panel.locator(".replica-card")).to_have_count(0)
+    expect(panel.locator(".routing-line")).to_have_count(0)
+
+
+def test_dashboard_replicas_panel_shows_each_replica(ui: Ui) -> None:
+    """With the ingress's `replicas` and `routing` in the stats (the server's own reply, extended):
+    a card per replica with its figures, and the router's decisions; back to single process after."""
+    page = ui.page
+    serve_cluster_stats(page, TWO_REPLICAS)
+    ui.open("#dashboard")
+    panel = page.locator("#replicas-panel")
+    expect(panel).to_have_attribute("data-mode", "replicas")
+    expect(page.locator("#replicas-state")).to_have_text("2 replicas")
+    expect(panel.locator(".replicas-single")).to_have_count(0)
+    expect(panel.locator(".routing-name")).to_have_text("cache-aware")
+    decisions = panel.locator(".routing-decision")
+    expect(decisions).to_have_count(5)
+    for reason, count in TWO_REPLICAS["routing"]["decisions"].items():
+        decision = panel.locator(f'.routing-decision[data-reason="{reason}"]')
+        expect(decision.locator(".routing-reason")).to_have_text(reason)
+        expect(decision.locator(".routing-count")).to_have_text(str(count))
+    # the merged figures above the panel still come from the server's own reply
+    hit = page.locator("#stat-cards .stat-card", has_text="Hit rate").locator(".stat-value")
+    expect(hit).to_have_text(re.compile(r"^\d+\.\d%$"))
+
+    cards = panel.locator(".replica-card")
+    expect(cards).to_have_count(2)
+    a, b = cards.nth(0), cards.nth(1)
+    expect(a).to_have_attribute("data-replica", "px365mzo")
+    expect(b).to_have_attribute("data-replica", "q8k2ztw1")
+    expect(a.locator(".replica-id")).to_have_text("px365mzo")
+    expect(b.locator(".replica-id")).to_have_text("q8k2ztw1")
+    expect(a.locator(".replica-hit-value")).to_have_text("71.0%")
+    expect(b.locator(".replica-hit-value")).to_have_text("12.5%")
+    expect(a.locator(".replica-tokens")).to_have_text("393 of 552 prompt tokens cached · 4 requests")
+    expect(b.locator(".replica-tokens")).to_have_text("200 of 1,600 prompt tokens cached · 9 requests")
+    expect(a.locator(".replica-blocks-label")).to_have_text("0 used · 12 cached · 52 free of 64 blocks")
+    expect(b.locator(".replica-blocks-label")).to_have_text("32 used · 16 cached · 16 free of 64 blocks")
+    expect(b.locator(".replica-bar")).to_have_attribute("aria-label", "KV blocks: 32 used · 16 cached · 16 free of 64 blocks")
+    widths = [[seg.evaluate("e => e.style.width") for seg in (card.locator(".replica-seg-used"), card.locator(".replica-seg-cached"))]
+              for card in (a, b)]
+    assert widths == [["0%", "18.75%"], ["50%", "25%"]]
+
+    def fact(card: Locator, key: str) -> Locator:
+        return card.locator(f'.replica-fact[data-key="{key}"] .replica-fact-value')
+
+    expect(fact(a, "load")).to_have_text("0 / 0")
+    expect(fact(b, "load")).to_have_text("2 / 3")
+    expect(fact(a, "routed")).to_have_text("4 / 0")
+    expect(fact(b, "routed")).to_have_text("11 / 5")
+    expect(fact(a, "router_view")).to_have_text("4 prefixes · 159 tokens")
+    expect(fact(b, "router_view")).to_have_text("7 prefixes · 2,048 tokens · 1 resync")
+
+    # top system prompts per replica, most requests first, two at most
+    expect(a.locator(".replica-prompt")).to_have_count(1)
+    expect(a.locator(".replica-prompt-preview")).to_have_text("You are a helpful assistant.")
+    expect(a.locator(".replica-prompt-rate")).to_have_text("75%")
+    expect(a.locator(".replica-prompt-hits")).to_have_text("3 / 4 hit")
+    expect(b.locator(".replica-prompt-preview")).to_have_text(["You are a pirate.", "You are a poet."])
+    expect(b.locator(".replica-prompt-rate")).to_have_text(["80%", "50%"])
+    expect(b.locator(".replica-prompt-hits")).to_have_text(["5 / 6 hit", "1 / 2 hit"])
+
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "dashboard_replicas.png"), full_page=True)
+    page.set_viewport_size(ViewportSize(width=390, height=800))
+    assert page.evaluate("document.querySelector('#view-dashboard').scrollWidth <= window.innerWidth"), \
+        "the replicas panel overflows a phone-width screen"
+
+    page.unroute("**/v1/cache/stats")
+    expect(panel).to_have_attribute("data-mode", "single")  # the next poll: a single-process reply
+    expect(page.locator("#replicas-state")).to_have_text("single process")
+    expect(panel.locator(".replica-card")).to_have_count(0)
+
+
+def test_dashboard_replicas_panel_shows_user_text_as_text(ui: Ui) -> None:
+    """System prompt previews are user text (and a replica id or router name is not trusted either):
+    markup in them is shown as text, never parsed."""
+    page = ui.page
+    evil = '<img src=x onerror="window.__pwned=1">'
+    cluster = json.loads(json.dumps(TWO_REPLICAS))
+    cluster["replicas"][0]["replica"] = "<b>r0</b>"
+    cluster["replicas"][0]["system_prompts"] = [prompt_row("e1", f"Hi {evil} there", 3, 2, 2 / 3)]
+    cluster["routing"]["router"] = "<i>cache-aware</i>"
+    serve_cluster_stats(page, cluster)
+    ui.open("#dashboard")
+    panel = page.locator("#replicas-panel")
+    card = panel.locator(".replica-card").first
+    preview = card.locator(".replica-prompt-preview")
+    expect(preview).to_have_text(f"Hi {evil} there")
+    expect(preview).to_have_attribute("title", f"Hi {evil} there")
+    expect(card.locator(".replica-prompt-rate")).to_have_text("67%")
+    expect(card.locator(".replica-id")).to_have_text("<b>r0</b>")
+    expect(panel.locator(".routing-name")).to_have_text("<i>cache-aware</i>")
+    assert panel.locator("img, b, i").count() == 0
+    page.wait_for_timeout(300)  # an injected image would have failed to load and run its handler by now
+    assert page.evaluate("window.__pwned") is None
+
+
 def test_reply_loaded_from_the_host_tier_shows_a_chip(ui: Ui) -> None:
     """A turn whose usage says some cached tokens came from the host tier shows them (frames from the
     server with host_cached_tokens set, as a server with a host tier sends them)."""

@@ -1,7 +1,7 @@
 // The cache dashboard: polls GET /v1/cache/stats and GET /metrics (Prometheus text, parsed here),
 // keeps a bounded history and draws it — hit rate, KV blocks, running/waiting requests, token
-// throughput — plus stat cards, the host-memory tier panel (host_panel.js), the per-system-prompt
-// hit table and a list of every metric family.
+// throughput — plus stat cards, the host-memory tier panel (host_panel.js), the replicas panel
+// (replicas_panel.js), the per-system-prompt hit table and a list of every metric family.
 // Polls fast while visible and slowly in the background so the charts have history when opened.
 // A failed or malformed reply is shown in the status line (and once as a toast), never ignored.
 
@@ -9,6 +9,7 @@ import { api } from "./api.js";
 import { TimeChart } from "./charts.js";
 import { HostPanel } from "./host_panel.js";
 import { firstPresent, histogramQuantile, parsePrometheus, sampleSum } from "./prometheus.js";
+import { ReplicasPanel } from "./replicas_panel.js";
 import { errorMessage, fmtInt, fmtMs, fmtPct, h, toast } from "./ui.js";
 
 const VISIBLE_POLL_MS = 1000;
@@ -39,6 +40,7 @@ export class Dashboard {
     this.cards = document.getElementById("stat-cards");
     this.tableBody = document.querySelector("#sp-table tbody");
     this.hostPanel = new HostPanel(document.getElementById("host-panel"));
+    this.replicasPanel = new ReplicasPanel(document.getElementById("replicas-panel"));
     const pct = (v) => fmtPct(v);
     this.charts = {
       hit: new TimeChart(document.getElementById("chart-hit-rate"), {
@@ -157,6 +159,7 @@ export class Dashboard {
     for (const chart of Object.values(this.charts)) chart.update(series);
     this.renderCards(last.stats, this.families);
     this.hostPanel.render(last.stats);
+    this.replicasPanel.render(last.stats);
     this.renderTable(last.stats.system_prompts);
     this.renderMetrics(this.families);
   }
