@@ -17,7 +17,6 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -80,7 +79,8 @@ def cluster(model_dir: str) -> Iterator[ServeCluster]:
 
 @pytest.fixture(scope="module")
 def single(model_dir: str) -> Iterator[BackgroundServer]:
-    with BackgroundServer(lambda: AsyncEngine(engine_config(model_dir)), ServerConfig(port=0, web_dir=None, served_model_name="tiny")) as srv:
+    config = ServerConfig(port=0, web_dir=None, served_model_name="tiny")
+    with BackgroundServer(lambda: AsyncEngine(engine_config(model_dir)), config) as srv:
         yield srv
 
 
