@@ -265,3 +265,16 @@ def test_a_replica_killed_mid_conversation(cluster: ServeCluster) -> None:
         assert turn(h, sid, "And tomorrow?").headers[HEADER] == other  # the session stays where it moved
     decisions = stats(cluster, 0.0)["routing"]["decisions"]
     assert decisions["failover"] >= 1, decisions
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6},
+    {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "priority": "high"},
+    {"model": "other", "messages": [{"role": "user", "content": "hi"}]},
+    {"model": "tiny", "messages": []},
+])
+def test_bad_requests_get_the_single_process_servers_errors(cluster: ServeCluster, single: BackgroundServer,
+                                                            body: dict[str, Any]) -> None:
+    replies = [httpx.post(url + "/v1/chat/completions", json=body, timeout=60) for url in (cluster.url, single.url)]
+    assert replies[0].status_code == replies[1].status_code >= 400
+    assert replies[0].json() == replies[1].json()

@@ -38,10 +38,11 @@ def recorded(chat_server, monkeypatch) -> list[dict[str, Any]]:  # noqa: ANN001
     engine, calls = chat_server.engine, []
     original = engine.generate
 
-    async def generate(prompt, params, request_id=None, priority=0, cancelled=None):  # noqa: ANN001, ANN202
+    async def generate(prompt, params, request_id=None, priority=0, cancelled=None, placement=None):  # noqa: ANN001, ANN202
         rec = {"prompt": list(prompt), "generated": []}
         calls.append(rec)
-        agen = original(prompt, params, request_id=request_id, priority=priority, cancelled=cancelled)
+        agen = original(prompt, params, request_id=request_id, priority=priority, cancelled=cancelled,
+                        placement=placement)
         try:
             async for out in agen:
                 rec["generated"] += out.outputs[0].token_ids if out.outputs else []
