@@ -6,6 +6,7 @@
     radixserve bench micro      # scheduler and radix-tree micro-benchmarks only
     radixserve bench step       # the engine's decode step vs the memory roofline (radixserve/bench/step_bench.py)
     radixserve bench kernels    # the Triton kernel benchmark (radixserve/bench/kernel_bench.py)
+    radixserve bench scale-out  # N Ray Serve replicas vs one: hit rates, routing (radixserve/bench/scaleout/)
 
 `run` is the default, so `radixserve bench --smoke` works; put run options after `run` if you
 name it. The run writes results.json, table.md and PNG charts to --out, prints the table, and with
@@ -21,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from radixserve.bench.scaleout.cli import add_scaleout_arguments
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
 from radixserve.bench.workloads import LOAD_MODES, WORKLOADS
 
@@ -61,7 +63,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out}")
     _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
     p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
     p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
@@ -73,6 +75,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     p_kernels = sub.add_parser("kernels", help="Triton kernel benchmark (arguments are passed through)",
                                add_help=False, prefix_chars="+")
     p_kernels.add_argument("kernel_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    add_scaleout_arguments(sub.add_parser(
+        "scale-out", help="2 Ray Serve replicas (cache-aware / power-of-two routing) vs one with twice the pool; "
+                          "routing overhead"))
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -83,6 +88,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_kernels(args.kernel_args)
     if command == "step":
         return _run_step(args)
+    if command == "scale-out":
+        from radixserve.bench.scaleout.cli import run_scaleout_command
+
+        return run_scaleout_command(args)
     return _run(args)
 
 

@@ -1,0 +1,33 @@
+"""A throwaway local cluster for `radixserve bench scale-out`: the scale-out application on 127.0.0.1
+and a free port, its URL handed to the caller, everything (Serve, and Ray if this started it) shut
+down on leaving. The bench layer may not import the server, so the ServerConfig is built here.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from radixserve.config import EngineConfig
+from radixserve.scaleout.config import ClusterConfig
+from radixserve.scaleout.local import ServeCluster
+from radixserve.server.config import ServerConfig
+
+HOST = "127.0.0.1"
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on now (the OS's pick; another process could still take it first)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def local_cluster(engine_config: EngineConfig, cluster: ClusterConfig, num_cpus: int | None = None,
+                  port: int | None = None, startup_timeout_s: float = 600.0) -> Iterator[str]:
+    """Start the application (no web UI) and yield its base URL once /health answers 200."""
+    server = ServerConfig(host=HOST, port=port or free_port(), web_dir=None)
+    with ServeCluster(engine_config, server, cluster, num_cpus=num_cpus, startup_timeout_s=startup_timeout_s) as c:
+        yield c.url
