@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -43,12 +42,6 @@ SYSTEM = "You are a terse assistant for a shipping company. Answer in one short 
 CONTEXT = 4096  # long enough that the turn killed mid-way is still generating when the kill lands
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from radixserve.model.embedded import embedded_model_dir
@@ -63,7 +56,7 @@ def engine_config(model: str) -> EngineConfig:
 @pytest.fixture(scope="module")
 def cluster(model_dir: str) -> Iterator[ServeCluster]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    server = ServerConfig(port=free_port(), web_dir=None, shutdown_grace_s=1.0, served_model_name="tiny")
+    server = ServerConfig(port=0, web_dir=None, shutdown_grace_s=1.0, served_model_name="tiny")
     spec = ClusterConfig(replicas=2, torch_threads=1, stats_period_s=0.25, health_check_period_s=1.0)
     c = ServeCluster(engine_config(model_dir), server, spec, num_cpus=2, startup_timeout_s=300)
     c.start()

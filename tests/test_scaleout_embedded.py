@@ -17,7 +17,6 @@ from radixserve.server import BackgroundServer, ServerConfig  # noqa: E402
 from radixserve.server.replica_header import HEADER  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
-from test_scaleout_cluster import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SYSTEM = "You are a friendly librarian. You recommend one book per answer and say why in a sentence."
@@ -25,7 +24,7 @@ SYSTEM = "You are a friendly librarian. You recommend one book per answer and sa
 
 @pytest.fixture(scope="module")
 def embedded_cluster() -> Iterator[ServeCluster]:
-    server = ServerConfig(port=free_port(), web_dir=None, shutdown_grace_s=1.0)
+    server = ServerConfig(port=0, web_dir=None, shutdown_grace_s=1.0)
     with ServeCluster(EngineConfig(num_blocks=256), server, ClusterConfig(replicas=2, torch_threads=1,
                       stats_period_s=0.25), num_cpus=2, startup_timeout_s=600) as c:
         yield c

@@ -5,7 +5,6 @@ down on leaving. The bench layer may not import the server, so the ServerConfig 
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,17 +16,10 @@ from radixserve.server.config import ServerConfig
 HOST = "127.0.0.1"
 
 
-def free_port(host: str = HOST) -> int:
-    """A port nothing listens on now (the OS's pick; another process could still take it first)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def local_cluster(engine_config: EngineConfig, cluster: ClusterConfig, num_cpus: int | None = None,
                   port: int | None = None, startup_timeout_s: float = 600.0) -> Iterator[str]:
     """Start the application (no web UI) and yield its base URL once /health answers 200."""
-    server = ServerConfig(host=HOST, port=port or free_port(), web_dir=None)
+    server = ServerConfig(host=HOST, port=port or 0, web_dir=None)  # 0: ServeCluster picks and retries
     with ServeCluster(engine_config, server, cluster, num_cpus=num_cpus, startup_timeout_s=startup_timeout_s) as c:
         yield c.url

@@ -2,14 +2,19 @@
 names), Ray Serve's HTTP proxy on the configured host and port, and the application, and waits until
 the ingress answers /health; leaving it shuts Serve and Ray down, so nothing is left running.
 `run_cluster` is the foreground `radixserve serve --replicas N`.
+
+Port 0 means any free port. The proxy binds in another process, after the port was found free, and
+Ray's own processes take ports meanwhile; so a free port that is gone by then is retried with another.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -22,19 +27,20 @@ from radixserve.scaleout.app import ClusterConfig, build_application
 from radixserve.server.config import ServerConfig
 from radixserve.server.runner import url_for
 
+PORT_ATTEMPTS = 5
+
 
 class ServeCluster:
     def __init__(self, engine_config: EngineConfig, server_config: ServerConfig, cluster: ClusterConfig,
                  num_cpus: int | None = None, startup_timeout_s: float = 600.0) -> None:
-        if server_config.port == 0:
-            raise ValueError("Ray Serve's proxy needs a fixed port: pick one (the default is 8000)")
         self.engine_config, self.server_config, self.cluster = engine_config, server_config, cluster
         self.num_cpus, self.startup_timeout_s = num_cpus, startup_timeout_s
         self._started_ray = False
+        self.port = server_config.port  # the bound one, once started
 
     @property
     def url(self) -> str:
-        return url_for(self.server_config.host, self.server_config.port)
+        return url_for(self.server_config.host, self.port)
 
     @property
     def ws_url(self) -> str:
@@ -53,13 +59,27 @@ class ServeCluster:
                 ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
                 self._started_ray = True
-            serve.start(http_options={"host": self.server_config.host, "port": self.server_config.port})
-            app = build_application(self.engine_config, self.server_config, self.cluster)
+            self._start_proxy()
+            app = build_application(self.engine_config, replace(self.server_config, port=self.port), self.cluster)
             serve.run(app, name=self.cluster.app_name, route_prefix="/", blocking=False)
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
+
+    def _start_proxy(self) -> None:
+        host, fixed = self.server_config.host, self.server_config.port != 0
+        for attempt in range(1 if fixed else PORT_ATTEMPTS):
+            port = self.server_config.port if fixed else _free_port(host)
+            try:
+                serve.start(http_options={"host": host, "port": port})
+            except Exception as e:  # noqa: BLE001 - Ray reports a failed bind as a wrapped RuntimeError
+                serve.shutdown()
+                if fixed or attempt == PORT_ATTEMPTS - 1:
+                    raise RuntimeError(f"Ray Serve's proxy could not listen on {host}:{port}") from e
+                continue
+            self.port = port
+            return
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -85,6 +105,12 @@ class ServeCluster:
                 if self._started_ray:
                     ray.shutdown()
                     self._started_ray = False
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host.strip("[]"), 0))
+        return int(s.getsockname()[1])
 
 
 def run_cluster(engine_config: EngineConfig, server_config: ServerConfig, cluster: ClusterConfig) -> int:
