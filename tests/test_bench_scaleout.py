@@ -309,7 +309,8 @@ def test_routing_overhead_on_a_small_size():
     assert r["replicas"] == 3 and r["prefixes_per_replica"] == 30 and r["requests"] == 200
     assert 0 < r["median_us"] <= r["p99_us"] <= r["max_us"]
     d = r["decisions"]
-    assert sum(d.values()) == 200 and d["prefix"] > 150 and d["miss"] > 0 and d["session"] == 0
+    # prompts extending a cached one are hits; a shared head under half the prompt is a miss (min_prefix_fraction)
+    assert sum(d.values()) == 200 and d["prefix"] >= 60 and d["miss"] >= 60 and d["session"] == 0
     with pytest.raises(ValueError):
         routing_overhead(2, prefixes=10, prompt_len=(50, 40))
     smoke = run_routing_micro((2, 4), smoke=True)

@@ -271,3 +271,30 @@ def test_bad_requests_get_the_single_process_servers_errors(cluster: ServeCluste
     replies = [httpx.post(url + "/v1/chat/completions", json=body, timeout=60) for url in (cluster.url, single.url)]
     assert replies[0].status_code == replies[1].status_code >= 400
     assert replies[0].json() == replies[1].json()
+
+
+def test_a_cancelled_turn_ends_with_abort_as_on_one_process(cluster: ServeCluster) -> None:
+    """The web UI's Stop: the replica aborts the request and the turn ends with `done`, not an error."""
+    with client(cluster.url) as h:
+        sid = new_session(h, "You write long stories. " * 3)
+
+        async def cancelled_turn() -> list[dict[str, Any]]:
+            async with websockets.connect(cluster.ws_url, open_timeout=30) as ws:
+                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "A long story, please.",
+                                          "gen_id": "g", "sampling": {"max_tokens": 3000}, **OWNED}))
+                frames = [await recv_frame(ws)]
+                while frames[-1]["type"] != "delta":
+                    frames.append(await recv_frame(ws))
+                await ws.send(json.dumps({"type": "cancel", "gen_id": "g"}))
+                while frames[-1]["type"] not in ("done", "error"):
+                    frames.append(await recv_frame(ws))
+                return frames
+
+        frames = asyncio.run(cancelled_turn())
+        assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] == "abort", frames[-1]
+        assert frames[-1]["usage"]["completion_tokens"] < 3000
+        session = h.get(f"/v1/sessions/{sid}").json()
+        assert session["messages"][-1]["role"] == "assistant" and session["busy"] is False
+        assert turn(h, sid, "Shorter, then.").status_code == 200
+    wait_for(lambda: all(row["in_flight"] == 0 for row in stats(cluster, 0.2)["replicas"]), 30,
+             "the router's in-flight counts to return to 0")

@@ -21,7 +21,7 @@ from radixserve.cache.events import CacheEventLog
 from radixserve.engine.stats import EngineStats
 from radixserve.scaleout.config import ClusterConfig
 from radixserve.scaleout.prefix_index import PrefixIndex
-from radixserve.scaleout.routing import RoutingTable
+from radixserve.scaleout.routing import Decision, RoutingTable
 
 small_tokens = st.lists(st.integers(0, 3), min_size=1, max_size=12)
 
@@ -110,22 +110,32 @@ def table(replicas: list[str], gap: int = 2) -> RoutingTable:
     return t
 
 
+_keys = iter(range(10**9))
+
+
+def route(t: RoutingTable, tokens: list[int], among: list[str], prefer: str | None = None) -> tuple[str, Decision]:
+    """Decide and send one request, as the router does; returns its key and the decision."""
+    d = t.choose(tokens, among, prefer)
+    key = f"req{next(_keys)}"
+    t.sent(key, d.replica, tokens, d)
+    return key, d
+
+
 def test_a_shared_prefix_follows_the_replica_that_holds_it() -> None:
     t = table(["a", "b"])
     system = list(range(100, 140))
-    first = t.choose(system + [1, 2], ["a", "b"])
+    key, first = route(t, system + [1, 2], ["a", "b"])
     assert first.reason == "miss" and first.matched == 0
-    t.sent(first.replica, system + [1, 2])
-    t.completed(first.replica)
+    t.completed(key, first.replica)
     again = t.choose(system + [7, 8, 9], ["a", "b"])
     assert (again.replica, again.reason, again.matched) == (first.replica, "prefix", len(system))
-    assert t.decisions["miss"] == 1 and t.decisions["prefix"] == 1
+    assert t.decisions["miss"] == 1 and t.decisions["prefix"] == 0  # counted when sent, not when chosen
 
 
 def test_a_short_shared_opening_is_a_miss() -> None:
     t = table(["a", "b"])
-    t.sent("a", [1, 2, 3] + [10] * 20)  # a chat template's opening tokens, then one conversation
-    t.completed("a")
+    t.sent("k", "a", [1, 2, 3] + [10] * 20)  # a chat template's opening tokens, then one conversation
+    t.completed("k", "a")
     d = t.choose([1, 2, 3] + [20] * 20, ["a", "b"])  # shares 3 of 23 tokens with a: below the fraction
     assert (d.replica, d.reason, d.matched) == ("b", "miss", 0)
     t.min_prefix_fraction = 0.1
@@ -134,13 +144,13 @@ def test_a_short_shared_opening_is_a_miss() -> None:
 
 def test_misses_go_to_the_least_loaded_then_to_the_emptier_cache() -> None:
     t = table(["a", "b", "c"])
-    t.sent("a", [1, 2, 3])
-    t.sent("b", [4, 5, 6])
+    t.sent("ka", "a", [1, 2, 3])
+    t.sent("kb", "b", [4, 5, 6])
     assert t.choose([9, 9], ["a", "b", "c"]).replica == "c"  # a and b each have one in flight
-    t.completed("a")
-    t.completed("b")
-    t.sent("c", [7] * 50)
-    t.completed("c")
+    t.completed("ka", "a")
+    t.completed("kb", "b")
+    t.sent("kc", "c", [7] * 50)
+    t.completed("kc", "c")
     picks = {t.choose([8, 8], ["a", "b", "c"]).replica for _ in range(20)}
     assert picks == {"a", "b"}  # equal loads: the replicas holding fewer tokens, either of them
 
@@ -148,20 +158,43 @@ def test_misses_go_to_the_least_loaded_then_to_the_emptier_cache() -> None:
 def test_a_loaded_holder_loses_to_the_least_loaded_beyond_the_gap() -> None:
     t = table(["a", "b"], gap=2)
     prompt = list(range(30))
-    for _ in range(3):
-        t.sent("a", prompt)
+    for i in range(3):
+        t.sent(f"k{i}", "a", prompt)
     d = t.choose(prompt, ["a", "b"])
     assert (d.replica, d.reason, d.matched) == ("b", "imbalance", 0)
-    t.completed("a")  # 2 in flight on a, 0 on b: within the gap
+    t.completed("k0", "a")  # 2 in flight on a, 0 on b: within the gap
     assert t.choose(prompt, ["a", "b"]).reason == "prefix"
+
+
+def test_loads_count_only_what_was_sent_and_completed() -> None:
+    t = table(["a", "b"])
+    t.sent("ws", "a", [1])  # one WebSocket connection: its turns share the request key
+    t.sent("ws", "a", [2])
+    t.completed("x", "a")  # a refusal Ray reports for a request that was never sent there
+    assert t.loads["a"] == 2
+    t.completed("ws", "a")
+    t.completed("ws", "a")
+    t.completed("ws", "a")
+    assert t.loads["a"] == 0
+    t.completed("early", "b")  # a completion that overtook its routing
+    t.sent("early", "b", [3])
+    assert t.loads["b"] == 0
+
+
+def test_a_fallback_is_counted_as_such() -> None:
+    t = table(["a", "b"])
+    d = t.choose([1, 2], ["a", "b"])
+    other = "b" if d.replica == "a" else "a"
+    t.sent("k", other, [1, 2], d)  # Ray sent it elsewhere: the chosen replica refused
+    assert t.decisions["fallback"] == 1 and t.decisions[d.reason] == 0
 
 
 def test_a_session_stays_on_its_replica_and_fails_over_when_it_is_gone() -> None:
     t = table(["a", "b"], gap=0)
-    t.sent("b", [5] * 10)
-    t.sent("a", [1, 2, 3])
+    t.sent("k", "b", [5] * 10)
+    t.sent("k", "a", [1, 2, 3])
     for _ in range(4):
-        t.sent("a", [0])  # "a" is busy: a session there still stays
+        t.sent("k", "a", [0])  # "a" is busy: a session there still stays
     assert t.choose([1, 2, 3, 4], ["a", "b"], prefer="a").reason == "session"
     t.set_replicas(["b", "c"])  # "a" died, "c" replaced it
     d = t.choose([1, 2, 3, 4], ["b", "c"], prefer="a")
@@ -171,8 +204,8 @@ def test_a_session_stays_on_its_replica_and_fails_over_when_it_is_gone() -> None
 
 def test_reports_apply_drops_once_and_clear_an_index_that_missed_some() -> None:
     t = table(["a"])
-    t.sent("a", [1, 2, 3, 4])
-    t.sent("a", [1, 2, 9])
+    t.sent("k", "a", [1, 2, 3, 4])
+    t.sent("k", "a", [1, 2, 9])
     log = CacheEventLog(max_events=2)
     log.dropped((1, 2, 9))
     t.report("a", EngineStats(prompt_tokens=7), log.since(0))
@@ -184,6 +217,34 @@ def test_reports_apply_drops_once_and_clear_an_index_that_missed_some() -> None:
         log.dropped(path)
     t.report("a", EngineStats(), log.since(1))  # event 2 fell out of the window before this report
     assert t.indexes["a"].match([1, 2, 3, 4]) == 0 and t.reports["a"].resyncs == 1
+
+
+def test_a_late_drop_report_does_not_erase_what_was_cached_again() -> None:
+    t = table(["a"])
+    prompt = list(range(50))
+    log = CacheEventLog()
+    t.cached("a", prompt, served_seq=log.last_seq)
+    log.dropped(tuple(prompt[:11]))  # the replica evicts the prompt from position 10 ...
+    t.cached("a", prompt, served_seq=log.last_seq)  # ... then a request caches it again, before the report
+    log.dropped((7, 7))  # and later drops something else
+    t.report("a", EngineStats(), log.since(0))
+    assert t.indexes["a"].match(prompt) == 50
+    t.cached("a", prompt + [99], served_seq=log.last_seq)
+    log.dropped(tuple(prompt[:21]))  # a drop after that request: it does erase
+    t.report("a", EngineStats(), log.since(0))
+    assert t.indexes["a"].match(prompt + [99]) == 20
+    assert t.reports["a"].recent == []  # every insert older than the last applied event is settled
+
+
+def test_totals_keep_a_replica_that_is_gone() -> None:
+    t = table(["a", "b"])
+    t.report("a", EngineStats(prompt_tokens=10, cached_tokens=4, blocks_total=8), None)
+    t.report("b", EngineStats(prompt_tokens=5, blocks_total=8), CacheEventLog().since(0))
+    assert t.reports["a"].cacheless and not t.reports["b"].cacheless
+    t.sent("k", "a", [1, 2, 3])  # a replica without a prefix cache is not indexed
+    assert t.indexes["a"].tokens == 0
+    t.set_replicas(["b"])
+    assert (t.retired.prompt_tokens, t.retired.cached_tokens, t.retired.blocks_total) == (10, 4, 0)
 
 
 def test_merged_stats_sum_counts_and_average_the_ratio() -> None:

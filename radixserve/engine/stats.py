@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixserve.core import CopyKind
 
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # blocks even after eviction), "max_num_seqs" (the running set is full), "watermark" (free blocks
 # below the admission watermark), "urgent" (a running sequence preempted for a more urgent one).
 KNOWN_CAUSES = ("blocks", "max_num_seqs", "urgent", "watermark")
+# the fields read fresh (not accumulated): a sum over replicas still means something, a sum over time not
+GAUGES = frozenset({"blocks_total", "blocks_free", "blocks_used", "blocks_cached", "tree_nodes", "tree_tokens",
+                    "num_running", "num_waiting", "host_blocks_total", "host_blocks_free", "host_nodes",
+                    "host_tokens", "new_token_ratio", "growth_reserve_blocks"})
 
 
 def by_cause(counts: Counter[str]) -> dict[str, int]:
@@ -100,6 +104,22 @@ class EngineStats:
         if tree is not None and tree.host_pool is not None:
             s.collect_host_tier(engine)
         return s
+
+    def add_counters(self, other: EngineStats) -> None:
+        """Add `other`'s counters (not its gauges) to these: a replica that is gone still counts."""
+        for f in fields(self):
+            if f.name not in GAUGES:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only (counters as dicts), for a process that may not have radixserve."""
+        return {f.name: dict(v) if isinstance(v := getattr(self, f.name), Counter) else v for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EngineStats:
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {k: Counter(v) if isinstance(v, dict) else v for k, v in d.items() if k in known}
+        return cls(**values)
 
     @classmethod
     def merged(cls, parts: Sequence[EngineStats]) -> EngineStats:

@@ -8,10 +8,13 @@ Ray is an optional extra (`pip install 'radixserve[ray]'`): `routing`, `prefix_i
 
 from __future__ import annotations
 
-import importlib.util
-
 RAY_EXTRA_HINT = "pip install 'radixserve[ray]'"
 
 
 def ray_available() -> bool:
-    return importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.serve") is not None
+    """Whether Ray Serve imports (a bare `ray` without the serve extra's packages does not)."""
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError:
+        return False
+    return True

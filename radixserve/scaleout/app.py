@@ -48,8 +48,10 @@ class Ingress:
         self.engine_handle, self.server_config, self.cluster = engine, server_config, cluster
 
     def __serve_build_asgi_app__(self) -> Starlette:
-        cluster = self.cluster
-        app = build_app(lambda: ClusterEngine(self.engine_handle, cluster.table_key),
+        cluster, handle = self.cluster, self.engine_handle
+        # the router's table is keyed by the names the application really runs under (serve.run's)
+        key = f"{handle.app_name}/{handle.deployment_name}"
+        app = build_app(lambda: ClusterEngine(handle, key),
                         replace(self.server_config, replica_header=True))
         state = app.state.server
 

@@ -36,6 +36,7 @@ class BeamCall:
 @dataclass(frozen=True)
 class Served:
     replica: str
+    events_seq: int = 0  # the replica's newest cache event when it took the request (routing.py: `recent`)
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,17 @@ cached (prompt and reply) go into the router's picture of that replica.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any, cast
 
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from radixserve.core import Placement, RequestOutput
+from radixserve.core import CompletionOutput, Placement, RequestOutput, Timing, Usage
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.engine.observers import StepObserver
 from radixserve.engine.stats import EngineStats
@@ -43,6 +45,7 @@ class ClusterEngine:
         self._facts: ReplicaFacts | None = None
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._streams: dict[str, DeploymentResponseGenerator] = {}
+        self._aborted: set[str] = set()  # ids this side cancelled (their RequestCancelledError is expected)
         self._stopping = False
 
     # -- facts (from any replica: they run the same model) ---------------------------------------
@@ -79,8 +82,8 @@ class ClusterEngine:
 
     async def shutdown(self) -> None:
         self._stopping = True
-        for stream in list(self._streams.values()):
-            stream.cancel()
+        for rid in list(self._streams):
+            self.abort(rid)
 
     # -- requests ------------------------------------------------------------------------------
     def _prefer(self, placement: Placement | None) -> str | None:
@@ -114,24 +117,30 @@ class ClusterEngine:
         stream = cast(DeploymentResponseGenerator, self.handle.options(stream=True).generate.remote(call))
         self._streams[rid] = stream
         if cancelled is not None and cancelled():
-            stream.cancel()
-        replica: str | None = None
+            self.abort(rid)
+        served: Served | None = None
+        last: RequestOutput | None = None
         replies: dict[int, list[int]] = {}
         try:
             async for frame in stream:
                 if isinstance(frame, Served):
-                    replica = frame.replica
-                    self._placed(placement, replica)
+                    served = frame
+                    self._placed(placement, frame.replica)
                 elif isinstance(frame, Failed):
                     raise frame.error()
                 else:
+                    last = frame
                     for o in frame.outputs:
                         replies.setdefault(o.index, []).extend(o.token_ids)
                     yield frame
                     if frame.finished:
-                        self._cached(replica, tokens, replies)
+                        self._cached(served, tokens, replies)
                         return
         except RayError as e:
+            if rid in self._aborted or self._stopping:  # our own cancel: end as a single engine does
+                yield _aborted(rid, params.n, len(tokens), last)
+                return
+            replica = served.replica if served is not None else None
             log.warning("replica %s failed during request %s: %s", replica, rid, type(e).__name__)
             where = f"replica {replica}" if replica is not None else "the engine replica"
             raise RequestFailedError(f"{where} stopped while serving this request; send it again "
@@ -139,30 +148,36 @@ class ClusterEngine:
         finally:
             stream.cancel()  # a no-op once finished; otherwise it aborts the request on the replica
             self._streams.pop(rid, None)
+            self._aborted.discard(rid)
 
-    def _cached(self, replica: str | None, prompt: list[int], replies: dict[int, list[int]]) -> None:
-        if replica is None:
+    def _cached(self, served: Served | None, prompt: list[int], replies: dict[int, list[int]]) -> None:
+        if served is None:
             return
         with self.table.lock:
-            for reply in replies.values() or [[]]:
-                self.table.cached(replica, prompt + reply[:-1])  # the last token was sampled, not computed
+            for reply in replies.values() or [[]]:  # the last token was sampled, not computed
+                self.table.cached(served.replica, prompt + reply[:-1], served.events_seq)
 
     async def beam_search(self, prompt: list[int], params: BeamSearchParams, priority: int = 0,
                           placement: Placement | None = None) -> BeamSearchOutput:
+        """The whole search on one replica (its beams share the prompt's blocks there)."""
         try:
             replica, out = await self.handle.beam_search.remote(BeamCall(prompt, params, priority,
                                                                           self._prefer(placement)))
+            assert isinstance(replica, Served)
         except RayError:
             raise RequestFailedError("the replica stopped while running this beam search; send it again") from None
-        self._placed(placement, replica)
+        self._placed(placement, replica.replica)
         if isinstance(out, Failed):
             raise out.error()
         assert isinstance(out, BeamSearchOutput)
         return out
 
     def abort(self, request_id: str) -> None:
+        """Cancel the call; the replica's engine aborts the request and the caller gets a final
+        output with finish_reason "abort", as from one engine."""
         stream = self._streams.get(request_id)
         if stream is not None:
+            self._aborted.add(request_id)
             stream.cancel()
 
     def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
@@ -181,4 +196,17 @@ class ClusterEngine:
             return {name: rep.stats or EngineStats() for name, rep in sorted(self.table.reports.items())}
 
     def stats(self) -> EngineStats:
-        return EngineStats.merged(list(self.replica_stats().values()))
+        """The replicas' figures summed; counters include replicas that are gone, so they never go back."""
+        total = EngineStats.merged(list(self.replica_stats().values()))
+        with self.table.lock:
+            total.add_counters(self.table.retired)
+        return total
+
+
+def _aborted(rid: str, n: int, prompt_tokens: int, last: RequestOutput | None) -> RequestOutput:
+    """The final output of a request this side aborted: every sample ends with "abort", no new tokens."""
+    outputs = [CompletionOutput(index=i, finish_reason="abort") for i in range(n)]
+    if last is None:
+        return RequestOutput(rid, outputs, Usage(prompt_tokens=prompt_tokens), Timing(arrival=time.monotonic()),
+                             finished=True)
+    return replace(last, outputs=outputs, finished=True)

@@ -9,6 +9,7 @@ Ray's own processes take ports meanwhile; so a free port that is gone by then is
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -36,6 +37,7 @@ class ServeCluster:
         self.engine_config, self.server_config, self.cluster = engine_config, server_config, cluster
         self.num_cpus, self.startup_timeout_s = num_cpus, startup_timeout_s
         self._started_ray = False
+        self._owns_serve = False
         self.port = server_config.port  # the bound one, once started
 
     @property
@@ -54,6 +56,9 @@ class ServeCluster:
         self.stop()
 
     def start(self) -> None:
+        # a guest on a cluster someone else runs (RAY_ADDRESS, or Ray already up here) removes only its
+        # own application on exit, never Serve itself
+        self._owns_serve = not (ray.is_initialized() or os.environ.get("RAY_ADDRESS"))
         try:
             if not ray.is_initialized():
                 ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
@@ -74,8 +79,9 @@ class ServeCluster:
             try:
                 serve.start(http_options={"host": host, "port": port})
             except Exception as e:  # noqa: BLE001 - Ray reports a failed bind as a wrapped RuntimeError
-                serve.shutdown()
-                if fixed or attempt == PORT_ATTEMPTS - 1:
+                if self._owns_serve:
+                    serve.shutdown()
+                if fixed or not self._owns_serve or attempt == PORT_ATTEMPTS - 1:
                     raise RuntimeError(f"Ray Serve's proxy could not listen on {host}:{port}") from e
                 continue
             self.port = port
@@ -100,7 +106,10 @@ class ServeCluster:
     def stop(self) -> None:
         if ray.is_initialized():
             try:
-                serve.shutdown()
+                if self._owns_serve:
+                    serve.shutdown()
+                else:
+                    serve.delete(self.cluster.app_name)
             finally:
                 if self._started_ray:
                     ray.shutdown()

@@ -45,8 +45,11 @@ class EngineReplica:
         e = self.engine
         return ReplicaFacts(self.name, e.model_name, e.max_model_len, e.eos_token_ids, e.block_size, e.tokenizer)
 
+    def _served(self) -> Served:
+        return Served(self.name, self.events.last_seq if self.events is not None else 0)
+
     async def generate(self, call: EngineCall) -> AsyncIterator[Any]:
-        yield Served(self.name)
+        yield self._served()
         try:
             async for out in self.engine.generate(call.prompt, call.params, request_id=call.request_id,
                                                   priority=call.priority):
@@ -56,17 +59,21 @@ class EngineReplica:
                 log.exception("request %s failed on replica %s", call.request_id, self.name)
             yield Failed.of(e)
 
-    async def beam_search(self, call: BeamCall) -> tuple[str, BeamSearchOutput | Failed]:
+    async def beam_search(self, call: BeamCall) -> tuple[Served, BeamSearchOutput | Failed]:
+        served = self._served()
         try:
-            return self.name, await self.engine.beam_search(call.prompt, call.params, call.priority)
+            return served, await self.engine.beam_search(call.prompt, call.params, call.priority)
         except Exception as e:
-            return self.name, Failed.of(e)
+            return served, Failed.of(e)
 
     def record_routing_stats(self) -> dict[str, Any]:
-        events = self.events.since(self._reported[0] if self._reported else 0) if self.events is not None else None
-        if events is not None:
-            self._reported.append(events.last_seq)
-        return {"replica": self.name, "stats": self.engine.stats(), "events": events}
+        """Plain types only: Ray's controller unpickles this, and radixserve need not be importable there."""
+        report: dict[str, Any] = {"replica": self.name, "stats": self.engine.stats().to_dict(), "events": None}
+        if self.events is not None:
+            batch = self.events.since(self._reported[0] if self._reported else 0)
+            self._reported.append(batch.last_seq)
+            report["events"] = {"last_seq": batch.last_seq, "dropped": [(e.seq, e.path) for e in batch.events]}
+        return report
 
     def check_health(self) -> None:
         problem = self.engine.health(self.health_stall_s)

@@ -18,9 +18,17 @@ from typing import Any
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from radixserve.cache.events import EventBatch
+from radixserve.cache.events import Dropped, EventBatch
 from radixserve.engine.stats import EngineStats
-from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP, DEFAULT_MIN_PREFIX_FRACTION, RoutingTable, table_for
+from radixserve.scaleout.routing import (
+    DEFAULT_MAX_LOAD_GAP,
+    DEFAULT_MIN_PREFIX_FRACTION,
+    Decision,
+    RoutingTable,
+    table_for,
+)
+
+MAX_UNSENT_DECISIONS = 10_000
 
 
 def _call_of(pending: PendingRequest | None) -> Any:
@@ -33,6 +41,7 @@ class _Recording(RequestRouter):
     table: RoutingTable
 
     def initialize_state(self, **kwargs: Any) -> None:
+        self._decisions: dict[int, Decision] = {}  # the rule's last choice per pending request not yet sent
         self.table = table_for(f"{self._deployment_id.app_name}/{self._deployment_id.name}")
         with self.table.lock:
             self.table.max_load_gap = int(kwargs.get("max_load_gap", DEFAULT_MAX_LOAD_GAP))
@@ -44,19 +53,23 @@ class _Recording(RequestRouter):
             self.table.set_replicas(r.replica_id.unique_id for r in replicas)
             for r in replicas:
                 report = r.routing_stats or {}
-                stats, events = report.get("stats"), report.get("events")
-                if isinstance(stats, EngineStats):
-                    self.table.report(r.replica_id.unique_id, stats, events if isinstance(events, EventBatch) else None)
+                if isinstance(report.get("stats"), dict):
+                    events = report.get("events")
+                    batch = None if events is None else EventBatch(
+                        tuple(Dropped(seq, tuple(path)) for seq, path in events["dropped"]), events["last_seq"])
+                    self.table.report(r.replica_id.unique_id, EngineStats.from_dict(report["stats"]), batch)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         prompt = getattr(_call_of(pending_request), "prompt", None)
-        if prompt is not None:  # a generation (not a facts call)
-            with self.table.lock:
-                self.table.sent(replica_id.unique_id, prompt)
+        if prompt is None:  # not a generation (a facts call)
+            return
+        decision = self._decisions.pop(id(pending_request), None)
+        with self.table.lock:
+            self.table.sent(pending_request.metadata.internal_request_id, replica_id.unique_id, prompt, decision)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         with self.table.lock:
-            self.table.completed(replica_id.unique_id)
+            self.table.completed(internal_request_id, replica_id.unique_id)
 
 
 class CacheAwareRouter(_Recording):
@@ -72,6 +85,10 @@ class CacheAwareRouter(_Recording):
         with self.table.lock:
             decision = self.table.choose(prompt, list(by_name), getattr(call, "prefer", None))
             rest = sorted((n for n in by_name if n != decision.replica), key=lambda n: self.table.loads[n])
+        if pending_request is not None:
+            self._decisions[id(pending_request)] = decision
+            while len(self._decisions) > MAX_UNSENT_DECISIONS:  # requests cancelled while being routed
+                del self._decisions[next(iter(self._decisions))]
         # the rest are Ray's fallbacks should the chosen replica refuse (its queue full)
         return [[by_name[decision.replica]], [by_name[n] for n in rest]]
 

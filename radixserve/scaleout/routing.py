@@ -24,13 +24,14 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixserve.cache.events import EventBatch
 from radixserve.engine.stats import EngineStats
 from radixserve.scaleout.prefix_index import PrefixIndex
 
-REASONS = ("session", "prefix", "imbalance", "miss", "failover")
+# "fallback": Ray sent the request to another replica than the rule chose (the chosen one refused it)
+REASONS = ("session", "prefix", "imbalance", "miss", "failover", "fallback")
 DEFAULT_MAX_LOAD_GAP = 8
 DEFAULT_MIN_PREFIX_FRACTION = 0.5
 
@@ -49,6 +50,10 @@ class ReplicaReport:
     stats: EngineStats | None = None
     events_seq: int = 0  # the newest cache event applied to this replica's index
     resyncs: int = 0  # times events were missed and the index was cleared
+    cacheless: bool = False  # the replica runs without a prefix cache: nothing to index
+    # what finished requests cached there, with the replica's event number when each was served: a
+    # drop reported later but numbered before that happened first, so it must not erase them
+    recent: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
 
 
 _tables: dict[str, RoutingTable] = {}
@@ -73,6 +78,11 @@ class RoutingTable:
         self.reports: dict[str, ReplicaReport] = {}
         self.decisions: Counter[str] = Counter({r: 0 for r in REASONS})
         self.routed: Counter[str] = Counter()  # requests sent, per replica
+        self.retired = EngineStats()  # the counters of replicas gone, so totals never go backwards
+        # Ray names a completion by (request key, replica), and calls made while serving one ingress
+        # request (a WebSocket's turns) share its key: so both are counted as multisets
+        self._in_flight: Counter[tuple[str, str]] = Counter()
+        self._completed_early: Counter[tuple[str, str]] = Counter()  # completions seen before their routing
         self._rng = rng or random.Random()
         self.lock = threading.Lock()
 
@@ -86,17 +96,20 @@ class RoutingTable:
         for gone in set(self.indexes) - names:
             del self.indexes[gone]
             self.loads.pop(gone, None)
-            self.reports.pop(gone, None)
+            rep = self.reports.pop(gone, None)
+            if rep is not None and rep.stats is not None:
+                self.retired.add_counters(rep.stats)
         for new in names - set(self.indexes):
             self.indexes[new] = PrefixIndex()
             self.reports[new] = ReplicaReport()
 
     def choose(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None = None) -> Decision:
-        """Decide for one request; `among` are the replicas that may take it (all known ones)."""
+        """Decide for one request; `among` are the replicas that may take it (all known ones). Counted
+        once the request is sent (`sent`): Ray may ask again for the same request."""
         if not among:
             raise ValueError("no replica to route to")
         if prefer is not None and prefer in among:
-            return self._decided(Decision(prefer, "session", self._match(prefer, tokens)))
+            return Decision(prefer, "session", self._match(prefer, tokens))
         matched = {r: self._match(r, tokens) for r in among}
         least = min(self.loads[r] for r in among)
         best = max(matched.values())
@@ -104,11 +117,11 @@ class RoutingTable:
             holders = [r for r in among if matched[r] == best]
             pick = self._least_loaded(holders)
             if self.loads[pick] - least <= self.max_load_gap:
-                return self._decided(Decision(pick, "prefix", best))
+                return Decision(pick, "prefix", best)
             pick = self._least_loaded(among)
-            return self._decided(Decision(pick, "imbalance", matched[pick]))
+            return Decision(pick, "imbalance", matched[pick])
         pick = self._least_loaded(among)
-        return self._decided(Decision(pick, "failover" if prefer is not None else "miss", matched[pick]))
+        return Decision(pick, "failover" if prefer is not None else "miss", matched[pick])
 
     def _match(self, replica: str, tokens: Sequence[int]) -> int:
         index = self.indexes.get(replica)
@@ -122,28 +135,48 @@ class RoutingTable:
         low = min(key(r) for r in names)
         return self._rng.choice([r for r in names if key(r) == low])
 
-    def _decided(self, d: Decision) -> Decision:
-        self.decisions[d.reason] += 1
-        return d
-
     # -- what happened afterwards -------------------------------------------------------------
-    def sent(self, replica: str, tokens: Sequence[int]) -> None:
-        """The request went to `replica` (possibly not the one chosen: Ray may fall back)."""
-        self.loads[replica] += 1
+    def sent(self, key: str, replica: str, tokens: Sequence[int], decision: Decision | None = None) -> None:
+        """Request `key` went to `replica` (`decision`: the rule's, when it decided; Ray may have
+        fallen back to another replica)."""
+        if decision is not None:
+            self.decisions[decision.reason if decision.replica == replica else "fallback"] += 1
         self.routed[replica] += 1
-        index = self.indexes.get(replica)
-        if index is not None:
-            index.insert(tokens)
+        self._index(replica, tokens)
+        if self._take((key, replica), self._completed_early):
+            return
+        self._in_flight[(key, replica)] += 1
+        self.loads[replica] += 1
 
-    def completed(self, replica: str) -> None:
-        if self.loads[replica] > 0:
-            self.loads[replica] -= 1
+    def completed(self, key: str, replica: str) -> None:
+        """A request `key` on `replica` ended, or was refused there; only what `sent` counted is taken back."""
+        if self._take((key, replica), self._in_flight):
+            self.loads[replica] = max(0, self.loads[replica] - 1)
+        elif len(self._completed_early) < 100_000:
+            self._completed_early[(key, replica)] += 1
 
-    def cached(self, replica: str, tokens: Sequence[int]) -> None:
-        """The replica cached `tokens` (a finished request's prompt and reply)."""
-        index = self.indexes.get(replica)
-        if index is not None:
-            index.insert(tokens)
+    @staticmethod
+    def _take(item: tuple[str, str], counts: Counter[tuple[str, str]]) -> bool:
+        if counts[item] <= 0:
+            counts.pop(item, None)
+            return False
+        counts[item] -= 1
+        if not counts[item]:
+            del counts[item]
+        return True
+
+    def cached(self, replica: str, tokens: Sequence[int], served_seq: int) -> None:
+        """The replica cached `tokens` (a finished request's prompt and reply); `served_seq`: its
+        newest cache event when it took the request."""
+        if self._index(replica, tokens):
+            self.reports[replica].recent.append((served_seq, tuple(tokens)))
+
+    def _index(self, replica: str, tokens: Sequence[int]) -> bool:
+        index, rep = self.indexes.get(replica), self.reports.get(replica)
+        if index is None or rep is None or rep.cacheless:
+            return False
+        index.insert(tokens)
+        return True
 
     def report(self, replica: str, stats: EngineStats | None, events: EventBatch | None) -> None:
         """A replica's periodic report: its statistics, and the cache events since the last one."""
@@ -152,12 +185,16 @@ class RoutingTable:
             return
         rep.stats = stats
         if events is None:  # the replica runs without a prefix cache
+            rep.cacheless, self.indexes[replica] = True, PrefixIndex()
             return
         if events.missed(rep.events_seq):
             self.indexes[replica] = PrefixIndex()  # what it dropped is unknown: believe nothing
             rep.resyncs += 1
         else:
             for e in events.events:
-                if e.seq > rep.events_seq:
-                    index.cut(e.path)
+                if e.seq > rep.events_seq and index.cut(e.path):
+                    for seq, tokens in rep.recent:
+                        if seq >= e.seq:  # cached after that drop: still there
+                            index.insert(tokens)
         rep.events_seq = max(rep.events_seq, events.last_seq)
+        rep.recent = [(seq, tokens) for seq, tokens in rep.recent if seq > rep.events_seq]

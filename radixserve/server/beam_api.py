@@ -18,8 +18,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.core import Placement
 from radixserve.engine.beam_search import MAX_BEAM_WIDTH, BeamSearchOutput, BeamSearchParams
-from radixserve.server.generation import SystemPromptRef, api_error_from
+from radixserve.server.generation import SystemPromptRef, api_error_from, record_system_prompt
+from radixserve.server.replica_header import note_replica
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, get_bool, get_float, get_int
 
@@ -69,18 +71,20 @@ async def run_beam_search(state: ServerState, prompt: list[int], params: BeamSea
     tokens); engine errors become ApiErrors. A client that goes away cancels this coroutine, which
     aborts the step's requests."""
     engine = state.require_engine()
+    placement = Placement()
     rid = f"beam-{uuid.uuid4().hex}"
     state.inflight.add(rid)  # shutdown waits for it like any generation (its step requests end with the engine)
     try:
-        out = await engine.beam_search(prompt, params, priority)
+        out = await engine.beam_search(prompt, params, priority, placement)
     except Exception as e:
         raise api_error_from(e) from None
     finally:
         state.inflight.discard(rid)
     out.beams = out.beams[:n]
     out.usage.completion_tokens = sum(len(b.token_ids) for b in out.beams)
-    state.metrics.system_prompts.record(system.key, system.preview, system.length, out.usage.prompt_tokens,
-                                        out.usage.cached_tokens)
+    if placement.replica is not None:
+        note_replica(placement.replica)
+    record_system_prompt(state, system, out.usage, placement.replica)
     reason = out.beams[0].finish_reason if out.beams else None
     state.metrics.server_requests.labels("openai", reason or "abort").inc()
     return out

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from radixserve.core import Placement, RequestOutput
+from radixserve.core import Placement, RequestOutput, Usage
 from radixserve.engine.chat_template import token_hash
 from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
@@ -122,11 +122,17 @@ async def stream_request(state: ServerState, prompt: list[int], params: Sampling
             _record(state, last, system, api, placement.replica)
 
 
-def _record(state: ServerState, out: RequestOutput, system: SystemPromptRef, api: str, replica: str | None) -> None:
+def record_system_prompt(state: ServerState, system: SystemPromptRef, usage: Usage, replica: str | None) -> None:
+    """One finished request in the per-system-prompt table, and in its replica's when it has one."""
     m = state.metrics
     for tracker in (m.system_prompts, m.replica_prompts(replica) if replica is not None else None):
         if tracker is not None:
-            tracker.record(system.key, system.preview, system.length, out.usage.prompt_tokens, out.usage.cached_tokens)
+            tracker.record(system.key, system.preview, system.length, usage.prompt_tokens, usage.cached_tokens)
+
+
+def _record(state: ServerState, out: RequestOutput, system: SystemPromptRef, api: str, replica: str | None) -> None:
+    m = state.metrics
+    record_system_prompt(state, system, out.usage, replica)
     t = out.timing
     if not out.finished:
         m.server_requests.labels(api, "abort").inc()

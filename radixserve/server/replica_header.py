@@ -58,5 +58,7 @@ class ReplicaHeaderMiddleware:
 
         try:
             await self.app(scope, receive, send_with_header)
+            if held is not None:  # a response that ended without a body message (a client gone early)
+                await send(held)
         finally:
             _current.reset(token)

@@ -50,7 +50,7 @@ def routing_overhead(replicas: int, prefixes: int = 1000, requests: int = 2000,
     held = min(table.indexes[n].prefixes for n in names)
 
     times_ns = []
-    for _ in range(requests):
+    for i in range(requests):
         kind = rng.random()
         if kind < 0.5:
             prompt = rng.choice(heads) + _tokens(rng, rng.randint(lo, hi) - shared_len)
@@ -62,10 +62,10 @@ def routing_overhead(replicas: int, prefixes: int = 1000, requests: int = 2000,
         t0 = time.perf_counter_ns()
         with table.lock:
             decision = table.choose(prompt, names)
-            table.sent(decision.replica, prompt)
+            table.sent(f"r{i}", decision.replica, prompt, decision)
         times_ns.append(time.perf_counter_ns() - t0)
         with table.lock:
-            table.completed(decision.replica)
+            table.completed(f"r{i}", decision.replica)
     us = [t / 1000 for t in times_ns]
     return {"replicas": replicas, "prefixes_per_replica": held, "prompt_len": [lo, hi], "shared_len": shared_len,
             "requests": requests, "median_us": statistics.median(us), "p99_us": percentile(us, 99),
