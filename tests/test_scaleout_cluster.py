@@ -298,3 +298,14 @@ def test_a_cancelled_turn_ends_with_abort_as_on_one_process(cluster: ServeCluste
         assert turn(h, sid, "Shorter, then.").status_code == 200
     wait_for(lambda: all(row["in_flight"] == 0 for row in stats(cluster, 0.2)["replicas"]), 30,
              "the router's in-flight counts to return to 0")
+
+
+def test_beam_search_runs_on_one_replica_and_equals_the_single_process_servers(
+        cluster: ServeCluster, single: BackgroundServer) -> None:
+    body = {"model": "tiny", "use_beam_search": True, "n": 2, "max_tokens": 6, "temperature": 0,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Two ideas?"}]}
+    replies = [httpx.post(url + "/v1/chat/completions", json=body, timeout=120) for url in (cluster.url, single.url)]
+    assert [r.status_code for r in replies] == [200, 200], replies[0].text
+    beams = [[c["message"]["content"] for c in r.json()["choices"]] for r in replies]
+    assert beams[0] == beams[1] and len(beams[0]) == 2
+    assert replies[0].headers[HEADER] in {row["replica"] for row in stats(cluster, 0.0)["replicas"]}
