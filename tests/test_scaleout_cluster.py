@@ -36,6 +36,7 @@ from radixserve.server.owners import OWNER_HEADER  # noqa: E402
 from radixserve.server.replica_header import HEADER  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
+from cluster_stats_sample import TWO_REPLICAS, shape  # noqa: E402
 from server_testkit import OWNED, TEST_OWNER, recv_frame, write_tiny_chat_model  # noqa: E402
 
 SYSTEM = "You are a terse assistant for a shipping company. Answer in one short sentence. " * 4
@@ -196,6 +197,8 @@ def test_websocket_turns_stay_on_their_replica(cluster: ServeCluster) -> None:
 
 
 def test_metrics_and_stats_show_each_replica_and_the_total(cluster: ServeCluster) -> None:
+    with client(cluster.url) as h:
+        completion(h, "Is the depot open today?")  # at least one system prompt row, whatever ran before
     body = stats(cluster)
     rows = body["replicas"]
     assert len(rows) == 2 and all(row["blocks"]["total"] == 256 for row in rows)
@@ -211,6 +214,13 @@ def test_metrics_and_stats_show_each_replica_and_the_total(cluster: ServeCluster
     assert "radixserve_replica_system_prompt_requests_total{" in text
     total = next(line for line in text.splitlines() if line.startswith("radixserve_prompt_tokens_total "))
     assert float(total.split()[1]) >= body["prompt_tokens"]
+    # the dashboard is tested against sample data of this shape (tests/cluster_stats_sample.py)
+    assert shape(body["routing"]) == shape(TWO_REPLICAS["routing"])
+    sample_row = shape(TWO_REPLICAS["replicas"][0])
+    for row in map(shape, rows):
+        assert row["system_prompts"] in ([], sample_row["system_prompts"])
+        assert {**row, "system_prompts": None} == {**sample_row, "system_prompts": None}
+    assert any(row["system_prompts"] for row in rows)
 
 
 def replica_names(c: ServeCluster) -> set[str]:
