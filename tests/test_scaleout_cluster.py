@@ -239,33 +239,48 @@ def test_a_replica_killed_mid_conversation(cluster: ServeCluster) -> None:
         sid = new_session(h, "You answer questions about the weather. " * 3)
         first = turn(h, sid, "Is it raining?")
         home = first.headers[HEADER]
-        other = (replica_names(cluster) - {home}).pop()
+        assert len(replica_names(cluster) - {home}) == 1  # one other replica, for the bystander below
 
-        async def killed_turn() -> dict[str, Any]:
-            async with websockets.connect(cluster.ws_url, open_timeout=30) as ws:
-                await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": "Tell me a very long story.",
-                                          "gen_id": "long", "sampling": {"max_tokens": 3000}, **OWNED}))
-                while (f := await recv_frame(ws))["type"] != "delta":
-                    assert f["type"] == "start", f
+        bystander = new_session(h, "You answer questions about trains. " * 3)  # no turn yet: no replica
+
+        async def until_end(ws: Any) -> tuple[dict[str, Any], float]:
+            while (f := await recv_frame(ws))["type"] not in ("done", "error"):
+                pass
+            return f, time.monotonic()
+
+        async def started(ws: Any, sid: str, content: str, max_tokens: int) -> None:
+            await ws.send(json.dumps({"type": "chat", "session_id": sid, "content": content, "gen_id": sid,
+                                      "sampling": {"max_tokens": max_tokens}, **OWNED}))
+            while (f := await recv_frame(ws))["type"] != "delta":
+                assert f["type"] == "start", f
+
+        async def killed_turn() -> tuple[tuple[dict[str, Any], float], tuple[dict[str, Any], float]]:
+            async with websockets.connect(cluster.ws_url, open_timeout=30) as killed, \
+                       websockets.connect(cluster.ws_url, open_timeout=30) as other_ws:
+                await started(killed, sid, "Tell me a very long story.", 3000)
+                # a miss goes to the least-loaded replica: the other one, busy with nothing
+                await started(other_ws, bystander, "Tell me about a long train journey.", 1500)
                 ray.kill(ray.get_actor(f"SERVE_REPLICA::{cluster.cluster.app_name}#engine#{home}", namespace="serve"))
-                while (f := await recv_frame(ws))["type"] not in ("done", "error"):
-                    pass
-                return f
+                return await asyncio.gather(until_end(killed), until_end(other_ws))
 
-        end = asyncio.run(killed_turn())
+        (end, failed_at), (ok, finished_at) = asyncio.run(killed_turn())
         assert end["type"] == "error" and end["code"] == "generation_failed", end
         assert f"replica {home} stopped while serving this request" in end["message"]
         assert "Traceback" not in end["message"]
+        # the request running on the other replica went on through the failure and ended normally
+        assert ok["type"] == "done" and ok["finish_reason"] == "length", ok
+        assert ok["usage"]["completion_tokens"] == 1500 and finished_at > failed_at
         wait_for(lambda: home not in replica_names(cluster), 60, "the router to drop the killed replica")
         after = turn(h, sid, "Is it still raining?")
-        assert after.headers[HEADER] == other
+        moved = after.headers[HEADER]  # the other replica, or Ray's replacement if it is up already
+        assert moved != home
         session = h.get(f"/v1/sessions/{sid}").json()
         assert [m["role"] for m in session["messages"]][-4:] == ["user", "assistant", "user", "assistant"]
         assert after.json()["usage"]["prompt_tokens"] > first.json()["usage"]["prompt_tokens"]
         assert completion(h, "Unrelated question.", system="Another system prompt.").status_code == 200
         assert h.get("/health").status_code == 200
         wait_for(lambda: len(replica_names(cluster)) == 2, 180, "Ray Serve to replace the killed replica")
-        assert turn(h, sid, "And tomorrow?").headers[HEADER] == other  # the session stays where it moved
+        assert turn(h, sid, "And tomorrow?").headers[HEADER] == moved  # the session stays where it moved
     decisions = stats(cluster, 0.0)["routing"]["decisions"]
     assert decisions["failover"] >= 1, decisions
 

@@ -132,6 +132,18 @@ def test_a_shared_prefix_follows_the_replica_that_holds_it() -> None:
     assert t.decisions["miss"] == 1 and t.decisions["prefix"] == 0  # counted when sent, not when chosen
 
 
+def test_requests_chosen_before_the_first_is_sent_follow_it() -> None:
+    """Ray routes concurrently: a group's second request may be chosen before its first is sent."""
+    t = table(["a", "b"])
+    system = list(range(100, 140))
+    first = t.choose(system + [1], ["a", "b"])
+    second = t.choose(system + [2], ["a", "b"])
+    assert (second.replica, second.reason, second.matched) == (first.replica, "prefix", len(system))
+    t.sent("k1", first.replica, system + [1], first)
+    t.sent("k2", second.replica, system + [2], second)
+    assert t.decisions["miss"] == 1 and t.decisions["prefix"] == 1
+
+
 def test_a_short_shared_opening_is_a_miss() -> None:
     t = table(["a", "b"])
     t.sent("k", "a", [1, 2, 3] + [10] * 20)  # a chat template's opening tokens, then one conversation
@@ -151,8 +163,9 @@ def test_misses_go_to_the_least_loaded_then_to_the_emptier_cache() -> None:
     t.completed("kb", "b")
     t.sent("kc", "c", [7] * 50)
     t.completed("kc", "c")
-    picks = {t.choose([8, 8], ["a", "b", "c"]).replica for _ in range(20)}
-    assert picks == {"a", "b"}  # equal loads: the replicas holding fewer tokens, either of them
+    picks = [t.choose([800 + i, 900 + i], ["a", "b", "c"]).replica for i in range(20)]
+    assert set(picks) == {"a", "b"}  # equal loads: the replicas holding fewer tokens, so new prefixes spread
+    assert abs(picks.count("a") - picks.count("b")) <= 2
 
 
 def test_a_loaded_holder_loses_to_the_least_loaded_beyond_the_gap() -> None:

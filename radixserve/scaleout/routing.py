@@ -105,7 +105,14 @@ class RoutingTable:
 
     def choose(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None = None) -> Decision:
         """Decide for one request; `among` are the replicas that may take it (all known ones). Counted
-        once the request is sent (`sent`): Ray may ask again for the same request."""
+        once the request is sent (`sent`): Ray may ask again for the same request. The chosen replica
+        is believed to hold the prompt from now on, not only once it is sent: Ray routes requests
+        concurrently, and one of the same prefix chosen in between must find it there."""
+        decision = self._decide(tokens, among, prefer)
+        self._index(decision.replica, tokens)
+        return decision
+
+    def _decide(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None) -> Decision:
         if not among:
             raise ValueError("no replica to route to")
         if prefer is not None and prefer in among:
@@ -141,8 +148,9 @@ class RoutingTable:
         fallen back to another replica)."""
         if decision is not None:
             self.decisions[decision.reason if decision.replica == replica else "fallback"] += 1
+        if decision is None or decision.replica != replica:  # `choose` indexed the replica it chose
+            self._index(replica, tokens)
         self.routed[replica] += 1
-        self._index(replica, tokens)
         if self._take((key, replica), self._completed_early):
             return
         self._in_flight[(key, replica)] += 1

@@ -35,7 +35,7 @@ Message = dict[str, str]
 Render = Callable[[list[Message]], list[int]]  # chat messages -> prompt token ids (the server's template)
 
 DEFAULT_PARAMS: dict[str, SharedPrefixParams | MultiTurnParams] = {
-    "shared-prefix": SharedPrefixParams(groups=8, prompts_per_group=4, system_len=256, question_len=16, output_len=8),
+    "shared-prefix": SharedPrefixParams(groups=16, prompts_per_group=8, system_len=256, question_len=16, output_len=8),
     "multi-turn": MultiTurnParams(conversations=8, turns=4, common_prefix_len=64, conversation_prefix_len=192,
                                   user_len=16, output_len=8),
 }

@@ -1,6 +1,6 @@
 """The routing-overhead micro-benchmark: what the cache-aware rule costs per request, with no Ray and
-no model: `RoutingTable.choose()` plus the `sent()` that records the prompt in the chosen replica's
-PrefixIndex, under the table's lock, exactly the work CacheAwareRouter does for each request.
+no model: `RoutingTable.choose()`, which records the prompt in the chosen replica's PrefixIndex, plus
+`sent()`, under the table's lock, exactly the work CacheAwareRouter does for each request.
 
 Setup: every replica's index holds `prefixes` prompts of `prompt_len` (1,000-2,000) tokens. Prompts
 come in groups that share a `shared_len`-token head (a system prompt; `group_size` prompts per
