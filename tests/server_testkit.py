@@ -11,10 +11,12 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import websockets
 
@@ -54,6 +56,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+@contextmanager
+def leaves_no_process(timeout_s: float = 60.0) -> Iterator[Callable[[], list[psutil.Process]]]:
+    """Every process started in the block (a Ray cluster's) must be gone within `timeout_s` of its
+    end. Yields `started()`, which lists them and records them: call it once they are up, so that
+    one re-parented away from this process before the end is still waited for."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    seen: dict[int, psutil.Process] = {}
+
+    def started() -> list[psutil.Process]:
+        for p in me.children(recursive=True):
+            if p.pid not in before:
+                seen.setdefault(p.pid, p)
+        return list(seen.values())
+
+    try:
+        yield started
+    finally:
+        _, alive = psutil.wait_procs(started(), timeout=timeout_s)
+        assert not alive, f"processes left behind: {[p.pid for p in alive]}"
 
 
 def engine_idle(srv: BackgroundServer) -> bool:

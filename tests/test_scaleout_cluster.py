@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import openai
-import psutil
 import pytest
 
 pytest.importorskip("ray.serve")
@@ -37,7 +36,7 @@ from radixserve.server.replica_header import HEADER  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
 from cluster_stats_sample import TWO_REPLICAS, shape  # noqa: E402
-from server_testkit import OWNED, TEST_OWNER, recv_frame, write_tiny_chat_model  # noqa: E402
+from server_testkit import OWNED, TEST_OWNER, leaves_no_process, recv_frame, wait_until, write_tiny_chat_model  # noqa: E402
 
 SYSTEM = "You are a terse assistant for a shipping company. Answer in one short sentence. " * 4
 CONTEXT = 4096  # long enough that the turn killed mid-way is still generating when the kill lands
@@ -56,19 +55,13 @@ def engine_config(model: str) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: str) -> Iterator[ServeCluster]:
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
     server = ServerConfig(port=0, web_dir=None, shutdown_grace_s=1.0, served_model_name="tiny")
     spec = ClusterConfig(replicas=2, torch_threads=1, stats_period_s=0.25, health_check_period_s=1.0)
-    c = ServeCluster(engine_config(model_dir), server, spec, num_cpus=2, startup_timeout_s=300)
-    c.start()
-    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    assert started, "the cluster started no process of its own"
-    try:
+    with leaves_no_process() as started, ServeCluster(engine_config(model_dir), server, spec, num_cpus=2,
+                                                      startup_timeout_s=300) as c:
+        assert started(), "the cluster started no process of its own"
         yield c
-    finally:
-        c.stop()
-        gone, alive = psutil.wait_procs(started, timeout=60)
-        assert not alive, f"processes left behind: {[p.pid for p in alive]}"
+        started()  # and the replacements Ray Serve started since
 
 
 @pytest.fixture(scope="module")
@@ -227,13 +220,6 @@ def replica_names(c: ServeCluster) -> set[str]:
     return {row["replica"] for row in stats(c, 0.2)["replicas"]}
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
 def test_a_replica_killed_mid_conversation(cluster: ServeCluster) -> None:
     with client(cluster.url) as h:
         sid = new_session(h, "You answer questions about the weather. " * 3)
@@ -270,7 +256,7 @@ def test_a_replica_killed_mid_conversation(cluster: ServeCluster) -> None:
         # the request running on the other replica went on through the failure and ended normally
         assert ok["type"] == "done" and ok["finish_reason"] == "length", ok
         assert ok["usage"]["completion_tokens"] == 1500 and finished_at > failed_at
-        wait_for(lambda: home not in replica_names(cluster), 60, "the router to drop the killed replica")
+        wait_until(lambda: home not in replica_names(cluster), 60, "the router to drop the killed replica")
         after = turn(h, sid, "Is it still raining?")
         moved = after.headers[HEADER]  # the other replica, or Ray's replacement if it is up already
         assert moved != home
@@ -279,7 +265,7 @@ def test_a_replica_killed_mid_conversation(cluster: ServeCluster) -> None:
         assert after.json()["usage"]["prompt_tokens"] > first.json()["usage"]["prompt_tokens"]
         assert completion(h, "Unrelated question.", system="Another system prompt.").status_code == 200
         assert h.get("/health").status_code == 200
-        wait_for(lambda: len(replica_names(cluster)) == 2, 180, "Ray Serve to replace the killed replica")
+        wait_until(lambda: len(replica_names(cluster)) == 2, 180, "Ray Serve to replace the killed replica")
         assert turn(h, sid, "And tomorrow?").headers[HEADER] == moved  # the session stays where it moved
     decisions = stats(cluster, 0.0)["routing"]["decisions"]
     assert decisions["failover"] >= 1, decisions
@@ -321,7 +307,7 @@ def test_a_cancelled_turn_ends_with_abort_as_on_one_process(cluster: ServeCluste
         session = h.get(f"/v1/sessions/{sid}").json()
         assert session["messages"][-1]["role"] == "assistant" and session["busy"] is False
         assert turn(h, sid, "Shorter, then.").status_code == 200
-    wait_for(lambda: all(row["in_flight"] == 0 for row in stats(cluster, 0.2)["replicas"]), 30,
+    wait_until(lambda: all(row["in_flight"] == 0 for row in stats(cluster, 0.2)["replicas"]), 30,
              "the router's in-flight counts to return to 0")
 
 

@@ -17,6 +17,7 @@ from radixserve.server import BackgroundServer, ServerConfig  # noqa: E402
 from radixserve.server.replica_header import HEADER  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
+from server_testkit import leaves_no_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SYSTEM = "You are a friendly librarian. You recommend one book per answer and say why in a sentence."
@@ -25,8 +26,10 @@ SYSTEM = "You are a friendly librarian. You recommend one book per answer and sa
 @pytest.fixture(scope="module")
 def embedded_cluster() -> Iterator[ServeCluster]:
     server = ServerConfig(port=0, web_dir=None, shutdown_grace_s=1.0)
-    with ServeCluster(EngineConfig(num_blocks=256), server, ClusterConfig(replicas=2, torch_threads=1,
-                      stats_period_s=0.25), num_cpus=2, startup_timeout_s=600) as c:
+    spec = ClusterConfig(replicas=2, torch_threads=1, stats_period_s=0.25)
+    with leaves_no_process() as started, ServeCluster(EngineConfig(num_blocks=256), server, spec, num_cpus=2,
+                                                      startup_timeout_s=600) as c:
+        assert started(), "the cluster started no process of its own"
         yield c
 
 

@@ -9,6 +9,8 @@ prefix query exactly as the tree does, i.e. the events lose nothing and cut noth
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -292,3 +294,12 @@ def test_replicas_without_ray_name_the_extra(monkeypatch: pytest.MonkeyPatch, ca
     assert "--replicas 2 needs Ray Serve" in err and "pip install 'radixserve[ray]'" in err
     assert main(["serve", "--replicas", "0"]) == 2
     assert "replicas must be >= 1" in capsys.readouterr().err
+
+
+def test_one_replica_serves_without_importing_ray() -> None:
+    """`serve` with the default `--replicas 1` is the single-process server: Ray is never imported."""
+    code = ("import sys, radixserve.server.cli as s; s.run_server = lambda *a: 0\n"
+            "from radixserve.cli import main\nassert main(['serve']) == 0\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
