@@ -105,6 +105,11 @@ class EngineStats:
             s.collect_host_tier(engine)
         return s
 
+    @property
+    def hit_rate(self) -> float:
+        """Cached / prompt tokens of the requests admitted so far (0 before any)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
     def add_counters(self, other: EngineStats) -> None:
         """Add `other`'s counters (not its gauges) to these: a replica that is gone still counts."""
         for f in fields(self):

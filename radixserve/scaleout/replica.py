@@ -55,16 +55,21 @@ class EngineReplica:
                                                   priority=call.priority):
                 yield out
         except Exception as e:  # the caller gets radixserve's error, not a traceback
-            if not isinstance(e, ValueError):
-                log.exception("request %s failed on replica %s", call.request_id, self.name)
-            yield Failed.of(e)
+            yield self._failed(e, f"request {call.request_id}")
 
     async def beam_search(self, call: BeamCall) -> tuple[Served, BeamSearchOutput | Failed]:
         served = self._served()
         try:
             return served, await self.engine.beam_search(call.prompt, call.params, call.priority)
         except Exception as e:
-            return served, Failed.of(e)
+            return served, self._failed(e, "a beam search")
+
+    def _failed(self, e: Exception, what: str) -> Failed:
+        """What the caller is told; a failure that is not the request's own fault is logged here,
+        where its traceback is (the caller's message points to this log)."""
+        if not isinstance(e, ValueError):
+            log.exception("%s failed on replica %s", what, self.name)
+        return Failed.of(e)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Plain types only: Ray's controller unpickles this, and radixserve need not be importable there."""

@@ -14,16 +14,11 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixserve.engine.stats import EngineStats
 from radixserve.scaleout.cluster_engine import ClusterEngine
 from radixserve.scaleout.routing import REASONS
 from radixserve.server.metrics import ServerMetrics
 
 SYSTEM_PROMPT_ROWS = 10
-
-
-def _hit_rate(st: EngineStats) -> float:
-    return st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
 
 
 def cluster_json(engine: ClusterEngine, metrics: ServerMetrics, router: str) -> dict[str, Any]:
@@ -37,7 +32,7 @@ def cluster_json(engine: ClusterEngine, metrics: ServerMetrics, router: str) -> 
     for name, st in stats.items():
         prompts = metrics.by_replica.get(name)
         replicas.append({
-            "replica": name, "hit_rate": _hit_rate(st), "prompt_tokens": st.prompt_tokens,
+            "replica": name, "hit_rate": st.hit_rate, "prompt_tokens": st.prompt_tokens,
             "cached_tokens": st.cached_tokens, "requests": sum(st.requests_finished.values()),
             "blocks": {"total": st.blocks_total, "free": st.blocks_free, "used": st.blocks_used,
                        "cached": st.blocks_cached},
@@ -86,7 +81,7 @@ class ReplicaCollector(Collector):
             counters["prompt_tokens"].add_metric([replica], st.prompt_tokens)
             counters["prompt_tokens_cached"].add_metric([replica], st.cached_tokens)
             counters["routed_requests"].add_metric([replica], routed.get(replica, 0))
-            for name, value in (("hit_rate", _hit_rate(st)), ("requests_running", st.num_running),
+            for name, value in (("hit_rate", st.hit_rate), ("requests_running", st.num_running),
                                 ("requests_waiting", st.num_waiting), ("kv_blocks_total", st.blocks_total),
                                 ("kv_blocks_free", st.blocks_free)):
                 gauges[name].add_metric([replica], value)

@@ -61,7 +61,7 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
     """`steps`: the batch-utilization summary the server's step observer keeps (StepUtilization.to_json)."""
     requests = sum(st.requests_finished.values())
     return {
-        "hit_rate": _ratio(st.cached_tokens, st.prompt_tokens),
+        "hit_rate": st.hit_rate,
         "prompt_tokens": st.prompt_tokens, "cached_tokens": st.cached_tokens,
         "host_cached_tokens": st.host_cached_tokens, "computed_tokens": st.computed_tokens,
         "generation_tokens": st.generation_tokens, "requests": requests, "hit_requests": st.cache_hit_requests,
