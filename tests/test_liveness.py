@@ -4,7 +4,9 @@ within a bounded number of steps, and no step is empty while work waits.
 The hypothesis test drives the real engine (tiny random-weight Llama) over random pool sizes, block
 sizes, token budgets, policies (urgent preemption included), output-aware admission on and off, host
 tiers and preemption modes, prompts built on shared prefixes (so hits end mid-block and paths
-carry straddled blocks), n > 1, preemption and aborts, with the integrity check after every step.
+carry straddled blocks), requests without max_tokens (pool-sized: they may grow until the context is
+full, and still take every cached token), n > 1, preemption and aborts, with the integrity check
+after every step.
 The fixed tests are the reproductions of the wedges we found.
 """
 
@@ -113,7 +115,7 @@ class Req:
     prefix: int  # which shared prefix
     length: float  # prompt length as a fraction of the pool's capacity (> 1: refused up front)
     shared: float  # fraction of the prompt taken from the shared prefix
-    max_tokens: int
+    max_tokens: int | None  # None: whatever the context has left, as the server sets an unset max_tokens
     n: int
     arrival: int  # step at which it is added
     abort_after: int | None  # steps after arrival
@@ -123,7 +125,7 @@ class Req:
 
 requests_strategy = st.lists(st.builds(
     Req, prefix=st.integers(0, 2), length=st.floats(0.0, 1.05), shared=st.floats(0.0, 1.0),
-    max_tokens=st.integers(1, 8), n=st.integers(1, 3), arrival=st.integers(0, 12),
+    max_tokens=st.none() | st.integers(1, 8), n=st.integers(1, 3), arrival=st.integers(0, 12),
     abort_after=st.none() | st.integers(0, 8), sampled=st.booleans(), priority=st.integers(0, 2),
 ), min_size=1, max_size=8)
 
@@ -150,6 +152,8 @@ def test_every_accepted_request_finishes_within_bounded_steps(
     prefixes = [[rng.randrange(4, TINY_VOCAB) for _ in range(capacity)] for _ in range(3)]
     budget = block_size * budget_blocks
     lengths = [max(1, int(r.length * capacity)) for r in requests]
+    # an unset max_tokens makes the request pool-sized: it may grow until the context is full
+    max_tokens = [r.max_tokens or max(1, engine.max_seq_len - length) for r, length in zip(requests, lengths)]
     pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
     accepted: dict[str, Req] = {}
     added_at: dict[str, int] = {}
@@ -164,7 +168,7 @@ def test_every_accepted_request_finishes_within_bounded_steps(
 
     # Generous but finite: each request alone needs ceil(prompt / budget) + max_tokens steps per sample;
     # preemption by recompute and sharing the budget multiply that by at most the number of sequences.
-    work = sum(r.n * (-(-length // budget) + r.max_tokens) for r, length in zip(requests, lengths))
+    work = sum(r.n * (-(-length // budget) + m) for r, length, m in zip(requests, lengths, max_tokens))
     max_steps = 20 + max(r.arrival for r in requests) + 4 * work * sum(r.n for r in requests)
     step = 0
     while pending or engine.has_unfinished():
@@ -172,7 +176,7 @@ def test_every_accepted_request_finishes_within_bounded_steps(
             i = pending.pop(0)
             r, shared = requests[i], int(requests[i].shared * lengths[i])
             prompt = prefixes[r.prefix][:shared] + [rng.randrange(4, TINY_VOCAB) for _ in range(lengths[i] - shared)]
-            params = SamplingParams(temperature=1.0 if r.sampled else 0.0, max_tokens=r.max_tokens, n=r.n,
+            params = SamplingParams(temperature=1.0 if r.sampled else 0.0, max_tokens=max_tokens[i], n=r.n,
                                     seed=rng.randrange(2**64) if r.sampled else None, ignore_eos=True)
             try:
                 rid = engine.add_request(prompt, params, priority=r.priority)

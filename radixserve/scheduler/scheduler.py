@@ -19,9 +19,11 @@ sequence holds blocks, locks and pins is `seq_cache.py`; this module decides whe
 
 Liveness: every sequence the engine accepted fits the pool on its own, locks included. A locked
 match can pin blocks the sequence does not use (the shared partial block of a mid-block hit, which
-it copies on first write, and superseded copies of straddled blocks on the path); a sequence whose
-longest length plus those would exceed the pool takes only the part of its match that pins nothing
-(`RadixTree.exclusive_prefix_len`), and a lock never moves onto another sequence's copy of tokens.
+it copies on first write, and superseded copies of straddled blocks on the path). A sequence always
+takes its whole match, whatever it may generate later; when the pool cannot supply its next blocks
+even after eviction, its lock moves up to the block-aligned part of the path that lists only its own
+blocks (`SequenceCache.reserve`, `RadixTree.exclusive_prefix_len`), so alone it can use the whole
+pool. A lock never moves onto another sequence's copy of tokens.
 Under `cache-aware`, a sequence waiting longer than `max_wait_steps` steps goes ahead of every cache
 hit (oldest first), so hits cannot starve it.
 

@@ -10,7 +10,7 @@ hands it to the step), so copy-on-write copies and tier moves keep one order.
 from __future__ import annotations
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import Match, RadixTree, common_prefix_len
+from radixserve.cache.radix_tree import RadixTree, common_prefix_len
 from radixserve.core import BlockCopy, CopyKind, Sequence
 
 
@@ -24,16 +24,15 @@ class SequenceCache:
 
     def take_prefix(self, seq: Sequence) -> tuple[int, int] | None:
         """Share the longest cached prefix (never the last token: its logits are needed), loading
-        back the part that lives only in the host tier. Returns the matched length and how much of
-        it came from the host tier, or None when the sequence should wait for an in-flight prefill."""
+        back the part that lives only in the host tier, and lock it. Returns the matched length and
+        how much of it came from the host tier, or None when the sequence should wait for an
+        in-flight prefill. The whole match is always taken: how long the sequence may grow later
+        never decides how much of the cache it uses now (`reserve` loosens the lock if it must)."""
         if self.tree is None:
             return 0, 0
-        prefix = seq.token_ids[:-1]
-        match = self.tree.match(prefix)
+        match = self.tree.match(seq.token_ids[:-1])
         on_device = match.length - match.host_tokens
         match = self.tree.load_back(match)
-        if self._footprint(seq, match) > self.pool.num_blocks:
-            match = self.tree.match(prefix[:self.tree.exclusive_prefix_len(prefix)])
         if self._prefix_in_flight(seq, match.length):
             return None
         self.tree.lock(match.node)
@@ -42,15 +41,6 @@ class SequenceCache:
         seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
         seq.num_cached = match.length // self.block_size * self.block_size
         return match.length, max(0, match.length - on_device)
-
-    def _footprint(self, seq: Sequence, match: Match) -> int:
-        """Blocks this sequence could hold at its longest if it locks `match`: its own table plus
-        the blocks the locked path pins besides (superseded copies of straddled blocks, and the
-        shared partial block that a mid-block hit copies on first write)."""
-        assert self.tree is not None
-        longest = min(seq.num_prompt_tokens + seq.request.params.max_tokens, self.pool.num_blocks * self.block_size)
-        pinned = self.tree.foreign_blocks(match.node, match.blocks) + int(match.length % self.block_size != 0)
-        return -(-longest // self.block_size) + pinned
 
     def _prefix_in_flight(self, seq: Sequence, matched: int) -> bool:
         for other in self.running:
@@ -69,12 +59,19 @@ class SequenceCache:
 
     def reserve(self, seq: Sequence, n: int) -> bool:
         """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
-        written block if it is shared. False (nothing changed) if the pool cannot supply them."""
+        written block if it is shared. False (nothing changed but the lock) if the pool cannot
+        supply them even after the sequence's lock stops pinning blocks it does not use."""
+        return self._allocate_for(seq, n) or (self._loosen_lock(seq) and self._allocate_for(seq, n))
+
+    def _allocate_for(self, seq: Sequence, n: int) -> bool:
         bs, table = self.block_size, seq.block_table
         first = seq.num_computed // bs
         missing = max(0, -(-(seq.num_computed + n) // bs) - len(table))
         shared = first < len(table) and self.pool.refcount[table[first]] > 1
         fresh = self.pool.allocate(missing + int(shared))
+        if fresh is None and shared and self.pool.refcount[table[first]] == 1:
+            # the failed allocation evicted the block's other owner: it is ours to write in place
+            shared, fresh = False, self.pool.allocate(missing)
         if fresh is None:
             return False
         if shared:
@@ -87,6 +84,25 @@ class SequenceCache:
             else:
                 self.pool.decref(dst)
         table.extend(fresh)
+        return True
+
+    def _loosen_lock(self, seq: Sequence) -> bool:
+        """Move the sequence's lock up to the longest block-aligned part of its locked path that
+        lists only blocks of its own table, so the rest (the shared partial block of a mid-block hit
+        once copied, superseded copies of straddled blocks) becomes evictable. This is what keeps a
+        sequence that needs the whole pool alive; until then the full lock keeps the cache entries
+        it reads from being evicted for nothing. True if the lock moved."""
+        locked = seq.locked_node
+        if self.tree is None or locked is None or locked is self.tree.root:
+            return False
+        path = seq.token_ids[:locked.end]
+        exclusive = self.tree.exclusive_prefix_len(path)
+        if exclusive == locked.end:
+            return False
+        node = self.tree.match(path[:exclusive]).node
+        self.tree.lock(node)
+        self.tree.unlock(locked)
+        seq.locked_node = node
         return True
 
     def release(self, seq: Sequence, swap: bool = False) -> bool:
