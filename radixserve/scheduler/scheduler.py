@@ -21,9 +21,10 @@ Liveness: every sequence the engine accepted fits the pool on its own, locks inc
 match can pin blocks the sequence does not use (the shared partial block of a mid-block hit, which
 it copies on first write, and superseded copies of straddled blocks on the path). A sequence always
 takes its whole match, whatever it may generate later; when the pool cannot supply its next blocks
-even after eviction, its lock moves up to the block-aligned part of the path that lists only its own
-blocks (`SequenceCache.reserve`, `RadixTree.exclusive_prefix_len`), so alone it can use the whole
-pool. A lock never moves onto another sequence's copy of tokens.
+even after eviction and nothing else runs that could free them (it would preempt itself, or it is
+the only one to admit), its lock moves up to the block-aligned part of the path that lists only its
+own blocks (`SequenceCache.loosen_lock`, `RadixTree.exclusive_prefix_len`), so alone it can use the
+whole pool. A lock never moves onto another sequence's copy of tokens.
 Under `cache-aware`, a sequence waiting longer than `max_wait_steps` steps goes ahead of every cache
 hit (oldest first), so hits cannot starve it.
 
@@ -127,6 +128,8 @@ class Scheduler:
             while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n):
                 victim = self._victim(scheduled)  # `seq` itself is a candidate: never None
                 assert victim is not None
+                if victim is seq and self.cache.loosen_lock(seq):
+                    continue  # its own lock pinned what it lacks: try again before giving up its blocks
                 self.preempt(victim)
                 if victim is seq:
                     break
@@ -160,13 +163,20 @@ class Scheduler:
                 self.cache.release(seq)
                 self.admission_blocked["watermark"] += 1
                 break  # the running sequences' expected growth needs the rest (no overtaking)
-            if not self.cache.reserve(seq, n):
+            if not self._reserve_to_admit(seq, n):
                 self.cache.release(seq)
                 self.admission_blocked["blocks"] += 1
                 break  # no blocks even after eviction: admit nothing after it (no overtaking)
             self._admitted(seq, taken, n, batch)
             reserve += own
             budget -= n
+
+    def _reserve_to_admit(self, seq: Sequence, n: int) -> bool:
+        """Blocks for a waiting sequence's first chunk. With nothing running, nothing will free any
+        for it: its own lock must then stop pinning what it does not use."""
+        if self.cache.reserve(seq, n):
+            return True
+        return not self.running and self.cache.loosen_lock(seq) and self.cache.reserve(seq, n)
 
     def _admit_urgent(self, batch: Batch, budget: int) -> int:
         """Under priority and sjf, before anything else is scheduled: if the best-ranked waiting

@@ -27,7 +27,7 @@ class SequenceCache:
         back the part that lives only in the host tier, and lock it. Returns the matched length and
         how much of it came from the host tier, or None when the sequence should wait for an
         in-flight prefill. The whole match is always taken: how long the sequence may grow later
-        never decides how much of the cache it uses now (`reserve` loosens the lock if it must)."""
+        never decides how much of the cache it uses now (`loosen_lock` is what keeps it alive)."""
         if self.tree is None:
             return 0, 0
         match = self.tree.match(seq.token_ids[:-1])
@@ -59,11 +59,7 @@ class SequenceCache:
 
     def reserve(self, seq: Sequence, n: int) -> bool:
         """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
-        written block if it is shared. False (nothing changed but the lock) if the pool cannot
-        supply them even after the sequence's lock stops pinning blocks it does not use."""
-        return self._allocate_for(seq, n) or (self._loosen_lock(seq) and self._allocate_for(seq, n))
-
-    def _allocate_for(self, seq: Sequence, n: int) -> bool:
+        written block if it is shared. False (nothing changed) if the pool cannot supply them."""
         bs, table = self.block_size, seq.block_table
         first = seq.num_computed // bs
         missing = max(0, -(-(seq.num_computed + n) // bs) - len(table))
@@ -86,12 +82,13 @@ class SequenceCache:
         table.extend(fresh)
         return True
 
-    def _loosen_lock(self, seq: Sequence) -> bool:
+    def loosen_lock(self, seq: Sequence) -> bool:
         """Move the sequence's lock up to the longest block-aligned part of its locked path that
         lists only blocks of its own table, so the rest (the shared partial block of a mid-block hit
-        once copied, superseded copies of straddled blocks) becomes evictable. This is what keeps a
-        sequence that needs the whole pool alive; until then the full lock keeps the cache entries
-        it reads from being evicted for nothing. True if the lock moved."""
+        once copied, superseded copies of straddled blocks) becomes evictable. The scheduler does
+        this only for a sequence that would otherwise wait on itself (nothing else runs to free
+        blocks): it keeps a sequence that needs the whole pool alive, while everywhere else the full
+        lock keeps the entries it reads from being evicted for nothing. True if the lock moved."""
         locked = seq.locked_node
         if self.tree is None or locked is None or locked is self.tree.root:
             return False
