@@ -9,6 +9,7 @@ CUDA), health-checks them and restarts the ones that die.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -23,8 +24,9 @@ from radixserve.scaleout.config import ENGINE_DEPLOYMENT, ClusterConfig
 from radixserve.scaleout.replica import EngineReplica
 from radixserve.scaleout.router import CacheAwareRouter, PowerOfTwoRouter
 from radixserve.scaleout.views import ReplicaCollector, cluster_json
-from radixserve.server.app import build_app
+from radixserve.server.app import build_app, drain
 from radixserve.server.config import ServerConfig
+from radixserve.server.state import ServerState
 
 # by import path: Ray imports the class where the handle routes (the ingress process)
 ROUTERS = {"cache-aware": f"{CacheAwareRouter.__module__}.{CacheAwareRouter.__qualname__}",
@@ -46,6 +48,19 @@ class Ingress:
 
     def __init__(self, engine: DeploymentHandle, server_config: ServerConfig, cluster: ClusterConfig) -> None:
         self.engine_handle, self.server_config, self.cluster = engine, server_config, cluster
+        self._state: ServerState | None = None
+
+    async def drain(self) -> None:
+        """The server's shutdown drain (refuse new generations, give running ones `shutdown_grace_s`,
+        abort the rest), called through a handle before the application is deleted: Ray Serve's own
+        shutdown would otherwise stop its proxy with streams still open, cutting them mid-reply."""
+        state = self._state
+        if state is None or state.loop is None:
+            return
+        if state.loop is asyncio.get_running_loop():
+            await drain(state)
+        else:  # the app's loop is Ray's user-code loop; a handle call may run on another one
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(drain(state), state.loop))
 
     def __serve_build_asgi_app__(self) -> Starlette:
         cluster, handle = self.cluster, self.engine_handle
@@ -53,7 +68,7 @@ class Ingress:
         key = f"{handle.app_name}/{handle.deployment_name}"
         app = build_app(lambda: ClusterEngine(handle, key),
                         replace(self.server_config, replica_header=True))
-        state = app.state.server
+        state = self._state = app.state.server
 
         def engine() -> ClusterEngine | None:
             return state.engine if isinstance(state.engine, ClusterEngine) else None

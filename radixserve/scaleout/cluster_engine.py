@@ -9,7 +9,8 @@ the router sends the next turn elsewhere ("failover") and the history is simply 
 
 A replica that dies mid-request fails that request with a clear RequestFailedError (the server's
 500 `generation_failed`); nothing else is affected. When a request finishes, the tokens its replica
-cached (prompt and reply) go into the router's picture of that replica.
+cached (prompt and reply) go into the router's picture of that replica; when it ends before its
+first token (aborted, refused), the router forgets the prompt it entered there (routing.py).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class ClusterEngine:
     async def start(self) -> None:
         if self._facts is None:
             self._facts = await self.handle.facts.remote()
+            with self.table.lock:  # the router's views are bounded in tokens of the replicas' pools
+                self.table.block_size = self._facts.block_size
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -149,6 +152,8 @@ class ClusterEngine:
             stream.cancel()  # a no-op once finished; otherwise it aborts the request on the replica
             self._streams.pop(rid, None)
             self._aborted.discard(rid)
+            with self.table.lock:  # a token came back only once the replica had computed the prompt
+                self.table.finished(rid, prefilled=any(replies.values()))
 
     def _cached(self, served: Served | None, prompt: list[int], replies: dict[int, list[int]]) -> None:
         if served is None:

@@ -1,7 +1,10 @@
 """Running the application: `ServeCluster` starts Ray (a local instance, or the cluster RAY_ADDRESS
 names), Ray Serve's HTTP proxy on the configured host and port, and the application, and waits until
-the ingress answers /health; leaving it shuts Serve and Ray down, so nothing is left running.
-`run_cluster` is the foreground `radixserve serve --replicas N`.
+the ingress answers /health; leaving it first drains the ingress (the server's shutdown: running
+generations get `shutdown_grace_s`, then end with "abort"), then shuts Serve and Ray down, so
+nothing is left running. `run_cluster` is the foreground `radixserve serve --replicas N`; SIGINT and
+SIGTERM both stop it that way and it exits 0. (`ray.init` replaces a SIGTERM handler with its own
+and a C-level one that aborts the process, so the handler the program had is installed again.)
 
 Port 0 means any free port. The proxy binds in another process, after the port was found free, and
 Ray's own processes take ports meanwhile; so a free port that is gone by then is retried with another.
@@ -29,15 +32,23 @@ from radixserve.server.config import ServerConfig
 from radixserve.server.runner import url_for
 
 PORT_ATTEMPTS = 5
+DRAIN_SLACK_S = 10.0  # beyond the server's shutdown grace: aborted generations still have to end
+
+
+class StartCancelled(Exception):
+    """`ServeCluster.cancel` was set while it started; what had started is stopped again."""
 
 
 class ServeCluster:
     def __init__(self, engine_config: EngineConfig, server_config: ServerConfig, cluster: ClusterConfig,
-                 num_cpus: int | None = None, startup_timeout_s: float = 600.0) -> None:
+                 num_cpus: int | None = None, startup_timeout_s: float = 600.0,
+                 cancel: threading.Event | None = None) -> None:
         self.engine_config, self.server_config, self.cluster = engine_config, server_config, cluster
         self.num_cpus, self.startup_timeout_s = num_cpus, startup_timeout_s
+        self.cancel = cancel  # set while starting (a signal): stop waiting for the replicas, undo the start
         self._started_ray = False
         self._owns_serve = False
+        self._serving = False  # ours answered /health, so it may have generations to drain
         self.port = server_config.port  # the bound one, once started
 
     @property
@@ -61,13 +72,20 @@ class ServeCluster:
         self._owns_serve = not (ray.is_initialized() or os.environ.get("RAY_ADDRESS"))
         try:
             if not ray.is_initialized():
+                keep = _sigterm_handler()
                 ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
                 self._started_ray = True
+                if keep is not None:
+                    # ray.init replaces the program's SIGTERM handler with sys.exit, and its core worker
+                    # puts a C-level crash handler under it that aborts the process (exit -6, Ray left
+                    # running): installing the program's own handler again restores both levels
+                    signal.signal(signal.SIGTERM, keep)
             self._start_proxy()
             app = build_application(self.engine_config, replace(self.server_config, port=self.port), self.cluster)
             serve.run(app, name=self.cluster.app_name, route_prefix="/", blocking=False)
             self._wait_healthy()
+            self._serving = True
         except BaseException:
             self.stop()
             raise
@@ -91,6 +109,8 @@ class ServeCluster:
         deadline = time.monotonic() + self.startup_timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
+            if self.cancel is not None and self.cancel.is_set():
+                raise StartCancelled("stopped before the application was ready")
             try:
                 r = httpx.get(self.url + "/health", timeout=5.0)
                 if r.status_code == 200:
@@ -106,6 +126,7 @@ class ServeCluster:
     def stop(self) -> None:
         if ray.is_initialized():
             try:
+                self._drain()
                 if self._owns_serve:
                     serve.shutdown()
                 else:
@@ -116,6 +137,27 @@ class ServeCluster:
                     self._started_ray = False
 
 
+    def _drain(self) -> None:
+        """Let the ingress finish (or abort) its generations while the proxy still delivers them."""
+        if not self._serving:
+            return
+        self._serving = False
+        timeout = self.server_config.shutdown_grace_s + DRAIN_SLACK_S
+        try:
+            serve.get_app_handle(self.cluster.app_name).drain.remote().result(timeout_s=timeout)
+        except Exception as e:  # noqa: BLE001 - the application is deleted next whatever happened here
+            print(f"radixserve: draining the ingress failed ({type(e).__name__}); stopping anyway",
+                  file=sys.stderr, flush=True)
+
+
+def _sigterm_handler() -> Any:
+    """The SIGTERM handler this program installed itself, if any (and this is the thread that may)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGTERM)
+    return handler if callable(handler) else None
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host.strip("[]"), 0))
@@ -123,7 +165,8 @@ def _free_port(host: str) -> int:
 
 
 def run_cluster(engine_config: EngineConfig, server_config: ServerConfig, cluster: ClusterConfig) -> int:
-    """Foreground: serve until Ctrl-C or SIGTERM; returns the exit code."""
+    """Foreground: serve until Ctrl-C or SIGTERM (either drains the ingress, then stops Serve and
+    Ray); returns the exit code: 0 for a stop by signal, also one during startup."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -133,10 +176,12 @@ def run_cluster(engine_config: EngineConfig, server_config: ServerConfig, cluste
     print(f"radixserve: starting Ray Serve with {cluster.replicas} engine replicas ({cluster.router} routing) ...",
           flush=True)
     try:
-        with ServeCluster(engine_config, server_config, cluster) as c:
+        with ServeCluster(engine_config, server_config, cluster, cancel=stop) as c:
             print(f"radixserve: serving at {c.url} (web UI at /); OpenAI API at {c.url}/v1", flush=True)
             stop.wait()
             print("radixserve: stopping the replicas ...", flush=True)
+    except StartCancelled as e:  # a signal while starting: as asked, not a failure
+        print(f"radixserve: {e}", flush=True)
     except (RuntimeError, TimeoutError, ValueError) as e:
         print(f"radixserve: {e}", file=sys.stderr, flush=True)
         return 1

@@ -5,27 +5,42 @@ replica cached for it (prompt and reply); it cuts the subtrees the replica repor
 (cache/events.py). So the picture is approximate in one direction only between reports: it may
 still hold a prefix the replica has just dropped, never miss one the router sent there.
 
+A replica never reports dropping what it never cached (a prompt aborted before its prefill), so the
+picture also forgets on its own: `prune` removes the part of a prompt that only that request put
+there, and `evict` removes the least recently inserted leaves beyond a size (routing.py bounds each
+picture by a multiple of its replica's pool). Per edge it keeps `refs` (requests in flight whose
+prompt covers it: never pruned or evicted), `held` (the replica is believed to have cached it: a
+finished request's tokens, or a prompt that was prefilled; never pruned) and `tick` (the last insert
+through it: the eviction order).
+
 Invariants: children are keyed by their first token and every edge is non-empty; `tokens` is the
-sum of the edge lengths and `prefixes` the number of leaves.
+sum of the edge lengths and `prefixes` the number of leaves; a parent's tick is >= its children's,
+its refs >= each child's, and it is held when a child is (an insert marks its whole path).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radixserve.cache.radix_nodes import common_prefix_len
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _Edge:
     tokens: list[int]
+    parent: _Edge | None = None
     children: dict[int, _Edge] = field(default_factory=dict)
+    refs: int = 0
+    held: bool = False
+    tick: int = 0
 
 
 class PrefixIndex:
     def __init__(self) -> None:
         self._root = _Edge([])
+        self._clock = 0
         self.tokens = 0
         self.prefixes = 0
 
@@ -44,28 +59,95 @@ class PrefixIndex:
             edge = child
         return pos
 
-    def insert(self, tokens: Sequence[int]) -> None:
+    def insert(self, tokens: Sequence[int], held: bool = False, ref: bool = False) -> None:
+        """Add `tokens` as the most recent entry; `held`: the replica cached them; `ref`: a request in
+        flight holds them until `unref`."""
         key = list(tokens)
+        self._clock += 1
         edge, pos = self._root, 0
         while pos < len(key):
             child = edge.children.get(key[pos])
             if child is None:
                 self.prefixes += int(bool(edge.children) or edge is self._root)
-                edge.children[key[pos]] = _Edge(key[pos:])
+                child = edge.children[key[pos]] = _Edge(key[pos:], edge)
                 self.tokens += len(key) - pos
-                return
-            k = common_prefix_len(child.tokens, key[pos:pos + len(child.tokens)])
-            if k < len(child.tokens):
-                self._split(edge, child, k)
-                child = edge.children[key[pos]]
-            pos += k
+            else:
+                k = common_prefix_len(child.tokens, key[pos:pos + len(child.tokens)])
+                if k < len(child.tokens):
+                    child = self._split(edge, child, k)
+            child.tick = self._clock
+            child.held |= held
+            child.refs += int(ref)
+            pos += len(child.tokens)
             edge = child
 
     @staticmethod
-    def _split(parent: _Edge, child: _Edge, k: int) -> None:
-        head = _Edge(child.tokens[:k], {child.tokens[k]: child})
-        child.tokens = child.tokens[k:]
+    def _split(parent: _Edge, child: _Edge, k: int) -> _Edge:
+        """Cut `child` after k tokens; returns the new upper part (which keeps the child's marks)."""
+        head = _Edge(child.tokens[:k], parent, {child.tokens[k]: child}, child.refs, child.held, child.tick)
+        child.tokens, child.parent = child.tokens[k:], head
         parent.children[head.tokens[0]] = head
+        return head
+
+    def _path(self, tokens: Sequence[int]) -> list[_Edge]:
+        """The edges `tokens` covers whole, from the root down."""
+        key, path = list(tokens), []
+        edge, pos = self._root, 0
+        while pos < len(key):
+            child = edge.children.get(key[pos])
+            if child is None or child.tokens != key[pos:pos + len(child.tokens)]:
+                break
+            path.append(child)
+            pos += len(child.tokens)
+            edge = child
+        return path
+
+    def unref(self, tokens: Sequence[int]) -> None:
+        """A request in flight with this prompt ended (never below 0: the picture may have been cut
+        and rebuilt since its insert)."""
+        for edge in self._path(tokens):
+            edge.refs = max(0, edge.refs - 1)
+
+    def prune(self, tokens: Sequence[int]) -> int:
+        """Forget the tail of `tokens` that nothing else holds (no request in flight, not cached, no
+        longer entry through it); return the tokens forgotten."""
+        removed = 0
+        for edge in reversed(self._path(tokens)):
+            if edge.children or edge.refs or edge.held:
+                break
+            removed += self._remove_leaf(edge)
+        return removed
+
+    def _remove_leaf(self, edge: _Edge) -> int:
+        parent = edge.parent
+        assert parent is not None and not edge.children
+        del parent.children[edge.tokens[0]]
+        self.tokens -= len(edge.tokens)
+        self.prefixes -= 1 - int(not parent.children and parent is not self._root)
+        return len(edge.tokens)
+
+    def evict(self, target: int) -> int:
+        """Forget least recently inserted leaves not held by a request in flight until at most
+        `target` tokens remain (or nothing more may go); return the tokens forgotten."""
+        if self.tokens <= target:
+            return 0
+        heap: list[tuple[int, int, _Edge]] = []
+        stack = list(self._root.children.values())
+        while stack:
+            e = stack.pop()
+            if e.children:
+                stack.extend(e.children.values())
+            elif not e.refs:
+                heap.append((e.tick, id(e), e))
+        heapq.heapify(heap)
+        removed = 0
+        while heap and self.tokens > target:
+            _, _, edge = heapq.heappop(heap)
+            parent = edge.parent
+            removed += self._remove_leaf(edge)
+            if parent is not None and parent is not self._root and not parent.children and not parent.refs:
+                heapq.heappush(heap, (parent.tick, id(parent), parent))
+        return removed
 
     def cut(self, path: Sequence[int]) -> int:
         """Forget everything that continues path[:-1] with path[-1] (a dropped subtree); return the
@@ -82,8 +164,7 @@ class PrefixIndex:
             if len(child.tokens) > need:  # the cut falls inside this edge
                 if child.tokens[:need] != list(path[pos:depth]) or child.tokens[need] != first:
                     return 0
-                self._split(edge, child, need)
-                edge, pos = edge.children[path[pos]], depth
+                edge, pos = self._split(edge, child, need), depth
                 break
             if child.tokens != list(path[pos:pos + len(child.tokens)]):
                 return 0
@@ -113,6 +194,8 @@ class PrefixIndex:
             assert e.tokens, "empty edge"
             for first, c in e.children.items():
                 assert c.tokens[0] == first, "child keyed by a token it does not start with"
+                assert c.parent is e, "child with a wrong parent"
+                assert c.tick <= e.tick and c.refs <= e.refs and (e.held or not c.held), "marks not monotone"
             tokens += len(e.tokens)
             leaves += int(not e.children)
             stack.extend(e.children.values())

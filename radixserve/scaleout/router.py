@@ -60,12 +60,14 @@ class _Recording(RequestRouter):
                     self.table.report(r.replica_id.unique_id, EngineStats.from_dict(report["stats"]), batch)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        prompt = getattr(_call_of(pending_request), "prompt", None)
+        call = _call_of(pending_request)
+        prompt = getattr(call, "prompt", None)
         if prompt is None:  # not a generation (a facts call)
             return
         decision = self._decisions.pop(id(pending_request), None)
-        with self.table.lock:
-            self.table.sent(pending_request.metadata.internal_request_id, replica_id.unique_id, prompt, decision)
+        with self.table.lock:  # a generation's id: the ingress reports its end (beam searches have none)
+            self.table.sent(pending_request.metadata.internal_request_id, replica_id.unique_id, prompt, decision,
+                            getattr(call, "request_id", None))
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         with self.table.lock:

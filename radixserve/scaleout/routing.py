@@ -14,6 +14,13 @@ Ties between equal prefixes go to the less loaded replica. Every decision is cou
 
 The table is also where the router keeps what each replica last reported (`ReplicaReport`: its
 engine statistics and the cache events it dropped), so the ingress reads one place for both.
+
+Each index is bounded: past `view_pool_multiple` times its replica's pool (device and host blocks,
+as last reported, times `block_size`) it forgets its least recently used entries down to
+`VIEW_LOW_WATER` of that; only the prompts of requests in flight may exceed it. And a request the
+ingress says ended before its prefill (`finished`), or that Ray sent to another replica than the
+rule chose, leaves nothing of its own in the index: the replica never cached it, so it will never
+report dropping it.
 Invariants: `loads` counts requests routed and not yet completed, never below 0; an index exists
 exactly for the replicas in `replicas`. The table is shared by threads: callers hold `lock`.
 """
@@ -22,7 +29,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +41,12 @@ from radixserve.scaleout.prefix_index import PrefixIndex
 REASONS = ("session", "prefix", "imbalance", "miss", "failover", "fallback")
 DEFAULT_MAX_LOAD_GAP = 8
 DEFAULT_MIN_PREFIX_FRACTION = 0.5
+# A replica's index holds at most this many times its pool's tokens: it leads the replica's tree by
+# the prompts in flight and by drops not yet reported (0.5 s), so exactly the pool would forget hits
+VIEW_POOL_MULTIPLE = 2.0
+VIEW_LOW_WATER = 0.9  # an index over its bound forgets down to this fraction of it (amortizes the scan)
+DEFAULT_BLOCK_SIZE = 16  # until the ingress learns the replicas' (ClusterEngine.start)
+MAX_TRACKED = 100_000  # requests in flight remembered by id (the oldest is forgotten past it)
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,11 @@ class RoutingTable:
         # request (a WebSocket's turns) share its key: so both are counted as multisets
         self._in_flight: Counter[tuple[str, str]] = Counter()
         self._completed_early: Counter[tuple[str, str]] = Counter()  # completions seen before their routing
+        self.block_size, self.view_pool_multiple = DEFAULT_BLOCK_SIZE, VIEW_POOL_MULTIPLE
+        # request id -> (replica, prompt) of a request in flight whose prompt its index holds a ref on;
+        # and request id -> prefilled, for an end the ingress saw before the router saw the sending
+        self._tracked: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
+        self._finished_early: OrderedDict[str, bool] = OrderedDict()
         self._rng = rng or random.Random()
         self.lock = threading.Lock()
 
@@ -143,14 +161,17 @@ class RoutingTable:
         return self._rng.choice([r for r in names if key(r) == low])
 
     # -- what happened afterwards -------------------------------------------------------------
-    def sent(self, key: str, replica: str, tokens: Sequence[int], decision: Decision | None = None) -> None:
+    def sent(self, key: str, replica: str, tokens: Sequence[int], decision: Decision | None = None,
+             request_id: str | None = None) -> None:
         """Request `key` went to `replica` (`decision`: the rule's, when it decided; Ray may have
-        fallen back to another replica)."""
+        fallen back to another replica). With `request_id`, the prompt's entry is held for the
+        request until the ingress reports its end (`finished`)."""
         if decision is not None:
             self.decisions[decision.reason if decision.replica == replica else "fallback"] += 1
-        if decision is None or decision.replica != replica:  # `choose` indexed the replica it chose
-            self._index(replica, tokens)
+            if decision.replica != replica:  # what `choose` entered there will never be cached there
+                self._prune(decision.replica, tokens)
         self.routed[replica] += 1
+        self._track(request_id, replica, tokens)
         if self._take((key, replica), self._completed_early):
             return
         self._in_flight[(key, replica)] += 1
@@ -173,18 +194,73 @@ class RoutingTable:
             del counts[item]
         return True
 
+    def _track(self, request_id: str | None, replica: str, tokens: Sequence[int]) -> None:
+        prefilled = None if request_id is None else self._finished_early.pop(request_id, None)
+        if request_id is None or prefilled is not None:  # untracked, or already over
+            self._index(replica, tokens, held=bool(prefilled))
+            if prefilled is False:
+                self._prune(replica, tokens)
+            return
+        old = self._tracked.pop(request_id, None)
+        if old is not None:  # sent again: the replica it went to first refused it
+            self._release(*old, prune=True)
+        self._index(replica, tokens, ref=True)
+        self._tracked[request_id] = (replica, tuple(tokens))
+        while len(self._tracked) > MAX_TRACKED:  # never finished (cannot happen unless ends are lost)
+            self._release(*self._tracked.popitem(last=False)[1], prune=False)
+
+    def finished(self, request_id: str, prefilled: bool) -> None:
+        """The ingress saw request `request_id` end; `prefilled`: it produced a token, so its replica
+        computed (and cached) its prompt. One that did not leaves nothing of its own in the index."""
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None:
+            self._finished_early[request_id] = prefilled
+            while len(self._finished_early) > MAX_TRACKED:
+                self._finished_early.popitem(last=False)
+            return
+        replica, tokens = tracked
+        if prefilled:
+            self._index(replica, tokens, held=True)
+        self._release(replica, tokens, prune=not prefilled)
+
+    def _release(self, replica: str, tokens: Sequence[int], prune: bool) -> None:
+        index = self.indexes.get(replica)
+        if index is not None:
+            index.unref(tokens)
+            if prune:
+                index.prune(tokens)
+
+    def _prune(self, replica: str, tokens: Sequence[int]) -> None:
+        index = self.indexes.get(replica)
+        if index is not None:
+            index.prune(tokens)
+
     def cached(self, replica: str, tokens: Sequence[int], served_seq: int) -> None:
         """The replica cached `tokens` (a finished request's prompt and reply); `served_seq`: its
         newest cache event when it took the request."""
-        if self._index(replica, tokens):
+        if self._index(replica, tokens, held=True):
             self.reports[replica].recent.append((served_seq, tuple(tokens)))
 
-    def _index(self, replica: str, tokens: Sequence[int]) -> bool:
+    def _index(self, replica: str, tokens: Sequence[int], held: bool = False, ref: bool = False) -> bool:
         index, rep = self.indexes.get(replica), self.reports.get(replica)
         if index is None or rep is None or rep.cacheless:
             return False
-        index.insert(tokens)
+        index.insert(tokens, held=held, ref=ref)
+        self._bound(replica)
         return True
+
+    def view_limit(self, replica: str) -> int | None:
+        """The most tokens `replica`'s index keeps (None until its pool is known)."""
+        rep = self.reports.get(replica)
+        if rep is None or rep.stats is None:
+            return None
+        pool = (rep.stats.blocks_total + rep.stats.host_blocks_total) * self.block_size
+        return int(self.view_pool_multiple * pool) if pool > 0 else None
+
+    def _bound(self, replica: str) -> None:
+        limit, index = self.view_limit(replica), self.indexes.get(replica)
+        if limit is not None and index is not None and index.tokens > limit:
+            index.evict(int(limit * VIEW_LOW_WATER))
 
     def report(self, replica: str, stats: EngineStats | None, events: EventBatch | None) -> None:
         """A replica's periodic report: its statistics, and the cache events since the last one."""
@@ -203,6 +279,7 @@ class RoutingTable:
                 if e.seq > rep.events_seq and index.cut(e.path):
                     for seq, tokens in rep.recent:
                         if seq >= e.seq:  # cached after that drop: still there
-                            index.insert(tokens)
+                            index.insert(tokens, held=True)
         rep.events_seq = max(rep.events_seq, events.last_seq)
         rep.recent = [(seq, tokens) for seq, tokens in rep.recent if seq > rep.events_seq]
+        self._bound(replica)
