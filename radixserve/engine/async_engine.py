@@ -1,12 +1,14 @@
 """The async engine: a background thread runs the step loop; many asyncio callers stream outputs.
 
 Requests and aborts reach the engine thread through a command queue and run between steps, so the
-synchronous engine is only ever touched by that thread (plus `stats` / `check_integrity`, which take
-the step lock). Outputs travel back to each caller's asyncio.Queue via call_soon_threadsafe. A caller
-that stops iterating (aclose, cancellation, disconnect) aborts its request, which frees its blocks.
-A request the engine failed on its own (finish_reason "error") raises RequestFailedError in its
-caller only. `health()` reports a dead engine thread, or one that has made no progress for a while
-with work waiting.
+synchronous engine is only ever touched by that thread (plus `check_integrity` and the like, which
+take the step lock). `stats` never takes it: the engine thread publishes a snapshot after every step
+and batch of commands (engine/stats_feed.py), before that step's outputs go out, so a caller that
+sees its output finished sees it counted. Outputs travel back to each caller's asyncio.Queue via
+call_soon_threadsafe. A caller that stops iterating (aclose, cancellation, disconnect) aborts its
+request, which frees its blocks. A request the engine failed on its own (finish_reason "error")
+raises RequestFailedError in its caller only. `health()` reports a dead engine thread, or one that
+has made no progress for a while with work waiting.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radixserve.engine.engine import LLMEngine
 from radixserve.engine.intake import validate_priority
 from radixserve.engine.observers import StepObserver
 from radixserve.engine.stats import EngineStats
+from radixserve.engine.stats_feed import StatsFeed
 from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
 
@@ -47,6 +50,9 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._last_progress = time.monotonic()  # a step ran, or the engine was idle
+        self._feed = StatsFeed(self.engine)
+        # outputs of the commands being run, sent once the statistics counting them are published
+        self._held: list[tuple[RequestOutput | BaseException, str | None]] | None = None
 
     # -- facts callers need --------------------------------------------------------------------
     @property
@@ -105,6 +111,8 @@ class AsyncEngine:
                 log.exception("engine step failed; aborting in-flight requests")
                 self._fail_all()
                 continue
+            with self._lock:
+                self._feed.publish(self.engine)
             if progressed:
                 self._last_progress = time.monotonic()
             else:  # a scheduler bug left work it cannot schedule: do not spin; /health reports the stall
@@ -114,19 +122,33 @@ class AsyncEngine:
                 self._deliver(out)
 
     def _drain_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            with self._lock:
-                command()
+        """Run the queued commands; what they deliver goes out after the snapshot that counts it."""
+        ran, self._held = False, []
+        try:
+            while True:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                ran = True
+                with self._lock:
+                    command()
+            if ran:
+                with self._lock:
+                    self._feed.publish(self.engine)
+        finally:
+            held, self._held = self._held or [], None
+            for item, rid in held:
+                self._deliver(item, rid)
 
     def _submit(self, command: Callable[[], None]) -> None:
         self._commands.put(command)
         self._wake.set()
 
     def _deliver(self, item: RequestOutput | BaseException, request_id: str | None = None) -> None:
+        if self._held is not None:
+            self._held.append((item, request_id))
+            return
         rid = request_id or item.request_id  # type: ignore[union-attr]
         stream = self._streams.get(rid)
         if stream is not None and self._loop is not None:
@@ -143,6 +165,7 @@ class AsyncEngine:
             for rid in list(self.engine.requests):
                 self.engine.abort(rid)
                 self._deliver(RequestFailedError("the engine step failed; see the server log"), rid)
+            self._feed.publish(self.engine)
 
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
@@ -226,10 +249,12 @@ class AsyncEngine:
             return f"the engine has made no progress for {idle_for:.0f} s with requests waiting"
         return None
 
-    # -- introspection (takes the step lock: may wait for the step in progress) -----------------
     def stats(self) -> EngineStats:
-        with self._lock:
-            return self.engine.stats()
+        """The statistics the engine thread last published (engine/stats_feed.py), at once: never
+        waits for a step. Shared: do not modify it."""
+        return self._feed.latest()
+
+    # -- introspection (takes the step lock: may wait for the step in progress) -----------------
 
     def follow_cache_events(self) -> CacheEventLog:
         """Have the radix tree report what it drops (for a scale-out router); idempotent."""

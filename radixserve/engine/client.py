@@ -2,8 +2,10 @@
 `scaleout.ClusterEngine` (replicas behind Ray Serve) both meet, so the HTTP/WebSocket app is the same.
 
 Contract: `generate` streams one request's incremental outputs, the last with finished=True, and a
-caller that stops iterating aborts the request; `stats` never waits longer than one engine step;
-`health` answers without taking any engine lock; `abort` is safe to call for an unknown id.
+caller that stops iterating aborts the request; `stats` answers at once from the last published
+snapshot (never waits for a step: /metrics and /v1/cache/stats call it on the event loop; treat the
+result as read-only); `health` answers without taking any engine lock; `abort` is safe to call for
+an unknown id.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """Engine statistics: the pool and cache counts plus cumulative token and request counters.
 
 Counters only ever grow (hit rates are ratios of counters, never a per-batch gauge); the gauges
-(blocks, queue lengths, tree size) are read fresh on every `collect`. `admission_blocked` and
-`preemptions_by_cause` are keyed by cause; `by_cause` reports them with every known cause present.
+(blocks, queue lengths, tree size) are read fresh on every `collect`, except that `collect(counted=)`
+copies the COUNTED ones (a pass over every block table or tree node to count) from an earlier
+snapshot, so it costs no more than reading counters (engine/stats_feed.py publishes that after every
+step). `admission_blocked` and `preemptions_by_cause` are keyed by cause; `by_cause` reports them
+with every known cause present.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ KNOWN_CAUSES = ("blocks", "max_num_seqs", "urgent", "watermark")
 GAUGES = frozenset({"blocks_total", "blocks_free", "blocks_used", "blocks_cached", "tree_nodes", "tree_tokens",
                     "num_running", "num_waiting", "host_blocks_total", "host_blocks_free", "host_nodes",
                     "host_tokens", "new_token_ratio", "growth_reserve_blocks"})
+# the gauges that take a pass over every block table or radix-tree node to count: kept together, so
+# blocks free + used + cached always add up to the pool
+COUNTED = ("blocks_free", "blocks_used", "blocks_cached", "host_nodes", "host_tokens")
 
 
 def by_cause(counts: Counter[str]) -> dict[str, int]:
@@ -80,15 +86,20 @@ class EngineStats:
     growth_reserve_blocks: int = 0
 
     @classmethod
-    def collect(cls, engine: LLMEngine) -> EngineStats:
+    def collect(cls, engine: LLMEngine, counted: EngineStats | None = None) -> EngineStats:
+        """The engine's figures now; with `counted`, the COUNTED gauges are that snapshot's instead."""
         pool, tree = engine.pool, engine.tree
-        seq_owned = {b for s in engine.live_sequences() for b in s.block_table}
-        tree_owned = set(tree.block_refs()) if tree is not None else set()
         s = replace(engine.stats_totals, requests_finished=Counter(engine.stats_totals.requests_finished))
         s.blocks_total = pool.num_blocks
-        s.blocks_free = pool.num_free
-        s.blocks_used = len(seq_owned)
-        s.blocks_cached = len(tree_owned - seq_owned)
+        if counted is None:
+            seq_owned = {b for seq in engine.live_sequences() for b in seq.block_table}
+            tree_owned = set(tree.block_refs()) if tree is not None else set()
+            s.blocks_free = pool.num_free
+            s.blocks_used = len(seq_owned)
+            s.blocks_cached = len(tree_owned - seq_owned)
+        else:
+            for name in COUNTED:
+                setattr(s, name, getattr(counted, name))
         s.tree_nodes = tree.num_nodes if tree is not None else 0
         s.tree_tokens = tree.num_tokens if tree is not None else 0
         s.evictions = tree.evictions if tree is not None else 0
@@ -102,7 +113,7 @@ class EngineStats:
         s.new_token_ratio = engine.scheduler.growth.ratio
         s.growth_reserve_blocks = engine.scheduler.growth.reserved_blocks
         if tree is not None and tree.host_pool is not None:
-            s.collect_host_tier(engine)
+            s.collect_host_tier(engine, count_nodes=counted is None)
         return s
 
     @property
@@ -141,14 +152,15 @@ class EngineStats:
                 setattr(total, f.name, sum(values, type(getattr(total, f.name))()))
         return total
 
-    def collect_host_tier(self, engine: LLMEngine) -> None:
+    def collect_host_tier(self, engine: LLMEngine, count_nodes: bool = True) -> None:
         tree, host = engine.tree, engine.runner.host_cache
         assert tree is not None and tree.host_pool is not None and host is not None
         self.host_blocks_total = tree.host_pool.num_blocks
         self.host_blocks_free = tree.host_pool.num_free
-        host_only = [n for n in tree.nodes() if not n.blocks]
-        self.host_nodes = len(host_only)
-        self.host_tokens = sum(len(n.tokens) for n in host_only)
+        if count_nodes:  # a pass over every tree node
+            host_only = [n for n in tree.nodes() if not n.blocks]
+            self.host_nodes = len(host_only)
+            self.host_tokens = sum(len(n.tokens) for n in host_only)
         self.written_back_blocks = tree.written_back_blocks
         self.loaded_blocks = tree.loaded_blocks
         self.host_dropped_blocks = tree.host_dropped_blocks
