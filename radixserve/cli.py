@@ -46,6 +46,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "when it cannot be admitted otherwise; 0 turns this off (default %(default)s)")
     g.add_argument("--preempt-min-run-s", type=float, default=d.preempt_min_run_s,
                    help="never preempt for an urgent request one that has run less than this (default %(default)s)")
+    g.add_argument("--max-queue-wait-s", type=float, default=d.max_queue_wait_s,
+                   help="priority, sjf: a request queued this long ago goes ahead of (and may preempt) every younger "
+                        "one whatever their priorities: the bound on any wait; 0 turns it off (default %(default)s)")
     g.add_argument("--new-token-ratio", type=float, default=d.new_token_ratio,
                    help="output-aware admission: keep free blocks for this fraction of what running requests may "
                         "still generate (decays while nothing is preempted); 0 turns it off (default %(default)s)")
@@ -70,7 +73,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
-        preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, new_token_ratio=a.new_token_ratio,
+        preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, max_queue_wait_s=a.max_queue_wait_s,
+        new_token_ratio=a.new_token_ratio,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,

@@ -37,6 +37,9 @@ class EngineConfig:
     # preempts it when it cannot be admitted otherwise; 0 turns urgent preemption off
     preempt_gap: float = 1.0
     preempt_min_run_s: float = 1.0  # ... but never one that has run less than this (no thrashing)
+    # priority and sjf: a request queued this many seconds ago ranks ahead of every younger one, whatever
+    # their priorities (oldest first), and may preempt them: the bound on any request's wait; 0 turns it off
+    max_queue_wait_s: float = 20.0
     # output-aware admission (scheduler/admission.py): blocks kept free for the running sequences'
     # expected growth, as a fraction of what they may still generate; 0 turns it off
     new_token_ratio: float = 0.7
@@ -72,7 +75,7 @@ class EngineConfig:
             raise ValueError("max_wait_steps must be >= 1")
         if self.cache_aware_max_queue < 1:
             raise ValueError("cache_aware_max_queue must be >= 1")
-        for name in ("aging_s", "preempt_gap", "preempt_min_run_s", "new_token_ratio_decay"):
+        for name in ("aging_s", "preempt_gap", "preempt_min_run_s", "max_queue_wait_s", "new_token_ratio_decay"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("new_token_ratio", "new_token_ratio_min"):

@@ -75,7 +75,7 @@ def steps_until_done(sched: Scheduler, clock: FakeClock, target: Sequence, arriv
 @pytest.mark.parametrize("aging_s", [2.0, 0.0])
 def test_priority_aging_bounds_the_wait_and_without_it_a_request_starves(aging_s: float) -> None:
     clock = FakeClock()
-    sched = make(clock, policy="priority", aging_s=aging_s, max_num_seqs=1, preempt_gap=0.0)
+    sched = make(clock, policy="priority", aging_s=aging_s, max_num_seqs=1, preempt_gap=0.0, max_queue_wait_s=0.0)
     low = add(sched, [1] * 6, priority=2)
     # a higher-priority request arrives every step, more than one slot can serve
     done = steps_until_done(sched, clock, low, lambda n: add(sched, [2, n % 50 + 3, 4], priority=0), 300)
@@ -90,7 +90,7 @@ def test_priority_aging_bounds_the_wait_and_without_it_a_request_starves(aging_s
 @pytest.mark.parametrize("aging_s", [1.0, 0.0])
 def test_sjf_aging_lets_a_long_job_through_a_stream_of_short_ones(aging_s: float) -> None:
     clock = FakeClock()
-    sched = make(clock, policy="sjf", aging_s=aging_s, max_num_seqs=1, preempt_gap=0.0)
+    sched = make(clock, policy="sjf", aging_s=aging_s, max_num_seqs=1, preempt_gap=0.0, max_queue_wait_s=0.0)
     long = add(sched, list(range(10, 74)), max_tokens=64)  # 128 tokens of work: rank log2(128) = 7
     done = steps_until_done(sched, clock, long, lambda n: add(sched, [2, n % 50 + 3], max_tokens=2), 400)
     if aging_s == 0:
@@ -98,6 +98,22 @@ def test_sjf_aging_lets_a_long_job_through_a_stream_of_short_ones(aging_s: float
         return
     # short jobs rank log2(4) = 2: the long one outranks arrivals 5 s younger than it; it then runs 65 steps
     assert done is not None and done <= (5 + 1) * 3 + 65 + 3, done
+
+
+@pytest.mark.parametrize("flood_priority", [-(2**31), -10])
+def test_a_flood_of_urgent_priorities_cannot_starve_a_request(flood_priority: int) -> None:
+    """Issue 24 item 2: a running priority-0 request, preempted by a flood of the most urgent value,
+    was never resumed (aging closes one level per aging_s; the gap was 2**31 levels). Queued
+    max_queue_wait_s ago, it goes ahead of every younger request and preempts one to resume."""
+    clock = FakeClock()
+    sched = make(clock, policy="priority", max_num_seqs=1)  # default aging (10 s), bound (20 s), urgent preemption
+    victim = add(sched, [1] * 6, max_tokens=30)
+    step(sched, clock)  # it runs
+    done = steps_until_done(sched, clock, victim, lambda n: [add(sched, [2, n % 50 + 3, 4], max_tokens=4,
+                                                                 priority=flood_priority) for _ in range(2)], 400)
+    # overdue after 20 s; the flood request running then has at most its min run time (1 s) left to
+    # be preemptible, then the victim recomputes its prompt and what it generated, and finishes
+    assert done is not None and done <= 20 + 1 + 2 + 30, done
 
 
 def test_sjf_orders_a_mixed_queue_shortest_first() -> None:

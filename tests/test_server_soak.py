@@ -1,5 +1,8 @@
 """Soak: 48 concurrent clients against a small pool for a bounded time, mixing chats, cancels, abrupt
-disconnects, malformed frames, hostile sampling values, OpenAI and REST requests.
+disconnects, malformed frames, hostile sampling values, OpenAI and REST requests, large logprobs
+requests — while hostile neighbours flood the most urgent priority an ordinary caller may send (under
+--policy priority), hold hundreds of silent and trickling connections, and flood session creation
+from another address.
 
 Every well-formed request must finish (done / 200) or get a clear error (an error frame or JSON error
 with a code, never a 500); afterwards the engine is idle with 0 blocks used or leaked, the integrity
@@ -36,6 +39,13 @@ pytest_plugins = ["server_testkit"]
 pytestmark = pytest.mark.slow
 
 CLIENTS = 48
+PRIORITY_FLOODERS = 2
+MAX_QUEUE_WAIT_S = 5.0  # the bound on any wait behind the priority flood (20 s by default)
+HOSTILE_CONNECTIONS = 200  # half silent, half trickling a request head a byte at a time
+SESSION_FLOOD = 400  # session creations from another address (127.0.0.2), as fast as they are answered
+HEADER_TIMEOUT_S = 3.0
+# (n, max_tokens) of the large logprobs requests, with top_logprobs 20: over the entry cap or under it
+LOGPROBS_ASKS = [(16, 600), (16, 10**4), (16, 8), (4, 16), (1, 24), (1, None)]
 ACTIONS_PER_CLIENT = 5
 SOAK_DEADLINE_S = 90.0
 HOSTILE_SAMPLING = [{"temperature": 1e-300}, {"temperature": 1e-45}, {"seed": 2**64 - 1, "temperature": 1.0},
@@ -75,8 +85,10 @@ def settled_rss() -> int:
 @pytest.fixture()
 def soak_server(chat_server: BackgroundServer, tmp_path: Path) -> Iterator[BackgroundServer]:
     model = write_tiny_chat_model(tmp_path / "tiny", Path(chat_server.engine.engine.model_dir))
-    config = ServerConfig(port=0, web_dir=None, max_generations_per_connection=4)
-    engine = EngineConfig(model=str(model), num_blocks=48, max_num_batched_tokens=256)
+    config = ServerConfig(port=0, web_dir=None, max_generations_per_connection=4, header_timeout_s=HEADER_TIMEOUT_S,
+                          body_timeout_s=HEADER_TIMEOUT_S)
+    engine = EngineConfig(model=str(model), num_blocks=48, max_num_batched_tokens=256, policy="priority",
+                          max_queue_wait_s=MAX_QUEUE_WAIT_S)
     with BackgroundServer(lambda: AsyncEngine(engine), config) as srv:
         yield srv
 
@@ -91,8 +103,8 @@ class Client:
 
     async def run(self) -> None:
         for step in range(ACTIONS_PER_CLIENT):
-            action = self.rng.choice([self.ws_chat, self.ws_chat, self.ws_cancel, self.ws_disconnect,
-                                      self.ws_malformed, self.openai, self.openai_stream_disconnect, self.rest])
+            action = self.rng.choice([self.ws_chat, self.ws_chat, self.ws_cancel, self.ws_disconnect, self.ws_malformed,
+                                      self.openai, self.openai_logprobs, self.openai_stream_disconnect, self.rest])
             await action(f"c{self.index}-{step}")
 
     async def new_session(self, ws: Any) -> str:
@@ -168,6 +180,23 @@ class Client:
             assert r.status_code == 200 or (r.status_code < 500 and r.json()["error"]["code"]), r.text
             self.tally[f"openai:{r.status_code}"] += 1
 
+    async def openai_logprobs(self, gen_id: str) -> None:
+        """Large logprobs requests: answered, or refused up front by the entry cap (never a stall)."""
+        n, max_tokens = self.rng.choice(LOGPROBS_ASKS)
+        body = self.openai_body(n=n, logprobs=True, top_logprobs=20)
+        if max_tokens is None:
+            del body["max_tokens"]  # unset: clamped to what the cap allows
+        else:
+            body["max_tokens"] = max_tokens
+        async with httpx.AsyncClient(base_url=self.srv.url, timeout=60) as client:
+            r = await client.post("/v1/chat/completions", json=body)
+        if r.status_code == 200:
+            choice = r.json()["choices"][0]
+            assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 20, choice
+        else:
+            assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_logprobs", r.text
+        self.tally[f"logprobs:{r.status_code}"] += 1
+
     async def openai_stream_disconnect(self, gen_id: str) -> None:
         async with httpx.AsyncClient(base_url=self.srv.url, timeout=60) as client:
             body = self.openai_body(stream=True, max_tokens=200)
@@ -187,6 +216,51 @@ class Client:
             self.tally["rest:200"] += 1
 
 
+async def priority_flood(srv: BackgroundServer, stop: asyncio.Event, tally: Counter[str]) -> None:
+    """Requests at the most urgent priority an ordinary caller may send, back to back; beyond it, a 400."""
+    low = srv.config.priority_range[0]
+    body = {"model": srv.state.model_name, "messages": [{"role": "user", "content": "me first"}], "max_tokens": 8}
+    async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+        r = await client.post("/v1/chat/completions", json={**body, "priority": -(2**31)})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
+        while not stop.is_set():
+            r = await client.post("/v1/chat/completions", json={**body, "priority": low})
+            assert r.status_code == 200, r.text
+            tally["priority-flood:200"] += 1
+
+
+async def hostile_connection(srv: BackgroundServer, trickle: bool, tally: Counter[str]) -> None:
+    """A silent or trickling connection: the server must close it within the header timeout."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    opened = time.monotonic()
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 64
+    try:
+        for i in range(int(HEADER_TIMEOUT_S * 10) + 40):
+            if trickle and i % 5 == 0:
+                with contextlib.suppress(ConnectionError):
+                    writer.write(head[i // 5:i // 5 + 1])
+            with contextlib.suppress(asyncio.TimeoutError):
+                if not await asyncio.wait_for(reader.read(4096), 0.1) or reader.at_eof():
+                    break
+        assert reader.at_eof(), "a hostile connection was still open long after the header timeout"
+        assert time.monotonic() - opened <= HEADER_TIMEOUT_S + 3.0
+        tally["hostile-closed"] += 1
+    finally:
+        writer.close()
+
+
+async def session_flood(srv: BackgroundServer, tally: Counter[str]) -> None:
+    """Another owner creating sessions from another address as fast as it is answered."""
+    transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    headers = {"X-Session-Owner": "soak-session-flood-owner-secret-0123456789"}
+    async with httpx.AsyncClient(base_url=srv.url, timeout=60, transport=transport, headers=headers) as client:
+        for _ in range(SESSION_FLOOD):
+            r = await client.post("/v1/sessions", json={"system_prompt": "flood"})
+            assert r.status_code == 201 or (r.status_code == 429 and r.headers["retry-after"]
+                                            and r.json()["error"]["code"] in ("rate_limited", "too_many_sessions")), r.text
+            tally[f"session-flood:{r.status_code}"] += 1
+
+
 def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer) -> None:
     errors = ErrorLog()
     logging.getLogger().addHandler(errors)
@@ -197,13 +271,25 @@ def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer
         idle_rss = settled_rss()
         tally: Counter[str] = Counter()
 
+        victim_headers = {"X-Session-Owner": OWNED["owner"]}
+        victim = httpx.post(soak_server.url + "/v1/sessions", json={}, headers=victim_headers).json()["id"]
+
         async def soak() -> None:
+            stop = asyncio.Event()
+            floods = [asyncio.create_task(priority_flood(soak_server, stop, tally)) for _ in range(PRIORITY_FLOODERS)]
+            hostile = [hostile_connection(soak_server, i % 2 == 1, tally) for i in range(HOSTILE_CONNECTIONS)]
             clients = [Client(soak_server, i, tally).run() for i in range(CLIENTS)]
-            await asyncio.wait_for(asyncio.gather(*clients), SOAK_DEADLINE_S)
+            try:
+                await asyncio.wait_for(asyncio.gather(*clients, *hostile, session_flood(soak_server, tally)),
+                                       SOAK_DEADLINE_S)
+            finally:
+                stop.set()
+                await asyncio.wait_for(asyncio.gather(*floods), 60)
 
         started = time.monotonic()
         asyncio.run(soak())
         elapsed = time.monotonic() - started
+        assert httpx.get(f"{soak_server.url}/v1/sessions/{victim}", headers=victim_headers).status_code == 200
         wait_until(lambda: engine_idle(soak_server), timeout=30, what="idle after the soak")
         soak_server.engine.check_integrity()
         assert soak_server.engine.leaked_blocks() == 0 and soak_server.engine.stats().blocks_used == 0
@@ -212,6 +298,8 @@ def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer
         logging.getLogger().removeHandler(errors)
     print(f"soak: {CLIENTS} clients in {elapsed:.1f} s, {dict(tally)}, rss {idle_rss >> 20} -> {after_rss >> 20} MiB")
     assert sum(v for k, v in tally.items() if k.startswith("done:")) >= CLIENTS, tally
+    assert tally["hostile-closed"] == HOSTILE_CONNECTIONS and tally["priority-flood:200"] >= PRIORITY_FLOODERS, tally
+    assert tally["session-flood:429"] > 0 and tally["session-flood:201"] > 0, tally
     assert after_rss <= idle_rss * 1.10, (idle_rss, after_rss)
     assert not errors.records, [f"{r.name}: {r.getMessage()}" for r in errors.records]
     assert "radixserve_stalled_steps_total 0.0" in httpx.get(soak_server.url + "/metrics").text

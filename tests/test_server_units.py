@@ -200,13 +200,13 @@ def test_sessions_belong_to_their_owner(fmt: ChatFormatter) -> None:
     assert store.delete(mine.id, ME) is mine and store.list(ME) == [child]
 
 
-@pytest.mark.parametrize("value", [5, "", "short", "x" * 257, "has space inside it", "new\nline-in-the-secret",
+@pytest.mark.parametrize("value", [5, "", "short", "x" * 21, "x" * 257, "has space inside it", "new\nline-in-the-secret",
                                    "caf\u00e9-owner-secret-x", ["owner-secret-in-a-list"]])
 def test_owner_secret_format(value: object) -> None:
     with pytest.raises(ApiError) as e:
         parse_secret(value, "owner")
     assert (e.value.code, e.value.param) == ("invalid_field", "owner")
-    assert parse_secret(None, "owner") is None and parse_secret("A-b_c.d~e+f/g=h0123", "owner") == "A-b_c.d~e+f/g=h0123"
+    assert parse_secret(None, "owner") is None and parse_secret("A-b_c.d~e+f/g=h0123456", "owner") == "A-b_c.d~e+f/g=h0123456"
 
 
 def test_system_prompt_labels_are_bounded_and_monotonic() -> None:

@@ -15,7 +15,10 @@ Aging (`priority` and `sjf`): a sequence's effective rank is its rank minus the 
 since it first entered the queue (preemption does not reset the clock) divided by `aging_s`. So
 every `aging_s` seconds of waiting are worth one priority level, or one halving of the job, and a
 request outranked by a gap of G levels (or a job 2**G times longer) goes ahead of any fresh arrival
-after G * aging_s seconds: nothing starves. `aging_s = 0` turns aging off (strict order, which can
+after G * aging_s seconds. Aging alone cannot close a gap of 2**31 levels, so a request queued
+`max_queue_wait_s` ago (overdue) ranks ahead of every younger one whatever the priorities, oldest
+first, and may preempt them: no request waits past that for others that outrank it, whatever values
+they send. `aging_s = 0` turns aging off and `max_queue_wait_s = 0` the bound (strict order, which can
 starve). `fcfs` and `cache-aware` ignore priority.
 """
 
@@ -57,14 +60,18 @@ class Policy:
             base = math.log2(max(2, job_tokens(seq)))
         else:
             return seq.sort_key
+        now = self.clock() if now is None else now
+        queued, bound = seq.request.queued_at, self.config.max_queue_wait_s
+        if bound > 0 and queued is not None and now - queued >= bound:
+            return (-math.inf, queued, *seq.sort_key)  # overdue: ahead of every younger request
         return (base - self.aging(seq, now), *seq.sort_key)
 
-    def aging(self, seq: Sequence, now: float | None) -> float:
+    def aging(self, seq: Sequence, now: float) -> float:
         """Rank levels earned by waiting."""
         queued = seq.request.queued_at
         if self.config.aging_s <= 0 or queued is None:
             return 0.0
-        return max(0.0, (self.clock() if now is None else now) - queued) / self.config.aging_s
+        return max(0.0, now - queued) / self.config.aging_s
 
     def waiting_order(self, waiting: list[Sequence], step: int) -> list[Sequence]:
         config, tree = self.config, self.tree

@@ -47,6 +47,8 @@ def error_response(e: ApiError, metrics: ServerMetrics | None = None,
     """The JSON error response; counted when `metrics` is given (routing's own 404/405 are not)."""
     err = report_error(e, metrics)
     extra = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+    if err.retry_after is not None:  # a 429 that says when to come back (rate limits, session shares)
+        extra["Retry-After"] = str(err.retry_after)
     return JSONResponse(error_body(err), status_code=err.status, headers={**extra, **(headers or {})} or None)
 
 
@@ -63,9 +65,12 @@ def api_error_handler(metrics: ServerMetrics) -> Callable[[HTTPConnection, Excep
 def error_frame(exc: BaseException, metrics: ServerMetrics, gen_id: str | None = None, req: Any = None,
                 has_req: bool = False) -> dict[str, Any]:
     """The WebSocket `error` frame, also the session SSE `error` event:
-    {"type":"error","code","message","gen_id"?,"req"?} (`req` only when the client sent one)."""
+    {"type":"error","code","message","gen_id"?,"req"?,"retry_after"?} (`req` only when the client sent
+    one; `retry_after`, in seconds, as the Retry-After header of the same refusal over HTTP)."""
     err = report_error(exc, metrics)
     frame: dict[str, Any] = {"type": "error", "code": err.code, "message": err.message}
+    if err.retry_after is not None:
+        frame["retry_after"] = err.retry_after
     if gen_id is not None:
         frame["gen_id"] = gen_id
     if has_req:

@@ -30,12 +30,15 @@ from starlette.websockets import WebSocketClose
 
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server import openai_api, rest
+from radixserve.server.admission import ReleaseSlotsMiddleware
 from radixserve.server.api_errors import api_error_handler, error_response
-from radixserve.server.auth import bearer_token, key_matches, needs_key
+from radixserve.server.auth import bearer_token, key_accepted, needs_key
 from radixserve.server.cache_stats import cache_stats_json
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
+from radixserve.server.log_filters import install as quiet_client_faults
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.prompt_worker import PromptWorker
 from radixserve.server.replica_header import ReplicaHeaderMiddleware
 from radixserve.server.request_guard import RequestGuardMiddleware
 from radixserve.server.sessions import SessionStore
@@ -53,9 +56,13 @@ async def load_engine(state: ServerState) -> None:
         engine.add_step_observer(state.metrics.observe_step)
         await engine.start()
         if engine.tokenizer is not None:
-            state.formatter = ChatFormatter(engine.tokenizer)
+            formatter = ChatFormatter(engine.tokenizer)
+            # its tokenizer is copied before the formatter is in use (the copy is the worker's own)
+            state.prompt_worker = await asyncio.to_thread(PromptWorker, formatter)
+            state.formatter = formatter
             state.sessions = SessionStore(state.formatter, state.config.max_sessions, state.config.session_ttl_s,
-                                          max_bytes=state.config.max_session_bytes_total)
+                                          max_bytes=state.config.max_session_bytes_total,
+                                          owner_share=state.config.owner_share)
         state.model_name = state.config.served_model_name or engine.model_name
         state.engine = engine
     except Exception as e:  # reported by /health and by `radixserve serve`
@@ -98,14 +105,16 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    text = await asyncio.to_thread(generate_latest, state.metrics.registry)  # stats() may wait for a step
+    # on the event loop, a few ms: the engine's figures are its last published snapshot (never waits
+    # for a step), and no worker thread is needed that a busy thread pool could hold up
+    text = generate_latest(state.metrics.registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 async def cache_stats(request: Request) -> Response:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
-    st = await asyncio.to_thread(engine.stats)
+    st = engine.stats()  # the last published snapshot: answers at once, never waits for a step
     sessions = len(state.sessions) if state.sessions is not None else 0
     body = cache_stats_json(st, engine.block_size, sessions, state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),
                             state.metrics.step_utilization.to_json())
@@ -123,7 +132,7 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.state.config.api_key is not None and needs_key(scope["path"]):
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            if not key_matches(bearer_token(headers), self.state.config.api_key):
+            if not key_accepted(bearer_token(headers), self.state.config):
                 e = ApiError("unauthorized", "missing or invalid API key: send Authorization: Bearer <key>", 401)
                 await error_response(e, self.state.metrics)(scope, receive, send)
                 return
@@ -141,6 +150,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None) -> Starlette:
     """The app; `app.state.server` is its ServerState (tests reach the engine through it)."""
     config = config or ServerConfig()
+    quiet_client_faults()  # a refused upgrade or a non-UTF-8 frame is the client's fault: INFO, no traceback
     server_metrics = ServerMetrics(config.system_prompt_labels)
     state = ServerState(config=config, engine_factory=engine_factory, metrics=server_metrics)
     state.metrics.attach(state.engine_stats, lambda: state.sessions)
@@ -159,12 +169,14 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
                 await loader
             if state.engine is not None:
                 await state.engine.shutdown()
+            if state.prompt_worker is not None:
+                state.prompt_worker.close()
 
     routes: list[Any] = [
         Route("/health", health), Route("/metrics", metrics), Route("/v1/cache/stats", cache_stats),
         WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES,
     ]
-    middleware = [Middleware(InternalErrorMiddleware, metrics=state.metrics),
+    middleware = [Middleware(ReleaseSlotsMiddleware), Middleware(InternalErrorMiddleware, metrics=state.metrics),
                   Middleware(ApiKeyMiddleware, state=state)]
     if config.allowed_origins:
         origins = ["*"] if "*" in config.allowed_origins else config.allowed_origins

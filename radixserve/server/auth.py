@@ -1,12 +1,17 @@
 """The optional API key: Bearer header over HTTP, query parameter or auth frame on the WebSocket.
 
 Keys are compared in constant time. Host and Origin checks live in request_guard, which runs first.
+Besides `--api-key`, each `--priority-api-key` is accepted, and its holder may send any `priority`;
+everyone else is held to `--priority-range`.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
+
+from radixserve.engine.intake import PRIORITY_LIMIT
+from radixserve.server.config import ServerConfig
 
 PUBLIC_PATHS = ("/health",)
 
@@ -17,6 +22,20 @@ def key_matches(given: object, expected: str | None) -> bool:
     if not isinstance(given, str):
         return False
     return secrets.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8"))
+
+
+def key_accepted(given: object, config: ServerConfig) -> bool:
+    """The API key, or one of the priority keys (with no --api-key every caller is accepted)."""
+    return key_matches(given, config.api_key) or is_priority_key(given, config)
+
+
+def is_priority_key(given: object, config: ServerConfig) -> bool:
+    return any(key_matches(given, key) for key in config.priority_api_keys)
+
+
+def priority_bounds(given: object, config: ServerConfig) -> tuple[int, int]:
+    """The `priority` values a caller presenting `given` (a key, or None) may send."""
+    return (-PRIORITY_LIMIT, PRIORITY_LIMIT) if is_priority_key(given, config) else config.priority_range
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:

@@ -17,6 +17,12 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None,
                    help="require this key: `Authorization: Bearer KEY` over HTTP, `?api_key=KEY` or an auth "
                         "frame on the WebSocket (default: none; env RADIXSERVE_API_KEY)")
+    g.add_argument("--priority-range", default=f"{d.priority_range[0]},{d.priority_range[1]}",
+                   help="LOW,HIGH: the `priority` values an ordinary caller may send (lower runs first under "
+                        "--policy priority); others get a 400 (default %(default)s)")
+    g.add_argument("--priority-api-key", action="append", default=[],
+                   help="a key (repeatable; env RADIXSERVE_PRIORITY_API_KEYS, comma-separated) whose holders may "
+                        "send any priority in [-2**31, 2**31]; accepted wherever --api-key is")
     g.add_argument("--allowed-origins", default="",
                    help="comma-separated extra browser origins allowed to open the WebSocket and to send "
                         "POST/PUT/PATCH/DELETE (and given CORS headers), '*' for any (default: same origin only)")
@@ -38,6 +44,15 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                         "least recently used idle sessions are evicted to stay within it (default %(default)s)")
     g.add_argument("--session-ttl", type=float, default=d.session_ttl_s,
                    help="seconds an idle session lives (default %(default)s)")
+    g.add_argument("--owner-share", type=float, default=d.owner_share,
+                   help="each session owner's share of --max-sessions and of --max-session-bytes-total: when "
+                        "they are full, the owner most over its share loses its least recently used idle session "
+                        "first, and an owner over its share cannot evict others' (429) (default %(default)s)")
+    g.add_argument("--session-create-rate", type=float, default=d.session_create_rate,
+                   help="sessions (creations and forks) one client address may make a second, 0 for no limit; "
+                        "beyond it 429 with Retry-After (default %(default)s)")
+    g.add_argument("--session-create-burst", type=int, default=d.session_create_burst,
+                   help="... and at once (default %(default)s)")
     g.add_argument("--max-generations-per-connection", type=int, default=d.max_generations_per_connection,
                    help="WebSocket generations in flight per connection (default %(default)s)")
     g.add_argument("--ws-send-buffer-bytes", type=int, default=d.ws_send_buffer_bytes,
@@ -49,6 +64,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="temperature for chat sessions that set none (default %(default)s)")
     g.add_argument("--default-top-p", type=float, default=d.default_top_p,
                    help="top_p for chat sessions that set none (default %(default)s)")
+    g.add_argument("--max-logprob-entries", type=int, default=d.max_logprob_entries,
+                   help="OpenAI logprobs one request may ask for: n x max_tokens x (top_logprobs + 1), about 80 "
+                        "bytes of JSON each; more is a 400, and an unset max_tokens is clamped to fit "
+                        "(default %(default)s)")
     g.add_argument("--system-prompt-labels", type=int, default=d.system_prompt_labels,
                    help="system prompts given their own Prometheus label (default %(default)s)")
     g.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
@@ -59,6 +78,31 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--health-stall", type=float, default=d.health_stall_s,
                    help="GET /health answers 503 when the engine has run no step for this many seconds while "
                         "requests wait, or its thread died (default %(default)s)")
+    g.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections at most (HTTP and WebSocket; lowered to fit the file-descriptor limit); "
+                        "beyond it the connection idle longest is closed, or the new one refused with 503 "
+                        "(default %(default)s)")
+    g.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                   help="seconds a client has to send a whole request head, from connecting or from the end of "
+                        "the previous response; then 408 and close (default %(default)s)")
+    g.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
+                   help="seconds a client has to send a request body after its head (default %(default)s)")
+    g.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout_s,
+                   help="seconds an idle keep-alive connection stays open (default %(default)s)")
+    g.add_argument("--max-concurrent-generations", type=int, default=d.max_concurrent_generations,
+                   help="chat requests generating at once, server-wide; beyond it 503 with Retry-After "
+                        "(default %(default)s)")
+    g.add_argument("--max-generations-per-client", type=int, default=d.max_generations_per_client,
+                   help="chat requests generating at once per client address; beyond it 429 with Retry-After "
+                        "(default %(default)s)")
+
+
+def _int_pair(text: str, flag: str) -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise SystemExit(f"{flag} takes two integers LOW,HIGH, got {text!r}") from None
+    return low, high
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
@@ -66,15 +110,23 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
 
     return ServerConfig(
         host=a.host, port=a.port, api_key=a.api_key or os.environ.get("RADIXSERVE_API_KEY") or None,
+        priority_range=_int_pair(a.priority_range, "--priority-range"),
+        priority_api_keys=a.priority_api_key + [k for k in os.environ.get("RADIXSERVE_PRIORITY_API_KEYS", "").split(",") if k],
         allowed_origins=[o.strip() for o in a.allowed_origins.split(",") if o.strip()],
         allowed_hosts=[h.strip() for h in a.allowed_hosts.split(",") if h.strip()],
         served_model_name=a.served_model_name, max_message_bytes=a.max_message_bytes,
         max_prompt_tokens=a.max_prompt_tokens, max_sessions=a.max_sessions, session_ttl_s=a.session_ttl,
         max_session_bytes_total=a.max_session_bytes_total, ws_send_buffer_bytes=a.ws_send_buffer_bytes,
+        owner_share=a.owner_share, session_create_rate=a.session_create_rate,
+        session_create_burst=a.session_create_burst,
         max_generations_per_connection=a.max_generations_per_connection, default_max_tokens=a.default_max_tokens,
         default_temperature=a.default_temperature, default_top_p=a.default_top_p,
+        max_logprob_entries=a.max_logprob_entries,
         system_prompt_labels=a.system_prompt_labels, shutdown_grace_s=a.shutdown_grace,
         web_dir=None if a.no_web else a.web_dir, health_stall_s=a.health_stall,
+        max_connections=a.max_connections, header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
+        keep_alive_timeout_s=a.keep_alive_timeout, max_concurrent_generations=a.max_concurrent_generations,
+        max_generations_per_client=a.max_generations_per_client,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixserve.engine.intake import PRIORITY_LIMIT
 from radixserve.server.hosts import split_host
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -28,18 +29,37 @@ class ServerConfig:
     max_sessions: int = 1024
     max_session_bytes_total: int = 256 * 2**20  # all sessions' tokens (4 B each) + text; LRU idle ones go
     session_ttl_s: float = 3600.0  # idle time after which a session expires
+    # Fairness (sessions.py, rate_limit.py): each owner's share of max_sessions and of max_session_bytes_total;
+    # when the store is full the owner most over its share loses its least recently used idle session first
+    owner_share: float = 0.25
+    session_create_rate: float = 20.0  # session creations (and forks) a second per client address; 0 -> no limit
+    session_create_burst: int = 100  # ... of which this many at once
     max_generations_per_connection: int = 8  # WebSocket generations in flight on one connection
     ws_send_buffer_bytes: int = 8 * 2**20  # frames waiting for a slow WebSocket client before it is dropped
     default_max_tokens: int = 512  # sessions/WebSocket when the client sets none (clamped to the context)
     default_temperature: float = 0.7
     default_top_p: float = 0.95
     max_n: int = 16  # OpenAI `n` at most
+    # OpenAI logprob entries per request, n × max_tokens × (top_logprobs + 1): about 80 bytes of JSON
+    # each, so the default bounds a body near 10 MiB (server/logprobs.py)
+    max_logprob_entries: int = 131072
     system_prompt_labels: int = 10  # Prometheus label values for system prompts besides "none"/"other"
     shutdown_grace_s: float = 5.0  # in-flight generations get this long to finish before they are aborted
     web_dir: Path | None = DEFAULT_WEB_DIR  # static UI served at /; None or missing -> no UI
     ws_auth_timeout_s: float = 10.0  # how long a keyed WebSocket may wait before its auth frame
     health_stall_s: float = 120.0  # /health is 503 after this long without an engine step while work waits
     replica_header: bool = False  # add x-radixserve-replica to HTTP responses (set by scaleout/ over replicas)
+    # `priority` an ordinary caller may send (lower runs first under --policy priority); beyond it: a 400
+    priority_range: tuple[int, int] = (-10, 10)
+    # keys whose holders may send any priority (|p| <= 2**31); each is also accepted where --api-key is
+    priority_api_keys: list[str] = field(default_factory=list)
+    # Connections and load (connections.py, admission.py): a client must not hold sockets or generations unboundedly
+    max_connections: int = 1024  # open sockets (HTTP + WebSocket); lowered to fit the descriptor limit
+    header_timeout_s: float = 10.0  # a request head must arrive within this of the connection (or last response)
+    body_timeout_s: float = 10.0  # ... and its body within this of the head
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_concurrent_generations: int = 512  # API requests generating at once, server-wide (503 beyond)
+    max_generations_per_client: int = 64  # ... per client address (429 beyond)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -48,9 +68,18 @@ class ServerConfig:
             "max_message_bytes": self.max_message_bytes, "max_sessions": self.max_sessions,
             "session_ttl_s": self.session_ttl_s, "default_max_tokens": self.default_max_tokens,
             "max_generations_per_connection": self.max_generations_per_connection, "max_n": self.max_n,
+            "max_logprob_entries": self.max_logprob_entries,
             "ws_auth_timeout_s": self.ws_auth_timeout_s, "health_stall_s": self.health_stall_s,
             "ws_send_buffer_bytes": self.ws_send_buffer_bytes, "max_session_bytes_total": self.max_session_bytes_total,
+            "max_connections": self.max_connections, "header_timeout_s": self.header_timeout_s,
+            "body_timeout_s": self.body_timeout_s, "keep_alive_timeout_s": self.keep_alive_timeout_s,
+            "max_concurrent_generations": self.max_concurrent_generations,
+            "max_generations_per_client": self.max_generations_per_client,
         }
+        if not 0.0 < self.owner_share <= 1.0:
+            raise ValueError(f"owner_share must be in (0, 1], got {self.owner_share}")
+        if self.session_create_rate < 0 or self.session_create_burst < 1:
+            raise ValueError("session_create_rate must be >= 0 and session_create_burst >= 1")
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
@@ -62,6 +91,11 @@ class ServerConfig:
             raise ValueError("default temperature must be in [0, 2] and default top_p in (0, 1]")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
+        low, high = self.priority_range
+        if not -PRIORITY_LIMIT <= low <= high <= PRIORITY_LIMIT:
+            raise ValueError(f"priority_range must be LOW,HIGH with -2**31 <= LOW <= HIGH <= 2**31, got {low},{high}")
+        if not all(self.priority_api_keys):
+            raise ValueError("priority API keys must not be empty")
         self.allowed_origins = [o.strip().rstrip("/").lower() for o in self.allowed_origins if o.strip()]
         self.allowed_hosts = [h.strip().lower() for h in self.allowed_hosts if h.strip()]
         for h in self.allowed_hosts:

@@ -5,6 +5,12 @@ Error bodies are built in api_errors. A generation never outlives its HTTP clien
 engine request and frees its blocks. `InternalErrorMiddleware` turns any exception a handler lets
 escape into a generic JSON 500 (the traceback goes to the log once, under the id the client sees);
 an ApiError never gets that far, the app's exception handler (api_errors) answers it.
+
+Strict JSON: every frame, SSE event and body the server writes is standard JSON. `dumps` (WebSocket
+frames, SSE events) refuses NaN and infinities with ValueError instead of writing the non-JSON
+`NaN`/`Infinity` tokens, as Starlette's JSONResponse (every other body) does; such a value reaching
+them is a bug, answered as an internal error, never sent. Inputs cannot smuggle one in: parse_json_text
+refuses non-finite numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from contextlib import suppress
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,7 +34,8 @@ T = TypeVar("T")
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact, strict JSON: ValueError on a non-finite float (strict parsers reject NaN/Infinity)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
@@ -131,6 +138,8 @@ class InternalErrorMiddleware:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            pass  # the client left mid-request (or its body timed out, connections.py): nobody to answer, no fault of ours
         except Exception as exc:
             err = api_error_from(exc)
             if not started:

@@ -13,6 +13,11 @@ this module turns them into the OpenAI shape {"content": [{"token", "logprob", "
 - `logprob` values below LOGPROB_FLOOR, -inf included (a token the model rules out), and any
   non-finite value are reported as LOGPROB_FLOOR: JSON has no infinities (as vLLM does).
 - `top_logprobs` lists the k alternatives the request asked for, most likely first.
+
+A body holds n × completion tokens × (top_logprobs + 1) entries of about 80 bytes of JSON each, so a
+request's logprobs are bounded before it runs (`cap_logprob_entries`, --max-logprob-entries): one
+small request must not make the server build hundreds of megabytes. Bodies over OFFLOAD_ENTRIES are
+built off the event loop by the caller (`entries` counts them).
 """
 
 from __future__ import annotations
@@ -22,8 +27,34 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixserve.core import TokenLogprob
+from radixserve.server.validation import ApiError
 
 LOGPROB_FLOOR = -9999.0  # stands for -inf and anything below it
+# Entries past which a body is built in a worker thread: about 5 ms of Python on the event loop below it
+OFFLOAD_ENTRIES = 1024
+
+
+def entries(tokens: int, top: int | None) -> int:
+    """The logprob entries of `tokens` generated tokens with `top` alternatives each (None: not asked)."""
+    return 0 if top is None else tokens * (top + 1)
+
+
+def cap_logprob_entries(n: int, max_tokens: int | None, top: int, cap: int) -> int | None:
+    """Bound a request's logprob entries, n × max_tokens × (top_logprobs + 1), by `cap`. An explicit
+    max_tokens over it is a 400 naming the product and the cap. An unset one would default to the
+    context left, which may be far more than the cap allows, so the largest max_tokens that fits is
+    returned for the caller to clamp that default to (an ordinary request without max_tokens still
+    runs, its length bounded); None when max_tokens was given."""
+    per_token = entries(n, top)
+    if max_tokens is None and per_token <= cap:
+        return cap // per_token
+    shown = "1" if max_tokens is None else str(max_tokens)
+    total = per_token * (max_tokens or 1)
+    if total <= cap:
+        return None
+    raise ApiError("too_many_logprobs", f"n × max_tokens × (top_logprobs + 1) = {n} × {shown} × ({top} + 1) = "
+                   f"{total} logprob entries exceeds this server's limit of {cap} (--max-logprob-entries); "
+                   "lower n, max_tokens or top_logprobs", param="top_logprobs")
 
 
 def json_logprob(x: float) -> float:

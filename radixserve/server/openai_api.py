@@ -12,11 +12,14 @@ token it generated, one entry per completion token, from the raw model distribut
 chunk's logprobs list the tokens the engine handed out with that chunk's delta; when tokens came
 without text (held back: a partial UTF-8 character, or text that may start a stop string) they
 still get a chunk, with empty content, so the chunks' logprobs together are exactly the
-non-streamed ones. Chunks without tokens (role, finish) carry `logprobs: null`.
+non-streamed ones. Chunks without tokens (role, finish) carry `logprobs: null`. n × max_tokens ×
+(top_logprobs + 1) is bounded by --max-logprob-entries (a 400 beyond; an unset max_tokens is clamped
+to fit), and a non-streamed body with many entries is built in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -31,11 +34,13 @@ from starlette.routing import Route
 from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
 from radixserve.engine.beam_search import BeamSearchParams
 from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
+from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import openai_stream_error
+from radixserve.server.auth import bearer_token, priority_bounds
 from radixserve.server.beam_api import BeamAsk, beam_choices, beam_fields, run_beam_search
 from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
-from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
-from radixserve.server.logprobs import logprobs_body
+from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
+from radixserve.server.logprobs import OFFLOAD_ENTRIES, cap_logprob_entries, entries, logprobs_body
 from radixserve.server.state import ServerState
 from radixserve.server.validation import (
     ApiError,
@@ -113,7 +118,8 @@ def _logprobs(body: dict[str, Any]) -> int | None:
     return (top or 0) if asked else None
 
 
-def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
+async def parse_chat_request(state: ServerState, body: dict[str, Any],
+                             priority_bounds: tuple[int, int]) -> ChatRequest:
     formatter, _ = state.require_chat()
     engine = state.require_engine()
     model = get_str(body, "model")
@@ -135,12 +141,13 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", minimum=1)
+    top = _logprobs(body)
     sampling = {
         "temperature": get_float(body, "temperature", 0.0, 2.0), "top_p": get_float(body, "top_p", 0.0, 1.0, True),
         "top_k": get_int(body, "top_k", minimum=0), "min_p": get_float(body, "min_p", 0.0, 1.0),
         "max_tokens": max_tokens,
         "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
-        "logprobs": _logprobs(body),
+        "logprobs": top,
     }
     beam: BeamAsk | None = beam_fields(body)
     n = beam.n if beam is not None else get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
@@ -149,15 +156,24 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     if options is not None and not isinstance(options, dict):
         raise ApiError("invalid_field", "'stream_options' must be an object", param="stream_options")
     include_usage = get_bool(options or {}, "include_usage")
-    priority = get_priority(body)
-    prompt = formatter.prompt_tokens(messages)
+    priority = get_priority(body, priority_bounds)
+    # bounded before anything runs; an unset max_tokens then defaults to what fits (server/logprobs.py)
+    fits = None if top is None else cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries)
+    prompt, system_tokens = await _chat_tokens(state, messages)  # a large prompt: on the tokenizer thread
     admit_prompt(state, len(prompt))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
-                                   max_model_len=engine.max_model_len, default_max_tokens=None, n=n)
+                                   max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
-    system = SystemPromptRef.of(formatter.system_tokens(messages), first_system, formatter.implicit_prefix_len)
+    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
     return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
                        beam.params(params.max_tokens) if beam is not None else None)
+
+
+async def _chat_tokens(state: ServerState, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    if state.prompt_worker is not None:
+        return await state.prompt_worker.chat_tokens(messages)
+    formatter, _ = state.require_chat()
+    return formatter.prompt_tokens(messages), formatter.system_tokens(messages)
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:
@@ -175,16 +191,16 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     # refusals raise here, before any response starts: a JSON error with its status, never a stream
     body = await read_json_object(request, state.config.max_message_bytes)
-    req = parse_chat_request(state, body)
+    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    req = await parse_chat_request(state, body, priority_bounds(bearer_token(request.headers), state.config))
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))
     try:
         run = _beam_completion if req.beam is not None else _completion
-        body = await until_done_or_gone(request.receive, run(state, req, rid, created))
+        return await until_done_or_gone(request.receive, run(state, req, rid, created))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the engine request was aborted
-    return JSONResponse(body)
 
 
 def _choice_logprobs(state: ServerState, req: ChatRequest, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
@@ -197,7 +213,7 @@ def _chunk_logprobs(state: ServerState, req: ChatRequest, o: CompletionOutput) -
     return _choice_logprobs(state, req, o.logprobs) if o.token_ids else None
 
 
-async def _completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> dict[str, Any]:
+async def _completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> Response:
     n = req.params.n
     texts: list[list[str]] = [[] for _ in range(n)]
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
@@ -212,18 +228,26 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
                 lps[o.index].extend(o.logprobs or ())
                 finish[o.index] = o.finish_reason or finish[o.index]
     assert last is not None
-    choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
-                "logprobs": _choice_logprobs(state, req, lps[i]), "finish_reason": finish[i] or "abort"}
-               for i in range(n)]
-    return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-            "choices": choices, "usage": usage_body(last)}
+    usage = usage_body(last)
+
+    def render() -> bytes:
+        choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
+                    "logprobs": _choice_logprobs(state, req, lps[i]), "finish_reason": finish[i] or "abort"}
+                   for i in range(n)]
+        return dumps({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                      "choices": choices, "usage": usage}).encode("utf-8")
+
+    # Many logprobs make megabytes of JSON, seconds of Python: built in a worker thread, the event loop
+    # (every other client, /health) is never held by one body (issue 24)
+    large = entries(sum(len(x) for x in lps), req.params.logprobs) > OFFLOAD_ENTRIES
+    return Response(await asyncio.to_thread(render) if large else render(), media_type="application/json")
 
 
-async def _beam_completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> dict[str, Any]:
+async def _beam_completion(state: ServerState, req: ChatRequest, rid: str, created: int) -> Response:
     assert req.beam is not None
     out = await run_beam_search(state, req.prompt, req.beam, req.params.n, req.system, req.priority)
-    return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-            "choices": beam_choices(out), "usage": usage_dict(out.usage)}
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                         "choices": beam_choices(out), "usage": usage_dict(out.usage)})
 
 
 async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created: int) -> AsyncGenerator[str, None]:

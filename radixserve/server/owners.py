@@ -10,7 +10,8 @@ Invariants: a session stores only the SHA-256 digest of its owner's secret, neve
 digests are compared in constant time; a missing or wrong secret is answered exactly like an
 unknown session (SessionStore raises the same `unknown_session`), so session ids cannot be probed.
 A malformed secret (wrong type, length or characters) is a 400 `invalid_field`: that says nothing
-about any session.
+about any session. A secret must carry at least 128 bits: MIN_SECRET_CHARS characters of URL-safe
+base64 (6 bits each; what secrets.token_urlsafe(16) makes), so a client cannot pick a guessable one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from radixserve.server.validation import ApiError
 
 OWNER_HEADER = "X-Session-Owner"
 OWNER_FIELD = "owner"
-MIN_SECRET_CHARS, MAX_SECRET_CHARS = 16, 256
+MIN_SECRET_BITS = 128
+MIN_SECRET_CHARS, MAX_SECRET_CHARS = -(-MIN_SECRET_BITS // 6), 256  # 22 base64 characters hold 132 bits
 # URL-safe base64 (what token_urlsafe makes) plus a few more unreserved characters; nothing that
 # could split a header or a log line
 _SECRET = re.compile(rf"[A-Za-z0-9_.~+/=-]{{{MIN_SECRET_CHARS},{MAX_SECRET_CHARS}}}")
@@ -60,7 +62,8 @@ def parse_secret(value: Any, param: str) -> str | None:
         return None
     if not isinstance(value, str) or _SECRET.fullmatch(value) is None:
         raise ApiError("invalid_field", f"{param} must be a string of {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} "
-                       "URL-safe characters (the 'owner' a session create returned)", param=param)
+                       f"URL-safe characters, at least {MIN_SECRET_BITS} bits (the 'owner' a session create "
+                       "returned, or secrets.token_urlsafe(16) or longer)", param=param)
     return value
 
 

@@ -8,7 +8,8 @@ Owns: which Host headers the server answers (the loopback names and the bound ad
 Invariants:
 - No request, HTTP or WebSocket, on any path (/health, /metrics and the static UI included) reaches
   the app unless its Host is allowed: a page whose DNS name was rebound to 127.0.0.1 sends its own
-  name as Host, so it can read nothing. A request without a Host header is refused too.
+  name as Host, so it can read nothing. A request without a Host header is refused too, and one
+  with several is a 400 (RFC 9112 section 3.2): the check and the app must not read different Hosts.
 - A state-changing request or a WebSocket upgrade that carries a foreign Origin is refused whatever
   its Content-Type: a browser sends a text/plain POST cross-site without a CORS preflight, so CORS
   alone does not stop it. Requests without an Origin (curl, SDKs) pass; browsers always send one on
@@ -38,6 +39,9 @@ STATE_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 def refusal(scope: Scope, headers: Mapping[str, str], allowed_hosts: list[str], bind_host: str,
             allowed_origins: list[str]) -> ApiError | None:
     """Why this request must be refused, or None when it may go on."""
+    if sum(1 for name, _ in scope.get("headers", ()) if name.lower() == b"host") > 1:
+        return ApiError("invalid_host", "a request must carry exactly one Host header (RFC 9112); this one has "
+                        "several", 400)
     host = headers.get("host")
     if not host_allowed(host, bind_host, allowed_hosts):
         shown = repr(host[:100]) if host is not None else "(none)"

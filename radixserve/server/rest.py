@@ -15,7 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import error_frame
+from radixserve.server.auth import bearer_token, priority_bounds
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
 from radixserve.server.state import ServerState
@@ -28,10 +30,11 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-def create_session(state: ServerState, body: dict[str, Any], secret: str | None) -> dict[str, Any]:
+def create_session(state: ServerState, body: dict[str, Any], secret: str | None, client: str | None) -> dict[str, Any]:
     """Shared with the WebSocket's session.create. The new session belongs to `secret`, or to a fresh one
     when the client sent none; either way the reply carries it as `owner`. A system prompt that leaves
-    no room for a message and a reply within the context is refused: such a session could never chat."""
+    no room for a message and a reply within the context is refused: such a session could never chat.
+    `client` (the peer's address) is charged one creation (429 rate_limited past its allowance)."""
     _, store = state.require_chat()
     context, cap = state.require_engine().max_model_len, state.config.max_prompt_tokens
     system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
@@ -44,12 +47,17 @@ def create_session(state: ServerState, body: dict[str, Any], secret: str | None)
                            f"the prompt is {shortest_prompt} tokens, the model's context length is {context} "
                            f"tokens{limit}", param="system_prompt")
 
+    state.limit_creation(client)  # after validation: a refused body costs no allowance
     secret = secret if secret is not None else mint_secret()
     return {**store.create(system_prompt, sampling, Owner.of(secret), room).to_json(), "owner": secret}
 
 
 def _owner(request: Request) -> Owner | None:
     return owner_of(secret_from_headers(request.headers))
+
+
+def _client(request: Request) -> str | None:
+    return request.client.host if request.client is not None else None
 
 
 async def sessions_collection(request: Request) -> Response:
@@ -59,7 +67,7 @@ async def sessions_collection(request: Request) -> Response:
         return JSONResponse({"sessions": [s.summary() for s in store.list(_owner(request))]})
     secret = secret_from_headers(request.headers)
     body = await read_json_object(request, state.config.max_message_bytes)
-    return JSONResponse(create_session(state, body, secret), status_code=201)
+    return JSONResponse(create_session(state, body, secret, _client(request)), status_code=201)
 
 
 async def session_item(request: Request) -> Response:
@@ -83,6 +91,7 @@ async def fork_session(request: Request) -> Response:
     at = get_int(body, "at_message", minimum=0)
     if at is None:
         raise ApiError("missing_field", "missing required field 'at_message'", param="at_message")
+    state.limit_creation(_client(request))  # a fork is a new session too
     return JSONResponse(store.fork(request.path_params["session_id"], at, owner).to_json(), status_code=201)
 
 
@@ -96,17 +105,19 @@ async def post_message(request: Request) -> Response:
     content = get_str(body, "content")
     sampling = parse_sampling(body.get("sampling"))
     stream = get_bool(body, "stream")
-    priority = get_priority(body)
+    priority = get_priority(body, priority_bounds(bearer_token(request.headers), state.config))
     store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
     assert content is not None
-    turn = SessionTurn(state, session, content, sampling, gen_id="rest", priority=priority)
+    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    # tokenizing may await too: prepare fetches the session again after it
+    turn = await SessionTurn.prepare(state, session.id, owner, content, sampling, gen_id="rest", priority=priority)
     if stream:
         return EventStream(_sse_events(state, turn))
     try:
         result = await until_done_or_gone(request.receive, _last_event(turn))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the turn ended with finish_reason "abort"
-    message = session.messages[result["message_index"]]
+    message = turn.session.messages[result["message_index"]]
     return JSONResponse({"message": {"role": "assistant", "content": message.content},
                          "finish_reason": result["finish_reason"], "usage": result["usage"],
                          "timing": result["timing"], "message_index": result["message_index"],

@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 
 from radixserve.server.app import build_app, drain
 from radixserve.server.config import ServerConfig
+from radixserve.server.connections import ConnectionGuard, ConnectionLimits, guarded_http_protocol
 from radixserve.server.hosts import WILDCARD_BINDS
 from radixserve.server.state import EngineFactory, ServerState
 
@@ -29,10 +30,14 @@ WS_TRANSPORT_SLACK = 4  # uvicorn drops frames over this many times our own limi
 
 
 def uvicorn_config(app: Starlette, config: ServerConfig, **overrides: Any) -> uvicorn.Config:
+    # uvicorn's own HTTP protocol under a ConnectionGuard: a connection cap below the descriptor limit
+    # and header/body timeouts, which uvicorn lacks (see connections.py)
+    guard = ConnectionGuard(ConnectionLimits(config.max_connections, config.header_timeout_s, config.body_timeout_s))
     return uvicorn.Config(
         app, host=config.host, port=config.port, log_level="warning", lifespan="on", ws="websockets-sansio",
         ws_max_size=max(16 * 2**20, WS_TRANSPORT_SLACK * config.max_message_bytes),
-        timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + 5, **overrides,
+        timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + 5, http=guarded_http_protocol(guard),
+        timeout_keep_alive=config.keep_alive_timeout_s, **overrides,  # type: ignore[arg-type]  # a float is fine
     )
 
 

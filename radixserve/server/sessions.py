@@ -16,11 +16,22 @@ they become a list only at the engine boundary, for the duration of one request.
 its sessions, current at every change (`account`).
 
 Capacity: at `max_sessions`, or when a new session (or a turn's new message) would take
-`total_bytes` over `max_bytes`, the least recently used idle sessions are evicted; if only sessions
-busy generating are left, the request fails with 429. A session larger than the whole budget is
-refused with 413. A reply is accounted when its turn ends, evicting others if needed (never the
-session itself), so the budget can be exceeded by at most the replies still being generated.
-Sessions idle for longer than `ttl_s` expire.
+`total_bytes` over `max_bytes`, idle sessions are evicted; if only sessions busy generating are
+left, the request fails with 429. A session larger than the whole budget is refused with 413. A
+reply is accounted when its turn ends, evicting others if needed (never the session itself), so the
+budget can be exceeded by at most the replies still being generated. Sessions idle for longer than
+`ttl_s` expire.
+
+Fairness: every owner has a share, `owner_share` of both `max_sessions` and `max_bytes`, and the
+store keeps each owner's (count, bytes) current with `total_bytes`. An owner may go past its share
+while there is room; once there is none, the victim is the least recently used idle session of the
+owner most over its share (the larger of its count and bytes as fractions of the share; ties go to
+the least recently used), counting what the requester is adding. An owner over its share never
+displaces an owner within it: it is refused with 429 and `retry_after` instead. So one owner's flood
+evicts its own sessions, not everyone else's; a lone owner still uses the whole store, least
+recently used first. Many owners each within their share compete by LRU: minting secrets is cheap,
+which the per-client creation rate (rate_limit.py) bounds. A tenant, once there are tenants, would
+be one more share key beside the owner.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ PREVIEW_CHARS = 80
 TOKEN_BYTES = 4
 MESSAGE_OVERHEAD_BYTES = 256  # a Message object, its usage/timing dicts and list slot, roughly
 RoomCheck = Callable[[int], None]  # raises when a prompt of that many tokens could not be served
+RETRY_AFTER_S = 5  # a refused create may retry once generations end or the client deletes sessions
 
 
 def token_array(ids: Any = ()) -> array[int]:
@@ -107,10 +119,13 @@ class Session:
 
 class SessionStore:
     def __init__(self, formatter: ChatFormatter, max_sessions: int, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic, max_bytes: int = 256 * 2**20) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_bytes: int = 256 * 2**20,
+                 owner_share: float = 1.0) -> None:
         self.formatter = formatter
         self.max_sessions, self.ttl_s, self.clock, self.max_bytes = max_sessions, ttl_s, clock, max_bytes
+        self.owner_share = owner_share  # of max_sessions and of max_bytes, per owner; read at each eviction
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+        self._usage: dict[bytes, list[int]] = {}  # owner digest -> [sessions, counted bytes]
         self.total_bytes = 0
         self.evicted = 0
         self.expired = 0
@@ -145,31 +160,65 @@ class SessionStore:
         if need > self.max_bytes:
             raise ApiError("too_large", f"this session needs about {need} bytes, more than the server's whole "
                            f"session memory budget of {self.max_bytes} bytes", 413)
-        if len(self._sessions) >= self.max_sessions:
-            self._evict_one()
-        self.make_room(need)
+        self._make_room(s.owner, 1, need, None)
         self._sessions[s.id] = s
+        self._usage.setdefault(s.owner, [0, 0])[0] += 1
         self.account(s)
         return s
 
     def account(self, s: Session) -> None:
-        """Bring total_bytes up to date after `s` changed (its tokens or messages)."""
+        """Bring total_bytes (and its owner's bytes) up to date after `s` changed (its tokens or messages)."""
         if s.id in self._sessions:
             new = s.footprint()
             self.total_bytes += new - s.counted_bytes
+            self._usage[s.owner][1] += new - s.counted_bytes
             s.counted_bytes = new
 
+    def owner_usage(self, owner: Owner) -> tuple[int, int]:
+        """(sessions, bytes) the owner holds."""
+        count, size = self._usage.get(owner.digest, (0, 0))
+        return count, size
+
     def make_room(self, extra_bytes: int, keep: Session | None = None) -> None:
-        """Evict least recently used idle sessions (never `keep`) until `extra_bytes` more fit in the
-        budget; 429 if the idle ones do not free enough."""
-        while self.total_bytes + extra_bytes > self.max_bytes:
-            victim = next((s for s in self._sessions.values() if s.busy is None and s is not keep), None)
-            if victim is None:
-                raise ApiError("too_many_sessions", f"session memory is full ({self.total_bytes} of "
-                               f"{self.max_bytes} bytes) and every other session is generating; try again later",
-                               429)
-            self._remove(victim)
+        """Evict idle sessions (never `keep`) until `extra_bytes` more, added to `keep`, fit in the budget;
+        429 if that cannot be done (see _make_room)."""
+        self._make_room(keep.owner if keep is not None else None, 0, extra_bytes, keep)
+
+    def _make_room(self, requester: bytes | None, extra_count: int, extra_bytes: int, keep: Session | None) -> None:
+        """Evict until `extra_count` more sessions and `extra_bytes` more bytes of `requester` fit."""
+        while (len(self._sessions) + extra_count > self.max_sessions
+               or self.total_bytes + extra_bytes > self.max_bytes):
+            self._remove(self._victim(requester, extra_count, extra_bytes, keep))
             self.evicted += 1
+
+    def _victim(self, requester: bytes | None, extra_count: int, extra_bytes: int, keep: Session | None) -> Session:
+        """The least recently used idle session of the owner most over its share; ApiError(429) if there
+        is none, or if the requester is over its share and every owner with an idle session is within it."""
+        oldest: dict[bytes, Session] = {}  # owner -> its least recently used idle session
+        for s in self._sessions.values():  # least recently used first
+            if s.busy is None and s is not keep and s.owner not in oldest:
+                oldest[s.owner] = s
+        share_count = max(1.0, self.max_sessions * self.owner_share)
+        share_bytes = max(1.0, self.max_bytes * self.owner_share)
+
+        def over(owner: bytes | None) -> float:
+            count, size = self._usage.get(owner, (0, 0)) if owner is not None else (0, 0)
+            if owner == requester:
+                count, size = count + extra_count, size + extra_bytes
+            return max(count / share_count, size / share_bytes)
+
+        full = (f"all {self.max_sessions} sessions are held" if len(self._sessions) + extra_count > self.max_sessions
+                else f"session memory is full ({self.total_bytes} of {self.max_bytes} bytes)")
+        if not oldest:
+            raise ApiError("too_many_sessions", f"{full} and every other session is generating; try again later",
+                           429, retry_after=RETRY_AFTER_S)
+        worst = max(oldest, key=over)  # the first of equals: the least recently used
+        if worst != requester and over(worst) <= 1.0 < over(requester):
+            raise ApiError("too_many_sessions", f"{full}, and this owner holds more than its share "
+                           f"({self.owner_share:g} of the sessions and of their memory) while its other sessions "
+                           "are generating; delete some of its sessions or try again later", 429,
+                           retry_after=RETRY_AFTER_S)
+        return oldest[worst]
 
     def get(self, session_id: Any, owner: Owner | None) -> Session:
         """The caller's session; unknown_session (404) when it does not exist, has expired, or is not theirs."""
@@ -226,12 +275,9 @@ class SessionStore:
     def _remove(self, s: Session) -> None:
         del self._sessions[s.id]
         self.total_bytes -= s.counted_bytes
+        usage = self._usage[s.owner]
+        usage[0] -= 1
+        usage[1] -= s.counted_bytes
+        if usage[0] == 0:
+            del self._usage[s.owner]
         s.counted_bytes = 0
-
-    def _evict_one(self) -> None:
-        victim = next((s for s in self._sessions.values() if s.busy is None), None)
-        if victim is None:
-            raise ApiError("too_many_sessions", f"all {self.max_sessions} sessions are generating; try again later",
-                           429)
-        self._remove(victim)
-        self.evicted += 1

@@ -15,9 +15,12 @@ from typing import Any
 
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.client import EngineClient
+from radixserve.server.admission import GenerationLimits
 from radixserve.server.config import ServerConfig
 from radixserve.server.logprobs import TokenTexts
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.prompt_worker import PromptWorker
+from radixserve.server.rate_limit import CreationRateLimiter
 from radixserve.server.sessions import SessionStore
 from radixserve.server.validation import ApiError
 
@@ -67,7 +70,12 @@ class ServerState:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     # the SessionTurn in flight per session id, so deleting a session can cancel it
     session_generations: dict[str, Any] = field(default_factory=dict)
+    # session creations per client address (REST create and fork, WebSocket session.create)
+    creation_limiter: CreationRateLimiter = field(default_factory=CreationRateLimiter)
     _token_texts: TokenTexts | None = None  # per-token text for logprobs, built on first use
+    # API requests generating, per client and in all (admission.py)
+    generations: GenerationLimits = field(default_factory=GenerationLimits)
+    prompt_worker: PromptWorker | None = None  # tokenizes large prompts and turns off the event loop, once loaded
     # more of GET /v1/cache/stats, from whoever built the app around a multi-replica engine (scaleout/)
     extra_cache_stats: Callable[[], dict[str, Any]] | None = None
 
@@ -82,6 +90,11 @@ class ServerState:
         if self.formatter is None or self.sessions is None:
             raise ApiError("unsupported", "this model has no tokenizer, so chat endpoints are unavailable", 400)
         return self.formatter, self.sessions
+
+    def limit_creation(self, client: str | None) -> None:
+        """Count one session creation by `client` (its address); 429 rate_limited over its allowance."""
+        cfg = self.config
+        self.creation_limiter.check(client, cfg.session_create_rate, cfg.session_create_burst)
 
     def token_texts(self) -> TokenTexts:
         """The (text, bytes) of single tokens of the engine's tokenizer, as logprobs show them."""

@@ -1,11 +1,19 @@
 """One chat turn of a session: prompt from the session's tokens, streamed events, turn closed after.
 
 The prompt is session.tokens + the new user message's tokens + the generation prompt (see
-chat_template). Preparing a turn validates everything and marks the session busy; its events are
-`start`, `delta`s and `done` (the WebSocket frames, minus transport details). Whatever happens
-afterwards the turn ends in exactly one of two ways: nothing was generated and the user message is
-rolled back, or the reply (possibly partial, finish_reason "abort") is appended with the tokens the
-model produced and the template's end-of-turn tokens. Either way the session is free again.
+chat_template). A turn is made only by `SessionTurn.prepare`: it refuses a busy session, awaits the
+message's tokens (a large history + message is tokenized on the PromptWorker thread, off the event
+loop), then constructs the turn, which validates everything and marks the session busy with no await
+in between. The await lets anything happen to the session, so the constructor checks it again:
+deleted, expired or evicted meanwhile is 404 unknown_session (it is fetched again through the store
+as the caller's), busy or changed meanwhile (another turn ended, so the history that was tokenized
+is no longer the session's) is 409 session_busy. A refused turn leaves the session unchanged.
+
+Its events are `start`, `delta`s and `done` (the WebSocket frames, minus transport details).
+Whatever happens after construction the turn ends in exactly one of two ways: nothing was generated
+and the user message is rolled back, or the reply (possibly partial, finish_reason "abort") is
+appended with the tokens the model produced and the template's end-of-turn tokens. Either way the
+session is free again.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from contextlib import aclosing, suppress
 from typing import Any
 
 from radixserve.core import RequestOutput
+from radixserve.engine.chat_template import TurnTokens
 from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
+from radixserve.server.owners import Owner
 from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, build_sampling_params
@@ -36,16 +46,32 @@ def timing_json(out: RequestOutput) -> dict[str, float]:
 
 
 class SessionTurn:
+    @classmethod
+    async def prepare(cls, state: ServerState, session_id: str, owner: Owner | None, content: str,
+                      sampling: dict[str, Any], gen_id: str, priority: int = 0) -> SessionTurn:
+        """The caller's session's next turn, committed (ApiError when refused; the session is then unchanged)."""
+        formatter, store = state.require_chat()
+        session = store.get(session_id, owner)
+        check_free(session)  # a busy session costs no tokenizing
+        history = session.template_messages()
+        if state.prompt_worker is not None:
+            turn = await state.prompt_worker.append_user(history, content)
+        else:
+            turn = formatter.append_user(history, content)
+        # the await may have let the session go (404 here) or move on; the constructor checks the rest
+        return cls(state, store.get(session_id, owner), content, sampling, gen_id, priority, history, turn)
+
     def __init__(self, state: ServerState, session: Session, content: str, sampling: dict[str, Any],
-                 gen_id: str, priority: int = 0) -> None:
+                 gen_id: str, priority: int, history: list[dict[str, str]], turn: TurnTokens) -> None:
+        """Use `prepare`: `turn` is what `history` + `content` tokenize to, checked against the session here."""
         formatter, store = state.require_chat()
         engine = state.require_engine()
-        if session.busy is not None:
-            raise ApiError("session_busy", f"session is already generating ({session.busy!r}); cancel it or wait",
-                           409)
+        check_free(session)
+        if session.template_messages() != history:  # cheap: the contents are the same string objects
+            raise ApiError("session_busy", "the session changed while this message was being tokenized (another "
+                           "turn ended meanwhile); send it again", 409)
         self.state, self.session, self.gen_id, self.priority = state, session, gen_id, priority
-        self.history = session.template_messages() + [{"role": "user", "content": content}]
-        turn = formatter.append_user(session.template_messages(), content)
+        self.history = history + [{"role": "user", "content": content}]
         self.user_tokens, self.gen_prompt = turn.user, turn.generation_prompt
         self.prompt = session.tokens.tolist() + turn.user + turn.generation_prompt  # the engine takes a list
         admit_prompt(state, len(self.prompt))
@@ -134,3 +160,9 @@ class SessionTurn:
             with suppress(ApiError):  # over budget with only busy sessions left: the next create sheds it
                 store.make_room(0, keep=s)
         return len(s.messages) - 1
+
+
+def check_free(session: Session) -> None:
+    """409 session_busy while a turn of `session` is generating (one turn at a time)."""
+    if session.busy is not None:
+        raise ApiError("session_busy", f"session is already generating ({session.busy!r}); cancel it or wait", 409)

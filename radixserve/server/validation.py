@@ -5,9 +5,11 @@ it maps to; handlers turn it into an error frame or an error body. Nothing here 
 
 Every JSON document a client sends goes through `parse_json_text`, so what the rest of the server
 sees is bounded: at most MAX_JSON_DEPTH levels of nesting (checked on the raw text, before the
-recursive parser runs) and no string or key holding a lone UTF-16 surrogate (JSON allows the escape
-"\\ud800", but such a string cannot be encoded as UTF-8, tokenized or sent back). Messages never
-quote a library's exception text.
+recursive parser runs), no string or key holding a lone UTF-16 surrogate (JSON allows the escape
+"\\ud800", but such a string cannot be encoded as UTF-8, tokenized or sent back), and only finite
+numbers: NaN and Infinity are not JSON, and a literal such as 1e999 that overflows a double is refused
+too, so a value a client sent (an echoed `req`) can never come back as the non-JSON `Infinity`.
+Messages never quote a library's exception text.
 """
 
 from __future__ import annotations
@@ -31,25 +33,34 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApiError(Exception):
-    def __init__(self, code: str, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(self, code: str, message: str, status: int = 400, param: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.status, self.param = code, message, status, param
+        self.retry_after = retry_after  # seconds, for a 429: sent as Retry-After / `retry_after`
+
+
+class _NonFinite(ValueError):
+    """A JSON number (or NaN/Infinity constant) that is not a finite double."""
 
 
 def parse_json_text(text: str, limit: int) -> Any:
-    """Size-check then parse one JSON document; NaN/Infinity, nesting deeper than MAX_JSON_DEPTH and
-    lone surrogates are refused."""
+    """Size-check then parse one JSON document; non-finite numbers (NaN, Infinity, 1e999), nesting
+    deeper than MAX_JSON_DEPTH and lone surrogates are refused."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if len(text) > limit or size > limit:
         raise ApiError("too_large", f"message of {size} bytes exceeds the limit of {limit} bytes", 413)
     if json_depth(text) > MAX_JSON_DEPTH:
         raise ApiError("bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise ApiError("bad_json", f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except (ValueError, RecursionError):
-        raise ApiError("bad_json", "not valid JSON: NaN and Infinity are not allowed") from None
+    except _NonFinite as e:
+        raise ApiError("bad_json", f"not valid JSON: numbers must be finite, got {str(e)[:40]} (NaN, Infinity "
+                       "and numbers beyond a double's range, such as 1e999, are not allowed)") from None
+    except (ValueError, RecursionError):  # an integer literal longer than Python parses
+        raise ApiError("bad_json", "not valid JSON: a number is too long") from None
     _refuse_surrogates(value, "")
     return value
 
@@ -101,7 +112,14 @@ def check_req(req: Any) -> None:
 
 
 def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not allowed")
+    raise _NonFinite(name)
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):  # 1e999 parses to inf, which no strict JSON writer could send back
+        raise _NonFinite(literal)
+    return value
 
 
 def is_int(x: object) -> bool:
@@ -180,10 +198,16 @@ def get_stop(obj: dict[str, Any], name: str = "stop") -> list[str]:
     return list(items)
 
 
-def get_priority(obj: dict[str, Any]) -> int:
+def get_priority(obj: dict[str, Any], bounds: tuple[int, int]) -> int:
     """`priority` of an OpenAI body, a chat frame or a session message: an integer (not a boolean)
-    with |priority| <= 2**31, default 0; lower runs first under --policy priority."""
-    return get_int(obj, "priority", minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT) or 0
+    within `bounds` (what this caller may send, auth.priority_bounds), default 0; lower runs first
+    under --policy priority."""
+    value = get_int(obj, "priority", minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT) or 0
+    low, high = bounds
+    if not low <= value <= high:
+        raise ApiError("invalid_field", f"'priority' must be in [{low}, {high}] for this caller; wider values need "
+                       "a key given to the server with --priority-api-key", param="priority")
+    return value
 
 
 def get_gen_id(obj: dict[str, Any]) -> str:

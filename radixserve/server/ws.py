@@ -4,8 +4,13 @@ One reader loop validates each client frame and answers malformed ones with an e
 connection stays usable); each chat runs as its own task; one writer task owns the socket's send
 side so frames from concurrent generations never interleave mid-frame. A disconnect cancels every
 generation of the connection (the engine aborts them and frees their blocks) before the handler
-returns. The server closes the socket itself in two cases, both with 1008: an authentication
-failure, and a client that does not read — the frames waiting for it (SendBuffer) would exceed
+returns. A chat frame is validated in the reader (a refusal is an error frame with its gen_id); its
+message is then tokenized in the generation's task (off the event loop when large: turns.py), and
+that task is already a generation of the connection: it counts against the per-connection limit and
+its gen_id, a `cancel` makes it end like any cancelled generation (`done`, finish_reason "abort"),
+a disconnect ends it before anything is committed, and its slot is released exactly once.
+The server closes the socket itself in two cases, both with 1008: an authentication failure, and a
+client that does not read — the frames waiting for it (SendBuffer) would exceed
 `ws_send_buffer_bytes`. Then the queued frames are dropped at once, the reader stops taking frames,
 the connection's generations are aborted and the close frame is sent as soon as the socket takes it.
 `req` is echoed on replies, so it must be small and shallow (validation.check_req).
@@ -17,20 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing, suppress
+from functools import partial
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from radixserve.server.admission import Slot, client_of
 from radixserve.server.api_errors import error_frame
-from radixserve.server.auth import key_matches
+from radixserve.server.auth import key_accepted, priority_bounds
 from radixserve.server.http_util import dumps
 from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
 from radixserve.server.send_buffer import SendBuffer
 from radixserve.server.state import ServerState
-from radixserve.server.turns import SessionTurn
+from radixserve.server.turns import SessionTurn, check_free
 from radixserve.server.validation import (
     ApiError,
     check_req,
@@ -50,12 +57,35 @@ _CLOSE = "close"  # writer control: close the socket with 1008, then stop writin
 _STOP = "stop"  # writer control: stop writing (the peer is gone or the handler is ending)
 
 
+class Generation:
+    """One chat of a connection, from its frame to its end: preparing (`turn` None), then running."""
+
+    def __init__(self, gen_id: str, slot: Slot) -> None:
+        self.gen_id, self.slot = gen_id, slot
+        self.turn: SessionTurn | None = None
+        self.cancelled = False  # a cancel frame came while preparing: the turn is cancelled once made
+        self.task: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.turn is not None:
+            self.turn.cancel()
+
+    def stop(self) -> None:
+        """The connection is ending: a preparing one is dropped before it commits anything."""
+        if self.turn is not None:
+            self.turn.cancel()
+        elif self.task is not None:
+            self.task.cancel()
+
+
 class Connection:
     def __init__(self, ws: WebSocket, state: ServerState) -> None:
         self.ws, self.state = ws, state
         self.outbox = SendBuffer(state.config.ws_send_buffer_bytes)
-        self.generations: dict[str, tuple[SessionTurn, asyncio.Task[None]]] = {}
+        self.generations: dict[str, Generation] = {}
         self.authed = state.config.api_key is None
+        self.priority_bounds = state.config.priority_range  # widened by a priority key (auth frame or query)
         self.closed = False
         self.stopped = asyncio.Event()  # wakes the reader when the connection must end
         self.writer_task: asyncio.Task[None] | None = None
@@ -101,10 +131,8 @@ class Connection:
     async def run(self) -> None:
         writer = self.writer_task = asyncio.create_task(self.writer())
         try:
-            if not self.authed and "api_key" in self.ws.query_params:
-                if not key_matches(self.ws.query_params["api_key"], self.state.config.api_key):
-                    return self._reject("invalid api_key query parameter")
-                self.authed = True
+            if "api_key" in self.ws.query_params and not self._authenticate(self.ws.query_params["api_key"]):
+                return self._reject("invalid api_key query parameter")
             deadline = asyncio.get_running_loop().time() + self.state.config.ws_auth_timeout_s
             while not self.closed:
                 timeout = None if self.authed else deadline - asyncio.get_running_loop().time()
@@ -134,6 +162,13 @@ class Connection:
                 receive.cancel()
         return receive.result() if receive.done() and not receive.cancelled() else None
 
+    def _authenticate(self, key: object) -> bool:
+        """Check a presented key; a priority key also widens the priorities this connection may send."""
+        if not key_accepted(key, self.state.config):
+            return False
+        self.authed, self.priority_bounds = True, priority_bounds(key, self.state.config)
+        return True
+
     def _reject(self, why: str) -> None:
         self.send_error(ApiError("unauthorized", f"unauthorized: {why}", 401))
         self.outbox.put_control(_CLOSE)
@@ -150,7 +185,7 @@ class Connection:
                 check_req(frame["req"])  # refused without an echo when it is not small and shallow
                 has_req, req = True, frame["req"]
             kind = get_str(frame, "type")
-            if not self.authed and (kind != "auth" or not key_matches(frame.get("api_key"), self.state.config.api_key)):
+            if not self.authed and (kind != "auth" or not self._authenticate(frame.get("api_key"))):
                 self._reject("the first frame must be {\"type\":\"auth\",\"api_key\":...} with a valid key")
                 return False
             self.dispatch(kind, frame, has_req, req)
@@ -165,12 +200,13 @@ class Connection:
         if kind == "ping":
             reply({"type": "pong"})
         elif kind == "auth":
-            if not key_matches(frame.get("api_key"), self.state.config.api_key):
+            if not self._authenticate(frame.get("api_key")):
                 raise ApiError("unauthorized", "wrong api_key", 401)
-            self.authed = True
             reply({"type": "auth.ok"})
         elif kind == "session.create":
-            reply({"type": "session.created", "session": create_session(self.state, frame, secret_from_frame(frame))})
+            client = self.ws.client.host if self.ws.client is not None else None
+            reply({"type": "session.created",
+                   "session": create_session(self.state, frame, secret_from_frame(frame), client)})
         elif kind == "session.resume":
             _, store = self.state.require_chat()
             session_id = get_str(frame, "session_id")
@@ -182,7 +218,7 @@ class Connection:
             gen_id = get_str(frame, "gen_id")
             if gen_id not in self.generations:
                 raise ApiError("unknown_gen_id", f"no generation {gen_id!r} in flight on this connection")
-            self.generations[gen_id][0].cancel()
+            self.generations[gen_id].cancel()
         else:
             raise ApiError("unknown_type", f"unknown frame type {kind!r}; expected one of auth, session.create, "
                            "session.resume, chat, cancel, ping")
@@ -194,45 +230,55 @@ class Connection:
             session_id = get_str(frame, "session_id")
             content = get_str(frame, "content")
             sampling = parse_sampling(frame.get("sampling"))
-            priority = get_priority(frame)
+            priority = get_priority(frame, self.priority_bounds)
             if gen_id in self.generations:
                 raise ApiError("duplicate_gen_id", f"generation {gen_id!r} is already in flight on this connection")
             limit = self.state.config.max_generations_per_connection
             if len(self.generations) >= limit:
                 raise ApiError("too_many_generations", f"at most {limit} generations may run on one connection", 429)
-            session = store.get(session_id, owner_of(secret_from_frame(frame)))
+            owner = owner_of(secret_from_frame(frame))
+            check_free(session := store.get(session_id, owner))  # prepare checks again after tokenizing
             assert content is not None
-            turn = SessionTurn(self.state, session, content, sampling, gen_id, priority)
+            slot = self.state.generations.acquire(client_of(self.ws), self.state.config)  # before tokenizing
         except ApiError as e:
             self.send_error(e, gen_id=gen_id, req=req, has_req=has_req)
             return
-        task = asyncio.create_task(self.run_generation(turn, has_req, req))
-        self.generations[gen_id] = (turn, task)
+        gen = self.generations[gen_id] = Generation(gen_id, slot)
+        prepare = partial(SessionTurn.prepare, self.state, session.id, owner, content, sampling, gen_id, priority)
+        gen.task = asyncio.create_task(self.run_generation(gen, prepare, has_req, req))
 
-    async def run_generation(self, turn: SessionTurn, has_req: bool, req: Any) -> None:
+    async def run_generation(self, gen: Generation, prepare: Callable[[], Awaitable[SessionTurn]], has_req: bool,
+                             req: Any) -> None:
         try:
+            turn = gen.turn = await prepare()  # refused: an error frame with the gen_id and no start
+            if gen.cancelled:
+                turn.cancel()  # the engine aborts it on arrival: start, then done with "abort"
             async with aclosing(turn.events()) as events:
                 async for ev in events:
                     self.send({**ev, "req": req} if has_req and ev["type"] == "start" else ev)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the generation has started: the error is its last frame
-            self.send_error(e, gen_id=turn.gen_id, req=req, has_req=has_req)
+        except Exception as e:  # the error is the generation's last frame
+            self.send_error(e, gen_id=gen.gen_id, req=req, has_req=has_req)
         finally:
-            self.generations.pop(turn.gen_id, None)
+            self.generations.pop(gen.gen_id, None)
+            gen.slot.release()
 
     async def _teardown(self, writer: asyncio.Task[None]) -> None:
         """Abort this connection's generations (their blocks are freed) and stop the writer."""
         self.closed = True
-        tasks = [task for _, task in self.generations.values()]
-        for turn, _ in list(self.generations.values()):
-            turn.cancel()
+        gens = list(self.generations.values())
+        tasks = [g.task for g in gens if g.task is not None]
+        for g in gens:
+            g.stop()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=5.0)
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5.0)
+        for g in gens:
+            g.slot.release()  # a task cancelled before its first step never ran its own release
         if self.outbox.overflowed:
             with suppress(asyncio.CancelledError, Exception):
                 await writer

@@ -7,7 +7,7 @@
 const KEY_STORAGE = "radixserve.apiKey";
 const OWNER_STORAGE = "radixserve.owner";
 const OWNER_HEADER = "X-Session-Owner";
-const OWNER_SECRET = /^[A-Za-z0-9_.~+/=-]{16,256}$/; // the server's accepted form
+const OWNER_SECRET = /^[A-Za-z0-9_.~+/=-]{22,256}$/; // the server's accepted form (>= 128 bits); a shorter stored one is replaced
 let memoryOwner = ""; // when storage is disabled: the chats last as long as the page
 
 export class ApiError extends Error {
