@@ -427,3 +427,31 @@ def test_large_prompts_are_tokenized_off_the_event_loop_with_the_same_tokens(srv
     f = srv.state.formatter
     assert got == (f.prompt_tokens(messages), f.system_tokens(messages))
     assert threads and threads[0].startswith("radixserve-tokenize")
+
+
+def _refused_metrics(srv: BackgroundServer) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(srv.url + "/metrics", timeout=10).text
+    return {(s.name, s.labels["reason"]): s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name in ("radixserve_connections_refused_total", "radixserve_generations_refused_total")}
+
+
+def test_refusals_and_timeouts_are_counted_in_metrics(srv: BackgroundServer) -> None:
+    """What the guard and the generation caps turn away shows in /metrics, every reason always listed."""
+    before = _refused_metrics(srv)
+    assert set(before) == {("radixserve_connections_refused_total", r) for r in
+                           ("refused_over_cap", "evicted_idle", "timed_out")} | {
+        ("radixserve_generations_refused_total", r) for r in ("client_cap", "server_cap")}
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # silent: times out
+        assert _closed_within(s, 5.0).startswith(b"HTTP/1.1 408")
+    mine = _hold(srv, "127.0.0.1")
+    try:
+        assert httpx.post(srv.url + "/v1/chat/completions", json=_chat_body(srv), timeout=60).status_code == 429
+    finally:
+        mine.release()
+    after = _refused_metrics(srv)
+    assert after[("radixserve_connections_refused_total", "timed_out")] == before[("radixserve_connections_refused_total",
+                                                                                   "timed_out")] + 1
+    assert after[("radixserve_generations_refused_total", "client_cap")] == before[("radixserve_generations_refused_total",
+                                                                                    "client_cap")] + 1

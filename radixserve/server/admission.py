@@ -46,19 +46,25 @@ class Slot:
             self.limits._give_back(self.client)
 
 
+REFUSAL_REASONS = ("client_cap", "server_cap")
+
+
 class GenerationLimits:
     def __init__(self) -> None:
         self.total = 0
         self.per_client: dict[str, int] = {}  # only clients holding slots: bounded by the server-wide cap
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)  # requests refused, by cap (a metric)
 
     def acquire(self, client: str | None, config: ServerConfig) -> Slot:
         key = client or "unknown"
         held, cap = self.per_client.get(key, 0), config.max_generations_per_client
         if held >= cap:
+            self.refused["client_cap"] += 1
             raise ApiError("too_many_generations", f"this client already has {held} generations running, the most "
                            f"allowed (--max-generations-per-client); retry in {RETRY_AFTER_S} s", 429,
                            retry_after=RETRY_AFTER_S)
         if self.total >= config.max_concurrent_generations:
+            self.refused["server_cap"] += 1
             raise ApiError("overloaded", f"the server is running {self.total} generations, the most it takes "
                            f"(--max-concurrent-generations); retry in {RETRY_AFTER_S} s", 503,
                            retry_after=RETRY_AFTER_S)

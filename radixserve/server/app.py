@@ -153,7 +153,7 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
     quiet_client_faults()  # a refused upgrade or a non-UTF-8 frame is the client's fault: INFO, no traceback
     server_metrics = ServerMetrics(config.system_prompt_labels)
     state = ServerState(config=config, engine_factory=engine_factory, metrics=server_metrics)
-    state.metrics.attach(state.engine_stats, lambda: state.sessions)
+    state.metrics.attach(state.engine_stats, lambda: state.sessions, state.refusals)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

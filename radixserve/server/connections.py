@@ -132,6 +132,10 @@ class ConnectionGuard:
         self.open.discard(transport)
         self.waiting.pop(transport, None)
 
+    def closed_by_reason(self) -> dict[str, int]:
+        """Connections the guard refused or closed, by why (a metric)."""
+        return {"refused_over_cap": self.refused, "evicted_idle": self.evicted, "timed_out": self.timed_out}
+
     def ws_class(self, base: type) -> type:
         """`base` (uvicorn's WebSocket protocol) whose connection_lost releases the connection."""
         if base not in self._ws_classes:

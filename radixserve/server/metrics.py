@@ -5,7 +5,8 @@ custom collector at scrape time, so they are monotonic and hit rates derive from
 Latency histograms are observed here, once per finished request (inter-token latency once per
 token); the step histograms (time, tokens, batch-slot and token-budget utilization) once per engine
 step, from the step observer. The admission-blocked and preemption counters are labelled by cause,
-every known cause always present. System prompts are keyed by a hash of their token IDs;
+every known cause always present; so are the reasons of the connection and generation refusals
+(connections.py, admission.py). System prompts are keyed by a hash of their token IDs;
 `SystemPromptTracker` keeps exact per-prompt counters for the JSON table and bounded, monotonic label
 sets for Prometheus: a prompt gets its own label value on its first request while fewer than `labels`
 prompts have one, and keeps it (labels are never taken back, so its first request counts under its
@@ -148,9 +149,10 @@ class ServerMetrics:
         self.step_budget.observe(step.token_budget_utilization)
         self.step_utilization.add(step.slot_utilization, step.token_budget_utilization)
 
-    def attach(self, engine_stats: Callable[[], Any | None], sessions: Callable[[], Any | None]) -> None:
+    def attach(self, engine_stats: Callable[[], Any | None], sessions: Callable[[], Any | None],
+               refusals: Callable[[], dict[str, dict[str, int]]]) -> None:
         self.registry.register(_EngineCollector(engine_stats))
-        self.registry.register(_ServerStateCollector(self.system_prompts, sessions))
+        self.registry.register(_ServerStateCollector(self.system_prompts, sessions, refusals))
 
 
 def _counter(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> CounterMetricFamily:
@@ -236,8 +238,9 @@ def _host_tier_metrics(st: EngineStats) -> Iterator[Metric]:
 
 
 class _ServerStateCollector(Collector):
-    def __init__(self, tracker: SystemPromptTracker, sessions: Callable[[], Any | None]) -> None:
-        self.tracker, self.sessions = tracker, sessions
+    def __init__(self, tracker: SystemPromptTracker, sessions: Callable[[], Any | None],
+                 refusals: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.tracker, self.sessions, self.refusals = tracker, sessions, refusals
 
     def describe(self) -> list[Metric]:
         return []
@@ -269,3 +272,10 @@ class _ServerStateCollector(Collector):
             yield GaugeMetricFamily("radixserve_sessions", "Chat sessions held", value=len(store))
             yield _counter("radixserve_sessions_evicted", "Sessions evicted at the cap", store.evicted)
             yield _counter("radixserve_sessions_expired", "Sessions expired after idling", store.expired)
+        refused = self.refusals()
+        for kind, helptext in (("connections", "Connections refused at the cap, closed to make room or timed out"),
+                               ("generations", "Generations refused at the per-client or server-wide cap")):
+            fam = CounterMetricFamily(f"radixserve_{kind}_refused", helptext, labels=["reason"])
+            for reason, count in refused.get(kind, {}).items():
+                fam.add_metric([reason], count)
+            yield fam

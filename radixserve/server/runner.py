@@ -33,6 +33,7 @@ def uvicorn_config(app: Starlette, config: ServerConfig, **overrides: Any) -> uv
     # uvicorn's own HTTP protocol under a ConnectionGuard: a connection cap below the descriptor limit
     # and header/body timeouts, which uvicorn lacks (see connections.py)
     guard = ConnectionGuard(ConnectionLimits(config.max_connections, config.header_timeout_s, config.body_timeout_s))
+    app.state.server.connections = guard  # its counters are metrics
     return uvicorn.Config(
         app, host=config.host, port=config.port, log_level="warning", lifespan="on", ws="websockets-sansio",
         ws_max_size=max(16 * 2**20, WS_TRANSPORT_SLACK * config.max_message_bytes),

@@ -17,6 +17,7 @@ from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.client import EngineClient
 from radixserve.server.admission import GenerationLimits
 from radixserve.server.config import ServerConfig
+from radixserve.server.connections import ConnectionGuard
 from radixserve.server.logprobs import TokenTexts
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.prompt_worker import PromptWorker
@@ -75,9 +76,17 @@ class ServerState:
     _token_texts: TokenTexts | None = None  # per-token text for logprobs, built on first use
     # API requests generating, per client and in all (admission.py)
     generations: GenerationLimits = field(default_factory=GenerationLimits)
+    connections: ConnectionGuard | None = None  # set by the uvicorn runner (runner.py); None under Ray Serve's proxy
     prompt_worker: PromptWorker | None = None  # tokenizes large prompts and turns off the event loop, once loaded
     # more of GET /v1/cache/stats, from whoever built the app around a multi-replica engine (scaleout/)
     extra_cache_stats: Callable[[], dict[str, Any]] | None = None
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """Connections the guard refused or closed and generations refused at a cap, by reason."""
+        guard = self.connections
+        closed = guard.closed_by_reason() if guard is not None else {"refused_over_cap": 0, "evicted_idle": 0,
+                                                                     "timed_out": 0}
+        return {"connections": closed, "generations": dict(self.generations.refused)}
 
     def require_engine(self) -> EngineClient:
         if self.engine is None:
