@@ -159,7 +159,7 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     priority = get_priority(body, priority_bounds)
     # bounded before anything runs; an unset max_tokens then defaults to what fits (server/logprobs.py)
     fits = None if top is None else cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries)
-    prompt, system_tokens = await _chat_tokens(state, messages)  # a large prompt: on the tokenizer thread
+    prompt, system_tokens = await state.require_prompts().chat_tokens(messages)  # a large one: off the loop
     admit_prompt(state, len(prompt))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
@@ -167,13 +167,6 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
     return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
                        beam.params(params.max_tokens) if beam is not None else None)
-
-
-async def _chat_tokens(state: ServerState, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    if state.prompt_worker is not None:
-        return await state.prompt_worker.chat_tokens(messages)
-    formatter, _ = state.require_chat()
-    return formatter.prompt_tokens(messages), formatter.system_tokens(messages)
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server.admission import hold_generation
+from radixserve.server.admission import client_of, hold_generation
 from radixserve.server.api_errors import error_frame
 from radixserve.server.auth import bearer_token, priority_bounds
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
@@ -56,10 +56,6 @@ def _owner(request: Request) -> Owner | None:
     return owner_of(secret_from_headers(request.headers))
 
 
-def _client(request: Request) -> str | None:
-    return request.client.host if request.client is not None else None
-
-
 async def sessions_collection(request: Request) -> Response:
     state = _state(request)
     _, store = state.require_chat()
@@ -67,7 +63,7 @@ async def sessions_collection(request: Request) -> Response:
         return JSONResponse({"sessions": [s.summary() for s in store.list(_owner(request))]})
     secret = secret_from_headers(request.headers)
     body = await read_json_object(request, state.config.max_message_bytes)
-    return JSONResponse(create_session(state, body, secret, _client(request)), status_code=201)
+    return JSONResponse(create_session(state, body, secret, client_of(request)), status_code=201)
 
 
 async def session_item(request: Request) -> Response:
@@ -91,7 +87,7 @@ async def fork_session(request: Request) -> Response:
     at = get_int(body, "at_message", minimum=0)
     if at is None:
         raise ApiError("missing_field", "missing required field 'at_message'", param="at_message")
-    state.limit_creation(_client(request))  # a fork is a new session too
+    state.limit_creation(client_of(request))  # a fork is a new session too
     return JSONResponse(store.fork(request.path_params["session_id"], at, owner).to_json(), status_code=201)
 
 

@@ -100,6 +100,12 @@ class ServerState:
             raise ApiError("unsupported", "this model has no tokenizer, so chat endpoints are unavailable", 400)
         return self.formatter, self.sessions
 
+    def require_prompts(self) -> PromptWorker:
+        """What tokenizes chat prompts (inline when small, off the event loop when large)."""
+        self.require_chat()
+        assert self.prompt_worker is not None, "set with the formatter when the model loads"
+        return self.prompt_worker
+
     def limit_creation(self, client: str | None) -> None:
         """Count one session creation by `client` (its address); 429 rate_limited over its allowance."""
         cfg = self.config

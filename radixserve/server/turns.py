@@ -50,14 +50,11 @@ class SessionTurn:
     async def prepare(cls, state: ServerState, session_id: str, owner: Owner | None, content: str,
                       sampling: dict[str, Any], gen_id: str, priority: int = 0) -> SessionTurn:
         """The caller's session's next turn, committed (ApiError when refused; the session is then unchanged)."""
-        formatter, store = state.require_chat()
+        _, store = state.require_chat()
         session = store.get(session_id, owner)
         check_free(session)  # a busy session costs no tokenizing
         history = session.template_messages()
-        if state.prompt_worker is not None:
-            turn = await state.prompt_worker.append_user(history, content)
-        else:
-            turn = formatter.append_user(history, content)
+        turn = await state.require_prompts().append_user(history, content)
         # the await may have let the session go (404 here) or move on; the constructor checks the rest
         return cls(state, store.get(session_id, owner), content, sampling, gen_id, priority, history, turn)
 

@@ -204,9 +204,8 @@ class Connection:
                 raise ApiError("unauthorized", "wrong api_key", 401)
             reply({"type": "auth.ok"})
         elif kind == "session.create":
-            client = self.ws.client.host if self.ws.client is not None else None
             reply({"type": "session.created",
-                   "session": create_session(self.state, frame, secret_from_frame(frame), client)})
+                   "session": create_session(self.state, frame, secret_from_frame(frame), client_of(self.ws))})
         elif kind == "session.resume":
             _, store = self.state.require_chat()
             session_id = get_str(frame, "session_id")
