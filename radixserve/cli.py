@@ -108,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
 
     add_scaleout_arguments(p_serve)
 
-    p_bench = sub.add_parser("bench", help="benchmarks against peers (see `radixserve bench -h`)")
-    from radixserve.bench.cli import add_bench_arguments
-
-    add_bench_arguments(p_bench)
+    # the benchmark parses its own flags (radixserve.bench.cli.main), so no other subcommand imports it:
+    # a '+' prefix makes this parser take every following word, dashes included, as one pass-through
+    p_bench = sub.add_parser("bench", help="benchmarks against peers (see `radixserve bench -h`)", add_help=False,
+                             prefix_chars="+")
+    p_bench.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     args = parser.parse_args(argv)
     try:
@@ -140,9 +141,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from radixserve.server.cli import run_server
 
         return run_server(engine_config_from_args(args), args)
-    from radixserve.bench.cli import run_bench
+    from radixserve.bench.cli import main as bench_main
 
-    return run_bench(args)
+    return bench_main(args.bench_args)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 
 from radixserve.bench import cli as bench_cli
 from radixserve.bench.belady import TraceRequest, working_set_blocks
+from radixserve.bench.flags import BenchConfigError
+from radixserve.bench.harness import Scenario, publish, readme, write_outputs
 from radixserve.bench.metrics import check_complete
-from radixserve.bench.plan import BenchConfigError
 from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
+from radixserve.bench.scaleout.chart import CHART, write_charts
 from radixserve.bench.scaleout.client import ChatRecord, ChatRun, drive_chat, settled_stats
 from radixserve.bench.scaleout.plan import (
     DEFAULT_PARAMS,
@@ -32,7 +34,6 @@ from radixserve.bench.scaleout.plan import (
     size_pool,
     system_specs,
 )
-from radixserve.bench.scaleout.publish import CHART, publish, write_outputs
 from radixserve.bench.scaleout.report import evaluate_targets, hit_rate_ratios, render
 from radixserve.bench.scaleout.routing_micro import routing_overhead, run_routing_micro
 from radixserve.bench.scaleout.runner import RUN_METRICS, run_metrics
@@ -289,18 +290,23 @@ def test_incomplete_results_are_caught():
     assert any("power-of-two: not run" in p for p in problems)
 
 
+SCENARIO = Scenario("radixserve bench scale-out", lambda args, argv: {}, render, write_charts,
+                    docs_anchor="radixserve-bench-scale-out")
+
+
 def test_outputs_and_publish(tmp_path):
     r = fake_results({"cache-aware": 0.66, "power-of-two": 0.33, "one-replica": 0.6875})
     text = render(r)
-    charts = write_outputs(r, text, tmp_path / "out")
+    charts = write_outputs(r, text, tmp_path / "out", write_charts)
     assert charts == [CHART] and (tmp_path / "out" / CHART).stat().st_size > 1000
     assert json.loads((tmp_path / "out" / "results.json").read_text())["targets"] == r["targets"]
-    publish(tmp_path / "out", tmp_path / "pub", charts, text, r["command"])
-    readme = (tmp_path / "pub" / "README.md").read_text()
-    assert "```sh\nradixserve bench scale-out --x\n```" in readme and f"]({CHART})" in readme
-    assert text in readme and sorted(p.name for p in (tmp_path / "pub").iterdir()) == sorted(
+    publish(tmp_path / "out", tmp_path / "pub", charts, readme(SCENARIO, text, charts, tmp_path / "pub", r["command"]))
+    published = (tmp_path / "pub" / "README.md").read_text()
+    assert "```sh\nradixserve bench scale-out --x\n```" in published and f"]({CHART})" in published
+    assert "`radixserve bench scale-out --publish`" in published
+    assert text in published and sorted(p.name for p in (tmp_path / "pub").iterdir()) == sorted(
         ["README.md", "results.json", "table.md", CHART])
-    assert write_outputs({"results": {}}, "x", tmp_path / "micro-only") == []
+    assert write_outputs({"results": {}}, "x", tmp_path / "micro-only", write_charts) == []
 
 
 # -- routing micro-benchmark -----------------------------------------------------------------------
@@ -356,6 +362,7 @@ def test_published_readme_links_the_docs_when_under_docs(tmp_path):
     (tmp_path / "docs" / "bench.md").write_text("# bench\n")
     for name in ("results.json", "table.md"):
         (tmp_path / name).write_text("{}")
-    publish(tmp_path, tmp_path / "docs" / "bench" / "scale-out", [], "table\n", None)
-    readme = (tmp_path / "docs" / "bench" / "scale-out" / "README.md").read_text()
-    assert "[docs/bench.md](../../bench.md#radixserve-bench-scale-out)" in readme and "Reproduce" not in readme
+    dst = tmp_path / "docs" / "bench" / "scale-out"
+    publish(tmp_path, dst, [], readme(SCENARIO, "table\n", [], dst, None))
+    published = (dst / "README.md").read_text()
+    assert "[docs/bench.md](../../bench.md#radixserve-bench-scale-out)" in published and "Reproduce" not in published

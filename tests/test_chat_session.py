@@ -41,15 +41,16 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LLM:
 
 
 def spy_priorities(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The priority of each request the scheduler is given, as it reads it."""
     seen: list[int] = []
-    add = llm.engine.add_request
+    scheduler = llm.engine.scheduler
+    add = scheduler.add
 
-    def spy(*args: Any, **kw: Any) -> str:
-        rid = add(*args, **kw)
-        seen.append(llm.engine.requests[rid].priority)  # what the scheduler reads
-        return rid
+    def spy(seq: Any) -> None:
+        seen.append(seq.request.priority)
+        add(seq)
 
-    monkeypatch.setattr(llm.engine, "add_request", spy)
+    monkeypatch.setattr(scheduler, "add", spy)
     return seen
 
 

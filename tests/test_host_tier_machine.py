@@ -51,18 +51,19 @@ class TieredCacheMachine(CacheMachine):
 
     def _moved(self) -> None:
         """What the runner does with a step's copies, in order, on the shadow stores."""
-        for c in self.tree.copies:
+        for c in self.copies:
             src, dst = {CopyKind.TO_HOST: (self.kv, self.host_kv), CopyKind.TO_DEVICE: (self.host_kv, self.kv)}[c.kind]
             for off in range(BLOCK):
                 if (c.src, off) in src:
                     dst[(c.dst, off)] = src[(c.src, off)]
                 else:
                     dst.pop((c.dst, off), None)
-        self.tree.copies.clear()
+        self.copies.clear()
 
     def _take(self, tokens: list[int]) -> SimSeq:
         self.seen.append(tokens)
-        m = self.tree.load_back(self.tree.match(tokens))
+        m, loaded = self.tree.load_back(self.tree.match(tokens))
+        self.copies += loaded
         self._moved()
         assert m.host_tokens == 0 and m.node.end == m.length
         self._check_blocks(tokens, m.blocks, m.length)
@@ -86,8 +87,10 @@ class TieredCacheMachine(CacheMachine):
         if not s.computed:
             return
         node = self.tree.insert(s.tokens[:s.computed], s.table)
-        if not self.tree.swap_out(node):
+        written = self.tree.swap_out(node)
+        if written is None:
             return
+        self.copies += written
         self._moved()
         self.seqs.remove(s)
         if s.node is not None:
@@ -136,12 +139,12 @@ def test_write_back_then_load_back_moves_the_bytes_in_order() -> None:
     assert blocks is not None
     tree.insert([1, 2, 3, 4, 5, 6], blocks)
     pool.release(blocks)
-    assert tree.evict(2) == 2 and [n.tier for n in tree.nodes()] == ["host"]
-    assert [(c.kind, c.src) for c in tree.copies] == [(CopyKind.TO_HOST, blocks[0]), (CopyKind.TO_HOST, blocks[1])]
-    tree.copies.clear()
+    freed, written = tree.evict(2)
+    assert freed == 2 and [n.tier for n in tree.nodes()] == ["host"]
+    assert [(c.kind, c.src) for c in written] == [(CopyKind.TO_HOST, blocks[0]), (CopyKind.TO_HOST, blocks[1])]
     m = tree.match([1, 2, 3, 4, 5, 9])  # ends mid-block, in the host tier: splits the host-only node
     assert (m.length, m.host_tokens) == (5, 5)
-    m = tree.load_back(m)
-    assert m.host_tokens == 0 and len(m.blocks) == 2 and all(c.kind is CopyKind.TO_DEVICE for c in tree.copies)
+    m, loaded = tree.load_back(m)
+    assert m.host_tokens == 0 and len(m.blocks) == 2 and all(c.kind is CopyKind.TO_DEVICE for c in loaded)
     assert {n.tier for n in tree.nodes()} == {"both", "host"}  # the loaded upper half keeps its host copy
     tree.check_integrity()

@@ -141,6 +141,16 @@ def test_readme_layer_picture_matches_the_table() -> None:
     assert pictured == MAY_IMPORT
 
 
+def test_architecture_doc_layer_table_matches_the_table() -> None:
+    """docs/architecture.md's layer table: one row per layer, its "may import" column exactly MAY_IMPORT."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| ([\w, ]+) \| .*\|$", doc.split("<!-- layer table")[1].split("\n\n")[0], re.M)
+    documented = {layer: set() if deps.strip() == "nothing" else {d.strip() for d in deps.split(",")} for layer, deps in rows
+                  if layer != "layer"}
+    assert list(documented) == [layer for layer in ALL_LAYERS if layer in documented] and set(documented) == set(ALL_LAYERS)
+    assert documented == MAY_IMPORT
+
+
 def test_public_names_in_the_docs_still_import() -> None:
     """Every `from radixserve... import ...` in the README and docs resolves, and the package's own
     public names are all there."""
@@ -159,3 +169,100 @@ def test_public_names_in_the_docs_still_import() -> None:
     for name in ("LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams", "RequestOutput",
                  "CompletionOutput", "Usage", "Timing"):
         assert name in radixserve.__all__ and hasattr(radixserve, name)
+
+
+# -- one writer of a sequence ------------------------------------------------------------------------
+# The scheduler is the only writer of a `Sequence` (its fields and its token list); core.py defines it.
+SEQUENCE_WRITERS = ("radixserve.scheduler", "radixserve.core")
+LIST_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"}
+# receivers that name a sequence, for the field names other classes share (token_ids, status, ...)
+SEQUENCE_RECEIVER = re.compile(r"^(seq|seqs|sequence|sequences|s|child|children|parent|fork|forks|victim|head|owner|owners"
+                               r"|\w+_seqs?)$")
+
+
+def _class_fields(tree: ast.Module) -> dict[str, set[str]]:
+    """class name -> the attribute names it declares (annotations in its body) or assigns on self."""
+    fields: dict[str, set[str]] = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names = fields.setdefault(cls.name, set())
+        for node in ast.walk(cls):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Name) and node.value.id == "self":
+                names.add(node.attr)
+    return fields
+
+
+def sequence_fields(modules: dict[str, tuple[str, bool]]) -> tuple[set[str], set[str]]:
+    """(every field of Sequence, those no other class of the project declares)."""
+    others: set[str] = set()
+    mine: set[str] = set()
+    for module, (source, _) in modules.items():
+        for cls, names in _class_fields(ast.parse(source)).items():
+            if module == "radixserve.core" and cls == "Sequence":
+                mine = names
+            else:
+                others |= names
+    assert {"token_ids", "num_computed", "block_table", "status"} <= mine
+    return mine, mine - others
+
+
+def _receiver(node: ast.expr) -> str:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def sequence_writes(module: str, source: str, fields: set[str], unique: set[str]) -> list[str]:
+    """'module:line: what' for each assignment to a Sequence field and each change of a Sequence's
+    lists (token_ids.append(...), token_ids[i] = ..., del token_ids[i:], ...) in `source`."""
+    def names_a_sequence(attr: ast.Attribute) -> bool:
+        return attr.attr in unique or (attr.attr in fields and bool(SEQUENCE_RECEIVER.match(_receiver(attr.value))))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LIST_MUTATORS:
+            targets = [node.func.value]  # seq.token_ids.append(...): the list is what changes
+        for target in (t for group in targets for t in (group.elts if isinstance(group, ast.Tuple) else [group])):
+            while isinstance(target, ast.Subscript):  # seq.token_ids[i] = ..., del seq.token_ids[i:]
+                target = target.value
+            if isinstance(target, ast.Attribute) and names_a_sequence(target):
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def writes_outside_the_scheduler(modules: dict[str, tuple[str, bool]]) -> list[str]:
+    fields, unique = sequence_fields(modules)
+    return [w for module, (source, _) in sorted(modules.items())
+            if not module.startswith(SEQUENCE_WRITERS) for w in sequence_writes(module, source, fields, unique)]
+
+
+def test_only_the_scheduler_writes_a_sequence() -> None:
+    assert writes_outside_the_scheduler(project_modules()) == []
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(seq):\n    seq.token_ids.append(7)\n",
+    "def f(seq):\n    seq.token_ids[-1] = 7\n",
+    "def f(seq):\n    del seq.token_ids[3:]\n",
+    "def f(req):\n    req.sequences[0].token_ids.extend([1, 2])\n",
+    "def f(item):\n    item.seq.num_computed = 4\n",  # a field only Sequence has: any receiver
+    "def f(s):\n    s.status, s.finish_reason = None, 'stop'\n",
+    "def f(seq):\n    seq.final_token_pending = True\n",
+])
+def test_a_planted_sequence_write_in_the_engine_is_caught(planted: str) -> None:
+    modules = {**project_modules(), "radixserve.engine.planted": (planted, False)}
+    assert [w for w in writes_outside_the_scheduler(modules) if w.startswith("radixserve.engine.planted:")]
+
+
+def test_other_classes_fields_of_the_same_name_are_not_sequence_writes() -> None:
+    source = "def f(out, c):\n    out.token_ids.extend([1])\n    c.finish_reason = 'stop'\n"
+    assert writes_outside_the_scheduler({**project_modules(), "radixserve.engine.planted": (source, False)}) == []

@@ -18,6 +18,7 @@ from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
 from radixserve.core import Request, Sequence, SequenceStatus
+from radixserve.scheduler.no_op_model import no_op_step
 from radixserve.scheduler.scheduler import Scheduler
 
 _orders = itertools.count()
@@ -50,13 +51,7 @@ def add(sched: Scheduler, tokens: list[int], max_tokens: int = 2, priority: int 
 def step(sched: Scheduler, clock: FakeClock) -> list[Sequence]:
     """One step: schedule, pretend the model ran (token 7), finish at max_tokens; 1 s passes."""
     batch = sched.schedule()
-    sched.complete(batch)
-    for item in batch.items:
-        seq = item.seq
-        if item.samples:
-            seq.token_ids.append(7)
-            if seq.num_generated >= seq.request.params.max_tokens:
-                sched.finish(seq, "length")
+    no_op_step(sched, batch, 7)
     sched.check_integrity()
     clock.now += 1.0
     return [it.seq for it in batch.items]
@@ -266,7 +261,7 @@ def test_a_request_admitted_as_urgent_is_scheduled_once_in_its_step() -> None:
     urgent = add(sched, [9] * 12, max_tokens=2, priority=0)
     batch = sched.schedule()
     assert [it.seq for it in batch.items].count(urgent) == 1
-    sched.complete(batch)
+    no_op_step(sched, batch, 7)
     sched.check_integrity()
 
 

@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixNode, RadixTree, common_prefix_len
+from radixserve.core import BlockCopy
 
 BLOCK = 4
 NUM_BLOCKS = 24
@@ -39,6 +40,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.tree = RadixTree(self.pool)
         self.kv: dict[tuple[int, int], tuple[int, int]] = {}  # (block, offset) -> (token, position)
         self.seqs: list[SimSeq] = []
+        self.copies: list[BlockCopy] = []  # decided and not yet applied (the two-tier machine applies them)
 
     def _check_blocks(self, tokens: list[int], blocks: list[int], length: int) -> None:
         for p in range(length):
@@ -71,6 +73,7 @@ class CacheMachine(RuleBasedStateMachine):
         first = s.computed // BLOCK
         missing = max(0, -(-(s.computed + n) // BLOCK) - len(s.table))
         shared = first < len(s.table) and self.pool.refcount[s.table[first]] > 1
+        self.copies += self.tree.make_room(missing + int(shared))  # eviction is explicit: the pool never evicts
         fresh = self.pool.allocate(missing + int(shared))
         self._moved()  # write-backs read blocks that `fresh` may reuse
         if fresh is None:
@@ -129,7 +132,8 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, NUM_BLOCKS))
     def evict(self, n: int) -> None:
         free_before = self.pool.num_free
-        freed = self.tree.evict(n)
+        freed, copies = self.tree.evict(n)
+        self.copies += copies
         self._moved()
         assert self.pool.num_free == free_before + freed
 
@@ -190,7 +194,7 @@ def test_eviction_is_lru_and_leaf_first() -> None:
         tree.insert(toks, b)
         pool.release(b)
     tree.match([1, 1, 1, 1])  # 1 is now the most recent; 2 is the oldest
-    assert tree.evict(1) == 1
+    assert tree.evict(1) == (1, [])
     assert tree.match([2, 2, 2, 2], split=False).length == 0
     assert tree.match([1, 1, 1, 1], split=False).length == 4
     assert tree.match([3, 3, 3, 3], split=False).length == 4
@@ -203,6 +207,8 @@ def test_allocation_evicts_only_under_pressure() -> None:
     b = pool.allocate(2)
     tree.insert([1] * 8, b)
     pool.release(b)
-    assert pool.allocate(1) is not None and tree.evictions == 0  # a free block was there
-    assert pool.allocate(2) is not None and tree.evictions == 1
-    assert pool.allocate(1) is None  # nothing left to evict
+    assert tree.make_room(1) == [] and tree.evictions == 0  # a free block was there
+    assert pool.allocate(1) is not None
+    assert pool.allocate(2) is None and tree.evictions == 0  # the pool alone never evicts
+    assert tree.make_room(2) == [] and tree.evictions == 1 and pool.allocate(2) is not None
+    assert tree.make_room(1) == [] and pool.allocate(1) is None  # nothing left to evict

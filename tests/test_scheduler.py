@@ -10,6 +10,7 @@ from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
 from radixserve.core import Request, Sequence, SequenceStatus
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.no_op_model import no_op_step
 from radixserve.scheduler.scheduler import Scheduler
 
 
@@ -31,10 +32,7 @@ def seq(tokens: list[int], order: int, priority: int = 0) -> Sequence:
 def step(sched: Scheduler) -> dict[str, int]:
     """Schedule, pretend the model ran, and sample token 7 where a chunk reached the end."""
     batch = sched.schedule()
-    sched.complete(batch)
-    for item in batch.items:
-        if item.samples:
-            item.seq.token_ids.append(7)
+    no_op_step(sched, batch, 7)
     return {i.seq.request.request_id: i.num_tokens for i in batch.items}
 
 

@@ -117,7 +117,7 @@ def test_internal_failures_never_reach_the_client(chat_server, monkeypatch, capl
         raise RuntimeError(SECRET)
         yield  # an async generator, like the real one
 
-    monkeypatch.setattr(engine, "generate", broken_generate)
+    monkeypatch.setattr(engine, "generate_validated", broken_generate)
     model = chat_server.state.model_name
     messages = [{"role": "user", "content": "hi"}]
     bodies: list[str] = []

@@ -33,17 +33,16 @@ TINY = {"temperature": 0, "max_tokens": 2}
 
 @pytest.fixture
 def priorities(chat_server, monkeypatch: pytest.MonkeyPatch) -> list[int]:  # noqa: ANN001
-    """The priority of every Request the engine builds while the test runs (the field the scheduler reads)."""
-    engine = chat_server.engine.engine
+    """The priority of every request the scheduler is given while the test runs, as it reads it."""
+    scheduler = chat_server.engine.engine.scheduler
     seen: list[int] = []
-    add = engine.add_request
+    add = scheduler.add
 
-    def spy(*args: Any, **kw: Any) -> str:  # runs on the engine thread
-        rid = add(*args, **kw)
-        seen.append(engine.requests[rid].priority)
-        return rid
+    def spy(seq: Any) -> None:  # runs on the engine thread
+        seen.append(seq.request.priority)
+        add(seq)
 
-    monkeypatch.setattr(engine, "add_request", spy)
+    monkeypatch.setattr(scheduler, "add", spy)
     return seen
 
 

@@ -9,6 +9,9 @@ import math
 import pytest
 
 from radixserve.engine.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
+from radixserve.engine.intake import Intake, Limits
+from radixserve.errors import RequestError
+from radixserve.server.generation import api_error_from
 from radixserve.server.hosts import host_allowed, origin_allowed, split_host
 from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.owners import Owner, parse_secret
@@ -276,9 +279,13 @@ def test_sampling_defaults_clamp_to_the_context() -> None:
     p = build_sampling_params(s, prompt_len=90, max_model_len=100, default_max_tokens=512)
     assert p.max_tokens == 10 and p.temperature == 0.0 and p.stop == ["END"] and p.seed == 3
     assert build_sampling_params({}, prompt_len=10, max_model_len=100, default_max_tokens=None).max_tokens == 90
-    with pytest.raises(ApiError) as e:
-        build_sampling_params({}, prompt_len=100, max_model_len=100, default_max_tokens=5)
-    assert e.value.code == "context_too_long" and "100" in e.value.message
+    # a prompt that leaves no room is the engine's intake to refuse (once), as the API's context_too_long
+    full = build_sampling_params({}, prompt_len=100, max_model_len=100, default_max_tokens=5)
+    assert full.max_tokens == 1
+    with pytest.raises(RequestError) as refused:
+        Intake(None, Limits(vocab=200, max_seq_len=100)).check(list(range(100)), full)
+    err = api_error_from(refused.value)
+    assert (err.code, err.status) == ("context_too_long", 400) and "100" in err.message
     assert build_sampling_params(parse_sampling({"min_p": 0.05}), prompt_len=1, max_model_len=9,
                                  default_max_tokens=None).min_p == 0.05
     assert build_sampling_params({"max_tokens": 10}, prompt_len=90, max_model_len=100,

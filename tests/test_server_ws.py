@@ -36,13 +36,12 @@ GREEDY = {"temperature": 0, "max_tokens": 6}
 def recorded(chat_server, monkeypatch) -> list[dict[str, Any]]:  # noqa: ANN001
     """Every engine request the server makes: its prompt ids and generated ids."""
     engine, calls = chat_server.engine, []
-    original = engine.generate
+    original = engine.generate_validated
 
-    async def generate(prompt, params, request_id=None, priority=0, cancelled=None, placement=None):  # noqa: ANN001, ANN202
-        rec = {"prompt": list(prompt), "generated": []}
+    async def generate(request, request_id=None, cancelled=None, placement=None):  # noqa: ANN001, ANN202
+        rec = {"prompt": list(request.token_ids), "generated": []}
         calls.append(rec)
-        agen = original(prompt, params, request_id=request_id, priority=priority, cancelled=cancelled,
-                        placement=placement)
+        agen = original(request, request_id=request_id, cancelled=cancelled, placement=placement)
         try:
             async for out in agen:
                 rec["generated"] += out.outputs[0].token_ids if out.outputs else []
@@ -50,7 +49,7 @@ def recorded(chat_server, monkeypatch) -> list[dict[str, Any]]:  # noqa: ANN001
         finally:
             await agen.aclose()
 
-    monkeypatch.setattr(engine, "generate", generate)
+    monkeypatch.setattr(engine, "generate_validated", generate)
     return calls
 
 

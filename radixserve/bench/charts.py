@@ -161,15 +161,15 @@ def host_tier(results: dict, path: Path) -> bool:
     return True
 
 
-def write_charts(results: dict, out_dir: Path) -> list[Path]:
+def write_charts(results: dict, out_dir: Path) -> list[str]:
+    """Every chart that applies to `results`, written into `out_dir`; their file names."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fn in (("throughput.png", throughput), ("ttft.png", ttft), ("hit_rate.png", hit_rate),
                      ("blocks.png", blocks)):
         fn(results, out_dir / name)
-        written.append(out_dir / name)
-    if ttft_by_turn(results, out_dir / "ttft_by_turn.png"):
-        written.append(out_dir / "ttft_by_turn.png")
-    if host_tier(results, out_dir / "host_tier.png"):
-        written.append(out_dir / "host_tier.png")
+        written.append(name)
+    for name, maybe in (("ttft_by_turn.png", ttft_by_turn), ("host_tier.png", host_tier)):
+        if maybe(results, out_dir / name):
+            written.append(name)
     return written

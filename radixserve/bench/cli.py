@@ -12,21 +12,23 @@
 name it. The run writes results.json, table.md and PNG charts to --out, prints the table, and with
 --publish copies them (plus a README.md showing them) to a directory such as docs/bench. The exit
 status is 1 when the results are incomplete (a metric missing or not finite), whatever the ratios.
+
+`radixserve` hands every word after `bench` to `main` here, so no other subcommand imports the
+benchmark; `run` and `scale-out` first check for the bench extra's libraries (extra.py) they need.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
+from radixserve.bench import extra
+from radixserve.bench.flags import add_output_arguments, add_param_argument, ints, names, parse_params
 from radixserve.bench.scaleout.cli import add_scaleout_arguments
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
 from radixserve.bench.workloads import LOAD_MODES, WORKLOADS
-
-RUN_OUTPUTS = ("results.json", "table.md")
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,11 +38,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of " + ", ".join(SYSTEM_DESCRIPTIONS) + " (default: all that apply here)")
     g.add_argument("--repeats", type=int, default=3, help="runs per system and workload; medians are reported")
     g.add_argument("--smoke", action="store_true", help="tiny workloads: checks the harness end to end in seconds")
-    g.add_argument("--out", default="bench-results", help="output directory (default %(default)s)")
-    g.add_argument("--publish", default=None, metavar="DIR", help="also copy table, JSON and charts here")
+    add_output_arguments(g, "bench-results")
     g.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
-    g.add_argument("--param", action="append", default=[], metavar="WORKLOAD.FIELD=N",
-                   help="override a workload parameter, e.g. shared-prefix.groups=8 (repeatable)")
+    add_param_argument(g, "shared-prefix.groups=8")
     g.add_argument("--load", choices=LOAD_MODES, default=None,
                    help="override every workload's load mode (rounds: clients take the sessions' turns round-robin)")
     g.add_argument("--concurrency", type=int, default=None, help="closed loop and rounds: clients in flight")
@@ -49,8 +49,6 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="radixserve-pool25(-host)'s pool as a fraction of the working set (default %(default)s)")
     g.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run (default %(default)s)")
     g.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
-    g.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     e = p.add_argument_group("engine (same for every system)")
     e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
     e.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -80,8 +78,20 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                           "routing overhead"))
 
 
+def main(argv: list[str]) -> int:
+    """`radixserve bench ARGS...`: parse ARGS here, then run."""
+    parser = argparse.ArgumentParser(prog="radixserve bench")
+    add_bench_arguments(parser)
+    return run_bench(parser.parse_args(argv))
+
+
 def run_bench(args: argparse.Namespace) -> int:
     command = getattr(args, "bench_command", None) or "run"
+    refusal = extra.require("radixserve bench" if command == "run" else f"radixserve bench {command}",
+                            _extra_needed(command, args))
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     if command == "micro":
         return _run_micro(args)
     if command == "kernels":
@@ -95,12 +105,14 @@ def run_bench(args: argparse.Namespace) -> int:
     return _run(args)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+def _extra_needed(command: str, args: argparse.Namespace) -> tuple[str, ...]:
+    """The bench extra's libraries (import names) that `command` run with `args` imports."""
+    if command not in ("run", "scale-out"):
+        return ()
+    charts = () if args.no_charts else ("matplotlib",)
+    if command == "scale-out":  # its runner talks HTTP; --no-cluster builds no workload and draws no chart
+        return ("httpx",) if args.no_cluster else ("httpx", "chitchat_dataset", *charts)
+    return ("chitchat_dataset", *charts)
 
 
 def _add_step_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,14 +121,14 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a model directory instead of --shape")
     p.add_argument("--load-format", default=None, choices=("auto", "dummy"),
                    help="default: dummy for the llama shapes, auto (the checkpoint) otherwise")
-    p.add_argument("--batch", type=_ints, default=None, help="batch sizes (default 1,16,64,128; 1,4 on CPU)")
+    p.add_argument("--batch", type=ints, default=None, help="batch sizes (default 1,16,64,128; 1,4 on CPU)")
     p.add_argument("--context", type=int, default=512, help="prompt tokens per sequence (default %(default)s)")
     p.add_argument("--steps", type=int, default=None, help="timed decode steps per row (default 32; 8 on CPU)")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps first (default %(default)s)")
-    p.add_argument("--sampling", type=_names, default=("greedy", "top-p"), help="greedy,top-p (default both)")
-    p.add_argument("--graphs", type=_names, default=("on", "off"),
+    p.add_argument("--sampling", type=names, default=("greedy", "top-p"), help="greedy,top-p (default both)")
+    p.add_argument("--graphs", type=names, default=("on", "off"),
                    help="on (enforce_eager=False), off (enforce_eager=True), or on,off (default)")
-    p.add_argument("--overlap", type=_names, default=("on",),
+    p.add_argument("--overlap", type=names, default=("on",),
                    help="on (overlap scheduling; the default here), off (--no-overlap), or on,off")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
@@ -170,79 +182,31 @@ def _run_micro(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_params(items: list[str]) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        workload, dot, field = key.partition(".")
-        if not eq or not dot or not field or not value:
-            raise ValueError(f"--param wants WORKLOAD.FIELD=N, got {item!r}")
-        out.setdefault(workload, {})[field] = value
-    return out
-
-
 def options_from_args(args: argparse.Namespace):  # -> BenchOptions, imported lazily
-    from radixserve.bench.plan import BenchConfigError, BenchOptions
+    from radixserve.bench.plan import BenchOptions
 
-    try:
-        params = _parse_params(args.param)
-    except ValueError as e:
-        raise BenchConfigError(str(e)) from None
-
-    workloads = WORKLOADS if args.workload == "all" else tuple(w.strip() for w in args.workload.split(",") if w.strip())
-    systems = tuple(s.strip() for s in args.systems.split(",") if s.strip()) if args.systems else None
+    workloads = WORKLOADS if args.workload == "all" else names(args.workload)
     return BenchOptions(
-        workloads=workloads, systems=systems, repeats=args.repeats, smoke=args.smoke, seed=args.seed,
+        workloads=workloads, systems=names(args.systems) if args.systems else None, repeats=args.repeats,
+        smoke=args.smoke, seed=args.seed,
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_blocks=args.num_blocks, pool_fraction=args.pool_fraction, load=args.load, concurrency=args.concurrency,
-        request_rate=args.request_rate, params=params, timeout_s=args.timeout,
+        request_rate=args.request_rate, params=parse_params(args.param), timeout_s=args.timeout,
         micro=not args.no_micro, progress=not args.no_progress,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
-    from radixserve.bench.metrics import check_complete
-    from radixserve.bench.plan import BenchConfigError
+    from radixserve.bench.harness import Scenario, run_scenario
     from radixserve.bench.report import render
     from radixserve.bench.runner import run_benchmark
 
-    try:
-        options = options_from_args(args)
-        results = run_benchmark(options, argv=sys.argv[2:] if sys.argv[1:2] == ["bench"] else None)
-    except (BenchConfigError, FileNotFoundError) as e:
-        print(f"radixserve bench: {e}", file=sys.stderr)
-        return 2
-    problems = check_complete(results)
-    results["complete"] = not problems
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = render(results)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "table.md").write_text(text)
-    charts = [] if args.no_charts else _charts(results, out)
-    print(text)
-    if args.publish:
-        publish(out, Path(args.publish), [c.name for c in charts], text)
-        print(f"published to {args.publish}")
-    for p in problems:
-        print(f"incomplete: {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return run_scenario(Scenario("radixserve bench", lambda a, argv: run_benchmark(options_from_args(a), argv), render,
+                                 _charts), args)
 
 
-def _charts(results: dict, out: Path) -> list[Path]:
-    from radixserve.bench.charts import write_charts
+def _charts(results: dict, out: Path) -> list[str]:
+    from radixserve.bench.charts import write_charts  # matplotlib: only when charts are drawn
 
     return write_charts(results, out)
-
-
-def publish(src: Path, dst: Path, charts: list[str], table: str) -> None:
-    """Copy the latest run into `dst` and write a README.md that shows its table and charts."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in (*RUN_OUTPUTS, *charts):
-        shutil.copyfile(src / name, dst / name)
-    images = "\n\n".join(f"![{Path(c).stem}]({c})" for c in charts)
-    (dst / "README.md").write_text(
-        "<!-- generated by `radixserve bench --publish`; do not edit by hand -->\n"
-        f"{table}\n## Charts\n\n{images}\n\nRaw numbers: [results.json](results.json). "
-        "How to run and what each number means: [../bench.md](../bench.md).\n")

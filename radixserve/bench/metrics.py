@@ -117,6 +117,12 @@ def median_metrics(runs: Sequence[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
+def fold_repeats(expected: Iterable[str], runs: list[dict]) -> dict:
+    """One (workload, system) entry of the results: the metrics it must have, the medians of its
+    repeats' metrics and the repeats themselves (what check_complete reads)."""
+    return {"expected_metrics": list(expected), "median": median_metrics([r["metrics"] for r in runs]), "repeats": runs}
+
+
 def expected_metrics(has_pool: bool, bounded_pool: bool, returning: bool = False) -> tuple[str, ...]:
     return (CORE_METRICS + (POOL_METRICS if has_pool else ()) + (BOUNDED_POOL_METRICS if bounded_pool else ())
             + (RETURNING_METRICS if returning else ()))

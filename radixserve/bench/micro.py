@@ -2,9 +2,10 @@
 
 - scheduler: the real Scheduler, BlockPool and RadixTree driven by a no-op model. Sequences are
   admitted and prefilled until `n` of them decode together, then each measured step is one
-  `schedule()` plus the engine's per-step bookkeeping (advance num_computed, cache newly full
-  blocks, append a token). CPU time is the thread's (time.thread_time), so other processes on a
-  shared machine do not count; wall time is reported too.
+  `schedule()` plus the scheduler's post-step calls the engine makes (`launched`, `commit`:
+  advance num_computed, cache newly full blocks, commit a token; `scheduler/no_op_model.py`). CPU
+  time is the thread's (time.thread_time), so other processes on a shared machine do not count; wall
+  time is reported too.
 - radix: insert and match throughput of the radix tree on long prompts that share prefixes
   in groups (the shape a chat backend sees), in tokens per second.
 """
@@ -19,17 +20,10 @@ from typing import Any
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
-from radixserve.core import Batch, Request, Sequence
+from radixserve.core import Request, Sequence
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.no_op_model import no_op_step
 from radixserve.scheduler.scheduler import Scheduler
-
-
-def _no_op_step(scheduler: Scheduler, batch: Batch, token: int) -> None:
-    """What the engine does after a forward, minus the model and the sampler."""
-    scheduler.complete(batch)
-    for item in batch.items:
-        if item.samples:
-            item.seq.token_ids.append(token)
 
 
 def scheduler_step_cost(num_running: int, steps: int, block_size: int = 16, shared_len: int = 64,
@@ -53,7 +47,7 @@ def scheduler_step_cost(num_running: int, steps: int, block_size: int = 16, shar
     for _ in range(10 * num_running + 100):  # admit and prefill everyone
         if not scheduler.waiting and all(not s.is_prefill for s in scheduler.running):
             break
-        _no_op_step(scheduler, scheduler.schedule(), 7)
+        no_op_step(scheduler, scheduler.schedule(), 7)
     if len(scheduler.running) != num_running or scheduler.waiting:
         raise RuntimeError(f"scheduler micro-benchmark: only {len(scheduler.running)} of {num_running} running")
     cpu, plan, wall = [], [], []
@@ -61,7 +55,7 @@ def scheduler_step_cost(num_running: int, steps: int, block_size: int = 16, shar
         c0, w0 = time.thread_time(), time.perf_counter()
         batch = scheduler.schedule()
         c1 = time.thread_time()
-        _no_op_step(scheduler, batch, 7)
+        no_op_step(scheduler, batch, 7)
         cpu.append(time.thread_time() - c0)
         plan.append(c1 - c0)
         wall.append(time.perf_counter() - w0)

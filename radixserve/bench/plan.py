@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from radixserve.bench.belady import TraceRequest, working_set_blocks
+from radixserve.bench.flags import BenchConfigError
 from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, default_systems
 from radixserve.bench.workloads import (
     DEFAULT_PARAMS,
@@ -31,14 +33,14 @@ from radixserve.bench.workloads import (
 )
 
 
-class BenchConfigError(ValueError):
-    """Options that cannot make a benchmark; reported as a usage error, not a crash."""
-
-
 @dataclass
-class BenchOptions:
-    workloads: tuple[str, ...] = WORKLOADS
-    systems: tuple[str, ...] | None = None  # None: the defaults for this machine
+class RunOptions:
+    """What every scenario that runs workloads on systems takes (the main run here, scale-out's
+    ScaleOutOptions). A scenario redeclares a field to change its default, names its workloads in
+    KNOWN_WORKLOADS and checks its own fields in `scenario_problems`; bad options raise one
+    BenchConfigError that lists them all."""
+
+    KNOWN_WORKLOADS: ClassVar[tuple[str, ...]] = WORKLOADS
     repeats: int = 3
     smoke: bool = False
     seed: int = 0
@@ -46,43 +48,64 @@ class BenchOptions:
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 256
-    num_blocks: int | None = None  # None: ample for each workload
     pool_fraction: float = 0.25
-    load: str | None = None  # closed | open; None: each workload's default
-    concurrency: int | None = None
-    request_rate: float | None = None
     params: dict[str, dict[str, str]] = field(default_factory=dict)  # workload -> field -> value
     timeout_s: float = 1800.0
     micro: bool = True
     progress: bool = True
 
     def __post_init__(self) -> None:
-        try:
-            self._validate()
-        except ValueError as e:
-            raise BenchConfigError(str(e)) from None
+        problems = self._shared_problems() + self.scenario_problems()
+        if problems:
+            raise BenchConfigError("; ".join(problems))
 
-    def _validate(self) -> None:
+    def scenario_problems(self) -> list[str]:
+        return []
+
+    def _shared_problems(self) -> list[str]:
+        problems = []
+        if self.repeats < 1:
+            problems.append("--repeats must be >= 1")
+        if not 0 < self.pool_fraction <= 1:
+            problems.append("--pool-fraction must be in (0, 1]")
+        if self.timeout_s <= 0:
+            problems.append("--timeout must be > 0")
+        unknown = set(self.params) - set(self.KNOWN_WORKLOADS)
+        if unknown:
+            problems.append(f"--param names unknown workload(s): {sorted(unknown)}")
+        return problems
+
+    def workload_params(self, name: str, defaults: Mapping[str, Any], smoke: Mapping[str, Any]) -> Any:
+        """Workload `name`'s parameters: its defaults (smoke-sized with --smoke) with its --param applied."""
+        try:
+            return with_overrides((smoke if self.smoke else defaults)[name], self.params.get(name, {}))
+        except ValueError as e:
+            raise BenchConfigError(f"{name}: {e}") from None
+
+
+@dataclass
+class BenchOptions(RunOptions):
+    workloads: tuple[str, ...] = WORKLOADS
+    systems: tuple[str, ...] | None = None  # None: the defaults for this machine
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+    num_blocks: int | None = None  # None: ample for each workload
+    load: str | None = None  # closed | open; None: each workload's default
+    concurrency: int | None = None
+    request_rate: float | None = None
+
+    def scenario_problems(self) -> list[str]:
+        problems = []
         unknown = [w for w in self.workloads if w not in WORKLOADS]
         if unknown or not self.workloads:
-            raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)} or all")
+            problems.append(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)} or all")
         if self.systems is not None:
             bad = [s for s in self.systems if s not in SYSTEM_DESCRIPTIONS]
             if bad or not self.systems:
-                raise ValueError(f"unknown system(s) {bad}; choose from {', '.join(SYSTEM_DESCRIPTIONS)}")
-        if self.repeats < 1:
-            raise ValueError("--repeats must be >= 1")
-        if not 0 < self.pool_fraction <= 1:
-            raise ValueError("--pool-fraction must be in (0, 1]")
+                problems.append(f"unknown system(s) {bad}; choose from {', '.join(SYSTEM_DESCRIPTIONS)}")
         if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError("--num-blocks must be >= 1")
-        if self.timeout_s <= 0:
-            raise ValueError("--timeout must be > 0")
-        bad_params = set(self.params) - set(WORKLOADS)
-        if bad_params:
-            raise ValueError(f"--param names unknown workload(s): {sorted(bad_params)}")
+            problems.append("--num-blocks must be >= 1")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -109,8 +132,8 @@ def build_workloads(o: BenchOptions, encode: Callable[[str], list[int]], vocab_s
                     max_len: int) -> list[Workload]:
     out = []
     for name in o.workloads:
+        params = o.workload_params(name, DEFAULT_PARAMS, SMOKE_PARAMS)
         try:
-            params = with_overrides((SMOKE_PARAMS if o.smoke else DEFAULT_PARAMS)[name], o.params.get(name, {}))
             load = make_load(name, params, o)
         except ValueError as e:
             raise BenchConfigError(f"{name}: {e}") from None

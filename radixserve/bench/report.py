@@ -11,7 +11,8 @@ from radixserve.bench import returning
 from radixserve.bench.systems import REFERENCE
 
 
-def _f(x: float | None, digits: int = 1) -> str:
+def number(x: float | None, digits: int = 1) -> str:
+    """A figure for a table: thousands grouped without decimals, smaller ones to `digits` places."""
     if x is None:
         return "—"
     if abs(x) >= 1000:
@@ -20,7 +21,7 @@ def _f(x: float | None, digits: int = 1) -> str:
 
 
 def _trio(m: dict[str, float], prefix: str) -> str:
-    return " / ".join(_f(m.get(f"{prefix}_p{q}"), 0) for q in (50, 90, 99))
+    return " / ".join(number(m.get(f"{prefix}_p{q}"), 0) for q in (50, 90, 99))
 
 
 def _system_table(per_system: dict[str, Any]) -> list[str]:
@@ -29,10 +30,10 @@ def _system_table(per_system: dict[str, Any]) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, entry in per_system.items():
         m = entry["median"]
-        blocks = (f"{_f(m['peak_blocks_used'], 0)} / {_f(m['static_reservation_blocks'], 0)}"
+        blocks = (f"{number(m['peak_blocks_used'], 0)} / {number(m['static_reservation_blocks'], 0)}"
                   if "peak_blocks_used" in m else "—")
-        lines.append(f"| {name} | {_f(m['requests_per_s'], 2)} | {_f(m['output_tokens_per_s'])} "
-                     f"| {_f(m['total_tokens_per_s'])} | {_trio(m, 'ttft_ms')} | {_trio(m, 'itl_ms')} "
+        lines.append(f"| {name} | {number(m['requests_per_s'], 2)} | {number(m['output_tokens_per_s'])} "
+                     f"| {number(m['total_tokens_per_s'])} | {_trio(m, 'ttft_ms')} | {_trio(m, 'itl_ms')} "
                      f"| {_trio(m, 'e2e_ms')} | {m['hit_rate']:.1%} | {m['hit_rate_vs_optimal']:.3f} | {blocks} |")
     return lines
 
@@ -47,7 +48,7 @@ def _turn_table(per_system: dict[str, Any]) -> list[str]:
              "|---|" + "---:|" * len(turns)]
     for name, entry in per_system.items():
         m = entry["median"]
-        lines.append(f"| {name} | " + " | ".join(_f(m.get(f"ttft_ms_turn{t}"), 0) for t in turns) + " |")
+        lines.append(f"| {name} | " + " | ".join(number(m.get(f"ttft_ms_turn{t}"), 0) for t in turns) + " |")
     return lines
 
 
@@ -57,8 +58,8 @@ def _ratio_lines(ratios: dict[str, dict[str, float]]) -> list[str]:
     lines = ["", f"{REFERENCE} relative to each peer (x; throughput above 1 and latency below 1 favour {REFERENCE}):",
              "", "| peer | out tok/s | total tok/s | mean TTFT | p50 E2E |", "|---|---:|---:|---:|---:|"]
     for peer, r in ratios.items():
-        lines.append(f"| {peer} | {_f(r.get('output_tokens_per_s'), 2)} | {_f(r.get('total_tokens_per_s'), 2)} "
-                     f"| {_f(r.get('ttft_ms_mean'), 2)} | {_f(r.get('e2e_ms_p50'), 2)} |")
+        lines.append(f"| {peer} | {number(r.get('output_tokens_per_s'), 2)} | {number(r.get('total_tokens_per_s'), 2)} "
+                     f"| {number(r.get('ttft_ms_mean'), 2)} | {number(r.get('e2e_ms_p50'), 2)} |")
     return lines
 
 
@@ -68,8 +69,8 @@ def _bounded_lines(per_system: dict[str, Any]) -> list[str]:
         m = entry["median"]
         if "belady_hit_rate" not in m:
             continue
-        out += ["", (f"{name}: pool of {_f(m['pool_blocks'], 0)} blocks = {m['pool_fraction']:.0%} of the "
-                     f"{_f(m['working_set_blocks'], 0)}-block working set; hit rate {m['hit_rate']:.1%} vs offline "
+        out += ["", (f"{name}: pool of {number(m['pool_blocks'], 0)} blocks = {m['pool_fraction']:.0%} of the "
+                     f"{number(m['working_set_blocks'], 0)}-block working set; hit rate {m['hit_rate']:.1%} vs offline "
                      f"Belady {m['belady_hit_rate']:.1%} (ratio {m['hit_rate_vs_belady']:.3f}) and simulated LRU "
                      f"{m['lru_sim_hit_rate']:.1%}.")]
     return out
@@ -80,6 +81,17 @@ def describe_target(t: dict[str, Any]) -> str:
         return "not measured"
     status = "met" if t["met"] else "missed"
     return f"{status} by {abs(t['margin']):.0%}" if t["margin"] is not None else status
+
+
+def target_lines(targets: list[dict[str, Any]]) -> list[str]:
+    if not targets:
+        return []
+    lines = ["", "## Targets", "", "| target | value | goal | status |", "|---|---:|---:|---|"]
+    for t in targets:
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"| {t['name']}{note} | {number(t['value'], 3)} | {t['op']} {t['threshold']:g} "
+                     f"| {describe_target(t)} |")
+    return lines
 
 
 def render(results: dict) -> str:
@@ -100,12 +112,7 @@ def render(results: dict) -> str:
         lines += _ratio_lines(results.get("ratios", {}).get(wname, {}))
         lines += _bounded_lines(per_system)
         lines += returning.report_lines(results) if wname == returning.WORKLOAD else []
-    if results.get("targets"):
-        lines += ["", "## Targets", "", "| target | value | goal | status |", "|---|---:|---:|---|"]
-        for t in results["targets"]:
-            note = f" ({t['note']})" if t.get("note") else ""
-            lines.append(f"| {t['name']}{note} | {_f(t['value'], 3)} | {t['op']} {t['threshold']:g} "
-                         f"| {describe_target(t)} |")
+    lines += target_lines(results.get("targets") or [])
     micro = results.get("micro")
     if micro:
         lines += ["", "## Micro-benchmarks (no model)", "",

@@ -42,7 +42,7 @@ def run_detail(trace: RunTrace, extra: dict[str, Any]) -> dict[str, Any]:
     return {"engine": extra.get("engine", {}), "timeline": timeline, "requests": requests}
 
 
-def _version(dist: str) -> str | None:
+def version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -60,7 +60,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def add_environment(results: dict, options: Any, model: tuple[str, str], spec: Any, argv: list[str] | None) -> None:
+def add_environment(results: dict, options: Any, model: tuple[str, str], spec: Any | None,
+                    argv: list[str] | None) -> None:
+    """The date, command, machine, versions, model (None figures without a spec) and options."""
     import torch
 
     results["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -71,14 +73,13 @@ def add_environment(results: dict, options: Any, model: tuple[str, str], spec: A
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
-    results["versions"] = {"python": platform.python_version(), "radixserve": _version("radixserve"),
-                           "torch": torch.__version__, "transformers": _version("transformers"),
-                           "triton": _version("triton")}
-    results["model"] = {"dir": model[0], "name": model[1],
-                        "layers": spec.num_layers, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-                        "vocab_size": spec.vocab_size}
+    results["versions"] = {"python": platform.python_version(), "radixserve": version("radixserve"),
+                           "torch": torch.__version__, "transformers": version("transformers"),
+                           "triton": version("triton")}
+    results["model"] = {"dir": model[0], "name": model[1], "layers": getattr(spec, "num_layers", None),
+                        "kv_heads": getattr(spec, "num_kv_heads", None), "head_dim": getattr(spec, "head_dim", None),
+                        "vocab_size": getattr(spec, "vocab_size", None)}
     results["options"] = {k: v for k, v in dataclasses.asdict(options).items()}
-    results["ratios"] = ratios(results)
 
 
 def ratios(results: dict) -> dict[str, dict[str, dict[str, float]]]:

@@ -9,7 +9,6 @@ carried over), warms it up with one short request of tokens no workload contains
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Any
 
@@ -18,8 +17,10 @@ from tqdm import tqdm
 from radixserve.bench import results as results_mod
 from radixserve.bench.belady import simulate_pool, working_set_blocks
 from radixserve.bench.driver import RequestRecord, RunTrace, drive, warm_up
-from radixserve.bench.metrics import expected_metrics, median_metrics, pool_metrics, run_metrics, trace_requests
-from radixserve.bench.plan import BenchConfigError, BenchOptions, Sizing, build_workloads, plan_systems, size_pools
+from radixserve.bench.flags import BenchConfigError
+from radixserve.bench.harness import model_facts, progress_bar
+from radixserve.bench.metrics import expected_metrics, fold_repeats, pool_metrics, run_metrics, trace_requests
+from radixserve.bench.plan import BenchOptions, Sizing, build_workloads, plan_systems, size_pools
 from radixserve.bench.returning import WORKLOAD as RETURNING
 from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
 from radixserve.bench.systems import AMPLE_HOST, BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, SystemSettings, build_system
@@ -28,20 +29,10 @@ from radixserve.bench.textsource import byte_encoder
 from radixserve.bench.workloads import Workload
 
 
-def _model_facts(model: str | None) -> tuple[str, str, Any, Any]:
-    """The directory every system loads, the model's display name, its spec and its tokenizer."""
-    from radixserve.model.embedded import resolve_model
-    from radixserve.model.loader import load_tokenizer
-    from radixserve.model.spec import load_spec
-
-    model_dir, name = resolve_model(model)
-    return model_dir, name, load_spec(model_dir), load_tokenizer(model_dir)
-
-
 def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     import torch
 
-    model_dir, model_name, spec, tokenizer = _model_facts(o.model)
+    model_dir, model_name, spec, tokenizer = model_facts(o.model)
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None \
         else byte_encoder(spec.vocab_size)
     workloads = build_workloads(o, encode, spec.vocab_size, spec.max_position_embeddings)
@@ -62,7 +53,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     traces: dict[str, dict[str, list[RunTrace]]] = {w.name: {s: [] for s in planned[w.name]} for w in workloads}
     extras: dict[tuple[str, str, int], dict[str, Any]] = {}
     total = sum(w.num_requests * len(planned[w.name]) for w in workloads) * o.repeats
-    bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=not o.progress, dynamic_ncols=True)
+    bar = progress_bar(total, "bench", o.progress)
 
     async def run_all() -> None:
         for repeat in range(o.repeats):
@@ -87,6 +78,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     results["host_tier"] = host_tier_ratios(results)
     results["wall_time_s"] = time.time() - started
     results_mod.add_environment(results, o, (model_dir, model_name), spec, argv)
+    results["ratios"] = results_mod.ratios(results)
     if o.micro:
         from radixserve.bench.micro import run_micro
 
@@ -139,12 +131,8 @@ def _fold(o: BenchOptions, workloads: list[Workload], planned: dict[str, list[st
                     m |= returning_metrics(trace)
                 runs.append({"repeat": trace.repeat, "metrics": m, **results_mod.run_detail(trace, extra)})
                 out["systems"].setdefault(name, {"description": SYSTEM_DESCRIPTIONS[name], **extra["info"]})
-            per_system[name] = {
-                "expected_metrics": list(expected_metrics(name.startswith("radixserve"), name in (BOUNDED, BOUNDED_HOST),
-                                                          w.name == RETURNING)),
-                "median": median_metrics([r["metrics"] for r in runs]),
-                "repeats": runs,
-            }
+            expected = expected_metrics(name.startswith("radixserve"), name in (BOUNDED, BOUNDED_HOST), w.name == RETURNING)
+            per_system[name] = fold_repeats(expected, runs)
         out["results"][w.name] = per_system
     return out
 

@@ -1,7 +1,8 @@
 """Real English text as a deterministic stream of token ids, for building benchmark prompts.
 
 The text comes from the MIT-licensed `chitchat-dataset` package (~7k human conversations, shipped
-as one JSON file inside the package, so it loads offline). Conversations are shuffled by the seed
+as one JSON file inside the package, so it loads offline; part of the bench extra, which the command
+line checks for before it builds a workload: extra.py). Conversations are shuffled by the seed
 and tokenized lazily; `take(n)` returns the next n tokens of that stream, so two calls never return
 overlapping text and the same seed always yields the same ids.
 
@@ -22,11 +23,7 @@ from importlib import resources
 def load_conversations() -> tuple[tuple[str, ...], ...]:
     """Every conversation as a tuple of its messages (consecutive utterances of one speaker joined),
     in the dataset's key order."""
-    try:
-        path = resources.files("chitchat_dataset") / "dataset.json"
-    except ModuleNotFoundError as e:
-        raise RuntimeError("the benchmark needs the `chitchat-dataset` package: pip install chitchat-dataset") from e
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads((resources.files("chitchat_dataset") / "dataset.json").read_text(encoding="utf-8"))
     convs = []
     for key in sorted(data):
         messages = tuple(" ".join(u["text"] for u in m).strip() for m in data[key]["messages"])

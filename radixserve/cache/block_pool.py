@@ -7,14 +7,15 @@ Invariants (checked by `check_integrity`):
   node that lists the block holds one reference;
 - copy-on-write: a block with more than one owner is never written (the scheduler copies it first).
 
-When the free list runs dry the pool asks its `evictor` (the radix tree's LRU eviction) for blocks,
-so cached prefixes are evicted only under memory pressure.
+The pool knows nothing of the cache above it: `allocate` only hands out free blocks. Whoever needs
+blocks the free list lacks evicts first, explicitly (the scheduler's `SequenceCache` and the radix
+tree's own tier moves call `RadixTree.evict`), so cached prefixes are evicted only under memory
+pressure and every eviction is visible at its call site.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable
 
 
 class OutOfBlocksError(RuntimeError):
@@ -29,17 +30,13 @@ class BlockPool:
         self.block_size = block_size
         self.refcount = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
-        # set by the radix tree: evict(n) frees up to n blocks and returns how many it freed
-        self.evictor: Callable[[int], int] | None = None
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
     def allocate(self, n: int) -> list[int] | None:
-        """n fresh blocks with refcount 1, evicting cache if needed; None (and no change) if impossible."""
-        if n > len(self._free) and self.evictor is not None:
-            self.evictor(n - len(self._free))
+        """n free blocks, now with refcount 1; None (and no change) if fewer than n are free."""
         if n > len(self._free):
             return None
         blocks = [self._free.popleft() for _ in range(n)]

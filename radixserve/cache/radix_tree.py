@@ -19,8 +19,10 @@ node with a host copy just frees its device blocks; otherwise it is written back
 to the host pool) first, and only when the host pool cannot take it is it dropped, with its host-only
 subtree. The host pool makes room by dropping least recently used host copies: of nodes also on the
 device, or host-only leaves. A swapped-out sequence pins its cached path (`swap_out`), which keeps
-every node on it in the host tier until the sequence resumes. Every copy decided here is appended to
-`copies`, in order, for the scheduler to hand to the next step. With `events` set, every subtree
+every node on it in the host tier until the sequence resumes. Eviction is explicit: the pools never
+call back into the tree; `make_room` (the scheduler's cache layer, before it allocates) and the
+tree's own tier moves evict before they allocate. Every copy decided here is returned to the caller,
+in order, which passes it on to the step that must run it (the tree keeps no list of them). With `events` set, every subtree
 dropped from both tiers is also reported there, for a scale-out router (cache/events.py).
 
 Invariants (checked by `check_integrity`): children are keyed by their first token; a child starts
@@ -44,7 +46,6 @@ __all__ = ["Match", "RadixNode", "RadixTree", "common_prefix_len"]
 class RadixTree(RadixStructure):
     def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None) -> None:
         super().__init__(pool, host_pool)
-        self.copies: list[BlockCopy] = []  # decided, not yet handed to a step (the scheduler drains it)
         self.write_back_enabled = host_pool is not None
         self.evictions = 0  # nodes evicted from the device
         self.evicted_blocks = 0  # device blocks freed by eviction
@@ -52,40 +53,51 @@ class RadixTree(RadixStructure):
         self.loaded_blocks = 0
         self.host_dropped_blocks = 0
         self.events: CacheEventLog | None = None  # set when a router follows what this tree drops
-        pool.evictor = self.evict
-        if host_pool is not None:
-            host_pool.evictor = self.evict_host
 
     # -- moving between tiers ---------------------------------------------------------------------
-    def load_back(self, match: Match) -> Match:
-        """Copy the host-only tail of `match` into fresh device blocks (which may evict others). If
-        the pool cannot supply them, the match is cut back to its device part."""
+    def make_room(self, num_blocks: int) -> list[BlockCopy]:
+        """Evict until `num_blocks` device blocks are free (or nothing is evictable); the write-backs
+        that eviction decided, to run before anything reuses the freed blocks. Changes the cache."""
+        short = num_blocks - self.pool.num_free
+        return self.evict(short)[1] if short > 0 else []
+
+    def _host_room(self, num_blocks: int) -> None:
+        short = num_blocks - self.host_pool.num_free if self.host_pool is not None else 0
+        if short > 0:
+            self.evict_host(short)
+
+    def load_back(self, match: Match) -> tuple[Match, list[BlockCopy]]:
+        """Copy the host-only tail of `match` into fresh device blocks (evicting others for them).
+        If the pool cannot supply them, the match is cut back to its device part. Returns the match
+        and the copies to run (write-backs of what was evicted, then the load-backs). Changes the cache."""
         if not match.host_tokens:
-            return match
+            return match, []
         hosted = [n for n in match.path if not n.blocks]  # a suffix of the path
         anchor = hosted[0].parent
         assert anchor is not None
         self.lock(anchor)  # its path must stay on the device while eviction runs
         self._protect(hosted, True)
-        fresh = self.pool.allocate(sum(len(n.host_blocks) for n in hosted))
+        needed = sum(len(n.host_blocks) for n in hosted)
+        copies = self.make_room(needed)
+        fresh = self.pool.allocate(needed)
         self._protect(hosted, False)
         self.unlock(anchor)
         if fresh is None:
             device = match.path[:len(match.path) - len(hosted)]
-            return self._match_of(device, anchor.end, anchor)
+            return self._match_of(device, anchor.end, anchor), copies
         for n in hosted:
             own, fresh = fresh[:len(n.host_blocks)], fresh[len(n.host_blocks):]
-            self.copies.extend(BlockCopy(CopyKind.TO_DEVICE, h, d) for h, d in zip(n.host_blocks, own))
+            copies.extend(BlockCopy(CopyKind.TO_DEVICE, h, d) for h, d in zip(n.host_blocks, own))
             self.loaded_blocks += len(own)
             self._set_blocks(n, own)
-        return self._match_of(match.path, match.length, match.node)
+        return self._match_of(match.path, match.length, match.node), copies
 
-    def swap_out(self, node: RadixNode) -> bool:
+    def swap_out(self, node: RadixNode) -> list[BlockCopy] | None:
         """Give every node on `node`'s path a host copy and pin the path there, for a preempted
-        sequence whose computed tokens end at `node`. False (nothing changed) if the host pool
-        cannot hold them."""
+        sequence whose computed tokens end at `node`; the write-backs to run. None (nothing changed
+        but host copies dropped to make room) if the host pool cannot hold them. Changes the cache."""
         if self.host_pool is None:
-            return False
+            return None
         path: list[RadixNode] = []
         n: RadixNode | None = node
         while n is not None and n is not self.root:
@@ -93,33 +105,40 @@ class RadixTree(RadixStructure):
             n = n.parent
         missing = [n for n in reversed(path) if not n.host_blocks]
         self._protect(path, True)  # making room must not drop this path's own host copies
-        host = self.host_pool.allocate(sum(len(n.blocks) for n in missing))
+        needed = sum(len(n.blocks) for n in missing)
+        self._host_room(needed)
+        host = self.host_pool.allocate(needed)
         self._protect(path, False)
         if host is None:
-            return False
+            return None
+        copies: list[BlockCopy] = []
         for n in missing:
             own, host = host[:len(n.blocks)], host[len(n.blocks):]
-            self._write_to(n, own)
+            copies.extend(self._write_to(n, own))
         self._pin(node, +1)
-        return True
+        return copies
 
-    def _write_to(self, n: RadixNode, host: list[int]) -> None:
-        self.copies.extend(BlockCopy(CopyKind.TO_HOST, d, h) for d, h in zip(n.blocks, host))
+    def _write_to(self, n: RadixNode, host: list[int]) -> list[BlockCopy]:
+        copies = [BlockCopy(CopyKind.TO_HOST, d, h) for d, h in zip(n.blocks, host)]
         self.written_back_blocks += len(host)
         n.host_blocks = host
         self._refresh(n)
+        return copies
 
-    def evict(self, num_blocks: int) -> int:
+    def evict(self, num_blocks: int) -> tuple[int, list[BlockCopy]]:
         """Free device blocks until num_blocks are free or nothing is left to evict, least recently
-        used first, writing back what the host tier can take; return the blocks freed."""
+        used first, writing back what the host tier can take; the blocks freed and the write-backs
+        to run before the freed blocks are reused. Changes the cache."""
         freed = 0
+        copies: list[BlockCopy] = []
         while freed < num_blocks and self._lru:
             node = self._lru[0]
             if not node.host_blocks and self.write_back_enabled:
                 assert self.host_pool is not None
+                self._host_room(len(node.blocks))
                 host = self.host_pool.allocate(len(node.blocks))
                 if host is not None:
-                    self._write_to(node, host)
+                    copies.extend(self._write_to(node, host))
             if node.host_blocks:
                 blocks = node.blocks
                 self._set_blocks(node, [])
@@ -129,7 +148,7 @@ class RadixTree(RadixStructure):
             freed += got
             self.evicted_blocks += got
             self.evictions += 1
-        return freed
+        return freed, copies
 
     def evict_host(self, num_blocks: int) -> int:
         """Drop least recently used host copies until num_blocks host blocks are free (or none is
@@ -188,7 +207,7 @@ class RadixTree(RadixStructure):
         """Drop everything not locked or pinned from both tiers, writing nothing back (tests, shutdown)."""
         self.write_back_enabled = False
         try:
-            freed = self.evict(self.pool.num_blocks + 1)
+            freed = self.evict(self.pool.num_blocks + 1)[0]
             if self.host_pool is not None:
                 self.evict_host(self.host_pool.num_blocks + 1)
         finally:

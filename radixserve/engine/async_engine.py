@@ -4,11 +4,14 @@ Requests and aborts reach the engine thread through a command queue and run betw
 synchronous engine is only ever touched by that thread (plus `check_integrity` and the like, which
 take the step lock). `stats` never takes it: the engine thread publishes a snapshot after every step
 and batch of commands (engine/stats_feed.py), before that step's outputs go out, so a caller that
-sees its output finished sees it counted. Outputs travel back to each caller's asyncio.Queue via
-call_soon_threadsafe. A caller that stops iterating (aclose, cancellation, disconnect) aborts its
-request, which frees its blocks. A request the engine failed on its own (finish_reason "error")
-raises RequestFailedError in its caller only. `health()` reports a dead engine thread, or one that
-has made no progress for a while with work waiting.
+sees its output finished sees it counted; likewise each step's StepInfo goes into a feed that
+`drain_steps` empties on the caller's thread (engine/observers.py). A request is checked once, by
+`intake` on the caller's thread, and queued as the ValidatedRequest it gives (engine/intake.py).
+Outputs travel back to each caller's asyncio.Queue via call_soon_threadsafe. A caller that stops
+iterating (aclose, cancellation, disconnect) aborts its request, which frees its blocks. A request
+the engine failed on its own (finish_reason "error") raises RequestFailedError in its caller only.
+`health()` reports a dead engine thread, or one that has made no progress for a while with work
+waiting.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.cache.events import CacheEventLog
 from radixserve.config import EngineConfig
-from radixserve.core import Placement, RequestOutput
+from radixserve.core import Placement, RequestOutput, StepInfo
 from radixserve.engine.engine import LLMEngine
-from radixserve.engine.intake import validate_priority
-from radixserve.engine.observers import StepObserver
+from radixserve.engine.intake import ValidatedRequest
+from radixserve.engine.observers import StepFeed, StepObserver
 from radixserve.engine.stats import EngineStats
 from radixserve.engine.stats_feed import StatsFeed
 from radixserve.errors import EngineStoppedError, RequestFailedError
@@ -50,7 +53,10 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._last_progress = time.monotonic()  # a step ran, or the engine was idle
+        self.intake = self.engine.intake  # checks requests on the caller's thread (the event loop)
         self._feed = StatsFeed(self.engine)
+        self._steps = StepFeed()
+        self.engine.add_step_observer(self._steps.publish)
         # outputs of the commands being run, sent once the statistics counting them are published
         self._held: list[tuple[RequestOutput | BaseException, str | None]] | None = None
 
@@ -168,12 +174,20 @@ class AsyncEngine:
             self._feed.publish(self.engine)
 
     # -- requests ------------------------------------------------------------------------------
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       priority: int = 0, cancelled: Callable[[], bool] | None = None,
-                       placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                 priority: int = 0, cancelled: Callable[[], bool] | None = None,
+                 placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's incremental outputs; the last one has finished=True. `priority`: an
         integer, lower runs first under `--policy priority` (fcfs, cache-aware and sjf ignore it).
-        `placement` is for clients over several replicas (engine/client.py): one engine ignores it.
+        A bad request raises RequestError here, before anything is queued (engine/intake.py)."""
+        return self.generate_validated(self.intake.check(prompt, params, priority), request_id, cancelled,
+                                       placement)
+
+    async def generate_validated(self, request: ValidatedRequest, request_id: str | None = None,
+                                 cancelled: Callable[[], bool] | None = None,
+                                 placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
+        """`generate` for a request `intake` already checked: it is not checked again. `placement` is
+        for clients over several replicas (engine/client.py): one engine ignores it.
 
         `cancelled`, checked once the request is queued, lets a caller whose cancel came before
         this call (and so aborted an id the engine did not know yet) still win: the abort then
@@ -181,9 +195,7 @@ class AsyncEngine:
         if self._stopping:
             raise EngineStoppedError("the engine is shutting down")
         await self.start()
-        token_ids = self.engine.tokenize(prompt)
-        self.engine.validate(token_ids, params)  # bad requests fail here, before anything is queued
-        validate_priority(priority)
+        request = self.intake.admit(request)
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -192,7 +204,7 @@ class AsyncEngine:
 
         def add() -> None:
             try:
-                self.engine.add_request(token_ids, params, rid, priority)
+                self.engine.add_validated(request, rid)
             except Exception as exc:
                 self._deliver(exc, rid)
 
@@ -237,6 +249,10 @@ class AsyncEngine:
     def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
         """`observer(StepInfo)` after every step, called on the engine thread: keep it short."""
         self.engine.add_step_observer(observer, pool)
+
+    def drain_steps(self) -> list[StepInfo]:
+        """The steps run since the last call, oldest first; any thread, never waits for a step."""
+        return self._steps.drain()
 
     def health(self, stall_s: float) -> str | None:
         """None when healthy; else why not: the engine thread died, or it has made no progress for

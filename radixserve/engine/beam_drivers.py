@@ -46,7 +46,7 @@ def _searches(engine: LLMEngine, prompts: list[list[int]], params: BeamSearchPar
     for s in searches:
         if s.alternatives > engine.spec.vocab_size:
             raise RequestError(f"beam_width {params.beam_width} plus {len(eos)} EOS tokens exceeds the vocabulary")
-        engine.validate(s.prompt, _step_params(s.alternatives))
+        engine.intake.check(s.prompt, _step_params(s.alternatives))
         if len(s.prompt) + params.max_tokens > engine.max_seq_len:
             raise PromptTooLongError(len(s.prompt), params.max_tokens, engine.max_seq_len)
     return searches

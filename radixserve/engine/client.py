@@ -1,11 +1,13 @@
 """What the server needs from an engine: the contract `AsyncEngine` (one engine in this process) and
 `scaleout.ClusterEngine` (replicas behind Ray Serve) both meet, so the HTTP/WebSocket app is the same.
 
-Contract: `generate` streams one request's incremental outputs, the last with finished=True, and a
-caller that stops iterating aborts the request; `stats` answers at once from the last published
-snapshot (never waits for a step: /metrics and /v1/cache/stats call it on the event loop; treat the
-result as read-only); `health` answers without taking any engine lock; `abort` is safe to call for
-an unknown id.
+Contract: `intake.check` is the one check of a request (engine/intake.py), on the caller's thread:
+RequestError, or a ValidatedRequest that `generate_validated` streams without checking it again
+(`generate` is both in one call); the stream yields one request's incremental outputs, the last with
+finished=True, and a caller that stops iterating aborts the request. `stats` answers at once from
+the last published snapshot and `drain_steps` with the steps run since its last call (neither waits
+for a step: /metrics and /v1/cache/stats call them on the event loop; treat the results as
+read-only); `health` answers without taking any engine lock; `abort` is safe to call for an unknown id.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from radixserve.core import Placement, RequestOutput
-from radixserve.engine.observers import StepObserver
+from radixserve.core import Placement, RequestOutput, StepInfo
+from radixserve.engine.intake import Intake, ValidatedRequest
 from radixserve.engine.stats import EngineStats
 from radixserve.sampling_params import SamplingParams
 
@@ -38,6 +40,9 @@ class EngineClient(Protocol):
     @property
     def block_size(self) -> int: ...
 
+    @property
+    def intake(self) -> Intake: ...
+
     async def start(self) -> None: ...
 
     async def shutdown(self) -> None: ...
@@ -46,12 +51,16 @@ class EngineClient(Protocol):
                  priority: int = 0, cancelled: Callable[[], bool] | None = None,
                  placement: Placement | None = None) -> AsyncIterator[RequestOutput]: ...
 
+    def generate_validated(self, request: ValidatedRequest, request_id: str | None = None,
+                           cancelled: Callable[[], bool] | None = None,
+                           placement: Placement | None = None) -> AsyncIterator[RequestOutput]: ...
+
     async def beam_search(self, prompt: list[int], params: BeamSearchParams, priority: int = 0,
                           placement: Placement | None = None) -> BeamSearchOutput: ...
 
     def abort(self, request_id: str) -> None: ...
 
-    def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None: ...
+    def drain_steps(self) -> list[StepInfo]: ...
 
     def health(self, stall_s: float) -> str | None: ...
 

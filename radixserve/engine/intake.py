@@ -1,19 +1,75 @@
-"""Turning what a caller sends into a prompt the engine accepts, or a clear RequestError.
+"""The engine's intake: the one place a request's prompt, sampling parameters and priority are
+checked, turning what a caller sends into a `ValidatedRequest` or a clear RequestError.
 
 A prompt is a string (tokenized with the model's tokenizer, BOS where the model wants one, as vLLM
 does) or a list of integer token ids; it must be non-empty, inside the vocabulary, and leave room
 for at least one generated token in the longest sequence the engine allows. A priority is an integer
 (a bool is not one) with |priority| <= PRIORITY_LIMIT; lower runs first under `--policy priority`.
+
+Invariants:
+- a request is checked once, by `Intake.check`, on the caller's thread before anything is queued
+  (`LLMEngine.add_request`, `AsyncEngine.generate`, the server through its engine client); what
+  passes travels as a ValidatedRequest, which `LLMEngine.add_validated` and
+  `AsyncEngine.generate_validated` queue without checking it again. Only `Intake.check` makes one.
+- a ValidatedRequest names the limits it was checked against; an engine with tighter limits (a
+  replica whose pool is smaller than the one the ingress asked about) checks it again in `admit`, so
+  no request is queued past a limit it was not checked for.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import PromptTooLongError, RequestError
 from radixserve.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
+
 PRIORITY_LIMIT = 2**31  # |priority| at most this: any sane scheme fits, and keys stay small ints
+
+
+@dataclass(frozen=True)
+class Limits:
+    vocab: int
+    max_seq_len: int  # the longest sequence (prompt + generated) the engine runs
+
+    def within(self, other: Limits) -> bool:
+        """Whatever passed these limits also passes `other`."""
+        return self.vocab <= other.vocab and self.max_seq_len <= other.max_seq_len
+
+
+@dataclass(frozen=True)
+class ValidatedRequest:
+    """A request `Intake.check` accepted: its token ids, parameters and priority, ready to queue."""
+
+    token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    limits: Limits
+
+
+class Intake:
+    def __init__(self, tokenizer: Any, limits: Limits) -> None:
+        self.tokenizer, self.limits = tokenizer, limits
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> Intake:
+        return cls(engine.tokenizer, Limits(engine.spec.vocab_size, engine.max_seq_len))
+
+    def check(self, prompt: str | list[int], params: SamplingParams, priority: object = 0) -> ValidatedRequest:
+        """The request, checked; RequestError (a ValueError) naming what is wrong otherwise."""
+        token_ids = tokenize(self.tokenizer, prompt)
+        validate(token_ids, params, self.limits.vocab, self.limits.max_seq_len)
+        return ValidatedRequest(token_ids, params, validate_priority(priority), self.limits)
+
+    def admit(self, request: ValidatedRequest) -> ValidatedRequest:
+        """`request` as this engine may queue it: as it is when its limits fit within these (always,
+        for one checked here), else checked again against these."""
+        if request.limits.within(self.limits):
+            return request
+        return self.check(request.token_ids, request.params, request.priority)
 
 
 def tokenize(tokenizer: Any, prompt: str | list[int]) -> list[int]:
@@ -29,8 +85,8 @@ def tokenize(tokenizer: Any, prompt: str | list[int]) -> list[int]:
 def validate(token_ids: list[int], params: SamplingParams, vocab: int, max_seq_len: int) -> None:
     if not token_ids:
         raise RequestError("the prompt is empty")
-    bad = [t for t in token_ids if not 0 <= t < vocab]
-    if bad:
+    if min(token_ids) < 0 or max(token_ids) >= vocab:  # in C: the list is built only for the message
+        bad = [t for t in token_ids if not 0 <= t < vocab]
         raise RequestError(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
     if len(token_ids) >= max_seq_len:
         raise PromptTooLongError(len(token_ids), params.max_tokens, max_seq_len)

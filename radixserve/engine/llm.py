@@ -1,9 +1,10 @@
 """Offline API: `LLM(...).generate(prompts, params)`, `.chat(messages, params)` and `.session(system)`
 (a multi-turn `ChatSession` that appends exact token ids), synchronous.
 
-Every prompt (and its priority) is tokenized and validated before any is queued, so one bad prompt
-rejects the call without leaving half a batch in the engine. `priority` is one integer for every
-prompt or one per prompt; lower runs first under `--policy priority`, fcfs, cache-aware and sjf ignore it.
+Every prompt (and its priority) is checked once, by the engine's intake, before any is queued, so one
+bad prompt rejects the call without leaving half a batch in the engine. `priority` is one integer for
+every prompt or one per prompt; lower runs first under `--policy priority`, fcfs, cache-aware and sjf
+ignore it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from radixserve.engine.beam_drivers import run_beam_search
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.engine import LLMEngine
-from radixserve.engine.intake import validate_priority
+from radixserve.engine.intake import tokenize
 from radixserve.engine.session import ChatSession
 from radixserve.sampling_params import SamplingParams
 
@@ -28,16 +29,15 @@ class LLM:
     def __init__(self, model: str | None = None, **config: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **config))
         self.tokenizer = self.engine.tokenizer
+        self.intake = self.engine.intake
         self._formatter: ChatFormatter | None = None
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None,
                  priority: Priority = 0) -> list[RequestOutput]:
         params = params or SamplingParams()
-        token_lists = [self.engine.tokenize(p) for p in _as_prompt_list(prompts)]
-        priorities = _priorities(priority, len(token_lists))
-        for ids in token_lists:
-            self.engine.validate(ids, params)
-        request_ids = [self.engine.add_request(t, params, priority=p) for t, p in zip(token_lists, priorities)]
+        listed = _as_prompt_list(prompts)
+        checked = [self.intake.check(p, params, pr) for p, pr in zip(listed, _priorities(priority, len(listed)))]
+        request_ids = [self.engine.add_validated(r) for r in checked]
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
@@ -71,7 +71,7 @@ class LLM:
     def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search, one output per prompt with its best beams first; equals transformers'
         `generate(num_beams=k, do_sample=False, early_stopping=True)` (engine/beam_search.py)."""
-        return run_beam_search(self.engine, [self.engine.tokenize(p) for p in _as_prompt_list(prompts)], params)
+        return run_beam_search(self.engine, [tokenize(self.engine.tokenizer, p) for p in _as_prompt_list(prompts)], params)
 
 
 def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
@@ -85,12 +85,12 @@ def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
 
 
 def _priorities(priority: Priority, count: int) -> list[int]:
-    """One validated priority per prompt, from a single integer or a list of one per prompt."""
+    """One priority per prompt, from a single one or a list of one per prompt (the intake checks each)."""
     if isinstance(priority, list):
         if len(priority) != count:
             raise ValueError(f"priority lists {len(priority)} values for {count} prompts; give one per prompt")
-        return [validate_priority(p) for p in priority]
-    return [validate_priority(priority)] * count
+        return priority
+    return [priority] * count
 
 
 def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:

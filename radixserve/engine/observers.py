@@ -1,14 +1,22 @@
-"""Step observers: callables that see a `StepInfo` after every step that ran, on the stepping thread.
+"""Step observers: callables that see a `StepInfo` after every step that ran, on the stepping thread;
+and `StepFeed`, the observer that hands them to another thread.
 
 Counting the blocks live sequences hold costs a pass over every block table, so a step pays for it
 only when some observer asked (`pool=True`); the pool figures are taken at the step's peak, after
 scheduling allocated and before anything was released. A StepInfo also carries the batch's limits
 (max_num_seqs, max_num_batched_tokens), so observers read slot and token-budget utilization from it.
+
+A StepFeed runs nothing of its reader's on the stepping thread: it only appends the StepInfo, and
+the reader (the server, on its event loop) drains them when it likes. It holds at most `maxlen`
+steps; beyond that the oldest go (counted in `dropped`), so a reader that never comes costs nothing
+but that bound.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from radixserve.cache.block_pool import BlockPool
@@ -49,3 +57,23 @@ class StepObservers:
                         config.max_num_seqs, config.max_num_batched_tokens)
         for observer in self._observers:
             observer(info)
+
+
+class StepFeed:
+    def __init__(self, maxlen: int = 8192) -> None:
+        self._steps: deque[StepInfo] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()  # never held across anything but a deque operation
+        self.dropped = 0
+
+    def publish(self, info: StepInfo) -> None:
+        """The step observer (stepping thread)."""
+        with self._lock:
+            self.dropped += len(self._steps) == self._steps.maxlen
+            self._steps.append(info)
+
+    def drain(self) -> list[StepInfo]:
+        """Every step published since the last drain, oldest first (any thread)."""
+        with self._lock:
+            steps = list(self._steps)
+            self._steps.clear()
+        return steps

@@ -1,5 +1,9 @@
 """Engine statistics: the pool and cache counts plus cumulative token and request counters.
 
+`collect` builds them from what the scheduler and the tree publish about themselves
+(scheduler/snapshot.py, cache/tree_stats.py) and the engine's own counters (`stats_totals`, the host
+tier's copy timings); it reads no other component's attributes.
+
 Counters only ever grow (hit rates are ratios of counters, never a per-batch gauge); the gauges
 (blocks, queue lengths, tree size) are read fresh on every `collect`, except that `collect(counted=)`
 copies the COUNTED ones (a pass over every block table or tree node to count) from an earlier
@@ -15,11 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from radixserve.cache.tree_stats import TreeStats, tree_stats
 from radixserve.core import CopyKind
+from radixserve.scheduler.snapshot import snapshot
 
 if TYPE_CHECKING:
     from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
+    from radixserve.model.host_kv import HostKVCache
 
 
 # Causes the scheduler counts, reported with 0 until seen so series never appear late: "blocks" (no KV
@@ -88,32 +95,26 @@ class EngineStats:
     @classmethod
     def collect(cls, engine: LLMEngine, counted: EngineStats | None = None) -> EngineStats:
         """The engine's figures now; with `counted`, the COUNTED gauges are that snapshot's instead."""
-        pool, tree = engine.pool, engine.tree
+        sched = snapshot(engine.scheduler, count_blocks=counted is None)
+        tree = tree_stats(engine.tree, count_host=counted is None)
         s = replace(engine.stats_totals, requests_finished=Counter(engine.stats_totals.requests_finished))
-        s.blocks_total = pool.num_blocks
-        if counted is None:
-            seq_owned = {b for seq in engine.live_sequences() for b in seq.block_table}
-            tree_owned = set(tree.block_refs()) if tree is not None else set()
-            s.blocks_free = pool.num_free
-            s.blocks_used = len(seq_owned)
-            s.blocks_cached = len(tree_owned - seq_owned)
-        else:
+        s.blocks_total, s.num_running, s.num_waiting = sched.blocks_total, sched.num_running, sched.num_waiting
+        s.preemptions, s.swaps_out, s.swaps_in = sched.preemptions, sched.swaps_out, sched.swaps_in
+        s.admission_blocked = Counter(sched.admission_blocked)
+        s.preemptions_by_cause = Counter(sched.preemptions_by_cause)
+        s.new_token_ratio, s.growth_reserve_blocks = sched.new_token_ratio, sched.growth_reserve_blocks
+        s.tree_nodes, s.tree_tokens = tree.nodes, tree.tokens
+        s.evictions, s.evicted_blocks = tree.evictions, tree.evicted_blocks
+        if sched.blocks is not None:
+            s.blocks_free, s.blocks_used, s.blocks_cached = sched.blocks.free, sched.blocks.used, sched.blocks.cached
+        if tree.host_only is not None:
+            s.host_nodes, s.host_tokens = tree.host_only.nodes, tree.host_only.tokens
+        if counted is not None:
             for name in COUNTED:
                 setattr(s, name, getattr(counted, name))
-        s.tree_nodes = tree.num_nodes if tree is not None else 0
-        s.tree_tokens = tree.num_tokens if tree is not None else 0
-        s.evictions = tree.evictions if tree is not None else 0
-        s.evicted_blocks = tree.evicted_blocks if tree is not None else 0
-        s.num_running = len(engine.scheduler.running)
-        s.num_waiting = len(engine.scheduler.waiting)
-        s.preemptions = engine.scheduler.preemptions
-        s.swaps_out, s.swaps_in = engine.scheduler.swaps_out, engine.scheduler.swaps_in
-        s.admission_blocked = Counter(engine.scheduler.admission_blocked)
-        s.preemptions_by_cause = Counter(engine.scheduler.preemptions_by_cause)
-        s.new_token_ratio = engine.scheduler.growth.ratio
-        s.growth_reserve_blocks = engine.scheduler.growth.reserved_blocks
-        if tree is not None and tree.host_pool is not None:
-            s.collect_host_tier(engine, count_nodes=counted is None)
+        host = engine.runner.host_cache
+        if tree.host_blocks_total and host is not None:
+            s.add_host_tier(tree, host)
         return s
 
     @property
@@ -152,17 +153,10 @@ class EngineStats:
                 setattr(total, f.name, sum(values, type(getattr(total, f.name))()))
         return total
 
-    def collect_host_tier(self, engine: LLMEngine, count_nodes: bool = True) -> None:
-        tree, host = engine.tree, engine.runner.host_cache
-        assert tree is not None and tree.host_pool is not None and host is not None
-        self.host_blocks_total = tree.host_pool.num_blocks
-        self.host_blocks_free = tree.host_pool.num_free
-        if count_nodes:  # a pass over every tree node
-            host_only = [n for n in tree.nodes() if not n.blocks]
-            self.host_nodes = len(host_only)
-            self.host_tokens = sum(len(n.tokens) for n in host_only)
-        self.written_back_blocks = tree.written_back_blocks
-        self.loaded_blocks = tree.loaded_blocks
+    def add_host_tier(self, tree: TreeStats, host: HostKVCache) -> None:
+        """The host tier's pool and the copies to and from it (in blocks, bytes and device time)."""
+        self.host_blocks_total, self.host_blocks_free = tree.host_blocks_total, tree.host_blocks_free
+        self.written_back_blocks, self.loaded_blocks = tree.written_back_blocks, tree.loaded_blocks
         self.host_dropped_blocks = tree.host_dropped_blocks
         done = host.completed()
         self.written_back_bytes = tree.written_back_blocks * host.bytes_per_block

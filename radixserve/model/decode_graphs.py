@@ -1,15 +1,16 @@
 """Decode steps from static buffers, padded to a ladder of batch sizes, replayed as CUDA graphs.
 
 A decode-only step (every item one new token) of B sequences is padded to the smallest captured
-size >= B. Its inputs (token ids, positions, cache slots, sequence lengths, which previous-step row
-a pending token comes from, which block-table row) are staged in one persistent host buffer and
-sent with one copy (`step_buffers.StagedCopy`); block tables live on the device and change by
-deltas (`step_buffers.BlockTableRows`). A few device ops then fill the static buffers (a pending
-token's id is taken from the previous step's sampled ids there); the forward and the LM head read
-those buffers and write the logits of every padded row into a static logits buffer. On CUDA with the Triton backend each
-size is captured once as a CUDA graph at engine start and a step is one replay; elsewhere (CPU, or
-the torch backend on CUDA) the very same padded path runs eagerly, so its padding and bucketing are
-exercised by every CPU test. `--enforce-eager` bypasses this module altogether.
+size >= B. Its inputs, as `batch_inputs.build_inputs` computes them for every path (token ids,
+positions, cache slots, sequence lengths, pending tokens), plus each row's block-table row, are
+staged in one persistent host buffer and sent with one copy (`step_buffers.StagedCopy`); block
+tables live on the device and change by deltas (`step_buffers.BlockTableRows`). A few device ops
+then fill the static buffers (a pending token's id is taken from the previous step's sampled ids
+there); the forward and the LM head read those buffers and write the logits of every padded row
+into a static logits buffer. On CUDA with the Triton backend each size is captured once as a CUDA
+graph at engine start and a step is one replay; elsewhere (CPU, or the torch backend on CUDA) the
+very same padded path runs eagerly, so its padding and bucketing are exercised by every CPU test.
+`--enforce-eager` bypasses this module altogether.
 
 Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
 slot of the KV cache's scratch block and their block-table row is the scratch row, so they
@@ -29,22 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.core import PENDING_TOKEN, Batch
+from radixserve.core import Batch
 from radixserve.model.attention import AttentionMetadata
+from radixserve.model.batch_inputs import PendingInputs, build_inputs
 from radixserve.model.device import to_device
 from radixserve.model.step_buffers import BlockTableRows, StagedCopy
 
 log = logging.getLogger(__name__)
-_SEGMENTS = 6  # staged per row: token id, position, slot, length, previous-step row, block-table row
-
-
-@dataclass
-class PendingInputs:
-    """The previous step's sampled ids, still on the device: a decode row whose token is
-    PENDING_TOKEN reads its id from `token_ids[rows[seq_id]]`."""
-
-    token_ids: torch.Tensor
-    rows: dict[int, int]
+_SEGMENTS = 5  # staged per row: token id, position, slot, length, block-table row
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]  # ids, positions, meta -> logits
@@ -101,8 +94,10 @@ class PaddedDecoder:
         max_blocks = -(-max_seq_len // block_size)
         self.rows = self.sizes[-1]
         self.buffers = DecodeBuffers.allocate(self.rows, max_blocks, vocab, device)
-        self.staging = StagedCopy(_SEGMENTS * self.rows + 3 * 4 * self.rows, device)
+        # then per pending row its token index and sampled-id row, then block-table deltas
+        self.staging = StagedCopy((_SEGMENTS + 2) * self.rows + 3 * 4 * self.rows, device)
         self.tables = BlockTableRows(2 * self.rows, max_blocks, scratch_block, device)
+        self._padding = (0, 0, scratch_block * block_size, 1, self.tables.scratch_row)  # what a padding row holds
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def accepts(self, batch: Batch) -> bool:
@@ -113,57 +108,48 @@ class PaddedDecoder:
         rows = len(batch.items)
         size = bucket_for(rows, self.sizes)
         assert size is not None, "accepts() first"
-        lens = self._fill(batch, size, pending)
+        lens, sampling = self._fill(batch, size, pending)
         graph = self.graphs.get(size)
         if graph is not None:
             graph.replay()
         else:
             b = self.buffers
             b.logits[:size] = forward(b.input_ids[:size], b.positions[:size], self._meta(size, lens))
-        sampling = [i for i, it in enumerate(batch.items) if it.samples]
         logits = self.buffers.logits[:rows]
         return logits if len(sampling) == rows else logits[to_device(sampling, torch.long, logits.device)]
 
-    def _fill(self, batch: Batch, size: int, pending: PendingInputs | None = None) -> list[int]:
-        """Stage the batch's rows, then padding rows up to `size`, into one host buffer; send it with
-        one copy and spread it into the static buffers on the device. Returns each row's length."""
-        bs, m, n = self.block_size, self.rows, len(batch.items)
-        ids, positions, slots, lens, prev, cols = [], [], [], [], [], []
-        for item in batch.items:
-            seq, pos = item.seq, item.start
-            token = seq.token_ids[pos]
-            ids.append(token)
-            if token == PENDING_TOKEN:
-                assert pending is not None, "a pending token needs the previous step's sampled ids"
-                prev.append(pending.rows[seq.seq_id])
-            else:
-                prev.append(0)
-            positions.append(pos)
-            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            lens.append(pos + 1)
-            cols.append(pos // bs)
+    def _fill(self, batch: Batch, size: int, pending: PendingInputs | None = None) -> tuple[list[int], list[int]]:
+        """Stage the batch's rows (from `build_inputs`), then padding rows up to `size`, into one host
+        buffer; send it with one copy and spread it into the static buffers on the device. Returns
+        each row's length and the rows that sample."""
+        x = build_inputs(batch, self.block_size, pending)
+        m, n, p = self.rows, len(x.token_ids), len(x.pending_at)  # one token per row: n rows
+        cols = [pos // self.block_size for pos in x.positions]
         deltas: list[int] = []
         table_rows = self.tables.assign([it.seq for it in batch.items], cols, deltas)
-        used = _SEGMENTS * m + len(deltas)
+        fixed = _SEGMENTS * m
+        used = fixed + 2 * p + len(deltas)
         host = self.staging.host(used)
-        pad = (0, 0, self.scratch_block * bs, 1, 0, self.tables.scratch_row)  # what a padding row holds
-        for k, (values, filler) in enumerate(zip((ids, positions, slots, lens, prev, table_rows), pad)):
+        for k, (values, filler) in enumerate(zip((x.token_ids, x.positions, x.slots, x.seq_lens, table_rows),
+                                                 self._padding)):
             host[k * m:k * m + n] = values
             host[k * m + n:k * m + size] = filler
-        host[_SEGMENTS * m:used] = deltas
+        host[fixed:fixed + p] = x.pending_at
+        host[fixed + p:fixed + 2 * p] = x.pending_rows
+        host[fixed + 2 * p:used] = deltas
         dev = self.staging.send(used)
-        seg = dev[:_SEGMENTS * m].view(_SEGMENTS, m)[:, :size]
-        self.tables.apply(dev[_SEGMENTS * m:])
+        seg = dev[:fixed].view(_SEGMENTS, m)[:, :size]
+        self.tables.apply(dev[fixed + 2 * p:])
         b = self.buffers
-        if pending is not None and any(t == PENDING_TOKEN for t in ids):
-            b.input_ids[:size] = torch.where(seg[0] < 0, pending.token_ids[seg[4]], seg[0])
-        else:
-            b.input_ids[:size] = seg[0]
+        b.input_ids[:size] = seg[0]
+        if p:
+            assert pending is not None
+            pending.gather_into(b.input_ids, dev[fixed:fixed + p], dev[fixed + p:fixed + 2 * p])
         b.positions[:size] = seg[1]
         b.slot_mapping[:size] = seg[2]
         b.seq_lens[:size] = seg[3]
-        torch.index_select(self.tables.table, 0, seg[5], out=b.block_table[:size])
-        return lens + [1] * (size - n)
+        torch.index_select(self.tables.table, 0, seg[4], out=b.block_table[:size])
+        return x.seq_lens + [1] * (size - n), x.sample_rows
 
     def _meta(self, size: int, lens: list[int], graph: bool = False) -> AttentionMetadata:
         b = self.buffers
@@ -180,7 +166,7 @@ class PaddedDecoder:
         pool = torch.cuda.graph_pool_handle()
         b = self.buffers
         for size in reversed(self.sizes):
-            lens = self._fill(Batch([], []), size)  # all padding: capture reads only the scratch block
+            lens, _ = self._fill(Batch([], []), size)  # all padding: capture reads only the scratch block
             # eager first: compiles the kernels and settles launch configs outside the capture
             b.logits[:size] = forward(b.input_ids[:size], b.positions[:size], self._meta(size, lens, graph=True))
             torch.cuda.synchronize(self.device)

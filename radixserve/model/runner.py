@@ -2,9 +2,10 @@
 Before it, `apply_copies` runs the batch's block copies (copy-on-write, and moves between the
 device pool and the host tier, `host_kv.HostKVCache`).
 
-Decode-only batches take the padded static-buffer path (`decode_graphs.PaddedDecoder`: CUDA graphs
-on CUDA with the Triton backend, the same padded path eagerly elsewhere); batches with prefill
-chunks, and every batch under `enforce_eager`, are flattened into fresh tensors and run eagerly.
+Both paths take their inputs from `batch_inputs.build_inputs` (token ids, positions, slots, pending
+tokens). Decode-only batches take the padded static-buffer path (`decode_graphs.PaddedDecoder`: CUDA
+graphs on CUDA with the Triton backend, the same padded path eagerly elsewhere); batches with
+prefill chunks, and every batch under `enforce_eager`, are sent as fresh tensors and run eagerly.
 Owns the model, the KV cache tensors, the attention backend and the hot-path ops; knows nothing of
 scheduling. On CUDA it also sizes the KV pool from device memory (`memory.DeviceBudget`).
 """
@@ -17,9 +18,10 @@ from functools import partial
 
 import torch
 
-from radixserve.core import PENDING_TOKEN, Batch, BlockCopy
+from radixserve.core import Batch, BlockCopy
 from radixserve.model.attention import AttentionMetadata, make_backend
-from radixserve.model.decode_graphs import PaddedDecoder, PendingInputs, capture_sizes
+from radixserve.model.batch_inputs import PendingInputs, build_inputs
+from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype, to_device
 from radixserve.model.host_kv import HostKVCache
 from radixserve.model.kv_cache import KVCache, KVLayout
@@ -124,49 +126,28 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     def prepare(self, batch: Batch, pending: PendingInputs | None = None) -> StepInputs:
-        ids: list[int] = []
-        resolve: list[tuple[int, int]] = []  # (token index, row of the previous step's sampled ids)
-        positions: list[int] = []
-        slots: list[int] = []
-        cu = [0]
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
-        bs = self.block_size
-        max_blocks = 1
-        for item in batch.items:
-            seq, start, n = item.seq, item.start, item.num_tokens
-            if seq.token_ids[start + n - 1] == PENDING_TOKEN:  # only ever the last token
-                assert pending is not None, "a pending token needs the previous step's sampled ids"
-                resolve.append((len(ids) + n - 1, pending.rows[seq.seq_id]))
-            ids.extend(seq.token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            cu.append(cu[-1] + n)
-            seq_lens.append(start + n)
-            max_blocks = max(max_blocks, len(table))
-            if item.samples:
-                sample_rows.append(cu[-1] - 1)
-        tables = [it.seq.block_table + [0] * (max_blocks - len(it.seq.block_table)) for it in batch.items]
+        """The eager path's inputs: the batch's `build_inputs` lists as fresh device tensors."""
+        x = build_inputs(batch, self.block_size, pending)
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=to_device(slots, torch.long, dev),
-            cu_seqlens_q=to_device(cu, torch.int32, dev),
-            seq_lens=to_device(seq_lens, torch.int32, dev),
-            block_table=to_device(tables, torch.int32, dev),
-            query_lens=[it.num_tokens for it in batch.items],
-            seq_lens_host=seq_lens,
+            slot_mapping=to_device(x.slots, torch.long, dev),
+            cu_seqlens_q=to_device(x.cu_seqlens, torch.int32, dev),
+            seq_lens=to_device(x.seq_lens, torch.int32, dev),
+            # numpy builds the [B, max blocks] rows several times faster than torch.tensor(list of lists)
+            block_table=torch.from_numpy(x.block_table_array()).to(dev, non_blocking=True),
+            query_lens=x.query_lens,
+            seq_lens_host=x.seq_lens,
         )
-        input_ids = to_device(ids, torch.long, dev)
-        if resolve:
+        input_ids = to_device(x.token_ids, torch.long, dev)
+        if x.pending_at:
             assert pending is not None
-            where, rows = to_device(resolve, torch.long, dev).T
-            input_ids[where] = pending.token_ids[rows]
+            at, rows = to_device([x.pending_at, x.pending_rows], torch.long, dev)
+            pending.gather_into(input_ids, at, rows)
         return StepInputs(
             input_ids=input_ids,
-            positions=to_device(positions, torch.long, dev),
+            positions=to_device(x.positions, torch.long, dev),
             meta=meta,
-            sample_rows=to_device(sample_rows, torch.long, dev),
+            sample_rows=to_device(x.sample_rows, torch.long, dev),
         )
 
     @torch.inference_mode()

@@ -12,17 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.engine.beam_search import BeamSearchParams
+from radixserve.engine.intake import ValidatedRequest
 from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
-from radixserve.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
 class EngineCall:
-    prompt: list[int]
-    params: SamplingParams
+    request: ValidatedRequest  # checked by the ingress (engine/intake.py)
     request_id: str
-    priority: int = 0
     prefer: str | None = None  # the replica the request's session lives on, if any
+
+    @property
+    def prompt(self) -> list[int]:
+        """What the router matches against its views of the replicas' caches, as for a BeamCall."""
+        return self.request.token_ids
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class ReplicaFacts:
     replica: str
     model_name: str
     max_model_len: int
+    vocab_size: int
     eos_token_ids: tuple[int, ...]
     block_size: int
     tokenizer: Any  # a transformers tokenizer (picklable) or None

@@ -26,9 +26,9 @@ from typing import Any, cast
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from radixserve.core import CompletionOutput, Placement, RequestOutput, Timing, Usage
+from radixserve.core import CompletionOutput, Placement, RequestOutput, StepInfo, Timing, Usage
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
-from radixserve.engine.observers import StepObserver
+from radixserve.engine.intake import Intake, Limits, ValidatedRequest
 from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
@@ -44,6 +44,7 @@ class ClusterEngine:
         self.handle = handle
         self.table: RoutingTable = table_for(table_key)
         self._facts: ReplicaFacts | None = None
+        self._intake: Intake | None = None
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._streams: dict[str, DeploymentResponseGenerator] = {}
         self._aborted: set[str] = set()  # ids this side cancelled (their RequestCancelledError is expected)
@@ -67,6 +68,14 @@ class ClusterEngine:
     @property
     def max_model_len(self) -> int:
         return self.facts.max_model_len
+
+    @property
+    def intake(self) -> Intake:
+        """The replicas' checks (they run the same model and configuration), run at the ingress."""
+        if self._intake is None:
+            facts = self.facts
+            self._intake = Intake(facts.tokenizer, Limits(facts.vocab_size, facts.max_model_len))
+        return self._intake
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -107,16 +116,24 @@ class ClusterEngine:
             while len(self._affinity) > MAX_AFFINITIES:
                 self._affinity.popitem(last=False)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       priority: int = 0, cancelled: Callable[[], bool] | None = None,
-                       placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                 priority: int = 0, cancelled: Callable[[], bool] | None = None,
+                 placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
+        return self.generate_validated(self.intake.check(prompt, params, priority), request_id, cancelled,
+                                       placement)
+
+    async def generate_validated(self, request: ValidatedRequest, request_id: str | None = None,
+                                 cancelled: Callable[[], bool] | None = None,
+                                 placement: Placement | None = None) -> AsyncIterator[RequestOutput]:
+        """Checked here against the replicas' limits; the replica takes it as checked (or checks it
+        again where its own pool is smaller: Intake.admit)."""
         if self._stopping:
             raise EngineStoppedError("the server is shutting down")
-        tokens = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+        tokens, params = request.token_ids, request.params
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
-        call = EngineCall(tokens, params, rid, priority, self._prefer(placement))
+        call = EngineCall(request, rid, self._prefer(placement))
         stream = cast(DeploymentResponseGenerator, self.handle.options(stream=True).generate.remote(call))
         self._streams[rid] = stream
         if cancelled is not None and cancelled():
@@ -185,8 +202,9 @@ class ClusterEngine:
             self._aborted.add(request_id)
             stream.cancel()
 
-    def add_step_observer(self, observer: StepObserver, pool: bool = False) -> None:
+    def drain_steps(self) -> list[StepInfo]:
         """Steps run on the replicas; their step histograms are in each replica's own process."""
+        return []
 
     def health(self, stall_s: float) -> str | None:
         """Ray Serve restarts a replica whose engine is unhealthy; the endpoint is down only when no

@@ -43,7 +43,8 @@ class EngineReplica:
 
     def facts(self) -> ReplicaFacts:
         e = self.engine
-        return ReplicaFacts(self.name, e.model_name, e.max_model_len, e.eos_token_ids, e.block_size, e.tokenizer)
+        return ReplicaFacts(self.name, e.model_name, e.max_model_len, e.intake.limits.vocab, e.eos_token_ids,
+                            e.block_size, e.tokenizer)
 
     def _served(self) -> Served:
         return Served(self.name, self.events.last_seq if self.events is not None else 0)
@@ -51,8 +52,7 @@ class EngineReplica:
     async def generate(self, call: EngineCall) -> AsyncIterator[Any]:
         yield self._served()
         try:
-            async for out in self.engine.generate(call.prompt, call.params, request_id=call.request_id,
-                                                  priority=call.priority):
+            async for out in self.engine.generate_validated(call.request, request_id=call.request_id):
                 yield out
         except Exception as e:  # the caller gets radixserve's error, not a traceback
             yield self._failed(e, f"request {call.request_id}")

@@ -28,11 +28,15 @@ whole pool. A lock never moves onto another sequence's copy of tokens.
 Under `cache-aware`, a sequence waiting longer than `max_wait_steps` steps goes ahead of every cache
 hit (oldest first), so hits cannot starve it.
 
-The scheduler is the single owner of cache state: it alone changes refcounts, tree locks and
-insertions, and a sequence's blocks, `num_computed` and status — at admission, when a step completes
-(`complete`), when a request forks into its n samples (`fork`), at preemption and at `finish`. The
-engine asks; it never touches blocks or locks itself. Every block copy decided while scheduling
-(copy-on-write, write-back, load-back) is handed out in the step's `Batch.copies`, in order.
+The scheduler is the only writer of a sequence and of cache state: refcounts, tree locks and
+insertions, a sequence's blocks, tokens, `num_computed` and status. After `schedule`, a step comes
+back in two calls: `launched` (the forward is queued: chunks count as computed, n > 1 requests fork,
+each draw gets a pending slot, `pending.py`) and `commit` (the sampled tokens are known: slots are
+filled, several tokens per draw and rejected drafts included, `step_results.py`; stops and length
+limits finish sequences). Without overlap the engine makes the two calls back to back. `finish` (one
+sequence) and `end` (a request: an abort, an error) end them at any time. The engine asks; it never writes a sequence.
+Every block copy decided while scheduling (copy-on-write, write-back, load-back) is appended to the
+step's `Batch.copies` as it is decided, in order (eviction is explicit: see seq_cache.py).
 
 Invariants (checked by `check_integrity`, see integrity.py): a scheduled sequence owns a block for
 every position it writes this step, and the block it writes first has exactly one owner
@@ -45,25 +49,32 @@ locked path passes through it.
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Container
+from collections.abc import Callable, Iterable
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
-from radixserve.core import Batch, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.core import Batch, BlockCopy, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.scheduler import pending
 from radixserve.scheduler.admission import GrowthReserve
 from radixserve.scheduler.integrity import check_integrity, leaked_blocks
 from radixserve.scheduler.policy import Policy
 from radixserve.scheduler.preemption import PreemptionCosts
 from radixserve.scheduler.seq_cache import SequenceCache
+from radixserve.scheduler.step_results import Committed, Launch, StopTest, TokenCommit, append_tokens
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, pool: BlockPool, tree: RadixTree | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_seq_len: int | None = None) -> None:
         self.config = config
+        # the longest a sequence may grow (tokens): the engine's limit, by default the pool's size
+        self.max_seq_len = max_seq_len or pool.num_blocks * pool.block_size
         self.clock = clock  # seconds: what aging and minimum run times are measured with
         self.policy = Policy(config, tree, clock)
         self.growth = GrowthReserve(config.new_token_ratio, config.new_token_ratio_min, config.new_token_ratio_decay,
@@ -81,8 +92,7 @@ class Scheduler:
         self.swaps_out = 0
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
-        self.cache = SequenceCache(pool, tree, self.running)
-        self.copies = self.cache.copies  # decided and not yet handed to a step (the tree's tier moves too)
+        self.cache = SequenceCache(pool, tree)
         self.costs = PreemptionCosts()
 
     # -- queue management ----------------------------------------------------------------------
@@ -114,7 +124,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
         # `running` is kept in policy order, so decodes-then-prefills needs no sort
-        decodes = [s for s in self.running if len(s.token_ids) - s.num_computed == 1 and not s.final_token_pending]
+        decodes = [s for s in self.running if pending.may_decode(s)]
         if self.policy.ranks_by_merit and self.config.preempt_gap > 0 and self.waiting and self.running:
             budget -= self._admit_urgent(batch, budget - len(decodes))
             scheduled.update(it.seq.seq_id for it in batch.items)
@@ -125,12 +135,12 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING or seq.seq_id in scheduled:
                 continue  # preempted earlier in this loop, or admitted as urgent this step
             n = min(len(seq.token_ids) - seq.num_computed, budget)
-            while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n):
+            while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n, batch.copies):
                 victim = self._victim(scheduled)  # `seq` itself is a candidate: never None
                 assert victim is not None
                 if victim is seq and self.cache.loosen_lock(seq):
                     continue  # its own lock pinned what it lacks: try again before giving up its blocks
-                self.preempt(victim)
+                self.preempt(victim, batch.copies)
                 if victim is seq:
                     break
             if seq.status is SequenceStatus.RUNNING:
@@ -139,11 +149,11 @@ class Scheduler:
                 budget -= n
         if budget > 0:
             self._admit(batch, budget)
-        batch.copies = list(self.copies)
-        self.copies.clear()
         return batch
 
     def _admit(self, batch: Batch, budget: int) -> None:
+        if not self.waiting:
+            return
         reserve = self.growth.total(self.running)
         for seq in self.waiting_in_order():
             if budget == 0:
@@ -151,9 +161,9 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 self.admission_blocked["max_num_seqs"] += 1
                 break
-            if seq.has_pending_token:
-                continue  # preempted while its last token was in flight: it runs once that resolves
-            taken = self._take(seq)
+            if not pending.may_admit(seq):
+                continue
+            taken = self._take(seq, batch.copies)
             if taken is None:
                 continue  # a running prefill will cache this sequence's prefix shortly
             n = min(seq.remaining, budget)
@@ -163,7 +173,7 @@ class Scheduler:
                 self.cache.release(seq)
                 self.admission_blocked["watermark"] += 1
                 break  # the running sequences' expected growth needs the rest (no overtaking)
-            if not self._reserve_to_admit(seq, n):
+            if not self._reserve_to_admit(seq, n, batch.copies):
                 self.cache.release(seq)
                 self.admission_blocked["blocks"] += 1
                 break  # no blocks even after eviction: admit nothing after it (no overtaking)
@@ -171,12 +181,12 @@ class Scheduler:
             reserve += own
             budget -= n
 
-    def _reserve_to_admit(self, seq: Sequence, n: int) -> bool:
+    def _reserve_to_admit(self, seq: Sequence, n: int, copies: list[BlockCopy]) -> bool:
         """Blocks for a waiting sequence's first chunk. With nothing running, nothing will free any
         for it: its own lock must then stop pinning what it does not use."""
-        if self.cache.reserve(seq, n):
+        if self.cache.reserve(seq, n, copies):
             return True
-        return not self.running and self.cache.loosen_lock(seq) and self.cache.reserve(seq, n)
+        return not self.running and self.cache.loosen_lock(seq) and self.cache.reserve(seq, n, copies)
 
     def _admit_urgent(self, batch: Batch, budget: int) -> int:
         """Under priority and sjf, before anything else is scheduled: if the best-ranked waiting
@@ -184,7 +194,7 @@ class Scheduler:
         stand, preempt the worst-ranked of those (each running for at least `preempt_min_run_s`)
         until it fits. Returns the budget it took."""
         now, config = self.clock(), self.config
-        ready = [s for s in self.waiting if not s.has_pending_token]
+        ready = [s for s in self.waiting if pending.may_admit(s)]
         if not ready or budget <= 0:
             return 0
         head = min(ready, key=lambda s: self.policy.rank(s, now))
@@ -194,7 +204,7 @@ class Scheduler:
                          key=lambda s: self.policy.rank(s, now), reverse=True)
         if not victims:
             return 0
-        taken = self._take(head)
+        taken = self._take(head, batch.copies)
         if taken is None:
             return 0
         n = min(head.remaining, budget)
@@ -202,16 +212,16 @@ class Scheduler:
         if self._room_after(head, n) + sum(len(v.block_table) for v in victims) < 0:
             self.cache.release(head)
             return 0
-        while len(self.running) >= config.max_num_seqs or not self.cache.reserve(head, n):
+        while len(self.running) >= config.max_num_seqs or not self.cache.reserve(head, n, batch.copies):
             if not victims:
                 self.cache.release(head)
                 return 0
-            self.preempt(victims.pop(0), cause="urgent")
+            self.preempt(victims.pop(0), batch.copies, cause="urgent")
         self._admitted(head, taken, n, batch)
         return n
 
-    def _take(self, seq: Sequence) -> tuple[int, int] | None:
-        taken = self.cache.take_prefix(seq)
+    def _take(self, seq: Sequence, copies: list[BlockCopy]) -> tuple[int, int] | None:
+        taken = self.cache.take_prefix(seq, self.running, copies)
         if not seq.admitted_once and taken is not None:
             # a load-back done by an attempt that could not admit still served this request
             seq.request.host_cached_tokens = max(seq.request.host_cached_tokens, taken[1])
@@ -248,14 +258,15 @@ class Scheduler:
         return next((s for s in reversed(self.running) if s.seq_id not in scheduled), None)
 
     # -- leaving the running set ---------------------------------------------------------------
-    def preempt(self, seq: Sequence, cause: str = "blocks") -> None:
+    def preempt(self, seq: Sequence, copies: list[BlockCopy], cause: str = "blocks") -> None:
         """Cache what was computed, release the blocks, wait again; by swap when `preemption_mode`
-        (or, under auto, the estimated cost) says so and the host tier can hold the sequence."""
+        (or, under auto, the estimated cost) says so and the host tier can hold the sequence (its
+        write-backs go to `copies`, the step's)."""
         self.preemptions += 1
         self.preemptions_by_cause[cause] += 1
         if cause == "blocks":
             self.growth.preempted()
-        self.swaps_out += self.cache.release(seq, swap=self._should_swap(seq))
+        self.swaps_out += self.cache.release(seq, copies if self._should_swap(seq) else None)
         self.running.remove(seq)
         self.add(seq)
 
@@ -268,6 +279,8 @@ class Scheduler:
         return self.costs.swap_is_cheaper(computed, -(-computed // self.block_size))
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` now (a stop, an abort, an error): drop its pending slots, cache what it computed."""
+        pending.drop_slots(seq)
         self.cache.release(seq)
         if seq.swapped_node is not None:  # ended while swapped out (an abort): unpin its path
             assert self.tree is not None
@@ -280,32 +293,94 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+    def unschedulable_head(self) -> Request | None:
+        """A step scheduled nothing though work remains, which the liveness rules make unreachable:
+        logged; with nothing running, the head of the queue can never fit, so it is returned (to fail)."""
+        if self.running:
+            log.error("a step scheduled none of %d running sequences", len(self.running))
+            return None
+        head = self.waiting_in_order()[0].request
+        log.error("request %s cannot be scheduled in a pool of %d blocks", head.request_id, self.pool.num_blocks)
+        return head
+
+    def end(self, req: Request, reason: str) -> None:
+        """End every unfinished sequence of `req` (an abort, an error)."""
+        for seq in req.sequences:
+            if seq.status is not SequenceStatus.FINISHED:
+                self.finish(seq, reason)
+
     # -- after a step ---------------------------------------------------------------------------
-    def complete(self, batch: Batch, failed: Container[Request] = ()) -> None:
-        """The step's forward is launched: its chunks' K/V count as computed (except for `failed`
-        requests, which the engine finishes), since any later reader is queued behind it. Newly
-        completed full blocks go into the tree at once, so concurrent requests with the same prefix
-        hit them while this one still runs — those whose tokens are all resolved; a block that ends
-        in a pending token goes in when `resolved` is told."""
+    def launched(self, batch: Batch, failed: Iterable[Request], noise_key: Callable[[Request, int], int]) -> Launch:
+        """The step's forward is queued (`failed` requests' forwards failed: they end now). Its
+        chunks' K/V count as computed, since any later reader is queued behind it, and newly full
+        resolved blocks go into the tree at once, so concurrent requests with the same prefix hit
+        them while this one still runs. A request with n > 1 whose prompt is done forks here: its
+        other samples draw their first tokens from the same logits row, with keys from `noise_key`.
+        Every draw gets a pending slot, filled by `commit`."""
+        for req in failed:
+            self.end(req, "error")
+        launch = Launch()
+        owners, rows, positions = launch.owners, launch.rows, launch.positions
+        bs, max_seq_len, running = self.block_size, self.max_seq_len, SequenceStatus.RUNNING
+        row = -1  # the logits have one row per item that samples, in batch order
         for item in batch.items:
-            seq = item.seq
-            if seq.request in failed:
+            seq, computed = item.seq, item.start + item.num_tokens
+            samples = computed == len(seq.token_ids)  # the chunk reaches the last token
+            row += samples
+            if seq.status is not running:
                 continue
-            seq.num_computed = item.start + item.num_tokens
-            self.cache.cache_computed(seq)
+            seq.num_computed = computed
+            if computed - seq.num_cached >= bs:  # a block may have completed
+                self.cache.cache_computed(seq)
+            if not samples:
+                continue
+            if seq.pending_forks:
+                forks = self._fork(seq, noise_key)
+                launch.forks += forks
+                owners += forks
+                rows += [row] * len(forks)
+                positions += [pending.add_slot(s, max_seq_len) for s in forks]
+            owners.append(seq)
+            rows.append(row)
+            positions.append(pending.add_slot(seq, max_seq_len))
+        return launch
 
-    def resolved(self, seqs: list[Sequence]) -> None:
-        """These running sequences' pending tokens are now known: cache what they completed."""
-        for seq in seqs:
-            self.cache.cache_computed(seq)
+    def commit(self, launch: Launch, commits: list[TokenCommit], failed: Iterable[Request], stop: StopTest) -> Committed:
+        """A launched step's tokens are known: one commit per draw of `launch` (`failed` requests
+        end first). Fills each draw's slot and appends the rest of its tokens (`step_results.py`),
+        finishes what stopped or reached a length limit, and caches the blocks the commit completed."""
+        for req in failed:
+            self.end(req, "error")
+        done = Committed()
+        bs, finished = self.block_size, SequenceStatus.FINISHED
+        for seq, position, commit in zip(launch.owners, launch.positions, commits):
+            if seq.status is finished:
+                continue  # ended while in flight: its slot was dropped
+            if commit.rejected:
+                del seq.token_ids[position - commit.rejected:position]
+                position -= commit.rejected
+                self.cache.roll_back(seq, position)
+            try:
+                taken, reason = append_tokens(seq, position, commit, stop, self.max_seq_len)
+            except Exception:  # e.g. a tokenizer that cannot decode this id: this request alone ends
+                done.errors.append(seq.request)
+                self.end(seq.request, "error")
+                continue
+            done.tokens += taken
+            done.touched.append(seq)
+            if reason is not None:
+                self.finish(seq, reason)
+            elif seq.num_computed - seq.num_cached >= bs and seq.status is SequenceStatus.RUNNING:
+                self.cache.cache_computed(seq)  # a block the slot completed can be cached now
+        return done
 
-    def fork(self, parent: Sequence) -> list[Sequence]:
+    def _fork(self, parent: Sequence, noise_key: Callable[[Request, int], int]) -> list[Sequence]:
         """n > 1: the prompt is done; the other samples join the running set sharing every block of
-        the parent (copy-on-write) and its lock. The engine gives them noise keys and first tokens."""
+        the parent (copy-on-write) and its lock."""
         req = parent.request
         children = []
         for i in range(1, parent.pending_forks + 1):
-            child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
+            child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens, noise_key=noise_key(req, i),
                              num_computed=parent.num_computed, block_table=list(parent.block_table),
                              locked_node=parent.locked_node, num_cached=parent.num_cached, admitted_once=True)
             for b in child.block_table:

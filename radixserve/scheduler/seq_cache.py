@@ -1,10 +1,13 @@
 """A sequence's hold on the cache: its blocks, its lock on the tree and (when swapped out) its pin
 in the host tier. Taking a cached prefix (with load-back), reserving blocks for a chunk (with
 copy-on-write), caching completed blocks as they are computed, and releasing everything (by
-recompute or swap). Only the scheduler calls these; it decides when, this module how.
+recompute or swap). Only the scheduler calls these; it decides when, this module how. Each method
+says whether it changes the cache; all but the queries do.
 
-Every block copy decided here is appended to `copies`, which is the tree's list (the scheduler
-hands it to the step), so copy-on-write copies and tier moves keep one order.
+Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
+pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
+write-backs and load-backs) is appended to the `copies` list the caller passes in, which is the step
+the scheduler is building (`Batch.copies`), so all of a step's copies keep the order they were decided in.
 """
 
 from __future__ import annotations
@@ -15,25 +18,32 @@ from radixserve.core import BlockCopy, CopyKind, Sequence
 
 
 class SequenceCache:
-    def __init__(self, pool: BlockPool, tree: RadixTree | None, running: list[Sequence]) -> None:
+    def __init__(self, pool: BlockPool, tree: RadixTree | None) -> None:
         self.pool = pool
         self.tree = tree
         self.block_size = pool.block_size
-        self.running = running  # the scheduler's running list (read: prefills in flight)
-        self.copies: list[BlockCopy] = tree.copies if tree is not None else []
 
-    def take_prefix(self, seq: Sequence) -> tuple[int, int] | None:
+    def _allocate(self, n: int, copies: list[BlockCopy]) -> list[int] | None:
+        """n fresh blocks, evicting cached ones first if the free list lacks them."""
+        if self.tree is not None and n > self.pool.num_free:
+            copies.extend(self.tree.make_room(n))
+        return self.pool.allocate(n)
+
+    def take_prefix(self, seq: Sequence, prefills: list[Sequence],
+                    copies: list[BlockCopy]) -> tuple[int, int] | None:
         """Share the longest cached prefix (never the last token: its logits are needed), loading
         back the part that lives only in the host tier, and lock it. Returns the matched length and
-        how much of it came from the host tier, or None when the sequence should wait for an
-        in-flight prefill. The whole match is always taken: how long the sequence may grow later
-        never decides how much of the cache it uses now (`loosen_lock` is what keeps it alive)."""
+        how much of it came from the host tier, or None when the sequence should wait for one of
+        `prefills` (running prefills) to cache it. Changes the cache. The whole match is always
+        taken: how long the sequence may grow later never decides how much of the cache it uses now
+        (`loosen_lock` is what keeps it alive)."""
         if self.tree is None:
             return 0, 0
         match = self.tree.match(seq.token_ids[:-1])
         on_device = match.length - match.host_tokens
-        match = self.tree.load_back(match)
-        if self._prefix_in_flight(seq, match.length):
+        match, loaded = self.tree.load_back(match)
+        copies.extend(loaded)
+        if _prefix_in_flight(seq, match.length, prefills, self.block_size):
             return None
         self.tree.lock(match.node)
         for b in match.blocks:
@@ -42,39 +52,32 @@ class SequenceCache:
         seq.num_cached = match.length // self.block_size * self.block_size
         return match.length, max(0, match.length - on_device)
 
-    def _prefix_in_flight(self, seq: Sequence, matched: int) -> bool:
-        for other in self.running:
-            if other.is_prefill:
-                shared = common_prefix_len(seq.token_ids[:-1], other.token_ids[:-1])
-                if shared - matched >= self.block_size:
-                    return True
-        return False
-
     def needs_blocks(self, seq: Sequence, n: int) -> bool:
-        """False for the common decode step, whose write lands in a private block it already has."""
+        """False for the common decode step, whose write lands in a private block it already has. A query."""
         if n > 1:
             return True
         pos, table = seq.num_computed, seq.block_table
         return pos >= len(table) * self.block_size or self.pool.refcount[table[pos // self.block_size]] > 1
 
-    def reserve(self, seq: Sequence, n: int) -> bool:
+    def reserve(self, seq: Sequence, n: int, copies: list[BlockCopy]) -> bool:
         """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
-        written block if it is shared. False (nothing changed) if the pool cannot supply them."""
+        written block if it is shared. False if the pool cannot supply them (then only eviction
+        changed the cache)."""
         bs, table = self.block_size, seq.block_table
         first = seq.num_computed // bs
         missing = max(0, -(-(seq.num_computed + n) // bs) - len(table))
         shared = first < len(table) and self.pool.refcount[table[first]] > 1
-        fresh = self.pool.allocate(missing + int(shared))
+        fresh = self._allocate(missing + int(shared), copies)
         if fresh is None and shared and self.pool.refcount[table[first]] == 1:
             # the failed allocation evicted the block's other owner: it is ours to write in place
-            shared, fresh = False, self.pool.allocate(missing)
+            shared, fresh = False, self._allocate(missing, copies)
         if fresh is None:
             return False
         if shared:
             dst = fresh.pop()
             src = table[first]
             if self.pool.refcount[src] > 1:  # allocating may have evicted the other owner
-                self.copies.append(BlockCopy(CopyKind.DEVICE, src, dst))
+                copies.append(BlockCopy(CopyKind.DEVICE, src, dst))
                 self.pool.decref(src)
                 table[first] = dst
             else:
@@ -88,7 +91,8 @@ class SequenceCache:
         once copied, superseded copies of straddled blocks) becomes evictable. The scheduler does
         this only for a sequence that would otherwise wait on itself (nothing else runs to free
         blocks): it keeps a sequence that needs the whole pool alive, while everywhere else the full
-        lock keeps the entries it reads from being evicted for nothing. True if the lock moved."""
+        lock keeps the entries it reads from being evicted for nothing. True if the lock moved
+        (changes the cache: locks only)."""
         locked = seq.locked_node
         if self.tree is None or locked is None or locked is self.tree.root:
             return False
@@ -102,14 +106,35 @@ class SequenceCache:
         seq.locked_node = node
         return True
 
-    def release(self, seq: Sequence, swap: bool = False) -> bool:
-        """Cache the computed tokens and give up the blocks and the lock. With `swap`, the cached
-        path is also copied to the host tier and pinned there (`seq.swapped_node`); True if it was."""
+    def roll_back(self, seq: Sequence, keep: int) -> None:
+        """`seq`'s tokens from position `keep` on were dropped (rejected drafts): forget their K/V.
+        Blocks wholly past `keep` go back; the block holding `keep` stays (a later write copies it
+        first if the tree shares it); a lock or cached count past `keep` moves back. Changes the cache."""
+        bs, table = self.block_size, seq.block_table
+        seq.num_computed = min(seq.num_computed, keep)
+        held = -(-keep // bs)
+        self.pool.release(table[held:])
+        del table[held:]
+        if seq.num_cached <= keep:
+            return
+        seq.num_cached = keep // bs * bs
+        assert self.tree is not None and seq.locked_node is not None
+        node = self.tree.match(seq.token_ids[:seq.num_cached]).node
+        self.tree.lock(node)
+        self.tree.unlock(seq.locked_node)
+        seq.locked_node = node
+
+    def release(self, seq: Sequence, copies: list[BlockCopy] | None = None) -> bool:
+        """Cache the computed tokens and give up the blocks and the lock. Given `copies` (a swap),
+        the cached path is also copied to the host tier and pinned there (`seq.swapped_node`), the
+        write-backs appended to `copies`; True if it was. Changes the cache."""
         computed = min(seq.num_computed, seq.num_resolved)  # equal at every step boundary
         swapped = False
         if self.tree is not None and computed > 0:
             node = self.tree.insert(seq.token_ids[:computed], seq.block_table)
-            if swap and seq.swapped_node is None and self.tree.swap_out(node):
+            moved = self.tree.swap_out(node) if copies is not None and seq.swapped_node is None else None
+            if moved is not None and copies is not None:
+                copies.extend(moved)
                 seq.swapped_node, swapped = node, True
         if seq.locked_node is not None:
             assert self.tree is not None
@@ -121,9 +146,13 @@ class SequenceCache:
         return swapped
 
     def cache_computed(self, seq: Sequence) -> None:
+        """Insert the sequence's newly completed, resolved full blocks into the tree and move its
+        lock down onto them (unless another sequence's copy holds those tokens). Changes the cache."""
         bs = self.block_size
+        if self.tree is None or seq.num_computed - seq.num_cached < bs:
+            return  # the common decode step: no block completed (checked before the costlier count)
         full = min(seq.num_computed, seq.num_resolved) // bs * bs
-        if self.tree is None or full <= seq.num_cached:
+        if full <= seq.num_cached:
             return
         seq.num_cached = full
         node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node)
@@ -135,3 +164,13 @@ class SequenceCache:
         if seq.locked_node is not None:
             self.tree.unlock(seq.locked_node)
         seq.locked_node = node
+
+
+def _prefix_in_flight(seq: Sequence, matched: int, prefills: list[Sequence], block_size: int) -> bool:
+    """Does a running prefill share at least a block more of `seq`'s prompt than the cache holds?"""
+    for other in prefills:
+        if other.is_prefill:
+            shared = common_prefix_len(seq.token_ids[:-1], other.token_ids[:-1])
+            if shared - matched >= block_size:
+                return True
+    return False

@@ -48,12 +48,12 @@ from radixserve.server.ws import chat_websocket
 
 log = logging.getLogger("radixserve.server")
 SYSTEM_PROMPT_ROWS = 20  # rows of the /v1/cache/stats table
+STEP_METRICS_S = 1.0  # how often the step histograms take in the engine's steps (and at every read)
 
 
 async def load_engine(state: ServerState) -> None:
     try:
         engine = await asyncio.to_thread(state.engine_factory)
-        engine.add_step_observer(state.metrics.observe_step)
         await engine.start()
         if engine.tokenizer is not None:
             formatter = ChatFormatter(engine.tokenizer)
@@ -84,6 +84,13 @@ async def drain(state: ServerState) -> None:
         await state.inflight.wait_idle(5.0)
 
 
+async def _observe_steps(state: ServerState) -> None:
+    """Keeps the step metrics current between scrapes, and the engine's step feed from overflowing."""
+    while True:
+        await asyncio.sleep(STEP_METRICS_S)
+        state.observe_steps()
+
+
 async def _expire_sessions(state: ServerState) -> None:
     period = min(60.0, max(1.0, state.config.session_ttl_s / 4))
     while True:
@@ -105,8 +112,10 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    # on the event loop, a few ms: the engine's figures are its last published snapshot (never waits
-    # for a step), and no worker thread is needed that a busy thread pool could hold up
+    # on the event loop, a few ms: the engine's figures are its last published snapshot and its steps
+    # what it recorded (never waits for a step), and no worker thread is needed that a busy thread
+    # pool could hold up
+    state.observe_steps()
     text = generate_latest(state.metrics.registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
@@ -115,6 +124,7 @@ async def cache_stats(request: Request) -> Response:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
     st = engine.stats()  # the last published snapshot: answers at once, never waits for a step
+    state.observe_steps()
     sessions = len(state.sessions) if state.sessions is not None else 0
     body = cache_stats_json(st, engine.block_size, sessions, state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),
                             state.metrics.step_utilization.to_json())
@@ -160,10 +170,12 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
         state.loop = asyncio.get_running_loop()
         loader = asyncio.create_task(load_engine(state))
         sweeper = asyncio.create_task(_expire_sessions(state))
+        stepper = asyncio.create_task(_observe_steps(state))
         try:
             yield
         finally:
             sweeper.cancel()
+            stepper.cancel()
             await drain(state)
             with suppress(asyncio.CancelledError):
                 await loader

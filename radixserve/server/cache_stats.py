@@ -17,7 +17,7 @@ from radixserve.engine.stats import EngineStats, by_cause
 
 @dataclass
 class StepUtilization:
-    """Batch-slot and token-budget utilization over the engine's steps (fed by the step observer)."""
+    """Batch-slot and token-budget utilization over the engine's steps (ServerMetrics.observe_step)."""
 
     steps: int = 0
     slot_sum: float = 0.0
@@ -58,7 +58,7 @@ def host_json(st: EngineStats) -> dict[str, Any]:
 
 def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_prompts: list[dict[str, Any]],
                      steps: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`steps`: the batch-utilization summary the server's step observer keeps (StepUtilization.to_json)."""
+    """`steps`: the batch-utilization summary of the engine's steps (StepUtilization.to_json)."""
     requests = sum(st.requests_finished.values())
     return {
         "hit_rate": st.hit_rate,

@@ -1,9 +1,13 @@
-"""One engine request as the server runs it: request-id bookkeeping, error mapping and metrics.
+"""One engine request as the server runs it: the engine's check, request-id bookkeeping, error
+mapping and metrics.
 
-Every generation the server starts goes through `stream_request`, so (a) engine RequestErrors become
-ApiErrors before any output, (b) the request is always closed — a consumer that stops iterating
-aborts it and the engine frees its blocks — and (c) latency histograms and the per-system-prompt
-counters are recorded exactly once per request.
+A request is checked once, by the engine's intake (`check_request`, before any response starts, so
+a refusal is a plain error response and never an opened stream); the server's own checks are of its
+API's fields and limits, never the engine's again. Every generation the server starts then goes
+through `stream_request` with what that check returned, so (a) engine errors become ApiErrors,
+(b) the request is always closed — a consumer that stops iterating aborts it and the engine frees its
+blocks — and (c) latency histograms and the per-system-prompt counters are recorded exactly once per
+request.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import TYPE_CHECKING, cast
 
 from radixserve.core import Placement, RequestOutput, Usage
 from radixserve.engine.chat_template import token_hash
+from radixserve.engine.client import EngineClient
+from radixserve.engine.intake import ValidatedRequest
 from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.metrics import NONE_KEY
@@ -68,25 +74,36 @@ def admit_prompt(state: ServerState, prompt_len: int) -> None:
     if limit is not None and prompt_len > limit:
         raise ApiError("context_too_long", f"prompt of {prompt_len} tokens exceeds the server's limit of "
                        f"{limit} prompt tokens (--max-prompt-tokens)")
+    refuse_if_draining(state)
+
+
+def refuse_if_draining(state: ServerState) -> None:
     if state.draining:
         raise ApiError("unavailable", "the server is shutting down", 503)
 
 
-async def stream_request(state: ServerState, prompt: list[int], params: SamplingParams,
-                         system: SystemPromptRef, api: str, request_id: str | None = None,
-                         cancelled: Callable[[], bool] | None = None, priority: int = 0,
+def check_request(engine: EngineClient, prompt: list[int], params: SamplingParams, priority: int) -> ValidatedRequest:
+    """The engine's one check of a request (engine/intake.py), its refusal as the API's error."""
+    try:
+        return engine.intake.check(prompt, params, priority)
+    except RequestError as e:
+        raise api_error_from(e) from None
+
+
+async def stream_request(state: ServerState, request: ValidatedRequest, system: SystemPromptRef, api: str,
+                         request_id: str | None = None, cancelled: Callable[[], bool] | None = None,
                          affinity: str | None = None) -> AsyncGenerator[RequestOutput, None]:
-    """Yield the engine's incremental outputs for one request; raises ApiError for refused requests.
-    `cancelled`: see AsyncEngine.generate (a cancel that came before the request reached the engine);
-    `priority`: the scheduler's (lower runs first under --policy priority); `affinity`: a key (the
-    chat session's id) whose requests a multi-replica engine keeps on one replica."""
+    """Yield the engine's incremental outputs for one request `check_request` accepted; raises
+    ApiError for refused requests. `cancelled`: see AsyncEngine.generate_validated (a cancel that came
+    before the request reached the engine); `affinity`: a key (the chat session's id) whose requests a
+    multi-replica engine keeps on one replica."""
     engine, metrics = state.require_engine(), state.metrics
-    admit_prompt(state, len(prompt))  # checked again: shutdown may have begun since the caller checked
+    refuse_if_draining(state)  # again: shutdown may have begun since the caller checked
     rid = request_id or uuid.uuid4().hex
     state.inflight.add(rid)
     placement = Placement(affinity=affinity)
-    agen = cast(AsyncGenerator[RequestOutput, None], engine.generate(prompt, params, request_id=rid, priority=priority,
-                                                                     cancelled=cancelled, placement=placement))
+    agen = cast(AsyncGenerator[RequestOutput, None],
+                engine.generate_validated(request, request_id=rid, cancelled=cancelled, placement=placement))
     last: RequestOutput | None = None
     last_token_at: float | None = None
     try:

@@ -4,7 +4,8 @@ Token and request counters are the engine's own cumulative totals (engine.stats(
 custom collector at scrape time, so they are monotonic and hit rates derive from counters only.
 Latency histograms are observed here, once per finished request (inter-token latency once per
 token); the step histograms (time, tokens, batch-slot and token-budget utilization) once per engine
-step, from the step observer. The admission-blocked and preemption counters are labelled by cause,
+step, from the steps the engine recorded, taken in on the event loop (ServerState.observe_steps): no
+server code runs on the engine thread. The admission-blocked and preemption counters are labelled by cause,
 every known cause always present; so are the reasons of the connection and generation refusals
 (connections.py, admission.py). System prompts are keyed by a hash of their token IDs;
 `SystemPromptTracker` keeps exact per-prompt counters for the JSON table and bounded, monotonic label
@@ -142,7 +143,7 @@ class ServerMetrics:
         return tracker
 
     def observe_step(self, step: StepInfo) -> None:
-        """A step observer (`AsyncEngine.add_step_observer`); runs on the engine thread."""
+        """One engine step, on the event loop (ServerState.observe_steps)."""
         self.step_time.observe(step.duration_s)
         self.step_tokens.observe(step.prefill_tokens + step.decode_tokens)
         self.step_slots.observe(step.slot_utilization)

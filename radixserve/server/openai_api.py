@@ -33,12 +33,13 @@ from starlette.routing import Route
 
 from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
 from radixserve.engine.beam_search import BeamSearchParams
+from radixserve.engine.intake import ValidatedRequest
 from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import openai_stream_error
 from radixserve.server.auth import bearer_token, priority_bounds
 from radixserve.server.beam_api import BeamAsk, beam_choices, beam_fields, run_beam_search
-from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
+from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
 from radixserve.server.logprobs import OFFLOAD_ENTRIES, cap_logprob_entries, entries, logprobs_body
 from radixserve.server.state import ServerState
@@ -68,6 +69,7 @@ class ChatRequest:
     system: SystemPromptRef
     priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs, cache-aware and sjf ignore it
     beam: BeamSearchParams | None = None  # use_beam_search (server/beam_api.py); then params.n is the choices
+    checked: ValidatedRequest | None = None  # what the engine's intake made of it (None for a beam search)
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -163,10 +165,12 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     admit_prompt(state, len(prompt))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
+    # a beam search is checked by its driver, with the parameters of its steps
+    checked = check_request(engine, prompt, params, priority) if beam is None else None
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
     system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
     return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
-                       beam.params(params.max_tokens) if beam is not None else None)
+                       beam.params(params.max_tokens) if beam is not None else None, checked)
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:
@@ -212,8 +216,8 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     last: RequestOutput | None = None
-    async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai",
-                                       priority=req.priority)) as outputs:
+    assert req.checked is not None
+    async with aclosing(stream_request(state, req.checked, req.system, "openai")) as outputs:
         async for out in outputs:
             last = out
             for o in out.outputs:
@@ -254,8 +258,8 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
     started: set[int] = set()
     last: RequestOutput | None = None
     try:
-        async with aclosing(stream_request(state, req.prompt, req.params, req.system, "openai",
-                                           priority=req.priority)) as outputs:
+        assert req.checked is not None
+        async with aclosing(stream_request(state, req.checked, req.system, "openai")) as outputs:
             async for out in outputs:
                 last = out
                 for o in out.outputs:

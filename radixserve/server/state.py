@@ -120,3 +120,10 @@ class ServerState:
 
     def engine_stats(self) -> Any | None:
         return self.engine.stats() if self.engine is not None else None
+
+    def observe_steps(self) -> None:
+        """Take the steps the engine ran since the last call into the step metrics; on the event loop,
+        as every metric update is (the engine thread only records its steps: engine/observers.py)."""
+        if self.engine is not None:
+            for step in self.engine.drain_steps():
+                self.metrics.observe_step(step)

@@ -3,11 +3,12 @@
 The prompt is session.tokens + the new user message's tokens + the generation prompt (see
 chat_template). A turn is made only by `SessionTurn.prepare`: it refuses a busy session, awaits the
 message's tokens (a large history + message is tokenized on the PromptWorker thread, off the event
-loop), then constructs the turn, which validates everything and marks the session busy with no await
-in between. The await lets anything happen to the session, so the constructor checks it again:
-deleted, expired or evicted meanwhile is 404 unknown_session (it is fetched again through the store
-as the caller's), busy or changed meanwhile (another turn ended, so the history that was tokenized
-is no longer the session's) is 409 session_busy. A refused turn leaves the session unchanged.
+loop), then constructs the turn, which has the engine's intake check the prompt (once: the stream
+hands the engine what that check returned) and marks the session busy with no await in between. The
+await lets anything happen to the session, so the constructor checks it again: deleted, expired or
+evicted meanwhile is 404 unknown_session (it is fetched again through the store as the caller's),
+busy or changed meanwhile (another turn ended, so the history that was tokenized is no longer the
+session's) is 409 session_busy. A refused turn leaves the session unchanged.
 
 Its events are `start`, `delta`s and `done` (the WebSocket frames, minus transport details).
 Whatever happens after construction the turn ends in exactly one of two ways: nothing was generated
@@ -25,7 +26,7 @@ from typing import Any
 
 from radixserve.core import RequestOutput
 from radixserve.engine.chat_template import TurnTokens
-from radixserve.server.generation import SystemPromptRef, admit_prompt, stream_request
+from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.owners import Owner
 from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session
 from radixserve.server.state import ServerState
@@ -67,18 +68,19 @@ class SessionTurn:
         if session.template_messages() != history:  # cheap: the contents are the same string objects
             raise ApiError("session_busy", "the session changed while this message was being tokenized (another "
                            "turn ended meanwhile); send it again", 409)
-        self.state, self.session, self.gen_id, self.priority = state, session, gen_id, priority
+        self.state, self.session, self.gen_id = state, session, gen_id
         self.history = history + [{"role": "user", "content": content}]
         self.user_tokens, self.gen_prompt = turn.user, turn.generation_prompt
-        self.prompt = session.tokens.tolist() + turn.user + turn.generation_prompt  # the engine takes a list
-        admit_prompt(state, len(self.prompt))
+        prompt = session.tokens.tolist() + turn.user + turn.generation_prompt  # the engine takes a list
+        admit_prompt(state, len(prompt))
         cfg = state.config
         merged = {"temperature": cfg.default_temperature, "top_p": cfg.default_top_p, **session.sampling, **sampling}
-        self.params = build_sampling_params(merged, prompt_len=len(self.prompt), max_model_len=engine.max_model_len,
-                                            default_max_tokens=cfg.default_max_tokens)
+        params = build_sampling_params(merged, prompt_len=len(prompt), max_model_len=engine.max_model_len,
+                                       default_max_tokens=cfg.default_max_tokens)
+        self.request = check_request(engine, prompt, params, priority)
         self.system = SystemPromptRef.of(session.tokens[:session.system_len], session.system_prompt,
                                          formatter.implicit_prefix_len)
-        self.end_ids = tuple(engine.eos_token_ids) + tuple(self.params.stop_token_ids)
+        self.end_ids = tuple(engine.eos_token_ids) + tuple(params.stop_token_ids)
         message = Message("user", content, len(session.tokens), len(session.tokens) + len(turn.user))
         store.make_room(sys.getsizeof(content) + MESSAGE_OVERHEAD_BYTES + TOKEN_BYTES * len(turn.user), keep=session)
         # committed: from here on the turn must end in _rollback or _close
@@ -105,9 +107,8 @@ class SessionTurn:
         base = {"gen_id": self.gen_id, "session_id": self.session.id}
         finish: str | None = None
         try:
-            stream = stream_request(self.state, self.prompt, self.params, self.system, "session", self.request_id,
-                                    cancelled=lambda: self.cancelled, priority=self.priority,
-                                    affinity=self.session.id)
+            stream = stream_request(self.state, self.request, self.system, "session", self.request_id,
+                                    cancelled=lambda: self.cancelled, affinity=self.session.id)
             async with aclosing(stream) as outputs:
                 async for out in outputs:
                     if self.last is None:

@@ -243,14 +243,12 @@ def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
 def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_model_len: int,
                           default_max_tokens: int | None, n: int = 1) -> SamplingParams:
     """SamplingParams for one request. An unset max_tokens is clamped to what the context has left;
-    an explicit one that does not fit is refused, naming the limit (as vLLM does)."""
+    an explicit one that does not fit is refused, naming the limit (as vLLM does). A prompt that
+    leaves no room at all is the engine's to refuse (engine/intake.py), so it gets max_tokens 1 here."""
     max_tokens = sampling.get("max_tokens")
     room = max_model_len - prompt_len
-    if room < 1:
-        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens leaves no room to generate within "
-                       f"the model's context length of {max_model_len} tokens")
     if max_tokens is None:
-        max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+        max_tokens = max(1, room if default_max_tokens is None else min(default_max_tokens, room))
     elif max_tokens > room:
         raise ApiError("context_too_long", f"prompt of {prompt_len} tokens + max_tokens {max_tokens} exceeds the "
                        f"model's context length of {max_model_len} tokens", param="max_tokens")

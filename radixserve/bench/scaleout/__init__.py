@@ -8,8 +8,10 @@ interleave), sized so they overflow one pool of P blocks but fit in 2P, sent ove
 /v1/chat/completions. Plus a micro-benchmark of the routing rule itself (no Ray).
 
 Modules: `plan` (options, workloads as chats, pool sizing, systems), `client` (the HTTP driver),
-`runner` (clusters and results), `report` (targets, table, chart, publishing), `routing_micro`
-(RoutingTable.choose() + sent() cost), `cli` (the subcommand's flags).
+`runner` (clusters and results), `report` (targets, table), `chart` (scale_out.png), `routing_micro`
+(RoutingTable.choose() + sent() cost), `cli` (the subcommand's flags). What it shares with the main
+run (options, the command from flags to written and published files) comes from bench's plan.py,
+flags.py and harness.py.
 """
 
 from __future__ import annotations

@@ -10,32 +10,22 @@ Importing this module is cheap (no Ray, no torch): the parser is built for every
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
+from radixserve.bench.flags import add_output_arguments, add_param_argument, ints, names, parse_params
 from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
 from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
 def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scenario")
-    g.add_argument("--workload", type=_names, default=WORKLOADS, help=f"comma list of {', '.join(WORKLOADS)} (default both)")
-    g.add_argument("--systems", type=_names, default=SYSTEMS, help=f"comma list of {', '.join(SYSTEMS)} (default all)")
+    g.add_argument("--workload", type=names, default=WORKLOADS, help=f"comma list of {', '.join(WORKLOADS)} (default both)")
+    g.add_argument("--systems", type=names, default=SYSTEMS, help=f"comma list of {', '.join(SYSTEMS)} (default all)")
     g.add_argument("--replicas", type=int, default=2,
                    help="replicas of cache-aware and power-of-two; one-replica gets this many pools (default 2)")
     g.add_argument("--repeats", type=int, default=1, help="runs per system and workload; medians (default 1)")
     g.add_argument("--smoke", action="store_true", help="tiny workloads and micro-benchmark: checks the harness")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--param", action="append", default=[], metavar="WORKLOAD.FIELD=N",
-                   help="override a workload parameter, e.g. shared-prefix.groups=12 (repeatable)")
+    add_param_argument(g, "shared-prefix.groups=12")
     g.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
     g.add_argument("--pool-blocks", type=int, default=None, metavar="P",
                    help="KV blocks per replica (default: --pool-fraction of the blocks each workload reuses)")
@@ -46,12 +36,9 @@ def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run (default %(default)s)")
     g.add_argument("--no-cluster", action="store_true", help="skip the Ray runs: routing micro-benchmark only")
     g.add_argument("--no-micro", action="store_true", help="skip the routing micro-benchmark")
-    g.add_argument("--routing-replicas", type=_ints, default=(2, 8), help="micro-benchmark replica counts (2,8)")
+    g.add_argument("--routing-replicas", type=ints, default=(2, 8), help="micro-benchmark replica counts (2,8)")
     g.add_argument("--routing-prefixes", type=int, default=1000, help="micro-benchmark cached prefixes per replica")
-    g.add_argument("--out", default="bench-results/scale-out", help="output directory (default %(default)s)")
-    g.add_argument("--publish", default=None, metavar="DIR", help="also copy table, JSON and chart (+ README.md) here")
-    g.add_argument("--no-charts", action="store_true")
-    g.add_argument("--no-progress", action="store_true")
+    add_output_arguments(g, "bench-results/scale-out")
     e = p.add_argument_group("engine (every replica)")
     e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
     e.add_argument("--device", default="auto", help="auto | cpu | cuda (CUDA: one GPU per replica)")
@@ -60,44 +47,22 @@ def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace):  # -> ScaleOutOptions, imported lazily
-    from radixserve.bench.cli import _parse_params
-    from radixserve.bench.plan import BenchConfigError
     from radixserve.bench.scaleout.plan import ScaleOutOptions
 
-    try:
-        params = _parse_params(args.param)
-    except ValueError as e:
-        raise BenchConfigError(str(e)) from None
     return ScaleOutOptions(
         workloads=args.workload, systems=args.systems, replicas=args.replicas, repeats=args.repeats,
         smoke=args.smoke, seed=args.seed, model=args.model, device=args.device, dtype=args.dtype,
         block_size=args.block_size, pool_blocks=args.pool_blocks, pool_fraction=args.pool_fraction,
         concurrency=args.concurrency, max_load_gap=args.max_load_gap, torch_threads=args.replica_torch_threads,
-        params=params, timeout_s=args.timeout, cluster=not args.no_cluster, micro=not args.no_micro,
+        params=parse_params(args.param), timeout_s=args.timeout, cluster=not args.no_cluster, micro=not args.no_micro,
         micro_replicas=args.routing_replicas, micro_prefixes=args.routing_prefixes, progress=not args.no_progress)
 
 
 def run_scaleout_command(args: argparse.Namespace) -> int:
-    from radixserve.bench.metrics import check_complete
-    from radixserve.bench.plan import BenchConfigError
-    from radixserve.bench.scaleout.publish import publish, write_outputs
+    from radixserve.bench.harness import Scenario, run_scenario
+    from radixserve.bench.scaleout.chart import write_charts
     from radixserve.bench.scaleout.report import render
     from radixserve.bench.scaleout.runner import run_scaleout
 
-    try:
-        options = options_from_args(args)
-        results = run_scaleout(options, argv=sys.argv[2:] if sys.argv[1:2] == ["bench"] else None)
-    except (BenchConfigError, FileNotFoundError) as e:
-        print(f"radixserve bench scale-out: {e}", file=sys.stderr)
-        return 2
-    text = render(results)
-    out = Path(args.out)
-    charts = write_outputs(results, text, out, charts=not args.no_charts)
-    print(text)
-    if args.publish:
-        publish(out, Path(args.publish), charts, text, results.get("command"))
-        print(f"published to {args.publish}")
-    problems = check_complete(results)
-    for p in problems:
-        print(f"incomplete: {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return run_scenario(Scenario("radixserve bench scale-out", lambda a, argv: run_scaleout(options_from_args(a), argv),
+                                 render, write_charts, docs_anchor="radixserve-bench-scale-out"), args)

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from radixserve.bench.belady import TraceRequest, block_chain, working_set_blocks
-from radixserve.bench.plan import BenchConfigError
+from radixserve.bench.plan import RunOptions
 from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
 from radixserve.bench.textsource import TokenStream
-from radixserve.bench.workloads import Load, MultiTurnParams, SharedPrefixParams, build_workload, with_overrides
+from radixserve.bench.workloads import Load, MultiTurnParams, SharedPrefixParams, build_workload
 from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP
 
 Message = dict[str, str]
@@ -52,48 +52,37 @@ DESCRIPTIONS = {
 
 
 @dataclass
-class ScaleOutOptions:
+class ScaleOutOptions(RunOptions):
+    KNOWN_WORKLOADS = WORKLOADS
+    repeats: int = 1
+    pool_fraction: float = 0.6  # P / the reused set
+    timeout_s: float = 900.0
     workloads: tuple[str, ...] = WORKLOADS
     systems: tuple[str, ...] = SYSTEMS
     replicas: int = 2  # of the cache-aware and power-of-two systems; one-replica gets replicas x P blocks
-    repeats: int = 1
-    smoke: bool = False
-    seed: int = 0
-    model: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
     pool_blocks: int | None = None  # P; None: pool_fraction of the reused set
-    pool_fraction: float = 0.6
     concurrency: int = 4
     max_load_gap: int = DEFAULT_MAX_LOAD_GAP
     torch_threads: int | None = 1  # per replica
-    params: dict[str, dict[str, str]] = field(default_factory=dict)
-    timeout_s: float = 900.0
     cluster: bool = True  # False: the routing micro-benchmark only
-    micro: bool = True
     micro_replicas: tuple[int, ...] = (2, 8)
     micro_prefixes: int = 1000
-    progress: bool = True
 
-    def __post_init__(self) -> None:
+    def scenario_problems(self) -> list[str]:
         problems = []
         if not self.workloads or set(self.workloads) - set(WORKLOADS):
             problems.append(f"workloads must be among {', '.join(WORKLOADS)}, got {', '.join(self.workloads)}")
         if not self.systems or set(self.systems) - set(SYSTEMS):
             problems.append(f"systems must be among {', '.join(SYSTEMS)}, got {', '.join(self.systems)}")
-        if set(self.params) - set(WORKLOADS):
-            problems.append(f"--param names unknown workload(s): {sorted(set(self.params) - set(WORKLOADS))}")
-        if self.replicas < 2 or self.repeats < 1 or self.concurrency < 1 or self.max_load_gap < 0:
-            problems.append("--replicas must be >= 2, --repeats and --concurrency >= 1, --max-load-gap >= 0")
-        if not 0 < self.pool_fraction <= 1 or (self.pool_blocks is not None and self.pool_blocks < 1):
-            problems.append("--pool-fraction must be in (0, 1] and --pool-blocks >= 1")
+        if self.replicas < 2 or self.concurrency < 1 or self.max_load_gap < 0:
+            problems.append("--replicas must be >= 2, --concurrency >= 1, --max-load-gap >= 0")
+        if self.pool_blocks is not None and self.pool_blocks < 1:
+            problems.append("--pool-blocks must be >= 1")
         if self.micro_prefixes < 1 or not self.micro_replicas or min(self.micro_replicas) < 1:
             problems.append("--routing-prefixes and every --routing-replicas must be >= 1")
         if not self.cluster and not self.micro:
             problems.append("--no-cluster and --no-micro together leave nothing to run")
-        if problems:
-            raise BenchConfigError("; ".join(problems))
+        return problems
 
 
 @dataclass(frozen=True)
@@ -136,11 +125,7 @@ class ChatWorkload:
 
 
 def workload_params(name: str, o: ScaleOutOptions) -> SharedPrefixParams | MultiTurnParams:
-    base = (SMOKE_PARAMS if o.smoke else DEFAULT_PARAMS)[name]
-    try:
-        params = with_overrides(base, o.params.get(name, {}))
-    except ValueError as e:
-        raise BenchConfigError(f"{name}: {e}") from None
+    params = o.workload_params(name, DEFAULT_PARAMS, SMOKE_PARAMS)
     assert isinstance(params, (SharedPrefixParams, MultiTurnParams))
     return params
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixserve.bench.report import number, target_lines
 from radixserve.bench.results import Target
 from radixserve.bench.scaleout import HIT_RATE_GOAL, REFERENCE, ROUTING_US_GOAL
 from radixserve.scaleout.routing import REASONS
@@ -50,12 +51,6 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.1%}"
 
 
-def _num(x: float | None, digits: int = 1) -> str:
-    if x is None:
-        return "—"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}f}"
-
-
 def _decisions(m: dict[str, float], router: str) -> str:
     if router == "power-of-two":
         return "Ray's choice (not the rule)"
@@ -90,12 +85,12 @@ def workload_lines(results: dict[str, Any], workload: str) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for name, entry in results["results"][workload].items():
         m, s = entry["median"], systems.get(name, {})
-        ratio = "1 (reference)" if name == REFERENCE else _num(ratios.get(name), 3)
+        ratio = "1 (reference)" if name == REFERENCE else number(ratios.get(name), 3)
         lines.append(f"| {name} | {s.get('replicas')} x {s.get('blocks_per_replica')} | {_pct(m.get('hit_rate'))} "
                      f"| {ratio} | {_pct(m.get('client_hit_rate'))} | {_per_replica(entry)} "
-                     f"| {_decisions(m, s.get('router', ''))} | {_num(m.get('evicted_blocks'), 0)} "
-                     f"| {_num(m.get('requests_per_s'), 2)} | {_num(m.get('total_tokens_per_s'))} "
-                     f"| {_num(m.get('output_tokens_per_s'))} |")
+                     f"| {_decisions(m, s.get('router', ''))} | {number(m.get('evicted_blocks'), 0)} "
+                     f"| {number(m.get('requests_per_s'), 2)} | {number(m.get('total_tokens_per_s'))} "
+                     f"| {number(m.get('output_tokens_per_s'))} |")
     return lines
 
 
@@ -113,15 +108,10 @@ def routing_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def target_lines(results: dict[str, Any]) -> list[str]:
-    from radixserve.bench.report import describe_target
-
-    targets = results.get("targets") or []
-    if not targets:
+def _target_lines(results: dict[str, Any]) -> list[str]:
+    lines = target_lines(results.get("targets") or [])
+    if not lines:
         return []
-    lines = ["", "## Targets", "", "| target | value | goal | status |", "|---|---:|---:|---|"]
-    for t in targets:
-        lines.append(f"| {t['name']} | {_num(t['value'], 3)} | {t['op']} {t['threshold']:g} | {describe_target(t)} |")
     contrast = [f"{w}: {r['power-of-two']:.3f}" for w, r in results.get("hit_rate_vs_one_replica", {}).items()
                 if "power-of-two" in r]
     if contrast:
@@ -146,7 +136,7 @@ def render(results: dict[str, Any]) -> str:
     for workload in results.get("results", {}):
         lines += workload_lines(results, workload)
     lines += routing_lines(results)
-    lines += target_lines(results)
+    lines += _target_lines(results)
     if results.get("results"):
         lines += ["", ("Throughput is measured on the machine above, where every replica competes for the same "
                        "cores: it shows the cost of each system's misses there, not what the replicas would do "

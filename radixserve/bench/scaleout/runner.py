@@ -12,18 +12,16 @@ requests per replica and the router's decisions.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-from tqdm import tqdm
 
 from radixserve.bench import results as results_mod
-from radixserve.bench.metrics import check_complete, median_metrics
-from radixserve.bench.plan import BenchConfigError
+from radixserve.bench.flags import BenchConfigError
+from radixserve.bench.harness import model_facts, progress_bar
+from radixserve.bench.metrics import fold_repeats
 from radixserve.bench.scaleout import SCENARIO
 from radixserve.bench.scaleout.client import ChatRun, drive_chat, model_name, settled_stats
 from radixserve.bench.scaleout.plan import (
@@ -89,12 +87,8 @@ def _engine_config(o: ScaleOutOptions, model_dir: str, spec: SystemSpec) -> Engi
 
 def _prepare(o: ScaleOutOptions) -> tuple[tuple[str, str], Any, list[ChatWorkload], dict[str, Sizing]]:
     from radixserve.engine.chat_template import ChatFormatter
-    from radixserve.model.embedded import resolve_model
-    from radixserve.model.loader import load_tokenizer
-    from radixserve.model.spec import load_spec
 
-    model_dir, display_name = resolve_model(o.model)
-    spec, tokenizer = load_spec(model_dir), load_tokenizer(model_dir)
+    model_dir, display_name, spec, tokenizer = model_facts(o.model)
     if tokenizer is None:
         raise BenchConfigError(f"the model in {model_dir} has no tokenizer: the chat endpoint needs one")
     formatter = ChatFormatter(tokenizer)
@@ -130,8 +124,7 @@ def run_clusters(o: ScaleOutOptions, results: dict[str, Any]) -> tuple[tuple[str
 
     model, spec, workloads, sizing = _prepare(o)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    bar = tqdm(total=sum(w.num_requests for w in workloads) * len(o.systems) * o.repeats, desc="scale-out",
-               unit="req", file=sys.stderr, disable=not o.progress, dynamic_ncols=True)
+    bar = progress_bar(sum(w.num_requests for w in workloads) * len(o.systems) * o.repeats, "scale-out", o.progress)
     try:
         for repeat in range(o.repeats):
             for w in workloads:
@@ -151,36 +144,19 @@ def run_clusters(o: ScaleOutOptions, results: dict[str, Any]) -> tuple[tuple[str
         results["workloads"][w.name] = {"description": w.describe(), "params": w.params, "concurrency": w.concurrency,
                                         "num_requests": w.num_requests, "sizing": sizing[w.name].__dict__}
         results["planned_systems"][w.name] = list(o.systems)
-        results["results"][w.name] = {
-            name: {"expected_metrics": list(RUN_METRICS), "median": median_metrics([r["metrics"] for r in reps]),
-                   "repeats": reps}
-            for (wname, name), reps in runs.items() if wname == w.name}
+        results["results"][w.name] = {name: fold_repeats(RUN_METRICS, reps)
+                                      for (wname, name), reps in runs.items() if wname == w.name}
     return model, spec
 
 
 def run_scaleout(o: ScaleOutOptions, argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"scenario": SCENARIO, "workloads": {}, "systems": {}, "planned_systems": {},
                                "results": {}}
-    model, spec = run_clusters(o, results) if o.cluster else (("", "none (routing micro-benchmark only)"), _NoSpec())
+    model, spec = run_clusters(o, results) if o.cluster else (("", "none (routing micro-benchmark only)"), None)
     if o.micro:
         results["routing_overhead"] = run_routing_micro(o.micro_replicas, o.micro_prefixes, smoke=o.smoke)
     results_mod.add_environment(results, o, model, spec, argv)
-    results["versions"]["ray"] = _version("ray")
-    results.pop("ratios", None)  # the bench's radixserve-vs-peers ratios; this scenario has its own
+    results["versions"]["ray"] = results_mod.version("ray")
     results["hit_rate_vs_one_replica"] = hit_rate_ratios(results)
     results["targets"] = evaluate_targets(results)
-    results["complete"] = not check_complete(results)
     return results
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-class _NoSpec:
-    """add_environment wants a model spec; the routing micro-benchmark alone has no model."""
-
-    num_layers = num_kv_heads = head_dim = vocab_size = None

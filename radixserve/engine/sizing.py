@@ -1,0 +1,40 @@
+"""How big the engine's KV pools and sequences may be, decided once at start from the config and the
+model: the device pool's blocks (a memory budget, or what the GPU has left after a profiled step),
+the host tier's blocks, the context length, and the longest sequence the engine accepts.
+
+Invariant: `max_seq_len` <= the device pool's capacity in tokens, so every accepted sequence fits the
+pool on its own (the scheduler's liveness rests on it), and <= `max_model_len`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.config import DEFAULT_CPU_KV_MB, EngineConfig
+from radixserve.engine.host_tier import host_tier_blocks
+from radixserve.model.runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class Sizes:
+    num_blocks: int  # the device pool
+    host_blocks: int  # the host tier (0: off)
+    max_model_len: int  # the context length the engine advertises
+    max_seq_len: int  # the longest sequence (prompt + generated) it runs
+
+
+def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
+    limit = runner.spec.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > limit:
+        raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {limit} positions")
+    layout = runner.kv_layout()
+    if config.num_blocks:
+        num_blocks = config.num_blocks
+    elif config.kv_cache_memory_mb is None and runner.device.type == "cuda":
+        num_blocks = runner.kv_blocks_for_device(config.gpu_memory_utilization, config.max_num_batched_tokens,
+                                                 config.max_num_seqs)
+    else:
+        num_blocks = layout.blocks_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
+    max_model_len = config.max_model_len or limit
+    return Sizes(num_blocks, host_tier_blocks(config.host_cache_mb, layout.bytes_per_block), max_model_len,
+                 min(max_model_len, num_blocks * config.block_size))

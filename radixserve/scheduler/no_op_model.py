@@ -1,0 +1,24 @@
+"""A stand-in for the model and the sampler, for the scheduler's micro-benchmark and tests: a step
+"runs" at once and every draw samples the same token. Drives the scheduler exactly as the engine
+does without overlap (schedule, launched, commit), so what it measures is the scheduler's own cost.
+"""
+
+from __future__ import annotations
+
+from radixserve.core import Batch, Request, Sequence
+from radixserve.scheduler.scheduler import Scheduler
+from radixserve.scheduler.step_results import Committed, TokenCommit
+
+
+def _no_stop(seq: Sequence, token: int) -> bool:
+    return False
+
+
+def _key(req: Request, index: int) -> int:
+    return index
+
+
+def no_op_step(scheduler: Scheduler, batch: Batch, token: int) -> Committed:
+    """Commit `token` for every draw of `batch` (n > 1 forks included); only length limits finish."""
+    launch = scheduler.launched(batch, (), _key)
+    return scheduler.commit(launch, [TokenCommit((token,))] * len(launch.owners), (), _no_stop)

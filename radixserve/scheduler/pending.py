@@ -1,0 +1,55 @@
+"""Pending tokens: every rule of overlap scheduling about a sampled id the host does not know yet.
+
+With overlap, the engine launches step N before step N-1's sampled ids reach the host. Each sampling
+row of a launched step leaves a slot, `PENDING_TOKEN`, at the end of its sequence's `token_ids`; the
+runner reads that token's id from the previous step's sampled ids on the device, so no host round
+trip sits between two steps. The scheduler's commit fills the slot once the id is known.
+
+Invariants (the scheduler is the only caller of these functions):
+- slots are only at the end of `token_ids`: at most two per sequence, the one being committed and the
+  one launched meanwhile; a slot is filled at the position its launch returned;
+- a slot counts as computed (`num_computed`) once the step that reads it is launched, but nothing
+  pending is ever put into the tree: caching stops at `num_resolved` (see `SequenceCache`), and a
+  slot is filled before the blocks around it are cached;
+- a launch whose slot reaches a length limit marks the sequence `final_token_pending`: it is not
+  scheduled again and ends when the slot is committed (the length is known at launch, the stop only
+  at commit);
+- a sequence that finishes (a stop, an abort, an error) drops its slots first: the device's ids for
+  them are never read, and what it caches is only tokens known on the host;
+- a sequence preempted with a slot pending is not admitted again until the slot is committed.
+"""
+
+from __future__ import annotations
+
+from radixserve.core import PENDING_TOKEN, Sequence
+
+
+def add_slot(seq: Sequence, max_seq_len: int) -> int:
+    """A launched step samples `seq`'s next token: hold its place; returns the slot's position."""
+    tokens = seq.token_ids
+    tokens.append(PENDING_TOKEN)
+    # every token after the prompt, this slot and one still pending before it included, is generated
+    seq.final_token_pending = len(tokens) - seq.num_prompt_tokens >= seq.request.params.max_tokens \
+        or len(tokens) >= max_seq_len
+    return len(tokens) - 1
+
+
+def fill(seq: Sequence, position: int, token: int) -> None:
+    assert seq.token_ids[position] == PENDING_TOKEN, "a slot is filled once, where its launch put it"
+    seq.token_ids[position] = token
+
+
+def drop_slots(seq: Sequence) -> None:
+    """Forget the ids still on the device for `seq` (it finished): they will never be read."""
+    if PENDING_TOKEN in seq.token_ids:
+        del seq.token_ids[seq.token_ids.index(PENDING_TOKEN):]
+
+
+def may_decode(seq: Sequence) -> bool:
+    """One token to compute and no length limit reached by a launch still in flight."""
+    return len(seq.token_ids) - seq.num_computed == 1 and not seq.final_token_pending
+
+
+def may_admit(seq: Sequence) -> bool:
+    """A waiting sequence whose last token is still on the device must wait for its commit."""
+    return not seq.has_pending_token

@@ -1,0 +1,81 @@
+"""What a step hands back to the scheduler, and the rule that turns sampled tokens into a sequence's
+tokens: the scheduler's one write path for generated tokens (`Scheduler.launched` / `commit`).
+
+A launched step's sampling rows are described by a `Launch` (whose row each draw reads, which slot it
+fills). After sampling, the engine hands one `TokenCommit` per draw back. A commit may carry several
+tokens and may reject some the step computed (speculative decoding verifies k draft tokens in one
+step and keeps a prefix of them plus one sampled token; a grammar may force several): the rejected
+drafts are dropped first (`SequenceCache.roll_back` forgets their K/V), then the tokens are appended
+one by one, each passed to the stop test and checked against the length limits; the first token that
+ends the sequence ends the commit, and the tokens after it are never appended.
+
+The stop test (`StopTest`) is handed in by the engine: EOS, stop ids and stop strings (through its
+detokenizer, which must see every committed token once, in order). It decides nothing about blocks,
+queues or lengths; the scheduler does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from radixserve.core import Request, Sequence, TokenLogprob
+from radixserve.scheduler import pending
+
+# called once per committed token, in order; True: the token ends the sequence ("stop")
+StopTest = Callable[[Sequence, int], bool]
+
+
+@dataclass
+class Launch:
+    """A launched step's draws: `owners[i]` samples from logits row `rows[i]` into the slot at
+    `positions[i]` of its token_ids. `forks`: the samples of n > 1 requests that joined this step."""
+
+    owners: list[Sequence] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    forks: list[Sequence] = field(default_factory=list)
+
+    def draw_of(self) -> dict[int, int]:
+        """seq_id -> the index of its draw (where the next step reads its pending token)."""
+        return {s.seq_id: i for i, s in enumerate(self.owners)}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCommit:
+    """What a step decided for one draw of its `Launch`: drop the `rejected` tokens just before the
+    draw's slot (draft tokens the step computed and did not keep), then commit `tokens` — the first
+    fills the slot — each with its logprob when the request asked (`logprobs` then has one per token)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    rejected: int = 0
+
+
+@dataclass
+class Committed:
+    touched: list[Sequence] = field(default_factory=list)  # sequences that took at least one token
+    tokens: int = 0  # tokens committed in all
+    errors: list[Request] = field(default_factory=list)  # their stop test raised: ended with "error"
+
+
+def append_tokens(seq: Sequence, position: int, commit: TokenCommit, stop: StopTest,
+                  max_seq_len: int) -> tuple[int, str | None]:
+    """Fill the slot at `position` and append the rest of the commit's tokens, stopping at the first
+    that ends the sequence. Returns how many were committed and the finish reason, if any."""
+    assert len(commit.tokens) == 1 or position == len(seq.token_ids) - 1, \
+        "several tokens are committed only into a sequence's last slot"
+    # the length limits, as a count of resolved tokens (every token up to a filled slot is resolved)
+    limit = min(seq.num_prompt_tokens + seq.request.params.max_tokens, max_seq_len)
+    for i, token in enumerate(commit.tokens):
+        if i == 0:
+            pending.fill(seq, position, token)
+        else:
+            seq.token_ids.append(token)
+        if commit.logprobs:
+            seq.logprobs.append(commit.logprobs[i])
+        if stop(seq, token):
+            return i + 1, "stop"
+        if position + i + 1 >= limit:
+            return i + 1, "length"
+    return len(commit.tokens), None
