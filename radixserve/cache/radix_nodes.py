@@ -175,6 +175,7 @@ class RadixStructure:
         if len(blocks) * bs < len(tokens):
             raise ValueError("insert: fewer blocks than the tokens need")
         node, pos, path = self.root, 0, []
+        now = next(self._clock)  # this access's time: a new node enters the LRU sets with it, once
         if known is not None and known.lock_count > 0 and known.end <= len(tokens):
             node, pos = known, known.end
         while pos < len(tokens):
@@ -184,7 +185,7 @@ class RadixStructure:
                 for b in leaf_blocks:
                     self.pool.incref(b)
                 child = RadixNode(tokens=tokens[pos:], start=pos, blocks=leaf_blocks, parent=node)
-                self._attach(node, child)
+                self._attach(node, child, now)
                 path.append(child)
                 pos = len(tokens)
                 break
@@ -199,16 +200,16 @@ class RadixStructure:
             path.append(child)
             pos += k
             node = child
-        self._touch(path)
+        self._touch(path, now)
         return path[-1] if path else self.root
 
-    def _attach(self, parent: RadixNode, child: RadixNode) -> None:
+    def _attach(self, parent: RadixNode, child: RadixNode, now: int) -> None:
         parent.children[child.tokens[0]] = child
         parent.device_children += 1
         self.evictable_blocks += len(child.blocks) if child.lock_count == 0 else 0
         self.num_nodes += 1
         self.num_tokens += len(child.tokens)
-        child.last_access = next(self._clock)
+        child.last_access = now
         self._refresh(child)
         self._refresh(parent)
 
@@ -244,22 +245,43 @@ class RadixStructure:
 
     # -- locks, pins and the LRU sets ------------------------------------------------------------
     def lock(self, node: RadixNode) -> None:
-        n: RadixNode | None = node
-        while n is not None and n is not self.root:
-            assert n.blocks, "lock of a node that is not on the device"
-            n.lock_count += 1
-            if n.lock_count == 1:  # only the first lock changes what eviction may take
-                self.evictable_blocks -= len(n.blocks)
-                self._refresh(n)
-            n = n.parent
+        """Lock the path from the root to `node` (it stays on the device and is never evicted)."""
+        self._add_locks(node, None, +1)
 
     def unlock(self, node: RadixNode) -> None:
+        self._add_locks(node, None, -1)
+
+    def relock(self, old: RadixNode, new: RadixNode) -> None:
+        """Move one lock from `old`'s path to `new`'s. When one of them lies on the other's path
+        (a sequence's lock moving down onto the blocks it just cached, or up), only the nodes between
+        them change, not the whole path to the root."""
+        if old is new:
+            return
+        if self._is_above(old, new):
+            self._add_locks(new, old, +1)
+        elif self._is_above(new, old):
+            self._add_locks(old, new, -1)
+        else:
+            self.lock(new)
+            self.unlock(old)
+
+    def _is_above(self, upper: RadixNode, node: RadixNode) -> bool:
+        """Is `upper` on the path from the root to `node` (the root always is)?"""
         n: RadixNode | None = node
-        while n is not None and n is not self.root:
-            assert n.lock_count > 0, "unlock of an unlocked node"
-            n.lock_count -= 1
-            if n.lock_count == 0:
-                self.evictable_blocks += len(n.blocks)
+        while n is not None and n is not upper:
+            n = n.parent
+        return n is upper
+
+    def _add_locks(self, node: RadixNode, stop: RadixNode | None, delta: int) -> None:
+        """Add `delta` (+1, -1) to the lock count of each node from `node` up to `stop` (exclusive; the
+        root by default, whose own lock never changes)."""
+        n: RadixNode | None = node
+        while n is not None and n is not stop and n is not self.root:
+            assert n.blocks or delta < 0, "lock of a node that is not on the device"
+            assert n.lock_count + delta >= 0, "unlock of an unlocked node"
+            n.lock_count += delta
+            if n.lock_count == (delta > 0):  # 0 <-> 1: what eviction may take changed
+                self.evictable_blocks -= delta * len(n.blocks)
                 self._refresh(n)
             n = n.parent
 
@@ -276,9 +298,11 @@ class RadixStructure:
         """A swapped-out sequence resumed or ended: its path may leave the host tier again."""
         self._pin(node, -1)
 
-    def _touch(self, path: list[RadixNode]) -> None:
-        now = next(self._clock)
+    def _touch(self, path: list[RadixNode], now: int | None = None) -> None:
+        now = next(self._clock) if now is None else now
         for n in path:
+            if n.last_access == now:
+                continue  # attached by this access: listed with this time already
             if n.in_lru or n.in_host_lru:  # its key changes: out of the sorted sets and back in
                 self._unlist(n)
                 n.last_access = now

@@ -1,5 +1,5 @@
-"""The continuous batcher: the single owner of every cache state transition (admission, chunk
-completion, forks, preemption, finish)."""
+"""The continuous batcher: the only writer of a sequence and of the cache state (admission, chunk
+completion, forks, token commits, preemption, finish)."""
 
 from radixserve.scheduler.scheduler import Scheduler
 

@@ -45,9 +45,18 @@ def drop_slots(seq: Sequence) -> None:
         del seq.token_ids[seq.token_ids.index(PENDING_TOKEN):]
 
 
-def may_decode(seq: Sequence) -> bool:
-    """One token to compute and no length limit reached by a launch still in flight."""
-    return len(seq.token_ids) - seq.num_computed == 1 and not seq.final_token_pending
+def split_running(running: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
+    """The running sequences that may decode (one token to compute, and no length limit reached by a
+    launch still in flight) and those that prefill (more than one), each in running order."""
+    decodes, prefills = [], []
+    for seq in running:
+        left = len(seq.token_ids) - seq.num_computed
+        if left == 1:
+            if not seq.final_token_pending:
+                decodes.append(seq)
+        elif left > 1:
+            prefills.append(seq)
+    return decodes, prefills
 
 
 def may_admit(seq: Sequence) -> bool:

@@ -101,8 +101,7 @@ class SequenceCache:
         if exclusive == locked.end:
             return False
         node = self.tree.match(path[:exclusive]).node
-        self.tree.lock(node)
-        self.tree.unlock(locked)
+        self.tree.relock(locked, node)
         seq.locked_node = node
         return True
 
@@ -120,8 +119,7 @@ class SequenceCache:
         seq.num_cached = keep // bs * bs
         assert self.tree is not None and seq.locked_node is not None
         node = self.tree.match(seq.token_ids[:seq.num_cached]).node
-        self.tree.lock(node)
-        self.tree.unlock(seq.locked_node)
+        self.tree.relock(seq.locked_node, node)
         seq.locked_node = node
 
     def release(self, seq: Sequence, copies: list[BlockCopy] | None = None) -> bool:
@@ -160,9 +158,10 @@ class SequenceCache:
             # another sequence cached these tokens first: locking its copy would pin blocks this
             # one does not use (it may need the whole pool), so the lock stays where it was
             return
-        self.tree.lock(node)
-        if seq.locked_node is not None:
-            self.tree.unlock(seq.locked_node)
+        if seq.locked_node is None:
+            self.tree.lock(node)
+        else:
+            self.tree.relock(seq.locked_node, node)
         seq.locked_node = node
 
 
