@@ -34,12 +34,15 @@ The step's results come back through `launched` and `commit` (below); the queues
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from radixserve.core import Batch, BlockCopy, Request, ScheduledSeq, Sequence, SequenceStatus
 from radixserve.scheduler import pending
 from radixserve.scheduler.queues import SequenceQueues
 from radixserve.scheduler.step_results import Committed, Launch, StopTest, TokenCommit, append_tokens
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler(SequenceQueues):
@@ -236,6 +239,7 @@ class Scheduler(SequenceQueues):
             try:
                 taken, reason = append_tokens(seq, position, commit, stop, self.max_seq_len)
             except Exception:  # e.g. a tokenizer that cannot decode this id: this request alone ends
+                log.exception("committing a token of request %s failed", seq.request.request_id)
                 done.errors.append(seq.request)
                 self.end(seq.request, "error")
                 continue
