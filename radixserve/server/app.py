@@ -88,7 +88,10 @@ async def _observe_steps(state: ServerState) -> None:
     """Keeps the step metrics current between scrapes, and the engine's step feed from overflowing."""
     while True:
         await asyncio.sleep(STEP_METRICS_S)
-        state.observe_steps()
+        try:
+            state.observe_steps()
+        except Exception:  # a metrics bug must not stop the feed from being drained
+            log.exception("taking the engine's steps into the step metrics failed")
 
 
 async def _expire_sessions(state: ServerState) -> None:
