@@ -233,6 +233,7 @@ class Scheduler(SequenceQueues):
             if seq.status is finished:
                 continue  # ended while in flight: its slot was dropped
             if commit.rejected:
+                assert position == len(seq.token_ids) - 1, "drafts are rejected only before a sequence's last slot"
                 del seq.token_ids[position - commit.rejected:position]
                 position -= commit.rejected
                 self.cache.roll_back(seq, position)

@@ -45,7 +45,9 @@ class Launch:
 class TokenCommit:
     """What a step decided for one draw of its `Launch`: drop the `rejected` tokens just before the
     draw's slot (draft tokens the step computed and did not keep), then commit `tokens` — the first
-    fills the slot — each with its logprob when the request asked (`logprobs` then has one per token)."""
+    fills the slot — each with its logprob when the request asked (`logprobs` then has one per token).
+    Several tokens, or rejected drafts, only where the draw's slot is its sequence's last (no later
+    step of that sequence in flight: positions after it would move)."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
