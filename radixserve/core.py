@@ -2,12 +2,12 @@
 per-step observations, and what the engine hands back to callers. Imports nothing of the engine.
 
 Sequence invariants: `num_computed <= len(token_ids) - 1` while running — the last token's K/V is
-computed by the step that samples its successor; only the last token may be `PENDING_TOKEN` (sampled
-by a step still in flight: its id lives on the device until the engine resolves it), and no
-computed token is ever pending when the scheduler inserts it into the tree; `block_table` covers at least `num_computed`
-positions; a sequence holds exactly one reference on each block of its table. A request with n
-samples prefills one sequence and forks it into n when its prompt is done, so the prompt is computed
-once. Only the scheduler changes a sequence's blocks, `num_computed`, lock and status.
+computed by the step that samples its successor; `PENDING_TOKEN`s (ids sampled by a step still in
+flight, on the device until the scheduler commits them) are only at the end, at most two, and never
+inserted into the tree (scheduler/pending.py); `block_table` covers at least `num_computed` positions;
+a sequence holds exactly one reference on each block of its table. A request with n samples
+prefills one sequence and forks it into n when its prompt is done, so the prompt is computed once.
+Only the scheduler writes a sequence, any field, its tokens included (tests/test_layering.py).
 
 Batch invariants: a scheduled item owns a block for every position it writes this step, and the
 block it writes first has one owner. `copies` lists every block copy the step needs before its
@@ -185,7 +185,7 @@ class Sequence:
     running_since: float | None = None  # when it was last admitted (scheduler clock); None while waiting
     # set when the request still has to fork into n samples after this sequence's prompt
     pending_forks: int = 0
-    # the pending last token reaches a length limit: the sequence ends when it resolves, so it is
+    # the pending last token reaches a length limit: the sequence ends when it is committed, so it is
     # not scheduled again
     final_token_pending: bool = False
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when asked
