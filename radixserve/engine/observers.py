@@ -22,6 +22,7 @@ from collections.abc import Callable
 from radixserve.cache.block_pool import BlockPool
 from radixserve.core import Batch, StepInfo
 from radixserve.scheduler import Scheduler
+from radixserve.scheduler.snapshot import held_blocks
 
 StepObserver = Callable[[StepInfo], None]
 PoolCounts = tuple[int, int | None, int | None]  # free, held by live sequences, held only by the tree
@@ -45,7 +46,7 @@ class StepObservers:
         free = pool.num_free
         if not self._want_pool:
             return free, None, None
-        used = len({b for s in scheduler.live_sequences() for b in s.block_table})
+        used = len(held_blocks(scheduler))
         return free, used, pool.num_blocks - free - used
 
     def notify(self, step: int, batch: Batch, started: float, peak: PoolCounts, pool: BlockPool,

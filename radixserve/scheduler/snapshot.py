@@ -56,7 +56,12 @@ def snapshot(scheduler: Scheduler, count_blocks: bool = False) -> SchedulerSnaps
     )
 
 
+def held_blocks(scheduler: Scheduler) -> set[int]:
+    """The blocks live sequences hold (a pass over every block table)."""
+    return {b for seq in scheduler.live_sequences() for b in seq.block_table}
+
+
 def _count_blocks(scheduler: Scheduler) -> BlockCounts:
-    seq_owned = {b for seq in scheduler.live_sequences() for b in seq.block_table}
+    seq_owned = held_blocks(scheduler)
     tree_owned = set(scheduler.tree.block_refs()) if scheduler.tree is not None else set()
     return BlockCounts(scheduler.pool.num_free, len(seq_owned), len(tree_owned - seq_owned))
