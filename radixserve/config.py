@@ -63,6 +63,11 @@ class EngineConfig:
     # recompute (cached as an evictable prefix, recomputed if evicted), or auto (swap when the host
     # tier has room and copying costs less than recomputing; recompute without a host tier)
     preemption_mode: str = "auto"
+    # structured output (engine/grammar/): where a grammar allows exactly one continuation, append it in
+    # one extend step instead of sampling it token by token
+    forced_tokens: bool = True
+    grammar_cache_size: int = 256  # compiled constraints kept (LRU), keyed by (constraint, tokenizer)
+    grammar_compile_timeout_s: float = 10.0  # a compile that takes longer fails its request
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -276,6 +276,9 @@ class StepInfo:
     blocks_cached: int | None  # held only by the radix tree (evictable)
     max_num_seqs: int = 0  # the batch's slots (EngineConfig.max_num_seqs); 0: unknown
     max_num_batched_tokens: int = 0  # the step's token budget; 0: unknown
+    # tokens a grammar forced at this step's commit: appended without sampling, computed by the next
+    # step in one extend (where they count among its prefill tokens)
+    forced_tokens: int = 0
 
     @property
     def slot_utilization(self) -> float:

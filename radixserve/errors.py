@@ -29,3 +29,14 @@ class RequestFailedError(RuntimeError):
     failed only this request, and the message names no library internals."""
 
     code = "generation_failed"
+
+
+class ConstraintError(RequestError):
+    """A structured-output constraint the engine cannot compile: `param` is the API parameter path
+    it came from (StructuredOutput.field), and the message starts with it."""
+
+    code = "invalid_field"
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from radixserve.structured import StructuredOutput
+
 MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy (as vLLM does)
 SEED_MODULUS = 2**64  # sample keys are 64-bit
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
@@ -34,6 +36,8 @@ class SamplingParams:
     # None: no logprobs; k >= 0: each generated token's logprob plus the k most likely alternatives,
     # from the model's distribution before temperature and filtering (vLLM's default "raw" mode)
     logprobs: int | None = None
+    # the generated text must match this (a JSON schema, regex, choice or grammar: structured.py)
+    structured: StructuredOutput | None = None
     # the widest `logprobs` accepted; beam search's internal steps ask wider (engine/beam_search.py)
     logprobs_limit: ClassVar[int] = MAX_LOGPROBS
 
@@ -75,3 +79,5 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError("structured must be a StructuredOutput")

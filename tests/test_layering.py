@@ -24,6 +24,7 @@ LAYER_OF = {
     "radixserve.config": "core",
     "radixserve.errors": "core",
     "radixserve.sampling_params": "core",
+    "radixserve.structured": "core",
     "radixserve.cache": "cache",
     "radixserve.model": "model",
     "radixserve.scheduler": "scheduler",

@@ -114,3 +114,39 @@ def hf_model(path: Path) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
     return model.eval()
+
+
+# A ChatML template, as SmolLM2 and Qwen use (the tiny chat checkpoints' own)
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# what the tiny tokenizer's merges are learned from: the text structured output and tool calls produce
+_TINY_CORPUS = [
+    '{"name": "Ada", "age": 36, "tags": ["math", "code"], "ok": true, "score": 1.5}',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+    "The quick brown fox jumps over the lazy dog. Hello, how are you today? I am fine, thank you.",
+    '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]',
+]
+
+
+@functools.cache
+def tiny_chat_model_dir(arch: str = "llama") -> Path:
+    """The tiny `arch` checkpoint with a byte-level BPE tokenizer (special tokens at the ids the tiny
+    configs name: 1 BOS, 2 and 3 EOS) and a ChatML template: what text, chat and grammar paths need."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<|im_end|>", "</s>", "<|im_start|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB - 12, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_TINY_CORPUS * 4, trainer)
+    out = _workdir() / f"{arch}-chat"
+    shutil.copytree(tiny_model_dir(arch), out)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
+                                   chat_template=TINY_CHAT_TEMPLATE)
+    fast.save_pretrained(out)
+    return out

@@ -19,6 +19,7 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
 from radixserve.core import Batch, Request, RequestOutput, Sequence
 from radixserve.engine.forward import FORWARD_FAILED, run_isolating_failures
+from radixserve.engine.grammar import ConstraintBook, GrammarCompiler
 from radixserve.engine.host_tier import CostFeed
 from radixserve.engine.intake import Intake, ValidatedRequest
 from radixserve.engine.observers import StepObserver, StepObservers
@@ -75,6 +77,10 @@ class LLMEngine:
         self.host_pool = BlockPool(sizes.host_blocks, config.block_size) if sizes.host_blocks else None
         self.tree = RadixTree(self.pool, self.host_pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(config, self.pool, self.tree, max_seq_len=self.max_seq_len)
+        self.eos_token_ids = set(self.spec.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, sorted(self.eos_token_ids),
+                                        config.grammar_cache_size, config.grammar_compile_timeout_s)
+        self.constraints = ConstraintBook(self.grammars, self.spec.vocab_size, self.runner.device, config.forced_tokens)
         self.intake = Intake.of(self)  # the one check of a request (engine/intake.py)
         self.sampler = Sampler(self.runner.device)
         self.overlap = config.overlap if config.overlap is not None else self.runner.device.type == "cuda"
@@ -82,7 +88,6 @@ class LLMEngine:
         self.cost_feed = CostFeed(self.scheduler.costs, self.clock, self.runner.host_cache)
         self._keys = random.Random(config.seed)  # the engine's generator: noise keys of unseeded samples
         self.runner.prepare_decode(config.max_num_seqs, self.max_seq_len)
-        self.eos_token_ids = set(self.spec.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputTracker(self.tokenizer)
         self._in_flight: InFlight | None = None
@@ -109,6 +114,8 @@ class LLMEngine:
         seq = Sequence(req, 0, list(token_ids), len(token_ids), noise_key=self._noise_key(req, 0),
                        pending_forks=params.n - 1)  # created here; from now on only the scheduler writes it
         req.sequences.append(seq)
+        if params.structured is not None:
+            self.constraints.begin(req)
         self.requests[request_id] = req
         self.outputs.track(seq)
         self.scheduler.add(seq)
@@ -150,12 +157,14 @@ class LLMEngine:
         peak = self.observers.pool_counts(self.pool, self.scheduler) if self.observers else None
         launched = self._launch(batch)
         flight, self._in_flight = (self._in_flight, launched) if self.overlap else (launched, None)
+        forced = self.constraints.stats.forced_tokens
         outputs = self._resolve(flight) if flight is not None else []
         self._steps += 1
         if self._check_integrity:
             self.check_integrity()
         if peak is not None:
-            self.observers.notify(self._steps, batch, started, peak, self.pool, self.scheduler)
+            self.observers.notify(self._steps, batch, started, peak, self.pool, self.scheduler,
+                                  self.constraints.stats.forced_tokens - forced)
         return outputs
 
     def _launch(self, batch: Batch) -> InFlight:
@@ -177,7 +186,11 @@ class LLMEngine:
             self.outputs.track(fork)
         draws = [Draw(row, s.request.params, s.noise_key, pos)
                  for s, row, pos in zip(launch.owners, launch.rows, launch.positions)]
-        sampled = self.sampler.sample(logits, draws) if draws and logits is not None else None
+        masks = self.constraints.masks(launch.owners, launch.positions, _pending_ids(prev)) \
+            if self.constraints and draws else None
+        if masks is not None:
+            failed = {**failed, **masks.dead}
+        sampled = self.sampler.sample(logits, draws, masks) if draws and logits is not None else None
         span = self.clock.span(start)
         if sampled is not None:
             sampled.start_copy()
@@ -192,9 +205,12 @@ class LLMEngine:
         self.cost_feed.observe(flight.prefill_tokens)
         owners = flight.launch.owners
         failed.update((s.request, INVALID_LOGITS) for s, ok in zip(owners, usable) if not ok)
-        commits = [TokenCommit((token,), (logprobs[i],) if i in logprobs else ()) for i, token in enumerate(ids)]
+        positions, constrained = flight.launch.positions, self.constraints
+        commits = [TokenCommit(constrained.tokens(owners[i], positions[i], token)
+                               if constrained and owners[i].request not in failed else (token,),
+                               (logprobs[i],) if i in logprobs else ()) for i, token in enumerate(ids)]
         done = self.scheduler.commit(flight.launch, commits, list(failed), self._stopped)
-        failed.update((req, POSTPROCESS_FAILED) for req in done.errors)
+        failed.update((req, constrained.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
         self.stats_totals.generation_tokens += done.tokens
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}
@@ -210,7 +226,9 @@ class LLMEngine:
         token, in order), EOS unless ignored, or a stop id."""
         params = seq.request.params
         stopped = self.outputs.add_token(seq, token)
-        return stopped or (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        completed = self.constraints.on_commit(seq) if params.structured is not None else False  # the grammar's end
+        return stopped or completed or (token in self.eos_token_ids and not params.ignore_eos) \
+            or token in params.stop_token_ids
 
     def _fail(self, req: Request, why: str) -> RequestOutput:
         """End one request with finish_reason "error"; the rest of the batch is untouched."""
@@ -232,6 +250,8 @@ class LLMEngine:
         out = self.outputs.output(req, seqs)
         if out.finished:  # the request retires
             self.requests.pop(req.request_id, None)
+            if req.params.structured is not None:
+                self.constraints.release(req)
             self.stats_totals.count_finished(req)
         return out
 
@@ -247,3 +267,15 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+
+def _pending_ids(flight: InFlight | None) -> Callable[[Sequence], int | None]:
+    """The id a sequence's draw in the step still in flight sampled (waiting for it), if it drew there."""
+    if flight is None or flight.sampled is None:
+        return lambda seq: None
+    sampled, draw_of = flight.sampled, flight.launch.draw_of()
+
+    def pending(seq: Sequence) -> int | None:
+        draw = draw_of.get(seq.seq_id)
+        return None if draw is None else sampled.host()[0][draw]
+    return pending

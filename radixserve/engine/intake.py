@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixserve.engine.grammar import GrammarCompiler
 from radixserve.errors import PromptTooLongError, RequestError
 from radixserve.sampling_params import SamplingParams
 
@@ -51,25 +52,34 @@ class ValidatedRequest:
 
 
 class Intake:
-    def __init__(self, tokenizer: Any, limits: Limits) -> None:
-        self.tokenizer, self.limits = tokenizer, limits
+    def __init__(self, tokenizer: Any, limits: Limits, grammars: GrammarCompiler | None = None) -> None:
+        self.tokenizer, self.limits, self.grammars = tokenizer, limits, grammars
 
     @classmethod
     def of(cls, engine: LLMEngine) -> Intake:
-        return cls(engine.tokenizer, Limits(engine.spec.vocab_size, engine.max_seq_len))
+        return cls(engine.tokenizer, Limits(engine.spec.vocab_size, engine.max_seq_len), engine.grammars)
 
     def check(self, prompt: str | list[int], params: SamplingParams, priority: object = 0) -> ValidatedRequest:
-        """The request, checked; RequestError (a ValueError) naming what is wrong otherwise."""
+        """The request, checked; RequestError (a ValueError) naming what is wrong otherwise. A
+        structured-output constraint is compiled here (ConstraintError if it cannot be), so the
+        engine finds it in its grammar cache."""
         token_ids = tokenize(self.tokenizer, prompt)
         validate(token_ids, params, self.limits.vocab, self.limits.max_seq_len)
+        if params.structured is not None:
+            if self.grammars is None:
+                raise RequestError("this engine cannot constrain output (structured output is not available)")
+            self.grammars.compile(params.structured)
         return ValidatedRequest(token_ids, params, validate_priority(priority), self.limits)
 
     def admit(self, request: ValidatedRequest) -> ValidatedRequest:
         """`request` as this engine may queue it: as it is when its limits fit within these (always,
-        for one checked here), else checked again against these."""
-        if request.limits.within(self.limits):
-            return request
-        return self.check(request.token_ids, request.params, request.priority)
+        for one checked here), else checked again against these; its constraint compiled into this
+        engine's grammar cache (a hit when this engine checked it)."""
+        if not request.limits.within(self.limits):
+            return self.check(request.token_ids, request.params, request.priority)
+        if request.params.structured is not None and self.grammars is not None:
+            self.grammars.compile(request.params.structured)  # a replica's own cache, so its step never compiles
+        return request
 
 
 def tokenize(tokenizer: Any, prompt: str | list[int]) -> list[int]:

@@ -50,12 +50,12 @@ class StepObservers:
         return free, used, pool.num_blocks - free - used
 
     def notify(self, step: int, batch: Batch, started: float, peak: PoolCounts, pool: BlockPool,
-               scheduler: Scheduler) -> None:
+               scheduler: Scheduler, forced_tokens: int = 0) -> None:
         decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.samples)
         config = scheduler.config
         info = StepInfo(step, started, time.monotonic() - started, len(batch.items), batch.num_tokens - decode,
                         decode, len(scheduler.running), len(scheduler.waiting), pool.num_blocks, *peak,
-                        config.max_num_seqs, config.max_num_batched_tokens)
+                        config.max_num_seqs, config.max_num_batched_tokens, forced_tokens)
         for observer in self._observers:
             observer(info)
 

@@ -23,6 +23,10 @@ not depend on what else shares the batch, the device, or the step it runs in (th
 differ in their last bits with batch composition, which can flip a near-tie). A seeded sample's key is
 (seed + sample index) mod 2**64; an unseeded one's comes from the engine's generator.
 
+Structured output: a step's `StepMasks` (engine/grammar/) set the logits of the tokens a constrained
+draw's grammar does not allow to -inf before anything else, on the device; unconstrained draws are
+untouched, and logprobs still come from the raw logits.
+
 A logits row with NaN or +inf, or nothing finite, is unusable: its draw yields token 0 on the
 device (so a step that consumes it stays in range) and `usable` False, and the engine fails that
 request alone. Logprobs are log-softmax of the raw logits (before temperature and filtering).
@@ -30,11 +34,12 @@ request alone. Logprobs are log-softmax of the raw logits (before temperature an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from radixserve.core import TokenLogprob
+from radixserve.engine.grammar import StepMasks, apply_token_bitmask
 from radixserve.model.device import to_device
 from radixserve.sampling_params import SamplingParams
 
@@ -76,6 +81,7 @@ class SampleResult:
     top_ids: torch.Tensor | None = None  # [L, k]
     _host: tuple[torch.Tensor, ...] | None = None
     _event: torch.cuda.Event | None = None
+    _lists: tuple[list[int], list[bool], dict[int, TokenLogprob]] | None = None
 
     def start_copy(self) -> None:
         """Start moving the results to (pinned) host memory without waiting for the device."""
@@ -90,7 +96,12 @@ class SampleResult:
         self._event.record()
 
     def host(self) -> tuple[list[int], list[bool], dict[int, TokenLogprob]]:
-        """(token ids, usable flags, logprobs by draw index); waits for the copy."""
+        """(token ids, usable flags, logprobs by draw index); waits for the copy (once)."""
+        if self._lists is None:
+            self._lists = self._to_lists()
+        return self._lists
+
+    def _to_lists(self) -> tuple[list[int], list[bool], dict[int, TokenLogprob]]:
         if self._host is None:
             self.start_copy()
         if self._event is not None:
@@ -111,10 +122,15 @@ class Sampler:
         self.device = device
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, draws: list[Draw]) -> SampleResult:
+    def sample(self, logits: torch.Tensor, draws: list[Draw], masks: StepMasks | None = None) -> SampleResult:
         dev = logits.device
-        x = logits.float()
-        rows = to_device([d.row for d in draws], torch.long, dev)
+        raw = x = logits.float()
+        raw_rows = rows = to_device([d.row for d in draws], torch.long, dev)
+        if masks is not None:  # one logits row per draw (forks share a row, not a grammar state), masked
+            x = x[rows]
+            apply_token_bitmask(x, masks)
+            rows = torch.arange(len(draws), device=dev)
+            draws = [replace(d, row=i) for i, d in enumerate(draws)]
         if x.numel():
             peak, argmax = x.max(dim=-1)  # NaN if any logit is NaN, +inf if any is +inf, -inf if all are
         else:
@@ -129,7 +145,7 @@ class Sampler:
         asked = [i for i, d in enumerate(draws) if d.params.logprobs is not None]
         result = SampleResult(tokens, usable, asked, [draws[i].params.logprobs or 0 for i in asked])
         if asked:  # one top-k for all of them, as wide as the widest ask; each keeps its own count
-            self._logprobs(x, rows, result, max(result.logprob_counts))
+            self._logprobs(raw, raw_rows, result, max(result.logprob_counts))
         return result
 
     @staticmethod

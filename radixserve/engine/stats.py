@@ -26,6 +26,8 @@ from radixserve.scheduler.snapshot import snapshot
 if TYPE_CHECKING:
     from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
+    from radixserve.engine.grammar.book import ConstraintStats
+    from radixserve.engine.grammar.compiler import CompileStats
     from radixserve.model.host_kv import HostKVCache
 
 
@@ -91,6 +93,17 @@ class EngineStats:
     # kept free for the running sequences' expected growth
     new_token_ratio: float = 0.0
     growth_reserve_blocks: int = 0
+    # structured output (engine/grammar/): counters
+    constrained_requests: int = 0
+    grammar_compiles: int = 0  # constraints compiled (cache misses)
+    grammar_cache_hits: int = 0
+    grammar_compile_failures: int = 0  # refused: invalid, unsupported or too slow to compile
+    grammar_compile_s: float = 0.0
+    mask_steps: int = 0  # steps that masked at least one draw
+    mask_rows: int = 0
+    mask_s: float = 0.0  # host time filling the masks
+    forced_tokens: int = 0  # tokens a grammar forced, appended without sampling
+    grammar_dead_ends: int = 0  # requests ended because their grammar allowed no token
 
     @classmethod
     def collect(cls, engine: LLMEngine, counted: EngineStats | None = None) -> EngineStats:
@@ -112,6 +125,7 @@ class EngineStats:
         if counted is not None:
             for name in COUNTED:
                 setattr(s, name, getattr(counted, name))
+        s.add_constraints(engine.grammars.stats, engine.constraints.stats)
         host = engine.runner.host_cache
         if tree.host_blocks_total and host is not None:
             s.add_host_tier(tree, host)
@@ -163,6 +177,13 @@ class EngineStats:
         self.loaded_bytes = tree.loaded_blocks * host.bytes_per_block
         self.write_back_s = done.seconds.get(CopyKind.TO_HOST, 0.0)
         self.load_s = done.seconds.get(CopyKind.TO_DEVICE, 0.0)
+
+    def add_constraints(self, compiles: CompileStats, book: ConstraintStats) -> None:
+        self.constrained_requests, self.forced_tokens, self.grammar_dead_ends = \
+            book.requests, book.forced_tokens, book.dead_ends
+        self.mask_steps, self.mask_rows, self.mask_s = book.mask_steps, book.mask_rows, book.mask_s
+        self.grammar_compiles, self.grammar_cache_hits = compiles.compiles, compiles.cache_hits
+        self.grammar_compile_failures, self.grammar_compile_s = compiles.failures, compiles.compile_s_total
 
     def count_finished(self, req: Request) -> None:
         self.requests_finished[req.sequences[0].finish_reason or "abort"] += 1

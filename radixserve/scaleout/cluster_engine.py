@@ -28,6 +28,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from radixserve.core import CompletionOutput, Placement, RequestOutput, StepInfo, Timing, Usage
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
+from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.intake import Intake, Limits, ValidatedRequest
 from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineStoppedError, RequestFailedError
@@ -74,7 +75,8 @@ class ClusterEngine:
         """The replicas' checks (they run the same model and configuration), run at the ingress."""
         if self._intake is None:
             facts = self.facts
-            self._intake = Intake(facts.tokenizer, Limits(facts.vocab_size, facts.max_model_len))
+            grammars = GrammarCompiler(facts.tokenizer, facts.vocab_size, list(facts.eos_token_ids))
+            self._intake = Intake(facts.tokenizer, Limits(facts.vocab_size, facts.max_model_len), grammars)
         return self._intake
 
     @property

@@ -28,6 +28,7 @@ from radixserve.server.validation import ApiError, get_bool, get_float, get_int
 MAX_LENGTH_PENALTY = 10.0
 # sampling fields and their neutral values: set to anything else, they are refused with beam search
 _NOT_WITH_BEAMS = (("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
+_CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,14 @@ def beam_fields(body: dict[str, Any]) -> BeamAsk | None:
         if value is not None and value != neutral:
             raise ApiError("invalid_field", f"beam search is deterministic: {name!r} must be {neutral} or absent "
                            f"with 'use_beam_search', got {value!r}", param=name)
-    for name in ("logprobs", "stop", "stream"):
+    for name in ("logprobs", "stop", "stream", "tools", *_CONSTRAINTS):
         if body.get(name):
             raise ApiError("invalid_field", f"{name!r} is not supported with 'use_beam_search'", param=name)
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type", "text") != "text":
+        # beams are ranked by the model's own log-probabilities; a grammar would have to mask every beam
+        raise ApiError("invalid_field", "structured output is not supported with 'use_beam_search'",
+                       param="response_format")
     return BeamAsk(n, width, 1.0 if penalty is None else penalty)
 
 

@@ -38,7 +38,7 @@ class StepUtilization:
                 "last_slot_utilization": self.last_slot, "last_token_budget_utilization": self.last_budget}
 
 
-def _ratio(num: int, den: int) -> float:
+def _ratio(num: float, den: int) -> float:
     return num / den if den else 0.0
 
 
@@ -53,6 +53,18 @@ def host_json(st: EngineStats) -> dict[str, Any]:
         "write_back": {"blocks": st.written_back_blocks, "bytes": st.written_back_bytes, "seconds": st.write_back_s},
         "load_back": {"blocks": st.loaded_blocks, "bytes": st.loaded_bytes, "seconds": st.load_s},
         "dropped_blocks": st.host_dropped_blocks,
+    }
+
+
+def structured_json(st: EngineStats) -> dict[str, Any]:
+    """Constrained requests, grammar compiles and cache hits, mask time per masked step, forced tokens."""
+    return {
+        "constrained_requests": st.constrained_requests,
+        "compiles": st.grammar_compiles, "compile_cache_hits": st.grammar_cache_hits,
+        "compile_failures": st.grammar_compile_failures,
+        "compile_ms_mean": _ratio(st.grammar_compile_s * 1000.0, st.grammar_compiles),
+        "mask_steps": st.mask_steps, "mask_ms_per_step": _ratio(st.mask_s * 1000.0, st.mask_steps),
+        "forced_tokens": st.forced_tokens, "dead_ends": st.grammar_dead_ends,
     }
 
 
@@ -75,6 +87,7 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "admission": {"new_token_ratio": st.new_token_ratio, "growth_reserve_blocks": st.growth_reserve_blocks},
         "steps": steps if steps is not None else StepUtilization().to_json(),
         "host": host_json(st),
+        "structured_output": structured_json(st),
         "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,
         "system_prompts": system_prompts,
     }

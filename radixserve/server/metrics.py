@@ -162,6 +162,24 @@ def _counter(name: str, doc: str, value: float, labels: dict[str, str] | None = 
     return m
 
 
+def _constraint_metrics(st: Any) -> Iterator[Metric]:
+    """Structured output: what was constrained, what compiling and masking cost, what was forced."""
+    yield _counter("radixserve_constrained_requests", "Requests with a structured-output constraint",
+                   st.constrained_requests)
+    yield _counter("radixserve_grammar_compiles", "Constraints compiled (grammar-cache misses)", st.grammar_compiles)
+    yield _counter("radixserve_grammar_cache_hits", "Constraints found compiled in the grammar cache",
+                   st.grammar_cache_hits)
+    yield _counter("radixserve_grammar_compile_failures", "Constraints refused (invalid, unsupported or too slow)",
+                   st.grammar_compile_failures)
+    yield _counter("radixserve_grammar_compile_seconds", "Time spent compiling constraints", st.grammar_compile_s)
+    yield _counter("radixserve_grammar_mask_steps", "Steps that masked constrained rows", st.mask_steps)
+    yield _counter("radixserve_grammar_mask_seconds", "Host time filling token masks", st.mask_s)
+    yield _counter("radixserve_grammar_forced_tokens", "Tokens a grammar forced, appended without sampling",
+                   st.forced_tokens)
+    yield _counter("radixserve_grammar_dead_ends", "Requests ended because their grammar allowed no token",
+                   st.grammar_dead_ends)
+
+
 class _EngineCollector(Collector):
     def __init__(self, engine_stats: Callable[[], Any | None]) -> None:
         self.engine_stats = engine_stats
@@ -183,6 +201,7 @@ class _EngineCollector(Collector):
         yield _counter("radixserve_preemptions", "Requests preempted to free KV blocks", st.preemptions)
         yield _counter("radixserve_stalled_steps", "Steps that scheduled nothing while work waited (a bug if > 0)",
                        st.stalled_steps)
+        yield from _constraint_metrics(st)
         fin = CounterMetricFamily("radixserve_requests_finished", "Finished requests by reason",
                                   labels=["finish_reason"])
         for reason in sorted(set(st.requests_finished) | {"stop", "length", "abort", "error"}):

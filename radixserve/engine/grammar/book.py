@@ -1,0 +1,206 @@
+"""Each constrained sequence's matcher, the step's allowed-token masks, and forced tokens.
+
+Owns: one llguidance matcher per live constrained sequence (keyed by seq_id; n > 1 forks get their
+own, created from the request's compiled grammar when they first draw, before they generated
+anything), the host bitmask buffers, and the constraint counters.
+
+Invariants:
+- a matcher has consumed exactly the sequence's generated tokens before the mask of its next draw
+  is computed: tokens are consumed in order, by generated index, at most once (`_consume` is
+  idempotent per index). With overlap the previous step's token is still on the device when the
+  next step is launched: `masks` waits for that step's ids (the device meanwhile runs the forward
+  just queued) and consumes the token early; the commit then finds it consumed;
+- the stop test (`on_commit`) is called once per committed token, in order: it ends the sequence at
+  the token that completed the grammar, and raises GrammarViolation at a token the grammar rejected;
+- forced tokens are appended only into a sequence's last slot (no later step of it in flight) and
+  never for a request that asked for logprobs (a forced token has none);
+- constraints cover generated tokens only: a prefix-cache hit, a preemption (swap or recompute) or a
+  resumption leave a matcher as it is, since the sequence's generated tokens do not change;
+- masks are filled on the host into one of two buffers, alternately (a step's copy to the device may
+  still be in flight while the next step fills the other), and only constrained rows are masked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance
+import llguidance.torch
+import torch
+
+from radixserve.core import Request, Sequence
+from radixserve.engine.grammar.compiler import CompiledGrammar, GrammarCompiler
+
+
+class GrammarViolation(Exception):
+    """A committed token the sequence's grammar does not allow (its request ends with this message)."""
+
+
+@dataclass
+class SeqMatcher:
+    matcher: Any  # llguidance.LLMatcher
+    consumed: int = 0  # generated tokens the matcher took
+    committed: int = 0  # generated tokens the stop test saw
+    end: int | None = None  # the grammar was complete after this many generated tokens
+    broken_at: int | None = None  # the matcher rejected the token with this generated index
+    why: str = ""
+
+
+@dataclass
+class ConstraintStats:
+    requests: int = 0  # constrained requests started
+    mask_steps: int = 0  # steps that masked at least one row
+    mask_rows: int = 0
+    mask_s: float = 0.0  # host time filling masks (with overlap: while the device runs the forward)
+    forced_tokens: int = 0  # tokens appended because the grammar allowed nothing else
+    dead_ends: int = 0  # requests ended because their grammar allowed no token (or rejected one)
+
+
+@dataclass
+class StepMasks:
+    """A step's masks: `draws` (device long) are the constrained draw indices, `bitmask` (device int32,
+    one row per constrained draw, 32 tokens per word) their allowed tokens."""
+
+    draws: torch.Tensor
+    bitmask: torch.Tensor
+    dead: dict[Request, str] = field(default_factory=dict)  # requests whose grammar allows no token here
+
+
+class ConstraintBook:
+    def __init__(self, compiler: GrammarCompiler, vocab_size: int, device: torch.device, forced_tokens: bool) -> None:
+        self.compiler, self.vocab_size, self.device = compiler, vocab_size, device
+        self.forced_tokens = forced_tokens
+        self.stats = ConstraintStats()
+        self._grammars: dict[str, CompiledGrammar] = {}  # request id -> its compiled grammar
+        self._matchers: dict[int, SeqMatcher] = {}  # seq_id -> its matcher
+        self._buffers: list[torch.Tensor] = []
+        self._flip = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._grammars)
+
+    def begin(self, req: Request) -> None:
+        """A constrained request enters the engine (its constraint compiled by the intake: a cache hit)."""
+        assert req.params.structured is not None
+        self._grammars[req.request_id] = self.compiler.compile(req.params.structured)
+        self.stats.requests += 1
+
+    def release(self, req: Request) -> None:
+        if self._grammars.pop(req.request_id, None) is not None:
+            for seq in req.sequences:
+                self._matchers.pop(seq.seq_id, None)
+
+    def _state(self, seq: Sequence) -> SeqMatcher | None:
+        state = self._matchers.get(seq.seq_id)
+        if state is None:
+            grammar = self._grammars.get(seq.request.request_id)
+            if grammar is None:
+                return None
+            state = self._matchers[seq.seq_id] = SeqMatcher(grammar.matcher())
+        return state
+
+    @staticmethod
+    def _consume(state: SeqMatcher, index: int, token: int) -> None:
+        if index < state.consumed or state.broken_at is not None:
+            return
+        assert index == state.consumed, "a matcher takes the generated tokens in order"
+        if not state.matcher.consume_token(token):
+            state.broken_at = index
+            state.why = f"the grammar does not allow token {token} here ({state.matcher.get_error() or 'rejected'})"
+        state.consumed += 1
+        if state.end is None and state.matcher.is_stopped():
+            state.end = state.consumed
+
+    # -- a step's masks --------------------------------------------------------------------------
+    def masks(self, owners: list[Sequence], positions: list[int],
+              pending: Callable[[Sequence], int | None]) -> StepMasks | None:
+        """The allowed tokens of every constrained draw of a launched step (owners[i] draws the token
+        at positions[i]); `pending(seq)` is the id of a token of `seq` still on the device (waiting for
+        it), for a draw whose previous token has not been committed yet."""
+        if not self._grammars:
+            return None
+        rows = [(i, state) for i, seq in enumerate(owners) if (state := self._state(seq)) is not None]
+        if not rows:
+            return None
+        started = time.perf_counter()
+        bitmask = self._buffer(len(rows))
+        dead: dict[Request, str] = {}
+        for row, (i, state) in enumerate(rows):
+            seq, index = owners[i], positions[i] - owners[i].num_prompt_tokens
+            if state.consumed < index:  # the token before this draw is still on the device (overlap)
+                token = pending(seq)
+                if token is not None:
+                    self._consume(state, index - 1, token)
+            if state.broken_at is not None or state.consumed != index:
+                bitmask[row].fill_(-1)  # the request ends at its commit; the row just stays usable
+                continue
+            llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, row)
+            if not state.matcher.is_stopped() and not bool(bitmask[row].any()):
+                bitmask[row].fill_(-1)
+                dead[seq.request] = "the grammar allows no token here (a dead end): the reply cannot be completed"
+        self.stats.dead_ends += len(dead)
+        self.stats.mask_steps += 1
+        self.stats.mask_rows += len(rows)
+        draws = torch.tensor([i for i, _ in rows], dtype=torch.long).to(self.device, non_blocking=True)
+        masks = StepMasks(draws, bitmask[:len(rows)].to(self.device, non_blocking=True), dead)
+        self.stats.mask_s += time.perf_counter() - started
+        return masks
+
+    def _buffer(self, rows: int) -> torch.Tensor:
+        """One of the two host bitmask buffers, alternately, with at least `rows` rows."""
+        self._flip ^= 1
+        while len(self._buffers) < 2:
+            self._buffers.append(torch.empty(0, 0, dtype=torch.int32))
+        buffer = self._buffers[self._flip]
+        if buffer.shape[0] < rows:
+            buffer = llguidance.torch.allocate_token_bitmask(max(rows, 2 * buffer.shape[0], 16), self.vocab_size)
+            if self.device.type != "cuda" and buffer.is_pinned():
+                buffer = buffer.clone(memory_format=torch.contiguous_format)
+            self._buffers[self._flip] = buffer
+        return buffer
+
+    # -- committing ------------------------------------------------------------------------------
+    def tokens(self, seq: Sequence, position: int, token: int) -> tuple[int, ...]:
+        """What to commit for `seq`'s draw at `position`, which sampled `token`: the token itself, and
+        the tokens the grammar forces after it when they can be appended now."""
+        state = self._state(seq)
+        if state is None:
+            return (token,)
+        self._consume(state, position - seq.num_prompt_tokens, token)
+        if (not self.forced_tokens or position != len(seq.token_ids) - 1 or state.end is not None
+                or state.broken_at is not None or seq.request.params.logprobs is not None):
+            return (token,)
+        forced = tuple(state.matcher.compute_ff_tokens())
+        for index, forced_token in enumerate(forced, start=position - seq.num_prompt_tokens + 1):
+            self._consume(state, index, forced_token)
+        self.stats.forced_tokens += len(forced)
+        return (token, *forced)
+
+    def violation(self, req: Request) -> str | None:
+        """Why `req`'s grammar ended it, if it did."""
+        states = [self._matchers.get(seq.seq_id) for seq in req.sequences]
+        return next((s.why for s in states if s is not None and s.broken_at is not None), None)
+
+    def on_commit(self, seq: Sequence) -> bool:
+        """The stop test's part: one committed token of `seq`; True when it completed the grammar.
+        Raises GrammarViolation at a token the grammar rejected."""
+        state = self._matchers.get(seq.seq_id)
+        if state is None:
+            return False
+        state.committed += 1
+        if state.broken_at is not None and state.committed > state.broken_at:
+            self.stats.dead_ends += 1
+            raise GrammarViolation(state.why)
+        return state.end is not None and state.committed >= state.end
+
+
+def apply_token_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
+    """Set the logits of tokens the grammar does not allow to -inf, in the constrained rows only."""
+    rows, vocab = masks.bitmask.shape[0], logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((masks.bitmask[:, :, None] >> shifts) & 1).view(rows, -1)[:, :vocab].bool()
+    constrained = logits.index_select(0, masks.draws).masked_fill_(~allowed, float("-inf"))
+    logits.index_copy_(0, masks.draws, constrained)
