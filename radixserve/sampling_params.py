@@ -36,6 +36,9 @@ class SamplingParams:
     # None: no logprobs; k >= 0: each generated token's logprob plus the k most likely alternatives,
     # from the model's distribution before temperature and filtering (vLLM's default "raw" mode)
     logprobs: int | None = None
+    # False: special tokens appear in the text (a tool-call marker such as Mistral's [TOOL_CALLS] is one);
+    # end-of-sequence tokens never do
+    skip_special_tokens: bool = True
     # the generated text must match this (a JSON schema, regex, choice or grammar: structured.py)
     structured: StructuredOutput | None = None
     # the widest `logprobs` accepted; beam search's internal steps ask wider (engine/beam_search.py)
@@ -79,5 +82,7 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ValueError("skip_special_tokens must be a boolean")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError("structured must be a StructuredOutput")

@@ -44,6 +44,18 @@ def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background
         yield srv
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_server() -> Iterator[BackgroundServer]:
+    """A real server on 127.0.0.1 over the tiny random-weight chat model (a tokenizer and a ChatML
+    template: tests/tiny_models.py): fast end-to-end tests of structured output and tool calls."""
+    from tiny_models import tiny_chat_model_dir
+
+    model = str(tiny_chat_model_dir("llama"))
+    config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.5)
+    with BackgroundServer(lambda: AsyncEngine(EngineConfig(model=model, num_blocks=512)), config) as srv:
+        yield srv
+
+
 def on_server_loop(srv: BackgroundServer, coro: Coroutine[Any, Any, Any], timeout: float = 120.0) -> Any:
     """Run a coroutine on the server's event loop (the engine's outputs are delivered there)."""
     assert srv.state.loop is not None

@@ -114,7 +114,7 @@ def malformed_http(rng: random.Random, sid: str, model: str) -> list[tuple[str, 
                   {"stop": 5}, {"stop": [""]}, {"stop": ["a"] * 9}, {"seed": "x"}, {"stream": "yes"},
                   {"stream_options": 5}, {"logprobs": "yes"}, {"top_logprobs": 2},
                   {"logprobs": True, "top_logprobs": 21}, {"presence_penalty": 1.0}, {"frequency_penalty": "x"},
-                  {"response_format": {"type": "json_object"}}, {"tools": [{"type": "function"}]},
+                  {"response_format": {"type": "xml"}}, {"guided_choice": []}, {"tools": [{"type": "function"}]},
                   {"max_tokens": 10**7}, {"messages": [{"role": "user", "content": "hi", "tool_calls": [{}]}]}):
         body = {k: v for k, v in {**base, **patch}.items() if v is not None}
         out.append(("POST", "/v1/chat/completions", json.dumps(body).encode(), 400))

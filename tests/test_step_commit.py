@@ -182,3 +182,75 @@ class CommitMachine(RuleBasedStateMachine):
 
 TestCommitMachine = CommitMachine.TestCase
 TestCommitMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_forced_tokens_replace_the_draw_in_flight() -> None:
+    """With overlap, step N is out when step N-1's token shows the grammar forces more: the commit
+    appends them in place of N's slot, N's draw is ignored, and the forced tokens are computed next."""
+    sched = make()
+    req = add(sched, [5] * 6)
+    seq = decode_until_running(sched, req)
+    base = len(seq.token_ids)
+    first = sched.launched(sched.schedule(), (), lambda r, i: i)
+    second = sched.launched(sched.schedule(), (), lambda r, i: i)
+    sched.commit(first, [TokenCommit((21, 30, 31), replaces_in_flight=True)], (), never)
+    assert seq.token_ids[base:] == [21, 30, 31] and seq.num_computed == base + 1
+    third = sched.launched(sched.schedule(), (), lambda r, i: i)  # computes 30 and 31, draws after them
+    assert third.positions == [base + 3]
+    done = sched.commit(second, [TokenCommit((99,))], (), never)  # the void draw
+    assert done.touched == [] and seq.token_ids[base:] == [21, 30, 31, PENDING_TOKEN]
+    sched.commit(third, [TokenCommit((22,))], (), never)
+    assert seq.token_ids[base:] == [21, 30, 31, 22] and not sched.void_draws
+    sched.check_integrity()
+
+
+class OverlapCommitMachine(RuleBasedStateMachine):
+    """Overlap: each step is launched before the previous one commits, and commits may carry several
+    tokens that replace the draw in flight (forced tokens), with random stops and length limits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = make(num_blocks=40)
+        self.in_flight: Any = None
+
+    @rule(prompt=st.lists(st.integers(1, 3), min_size=1, max_size=14), max_tokens=st.integers(1, 12),
+          n=st.integers(1, 2))
+    def arrive(self, prompt: list[int], max_tokens: int, n: int) -> None:
+        if len(self.sched.waiting) + len(self.sched.running) < 6:
+            add(self.sched, prompt, max_tokens, n)
+
+    def _commit(self, data: st.DataObject | None) -> None:
+        launch, self.in_flight = self.in_flight, None
+        commits = []
+        for _ in launch.owners:
+            tokens = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)) if data else [1]
+            commits.append(TokenCommit(tuple(tokens), replaces_in_flight=len(tokens) > 1))
+        stops = data.draw(st.sets(st.integers(1, 3), max_size=1)) if data else set()
+        self.sched.commit(launch, commits, (), lambda s, t: t in stops and s.num_generated > 2)
+
+    @precondition(lambda self: self.sched.has_work() or self.in_flight is not None)
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        launch = self.sched.launched(self.sched.schedule(), (), lambda r, i: i)
+        if self.in_flight is not None:
+            self._commit(data)
+        self.in_flight = launch
+
+    @invariant()
+    def integrity(self) -> None:
+        self.sched.check_integrity()
+
+    def teardown(self) -> None:
+        if self.in_flight is not None:
+            self._commit(None)
+        assert not self.sched.void_draws
+        for _ in range(200):  # every accepted request finishes
+            if not self.sched.has_work():
+                break
+            self.in_flight = self.sched.launched(self.sched.schedule(), (), lambda r, i: i)
+            self._commit(None)
+        assert not self.sched.has_work() and self.sched.leaked_blocks() == 0
+
+
+TestOverlapCommitMachine = OverlapCommitMachine.TestCase
+TestOverlapCommitMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

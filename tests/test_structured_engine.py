@@ -193,12 +193,14 @@ def test_preemption_in_a_tiny_pool_keeps_every_reply_valid() -> None:
             jsonschema.validate(json.loads(texts[(rid, 0)]), PERSON)
 
 
-def test_forced_tokens_finish_a_fixed_key_schema_in_fewer_steps() -> None:
-    """The grammar forces the keys and punctuation: appended in one extend step each run, the same
-    reply takes at least 1.3x fewer steps than sampling them one by one."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forced_tokens_finish_a_fixed_key_schema_in_fewer_steps(overlap: bool) -> None:
+    """The grammar forces the keys and punctuation: appended in one extend step each run (with
+    overlap, in place of the draw already in flight), the same reply takes at least 1.3x fewer steps
+    than sampling them one by one."""
     replies, steps = [], []
     for forced in (True, False):
-        e = engine(forced_tokens=forced)
+        e = engine(forced_tokens=forced, overlap=overlap)
         seen: list[int] = []
         e.add_step_observer(lambda info, seen=seen: seen.append(info.forced_tokens))
         rid = e.add_request("Item:", params(StructuredOutput(json=FIXED_KEYS), temperature=0))
@@ -270,3 +272,31 @@ def test_constraint_figures_reach_stats_json_and_metrics() -> None:
     text = generate_latest(registry).decode()
     assert "radixserve_constrained_requests_total 2.0" in text
     assert f"radixserve_grammar_forced_tokens_total {float(st.forced_tokens)}" in text
+
+
+def test_the_speculative_hook_rejects_drafts_from_the_first_the_grammar_forbids() -> None:
+    e = engine()
+    rid = e.add_request("pick:", params(StructuredOutput(choice=["yes", "no"]), temperature=0))
+    seq = e.requests[rid].sequences[0]
+    tokenizer = e.tokenizer
+    yes, no = tokenizer.encode("yes", add_special_tokens=False), tokenizer.encode("no", add_special_tokens=False)
+    eos = sorted(e.eos_token_ids)[0]
+    assert e.constraints.draft_prefix(seq, yes + [eos]) == len(yes) + 1  # the reply, then its end
+    assert e.constraints.draft_prefix(seq, no[:1] + yes) == 1  # "n" then "yes": only "n" may stand
+    assert e.constraints.draft_prefix(seq, yes) == len(yes)  # the matcher was left where it was
+    run(e)
+
+
+def test_special_tokens_reach_the_text_only_when_asked_and_end_tokens_never() -> None:
+    """A tool-call marker may be a special token (Mistral's [TOOL_CALLS]): skip_special_tokens=False
+    keeps it in the text; the end-of-sequence token stays out either way."""
+    from radixserve.engine.detokenizer import IncrementalDetokenizer
+
+    e = engine()
+    marker = e.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    eos = e.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [marker, *e.tokenizer.encode("ok", add_special_tokens=False), eos]
+    for skip, expected in ((True, "ok"), (False, "<|im_start|>ok")):
+        detok = IncrementalDetokenizer(e.tokenizer, [], skip, frozenset({eos}))
+        detok.add(ids)
+        assert detok.delta(final=True) == expected

@@ -288,6 +288,55 @@ def test_fork_and_delete(ui: Ui) -> None:
     assert edit_fork not in ids and parent in ids and child in ids
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def test_tool_call_is_shown_and_answered(ui: Ui) -> None:
+    """A reply's tool call shows its name and pretty arguments; typing a result answers it (a tool
+    message, pretty-printed) and the next reply streams; a JSON reply is shown pretty in a code block."""
+    server = ui.server
+    sid = server.rest("POST", "/v1/sessions", {"system_prompt": "You can call tools.", "tools": [WEATHER_TOOL]})["id"]
+    first = server.rest("POST", f"/v1/sessions/{sid}/messages", {
+        "content": "Weather in Paris?", "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False, "sampling": {"temperature": 0, "max_tokens": 60}})
+    call = first["message"]["tool_calls"][0]
+    page = ui.page
+    ui.open()
+    page.locator(f'.session-item[data-session-id="{sid}"] .session-open').click()
+    card = page.locator(".tool-call")
+    expect(card).to_have_count(1)
+    expect(card.locator(".tool-call-name")).to_have_text("get_weather")
+    expect(card.locator(".code-lang")).to_have_text("json")
+    pretty = json.dumps(json.loads(call["function"]["arguments"]), indent=2)
+    assert card.locator("pre code").text_content() == pretty
+    expect(page.locator("#tools")).to_have_js_property("readOnly", True)  # a chat's tools are fixed
+    card.locator(".tool-result-input").fill('{"temp_c": 21, "sky": "clear"}')
+    page.locator(".act-tool-result").click()
+    expect(page.locator(".msg-tool")).to_have_count(1)
+    assert page.locator(".msg-tool pre code").text_content() == json.dumps({"temp_c": 21, "sky": "clear"}, indent=2)
+    ui.wait_replies(2)
+    expect(page.locator(".tool-call .tool-call-state")).to_have_text("answered")
+    page.screenshot(path=str(ARTIFACTS / "web_ui_tool_call.png"))
+    messages = server.rest("GET", f"/v1/sessions/{sid}")["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[2]["tool_call_id"] == call["id"]
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    other = server.rest("POST", "/v1/sessions", {})["id"]
+    server.rest("POST", f"/v1/sessions/{other}/messages", {
+        "content": "Is the sky blue? Answer in JSON.", "sampling": {"temperature": 0, "max_tokens": 30},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}})
+    ui.open()
+    page.locator(f'.session-item[data-session-id="{other}"] .session-open').click()
+    reply = page.locator(".msg-assistant .msg-body").first
+    expect(reply.locator(".code-lang")).to_have_text("json")
+    shown = json.loads(reply.locator("pre code").text_content() or "")
+    assert set(shown) == {"ok"} and "\n" in (reply.locator("pre code").text_content() or "")
+
+
 def test_chats_belong_to_the_browser_that_made_them(browser: Browser, server: Server) -> None:
     """The page makes its own owner secret, keeps it in localStorage across a reload, and sees only
     its own chats; another browser (another secret) sees none of them."""

@@ -2,7 +2,9 @@
 
 Emitted text is always a prefix of the final text: a delta never ends in a split UTF-8 character
 (decoding "\ufffd" at the tail holds it back), and when stop strings are set the last
-`len(longest stop) - 1` characters are held back until they cannot start a stop string.
+`len(longest stop) - 1` characters are held back until they cannot start a stop string. Special
+tokens are left out of the text unless `skip_special_tokens` is False; `hidden_ids` (the model's
+end-of-sequence tokens) are left out always.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from typing import Any
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+    def __init__(self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True,
+                 hidden_ids: frozenset[int] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self.skip_special_tokens, self.hidden_ids = skip_special_tokens, hidden_ids
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.ids: list[int] = []
         self.text = ""  # decoded so far (complete characters only)
@@ -23,7 +27,9 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        if not self.skip_special_tokens and self.hidden_ids:
+            ids = [i for i in ids if i not in self.hidden_ids]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens))
 
     def add(self, token_ids: list[int]) -> None:
         """Take new tokens; afterwards `stopped` says whether a stop string appeared."""

@@ -89,7 +89,7 @@ class LLMEngine:
         self._keys = random.Random(config.seed)  # the engine's generator: noise keys of unseeded samples
         self.runner.prepare_decode(config.max_num_seqs, self.max_seq_len)
         self.requests: dict[str, Request] = {}
-        self.outputs = OutputTracker(self.tokenizer)
+        self.outputs = OutputTracker(self.tokenizer, frozenset(self.eos_token_ids))
         self._in_flight: InFlight | None = None
         self._order = itertools.count()
         self.stats_totals = EngineStats()
@@ -206,9 +206,12 @@ class LLMEngine:
         owners = flight.launch.owners
         failed.update((s.request, INVALID_LOGITS) for s, ok in zip(owners, usable) if not ok)
         positions, constrained = flight.launch.positions, self.constraints
-        commits = [TokenCommit(constrained.tokens(owners[i], positions[i], token)
-                               if constrained and owners[i].request not in failed else (token,),
-                               (logprobs[i],) if i in logprobs else ()) for i, token in enumerate(ids)]
+        commits = []
+        for i, token in enumerate(ids):
+            seq = owners[i]
+            tokens = constrained.tokens(seq, positions[i], token) if constrained and seq.request not in failed else (token,)
+            commits.append(TokenCommit(tokens, (logprobs[i],) if i in logprobs else (),
+                                       replaces_in_flight=len(tokens) > 1 and positions[i] < len(seq.token_ids) - 1))
         done = self.scheduler.commit(flight.launch, commits, list(failed), self._stopped)
         failed.update((req, constrained.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
         self.stats_totals.generation_tokens += done.tokens

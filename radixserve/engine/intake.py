@@ -78,7 +78,7 @@ class Intake:
         if not request.limits.within(self.limits):
             return self.check(request.token_ids, request.params, request.priority)
         if request.params.structured is not None and self.grammars is not None:
-            self.grammars.compile(request.params.structured)  # a replica's own cache, so its step never compiles
+            self.grammars.ensure(request.params.structured)  # a replica's own cache, so its step never compiles
         return request
 
 

@@ -1,5 +1,7 @@
 """Offline API: `LLM(...).generate(prompts, params)`, `.chat(messages, params)` and `.session(system)`
-(a multi-turn `ChatSession` that appends exact token ids), synchronous.
+(a multi-turn `ChatSession` that appends exact token ids), synchronous. `chat` and `session` take
+`tools=` (OpenAI function tools) and a `tool_choice`; their outputs are then ToolCallOutputs with the
+calls each reply made (engine/chat_tools.py).
 
 Every prompt (and its priority) is checked once, by the engine's intake, before any is queued, so one
 bad prompt rejects the call without leaving half a batch in the engine. `priority` is one integer for
@@ -16,6 +18,7 @@ from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.engine.beam_drivers import run_beam_search
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.engine.chat_template import ChatFormatter
+from radixserve.engine.chat_tools import ChatTools, ToolLike
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.intake import tokenize
 from radixserve.engine.session import ChatSession
@@ -53,20 +56,38 @@ class LLM:
             self._formatter = ChatFormatter(self.tokenizer)
         return self._formatter
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             params: SamplingParams | None = None, priority: Priority = 0) -> list[RequestOutput]:
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             params: SamplingParams | None = None, priority: Priority = 0, tools: list[ToolLike] | None = None,
+             tool_choice: Any = None, parallel_tool_calls: bool = True) -> list[RequestOutput]:
         """Chat completions through the same ChatFormatter as the server and the terminal chat (the
-        model's template, or ChatML when it ships none; message content is always tokenized as text)."""
+        model's template, or ChatML when it ships none; message content is always tokenized as text).
+        With `tools` (ToolSpecs or OpenAI tool dicts) and `tool_choice` (OpenAI's values or a ToolChoice;
+        default auto) each output is a ToolCallOutput: `content` and the `tool_calls` it made; messages
+        may hold earlier calls (assistant `tool_calls`) and their results (role "tool")."""
         one = bool(messages) and isinstance(messages[0], dict)
-        conversations = [cast(list[dict[str, str]], messages)] if one else cast(list[list[dict[str, str]]], messages)
-        prompts: list[Prompt] = [self.formatter.prompt_tokens(c) for c in conversations]
-        return self.generate(prompts, params, priority)
+        conversations = [cast(list[dict[str, Any]], messages)] if one else cast(list[list[dict[str, Any]]], messages)
+        chat_tools = self.chat_tools(tools, tool_choice, parallel_tool_calls)
+        if chat_tools is None:
+            plain: list[Prompt] = [self.formatter.prompt_tokens(c) for c in conversations]
+            return self.generate(plain, params, priority)
+        rendered = chat_tools.template_tools()
+        prompts: list[Prompt] = [self.formatter.prompt_tokens(c, rendered) for c in conversations]
+        outs = self.generate(prompts, chat_tools.constrain(params or SamplingParams()), priority)
+        return [chat_tools.read(o) for o in outs]
+
+    def chat_tools(self, tools: list[ToolLike] | None, tool_choice: Any = None,
+                   parallel_tool_calls: bool = True) -> ChatTools | None:
+        """What a chat call asks of tools (None: nothing), in the format the model's template implies."""
+        if tools is None and tool_choice is None:
+            return None
+        return ChatTools.of(tools or [], tool_choice, parallel_tool_calls, self.formatter.tool_format)
 
     def session(self, system: str | None = None, params: SamplingParams | None = None,
-                priority: int = 0) -> ChatSession:
+                priority: int = 0, tools: list[ToolLike] | None = None) -> ChatSession:
         """A multi-turn conversation that appends each turn's exact token ids, as the server's sessions
-        do, so every turn hits the whole conversation before it in the cache."""
-        return ChatSession(self, system, params, priority)
+        do, so every turn hits the whole conversation before it in the cache. `tools` are rendered into
+        its first tokens; each `send` may pick a tool_choice, `send_tool_results` answers calls."""
+        return ChatSession(self, system, params, priority, tools)
 
     def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search, one output per prompt with its best beams first; equals transformers'

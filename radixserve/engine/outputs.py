@@ -18,13 +18,15 @@ from radixserve.engine.detokenizer import IncrementalDetokenizer
 
 
 class OutputTracker:
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._sent: dict[int, int] = {}  # seq_id -> generated tokens already handed out
 
     def track(self, seq: Sequence) -> None:
-        self._detok[seq.seq_id] = IncrementalDetokenizer(self.tokenizer, seq.request.params.stop)
+        params = seq.request.params
+        self._detok[seq.seq_id] = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens,
+                                                         self.eos_token_ids)
         self._sent[seq.seq_id] = 0
 
     def add_token(self, seq: Sequence, token: int) -> bool:

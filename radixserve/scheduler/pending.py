@@ -16,7 +16,9 @@ Invariants (the scheduler is the only caller of these functions):
   at commit);
 - a sequence that finishes (a stop, an abort, an error) drops its slots first: the device's ids for
   them are never read, and what it caches is only tokens known on the host;
-- a sequence preempted with a slot pending is not admitted again until the slot is committed.
+- a sequence preempted with a slot pending is not admitted again until the slot is committed;
+- a commit that `replaces_in_flight` (a grammar's forced tokens) voids the later slot: its draw is
+  ignored when its step commits, and the sequence may be scheduled again at once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def drop_slots(seq: Sequence) -> None:
     """Forget the ids still on the device for `seq` (it finished): they will never be read."""
     if PENDING_TOKEN in seq.token_ids:
         del seq.token_ids[seq.token_ids.index(PENDING_TOKEN):]
+
+
+def void_later(seq: Sequence, position: int) -> list[int]:
+    """The slot at `position` takes several tokens while a later step of `seq` is in flight: drop the
+    later slots (their draws are void) and return their positions. The step that drew them computed
+    the K/V up to `position`, which `num_computed` already counts."""
+    later = list(range(position + 1, len(seq.token_ids)))
+    assert all(seq.token_ids[p] == PENDING_TOKEN for p in later), "only pending slots follow a slot"
+    del seq.token_ids[position + 1:]
+    seq.final_token_pending = False  # the limit a void slot reached is checked again as tokens commit
+    return later
 
 
 def split_running(running: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:

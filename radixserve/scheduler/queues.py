@@ -70,6 +70,7 @@ class SequenceQueues:
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
         self.cache = SequenceCache(pool, tree)
         self.costs = PreemptionCosts()
+        self.void_draws: set[tuple[int, int]] = set()  # (seq_id, position) of draws a commit replaced
 
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

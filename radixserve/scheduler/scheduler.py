@@ -230,8 +230,13 @@ class Scheduler(SequenceQueues):
         done = Committed()
         bs, finished = self.block_size, SequenceStatus.FINISHED
         for seq, position, commit in zip(launch.owners, launch.positions, commits):
+            if (seq.seq_id, position) in self.void_draws:
+                self.void_draws.discard((seq.seq_id, position))
+                continue  # an earlier commit's tokens took its place
             if seq.status is finished:
                 continue  # ended while in flight: its slot was dropped
+            if commit.replaces_in_flight and position < len(seq.token_ids) - 1:
+                self.void_draws.update((seq.seq_id, later) for later in pending.void_later(seq, position))
             if commit.rejected:
                 assert position == len(seq.token_ids) - 1, "drafts are rejected only before a sequence's last slot"
                 del seq.token_ids[position - commit.rejected:position]

@@ -47,11 +47,16 @@ class TokenCommit:
     draw's slot (draft tokens the step computed and did not keep), then commit `tokens` — the first
     fills the slot — each with its logprob when the request asked (`logprobs` then has one per token).
     Several tokens, or rejected drafts, only where the draw's slot is its sequence's last (no later
-    step of that sequence in flight: positions after it would move)."""
+    step of that sequence in flight: positions after it would move), or, for several tokens, where
+    the commit `replaces_in_flight`: the later slot is dropped and its draw ignored when it commits
+    (the step that drew it computed this slot's K/V, which stands)."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     rejected: int = 0
+    # the sequence's later draw still in flight is void and these tokens take its place: a grammar's
+    # forced tokens, known only once this draw's token is (with overlap, the next step is already out)
+    replaces_in_flight: bool = False
 
 
 @dataclass

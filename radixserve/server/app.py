@@ -38,6 +38,7 @@ from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.log_filters import install as quiet_client_faults
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.openai_tools import server_format
 from radixserve.server.prompt_worker import PromptWorker
 from radixserve.server.replica_header import ReplicaHeaderMiddleware
 from radixserve.server.request_guard import RequestGuardMiddleware
@@ -56,7 +57,8 @@ async def load_engine(state: ServerState) -> None:
         engine = await asyncio.to_thread(state.engine_factory)
         await engine.start()
         if engine.tokenizer is not None:
-            formatter = ChatFormatter(engine.tokenizer)
+            # tool calls look as --tool-call-parser says, else as the chat template implies (server/openai_tools.py)
+            formatter = ChatFormatter(engine.tokenizer, server_format(engine.tokenizer, state.config.tool_call_parser))
             # its tokenizer is copied before the formatter is in use (the copy is the worker's own)
             state.prompt_worker = await asyncio.to_thread(PromptWorker, formatter)
             state.formatter = formatter

@@ -60,6 +60,9 @@ class ServerConfig:
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
     max_concurrent_generations: int = 512  # API requests generating at once, server-wide (503 beyond)
     max_generations_per_client: int = 64  # ... per client address (429 beyond)
+    # how tool calls look in the model's text (engine/tools/ FORMATS: hermes, llama3, mistral, ...); None -> the
+    # format the chat template implies (server/openai_tools.py)
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -98,6 +101,11 @@ class ServerConfig:
             raise ValueError("priority API keys must not be empty")
         self.allowed_origins = [o.strip().rstrip("/").lower() for o in self.allowed_origins if o.strip()]
         self.allowed_hosts = [h.strip().lower() for h in self.allowed_hosts if h.strip()]
+        if self.tool_call_parser is not None:
+            from radixserve.engine.tools import FORMATS  # the engine's formats, read only when one is named
+
+            if self.tool_call_parser not in FORMATS:
+                raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {self.tool_call_parser!r}")
         for h in self.allowed_hosts:
             if h != "*" and split_host(h) is None:
                 raise ValueError(f"allowed_hosts entries are host names like example.com or example.com:8000 "

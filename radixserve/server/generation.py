@@ -62,7 +62,8 @@ def api_error_from(exc: BaseException) -> ApiError:
         return ApiError("generation_failed", f"generation failed: {exc}", 500)
     if isinstance(exc, RequestError):
         code = "context_too_long" if exc.code == "context_too_long" else "invalid_field"
-        return ApiError(code, str(exc), 400)
+        # a ConstraintError names the API parameter its constraint came from (StructuredOutput.field)
+        return ApiError(code, str(exc), 400, param=getattr(exc, "param", None))
     error_id = uuid.uuid4().hex[:12]
     log.error("internal error (request id %s)", error_id, exc_info=exc)
     return ApiError("internal", f"internal error; see the server log (request id {error_id})", 500)

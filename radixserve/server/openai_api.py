@@ -2,10 +2,13 @@
 
 Stateless: each request renders the whole conversation with the chat template; the radix cache still
 serves every prefix seen before. Unknown top-level fields are ignored (clients send extras), but
-features this server does not implement (tools, penalties, non-text response formats) are refused
-with 400 rather than silently ignored. usage.prompt_tokens_details.cached_tokens reports the
-prefix-cache hit, and the extension field prompt_tokens_details.host_cached_tokens the part of it
-loaded back from the host-memory tier (0 while the tier is off).
+features this server does not implement (penalties, logit_bias) are refused with 400 rather than
+silently ignored. Tools (`tools`, `tool_choice`, tool history messages, `message.tool_calls`,
+streamed `delta.tool_calls`) are server/openai_tools.py's. Structured output (`response_format`,
+`structured_outputs`, `guided_*`) becomes SamplingParams.structured (server/structured_api.py).
+usage.prompt_tokens_details.cached_tokens reports the prefix-cache hit, and the extension field
+prompt_tokens_details.host_cached_tokens the part of it loaded back from the host-memory tier (0
+while the tier is off).
 
 `logprobs` / `top_logprobs` (server/logprobs.py builds the bodies): a choice's logprobs list every
 token it generated, one entry per completion token, from the raw model distribution. A stream
@@ -42,7 +45,15 @@ from radixserve.server.beam_api import BeamAsk, beam_choices, beam_fields, run_b
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
 from radixserve.server.logprobs import OFFLOAD_ENTRIES, cap_logprob_entries, entries, logprobs_body
+from radixserve.server.openai_tools import (
+    ChoiceDeltas,
+    ToolRequest,
+    history_message,
+    reply_message,
+    tool_request,
+)
 from radixserve.server.state import ServerState
+from radixserve.server.structured_api import compile_off_loop, structured_output
 from radixserve.server.validation import (
     ApiError,
     build_sampling_params,
@@ -55,13 +66,13 @@ from radixserve.server.validation import (
 )
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "prediction")
+UNSUPPORTED = ("logit_bias", "audio", "prediction")  # tools: server/openai_tools.py
 
 
 @dataclass
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -70,6 +81,7 @@ class ChatRequest:
     priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs, cache-aware and sjf ignore it
     beam: BeamSearchParams | None = None  # use_beam_search (server/beam_api.py); then params.n is the choices
     checked: ValidatedRequest | None = None  # what the engine's intake made of it (None for a beam search)
+    tools: ToolRequest | None = None  # tools / tool_choice (server/openai_tools.py)
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -87,22 +99,23 @@ def _content_text(content: Any, i: int) -> str:
                    param=f"messages[{i}].content")
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     raw = body.get("messages")
     if raw is None:
         raise ApiError("missing_field", "missing required field 'messages'", param="messages")
     if not isinstance(raw, list) or not raw:
         raise ApiError("invalid_field", "'messages' must be a non-empty list", param="messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise ApiError("invalid_field", f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = m.get("role")
+        if role == "tool" or m.get("tool_calls"):  # tool calling's history (openai_tools.py)
+            out.append(history_message(m, i, _content_text))
+            continue
         if role not in ROLES:
             raise ApiError("invalid_field", f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}",
                            param=f"messages[{i}].role")
-        if m.get("tool_calls"):
-            raise ApiError("unsupported", "tool calls are not supported", param=f"messages[{i}].tool_calls")
         if "content" not in m or m["content"] is None:
             raise ApiError("missing_field", f"messages[{i}].content is required", param=f"messages[{i}].content")
         out.append({"role": ROLES[role], "content": _content_text(m["content"], i)})
@@ -135,10 +148,9 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     for name in ("presence_penalty", "frequency_penalty"):
         if get_float(body, name, -2.0, 2.0):
             raise ApiError("unsupported", f"{name} is not supported by this server (only 0)", param=name)
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise ApiError("unsupported", "only response_format {\"type\": \"text\"} is supported",
-                       param="response_format")
+    structured = structured_output(body)
+    tools = tool_request(body, formatter.tool_format)
+    structured = tools.constrain(structured) if tools is not None else structured  # required/named: the call's
     messages = _messages(body)
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
@@ -149,9 +161,12 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
         "top_k": get_int(body, "top_k", minimum=0), "min_p": get_float(body, "min_p", 0.0, 1.0),
         "max_tokens": max_tokens,
         "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
-        "logprobs": top,
+        "logprobs": top, "structured": structured,
+        "skip_special_tokens": not (tools is not None and tools.keeps_special_tokens),
     }
     beam: BeamAsk | None = beam_fields(body)
+    if beam is not None and tools is not None and tools.active:  # beams are never parsed for calls
+        raise ApiError("invalid_field", "tools are not supported with use_beam_search", param="tools")
     n = beam.n if beam is not None else get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
     stream = get_bool(body, "stream")
     options = body.get("stream_options")
@@ -161,16 +176,18 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     priority = get_priority(body, priority_bounds)
     # bounded before anything runs; an unset max_tokens then defaults to what fits (server/logprobs.py)
     fits = None if top is None else cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries)
-    prompt, system_tokens = await state.require_prompts().chat_tokens(messages)  # a large one: off the loop
+    template_tools = tools.template_tools() if tools is not None else None
+    prompt, system_tokens = await state.require_prompts().chat_tokens(messages, template_tools)  # large: off the loop
     admit_prompt(state, len(prompt))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
     # a beam search is checked by its driver, with the parameters of its steps
+    await compile_off_loop(engine, params.structured)  # the check below then finds it compiled
     checked = check_request(engine, prompt, params, priority) if beam is None else None
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
     system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
     return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
-                       beam.params(params.max_tokens) if beam is not None else None, checked)
+                       beam.params(params.max_tokens) if beam is not None else None, checked, tools)
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:
@@ -228,9 +245,9 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
     usage = usage_body(last)
 
     def render() -> bytes:
-        choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
-                    "logprobs": _choice_logprobs(state, req, lps[i]), "finish_reason": finish[i] or "abort"}
-                   for i in range(n)]
+        replies = [reply_message(req.tools, "".join(texts[i]), finish[i] or "abort") for i in range(n)]  # tool calls
+        choices = [{"index": i, "message": message, "logprobs": _choice_logprobs(state, req, lps[i]),
+                    "finish_reason": reason} for i, (message, reason) in enumerate(replies)]
         return dumps({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
                       "choices": choices, "usage": usage}).encode("utf-8")
 
@@ -256,6 +273,7 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
         return sse(body)
 
     started: set[int] = set()
+    deltas: dict[int, ChoiceDeltas] = {}  # per choice: its text, or content and tool-call fragments
     last: RequestOutput | None = None
     try:
         assert req.checked is not None
@@ -265,15 +283,16 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
                 for o in out.outputs:
                     if o.index not in started:
                         started.add(o.index)
+                        deltas[o.index] = ChoiceDeltas(req.tools)
                         yield chunk([{"index": o.index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}])
-                    # tokens without text still get a chunk when logprobs were asked (their entries)
-                    if o.text or (o.token_ids and req.params.logprobs is not None):
-                        yield chunk([{"index": o.index, "delta": {"content": o.text},
-                                      "logprobs": _chunk_logprobs(state, req, o), "finish_reason": None}])
+                    # tokens without text still get a chunk when logprobs were asked (their entries, on the first)
+                    for k, delta in enumerate(deltas[o.index].of(o, req.params.logprobs is not None)):
+                        yield chunk([{"index": o.index, "delta": delta, "finish_reason": None,
+                                      "logprobs": _chunk_logprobs(state, req, o) if k == 0 else None}])
                     if o.finish_reason:
                         yield chunk([{"index": o.index, "delta": {}, "logprobs": None,
-                                      "finish_reason": o.finish_reason}])
+                                      "finish_reason": deltas[o.index].finish_reason(o.finish_reason)}])
     except Exception as e:  # the stream has started: the error is an event, then [DONE]
         yield sse(openai_stream_error(e, state.metrics))
     if req.include_usage and last is not None:

@@ -4,7 +4,8 @@ A near-context prompt takes ~10 ms to render and tokenize; a few hundred of them
 event loop delay everything else (/health, every stream) by seconds. Prompts whose messages hold
 more than INLINE_CHARS characters are tokenized on one worker thread instead; shorter ones inline,
 where a thread hop would cost more than the work. Both kinds of prompt go through here: an OpenAI
-request's messages (`chat_tokens`) and a session turn's history plus new message (`append_user`).
+request's messages (`chat_tokens`) and a session turn's history plus new messages (`append_messages`:
+a user message, or tool results).
 
 Owns: the worker thread and its own ChatFormatter over a deep copy of the tokenizer.
 
@@ -25,6 +26,7 @@ import copy
 from concurrent.futures import ThreadPoolExecutor
 
 from radixserve.engine.chat_template import ChatFormatter, Message, TurnTokens
+from radixserve.engine.tools import ToolSpec
 
 INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokenizes itself
 
@@ -33,20 +35,24 @@ class PromptWorker:
     def __init__(self, formatter: ChatFormatter) -> None:
         """Call before `formatter` is in use by anyone else (its tokenizer is copied)."""
         self.formatter = formatter
-        self._own = ChatFormatter(copy.deepcopy(formatter.tokenizer))
+        self._own = ChatFormatter(copy.deepcopy(formatter.tokenizer), formatter.tool_format)
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="radixserve-tokenize")
 
-    async def chat_tokens(self, messages: list[Message]) -> tuple[list[int], list[int]]:
-        """(the whole prompt ending in the generation prompt, the leading system messages' tokens)."""
-        if self._pool is None or _chars(messages) <= INLINE_CHARS:
-            return _chat_tokens(self.formatter, messages)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _chat_tokens, self._own, messages)
+    async def chat_tokens(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> tuple[list[int], list[int]]:
+        """(the whole prompt ending in the generation prompt, the leading system messages' tokens);
+        `tools` are rendered as the template renders them (the tool definitions count as characters too)."""
+        chars = _chars(messages) + sum(len(t.description) + len(str(t.parameters)) for t in tools or ())
+        if self._pool is None or chars <= INLINE_CHARS:
+            return _chat_tokens(self.formatter, messages, tools)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _chat_tokens, self._own, messages, tools)
 
-    async def append_user(self, history: list[Message], content: str) -> TurnTokens:
-        """ChatFormatter.append_user: rendering `history` costs as much as the new message, so both count."""
-        if self._pool is None or _chars(history) + len(content) <= INLINE_CHARS:
-            return self.formatter.append_user(history, content)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._own.append_user, history, content)
+    async def append_messages(self, history: list[Message], messages: list[Message],
+                              tools: list[ToolSpec] | None = None) -> TurnTokens:
+        """ChatFormatter.append_messages: rendering `history` costs as much as the new messages, so both count."""
+        if self._pool is None or _chars(history) + _chars(messages) <= INLINE_CHARS:
+            return _append(self.formatter, history, messages, tools)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _append, self._own, history, messages,
+                                                                tools)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -54,9 +60,19 @@ class PromptWorker:
             self._pool = None
 
 
-def _chat_tokens(formatter: ChatFormatter, messages: list[Message]) -> tuple[list[int], list[int]]:
-    return formatter.prompt_tokens(messages), formatter.system_tokens(messages)
+def _chat_tokens(formatter: ChatFormatter, messages: list[Message],
+                 tools: list[ToolSpec] | None) -> tuple[list[int], list[int]]:
+    return formatter.prompt_tokens(messages, tools), formatter.system_tokens(messages, tools)
+
+
+def _append(formatter: ChatFormatter, history: list[Message], messages: list[Message],
+            tools: list[ToolSpec] | None) -> TurnTokens:
+    """A plain user message (no tools) takes append_user, the path plain chat always took."""
+    if tools is None and len(messages) == 1 and messages[0]["role"] == "user":
+        return formatter.append_user(history, messages[0]["content"])
+    return formatter.append_messages(history, messages, tools)
 
 
 def _chars(messages: list[Message]) -> int:
-    return sum(len(m["content"]) for m in messages)
+    """Characters to render: contents (an assistant's may be None beside its tool calls) and call arguments."""
+    return sum(len(m.get("content") or "") + sum(len(str(c)) for c in m.get("tool_calls") or ()) for m in messages)

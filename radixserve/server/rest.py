@@ -1,7 +1,9 @@
 """Session REST endpoints (/v1/sessions...) — the same sessions the WebSocket sees.
 
 POST /v1/sessions/{id}/messages answers with one JSON object, or with `stream: true` an event stream
-whose events are shaped like the WebSocket frames (start, delta, done, error). Every endpoint acts
+whose events are shaped like the WebSocket frames (start, delta, tool_call, done, error). A message is
+a user message (`content`) or, with tools, the results of the last reply's calls (`tool_results`;
+session_tools.py). Every endpoint acts
 only on the caller's sessions, named by the X-Session-Owner header (see owners.py).
 """
 
@@ -20,7 +22,10 @@ from radixserve.server.api_errors import error_frame
 from radixserve.server.auth import bearer_token, priority_bounds
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
+from radixserve.server.session_tools import session_tools
+from radixserve.server.sessions import Message
 from radixserve.server.state import ServerState
+from radixserve.server.structured_api import with_structured
 from radixserve.server.turns import SessionTurn
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, parse_sampling
 
@@ -39,6 +44,7 @@ def create_session(state: ServerState, body: dict[str, Any], secret: str | None,
     context, cap = state.require_engine().max_model_len, state.config.max_prompt_tokens
     system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
     sampling = parse_sampling(body.get("sampling"))
+    tools = session_tools(state, body)  # rendered into its first tokens, with the system prompt
 
     def room(shortest_prompt: int) -> None:
         if shortest_prompt >= context or (cap is not None and shortest_prompt > cap):
@@ -49,7 +55,7 @@ def create_session(state: ServerState, body: dict[str, Any], secret: str | None,
 
     state.limit_creation(client)  # after validation: a refused body costs no allowance
     secret = secret if secret is not None else mint_secret()
-    return {**store.create(system_prompt, sampling, Owner.of(secret), room).to_json(), "owner": secret}
+    return {**store.create(system_prompt, sampling, Owner.of(secret), room, tools).to_json(), "owner": secret}
 
 
 def _owner(request: Request) -> Owner | None:
@@ -98,15 +104,15 @@ async def post_message(request: Request) -> Response:
     owner = _owner(request)
     session = store.get(request.path_params["session_id"], owner)
     body = await read_json_object(request, state.config.max_message_bytes)
-    content = get_str(body, "content")
-    sampling = parse_sampling(body.get("sampling"))
+    content = get_str(body, "content") if body.get("tool_results") is None else None  # or tool results
+    sampling = with_structured(parse_sampling(body.get("sampling")), body)
     stream = get_bool(body, "stream")
     priority = get_priority(body, priority_bounds(bearer_token(request.headers), state.config))
     store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
-    assert content is not None
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
     # tokenizing may await too: prepare fetches the session again after it
-    turn = await SessionTurn.prepare(state, session.id, owner, content, sampling, gen_id="rest", priority=priority)
+    turn = await SessionTurn.prepare(state, session.id, owner, content, sampling, gen_id="rest", priority=priority,
+                                     body=body)
     if stream:
         return EventStream(_sse_events(state, turn))
     try:
@@ -114,10 +120,17 @@ async def post_message(request: Request) -> Response:
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the turn ended with finish_reason "abort"
     message = turn.session.messages[result["message_index"]]
-    return JSONResponse({"message": {"role": "assistant", "content": message.content},
+    return JSONResponse({"message": message_body(message),
                          "finish_reason": result["finish_reason"], "usage": result["usage"],
                          "timing": result["timing"], "message_index": result["message_index"],
                          "session_id": session.id})
+
+
+def message_body(message: Message) -> dict[str, Any]:
+    """A reply as POST .../messages returns it: OpenAI's assistant message (content null when it only calls)."""
+    if message.tool_calls:
+        return {"role": "assistant", "content": message.content or None, "tool_calls": message.tool_calls}
+    return {"role": "assistant", "content": message.content}
 
 
 async def _last_event(turn: SessionTurn) -> dict[str, Any]:

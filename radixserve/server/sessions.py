@@ -9,6 +9,13 @@ get, list, delete and fork take the caller's Owner and treat a session of anothe
 caller without one) exactly as an unknown one, without touching it (it neither moves in the LRU
 order nor lives longer). A fork belongs to the parent's owner, who is the caller.
 
+Tool calling (session_tools.py): a session's `tools` are rendered into its first tokens with the
+system prompt and kept with it (forks share them); an assistant message may carry `tool_calls` (its
+tokens are the ones the model generated, calls included) and `tool` messages carry the results the
+client sent, rendered as the template renders them. Consecutive tool results are appended as one
+block (a template may merge them into one turn), so they share one token span and a fork may cut only
+before the first of them.
+
 Memory: tokens are an array('i') (4 bytes per token, not a list of Python ints at ~36 bytes each);
 they become a list only at the engine boundary, for the duration of one request. Text is held once
 (the system prompt and each message's content); nothing keeps the rendered template text.
@@ -47,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.engine.chat_template import ChatFormatter
+from radixserve.engine.tools import ToolSpec
 from radixserve.server.owners import NOBODY, Owner
 from radixserve.server.validation import ApiError
 
@@ -63,20 +71,35 @@ def token_array(ids: Any = ()) -> array[int]:
 
 @dataclass(slots=True)
 class Message:
-    role: str  # "user" | "assistant"
+    role: str  # "user" | "assistant" | "tool"
     content: str
     token_start: int
     token_end: int
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     timing: dict[str, float] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, OpenAI's shape
+    tool_call_id: str | None = None  # the call a tool message answers
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
-        for name in ("usage", "timing", "finish_reason"):
+        for name in ("tool_calls", "tool_call_id", "usage", "timing", "finish_reason"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
+
+    def template(self) -> dict[str, Any]:
+        """This message as the chat template takes it."""
+        if self.tool_calls:
+            return {"role": self.role, "content": self.content or None, "tool_calls": self.tool_calls}
+        if self.tool_call_id is not None:
+            return {"role": self.role, "tool_call_id": self.tool_call_id, "content": self.content}
+        return {"role": self.role, "content": self.content}
+
+    def size(self) -> int:
+        """Bytes of text this message holds (its calls as their JSON would be)."""
+        calls = sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) + 64 for c in self.tool_calls or ())
+        return sys.getsizeof(self.content) + calls
 
 
 @dataclass
@@ -92,16 +115,21 @@ class Session:
     messages: list[Message] = field(default_factory=list)
     busy: str | None = None  # gen_id of the generation in flight
     counted_bytes: int = 0  # this session's share of SessionStore.total_bytes
+    tools: tuple[ToolSpec, ...] = ()  # rendered into tokens[:system_len]; fixed once the session has messages
 
     def footprint(self) -> int:
         """Approximate bytes this session holds: its tokens, its texts and per-message overhead."""
         text = sys.getsizeof(self.system_prompt) if self.system_prompt is not None else 0
         return (TOKEN_BYTES * len(self.tokens) + text
-                + sum(sys.getsizeof(m.content) + MESSAGE_OVERHEAD_BYTES for m in self.messages))
+                + sum(len(str(t.parameters)) + len(t.description) for t in self.tools)
+                + sum(m.size() + MESSAGE_OVERHEAD_BYTES for m in self.messages))
 
-    def template_messages(self, upto: int | None = None) -> list[dict[str, str]]:
-        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
-        return msgs + [{"role": m.role, "content": m.content} for m in self.messages[:upto]]
+    def template_messages(self, upto: int | None = None) -> list[dict[str, Any]]:
+        msgs: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
+        return msgs + [m.template() for m in self.messages[:upto]]
+
+    def template_tools(self) -> list[ToolSpec] | None:
+        return list(self.tools) or None
 
     def preview(self) -> str:
         first = next((m.content for m in self.messages if m.role == "user"), "")
@@ -114,7 +142,8 @@ class Session:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "system_prompt": self.system_prompt, "sampling": dict(self.sampling),
                 "created": self.created, "messages": [m.to_json() for m in self.messages],
-                "num_tokens": len(self.tokens), "busy": self.busy is not None}
+                "num_tokens": len(self.tokens), "busy": self.busy is not None,
+                "tools": [t.openai_dict() for t in self.tools]}
 
 
 class SessionStore:
@@ -138,17 +167,24 @@ class SessionStore:
         return iter(list(self._sessions.values()))
 
     def create(self, system_prompt: str | None, sampling: dict[str, Any], owner: Owner,
-               room: RoomCheck | None = None) -> Session:
-        """A new session; `room` is given the shortest prompt it could ever send (system prompt + a
-        one-token message + the generation prompt) and raises if that cannot be served."""
+               room: RoomCheck | None = None, tools: tuple[ToolSpec, ...] = ()) -> Session:
+        """A new session; `room` is given the shortest prompt it could ever send (system prompt and
+        tools + a one-token message + the generation prompt) and raises if that cannot be served."""
         s = self._new(system_prompt, sampling, owner)
-        if system_prompt is not None:
-            s.tokens = token_array(self.formatter.system_tokens(s.template_messages()))
-            s.system_len = len(s.tokens)
+        s.tools = tools
+        if system_prompt is not None or tools:
+            self.render_start(s)
             if room is not None:
-                turn = self.formatter.append_user(s.template_messages(), "x")
+                turn = self.formatter.append_messages(s.template_messages(), [{"role": "user", "content": "x"}],
+                                                      s.template_tools())
                 room(s.system_len + len(turn.user) + len(turn.generation_prompt))
         return self._insert(s)
+
+    def render_start(self, s: Session) -> None:
+        """Set the tokens of a session without messages: its system prompt and tools as rendered."""
+        assert not s.messages
+        s.tokens = token_array(self.formatter.system_tokens(s.template_messages(), s.template_tools()))
+        s.system_len = len(s.tokens)
 
     def _new(self, system_prompt: str | None, sampling: dict[str, Any], owner: Owner) -> Session:
         return Session(id=secrets.token_urlsafe(18), system_prompt=system_prompt, sampling=dict(sampling),
@@ -257,9 +293,13 @@ class SessionStore:
         if not 0 <= at_message <= len(parent.messages):
             raise ApiError("invalid_field", f"at_message must be in [0, {len(parent.messages)}], got {at_message}",
                            param="at_message")
+        if 0 < at_message < len(parent.messages) and parent.messages[at_message].role == "tool" \
+                and parent.messages[at_message - 1].role == "tool":
+            raise ApiError("invalid_field", f"message {at_message} is a tool result appended with the one before it "
+                           "(one token span); fork before the first of them or after the reply", param="at_message")
         cut = parent.messages[at_message].token_start if at_message < len(parent.messages) else len(parent.tokens)
         child = self._new(parent.system_prompt, parent.sampling, Owner(parent.owner))  # the caller's
-        child.tokens, child.system_len = parent.tokens[:cut], parent.system_len
+        child.tokens, child.system_len, child.tools = parent.tokens[:cut], parent.system_len, parent.tools
         child.messages = [dataclasses.replace(m) for m in parent.messages[:at_message]]  # texts are shared
         return self._insert(child)  # may evict the parent when the cap is 1
 

@@ -10,7 +10,11 @@ evicted meanwhile is 404 unknown_session (it is fetched again through the store 
 busy or changed meanwhile (another turn ended, so the history that was tokenized is no longer the
 session's) is 409 session_busy. A refused turn leaves the session unchanged.
 
-Its events are `start`, `delta`s and `done` (the WebSocket frames, minus transport details).
+A turn's input is a user message or, with tools, the results of the last reply's calls; its reply
+is read for calls as it streams (session_tools.py): `delta` events carry its content, `tool_call`
+events the calls' fragments, and `done` the whole calls, which the session keeps with the reply.
+
+Its events are `start`, `delta`s, `tool_call`s and `done` (the WebSocket frames, minus transport details).
 Whatever happens after construction the turn ends in exactly one of two ways: nothing was generated
 and the user message is rolled back, or the reply (possibly partial, finish_reason "abort") is
 appended with the tokens the model produced and the template's end-of-turn tokens. Either way the
@@ -19,7 +23,6 @@ session is free again.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncGenerator
 from contextlib import aclosing, suppress
 from typing import Any
@@ -27,9 +30,12 @@ from typing import Any
 from radixserve.core import RequestOutput
 from radixserve.engine.chat_template import TurnTokens
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
+from radixserve.server.openai_tools import ToolRequest
 from radixserve.server.owners import Owner
-from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session
+from radixserve.server.session_tools import ReplyCalls, turn_inputs, turn_tools
+from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
 from radixserve.server.state import ServerState
+from radixserve.server.structured_api import compile_off_loop
 from radixserve.server.validation import ApiError, build_sampling_params
 
 
@@ -48,20 +54,35 @@ def timing_json(out: RequestOutput) -> dict[str, float]:
 
 class SessionTurn:
     @classmethod
-    async def prepare(cls, state: ServerState, session_id: str, owner: Owner | None, content: str,
-                      sampling: dict[str, Any], gen_id: str, priority: int = 0) -> SessionTurn:
-        """The caller's session's next turn, committed (ApiError when refused; the session is then unchanged)."""
-        _, store = state.require_chat()
+    async def prepare(cls, state: ServerState, session_id: str, owner: Owner | None, content: str | None,
+                      sampling: dict[str, Any], gen_id: str, priority: int = 0,
+                      body: dict[str, Any] | None = None) -> SessionTurn:
+        """The caller's session's next turn, committed (ApiError when refused; the session is then unchanged).
+        `content` is the user message; None when `body` (the frame or request body, read for its tool
+        fields: tools, tool_choice, parallel_tool_calls, tool_results) answers tool calls instead."""
+        formatter, store = state.require_chat()
         session = store.get(session_id, owner)
         check_free(session)  # a busy session costs no tokenizing
+        tools = turn_tools(state, body or {}, session)
+        inputs = turn_inputs({**(body or {}), "content": content} if content is not None else body or {}, session)
+        if tools is not None:  # a required/named choice constrains the reply to a call
+            sampling = {**sampling, "structured": tools.constrain(sampling.get("structured")),
+                        "skip_special_tokens": not tools.keeps_special_tokens}
+        await compile_off_loop(state.require_engine(), sampling.get("structured"))  # the check finds it compiled
         history = session.template_messages()
-        turn = await state.require_prompts().append_user(history, content)
+        rendered = list(tools.tools) if tools is not None and tools.tools else session.template_tools()
+        # a first turn may bring the session its tools: they head its tokens, rendered with the system prompt
+        start = formatter.system_tokens(history, rendered) if tuple(rendered or ()) != session.tools else None
+        turn = await state.require_prompts().append_messages(history, inputs, rendered)
         # the await may have let the session go (404 here) or move on; the constructor checks the rest
-        return cls(state, store.get(session_id, owner), content, sampling, gen_id, priority, history, turn)
+        return cls(state, store.get(session_id, owner), inputs, sampling, gen_id, priority, history, turn,
+                   tools, start)
 
-    def __init__(self, state: ServerState, session: Session, content: str, sampling: dict[str, Any],
-                 gen_id: str, priority: int, history: list[dict[str, str]], turn: TurnTokens) -> None:
-        """Use `prepare`: `turn` is what `history` + `content` tokenize to, checked against the session here."""
+    def __init__(self, state: ServerState, session: Session, inputs: list[dict[str, Any]], sampling: dict[str, Any],
+                 gen_id: str, priority: int, history: list[dict[str, Any]], turn: TurnTokens,
+                 tools: ToolRequest | None = None, start: list[int] | None = None) -> None:
+        """Use `prepare`: `turn` is what `history` + `inputs` tokenize to, checked against the session here;
+        `start`: the session's first tokens with the turn's tools, when they bring the session its tools."""
         formatter, store = state.require_chat()
         engine = state.require_engine()
         check_free(session)
@@ -69,9 +90,13 @@ class SessionTurn:
             raise ApiError("session_busy", "the session changed while this message was being tokenized (another "
                            "turn ended meanwhile); send it again", 409)
         self.state, self.session, self.gen_id = state, session, gen_id
-        self.history = history + [{"role": "user", "content": content}]
+        self.history = history + inputs
         self.user_tokens, self.gen_prompt = turn.user, turn.generation_prompt
-        prompt = session.tokens.tolist() + turn.user + turn.generation_prompt  # the engine takes a list
+        if start is not None and session.messages:  # another turn gave the session its tools meanwhile
+            raise ApiError("session_busy", "the session changed while this message was being tokenized; send it again",
+                           409)
+        head = start if start is not None else session.tokens.tolist()
+        prompt = head + turn.user + turn.generation_prompt  # the engine takes a list
         admit_prompt(state, len(prompt))
         cfg = state.config
         merged = {"temperature": cfg.default_temperature, "top_p": cfg.default_top_p, **session.sampling, **sampling}
@@ -81,18 +106,26 @@ class SessionTurn:
         self.system = SystemPromptRef.of(session.tokens[:session.system_len], session.system_prompt,
                                          formatter.implicit_prefix_len)
         self.end_ids = tuple(engine.eos_token_ids) + tuple(params.stop_token_ids)
-        message = Message("user", content, len(session.tokens), len(session.tokens) + len(turn.user))
-        store.make_room(sys.getsizeof(content) + MESSAGE_OVERHEAD_BYTES + TOKEN_BYTES * len(turn.user), keep=session)
+        span = (len(head), len(head) + len(turn.user))  # consecutive tool results share one span (sessions.py)
+        messages = [Message(m["role"], m["content"], *span, tool_call_id=m.get("tool_call_id")) for m in inputs]
+        added_tokens = len(head) + len(turn.user) - len(session.tokens)
+        store.make_room(sum(m.size() + MESSAGE_OVERHEAD_BYTES for m in messages) + TOKEN_BYTES * added_tokens,
+                        keep=session)
         # committed: from here on the turn must end in _rollback or _close
+        if start is not None and tools is not None:  # the session's first tokens, now with its tools
+            session.tools = tools.tools
+            session.tokens, session.system_len = token_array(start), len(start)
         session.tokens.extend(turn.user)
-        session.messages.append(message)
+        session.messages.extend(messages)
+        self.inputs = len(messages)
+        self.reply = ReplyCalls(tools, gen_id)
         session.busy = gen_id
         store.account(session)
         store.touch(session)
         self.request_id = f"{session.id[:8]}-{gen_id[:16]}-{id(self):x}"
         self.cancelled = False
         self.generated: list[int] = []
-        self.text: list[str] = []
+        self.finish_reason = "abort"
         self.last: RequestOutput | None = None
         self._ended = False
         state.session_generations[session.id] = self
@@ -118,17 +151,18 @@ class SessionTurn:
                     self.last = out
                     for o in out.outputs[:1]:
                         self.generated += o.token_ids
-                        if o.text:
-                            self.text.append(o.text)
-                            yield {"type": "delta", "gen_id": self.gen_id, "text": o.text}
+                        for ev in self.reply.events(o.text, o.finish_reason is not None):  # content, call pieces
+                            yield ev
                         finish = o.finish_reason or finish
         except BaseException:  # refused, failed, cancelled or closed by the consumer
             self._end(finish or "abort")
             raise
         index = self._end(finish or "abort")
         assert self.last is not None and index is not None
-        yield {"type": "done", **base, "finish_reason": finish or "abort", "message_index": index,
-               "usage": usage_json(self.last), "timing": timing_json(self.last)}
+        calls = self.session.messages[index].tool_calls
+        yield {"type": "done", **base, "finish_reason": self.finish_reason, "message_index": index,
+               **({"tool_calls": calls} if calls else {}), "usage": usage_json(self.last),
+               "timing": timing_json(self.last)}
 
     def _end(self, finish_reason: str) -> int | None:
         """Roll back (nothing generated) or close the turn; idempotent. Returns the reply's message index."""
@@ -142,17 +176,19 @@ class SessionTurn:
         if store is not None:
             store.touch(s)
         if self.last is None:
-            s.messages.pop()
+            del s.messages[len(s.messages) - self.inputs:]
             del s.tokens[len(s.tokens) - len(self.user_tokens):]
             if store is not None:
                 store.account(s)
             return None
         assert self.state.formatter is not None
-        closing = self.state.formatter.close_assistant(self.history, self.generated, self.end_ids)
+        closing = self.state.formatter.close_assistant(self.history, self.generated, self.end_ids, s.template_tools())
         start = len(s.tokens)
         s.tokens.extend(self.gen_prompt + self.generated + closing)
-        s.messages.append(Message("assistant", "".join(self.text), start, len(s.tokens), finish_reason,
-                                  usage_json(self.last), timing_json(self.last)))
+        self.reply.events("", True)  # an aborted reply's held-back text (its events are not sent)
+        content, calls, self.finish_reason = self.reply.reply(finish_reason)
+        s.messages.append(Message("assistant", content, start, len(s.tokens), self.finish_reason,
+                                  usage_json(self.last), timing_json(self.last), tool_calls=calls or None))
         if store is not None:
             store.account(s)
             with suppress(ApiError):  # over budget with only busy sessions left: the next create sheds it

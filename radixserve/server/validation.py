@@ -257,6 +257,7 @@ def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_mode
             max_tokens=max_tokens, temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
             top_k=sampling.get("top_k", 0), min_p=sampling.get("min_p", 0.0), n=n, seed=sampling.get("seed"),
             stop=list(sampling.get("stop") or []), logprobs=sampling.get("logprobs"),
+            structured=sampling.get("structured"), skip_special_tokens=sampling.get("skip_special_tokens", True),
         )
     except ValueError as e:
         raise ApiError("invalid_field", str(e)) from None

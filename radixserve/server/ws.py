@@ -37,6 +37,7 @@ from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
 from radixserve.server.send_buffer import SendBuffer
 from radixserve.server.state import ServerState
+from radixserve.server.structured_api import with_structured
 from radixserve.server.turns import SessionTurn, check_free
 from radixserve.server.validation import (
     ApiError,
@@ -227,8 +228,9 @@ class Connection:
         try:
             _, store = self.state.require_chat()
             session_id = get_str(frame, "session_id")
-            content = get_str(frame, "content")
-            sampling = parse_sampling(frame.get("sampling"))
+            # a user message, or (with tools) the results of the last reply's calls: checked in prepare
+            content = get_str(frame, "content") if frame.get("tool_results") is None else None
+            sampling = with_structured(parse_sampling(frame.get("sampling")), frame)
             priority = get_priority(frame, self.priority_bounds)
             if gen_id in self.generations:
                 raise ApiError("duplicate_gen_id", f"generation {gen_id!r} is already in flight on this connection")
@@ -237,13 +239,13 @@ class Connection:
                 raise ApiError("too_many_generations", f"at most {limit} generations may run on one connection", 429)
             owner = owner_of(secret_from_frame(frame))
             check_free(session := store.get(session_id, owner))  # prepare checks again after tokenizing
-            assert content is not None
             slot = self.state.generations.acquire(client_of(self.ws), self.state.config)  # before tokenizing
         except ApiError as e:
             self.send_error(e, gen_id=gen_id, req=req, has_req=has_req)
             return
         gen = self.generations[gen_id] = Generation(gen_id, slot)
-        prepare = partial(SessionTurn.prepare, self.state, session.id, owner, content, sampling, gen_id, priority)
+        prepare = partial(SessionTurn.prepare, self.state, session.id, owner, content, sampling, gen_id, priority,
+                          body=frame)
         gen.task = asyncio.create_task(self.run_generation(gen, prepare, has_req, req))
 
     async def run_generation(self, gen: Generation, prepare: Callable[[], Awaitable[SessionTurn]], has_req: bool,

@@ -134,9 +134,10 @@ export const api = {
     expectShape(r && typeof r.id === "string" && Array.isArray(r.messages), "GET /v1/sessions/{id}");
     return r;
   },
-  async createSession(systemPrompt, sampling) {
+  async createSession(systemPrompt, sampling, tools = null) {
     const body = { sampling };
     if (systemPrompt) body.system_prompt = systemPrompt;
+    if (tools && tools.length) body.tools = tools;
     const r = await apiFetch("/v1/sessions", { method: "POST", body });
     expectShape(r && typeof r.id === "string", "POST /v1/sessions");
     return r;

@@ -1,12 +1,13 @@
 // The chat controller: owns the client-side session state (summaries for the sidebar, loaded sessions
 // with their messages, which chat is open) and the session actions — new, open, fork, delete, copy.
-// Turns (sending, streaming, stopping) live in turns.js. A loaded session's messages carry `index`
+// Turns (sending, streaming, stopping, answering tool calls) live in turns.js. A loaded session's messages carry `index`
 // equal to their position on the server, which fork and message_index use; messages without one are
 // local only (a turn the server refused or has not confirmed yet).
 
 import { api } from "./api.js";
 import { renderConversation, updateMessage } from "./messages.js";
 import { SettingsPanel } from "./settings.js";
+import { answeredIds } from "./tools_view.js";
 import { Sidebar } from "./sidebar.js";
 import { Turns } from "./turns.js";
 import { errorMessage, h, toast } from "./ui.js";
@@ -32,7 +33,11 @@ export class ChatController {
     this.form = document.getElementById("composer");
     this.sendBtn = document.getElementById("send-btn");
     this.stopBtn = document.getElementById("stop-btn");
-    this.msgHandlers = { fork: (at, text) => this.fork(at, text), copy: (text, btn) => this.copy(text, btn) };
+    this.msgHandlers = {
+      fork: (at, text) => this.fork(at, text),
+      copy: (text, btn) => this.copy(text, btn),
+      toolState: (msg) => this.toolState(msg),
+    };
 
     this.sidebar = new Sidebar({ open: (id) => this.open(id), remove: (id) => this.remove(id) });
     this.settings = new SettingsPanel({
@@ -145,6 +150,21 @@ export class ChatController {
     // Server messages carry no indices; their position is the index `fork` and `message_index` use.
     session.messages = session.messages.map((m, index) => ({ ...m, index }));
     return session;
+  }
+
+  /**
+   * Which of `msg`'s tool calls later messages answer, and how to answer the rest: only the open
+   * chat's last message, while no generation runs there (`answer` null otherwise).
+   */
+  toolState(msg) {
+    const session = this.current();
+    const messages = session ? session.messages : [];
+    const last = messages.length > 0 && messages[messages.length - 1] === msg;
+    const idle = this.currentId !== null && !this.turns.busy.has(this.currentId);
+    return {
+      answered: answeredIds(messages),
+      answer: last && idle && !msg.streaming ? (results) => this.turns.sendToolResults(results) : null,
+    };
   }
 
   // ---- user actions --------------------------------------------------------------------------

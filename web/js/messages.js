@@ -1,11 +1,13 @@
 // Renders one conversation: user and assistant turns, the live streaming turn, and each assistant
 // turn's cache figures (prompt tokens, cached tokens and %, the part loaded back from the host-memory
-// tier when there is one, TTFT, tokens/s). Message objects are
+// tier when there is one, TTFT, tokens/s), an assistant's tool calls and the tool results answering
+// them, and JSON replies pretty-printed (tools_view.js). Message objects are
 // plain data owned by the chat controller; this module keeps a WeakMap from message to its element
 // so a streamed delta re-renders only its own bubble.
 
 import { icon } from "./icons.js";
 import { renderMarkdown } from "./markdown.js";
+import { asJson, jsonBlock, toolCallsView, toolResultView } from "./tools_view.js";
 import { fmtInt, fmtMs, fmtPct, fmtRate, h } from "./ui.js";
 
 const nodes = new WeakMap();
@@ -58,16 +60,23 @@ function metaFor(msg) {
   return meta;
 }
 
-function bodyFor(msg) {
+function bodyFor(msg, handlers) {
   const body = h("div", { className: "msg-body" });
   if (msg.role === "assistant") {
-    if (msg.content) body.append(renderMarkdown(msg.content));
+    // a finished reply that is one JSON document (structured output) is shown pretty-printed
+    if (msg.content) body.append(!msg.streaming && asJson(msg.content) !== undefined ? jsonBlock(msg.content) : renderMarkdown(msg.content));
+    if (msg.tool_calls && msg.tool_calls.length) {
+      const state = handlers.toolState ? handlers.toolState(msg) : { answered: new Set(), answer: null };
+      body.append(toolCallsView(msg, state.answered, state.answer));
+    }
     if (msg.streaming) {
       if (!msg.content) {
         body.append(h("span", { className: "msg-pending", textContent: msg.start ? "Thinking…" : "Waiting for the server…" }));
       }
       body.append(h("span", { className: "cursor", attrs: { "aria-hidden": "true" } }));
     }
+  } else if (msg.role === "tool") {
+    body.append(toolResultView(msg));
   } else {
     body.textContent = msg.content;
   }
@@ -87,7 +96,7 @@ function actionsFor(msg, handlers) {
     actions.append(h("button", {
       type: "button", className: "btn btn-ghost btn-tiny act-copy",
       attrs: { "aria-label": "Copy this reply" },
-      onclick: (ev) => handlers.copy(msg.content, ev.currentTarget.lastChild),
+      onclick: (ev) => handlers.copy(msg.content || JSON.stringify(msg.tool_calls || [], null, 2), ev.currentTarget.lastChild),
     }, [icon("copy"), h("span", { textContent: "Copy" })]));
   } else if (msg.role === "user") {
     actions.append(h("button", {
@@ -100,12 +109,12 @@ function actionsFor(msg, handlers) {
 }
 
 function build(msg, handlers) {
-  const role = msg.role === "assistant" ? "Assistant" : msg.role === "user" ? "You" : msg.role;
+  const role = msg.role === "assistant" ? "Assistant" : msg.role === "user" ? "You" : msg.role === "tool" ? "Tool result" : msg.role;
   const article = h("article", {
     className: `msg msg-${msg.role}${msg.streaming ? " msg-streaming" : ""}${msg.error ? " msg-failed" : ""}`,
     attrs: { "aria-label": `${role} message`, "aria-busy": msg.streaming ? "true" : "false" },
     dataset: msg.genId ? { genId: msg.genId } : {},
-  }, [h("div", { className: "msg-role", textContent: role }), bodyFor(msg)]);
+  }, [h("div", { className: "msg-role", textContent: role }), bodyFor(msg, handlers)]);
   if (msg.role === "assistant") article.append(metaFor(msg));
   article.append(actionsFor(msg, handlers));
   nodes.set(msg, article);

@@ -1,5 +1,5 @@
-// The session settings panel: the system-prompt editor and the sampling controls (temperature,
-// top-p, max tokens). Sampling applies to every message sent and persists in localStorage. A saved
+// The session settings panel: the system-prompt editor, a new chat's tools (OpenAI function tools as
+// JSON) and the sampling controls (temperature, top-p, max tokens). Sampling applies to every message sent and persists in localStorage. A saved
 // session's system prompt is fixed — its tokens head the cached prefix — so editing it offers to
 // start a new chat with the edited prompt instead of pretending to change the old one.
 
@@ -7,6 +7,7 @@ import { fmtInt, fmtTime, h } from "./ui.js";
 
 const SAMPLING_KEY = "radixserve.sampling";
 const PROMPT_KEY = "radixserve.systemPrompt";
+const TOOLS_KEY = "radixserve.tools";
 export const DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant.";
 const DEFAULTS = { temperature: 0.7, top_p: 0.95, max_tokens: 256 };
 
@@ -39,6 +40,15 @@ export class SettingsPanel {
     this.temperature = document.getElementById("temperature");
     this.topP = document.getElementById("top-p");
     this.maxTokens = document.getElementById("max-tokens");
+    this.toolsInput = document.getElementById("tools");
+    this.toolsNote = document.getElementById("tools-note");
+    const storedTools = load(TOOLS_KEY, "");
+    this.toolsInput.value = typeof storedTools === "string" ? storedTools : "";
+    this.toolsInput.addEventListener("input", () => {
+      if (this.savedPrompt !== null) return; // a saved chat's tools are fixed, as its prompt is
+      save(TOOLS_KEY, this.toolsInput.value);
+      this.toolsInput.setAttribute("aria-invalid", String(this.tools() === undefined));
+    });
     this.toggleBtn = document.getElementById("settings-btn");
     this.savedPrompt = null; // the current saved session's prompt, null for a draft
 
@@ -98,6 +108,18 @@ export class SettingsPanel {
     return { temperature: Number(this.temperature.value), top_p: Number(this.topP.value), max_tokens: maxTokens };
   }
 
+  /** The tools for a new chat: an array (maybe empty), or undefined when the text is not a JSON array. */
+  tools() {
+    const text = this.toolsInput.value.trim();
+    if (!text) return [];
+    try {
+      const value = JSON.parse(text);
+      return Array.isArray(value) ? value : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
   storedPrompt() {
     const p = load(PROMPT_KEY, DEFAULT_SYSTEM_PROMPT);
     return typeof p === "string" ? p : DEFAULT_SYSTEM_PROMPT;
@@ -111,8 +133,16 @@ export class SettingsPanel {
       this.note.textContent = "Sent with your first message. Chats that share a system prompt reuse its cached KV blocks.";
       this.apply.hidden = true;
       this.facts.replaceChildren();
+      this.toolsInput.readOnly = false;
+      const stored = load(TOOLS_KEY, "");
+      this.toolsInput.value = typeof stored === "string" ? stored : "";
+      this.toolsNote.textContent = "OpenAI function tools the model may call in the next new chat. A call shows its arguments; type the result to answer it.";
       return;
     }
+    // a saved chat's tools are rendered into its first tokens: shown, not editable
+    this.toolsInput.readOnly = true;
+    this.toolsInput.value = session.tools && session.tools.length ? JSON.stringify(session.tools, null, 2) : "";
+    this.toolsNote.textContent = session.tools && session.tools.length ? "Fixed for this chat." : "This chat has no tools.";
     this.savedPrompt = session.system_prompt || "";
     if (document.activeElement !== this.prompt) this.prompt.value = this.savedPrompt;
     this.note.textContent = "Fixed for this chat (its tokens head the cached prefix). Edit it to start a new chat.";

@@ -1,5 +1,6 @@
-// Chat turns: sending a message, the generation's WebSocket frames (start, delta, done, error),
-// stopping it, and reconciling with the server when a turn fails. Invariants: at most one generation
+// Chat turns: sending a message (or the results of the last reply's tool calls), the generation's
+// WebSocket frames (start, delta, tool_call, done, error), stopping it, and reconciling with the
+// server when a turn fails. Invariants: at most one generation
 // per session (the server's rule too); a generation's assistant message is `streaming` from the
 // moment it is sent until its `done`, its `error`, or the connection drops — then it always ends
 // visibly, in the message itself. Deltas are rendered at most once per animation frame.
@@ -22,7 +23,7 @@ export class Turns {
   constructor(chat, socket) {
     this.chat = chat;
     this.socket = socket;
-    this.gens = new Map(); // gen_id -> {sessionId, msg, user}
+    this.gens = new Map(); // gen_id -> {sessionId, msg, inputs: the user or tool messages it answers}
     this.busy = new Map(); // session id -> gen_id in flight
     this.renderQueued = new Set();
     this.sending = false;
@@ -53,12 +54,19 @@ export class Turns {
       toast("Not connected to the server — the message was not sent. It stays in the box; try again once connected.");
       return;
     }
+    // a new chat's tools (settings, JSON): like its system prompt, fixed once it exists
+    const tools = chat.current() ? null : chat.settings.tools();
+    if (tools === undefined) {
+      toast("Tools must be a JSON array of OpenAI tools, or empty.");
+      chat.settings.toolsInput.focus();
+      return;
+    }
     chat.input.value = "";
     chat.autosize();
     let session = chat.current();
     if (!session) {
       try {
-        session = chat.normalize(await api.createSession(chat.draftPrompt, sampling));
+        session = chat.normalize(await api.createSession(chat.draftPrompt, sampling, tools));
       } catch (e) {
         chat.input.value = content;
         toast(`Could not create the chat: ${errorMessage(e)}`);
@@ -69,16 +77,35 @@ export class Turns {
       chat.currentId = session.id;
       chat.remember(session.id);
     }
+    this.generate(session, [{ role: "user", content }], { content, sampling });
+  }
+
+  /** Answer the open chat's last reply's tool calls: [{tool_call_id, content}], then generate the next reply. */
+  sendToolResults(results) {
+    const chat = this.chat;
+    const session = chat.current();
+    const sampling = chat.settings.sampling();
+    if (!session || this.busy.has(session.id) || !sampling) return;
+    if (!this.socket.isOpen) {
+      toast("Not connected to the server — the results were not sent; try again once connected.");
+      return;
+    }
+    const inputs = results.map((r) => ({ role: "tool", tool_call_id: r.tool_call_id, content: r.content }));
+    this.generate(session, inputs, { tool_results: results, sampling });
+  }
+
+  /** Show `inputs` and a streaming reply, then send the chat frame (`fields`: content or tool_results, sampling). */
+  generate(session, inputs, fields) {
+    const chat = this.chat;
     const genId = newId();
-    const user = { role: "user", content };
     const reply = { role: "assistant", content: "", streaming: true, genId };
-    session.messages.push(user, reply);
-    this.gens.set(genId, { sessionId: session.id, msg: reply, user });
+    session.messages.push(...inputs, reply);
+    this.gens.set(genId, { sessionId: session.id, msg: reply, inputs });
     this.busy.set(session.id, genId);
     chat.showCurrent();
     chat.messagesEl.scrollTop = chat.messagesEl.scrollHeight; // your own message is always in view
     try {
-      this.socket.send({ type: "chat", session_id: session.id, content, gen_id: genId, sampling });
+      this.socket.send({ type: "chat", session_id: session.id, gen_id: genId, ...fields });
     } catch (e) {
       this.finish(genId, { error: errorMessage(e) });
     }
@@ -116,6 +143,15 @@ export class Turns {
         gen.msg.content += f.text;
         this.queueRender(gen);
         return;
+      case "tool_call": {
+        // a fragment of a tool call: the first names it (id, name), the rest add argument text
+        if (!gen || !Number.isInteger(f.index) || typeof f.arguments !== "string") return;
+        const calls = (gen.msg.tool_calls ||= []);
+        const call = (calls[f.index] ||= { id: f.id || "", type: "function", function: { name: f.name || "", arguments: "" } });
+        call.function.arguments += f.arguments;
+        this.queueRender(gen);
+        return;
+      }
       case "done":
         if (!gen) return;
         this.finish(f.gen_id, { done: f });
@@ -163,9 +199,10 @@ export class Turns {
       msg.finish_reason = done.finish_reason;
       msg.usage = done.usage;
       msg.timing = done.timing;
+      if (Array.isArray(done.tool_calls)) msg.tool_calls = done.tool_calls; // the parsed calls, whole
       if (Number.isInteger(done.message_index)) {
         msg.index = done.message_index;
-        gen.user.index = done.message_index - 1;
+        gen.inputs.forEach((m, j) => (m.index = done.message_index - gen.inputs.length + j));
       }
       // The session's token count (and, without a message_index, its messages) come from the server.
       if (session) this.resync(gen.sessionId, { messages: !Number.isInteger(done.message_index) });
@@ -173,7 +210,9 @@ export class Turns {
       if (summary && session) summary.num_messages = session.messages.length;
       // Streamed text is re-rendered per delta, so it is not a live region; announce the finished reply.
       const u = done.usage || {};
-      announce(`Assistant: ${msg.content.slice(0, ANNOUNCE_CHARS)} — ${u.cached_tokens ?? 0} of ${u.prompt_tokens ?? 0} prompt tokens cached.`);
+      const calls = (msg.tool_calls || []).map((c) => `calls ${c.function.name}`).join(", ");
+      const said = [msg.content.slice(0, ANNOUNCE_CHARS), calls].filter(Boolean).join(" — ");
+      announce(`Assistant: ${said} — ${u.cached_tokens ?? 0} of ${u.prompt_tokens ?? 0} prompt tokens cached.`);
     } else {
       msg.error = error;
       announce(`Reply failed: ${error}`);

@@ -12,8 +12,9 @@ Invariants:
   just queued) and consumes the token early; the commit then finds it consumed;
 - the stop test (`on_commit`) is called once per committed token, in order: it ends the sequence at
   the token that completed the grammar, and raises GrammarViolation at a token the grammar rejected;
-- forced tokens are appended only into a sequence's last slot (no later step of it in flight) and
-  never for a request that asked for logprobs (a forced token has none);
+- forced tokens follow the committed token at once; with overlap the sequence's next draw is already
+  in flight and they replace it (its step's work for that row is dropped, which costs less than one
+  step per forced token); never for a request that asked for logprobs (a forced token has none);
 - constraints cover generated tokens only: a prefix-cache hit, a preemption (swap or recompute) or a
   resumption leave a matcher as it is, since the sequence's generated tokens do not change;
 - masks are filled on the host into one of two buffers, alternately (a step's copy to the device may
@@ -31,7 +32,7 @@ import llguidance
 import llguidance.torch
 import torch
 
-from radixserve.core import Request, Sequence
+from radixserve.core import PENDING_TOKEN, Request, Sequence
 from radixserve.engine.grammar.compiler import CompiledGrammar, GrammarCompiler
 
 
@@ -78,6 +79,7 @@ class ConstraintBook:
         self._matchers: dict[int, SeqMatcher] = {}  # seq_id -> its matcher
         self._buffers: list[torch.Tensor] = []
         self._flip = 0
+        self._executor = llguidance.LLExecutor()
 
     def __bool__(self) -> bool:
         return bool(self._grammars)
@@ -85,7 +87,7 @@ class ConstraintBook:
     def begin(self, req: Request) -> None:
         """A constrained request enters the engine (its constraint compiled by the intake: a cache hit)."""
         assert req.params.structured is not None
-        self._grammars[req.request_id] = self.compiler.compile(req.params.structured)
+        self._grammars[req.request_id] = self.compiler.ensure(req.params.structured)
         self.stats.requests += 1
 
     def release(self, req: Request) -> None:
@@ -126,8 +128,8 @@ class ConstraintBook:
         if not rows:
             return None
         started = time.perf_counter()
-        bitmask = self._buffer(len(rows))
-        dead: dict[Request, str] = {}
+        bitmask = self._buffer(len(rows))[:len(rows)]
+        to_fill: list[tuple[Any, int]] = []
         for row, (i, state) in enumerate(rows):
             seq, index = owners[i], positions[i] - owners[i].num_prompt_tokens
             if state.consumed < index:  # the token before this draw is still on the device (overlap)
@@ -136,16 +138,21 @@ class ConstraintBook:
                     self._consume(state, index - 1, token)
             if state.broken_at is not None or state.consumed != index:
                 bitmask[row].fill_(-1)  # the request ends at its commit; the row just stays usable
-                continue
-            llguidance.torch.fill_next_token_bitmask(state.matcher, bitmask, row)
-            if not state.matcher.is_stopped() and not bool(bitmask[row].any()):
+            else:
+                to_fill.append((state.matcher, row))
+        if to_fill:  # on llguidance's threads, without the GIL
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, to_fill, bitmask)
+        dead: dict[Request, str] = {}
+        for row in (bitmask == 0).all(dim=1).nonzero().flatten().tolist():
+            if not rows[row][1].matcher.is_stopped():
                 bitmask[row].fill_(-1)
-                dead[seq.request] = "the grammar allows no token here (a dead end): the reply cannot be completed"
+                dead[owners[rows[row][0]].request] = \
+                    "the grammar allows no token here (a dead end): the reply cannot be completed"
         self.stats.dead_ends += len(dead)
         self.stats.mask_steps += 1
         self.stats.mask_rows += len(rows)
         draws = torch.tensor([i for i, _ in rows], dtype=torch.long).to(self.device, non_blocking=True)
-        masks = StepMasks(draws, bitmask[:len(rows)].to(self.device, non_blocking=True), dead)
+        masks = StepMasks(draws, bitmask.to(self.device, non_blocking=True), dead)
         self.stats.mask_s += time.perf_counter() - started
         return masks
 
@@ -165,19 +172,31 @@ class ConstraintBook:
     # -- committing ------------------------------------------------------------------------------
     def tokens(self, seq: Sequence, position: int, token: int) -> tuple[int, ...]:
         """What to commit for `seq`'s draw at `position`, which sampled `token`: the token itself, and
-        the tokens the grammar forces after it when they can be appended now."""
+        the tokens the grammar forces after it. With a later draw of `seq` in flight, forced tokens
+        replace it (TokenCommit.replaces_in_flight), and its own commit is then ignored."""
         state = self._state(seq)
-        if state is None:
-            return (token,)
+        if state is None or position >= len(seq.token_ids) or seq.token_ids[position] != PENDING_TOKEN:
+            return (token,)  # not constrained, or a draw an earlier commit's forced tokens made void
         self._consume(state, position - seq.num_prompt_tokens, token)
-        if (not self.forced_tokens or position != len(seq.token_ids) - 1 or state.end is not None
-                or state.broken_at is not None or seq.request.params.logprobs is not None):
+        if (not self.forced_tokens or state.end is not None or state.broken_at is not None
+                or seq.request.params.logprobs is not None):
             return (token,)
         forced = tuple(state.matcher.compute_ff_tokens())
         for index, forced_token in enumerate(forced, start=position - seq.num_prompt_tokens + 1):
             self._consume(state, index, forced_token)
         self.stats.forced_tokens += len(forced)
         return (token, *forced)
+
+    def draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
+        """How many of `drafts` (proposed tokens after `seq`'s committed ones, as speculative decoding
+        proposes them) the grammar accepts, in order; the matcher is left as it was. A verifying step
+        rejects the drafts from the first one the grammar does not allow (TokenCommit.rejected)."""
+        state = self._state(seq)
+        if state is None or not drafts:
+            return len(drafts)
+        if state.broken_at is not None or state.end is not None:
+            return 0
+        return int(state.matcher.validate_tokens(drafts))
 
     def violation(self, req: Request) -> str | None:
         """Why `req`'s grammar ended it, if it did."""

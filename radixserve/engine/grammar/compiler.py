@@ -114,14 +114,18 @@ class GrammarCompiler:
                                           f"this model's tokenizer cannot drive structured output ({e})") from None
             return self._ll_tokenizer
 
-    def cached(self, constraint: StructuredOutput) -> CompiledGrammar | None:
-        """The compiled constraint if it is in the cache (counted as a hit), else None."""
+    def cached(self, constraint: StructuredOutput, count_hit: bool = True) -> CompiledGrammar | None:
+        """The compiled constraint if it is in the cache (counted as a hit unless told not to), else None."""
         with self._lock:
             hit = self._cache.get(constraint.key)
             if hit is not None:
                 self._cache.move_to_end(constraint.key)
-                self.stats.cache_hits += 1
+                self.stats.cache_hits += count_hit
             return hit
+
+    def ensure(self, constraint: StructuredOutput) -> CompiledGrammar:
+        """`compile` for a request that was already checked: a hit is not counted again."""
+        return self.cached(constraint, count_hit=False) or self.compile(constraint)
 
     def compile(self, constraint: StructuredOutput) -> CompiledGrammar:
         """The compiled constraint, from the cache or compiled now; ConstraintError if it cannot be."""

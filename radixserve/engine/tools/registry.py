@@ -1,0 +1,45 @@
+"""The tool-call formats by name, and which one a model speaks, told from its chat template.
+
+Invariants: a flag value (`--tool-call-parser`) always wins and an unknown one is an error naming the
+choices; without one, the template's own tool-call markup decides, and a template with none (the embedded
+SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then teaches the model.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from radixserve.engine.tools.base import ToolCallFormat
+from radixserve.engine.tools.hermes import HermesFormat
+from radixserve.engine.tools.llama3 import Llama3JsonFormat
+from radixserve.engine.tools.mistral import MistralFormat
+
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat())}
+
+# Llama 3.1's template hands results back in "ipython" turns and asks for {"name": ..., "parameters": ...}
+_LLAMA3_JSON = re.compile(r"ipython|\"parameters\"|'parameters'|<\|python_tag\|>")
+
+
+def tool_format(chat_template: str | None, override: str | None = None, tokenizer: Any = None) -> ToolCallFormat:
+    """The format for a model: `override` if given, else told from `chat_template`. With `tokenizer`, the
+    format knows which of its markers are single tokens (see ToolCallFormat.for_tokenizer)."""
+    if override:
+        if override not in FORMATS:
+            raise ValueError(f"unknown tool-call parser {override!r}; choose one of {', '.join(sorted(FORMATS))}")
+        fmt = FORMATS[override]
+        if isinstance(fmt, MistralFormat) and chat_template and "[ARGS]" in chat_template:
+            fmt = MistralFormat(args_syntax=True)
+    else:
+        fmt = _from_template(chat_template or "")
+    return fmt.for_tokenizer(tokenizer) if tokenizer is not None else fmt
+
+
+def _from_template(template: str) -> ToolCallFormat:
+    if "[TOOL_CALLS]" in template:
+        return MistralFormat(args_syntax="[ARGS]" in template)
+    if "<tool_call>" in template:
+        return FORMATS["hermes"]
+    if "<|python_tag|>" in template or ("tools" in template and _LLAMA3_JSON.search(template)):
+        return FORMATS["llama3_json"]
+    return FORMATS["hermes"]
