@@ -40,3 +40,8 @@ class ConstraintError(RequestError):
     def __init__(self, param: str, message: str) -> None:
         self.param = param
         super().__init__(f"{param}: {message}")
+
+
+class TokenRefused(Exception):
+    """A stop test's refusal of a committed token (a grammar that does not allow it): the request
+    ends with this message, an expected outcome rather than a fault."""

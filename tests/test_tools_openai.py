@@ -19,9 +19,10 @@ import openai
 import pytest
 
 from radixserve.core import CompletionOutput
+from radixserve.engine.chat_tools import ChatTools
 from radixserve.engine.tools import FORMATS, ToolChoice
 from radixserve.server import BackgroundServer, ServerConfig
-from radixserve.server.openai_tools import ChoiceDeltas, ToolRequest, parse_tools, reply_message, tool_request
+from radixserve.server.openai_tools import ChoiceDeltas, parse_tools, reply_message, tool_request
 from radixserve.server.validation import ApiError
 
 pytest.register_assert_rewrite("server_testkit")
@@ -48,7 +49,7 @@ HERMES_REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments"
                 '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
 
 
-def hermes_request(choice: Any = None, parallel: bool = True) -> ToolRequest:
+def hermes_request(choice: Any = None, parallel: bool = True) -> ChatTools:
     req = tool_request({"tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}, FORMATS["hermes"])
     assert req is not None
     return req
@@ -282,11 +283,13 @@ def client(chat_server) -> openai.OpenAI:  # noqa: ANN001
     return openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _round_trip(client: openai.OpenAI, model: str, tool_choice: Any, stream: bool) -> None:
-    """Ask, get a call (or, under auto, possibly text), answer it with a tool result, get the final answer."""
+def _round_trip(client: openai.OpenAI, model: str, tool_choice: Any, stream: bool, strict: bool = False) -> None:
+    """Ask, get a call (or, under auto, possibly text), answer it with a tool result, get the final answer.
+    `strict`: the functions say `"strict": true`, so even under auto a call is constrained once opened."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant with tools."}, *ASK]
+    tools = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS] if strict else TOOLS
     # one call: a greedy 135M model told it may make several repeats the same call up to max_tokens
-    kw = dict(model=model, tools=TOOLS, tool_choice=tool_choice, max_tokens=120, temperature=0,
+    kw = dict(model=model, tools=tools, tool_choice=tool_choice, max_tokens=120, temperature=0,
               parallel_tool_calls=False)
     if stream:
         content, calls, finish, chunks = streamed(client.chat.completions.create(messages=messages, stream=True, **kw))
@@ -310,7 +313,7 @@ def _round_trip(client: openai.OpenAI, model: str, tool_choice: Any, stream: boo
         return  # auto: the model chose to answer in text
     for _, name, arguments in answered:
         assert name in SCHEMAS
-        if tool_choice != "auto":
+        if tool_choice != "auto" or strict:
             jsonschema.validate(json.loads(arguments), SCHEMAS[name])
     if isinstance(tool_choice, dict):
         assert {name for _, name, _ in answered} == {tool_choice["function"]["name"]}
@@ -327,3 +330,11 @@ def _round_trip(client: openai.OpenAI, model: str, tool_choice: Any, stream: boo
                          ids=["auto", "required", "named"])
 def test_round_trip_with_smollm2(client, chat_server, tool_choice: Any, stream: bool) -> None:  # noqa: ANN001
     _round_trip(client, chat_server.state.model_name, tool_choice, stream)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_with_strict_tools_constrains_the_call_smollm2(client, chat_server, stream: bool) -> None:  # noqa: ANN001
+    """auto + strict functions: the model decides whether to call; once it opens a call (the format's
+    trigger) the rest is constrained, so the arguments validate."""
+    _round_trip(client, chat_server.state.model_name, "auto", stream, strict=True)

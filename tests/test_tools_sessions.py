@@ -227,3 +227,60 @@ def test_llm_session_with_tools(llm: LLM) -> None:
     assert [m["role"] for m in session.messages][-2:] == ["tool", "assistant"]
     with pytest.raises(ValueError, match="answer calls"):
         session.send_tool_results({"call_nope": "x"})
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", "mistral-args"])
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_every_format_forces_a_valid_call_through_the_tiny_model(llm: LLM, parser: str, choice: str) -> None:
+    """Each family's call syntax, forced by tool_choice through the model itself (greedy and sampled):
+    the reply parses with that family's parser and the arguments validate against the tool's schema."""
+    from radixserve.engine.chat_tools import ChatTools
+    from radixserve.engine.tools import FORMATS, ToolChoice
+    from radixserve.engine.tools.mistral import MistralFormat
+
+    fmt = MistralFormat(args_syntax=True) if parser == "mistral-args" else FORMATS[parser]
+    fmt = fmt.for_tokenizer(llm.tokenizer)
+    picked = ToolChoice("named", "add") if choice == "named" else ToolChoice("required")
+    tools = ChatTools.of(TOOLS, picked, False, fmt)
+    prompt = llm.formatter.prompt_tokens([{"role": "user", "content": "Add 1 and 2."}], tools.template_tools())
+    for params in (SamplingParams(max_tokens=120, temperature=0),
+                   SamplingParams(max_tokens=120, temperature=1.0, seed=3, n=2)):
+        out = tools.read(llm.generate([prompt], tools.constrain(params))[0])
+        for sample in out.outputs:
+            assert isinstance(sample, ToolCallOutput) and sample.finish_reason == "tool_calls", (parser, sample.text)
+            assert len(sample.tool_calls) == 1 and (choice == "required" or sample.tool_calls[0].name == "add")
+            call = sample.tool_calls[0]
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    assert llm.engine.leaked_blocks() == 0
+
+
+def test_auto_with_a_strict_tool_constrains_the_call_once_the_model_opens_it(
+        llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto + `strict`: free text until the model writes the format's call opener, then the call is
+    constrained. The random tiny model would never write the opener itself, so its first steps are
+    steered onto it (every logit but the opener's next token set to -inf after the grammar's mask);
+    what follows is the model's and the grammar's alone, and the arguments validate."""
+    from radixserve.engine import sampler as sampler_module
+    from radixserve.engine.chat_tools import ChatTools
+
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    tools = ChatTools.of(strict, None, False, llm.formatter.tool_format)
+    trigger = tools.format.trigger()
+    assert trigger is not None and tools.constrain(SamplingParams()).structured is not None
+    opener = llm.tokenizer.encode(trigger, add_special_tokens=False)
+    real_apply, steps = sampler_module.apply_token_bitmask, [0]
+
+    def open_a_call(logits: Any, masks: Any) -> None:
+        real_apply(logits, masks)
+        if steps[0] < len(opener):
+            kept = logits[:, opener[steps[0]]].clone()
+            logits.fill_(float("-inf"))
+            logits[:, opener[steps[0]]] = kept
+        steps[0] += 1
+
+    monkeypatch.setattr(sampler_module, "apply_token_bitmask", open_a_call)
+    out = llm.chat([{"role": "user", "content": "Weather in Oslo?"}], SamplingParams(max_tokens=120, temperature=0),
+                   tools=strict, tool_choice="auto", parallel_tool_calls=False)[0].outputs[0]
+    assert isinstance(out, ToolCallOutput) and steps[0] > len(opener)
+    assert out.finish_reason == "tool_calls" and len(out.tool_calls) == 1, out.text
+    jsonschema.validate(json.loads(out.tool_calls[0].arguments), SCHEMAS[out.tool_calls[0].name])

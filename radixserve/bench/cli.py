@@ -7,6 +7,7 @@
     radixserve bench step       # the engine's decode step vs the memory roofline (radixserve/bench/step_bench.py)
     radixserve bench kernels    # the Triton kernel benchmark (radixserve/bench/kernel_bench.py)
     radixserve bench scale-out  # N Ray Serve replicas vs one: hit rates, routing (radixserve/bench/scaleout/)
+    radixserve bench structured # JSON-schema validity, grammar compile times, constrained step (bench/structured/)
 
 `run` is the default, so `radixserve bench --smoke` works; put run options after `run` if you
 name it. The run writes results.json, table.md and PNG charts to --out, prints the table, and with
@@ -61,7 +62,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured}")
     _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
     p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
     p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
@@ -76,6 +77,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_scaleout_arguments(sub.add_parser(
         "scale-out", help="2 Ray Serve replicas (cache-aware / power-of-two routing) vs one with twice the pool; "
                           "routing overhead"))
+    _add_structured_arguments(sub.add_parser(
+        "structured", help="structured output and tool calls: validity, grammar compile times, constrained step cost"))
 
 
 def main(argv: list[str]) -> int:
@@ -102,11 +105,15 @@ def run_bench(args: argparse.Namespace) -> int:
         from radixserve.bench.scaleout.cli import run_scaleout_command
 
         return run_scaleout_command(args)
+    if command == "structured":
+        return _run_structured(args)
     return _run(args)
 
 
 def _extra_needed(command: str, args: argparse.Namespace) -> tuple[str, ...]:
     """The bench extra's libraries (import names) that `command` run with `args` imports."""
+    if command == "structured":
+        return () if args.no_charts else ("matplotlib",)
     if command not in ("run", "scale-out"):
         return ()
     charts = () if args.no_charts else ("matplotlib",)
@@ -157,6 +164,49 @@ def _run_step(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def _add_structured_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--schemas", type=names, default=(), help="comma list of schema names (default: the whole catalog)")
+    g.add_argument("--max-schemas", type=int, default=None, help="only the first N schemas")
+    g.add_argument("--tools", type=int, default=None, help="only the first N tools (default all)")
+    g.add_argument("--max-tokens", type=int, default=256, help="tokens per reply at most (default %(default)s)")
+    g.add_argument("--samples", type=int, default=2, help="sampled replies per schema and tool, besides greedy (default 2)")
+    g.add_argument("--temperature", type=float, default=0.8, help="of the sampled replies (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="sampled reply k uses seed + k (default %(default)s)")
+    g.add_argument("--cached-repeats", type=int, default=20, help="cached compiles timed per constraint (default 20)")
+    g.add_argument("--step-batch", type=int, default=16, help="batch of the step test (default %(default)s)")
+    g.add_argument("--step-steps", type=int, default=16, help="timed steps per round and mode (default %(default)s)")
+    g.add_argument("--step-warmup", type=int, default=3, help="untimed decode steps first (default %(default)s)")
+    g.add_argument("--step-rounds", type=int, default=4, help="rounds of (unconstrained, constrained), alternating (default 4)")
+    add_output_arguments(g, "bench-results/structured")
+    e = p.add_argument_group("engine")
+    e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--max-num-seqs", type=int, default=64, help="running sequences at most (default %(default)s)")
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step (default %(default)s)")
+    e.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (default: what memory allows)")
+    e.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+
+
+def _run_structured(args: argparse.Namespace) -> int:
+    from radixserve.bench.harness import Scenario, run_scenario
+    from radixserve.bench.structured.chart import write_charts
+    from radixserve.bench.structured.report import render
+    from radixserve.bench.structured.runner import StructuredBenchOptions, run_structured
+
+    options = StructuredBenchOptions(
+        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, schemas=args.schemas,
+        max_schemas=args.max_schemas, tools=args.tools, max_tokens=args.max_tokens, samples=args.samples,
+        temperature=args.temperature, cached_repeats=args.cached_repeats, step_batch=args.step_batch,
+        step_steps=args.step_steps, step_warmup=args.step_warmup, step_rounds=args.step_rounds,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        num_blocks=args.num_blocks, torch_threads=args.torch_threads)
+    return run_scenario(Scenario("radixserve bench structured", lambda a, argv: run_structured(options, argv), render,
+                                 write_charts, docs_anchor="radixserve-bench-structured"), args)
 
 
 def _run_kernels(argv: list[str]) -> int:

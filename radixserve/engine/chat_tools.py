@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.core import CompletionOutput, RequestOutput
-from radixserve.engine.tools import ToolCall, ToolCallFormat, ToolChoice, ToolSpec
+from radixserve.engine.tools import ParsedReply, ToolCall, ToolCallFormat, ToolChoice, ToolSpec
 from radixserve.sampling_params import SamplingParams
+from radixserve.structured import StructuredOutput
 
 ToolLike = ToolSpec | dict[str, Any]  # a ToolSpec, or an OpenAI tool {"type": "function", "function": {...}}
 
@@ -59,19 +60,36 @@ class ChatTools:
         return bool(self.tools) and self.choice.mode != "none"
 
     def template_tools(self) -> list[ToolSpec] | None:
+        """The tools the chat template renders: none under "none", so the model is not told of them."""
         return list(self.tools) if self.active else None
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Replies are decoded with special tokens: the format's call marker is one (Mistral's)."""
+        return self.active and self.format.needs_special_tokens
+
+    def constraint(self) -> StructuredOutput | None:
+        """The reply's constraint this choice asks for (required, named, or auto with strict tools)."""
+        return self.format.constraint(list(self.tools), self.choice, self.parallel) if self.active else None
+
     def constrain(self, params: SamplingParams) -> SamplingParams:
-        """`params` with the choice's constraint (a copy; the same object when the choice needs none)."""
-        c = self.format.constraint(list(self.tools), self.choice, self.parallel) if self.active else None
-        if self.active and self.format.needs_special_tokens:  # the call marker is a special token
+        """`params` with the choice's constraint and decoding (a copy; the same object when nothing changes)."""
+        if self.keeps_special_tokens:
             params = dataclasses.replace(params, skip_special_tokens=False)
+        c = self.constraint()
         if c is None:
             return params
         if params.structured is not None:
             raise ValueError("params.structured cannot be combined with a required or named tool_choice (or strict "
                              "tools): both constrain the reply")
         return dataclasses.replace(params, structured=c)
+
+    def parse(self, text: str) -> ParsedReply:
+        """A reply split into text and calls (only the first call without parallel calls)."""
+        if not self.active:
+            return ParsedReply(text, [])
+        parsed = self.format.parse(text)
+        return parsed if self.parallel or len(parsed.calls) <= 1 else ParsedReply(parsed.content, parsed.calls[:1])
 
     def read(self, out: RequestOutput) -> RequestOutput:
         """`out` with each sample replaced by its ToolCallOutput (in place; returned for chaining)."""
@@ -82,8 +100,8 @@ class ChatTools:
         fields = {f.name: getattr(o, f.name) for f in dataclasses.fields(CompletionOutput)}
         if not self.active:
             return ToolCallOutput(**fields, content=o.text)
-        parsed = self.format.parse(o.text)
-        calls = parsed.calls if self.parallel else parsed.calls[:1]
+        parsed = self.parse(o.text)
+        calls = parsed.calls
         if calls and fields["finish_reason"] == "stop":
             fields["finish_reason"] = "tool_calls"
         return ToolCallOutput(**fields, content=(parsed.content or None) if calls else parsed.content,

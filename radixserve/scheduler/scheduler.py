@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from radixserve.core import Batch, BlockCopy, Request, ScheduledSeq, Sequence, SequenceStatus
+from radixserve.errors import TokenRefused
 from radixserve.scheduler import pending
 from radixserve.scheduler.queues import SequenceQueues
 from radixserve.scheduler.step_results import Committed, Launch, StopTest, TokenCommit, append_tokens
@@ -244,6 +245,11 @@ class Scheduler(SequenceQueues):
                 self.cache.roll_back(seq, position)
             try:
                 taken, reason = append_tokens(seq, position, commit, stop, self.max_seq_len)
+            except TokenRefused as refused:  # the request's own constraint: it alone ends, nothing is wrong
+                log.info("request %s ended: %s", seq.request.request_id, refused)
+                done.errors.append(seq.request)
+                self.end(seq.request, "error")
+                continue
             except Exception:  # e.g. a tokenizer that cannot decode this id: this request alone ends
                 log.exception("committing a token of request %s failed", seq.request.request_id)
                 done.errors.append(seq.request)

@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
 from radixserve.engine.beam_search import BeamSearchParams
+from radixserve.engine.chat_tools import ChatTools
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixserve.server.admission import hold_generation
@@ -47,9 +48,9 @@ from radixserve.server.http_util import ClientGone, EventStream, dumps, read_jso
 from radixserve.server.logprobs import OFFLOAD_ENTRIES, cap_logprob_entries, entries, logprobs_body
 from radixserve.server.openai_tools import (
     ChoiceDeltas,
-    ToolRequest,
     history_message,
     reply_message,
+    tool_constraint,
     tool_request,
 )
 from radixserve.server.state import ServerState
@@ -81,7 +82,7 @@ class ChatRequest:
     priority: int = 0  # lower runs first under --policy priority (vLLM's field); fcfs, cache-aware and sjf ignore it
     beam: BeamSearchParams | None = None  # use_beam_search (server/beam_api.py); then params.n is the choices
     checked: ValidatedRequest | None = None  # what the engine's intake made of it (None for a beam search)
-    tools: ToolRequest | None = None  # tools / tool_choice (server/openai_tools.py)
+    tools: ChatTools | None = None  # tools / tool_choice (server/openai_tools.py)
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -150,7 +151,7 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
             raise ApiError("unsupported", f"{name} is not supported by this server (only 0)", param=name)
     structured = structured_output(body)
     tools = tool_request(body, formatter.tool_format)
-    structured = tools.constrain(structured) if tools is not None else structured  # required/named: the call's
+    structured = tool_constraint(tools, structured)  # required/named (or strict tools): the call's
     messages = _messages(body)
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.core import CompletionOutput
+from radixserve.engine.chat_tools import ChatTools
 from radixserve.engine.tools import (
     ContentDelta,
-    ParsedReply,
     ReplyDelta,
     ToolCall,
     ToolCallFormat,
@@ -50,66 +49,30 @@ LEGACY = ("functions", "function_call")
 ContentText = Callable[[Any, int], str]  # a message's content (a string or text parts) as one string
 
 
-_formats: dict[tuple[int, str | None], tuple[Any, ToolCallFormat]] = {}  # (id(tokenizer), override) -> format
-
-
 def server_format(tokenizer: Any, override: str | None) -> ToolCallFormat:
-    """The tool-call format of the served model (the one --tool-call-parser names, else its template's),
-    bound to its tokenizer; worked out once per tokenizer, the same for every request."""
-    key = (id(tokenizer), override)
-    known = _formats.get(key)
-    if known is None or known[0] is not tokenizer:  # the tokenizer is kept so an id is never reused
-        template = getattr(tokenizer, "chat_template", None)
-        fmt = tool_format(template if isinstance(template, str) else None, override, tokenizer)
-        known = _formats[key] = (tokenizer, fmt)
-    return known[1]
+    """The tool-call format of the served model: the one --tool-call-parser names, else its template's,
+    bound to its tokenizer (worked out once, when the server starts)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return tool_format(template if isinstance(template, str) else None, override, tokenizer)
 
 
-@dataclass(frozen=True)
-class ToolRequest:
-    """What a request asked of tools, validated; `active` when the model may (or must) call one."""
-
-    tools: tuple[ToolSpec, ...]
-    choice: ToolChoice
-    parallel: bool
-    format: ToolCallFormat = field(compare=False)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.tools) and self.choice.mode != "none"
-
-    def template_tools(self) -> list[ToolSpec] | None:
-        """The tools the chat template renders: none under "none", so the model is not told of them."""
-        return list(self.tools) if self.active else None
-
-    @property
-    def keeps_special_tokens(self) -> bool:
-        """The reply is decoded with special tokens: the format's call marker is one (Mistral's)."""
-        return self.active and self.format.needs_special_tokens
-
-    def constrain(self, structured: StructuredOutput | None, param: str = "tool_choice") -> StructuredOutput | None:
-        """The request's output constraint with this choice's (the format's) added: `structured` when
-        the choice asks none; both asking one is a 400 (they would contradict each other)."""
-        c = self.format.constraint(list(self.tools), self.choice, self.parallel) if self.active else None
-        if c is None:
-            return structured
-        if structured is not None:
-            raise ApiError("invalid_field", f"{structured.field!r} cannot be combined with a {self.choice.mode!r} "
-                           "tool_choice or strict tools: both constrain the reply", param=param)
-        return c
-
-    def parse(self, text: str) -> ParsedReply:
-        """The reply split into text and calls (only the first call without parallel calls)."""
-        if not self.active:
-            return ParsedReply(text, [])
-        parsed = self.format.parse(text)
-        return parsed if self.parallel or len(parsed.calls) <= 1 else ParsedReply(parsed.content, parsed.calls[:1])
+def tool_constraint(tools: ChatTools | None, structured: StructuredOutput | None,
+                    param: str = "tool_choice") -> StructuredOutput | None:
+    """The request's output constraint with its tool choice's added: `structured` when the choice asks
+    none; both asking one is a 400 (they would contradict each other)."""
+    c = tools.constraint() if tools is not None else None
+    if tools is None or c is None:
+        return structured
+    if structured is not None:
+        raise ApiError("invalid_field", f"{structured.field!r} cannot be combined with a {tools.choice.mode!r} "
+                       "tool_choice or strict tools: both constrain the reply", param=param)
+    return c
 
 
 # -- request side ----------------------------------------------------------------------------
 
 def tool_request(body: dict[str, Any], fmt: ToolCallFormat, prefix: str = "",
-                 default_tools: tuple[ToolSpec, ...] = ()) -> ToolRequest | None:
+                 default_tools: tuple[ToolSpec, ...] = ()) -> ChatTools | None:
     """`tools` / `tool_choice` / `parallel_tool_calls` of a body (an OpenAI request, a chat frame, a
     session message); None when it asks nothing of tools. `default_tools` are the tools when the body
     names none (a session's). `prefix` goes before the param names errors give."""
@@ -122,7 +85,7 @@ def tool_request(body: dict[str, Any], fmt: ToolCallFormat, prefix: str = "",
     if raw_tools is None and raw_choice is None:
         return None
     tools = parse_tools(raw_tools, prefix + "tools") if raw_tools is not None else list(default_tools)
-    return ToolRequest(tuple(tools), parse_tool_choice(raw_choice, tools, prefix + "tool_choice"), parallel, fmt)
+    return ChatTools(tuple(tools), parse_tool_choice(raw_choice, tools, prefix + "tool_choice"), parallel, fmt)
 
 
 def parse_tools(raw: Any, param: str = "tools") -> list[ToolSpec]:
@@ -251,7 +214,7 @@ def finish_with_calls(finish: str, called: bool) -> str:
     return "tool_calls" if called and finish == "stop" else finish
 
 
-def reply_message(tools: ToolRequest | None, text: str, finish: str) -> tuple[dict[str, Any], str]:
+def reply_message(tools: ChatTools | None, text: str, finish: str) -> tuple[dict[str, Any], str]:
     """A whole choice's `message` and `finish_reason`. With tools the content is the parser's (text
     outside calls, its ends' whitespace dropped), as the streamed deltas give it."""
     if tools is None or not tools.active:
@@ -267,7 +230,7 @@ class ChoiceDeltas:
     """The `delta`s of one streamed choice: its text as content, or, with tools, split by the
     format's stream parser into content and `tool_calls` fragments."""
 
-    def __init__(self, tools: ToolRequest | None) -> None:
+    def __init__(self, tools: ChatTools | None) -> None:
         self.parallel = tools.parallel if tools is not None else True
         self.stream: ToolStream | None = tools.format.stream() if tools is not None and tools.active else None
         self.called = False

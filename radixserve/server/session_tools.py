@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.engine.chat_tools import ChatTools
 from radixserve.engine.tools import ContentDelta, ToolChoice, ToolSpec, ToolStream
-from radixserve.server.openai_tools import ToolRequest, finish_with_calls, tool_request
+from radixserve.server.openai_tools import finish_with_calls, tool_request
 from radixserve.server.sessions import Session
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, get_str
@@ -34,14 +35,14 @@ def session_tools(state: ServerState, body: dict[str, Any]) -> tuple[ToolSpec, .
     return req.tools if req is not None else ()
 
 
-def turn_tools(state: ServerState, body: dict[str, Any], session: Session) -> ToolRequest | None:
+def turn_tools(state: ServerState, body: dict[str, Any], session: Session) -> ChatTools | None:
     """What a turn asks of tools: its own `tools` (for a session without messages; else they must be
     the session's), or the session's; its `tool_choice` (default auto with tools) and parallel calls."""
     formatter, _ = state.require_chat()
     fmt = formatter.tool_format
     req = tool_request(body, fmt, default_tools=session.tools)
     if req is None:
-        return ToolRequest(session.tools, ToolChoice("auto"), True, fmt) if session.tools else None
+        return ChatTools(session.tools, ToolChoice("auto"), True, fmt) if session.tools else None
     if body.get("tools") is not None and req.tools != session.tools and session.messages:
         raise ApiError("invalid_field", "a session's tools are rendered into its first tokens, so they are set when it "
                        "is created (or by its first message) and cannot change; fork the session at message 0 or "
@@ -98,7 +99,7 @@ class ReplyCalls:
     fragments `tool_call` events; the reply kept is what those events said (content, and calls with
     the ids the client was given), so a client answers the calls it saw."""
 
-    tools: ToolRequest | None
+    tools: ChatTools | None
     gen_id: str
     content: list[str] = field(default_factory=list)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)

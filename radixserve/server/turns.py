@@ -29,8 +29,9 @@ from typing import Any
 
 from radixserve.core import RequestOutput
 from radixserve.engine.chat_template import TurnTokens
+from radixserve.engine.chat_tools import ChatTools
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
-from radixserve.server.openai_tools import ToolRequest
+from radixserve.server.openai_tools import tool_constraint
 from radixserve.server.owners import Owner
 from radixserve.server.session_tools import ReplyCalls, turn_inputs, turn_tools
 from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
@@ -66,7 +67,7 @@ class SessionTurn:
         tools = turn_tools(state, body or {}, session)
         inputs = turn_inputs({**(body or {}), "content": content} if content is not None else body or {}, session)
         if tools is not None:  # a required/named choice constrains the reply to a call
-            sampling = {**sampling, "structured": tools.constrain(sampling.get("structured")),
+            sampling = {**sampling, "structured": tool_constraint(tools, sampling.get("structured")),
                         "skip_special_tokens": not tools.keeps_special_tokens}
         await compile_off_loop(state.require_engine(), sampling.get("structured"))  # the check finds it compiled
         history = session.template_messages()
@@ -80,7 +81,7 @@ class SessionTurn:
 
     def __init__(self, state: ServerState, session: Session, inputs: list[dict[str, Any]], sampling: dict[str, Any],
                  gen_id: str, priority: int, history: list[dict[str, Any]], turn: TurnTokens,
-                 tools: ToolRequest | None = None, start: list[int] | None = None) -> None:
+                 tools: ChatTools | None = None, start: list[int] | None = None) -> None:
         """Use `prepare`: `turn` is what `history` + `inputs` tokenize to, checked against the session here;
         `start`: the session's first tokens with the turn's tools, when they bring the session its tools."""
         formatter, store = state.require_chat()

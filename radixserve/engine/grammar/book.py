@@ -34,9 +34,10 @@ import torch
 
 from radixserve.core import PENDING_TOKEN, Request, Sequence
 from radixserve.engine.grammar.compiler import CompiledGrammar, GrammarCompiler
+from radixserve.errors import TokenRefused
 
 
-class GrammarViolation(Exception):
+class GrammarViolation(TokenRefused):
     """A committed token the sequence's grammar does not allow (its request ends with this message)."""
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+from radixserve.engine.grammar.compiler import JSON_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def literal(text: str, special_ids: Mapping[str, int]) -> str:
 
 
 def arguments_rule(parameters: dict[str, Any]) -> str:
-    schema = {**parameters, "x-guidance": JSON_LAYOUT}
+    schema = {**parameters, "x-guidance": JSON_OPTIONS}  # the layout every JSON constraint has
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 
