@@ -3,7 +3,9 @@
 Owns the request table, the model runner, the sampler, the outputs (`outputs.OutputTracker`) and the
 token accounting behind the cache metrics. It writes no sequence: the scheduler owns sequences and
 cache state and takes each step's results back (`Scheduler.launched`, `Scheduler.commit`). A step
-reads top to bottom in `step`: schedule → block copies → run → sample → scheduler commit → outputs.
+reads top to bottom in `step`: schedule → block copies → run → grammar masks → sample → scheduler
+commit → outputs. Structured output (each constrained sequence's matcher, its masks and the tokens
+a grammar forces) is `engine/grammar/`'s `ConstraintBook`.
 
 Overlap (`EngineConfig.overlap`; by default on CUDA, off on CPU where it would only delay each
 output by a step): `step()` launches step N, then commits step N-1, so the host works while the
@@ -43,7 +45,7 @@ from radixserve.model.loader import load_tokenizer
 from radixserve.model.runner import ModelRunner, PendingInputs
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler import Scheduler
-from radixserve.scheduler.step_results import Launch, TokenCommit
+from radixserve.scheduler.step_results import Launch
 
 # What a failed request's caller is told: our words, never a library's exception text (that is logged).
 INVALID_LOGITS = "the model produced non-finite logits for this request"
@@ -205,15 +207,9 @@ class LLMEngine:
         self.cost_feed.observe(flight.prefill_tokens)
         owners = flight.launch.owners
         failed.update((s.request, INVALID_LOGITS) for s, ok in zip(owners, usable) if not ok)
-        positions, constrained = flight.launch.positions, self.constraints
-        commits = []
-        for i, token in enumerate(ids):
-            seq = owners[i]
-            tokens = constrained.tokens(seq, positions[i], token) if constrained and seq.request not in failed else (token,)
-            commits.append(TokenCommit(tokens, (logprobs[i],) if i in logprobs else (),
-                                       replaces_in_flight=len(tokens) > 1 and positions[i] < len(seq.token_ids) - 1))
+        commits = self.constraints.commits(flight.launch, ids, logprobs, failed)  # forced tokens included
         done = self.scheduler.commit(flight.launch, commits, list(failed), self._stopped)
-        failed.update((req, constrained.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
+        failed.update((req, self.constraints.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
         self.stats_totals.generation_tokens += done.tokens
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}

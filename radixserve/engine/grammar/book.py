@@ -24,7 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,10 @@ import llguidance
 import llguidance.torch
 import torch
 
-from radixserve.core import PENDING_TOKEN, Request, Sequence
+from radixserve.core import PENDING_TOKEN, Request, Sequence, TokenLogprob
 from radixserve.engine.grammar.compiler import CompiledGrammar, GrammarCompiler
 from radixserve.errors import TokenRefused
+from radixserve.scheduler.step_results import Launch, TokenCommit
 
 
 class GrammarViolation(TokenRefused):
@@ -171,6 +172,17 @@ class ConstraintBook:
         return buffer
 
     # -- committing ------------------------------------------------------------------------------
+    def commits(self, launch: Launch, ids: list[int], logprobs: dict[int, TokenLogprob],
+                failed: Mapping[Request, str]) -> list[TokenCommit]:
+        """One TokenCommit per draw of `launch`, which sampled `ids`: each sampled token with the tokens
+        its grammar forces after it (those replace a later draw of the sequence still in flight)."""
+        commits = []
+        for i, (seq, position, token) in enumerate(zip(launch.owners, launch.positions, ids)):
+            tokens = self.tokens(seq, position, token) if self._grammars and seq.request not in failed else (token,)
+            commits.append(TokenCommit(tokens, (logprobs[i],) if i in logprobs else (),
+                                       replaces_in_flight=len(tokens) > 1 and position < len(seq.token_ids) - 1))
+        return commits
+
     def tokens(self, seq: Sequence, position: int, token: int) -> tuple[int, ...]:
         """What to commit for `seq`'s draw at `position`, which sampled `token`: the token itself, and
         the tokens the grammar forces after it. With a later draw of `seq` in flight, forced tokens
