@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from typing import Any, Literal
 
 import httpx
@@ -227,3 +228,27 @@ def test_embedded_model_session_turns_in_json_object(chat_server: BackgroundServ
     assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] == "stop", frames[-1]
     assert isinstance(json.loads("".join(f["text"] for f in frames if f["type"] == "delta")), dict)
     no_leaks(chat_server)
+
+
+def test_compile_figures_count_each_request_once_and_refusals_at_once(tiny_chat_server: BackgroundServer) -> None:
+    """A new constraint is one compile and no cache hit (compiled off the event loop, then found by the
+    request's own check); the same constraint again is one hit; a refused one shows in the figures
+    at once, though it never reaches an engine step."""
+    def figures() -> dict[str, Any]:
+        return dict(httpx.get(tiny_chat_server.url + "/v1/cache/stats", timeout=30).json()["structured_output"])
+
+    client, model = client_of(tiny_chat_server), tiny_chat_server.state.model_name
+    fresh = {"structured_outputs": {"regex": "(yes|no) [0-9]{2} " + uuid.uuid4().hex[:8]}}  # never compiled before
+    before = figures()
+    client.chat.completions.create(model=model, messages=ASK, max_tokens=24, extra_body=fresh)
+    after_one = figures()
+    assert (after_one["compiles"], after_one["compile_cache_hits"]) == (before["compiles"] + 1,
+                                                                        before["compile_cache_hits"])
+    client.chat.completions.create(model=model, messages=ASK, max_tokens=24, extra_body=fresh)
+    after_two = figures()
+    assert (after_two["compiles"], after_two["compile_cache_hits"]) == (after_one["compiles"],
+                                                                        after_one["compile_cache_hits"] + 1)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=ASK, max_tokens=4, extra_body={"guided_regex": "(unclosed"})
+    assert figures()["compile_failures"] == after_two["compile_failures"] + 1
+    no_leaks(tiny_chat_server)

@@ -300,3 +300,12 @@ def test_special_tokens_reach_the_text_only_when_asked_and_end_tokens_never() ->
         detok = IncrementalDetokenizer(e.tokenizer, [], skip, frozenset({eos}))
         detok.add(ids)
         assert detok.delta(final=True) == expected
+
+
+def test_a_request_counts_one_compile_or_one_cache_hit() -> None:
+    e = engine()
+    for seed in range(3):
+        e.add_request("pick:", params(StructuredOutput(choice=["yes", "no", str(seed % 2)]), temperature=1.0, seed=seed))
+    run(e)
+    st = e.stats()
+    assert (st.grammar_compiles, st.grammar_cache_hits) == (2, 1)

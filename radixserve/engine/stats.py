@@ -182,8 +182,18 @@ class EngineStats:
         self.constrained_requests, self.forced_tokens, self.grammar_dead_ends = \
             book.requests, book.forced_tokens, book.dead_ends
         self.mask_steps, self.mask_rows, self.mask_s = book.mask_steps, book.mask_rows, book.mask_s
+        self.set_compiles(compiles)
+
+    def set_compiles(self, compiles: CompileStats) -> None:
         self.grammar_compiles, self.grammar_cache_hits = compiles.compiles, compiles.cache_hits
         self.grammar_compile_failures, self.grammar_compile_s = compiles.failures, compiles.compile_s_total
+
+    def with_compiles(self, compiles: CompileStats) -> EngineStats:
+        """A copy with these compile figures: the ones of the compiler that checks requests, live (a
+        refused constraint never reaches a step, so a published snapshot would miss it)."""
+        copy = replace(self)
+        copy.set_compiles(compiles)
+        return copy
 
     def count_finished(self, req: Request) -> None:
         self.requests_finished[req.sequences[0].finish_reason or "abort"] += 1

@@ -128,7 +128,8 @@ async def metrics(request: Request) -> Response:
 async def cache_stats(request: Request) -> Response:
     state: ServerState = request.app.state.server
     engine = state.require_engine()
-    st = engine.stats()  # the last published snapshot: answers at once, never waits for a step
+    st = state.engine_stats()  # the last published snapshot: answers at once, never waits for a step
+    assert st is not None  # the engine is there (require_engine)
     state.observe_steps()
     sessions = len(state.sessions) if state.sessions is not None else 0
     body = cache_stats_json(st, engine.block_size, sessions, state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),

@@ -15,6 +15,7 @@ from typing import Any
 
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.client import EngineClient
+from radixserve.engine.stats import EngineStats
 from radixserve.server.admission import GenerationLimits
 from radixserve.server.config import ServerConfig
 from radixserve.server.connections import ConnectionGuard
@@ -118,8 +119,14 @@ class ServerState:
             self._token_texts = TokenTexts(engine.tokenizer)
         return self._token_texts
 
-    def engine_stats(self) -> Any | None:
-        return self.engine.stats() if self.engine is not None else None
+    def engine_stats(self) -> EngineStats | None:
+        """The engine's last published figures, with the compile figures of the compiler that checks
+        requests as they are now (compiles happen at the check, on this side, without a step)."""
+        if self.engine is None:
+            return None
+        grammars = getattr(self.engine.intake, "grammars", None)
+        st = self.engine.stats()
+        return st.with_compiles(grammars.stats) if grammars is not None else st
 
     def observe_steps(self) -> None:
         """Take the steps the engine ran since the last call into the step metrics; on the event loop,

@@ -67,7 +67,7 @@ async def compile_off_loop(engine: EngineClient, structured: StructuredOutput | 
     that does not compile is the 400 naming its parameter, as the check would raise it."""
     grammars = getattr(engine.intake, "grammars", None)  # None: an engine that compiles nothing here
     # a cached one needs no thread; not counted as a hit here, the check counts it
-    if structured is None or grammars is None or grammars.cached(structured, count_hit=False) is not None:
+    if structured is None or grammars is None or grammars.is_cached(structured):
         return
     try:
         await asyncio.to_thread(grammars.compile, structured)

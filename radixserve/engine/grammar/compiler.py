@@ -49,6 +49,8 @@ class CompiledGrammar:
     key: tuple[str, str]
     template: Any  # llguidance.LLMatcher, never advanced
     compile_s: float
+    # compiled for a request whose own check has not looked it up yet: that lookup is no cache hit
+    fresh: bool = True
 
     def matcher(self) -> Any:
         """A fresh matcher at the grammar's start, owned by one sequence."""
@@ -114,13 +116,21 @@ class GrammarCompiler:
                                           f"this model's tokenizer cannot drive structured output ({e})") from None
             return self._ll_tokenizer
 
+    def is_cached(self, constraint: StructuredOutput) -> bool:
+        """Whether the constraint is compiled (a look only: nothing is counted or reordered)."""
+        with self._lock:
+            return constraint.key in self._cache
+
     def cached(self, constraint: StructuredOutput, count_hit: bool = True) -> CompiledGrammar | None:
-        """The compiled constraint if it is in the cache (counted as a hit unless told not to), else None."""
+        """The compiled constraint if it is in the cache, else None. A hit is counted (unless told not
+        to) when the constraint was compiled before this request: the first lookup after a compile is
+        the same request's (the server compiles off its event loop, then checks the request)."""
         with self._lock:
             hit = self._cache.get(constraint.key)
             if hit is not None:
                 self._cache.move_to_end(constraint.key)
-                self.stats.cache_hits += count_hit
+                self.stats.cache_hits += count_hit and not hit.fresh
+                hit.fresh = False
             return hit
 
     def ensure(self, constraint: StructuredOutput) -> CompiledGrammar:
