@@ -331,6 +331,9 @@ def test_tool_call_is_shown_and_answered(ui: Ui) -> None:
         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}})
     ui.open()
     page.locator(f'.session-item[data-session-id="{other}"] .session-open').click()
+    # the switch has rendered only once this chat's own question is on the page (not the last chat's)
+    expect(page.locator(".msg-user .msg-body")).to_have_text("Is the sky blue? Answer in JSON.")
+    expect(page.locator(".tool-call")).to_have_count(0)
     reply = page.locator(".msg-assistant .msg-body").first
     expect(reply.locator(".code-lang")).to_have_text("json")
     shown = json.loads(reply.locator("pre code").text_content() or "")
