@@ -112,8 +112,12 @@ async def request(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
 async def chat(ws: Any, session_id: str, content: str, gen_id: str, **extra: Any) -> list[dict[str, Any]]:
     """Send one chat frame (as TEST_OWNER unless `owner` is given); return every frame of that generation
     through `done` (or an error)."""
-    await ws.send(json.dumps({"type": "chat", "session_id": session_id, "content": content, "gen_id": gen_id,
-                              **OWNED, **extra}))
+    return await chat_frames(ws, {"session_id": session_id, "content": content, **extra}, gen_id)
+
+
+async def chat_frames(ws: Any, fields: dict[str, Any], gen_id: str) -> list[dict[str, Any]]:
+    """`chat` with the frame's fields as given (a turn of tool results has no content)."""
+    await ws.send(json.dumps({"type": "chat", "gen_id": gen_id, **OWNED, **fields}))
     frames = []
     while True:
         f = await recv_frame(ws)

@@ -27,23 +27,10 @@ from radixserve.server.validation import ApiError
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import engine_idle, wait_until  # noqa: E402
+from tool_fixtures import ADD, SCHEMAS, TOOLS, WEATHER  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
 
-# enums and bounded numbers: a random model under a constraint cannot run a string or a number to max_tokens
-CITIES = ["Paris", "Rome", "Oslo"]
-DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": CITIES},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city"], "additionalProperties": False}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers",
-    "parameters": {"type": "object", "properties": {"a": DIGIT, "b": DIGIT},
-                   "required": ["a", "b"], "additionalProperties": False}}}
-TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HERMES_REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                 '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')

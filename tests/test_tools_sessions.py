@@ -24,24 +24,12 @@ from radixserve.server import BackgroundServer
 from radixserve.server.owners import OWNER_HEADER
 
 pytest.register_assert_rewrite("server_testkit")
-from server_testkit import OWNED, TEST_OWNER, TEST_OWNER_KEY, connect, engine_idle, recv_frame, wait_until  # noqa: E402
+from server_testkit import OWNED, TEST_OWNER, TEST_OWNER_KEY, chat_frames, connect, engine_idle, recv_frame, wait_until  # noqa: E402
 from tiny_models import tiny_chat_model_dir  # noqa: E402
+from tool_fixtures import ADD, SCHEMAS, TOOLS  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
 
-# enums and bounded numbers: a random model under a constraint cannot run a string or a number to max_tokens
-CITIES = ["Paris", "Rome", "Oslo"]
-DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": CITIES}}, "required": ["city"],
-                   "additionalProperties": False}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers",
-    "parameters": {"type": "object", "properties": {"a": DIGIT, "b": DIGIT},
-                   "required": ["a", "b"], "additionalProperties": False}}}
-TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 SAMPLING = {"temperature": 0, "max_tokens": 120}
 
@@ -154,7 +142,7 @@ def test_websocket_call_then_result(tiny_chat_server: BackgroundServer) -> None:
             created = await recv_frame(ws)
             assert created["type"] == "session.created", created
             sid = created["session"]["id"]
-            frames = await chat(ws, {"session_id": sid, "content": "Weather in Rome?", "tool_choice": NAMED}, "g1")
+            frames = await chat_frames(ws, {"session_id": sid, "content": "Weather in Rome?", "tool_choice": NAMED}, "g1")
             done = frames[-1]
             assert done["type"] == "done" and done["finish_reason"] == "tool_calls", frames
             first = [f for f in frames if f["type"] == "tool_call"][0]
@@ -162,25 +150,16 @@ def test_websocket_call_then_result(tiny_chat_server: BackgroundServer) -> None:
             for call in done["tool_calls"]:
                 valid_call(call, "get_weather")
             results = [{"tool_call_id": c["id"], "content": "sunny"} for c in done["tool_calls"]]
-            frames = await chat(ws, {"session_id": sid, "tool_results": results, "tool_choice": "none",
+            frames = await chat_frames(ws, {"session_id": sid, "tool_results": results, "tool_choice": "none",
                                      "sampling": {"max_tokens": 4}}, "g2")
             assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] in ("stop", "length"), frames
-            bad = await chat(ws, {"session_id": sid, "tool_results": results}, "g3")
+            bad = await chat_frames(ws, {"session_id": sid, "tool_results": results}, "g3")
             assert bad[-1]["type"] == "error" and bad[-1]["code"] == "invalid_field", bad  # answered already
             assert "tool_results[0].tool_call_id" in bad[-1]["message"]
 
     asyncio.run(run())
 
 
-async def chat(ws: Any, fields: dict[str, Any], gen_id: str) -> list[dict[str, Any]]:
-    await ws.send(json.dumps({"type": "chat", "gen_id": gen_id, **OWNED, **fields}))
-    frames = []
-    while True:
-        f = await recv_frame(ws)
-        assert f.get("gen_id") == gen_id, f
-        frames.append(f)
-        if f["type"] in ("done", "error"):
-            return frames
 
 
 # -- the offline API ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from radixserve.bench import extra
-from radixserve.bench.flags import add_output_arguments, add_param_argument, ints, names, parse_params
+from radixserve.bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
 from radixserve.bench.scaleout.cli import add_scaleout_arguments
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
 from radixserve.bench.workloads import LOAD_MODES, WORKLOADS
@@ -51,10 +51,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run (default %(default)s)")
     g.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
     e = p.add_argument_group("engine (same for every system)")
-    e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
-    e.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    e.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page (default %(default)s)")
+    add_model_arguments(e)
     e.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     e.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most")
     e.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (default: ample per workload)")
@@ -182,10 +179,7 @@ def _add_structured_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--step-rounds", type=int, default=4, help="rounds of (unconstrained, constrained), alternating (default 4)")
     add_output_arguments(g, "bench-results/structured")
     e = p.add_argument_group("engine")
-    e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
-    e.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    e.add_argument("--block-size", type=int, default=16)
+    add_model_arguments(e)
     e.add_argument("--max-num-seqs", type=int, default=64, help="running sequences at most (default %(default)s)")
     e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step (default %(default)s)")
     e.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (default: what memory allows)")

@@ -13,6 +13,14 @@ class BenchConfigError(ValueError):
     """Options that cannot make a benchmark; reported as a usage error, not a crash."""
 
 
+def add_model_arguments(group: argparse._ArgumentGroup, device_help: str = "auto | cpu | cuda") -> None:
+    """The model and its numerics: --model, --device, --dtype, --block-size."""
+    group.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
+    group.add_argument("--device", default="auto", help=device_help)
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page (default %(default)s)")
+
+
 def ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from radixserve.bench.flags import add_output_arguments, add_param_argument, ints, names, parse_params
+from radixserve.bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
 from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
 from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP
 
@@ -40,10 +40,7 @@ def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--routing-prefixes", type=int, default=1000, help="micro-benchmark cached prefixes per replica")
     add_output_arguments(g, "bench-results/scale-out")
     e = p.add_argument_group("engine (every replica)")
-    e.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2-135M-Instruct)")
-    e.add_argument("--device", default="auto", help="auto | cpu | cuda (CUDA: one GPU per replica)")
-    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    e.add_argument("--block-size", type=int, default=16)
+    add_model_arguments(e, device_help="auto | cpu | cuda (CUDA: one GPU per replica)")
 
 
 def options_from_args(args: argparse.Namespace):  # -> ScaleOutOptions, imported lazily
