@@ -138,10 +138,10 @@ class _Grammars:
     def __init__(self) -> None:
         self.compiled: dict[tuple[str, str], int] = {}
 
-    def cached(self, constraint: StructuredOutput, count_hit: bool = True) -> object:
-        return self.compiled.get(constraint.key)
+    def is_cached(self, constraint: StructuredOutput) -> bool:
+        return constraint.key in self.compiled
 
-    def compile(self, constraint: StructuredOutput) -> object:
+    def compile(self, constraint: StructuredOutput, for_a_check: bool = False) -> object:
         if constraint.kind == "regex":
             raise ConstraintError(constraint.field, "invalid regex: unclosed group")
         self.compiled[constraint.key] = threading.get_ident()

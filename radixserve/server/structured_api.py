@@ -70,7 +70,7 @@ async def compile_off_loop(engine: EngineClient, structured: StructuredOutput | 
     if structured is None or grammars is None or grammars.is_cached(structured):
         return
     try:
-        await asyncio.to_thread(grammars.compile, structured)
+        await asyncio.to_thread(grammars.compile, structured, True)  # the check then counts no hit
     except RequestError as e:
         raise api_error_from(e) from None
 

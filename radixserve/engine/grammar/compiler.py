@@ -49,8 +49,8 @@ class CompiledGrammar:
     key: tuple[str, str]
     template: Any  # llguidance.LLMatcher, never advanced
     compile_s: float
-    # compiled for a request whose own check has not looked it up yet: that lookup is no cache hit
-    fresh: bool = True
+    # compiled ahead of a request's check (off the server's event loop): that check's lookup is no hit
+    fresh: bool = False
 
     def matcher(self) -> Any:
         """A fresh matcher at the grammar's start, owned by one sequence."""
@@ -122,9 +122,8 @@ class GrammarCompiler:
             return constraint.key in self._cache
 
     def cached(self, constraint: StructuredOutput, count_hit: bool = True) -> CompiledGrammar | None:
-        """The compiled constraint if it is in the cache, else None. A hit is counted (unless told not
-        to) when the constraint was compiled before this request: the first lookup after a compile is
-        the same request's (the server compiles off its event loop, then checks the request)."""
+        """The compiled constraint if it is in the cache, else None. A hit is counted unless told not
+        to, or unless the constraint was compiled ahead of this very lookup (`compile(for_a_check=True)`)."""
         with self._lock:
             hit = self._cache.get(constraint.key)
             if hit is not None:
@@ -137,8 +136,10 @@ class GrammarCompiler:
         """`compile` for a request that was already checked: a hit is not counted again."""
         return self.cached(constraint, count_hit=False) or self.compile(constraint)
 
-    def compile(self, constraint: StructuredOutput) -> CompiledGrammar:
-        """The compiled constraint, from the cache or compiled now; ConstraintError if it cannot be."""
+    def compile(self, constraint: StructuredOutput, for_a_check: bool = False) -> CompiledGrammar:
+        """The compiled constraint, from the cache or compiled now; ConstraintError if it cannot be.
+        `for_a_check`: compiled ahead of a request's check (the server does so off its event loop),
+        whose lookup then counts as this compile, not as a cache hit."""
         hit = self.cached(constraint)
         if hit is not None:
             return hit
@@ -154,6 +155,7 @@ class GrammarCompiler:
             with self._lock:
                 self.stats.failures += 1
             raise
+        compiled.fresh = for_a_check
         with self._lock:
             self.stats.record(compiled.compile_s)
             self._cache[constraint.key] = compiled
