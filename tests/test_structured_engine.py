@@ -309,3 +309,14 @@ def test_a_request_counts_one_compile_or_one_cache_hit() -> None:
     run(e)
     st = e.stats()
     assert (st.grammar_compiles, st.grammar_cache_hits) == (2, 1)
+
+
+def test_a_matcher_that_missed_tokens_ends_its_request_not_the_engine() -> None:
+    """Should a matcher ever be handed a token past one it never saw (a bug), its request ends with
+    an error and the engine steps on."""
+    from radixserve.engine.grammar.book import SeqMatcher
+
+    e = engine()
+    state = SeqMatcher(e.grammars.compile(StructuredOutput(choice=["yes", "no"])).matcher())
+    e.constraints._consume(state, 2, 5)  # tokens 0 and 1 were never consumed
+    assert state.broken_at == 2 and "lost track" in state.why

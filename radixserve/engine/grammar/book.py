@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from radixserve.core import PENDING_TOKEN, Request, Sequence, TokenLogprob
 from radixserve.engine.grammar.compiler import CompiledGrammar, GrammarCompiler
 from radixserve.errors import TokenRefused
 from radixserve.scheduler.step_results import Launch, TokenCommit
+
+log = logging.getLogger(__name__)
 
 
 class GrammarViolation(TokenRefused):
@@ -110,7 +113,10 @@ class ConstraintBook:
     def _consume(state: SeqMatcher, index: int, token: int) -> None:
         if index < state.consumed or state.broken_at is not None:
             return
-        assert index == state.consumed, "a matcher takes the generated tokens in order"
+        if index > state.consumed:  # a token it never saw (a bug): this request ends, not the engine
+            log.error("a grammar matcher missed generated tokens %d..%d", state.consumed, index - 1)
+            state.broken_at, state.why = index, "the grammar lost track of the reply (an engine bug; see the log)"
+            return
         if not state.matcher.consume_token(token):
             state.broken_at = index
             state.why = f"the grammar does not allow token {token} here ({state.matcher.get_error() or 'rejected'})"
