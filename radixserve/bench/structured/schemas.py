@@ -44,22 +44,17 @@ def s(max_len: int = 40, **kw: Any) -> Schema:
     return {"type": "string", "maxLength": max_len, **kw} if max_len else {"type": "string", **kw}
 
 
+def _bounded(kind: str, lo: float | None, hi: float | None) -> Schema:
+    bounds = {"minimum": lo, "maximum": hi}
+    return {"type": kind, **{k: v for k, v in bounds.items() if v is not None}}
+
+
 def i(lo: int | None = None, hi: int | None = None) -> Schema:
-    out: Schema = {"type": "integer"}
-    if lo is not None:
-        out["minimum"] = lo
-    if hi is not None:
-        out["maximum"] = hi
-    return out
+    return _bounded("integer", lo, hi)
 
 
 def n(lo: float | None = None, hi: float | None = None) -> Schema:
-    out: Schema = {"type": "number"}
-    if lo is not None:
-        out["minimum"] = lo
-    if hi is not None:
-        out["maximum"] = hi
-    return out
+    return _bounded("number", lo, hi)
 
 
 def b() -> Schema:
