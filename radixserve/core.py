@@ -126,6 +126,9 @@ class RequestOutput:
     timing: Timing
     finished: bool = False
     prompt_token_ids: list[int] = field(default_factory=list)
+    # when the request asked (SamplingParams.prompt_logprobs): one entry per prompt token, None for the
+    # first (nothing precedes it); carried by the request's first output only, None on the others
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None  # set (with finish_reason "error") when this request failed on its own
 
     def tokens_per_s(self) -> float:

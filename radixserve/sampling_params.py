@@ -11,6 +11,8 @@ else is in the batch; an unseeded sample takes its key from the engine's generat
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -19,6 +21,10 @@ from radixserve.structured import StructuredOutput
 MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy (as vLLM does)
 SEED_MODULUS = 2**64  # sample keys are 64-bit
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
+PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty and frequency_penalty, as OpenAI allows
+MAX_REPETITION_PENALTY = 2.0  # repetition_penalty in (0, MAX]: 1 is off
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI allows
 
 
 @dataclass
@@ -41,6 +47,17 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # the generated text must match this (a JSON schema, regex, choice or grammar: structured.py)
     structured: StructuredOutput | None = None
+    # OpenAI's penalties, over the generated tokens: logit -= presence x [count > 0] + frequency x count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM/transformers': a token seen in the prompt or the output has its logit divided by it when
+    # positive, multiplied when negative; 1 is off
+    repetition_penalty: float = 1.0
+    # token id -> bias added to its logit before sampling (-100 bans it, +100 all but forces it)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    # None: none; k >= 0: the logprob of every prompt token after the first (the first has none)
+    # with the k most likely alternatives at its position (RequestOutput.prompt_logprobs)
+    prompt_logprobs: int | None = None
     # the widest `logprobs` accepted; beam search's internal steps ask wider (engine/beam_search.py)
     logprobs_limit: ClassVar[int] = MAX_LOGPROBS
 
@@ -48,6 +65,12 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.validate()
+
+    @property
+    def has_penalties(self) -> bool:
+        """Does any penalty or bias change this request's logits?"""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     def sample_seed(self, index: int) -> int | None:
         """The noise key of sample `index`, reduced into 64 bits; None when unseeded."""
@@ -86,3 +109,30 @@ class SamplingParams:
             raise ValueError("skip_special_tokens must be a boolean")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError("structured must be a StructuredOutput")
+        if self.prompt_logprobs is not None and (not is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= self.logprobs_limit):
+            raise ValueError(f"prompt_logprobs must be an integer in [0, {self.logprobs_limit}] or None, "
+                             f"got {self.prompt_logprobs!r}")
+        self._validate_penalties(is_int)
+
+    def _validate_penalties(self, is_int: Callable[[object], bool]) -> None:
+        def is_number(x: object) -> bool:
+            return (is_int(x) or isinstance(x, float)) and math.isfinite(x)  # type: ignore[arg-type]
+
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not is_number(value) or not low <= value <= high:
+                raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+        if not is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], got {self.repetition_penalty!r}")
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError("logit_bias must be a dict of token id -> bias")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(self.logit_bias)}")
+        low, high = LOGIT_BIAS_RANGE
+        for token, bias in self.logit_bias.items():
+            if not is_int(token) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not is_number(bias) or not low <= bias <= high:
+                raise ValueError(f"logit_bias values must be in [{low}, {high}], got {bias!r} for token {token}")

@@ -14,8 +14,9 @@ import pytest
 
 from radixserve.errors import ConstraintError, RequestError
 from radixserve.server.generation import api_error_from
+from radixserve.server.sampling_fields import build_sampling_params
 from radixserve.server.structured_api import compile_off_loop, structured_output, with_structured
-from radixserve.server.validation import ApiError, build_sampling_params
+from radixserve.server.validation import ApiError
 from radixserve.structured import StructuredOutput
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}

@@ -101,6 +101,9 @@ def validate(token_ids: list[int], params: SamplingParams, vocab: int, max_seq_l
     if len(token_ids) >= max_seq_len:
         raise PromptTooLongError(len(token_ids), params.max_tokens, max_seq_len)
     params.validate()
+    outside = sorted(t for t in params.logit_bias if t >= vocab)
+    if outside:
+        raise RequestError(f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}")
 
 
 def validate_priority(priority: object) -> int:

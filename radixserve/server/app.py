@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from radixserve.engine.chat_template import ChatFormatter
-from radixserve.server import openai_api, rest
+from radixserve.server import anthropic_api, completions_api, openai_api, responses_api, rest
 from radixserve.server.admission import ReleaseSlotsMiddleware
 from radixserve.server.api_errors import api_error_handler, error_response
 from radixserve.server.auth import bearer_token, key_accepted, needs_key
@@ -192,7 +192,8 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
 
     routes: list[Any] = [
         Route("/health", health), Route("/metrics", metrics), Route("/v1/cache/stats", cache_stats),
-        WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES,
+        WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES, *completions_api.ROUTES,
+        *responses_api.ROUTES, *anthropic_api.ROUTES,
     ]
     middleware = [Middleware(ReleaseSlotsMiddleware), Middleware(InternalErrorMiddleware, metrics=state.metrics),
                   Middleware(ApiKeyMiddleware, state=state)]

@@ -2,7 +2,7 @@
 
 Stateless: each request renders the whole conversation with the chat template; the radix cache still
 serves every prefix seen before. Unknown top-level fields are ignored (clients send extras), but
-features this server does not implement (penalties, logit_bias) are refused with 400 rather than
+features this server does not implement (audio) are refused with 400 rather than
 silently ignored. Tools (`tools`, `tool_choice`, tool history messages, `message.tool_calls`,
 streamed `delta.tool_calls`) are server/openai_tools.py's. Structured output (`response_format`,
 `structured_outputs`, `guided_*`) becomes SamplingParams.structured (server/structured_api.py).
@@ -53,21 +53,13 @@ from radixserve.server.openai_tools import (
     tool_constraint,
     tool_request,
 )
+from radixserve.server.sampling_fields import build_sampling_params, sampling_values
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop, structured_output
-from radixserve.server.validation import (
-    ApiError,
-    build_sampling_params,
-    get_bool,
-    get_float,
-    get_int,
-    get_priority,
-    get_stop,
-    get_str,
-)
+from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-UNSUPPORTED = ("logit_bias", "audio", "prediction")  # tools: server/openai_tools.py
+UNSUPPORTED = ("audio", "prediction")  # tools: server/openai_tools.py
 
 
 @dataclass
@@ -146,9 +138,6 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     for name in UNSUPPORTED:
         if body.get(name) is not None:
             raise ApiError("unsupported", f"{name!r} is not supported by this server", param=name)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if get_float(body, name, -2.0, 2.0):
-            raise ApiError("unsupported", f"{name} is not supported by this server (only 0)", param=name)
     structured = structured_output(body)
     tools = tool_request(body, formatter.tool_format)
     structured = tool_constraint(tools, structured)  # required/named (or strict tools): the call's
@@ -158,11 +147,8 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
         max_tokens = get_int(body, "max_tokens", minimum=1)
     top = _logprobs(body)
     sampling = {
-        "temperature": get_float(body, "temperature", 0.0, 2.0), "top_p": get_float(body, "top_p", 0.0, 1.0, True),
-        "top_k": get_int(body, "top_k", minimum=0), "min_p": get_float(body, "min_p", 0.0, 1.0),
-        "max_tokens": max_tokens,
-        "seed": get_int(body, "seed", minimum=-(2**63), maximum=2**64 - 1), "stop": get_stop(body),
-        "logprobs": top, "structured": structured,
+        **sampling_values(body), "max_tokens": max_tokens, "logprobs": top, "structured": structured,
+        "prompt_logprobs": get_int(body, "prompt_logprobs", minimum=0, maximum=MAX_LOGPROBS),
         "skip_special_tokens": not (tools is not None and tools.keeps_special_tokens),
     }
     beam: BeamAsk | None = beam_fields(body)
@@ -170,10 +156,7 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
         raise ApiError("invalid_field", "tools are not supported with use_beam_search", param="tools")
     n = beam.n if beam is not None else get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
     stream = get_bool(body, "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise ApiError("invalid_field", "'stream_options' must be an object", param="stream_options")
-    include_usage = get_bool(options or {}, "include_usage")
+    include_usage = stream_include_usage(body, stream)
     priority = get_priority(body, priority_bounds)
     # bounded before anything runs; an unset max_tokens then defaults to what fits (server/logprobs.py)
     fits = None if top is None else cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries)
@@ -189,6 +172,19 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
     return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
                        beam.params(params.max_tokens) if beam is not None else None, checked, tools)
+
+
+def stream_include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """`stream_options.include_usage`; `stream_options` is only allowed with `stream: true` (as OpenAI
+    answers: 400 otherwise)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError("invalid_field", "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    if not isinstance(options, dict):
+        raise ApiError("invalid_field", "'stream_options' must be an object", param="stream_options")
+    return get_bool(options, "include_usage")
 
 
 def usage_body(out: RequestOutput) -> dict[str, Any]:
@@ -301,15 +297,28 @@ async def _stream_chunks(state: ServerState, req: ChatRequest, rid: str, created
     yield "data: [DONE]\n\n"
 
 
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "radixserve",
+            "max_model_len": state.require_engine().max_model_len}
+
+
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    engine = state.require_engine()
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "radixserve",
-        "max_model_len": engine.max_model_len}]})
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """GET /v1/models/{id}: this server's one model, or 404 (as OpenAI answers for an unknown id)."""
+    state: ServerState = request.app.state.server
+    model = request.path_params["model"]
+    if model != state.model_name:
+        raise ApiError("model_not_found", f"the model {model!r} does not exist; this server serves "
+                       f"{state.model_name!r}", 404, param="model")
+    return JSONResponse(_model_card(state))
 
 
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
 ]

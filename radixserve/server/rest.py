@@ -22,12 +22,13 @@ from radixserve.server.api_errors import error_frame
 from radixserve.server.auth import bearer_token, priority_bounds
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
+from radixserve.server.sampling_fields import parse_sampling
 from radixserve.server.session_tools import session_tools
 from radixserve.server.sessions import Message
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import with_structured
 from radixserve.server.turns import SessionTurn
-from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, parse_sampling
+from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str
 
 
 def _state(request: Request) -> ServerState:

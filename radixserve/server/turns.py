@@ -33,11 +33,12 @@ from radixserve.engine.chat_tools import ChatTools
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.openai_tools import tool_constraint
 from radixserve.server.owners import Owner
+from radixserve.server.sampling_fields import build_sampling_params
 from radixserve.server.session_tools import ReplyCalls, turn_inputs, turn_tools
 from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop
-from radixserve.server.validation import ApiError, build_sampling_params
+from radixserve.server.validation import ApiError
 
 
 def usage_json(out: RequestOutput) -> dict[str, int]:

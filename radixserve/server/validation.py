@@ -20,7 +20,6 @@ import re
 from typing import Any
 
 from radixserve.engine.intake import PRIORITY_LIMIT
-from radixserve.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 256
@@ -214,50 +213,3 @@ def get_gen_id(obj: dict[str, Any]) -> str:
     gen_id = get_str(obj, "gen_id", max_chars=MAX_GEN_ID_CHARS)
     assert gen_id is not None
     return gen_id
-
-
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop")
-
-
-def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
-    """A session/WebSocket `sampling` object, validated and normalised (unset keys dropped)."""
-    if x is None:
-        return {}
-    if not isinstance(x, dict):
-        raise ApiError("invalid_field", f"{name!r} must be an object", param=name)
-    unknown = sorted(set(x) - set(SAMPLING_KEYS))
-    if unknown:
-        raise ApiError("invalid_field", f"unknown {name} field(s) {unknown}; known: {list(SAMPLING_KEYS)}", param=name)
-    out: dict[str, Any] = {
-        "temperature": get_float(x, "temperature", 0.0, 2.0),
-        "top_p": get_float(x, "top_p", 0.0, 1.0, lo_open=True),
-        "top_k": get_int(x, "top_k", minimum=0),
-        "min_p": get_float(x, "min_p", 0.0, 1.0),
-        "max_tokens": get_int(x, "max_tokens", minimum=1),
-        "seed": get_int(x, "seed", minimum=-(2**63), maximum=2**64 - 1),
-        "stop": get_stop(x) or None,
-    }
-    return {k: v for k, v in out.items() if v is not None}
-
-
-def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_model_len: int,
-                          default_max_tokens: int | None, n: int = 1) -> SamplingParams:
-    """SamplingParams for one request. An unset max_tokens is clamped to what the context has left;
-    an explicit one that does not fit is refused, naming the limit (as vLLM does). A prompt that
-    leaves no room at all is the engine's to refuse (engine/intake.py), so it gets max_tokens 1 here."""
-    max_tokens = sampling.get("max_tokens")
-    room = max_model_len - prompt_len
-    if max_tokens is None:
-        max_tokens = max(1, room if default_max_tokens is None else min(default_max_tokens, room))
-    elif max_tokens > room:
-        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens + max_tokens {max_tokens} exceeds the "
-                       f"model's context length of {max_model_len} tokens", param="max_tokens")
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
-            top_k=sampling.get("top_k", 0), min_p=sampling.get("min_p", 0.0), n=n, seed=sampling.get("seed"),
-            stop=list(sampling.get("stop") or []), logprobs=sampling.get("logprobs"),
-            structured=sampling.get("structured"), skip_special_tokens=sampling.get("skip_special_tokens", True),
-        )
-    except ValueError as e:
-        raise ApiError("invalid_field", str(e)) from None

@@ -35,6 +35,7 @@ from radixserve.server.auth import key_accepted, priority_bounds
 from radixserve.server.http_util import dumps
 from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
+from radixserve.server.sampling_fields import parse_sampling
 from radixserve.server.send_buffer import SendBuffer
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import with_structured
@@ -46,7 +47,6 @@ from radixserve.server.validation import (
     get_priority,
     get_str,
     parse_json_text,
-    parse_sampling,
     require_object,
 )
 
