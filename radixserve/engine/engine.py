@@ -5,7 +5,8 @@ token accounting behind the cache metrics. It writes no sequence: the scheduler 
 cache state and takes each step's results back (`Scheduler.launched`, `Scheduler.commit`). A step
 reads top to bottom in `step`: schedule → block copies → run → grammar masks → sample → scheduler
 commit → outputs. Structured output (each constrained sequence's matcher, its masks and the tokens
-a grammar forces) is `engine/grammar/`'s `ConstraintBook`.
+a grammar forces) is `engine/grammar/`'s `ConstraintBook`. Prompt logprobs (the rows of a prompt's positions the forward
+reduces to logprobs, collected per request) are `engine/prompt_logprobs.py`'s `PromptLogprobBook`.
 
 Overlap (`EngineConfig.overlap`; by default on CUDA, off on CPU where it would only delay each
 output by a step): `step()` launches step N, then commits step N-1, so the host works while the
@@ -35,6 +36,7 @@ from radixserve.engine.host_tier import CostFeed
 from radixserve.engine.intake import Intake, ValidatedRequest
 from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
+from radixserve.engine.prompt_logprobs import PromptAsk, PromptLogprobBook
 from radixserve.engine.sampler import Draw, Sampler, SampleResult
 from radixserve.engine.sizing import engine_sizes
 from radixserve.engine.stats import EngineStats
@@ -62,6 +64,7 @@ class InFlight:
     failed: dict[Request, str]
     span: StepSpan
     prefill_tokens: int = 0  # tokens of the step beyond one per sampled row: what preemption costs weigh
+    prompt_ask: PromptAsk | None = None  # prompt logprobs the step's forward computes
 
 
 class LLMEngine:
@@ -84,6 +87,7 @@ class LLMEngine:
                                         config.grammar_cache_size, config.grammar_compile_timeout_s)
         self.constraints = ConstraintBook(self.grammars, self.spec.vocab_size, self.runner.device, config.forced_tokens)
         self.intake = Intake.of(self)  # the one check of a request (engine/intake.py)
+        self.prompt_logprobs = PromptLogprobBook()
         self.sampler = Sampler(self.runner.device)
         self.overlap = config.overlap if config.overlap is not None else self.runner.device.type == "cuda"
         self.clock = StepClock(self.runner.device)
@@ -118,6 +122,8 @@ class LLMEngine:
         req.sequences.append(seq)
         if params.structured is not None:
             self.constraints.begin(req)
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs.begin(req)
         self.requests[request_id] = req
         self.outputs.track(seq)
         self.scheduler.add(seq)
@@ -182,7 +188,9 @@ class LLMEngine:
         prev = self._in_flight
         inputs = PendingInputs(prev.sampled.token_ids, prev.launch.draw_of()) if prev is not None and prev.sampled else None
         start = self.clock.mark()
-        batch, logits, failed = run_isolating_failures(self.runner, batch, inputs)
+        prompt_ask = self.prompt_logprobs.ask(batch) if self.prompt_logprobs else None
+        batch, logits, failed = run_isolating_failures(self.runner, batch, inputs,
+                                                       prompt_ask.rows if prompt_ask is not None else None)
         launch = self.scheduler.launched(batch, failed, self._noise_key)
         for fork in launch.forks:
             self.outputs.track(fork)
@@ -197,7 +205,7 @@ class LLMEngine:
         if sampled is not None:
             sampled.start_copy()
         prefill = batch.num_tokens - sum(it.samples for it in batch.items)
-        return InFlight(launch, sampled, dict(failed), span, prefill)
+        return InFlight(launch, sampled, dict(failed), span, prefill, prompt_ask)
 
     def _resolve(self, flight: InFlight) -> list[RequestOutput]:
         """Hand a launched step's sampled tokens to the scheduler and build the outputs."""
@@ -207,6 +215,8 @@ class LLMEngine:
         self.cost_feed.observe(flight.prefill_tokens)
         owners = flight.launch.owners
         failed.update((s.request, INVALID_LOGITS) for s, ok in zip(owners, usable) if not ok)
+        if flight.prompt_ask is not None:
+            failed.update((req, FORWARD_FAILED) for req in self.prompt_logprobs.collect(flight.prompt_ask))
         commits = self.constraints.commits(flight.launch, ids, logprobs, failed)  # forced tokens included
         done = self.scheduler.commit(flight.launch, commits, list(failed), self._stopped)
         failed.update((req, self.constraints.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
@@ -247,10 +257,13 @@ class LLMEngine:
 
     def _output(self, req: Request, seqs: list[Sequence]) -> RequestOutput:
         out = self.outputs.output(req, seqs)
+        if req.params.prompt_logprobs is not None:
+            out.prompt_logprobs = self.prompt_logprobs.take(req)
         if out.finished:  # the request retires
             self.requests.pop(req.request_id, None)
             if req.params.structured is not None:
                 self.constraints.release(req)
+            self.prompt_logprobs.release(req)
             self.stats_totals.count_finished(req)
         return out
 

@@ -11,22 +11,25 @@ import logging
 import torch
 
 from radixserve.core import Batch, Request
-from radixserve.model.runner import ModelRunner, PendingInputs
+from radixserve.model.runner import ModelRunner, PendingInputs, RowLogprobs
 
 log = logging.getLogger(__name__)
 # what a failed request's caller is told: our words, never a library's exception text (that is logged)
 FORWARD_FAILED = "the model failed on this request; see the server log"
 
 
-def run_isolating_failures(runner: ModelRunner, batch: Batch, inputs: PendingInputs | None
-                           ) -> tuple[Batch, torch.Tensor | None, dict[Request, str]]:
-    """Logits of `batch` (one row per sampling item), queued on the device. If the batched forward
-    raises, the batch that actually ran (the items whose own forward succeeded, from requests with no
-    failed item), their logits (None if none) and the failed requests, each with its caller's message."""
+def run_isolating_failures(runner: ModelRunner, batch: Batch, inputs: PendingInputs | None,
+                           asked: RowLogprobs | None = None) -> tuple[Batch, torch.Tensor | None, dict[Request, str]]:
+    """Logits of `batch` (one row per sampling item), queued on the device, and `asked` filled in. If
+    the batched forward raises, the batch that actually ran (the items whose own forward succeeded,
+    from requests with no failed item), their logits (None if none) and the failed requests, each
+    with its caller's message; `asked` is then left empty (the one-by-one rerun does not fill it)."""
     try:
-        return batch, runner.run(batch, inputs), {}
+        return batch, runner.run(batch, inputs, asked), {}
     except Exception:
         log.exception("a forward pass of %d sequences failed; retrying them one by one", len(batch.items))
+    if asked is not None:
+        asked.values = asked.ids = None
     per_item = runner.run_each(batch, inputs)
     failed = {it.seq.request: FORWARD_FAILED for it, rows in zip(batch.items, per_item) if rows is None}
     kept = [(it, rows) for it, rows in zip(batch.items, per_item) if rows is not None and it.seq.request not in failed]

@@ -129,3 +129,4 @@ def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:
     whole.outputs = [by_index[i] for i in sorted(by_index)]
     whole.usage, whole.timing, whole.finished = out.usage, out.timing, out.finished
     whole.error = out.error or whole.error
+    whole.prompt_logprobs = whole.prompt_logprobs or out.prompt_logprobs  # carried by the first output only

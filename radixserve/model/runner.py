@@ -32,6 +32,23 @@ from radixserve.model.ops import make_ops
 log = logging.getLogger(__name__)
 
 
+PROMPT_LOGPROB_SLICE = 256  # rows whose full-vocabulary logits exist at once (a 128k vocabulary: 128 MiB)
+
+
+@dataclass
+class RowLogprobs:
+    """Logprobs asked at tokens of a step other than its sampling rows (prompt logprobs): at each of
+    `rows` (indices into the step's T tokens), the logprob of `targets[i]` and the `top` most likely
+    tokens. The forward fills `values` [R, 1 + top] (the target's, then the top's) and `ids` [R, top]
+    on the device; they stay None when the forward did not run as one batch."""
+
+    rows: list[int]
+    targets: list[int]
+    top: int
+    values: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
@@ -151,20 +168,37 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: Batch, pending: PendingInputs | None = None) -> torch.Tensor:
+    def run(self, batch: Batch, pending: PendingInputs | None = None, asked: RowLogprobs | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) for the batch items whose chunk reaches their last token; valid
         until the next call (the padded decode path returns a view of its static logits buffer).
         Queued on the device without waiting for it; the batch's copies must have been applied
         (`apply_copies`). A last token that is PENDING_TOKEN is read from
-        `pending`, the previous step's sampled ids on the device."""
+        `pending`, the previous step's sampled ids on the device. `asked` (prompt logprobs) is filled
+        in on the eager path, which a batch with asks always takes."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
-        if self.decoder is not None and self.decoder.accepts(batch):
+        if asked is None and self.decoder is not None and self.decoder.accepts(batch):
             return self.decoder.run(batch, self._forward, pending)
         inputs = self.prepare(batch, pending)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, self.ops)
+        if asked is not None and asked.rows:
+            self._row_logprobs(hidden, asked)
         if inputs.sample_rows.numel() == 0:
             return hidden.new_empty((0, self.spec.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])
+
+    def _row_logprobs(self, hidden: torch.Tensor, asked: RowLogprobs) -> None:
+        """Fill `asked` from the hidden states, a slice of rows at a time: the full-vocabulary
+        logits of a long prompt chunk are never all in memory at once."""
+        dev = hidden.device
+        rows, targets = to_device(asked.rows, torch.long, dev), to_device(asked.targets, torch.long, dev)
+        values, ids = [], []
+        for at in range(0, len(asked.rows), PROMPT_LOGPROB_SLICE):
+            part = slice(at, at + PROMPT_LOGPROB_SLICE)
+            lsm = torch.log_softmax(self.model.compute_logits(hidden[rows[part]]), dim=-1)
+            top_values, top_ids = lsm.topk(asked.top, dim=-1) if asked.top else (lsm[:, :0], lsm[:, :0].long())
+            values.append(torch.cat([lsm.gather(1, targets[part, None]), top_values], dim=1))
+            ids.append(top_ids)
+        asked.values, asked.ids = torch.cat(values), torch.cat(ids)
 
     def run_each(self, batch: Batch, pending: PendingInputs | None = None) -> list[torch.Tensor | None]:
         """Run each item of a batch on its own (after a batched forward failed): per item, its logits

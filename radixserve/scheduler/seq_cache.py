@@ -36,8 +36,9 @@ class SequenceCache:
         how much of it came from the host tier, or None when the sequence should wait for one of
         `prefills` (running prefills) to cache it. Changes the cache. The whole match is always
         taken: how long the sequence may grow later never decides how much of the cache it uses now
-        (`loosen_lock` is what keeps it alive)."""
-        if self.tree is None:
+        (`loosen_lock` is what keeps it alive). A request's first sample that asks for prompt logprobs
+        takes nothing: a cached prefix has no logits to give them (engine/prompt_logprobs.py)."""
+        if self.tree is None or (seq.index == 0 and seq.request.params.prompt_logprobs is not None):
             return 0, 0
         match = self.tree.match(seq.token_ids[:-1])
         on_device = match.length - match.host_tokens
