@@ -42,6 +42,17 @@ class ConstraintError(RequestError):
         super().__init__(f"{param}: {message}")
 
 
+class FieldError(RequestError):
+    """A request field the engine refuses (a logit_bias id outside the vocabulary): `param` names it,
+    as the API's 400 does."""
+
+    code = "invalid_field"
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(message)
+
+
 class TokenRefused(Exception):
     """A stop test's refusal of a committed token (a grammar that does not allow it): the request
     ends with this message, an expected outcome rather than a fault."""

@@ -120,3 +120,23 @@ def test_cli_shape_choices_match_the_shapes() -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     shape = next(a for a in sub.choices["step"]._actions if a.dest == "shape")
     assert set(shape.choices or ()) == {"embedded", *SHAPES}
+
+
+def test_step_bench_penalties_rows_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--penalties off,on`: each row runs without and with every request penalised, and the table
+    gives the cost of the second over the first."""
+    model_dir = write_shape_dir(TINY, tmp_path / "tiny", _tokenizer_dir())
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--model", str(model_dir), "--load-format", "dummy", "--batch", "2", "--context", "24",
+                 "--steps", "2", "--warmup", "1", "--device", "cpu", "--bandwidth-mib", "16", "--graphs", "off",
+                 "--sampling", "greedy,top-p", "--penalties", "off,on", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| graphs | overlap | penalties | batch |" in table and "| on / off |" in table
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["sampling"], r["penalties"]) for r in rows} == {(s, p) for s in ("greedy", "top-p") for p in ("off", "on")}
+    for r in rows:
+        assert math.isfinite(r["ms_median"]) and r["leaked_blocks"] == 0 and r["live_sequences"] == 0
+    for sampling in ("greedy", "top-p"):
+        off, on = (next(r for r in rows if (r["sampling"], r["penalties"]) == (sampling, p)) for p in ("off", "on"))
+        assert f"| off | on | 2 | {sampling} | {off['ms_median']:.2f} / {on['ms_median']:.2f} " \
+               f"| {on['ms_median'] / off['ms_median']:.3f}x |" in table

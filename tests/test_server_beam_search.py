@@ -61,6 +61,9 @@ def test_choices_are_the_best_beams_in_order(http, chat_server, n: int, width: i
     ({"top_k": 5}, "top_k"), ({"min_p": 0.1}, "min_p"), ({"stream": True}, "stream"), ({"logprobs": True}, "logprobs"),
     ({"stop": ["x"]}, "stop"), ({"use_beam_search": "yes"}, "use_beam_search"), ({"beam_width": 2.5}, "beam_width"),
     ({"length_penalty": "long"}, "length_penalty"), ({"use_beam_search": False, "beam_width": 2}, "beam_width"),
+    ({"presence_penalty": 0.5}, "presence_penalty"), ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
 ])
 def test_bad_values_are_a_clear_400(http, chat_server, fields: dict, param: str) -> None:  # noqa: ANN001
     r = post(http, chat_server, **fields)

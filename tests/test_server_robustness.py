@@ -113,7 +113,8 @@ def malformed_http(rng: random.Random, sid: str, model: str) -> list[tuple[str, 
                   {"top_p": 2}, {"top_p": 0}, {"max_tokens": 0}, {"max_tokens": "5"}, {"max_completion_tokens": -2},
                   {"stop": 5}, {"stop": [""]}, {"stop": ["a"] * 9}, {"seed": "x"}, {"stream": "yes"},
                   {"stream_options": 5}, {"logprobs": "yes"}, {"top_logprobs": 2},
-                  {"logprobs": True, "top_logprobs": 21}, {"presence_penalty": 1.0}, {"frequency_penalty": "x"},
+                  {"logprobs": True, "top_logprobs": 21}, {"presence_penalty": 2.5}, {"frequency_penalty": "x"},
+                  {"repetition_penalty": 0}, {"logit_bias": {"x": 1}},
                   {"response_format": {"type": "xml"}}, {"guided_choice": []}, {"tools": [{"type": "function"}]},
                   {"max_tokens": 10**7}, {"messages": [{"role": "user", "content": "hi", "tool_calls": [{}]}]}):
         body = {k: v for k, v in {**base, **patch}.items() if v is not None}

@@ -266,12 +266,26 @@ def test_parse_json_text_rejects(text: str, code: str) -> None:
     [], "x", {"temperature": -1}, {"temperature": 2.5}, {"temperature": "1"}, {"top_p": 0}, {"top_p": 1.5},
     {"max_tokens": 0}, {"max_tokens": 1.5}, {"max_tokens": True}, {"seed": "s"}, {"stop": [1]}, {"stop": [""]},
     {"stop": ["a"] * 9}, {"bogus": 1}, {"top_k": -1}, {"temperature": float("nan")}, {"min_p": -0.1},
-    {"min_p": 1.5}, {"min_p": "0.1"},
+    {"min_p": 1.5}, {"min_p": "0.1"}, {"presence_penalty": 2.5}, {"frequency_penalty": "x"},
+    {"repetition_penalty": 0}, {"logit_bias": {"a": 1}}, {"logit_bias": {"3": 100.5}}, {"logit_bias": 5},
 ])
 def test_parse_sampling_rejects(sampling: object) -> None:
     with pytest.raises(ApiError) as e:
         parse_sampling(sampling)
     assert e.value.code == "invalid_field" and e.value.status == 400
+    if isinstance(sampling, dict) and set(sampling) <= {"presence_penalty", "frequency_penalty", "repetition_penalty",
+                                                        "logit_bias"}:
+        assert e.value.param == next(iter(sampling))
+
+
+def test_parse_sampling_takes_penalties_into_the_params() -> None:
+    s = parse_sampling({"presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.3,
+                        "logit_bias": {"7": -100, "12": 2}, "temperature": 0})
+    p = build_sampling_params(s, prompt_len=1, max_model_len=9, default_max_tokens=None)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -1.0, 1.3)
+    assert p.logit_bias == {7: -100.0, 12: 2.0} and p.has_penalties
+    assert not build_sampling_params(parse_sampling({"repetition_penalty": 1, "logit_bias": {}}), prompt_len=1,
+                                     max_model_len=9, default_max_tokens=None).has_penalties
 
 
 def test_sampling_defaults_clamp_to_the_context() -> None:

@@ -134,6 +134,9 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
                    help="on (enforce_eager=False), off (enforce_eager=True), or on,off (default)")
     p.add_argument("--overlap", type=names, default=("on",),
                    help="on (overlap scheduling; the default here), off (--no-overlap), or on,off")
+    p.add_argument("--penalties", type=names, default=("off",),
+                   help="off (the default), on (every request penalised: presence, frequency, repetition and a "
+                        "logit_bias), or off,on (both, with their ratio)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--block-size", type=int, default=16)
@@ -146,12 +149,13 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_step(args: argparse.Namespace) -> int:
-    from radixserve.bench.step_bench import StepBenchOptions, render_table, run_step_bench
+    from radixserve.bench.step_bench import StepBenchOptions, run_step_bench
+    from radixserve.bench.step_table import render_table
 
     options = StepBenchOptions(
         shape=args.shape, model=args.model, load_format=args.load_format, batches=args.batch, context=args.context,
         steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, overlap=args.overlap,
-        device=args.device,
+        penalties=args.penalties, device=args.device,
         dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         bandwidth_mib=args.bandwidth_mib, seed=args.seed)

@@ -8,7 +8,9 @@ times `steps` calls of `LLMEngine.step()` (schedule, prepare, forward, sample, p
 one with `time.perf_counter`, and aborts the requests; the pool must then hold no block that no
 sequence or tree node lists. Both sampling modes of one batch size use the same prompts, so the
 second finds them cached; prefill is never timed. Greedy and top-p (temperature 0.7, top-p 0.9) rows
-sit side by side with their ratio. From the engine's `StepClock`, over the steps resolved in the
+sit side by side with their ratio. `--penalties off,on` runs each row also with every request
+penalised (`PENALTIES`: presence, frequency and repetition penalties and a 16-token logit_bias), the
+cost of engine/penalties.py. The Markdown table is step_table.py's. From the engine's `StepClock`, over the steps resolved in the
 timed window: device ms (forward + sampling on the device) and unhidden host ms (how long the device
 sat idle between two steps: host work not overlapped with device work; on CPU all host work between
 forwards).
@@ -62,6 +64,8 @@ SHAPES: dict[str, dict[str, Any]] = {  # meta-llama/Llama-3.2-1B and Llama-3.1-8
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "chat_template.jinja")
 SAMPLING: dict[str, tuple[float, float]] = {"greedy": (0.0, 1.0), "top-p": (0.7, 0.9)}  # (temperature, top_p)
+PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1)
+BIASED = 16  # logit_bias entries (token ids spread over the vocabulary, +-1 alternately)
 GRAPHS = ("on", "off")
 OVERLAP = ("on", "off")
 
@@ -78,6 +82,7 @@ class StepBenchOptions:
     sampling: tuple[str, ...] = ("greedy", "top-p")
     graphs: tuple[str, ...] = GRAPHS
     overlap: tuple[str, ...] = ("on",)
+    penalties: tuple[str, ...] = ("off",)  # on: every request penalised (PENALTIES and a logit_bias)
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
@@ -165,12 +170,16 @@ def prefill_margin(batch: int, context: int, step_tokens: int) -> int:
 
 
 def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: int, warmup: int,
-            bandwidth: float) -> dict[str, Any]:
+            bandwidth: float, penalties: bool = False) -> dict[str, Any]:
     """Time `steps` decode steps of len(prompts) sequences; the requests are aborted afterwards."""
     batch, device = len(prompts), engine.runner.device
     temperature, top_p = SAMPLING[sampling]
     margin = prefill_margin(batch, len(prompts[0]), engine.config.max_num_batched_tokens)
-    params = SamplingParams(max_tokens=warmup + steps + margin, temperature=temperature, top_p=top_p, ignore_eos=True)
+    vocab = engine.spec.vocab_size
+    penalised: dict[str, Any] = dict(**PENALTIES, logit_bias={i * vocab // BIASED: (-1.0) ** i for i in range(BIASED)}) \
+        if penalties else {}
+    params = SamplingParams(max_tokens=warmup + steps + margin, temperature=temperature, top_p=top_p, ignore_eos=True,
+                            **penalised)
     ids = [engine.add_request(p, params) for p in prompts]
     seqs = [engine.requests[i].sequences[0] for i in ids]
     prefill_steps = 0
@@ -208,8 +217,8 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     ms = 1000 * statistics.median(times)
     device_ms = 1000 * statistics.median(t.device_s for t in spans) if spans else float("nan")
     host_ms = 1000 * statistics.median(t.idle_s for t in spans) if spans else float("nan")
-    return dict(sampling=sampling, batch=batch, device_ms=device_ms, host_unhidden_ms=host_ms,
-                context=len(prompts[0]), steps=steps, warmup=warmup,
+    return dict(sampling=sampling, penalties="on" if penalties else "off", batch=batch, device_ms=device_ms,
+                host_unhidden_ms=host_ms, context=len(prompts[0]), steps=steps, warmup=warmup,
                 prefill_steps=prefill_steps, ms_median=ms, ms_mean=1000 * statistics.fmean(times),
                 ms_min=1000 * min(times), tok_s=batch * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
                 kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
@@ -229,7 +238,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     batches = o.batches or ((1, 16, 64, 128) if cuda else (1, 4))
     steps = o.steps or (32 if cuda else 8)
     unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS] \
-        + [v for v in o.overlap if v not in OVERLAP]
+        + [v for v in o.overlap if v not in OVERLAP] + [v for v in o.penalties if v not in ("on", "off")]
     if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0:
         raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
     step_tokens = o.max_num_batched_tokens or max(8192, max(batches))
@@ -259,44 +268,12 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         for batch in batches:
             rng = random.Random(f"{o.seed}-{batch}")  # same prompts for each sampling mode and graphs setting
             prompts = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
-            for sampling in o.sampling:
+            for sampling, penalties in [(s, p) for s in o.sampling for p in o.penalties]:
                 rows.append({"graphs": graphs, "overlap": overlap,
-                             **run_row(engine, prompts, sampling, steps, o.warmup, bandwidth)})
+                             **run_row(engine, prompts, sampling, steps, o.warmup, bandwidth, penalties == "on")})
         del engine
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
     result["rows"] = rows
     return result
-
-
-def render_table(result: dict[str, Any]) -> str:
-    """One line per (graphs, overlap, batch): greedy and top-p side by side."""
-    rows = result["rows"]
-    lines = [f"## decode step: {result['shape']} ({result['dtype']}, {result['device_name']})", "",
-             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
-             f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
-             + (" (CPU: no CUDA graphs, on and off run the same code)" if result["device"] == "cpu" else ""), "",
-             "| graphs | overlap | batch | greedy ms/step (median / mean) | top-p ms/step (median / mean) "
-             "| top-p / greedy | device ms (greedy / top-p) | unhidden host ms (greedy / top-p) "
-             "| tok/s (greedy) | roofline (greedy) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for graphs, overlap, batch in dict.fromkeys((r["graphs"], r.get("overlap", "-"), r["batch"]) for r in rows):
-        by = {r["sampling"]: r for r in rows
-              if (r["graphs"], r.get("overlap", "-"), r["batch"]) == (graphs, overlap, batch)}
-        greedy, top_p = by.get("greedy"), by.get("top-p")
-
-        def cell(r: dict[str, Any] | None, fmt: str) -> str:
-            try:
-                return "-" if r is None else fmt.format(**r)
-            except KeyError:  # a result written before the figure existed
-                return "-"
-
-        ratio = f"{top_p['ms_median'] / greedy['ms_median']:.2f}x" if greedy and top_p else "-"
-        lines.append(
-            f"| {graphs} | {overlap} | {batch} | {cell(greedy, '{ms_median:.2f} / {ms_mean:.2f}')} "
-            f"| {cell(top_p, '{ms_median:.2f} / {ms_mean:.2f}')} | {ratio} "
-            f"| {cell(greedy, '{device_ms:.2f}')} / {cell(top_p, '{device_ms:.2f}')} "
-            f"| {cell(greedy, '{host_unhidden_ms:.3f}')} / {cell(top_p, '{host_unhidden_ms:.3f}')} "
-            f"| {cell(greedy or top_p, '{tok_s:.1f}')} | {cell(greedy or top_p, '{roofline_fraction:.1%}')} |")
-    return "\n".join(lines) + "\n"

@@ -7,6 +7,8 @@ reads top to bottom in `step`: schedule → block copies → run → grammar mas
 commit → outputs. Structured output (each constrained sequence's matcher, its masks and the tokens
 a grammar forces) is `engine/grammar/`'s `ConstraintBook`. Prompt logprobs (the rows of a prompt's positions the forward
 reduces to logprobs, collected per request) are `engine/prompt_logprobs.py`'s `PromptLogprobBook`.
+Penalties and logit_bias (each penalised sequence's token counts, kept on the device, and the
+corrections a commit brings: forced tokens, void draws) are `engine/penalties.py`'s `PenaltyBook`.
 
 Overlap (`EngineConfig.overlap`; by default on CUDA, off on CPU where it would only delay each
 output by a step): `step()` launches step N, then commits step N-1, so the host works while the
@@ -26,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
@@ -36,6 +40,7 @@ from radixserve.engine.host_tier import CostFeed
 from radixserve.engine.intake import Intake, ValidatedRequest
 from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
+from radixserve.engine.penalties import PenaltyBook
 from radixserve.engine.prompt_logprobs import PromptAsk, PromptLogprobBook
 from radixserve.engine.sampler import Draw, Sampler, SampleResult
 from radixserve.engine.sizing import engine_sizes
@@ -86,6 +91,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, sorted(self.eos_token_ids),
                                         config.grammar_cache_size, config.grammar_compile_timeout_s)
         self.constraints = ConstraintBook(self.grammars, self.spec.vocab_size, self.runner.device, config.forced_tokens)
+        self.penalties = PenaltyBook(self.spec.vocab_size, self.runner.device)  # token counts on the device
         self.intake = Intake.of(self)  # the one check of a request (engine/intake.py)
         self.prompt_logprobs = PromptLogprobBook()
         self.sampler = Sampler(self.runner.device)
@@ -122,6 +128,8 @@ class LLMEngine:
         req.sequences.append(seq)
         if params.structured is not None:
             self.constraints.begin(req)
+        if params.has_penalties:
+            self.penalties.begin(req)
         if params.prompt_logprobs is not None:
             self.prompt_logprobs.begin(req)
         self.requests[request_id] = req
@@ -200,7 +208,10 @@ class LLMEngine:
             if self.constraints and draws else None
         if masks is not None:
             failed = {**failed, **masks.dead}
-        sampled = self.sampler.sample(logits, draws, masks) if draws and logits is not None else None
+        penalties = self.penalties.step(launch.owners, launch.positions) if self.penalties and draws else None
+        sampled = self.sampler.sample(logits, draws, masks, penalties) if draws and logits is not None else None
+        if sampled is not None and penalties is not None:  # on the device, before the next step samples
+            self.penalties.count_sampled(penalties, sampled.token_ids)
         span = self.clock.span(start)
         if sampled is not None:
             sampled.start_copy()
@@ -216,9 +227,12 @@ class LLMEngine:
         owners = flight.launch.owners
         failed.update((s.request, INVALID_LOGITS) for s, ok in zip(owners, usable) if not ok)
         if flight.prompt_ask is not None:
-            failed.update((req, FORWARD_FAILED) for req in self.prompt_logprobs.collect(flight.prompt_ask))
+            self.prompt_logprobs.collect(flight.prompt_ask)
         commits = self.constraints.commits(flight.launch, ids, logprobs, failed)  # forced tokens included
+        voids = set(self.scheduler.void_draws) if self.penalties else None
         done = self.scheduler.commit(flight.launch, commits, list(failed), self._stopped)
+        if voids is not None:  # forced tokens counted, the draws they made void uncounted
+            self.penalties.committed(flight.launch, commits, self.scheduler.void_draws - voids, _sampled(self._in_flight))
         failed.update((req, self.constraints.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
         self.stats_totals.generation_tokens += done.tokens
         now = time.monotonic()
@@ -263,6 +277,8 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
             if req.params.structured is not None:
                 self.constraints.release(req)
+            if req.params.has_penalties:
+                self.penalties.release(req)
             self.prompt_logprobs.release(req)
             self.stats_totals.count_finished(req)
         return out
@@ -279,6 +295,11 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+
+def _sampled(flight: InFlight | None) -> tuple[Launch, torch.Tensor] | None:
+    """The launch still in flight and its sampled ids on the device, if it sampled."""
+    return None if flight is None or flight.sampled is None else (flight.launch, flight.sampled.token_ids)
 
 
 def _pending_ids(flight: InFlight | None) -> Callable[[Sequence], int | None]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from radixserve.engine.grammar import GrammarCompiler
-from radixserve.errors import PromptTooLongError, RequestError
+from radixserve.errors import FieldError, PromptTooLongError, RequestError
 from radixserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def validate(token_ids: list[int], params: SamplingParams, vocab: int, max_seq_l
     params.validate()
     outside = sorted(t for t in params.logit_bias if t >= vocab)
     if outside:
-        raise RequestError(f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}")
+        raise FieldError("logit_bias", f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}")
 
 
 def validate_priority(priority: object) -> int:

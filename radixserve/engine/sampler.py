@@ -6,14 +6,14 @@ exact argmax, and only the token ids, a usable flag and the asked-for logprobs c
 through one copy (`SampleResult.start_copy`) that the engine waits on when it needs the ids. Nothing
 here waits on the device while sampling, except on CPU where there is nothing to wait for.
 
-Filtering, in this order and each renormalizing what it keeps: temperature; min-p (drop tokens
-less likely than min_p x the most likely); top-k; top-p (the smallest most-likely-first set whose
-mass reaches top_p; the most likely token always stays). Each keeps a prefix of the tokens sorted
-by probability, so one sorted view serves all three. On CUDA that view is a full sort (no host
-decision); on CPU, where sorting the vocabulary is slow, it is the top `CANDIDATES[0]` tokens, and the
-rows whose kept set does not close inside them are redone with the next, wider top-k, and finally a
-full sort, so the result is exact (a nucleus of thousands of tokens, as a flat distribution has,
-costs a top-4096 rather than a sort).
+Filtering, after the grammar masks and the penalties (below), in this order and each renormalizing
+what it keeps: temperature; min-p (drop tokens less likely than min_p x the most likely); top-k;
+top-p (the smallest most-likely-first set whose mass reaches top_p; the most likely token always
+stays). Each keeps a prefix of the tokens sorted by probability, so one sorted view serves all
+three. On CUDA that view is a full sort (no host decision); on CPU, where sorting the vocabulary is
+slow, it is the top `CANDIDATES[0]` tokens, and the rows whose kept set does not close inside them
+are redone with the next, wider top-k, and finally a full sort, so the result is exact (a nucleus
+of thousands of tokens, as a flat distribution has, costs a top-4096 rather than a sort).
 
 Randomness: a draw takes one uniform number u and picks the token where the kept prefix's cumulative
 mass crosses u x its total (inverse CDF; a draw with no filter walks the vocabulary in its own order
@@ -27,9 +27,20 @@ Structured output: a step's `StepMasks` (engine/grammar/) set the logits of the 
 draw's grammar does not allow to -inf before anything else, on the device; unconstrained draws are
 untouched, and logprobs still come from the raw logits.
 
+Penalties: a step's `StepPenalties` (engine/penalties.py) then change the penalised draws' rows, on
+the device and in this order: logit_bias added, repetition_penalty on every token of the prompt or the
+output, frequency and presence penalties on the output's counts (each sequence's tokens and counts
+are kept on the device by the engine's `PenaltyBook`, so nothing waits for the host). Everything after
+(the usable test, the greedy argmax, temperature and the filters) sees the penalised row; logprobs do
+not. A penalty reads only its own row, tokens and counts, so a seeded draw stays independent of the
+batch. A step with no penalised draw passes None and pays nothing for them. With neither masks nor
+penalties in a step, draws read the logits rows as they are (forks sharing one); with either, every
+draw gets its own copy of its row first.
+
 A logits row with NaN or +inf, or nothing finite, is unusable: its draw yields token 0 on the
 device (so a step that consumes it stays in range) and `usable` False, and the engine fails that
-request alone. Logprobs are log-softmax of the raw logits (before temperature and filtering).
+request alone. Logprobs are log-softmax of the raw logits (before masks, penalties, temperature and
+filtering).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import torch
 
 from radixserve.core import TokenLogprob
 from radixserve.engine.grammar import StepMasks, apply_token_bitmask
+from radixserve.engine.penalties import StepPenalties, apply_penalties
 from radixserve.model.device import to_device
 from radixserve.sampling_params import SamplingParams
 
@@ -122,13 +134,19 @@ class Sampler:
         self.device = device
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, draws: list[Draw], masks: StepMasks | None = None) -> SampleResult:
+    def sample(self, logits: torch.Tensor, draws: list[Draw], masks: StepMasks | None = None,
+               penalties: StepPenalties | None = None) -> SampleResult:
         dev = logits.device
         raw = x = logits.float()
         raw_rows = rows = to_device([d.row for d in draws], torch.long, dev)
-        if masks is not None:  # one logits row per draw (forks share a row, not a grammar state), masked
+        if masks is not None or penalties is not None:
+            # one logits row per draw (forks share a row, not a grammar state or token counts), a copy:
+            # `raw` stays the model's for logprobs
             x = x[rows]
-            apply_token_bitmask(x, masks)
+            if masks is not None:
+                apply_token_bitmask(x, masks)
+            if penalties is not None:
+                apply_penalties(x, penalties)
             rows = torch.arange(len(draws), device=dev)
             draws = [replace(d, row=i) for i, d in enumerate(draws)]
         if x.numel():

@@ -8,7 +8,9 @@ that power; `max_tokens` / `max_completion_tokens` as usual. The search equals t
 
 Beam search is deterministic and whole-sequence, so what cannot apply is refused with a 400 rather
 than ignored: `temperature` > 0, `top_p` < 1, `top_k` > 0, `min_p` > 0, `logprobs`, `stop` strings,
-and `stream` (the beams are only known at the end, as with vLLM, which does not stream them either).
+and `stream` (the beams are only known at the end, as with vLLM, which does not stream them either);
+so are penalties and `logit_bias` other than neutral (beams are scored by the model's raw
+log-probabilities, which a penalty would have to rewrite for every beam).
 `seed` is accepted and has no effect. Nothing here touches the engine except through the driver.
 """
 
@@ -29,6 +31,9 @@ MAX_LENGTH_PENALTY = 10.0
 # sampling fields and their neutral values: set to anything else, they are refused with beam search
 _NOT_WITH_BEAMS = (("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
 _CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# penalties and logit_bias with their neutral values: beams are ranked by the model's own log-probabilities
+_PENALTIES: tuple[tuple[str, object], ...] = (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                                              ("repetition_penalty", 1.0), ("logit_bias", {}))
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,14 @@ def beam_fields(body: dict[str, Any]) -> BeamAsk | None:
     for name in ("logprobs", "stop", "stream", "tools", *_CONSTRAINTS):
         if body.get(name):
             raise ApiError("invalid_field", f"{name!r} is not supported with 'use_beam_search'", param=name)
+    for name, off in _PENALTIES:
+        value = body.get(name)
+        if value is not None and value != off:
+            raise ApiError("invalid_field", f"{name!r} is not supported with 'use_beam_search' (beams are ranked by "
+                           f"the model's own log-probabilities), got {value!r}", param=name)
+    if body.get("prompt_logprobs") is not None:  # the search's steps are requests of their own
+        raise ApiError("invalid_field", "'prompt_logprobs' is not supported with 'use_beam_search'",
+                       param="prompt_logprobs")
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type", "text") != "text":
         # beams are ranked by the model's own log-probabilities; a grammar would have to mask every beam

@@ -1,0 +1,54 @@
+"""The Markdown table of a `radixserve bench step` result (step_bench.py): one line per (graphs,
+overlap, [penalties,] batch) with greedy and top-p side by side, and, when the result has rows with
+penalties on, their cost over the same rows without."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """One line per (graphs, overlap, [penalties,] batch): greedy and top-p side by side; with
+    penalties on, a second table of each row's cost with them over without."""
+    rows = result["rows"]
+    pen = any(r.get("penalties") == "on" for r in rows)
+    lines = [f"## decode step: {result['shape']} ({result['dtype']}, {result['device_name']})", "",
+             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
+             f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
+             + (" (CPU: no CUDA graphs, on and off run the same code)" if result["device"] == "cpu" else ""), "",
+             "| graphs | overlap |" + (" penalties |" if pen else "") + " batch | greedy ms/step (median / mean) "
+             "| top-p ms/step (median / mean) | top-p / greedy | device ms (greedy / top-p) "
+             "| unhidden host ms (greedy / top-p) | tok/s (greedy) | roofline (greedy) |",
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if pen else "")]
+
+    def key(r: dict[str, Any]) -> tuple[str, str, str, int]:
+        return r["graphs"], r.get("overlap", "-"), r.get("penalties", "off"), r["batch"]
+
+    for graphs, overlap, penalties, batch in dict.fromkeys(key(r) for r in rows):
+        by = {r["sampling"]: r for r in rows if key(r) == (graphs, overlap, penalties, batch)}
+        greedy, top_p = by.get("greedy"), by.get("top-p")
+
+        def cell(r: dict[str, Any] | None, fmt: str) -> str:
+            try:
+                return "-" if r is None else fmt.format(**r)
+            except KeyError:  # a result written before the figure existed
+                return "-"
+
+        ratio = f"{top_p['ms_median'] / greedy['ms_median']:.2f}x" if greedy and top_p else "-"
+        lines.append(
+            f"| {graphs} | {overlap} |{f' {penalties} |' if pen else ''} {batch} "
+            f"| {cell(greedy, '{ms_median:.2f} / {ms_mean:.2f}')} "
+            f"| {cell(top_p, '{ms_median:.2f} / {ms_mean:.2f}')} | {ratio} "
+            f"| {cell(greedy, '{device_ms:.2f}')} / {cell(top_p, '{device_ms:.2f}')} "
+            f"| {cell(greedy, '{host_unhidden_ms:.3f}')} / {cell(top_p, '{host_unhidden_ms:.3f}')} "
+            f"| {cell(greedy or top_p, '{tok_s:.1f}')} | {cell(greedy or top_p, '{roofline_fraction:.1%}')} |")
+    if pen:
+        lines += ["", "| graphs | overlap | batch | sampling | ms/step, penalties off / on (median) | on / off |",
+                  "|---|---|---|---|---|---|"]
+        for r in rows:
+            off = next((o for o in rows if o.get("penalties", "off") == "off" and o["sampling"] == r["sampling"]
+                        and key(o)[:2] == key(r)[:2] and o["batch"] == r["batch"]), None)
+            if r.get("penalties") == "on" and off is not None:
+                lines.append(f"| {r['graphs']} | {r.get('overlap', '-')} | {r['batch']} | {r['sampling']} "
+                             f"| {off['ms_median']:.2f} / {r['ms_median']:.2f} | {r['ms_median'] / off['ms_median']:.3f}x |")
+    return "\n".join(lines) + "\n"
