@@ -116,6 +116,9 @@ class CompletionOutput:
     text: str = ""  # text delta (streaming) or the whole text (offline)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     logprobs: list[TokenLogprob] | None = None  # one per token in token_ids when the request asked
+    # why a "stop" finish stopped (vLLM's field): the stop string that matched, or the stop_token_ids id
+    # that ended it; None for the model's EOS, a grammar's end, any other finish, and while running
+    stop_reason: str | int | None = None
 
 
 @dataclass

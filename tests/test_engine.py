@@ -169,6 +169,9 @@ def test_stop_token_and_eos(overlap: bool) -> None:
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[ref[3]]))[0]
     first = ref.index(ref[3])
     assert out.outputs[0].token_ids == ref[: first + 1] and out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].stop_reason == ref[3]  # the stop id that ended it (vLLM's stop_reason)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, stop_token_ids=[ref[3]]))[0]
+    assert out.outputs[0].finish_reason == "length" and out.outputs[0].stop_reason is None
     assert_clean(llm)
 
 

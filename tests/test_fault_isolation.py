@@ -41,14 +41,14 @@ class ForwardFailsOnPoison:
     def __init__(self, inner: Any) -> None:
         self.inner, self.batched_failures = inner, 0
 
-    def run(self, batch: Batch, pending: Any = None) -> torch.Tensor:
+    def run(self, batch: Batch, pending: Any = None, asked: Any = None) -> torch.Tensor:
         if any(POISON in it.seq.token_ids[it.start:it.start + it.num_tokens] for it in batch.items):
             self.batched_failures += len(batch.items) > 1
             raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
-        return self.inner.run(batch, pending)
+        return self.inner.run(batch, pending, asked)
 
-    def run_each(self, batch: Batch, pending: Any = None) -> list[torch.Tensor | None]:
-        return type(self.inner).run_each(self, batch, pending)  # type: ignore[arg-type]
+    def run_each(self, batch: Batch, pending: Any = None, asked: Any = None) -> list[torch.Tensor | None]:
+        return type(self.inner).run_each(self, batch, pending, asked)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -57,8 +57,8 @@ class ForwardFailsOnPoison:
 class NanLogitsOnPoison(ForwardFailsOnPoison):
     """Wraps the runner: the sampled row of a sequence holding the poison token comes back NaN."""
 
-    def run(self, batch: Batch, pending: Any = None) -> torch.Tensor:
-        logits = self.inner.run(batch, pending).clone()  # an inference tensor: not writable outside inference mode
+    def run(self, batch: Batch, pending: Any = None, asked: Any = None) -> torch.Tensor:
+        logits = self.inner.run(batch, pending, asked).clone()  # an inference tensor: not writable outside inference mode
         sampling = [it for it in batch.items if it.samples]
         for row, it in enumerate(sampling):
             if POISON in it.seq.token_ids:
@@ -109,6 +109,29 @@ def test_a_failing_request_fails_alone(faulty: type[ForwardFailsOnPoison]) -> No
     assert llm.engine.leaked_blocks() == 0 and llm.engine.stats().blocks_used == 0
     # and the engine keeps serving afterwards
     assert llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids == expected[0]
+
+
+def test_prompt_logprobs_beside_a_failing_request_come_from_the_one_by_one_rerun() -> None:
+    """The batched forward fails on the poison prompt: the rerun item by item still computes the
+    others' prompt logprobs, equal to a clean run's; the poisoned request fails alone, without them."""
+    asking = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    clean = make_llm().generate(PROMPTS, asking)
+    llm = make_llm()
+    llm.engine.runner = ForwardFailsOnPoison(llm.engine.runner)  # type: ignore[assignment]
+    outs = llm.generate(PROMPTS, asking)
+    assert llm.engine.runner.batched_failures > 0  # type: ignore[attr-defined]
+    for i, (out, reference) in enumerate(zip(outs, clean)):
+        if i == 1:
+            assert out.outputs[0].finish_reason == "error" and out.prompt_logprobs is None
+            continue
+        assert out.error is None and out.prompt_logprobs is not None and reference.prompt_logprobs is not None
+        assert len(out.prompt_logprobs) == len(PROMPTS[i])
+        for got, want in zip(out.prompt_logprobs[1:], reference.prompt_logprobs[1:]):
+            assert got is not None and want is not None and got.token_id == want.token_id
+            assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+            assert [t for t, _ in got.top] == [t for t, _ in want.top]
+    llm.engine.check_integrity()
+    assert llm.engine.leaked_blocks() == 0
 
 
 def test_a_failed_request_raises_in_its_own_caller_only() -> None:

@@ -41,6 +41,14 @@ def test_stop_string_truncates_and_never_leaks() -> None:
     assert d.stopped
     assert "".join(deltas) == "The answer is 42. "
     assert not any("E" in x for x in deltas)
+    assert d.stop_match == "END"  # what the engine reports as the output's stop_reason
+
+
+def test_the_matched_stop_string_is_the_earliest_in_the_text() -> None:
+    _, d = stream("The answer is 42. END of story, more words here.", ["story", "END"])
+    assert d.stopped and d.stop_match == "END"
+    _, d = stream("The answer is 42.", ["zzz"])
+    assert not d.stopped and d.stop_match is None
 
 
 def test_ids_beyond_the_tokenizer_decode_to_nothing() -> None:

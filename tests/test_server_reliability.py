@@ -75,7 +75,7 @@ def test_pool_sized_prompt_after_a_mid_block_hit_does_not_wedge_the_server(tiny_
 
 
 @pytest.mark.parametrize("hostile", [{"temperature": 1e-300}, {"temperature": 1e-45},
-                                     {"n": 2, "seed": 2**64 - 1, "temperature": 1.0}])
+                                     {"n": 2, "seed": 2**63 - 1, "temperature": 1.0}])
 def test_hostile_sampling_values_fail_no_one(tiny_server: BackgroundServer, hostile: dict[str, Any]) -> None:
     """Reproduction 2: these passed validation, the engine step raised, and every in-flight request
     of every client got a 500. Now each is served, and so is the request running beside it."""
@@ -147,9 +147,9 @@ def test_health_reports_a_stalled_engine(tiny_server: BackgroundServer) -> None:
     release = threading.Event()
     real_run = runner.run
 
-    def hung_run(batch: Any, pending: Any = None) -> Any:
+    def hung_run(batch: Any, pending: Any = None, asked: Any = None) -> Any:
         release.wait(30)
-        return real_run(batch, pending)
+        return real_run(batch, pending, asked)
 
     runner.run = hung_run  # a forward that hangs (a stuck kernel, a deadlock)
     try:

@@ -48,7 +48,7 @@ HEADER_TIMEOUT_S = 3.0
 LOGPROBS_ASKS = [(16, 600), (16, 10**4), (16, 8), (4, 16), (1, 24), (1, None)]
 ACTIONS_PER_CLIENT = 5
 SOAK_DEADLINE_S = 90.0
-HOSTILE_SAMPLING = [{"temperature": 1e-300}, {"temperature": 1e-45}, {"seed": 2**64 - 1, "temperature": 1.0},
+HOSTILE_SAMPLING = [{"temperature": 1e-300}, {"temperature": 1e-45}, {"seed": 2**63 - 1, "temperature": 1.0},
                     {"top_p": 1e-45, "temperature": 1.0}, {"top_k": 10**9, "temperature": 2.0}, {}]
 MALFORMED = ["{", "[]", '{"type":"nope"}', '{"type":"chat"}', '{"type":"cancel","gen_id":"missing"}',
              '{"type":"chat","session_id":"x","content":"hi","gen_id":"g"}', "[" * 5000, '{"type": 5}',

@@ -2,7 +2,8 @@
 
 Emitted text is always a prefix of the final text: a delta never ends in a split UTF-8 character
 (decoding "\ufffd" at the tail holds it back), and when stop strings are set the last
-`len(longest stop) - 1` characters are held back until they cannot start a stop string. Special
+`len(longest stop) - 1` characters are held back until they cannot start a stop string; the stop
+string that matched (the earliest in the text, the first listed on a tie) is `stop_match`. Special
 tokens are left out of the text unless `skip_special_tokens` is False; `hidden_ids` (the model's
 end-of-sequence tokens) are left out always.
 """
@@ -25,6 +26,7 @@ class IncrementalDetokenizer:
         self._prefix = 0  # decode window start: a few tokens of context keep spacing right
         self._read = 0
         self.stopped = False
+        self.stop_match: str | None = None  # the stop string that ended the text, once `stopped`
 
     def _decode(self, ids: list[int]) -> str:
         if not self.skip_special_tokens and self.hidden_ids:
@@ -43,10 +45,11 @@ class IncrementalDetokenizer:
             self._prefix, self._read = self._read, len(self.ids)
         if self.stop:
             start = max(0, self.emitted - self.holdback - 1)
-            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            hits = [(i, k) for k, i in enumerate(self.text.find(s, start) for s in self.stop) if i >= 0]
             if hits:
-                self.text = self.text[:min(hits)]
-                self.stopped = True
+                at, k = min(hits)
+                self.text = self.text[:at]
+                self.stopped, self.stop_match = True, self.stop[k]
 
     def delta(self, final: bool) -> str:
         """Text not handed out yet that is safe to hand out (all of it when final)."""

@@ -23,14 +23,12 @@ def run_isolating_failures(runner: ModelRunner, batch: Batch, inputs: PendingInp
     """Logits of `batch` (one row per sampling item), queued on the device, and `asked` filled in. If
     the batched forward raises, the batch that actually ran (the items whose own forward succeeded,
     from requests with no failed item), their logits (None if none) and the failed requests, each
-    with its caller's message; `asked` is then left empty (the one-by-one rerun does not fill it)."""
+    with its caller's message; `asked` then holds NaN in the rows of the items that failed."""
     try:
         return batch, runner.run(batch, inputs, asked), {}
     except Exception:
         log.exception("a forward pass of %d sequences failed; retrying them one by one", len(batch.items))
-    if asked is not None:
-        asked.values = asked.ids = None
-    per_item = runner.run_each(batch, inputs)
+    per_item = runner.run_each(batch, inputs, asked)
     failed = {it.seq.request: FORWARD_FAILED for it, rows in zip(batch.items, per_item) if rows is None}
     kept = [(it, rows) for it, rows in zip(batch.items, per_item) if rows is not None and it.seq.request not in failed]
     logits = torch.cat([rows for _, rows in kept]) if kept else None

@@ -126,6 +126,7 @@ def _accumulate(results: dict[str, RequestOutput], out: RequestOutput) -> None:
         if delta.logprobs is not None:
             c.logprobs = (c.logprobs or []) + delta.logprobs
         c.finish_reason = delta.finish_reason or c.finish_reason
+        c.stop_reason = delta.stop_reason if delta.stop_reason is not None else c.stop_reason
     whole.outputs = [by_index[i] for i in sorted(by_index)]
     whole.usage, whole.timing, whole.finished = out.usage, out.timing, out.finished
     whole.error = out.error or whole.error

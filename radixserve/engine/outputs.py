@@ -5,7 +5,9 @@ Owns one detokenizer and one "sent" mark per live sequence. A streamed output ca
 resolved tokens (and their logprobs, when asked) generated since the previous output of the same
 sequence; a pending token (still on the device) is never handed out. Each output that hands out new
 tokens stamps the request's Timing (`add_token_time`), so its inter-token latency figures (mean, max)
-are the gaps between those hand-outs: the ITL a streaming caller of the engine sees.
+are the gaps between those hand-outs: the ITL a streaming caller of the engine sees. A sequence that
+finished with "stop" carries its `stop_reason`: the stop string its detokenizer matched, else the
+stop_token_ids id it ended on (the engine's stop test sees the same tokens in the same order).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class OutputTracker:
         self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._sent: dict[int, int] = {}  # seq_id -> generated tokens already handed out
+        self._stop_ids: dict[int, int] = {}  # seq_id -> the stop_token_ids id it committed (it ends there)
 
     def track(self, seq: Sequence) -> None:
         params = seq.request.params
@@ -33,7 +36,17 @@ class OutputTracker:
         """Detokenize a newly resolved token; True when a stop string has appeared."""
         detok = self._detok[seq.seq_id]
         detok.add([token])
+        params = seq.request.params
+        # EOS goes first, as in vLLM: a stop id that is also the model's EOS reports no stop_reason
+        if token in params.stop_token_ids and (params.ignore_eos or token not in self.eos_token_ids):
+            self._stop_ids.setdefault(seq.seq_id, token)
         return detok.stopped
+
+    def _stop_reason(self, seq: Sequence) -> str | int | None:
+        if seq.finish_reason != "stop":
+            return None
+        match = self._detok[seq.seq_id].stop_match
+        return match if match is not None else self._stop_ids.get(seq.seq_id)
 
     def output(self, req: Request, seqs: list[Sequence]) -> RequestOutput:
         """The request's output for `seqs` since their last one; the last of a request retires it."""
@@ -44,7 +57,7 @@ class OutputTracker:
             final = seq.status is SequenceStatus.FINISHED
             lps = seq.logprobs[sent:seq.num_generated] if req.params.logprobs is not None else None
             outs.append(CompletionOutput(seq.index, seq.generated_ids[sent:], self._detok[seq.seq_id].delta(final),
-                                         seq.finish_reason, lps))
+                                         seq.finish_reason, lps, self._stop_reason(seq)))
             self._sent[seq.seq_id] = seq.num_generated
         if any(o.token_ids for o in outs):
             req.timing.add_token_time(now)
@@ -53,6 +66,7 @@ class OutputTracker:
             for seq in req.sequences:
                 self._detok.pop(seq.seq_id, None)
                 self._sent.pop(seq.seq_id, None)
+                self._stop_ids.pop(seq.seq_id, None)
         usage = Usage(len(req.prompt_token_ids), req.cached_tokens, sum(s.num_generated for s in req.sequences),
                       req.host_cached_tokens)
         return RequestOutput(req.request_id, outs, usage, req.timing, req.finished, req.prompt_token_ids)

@@ -19,6 +19,7 @@ the prompt is done, and dropped when it retires.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from radixserve.core import Batch, Request, TokenLogprob
@@ -74,19 +75,20 @@ class PromptLogprobBook:
             offset += item.num_tokens
         return PromptAsk(RowLogprobs(rows, targets, top), owners) if rows else None
 
-    def collect(self, ask: PromptAsk) -> list[Request]:
-        """Take a resolved step's rows into their requests' entries; returns the requests whose
-        forward did not fill them (the batched forward failed), which cannot be answered."""
+    def collect(self, ask: PromptAsk) -> None:
+        """Take a resolved step's rows into their requests' entries. A row whose forward failed (NaN:
+        its item failed on its own, and its request with it) ends its request's entries there, so
+        they are never complete and never handed out."""
         asked = ask.rows
-        if asked.values is None or asked.ids is None:
-            return list(dict.fromkeys(ask.owners))
+        assert asked.values is not None and asked.ids is not None, "the step's forward fills every ask"
         values, ids = asked.values.tolist(), asked.ids.tolist()
         for req, target, row_values, row_ids in zip(ask.owners, asked.targets, values, ids):
             state = self._requests.get(req)
-            if state is not None:
+            if math.isnan(row_values[0]):
+                self._requests.pop(req, None)
+            elif state is not None:
                 k = req.params.prompt_logprobs or 0
                 state.entries.append(TokenLogprob(target, row_values[0], tuple(zip(row_ids[:k], row_values[1:k + 1]))))
-        return []
 
     def take(self, req: Request) -> list[TokenLogprob | None] | None:
         """The request's entries, once they are complete and not yet handed out; else None."""

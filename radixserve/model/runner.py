@@ -200,14 +200,32 @@ class ModelRunner:
             ids.append(top_ids)
         asked.values, asked.ids = torch.cat(values), torch.cat(ids)
 
-    def run_each(self, batch: Batch, pending: PendingInputs | None = None) -> list[torch.Tensor | None]:
+    def run_each(self, batch: Batch, pending: PendingInputs | None = None,
+                 asked: RowLogprobs | None = None) -> list[torch.Tensor | None]:
         """Run each item of a batch on its own (after a batched forward failed): per item, its logits
-        rows (0 or 1) or None where its own forward fails. The batch's copies already ran."""
+        rows (0 or 1) or None where its own forward fails. The batch's copies already ran. `asked` is
+        filled for the items that ran; the rows of an item that failed hold NaN."""
         out: list[torch.Tensor | None] = []
+        parts: list[tuple[list[int], RowLogprobs]] = []
+        start = 0
         for item in batch.items:
+            end = start + item.num_tokens
+            picks = [j for j, row in enumerate(asked.rows) if start <= row < end] if asked is not None else []
+            sub = RowLogprobs([asked.rows[j] - start for j in picks], [asked.targets[j] for j in picks], asked.top) \
+                if asked is not None and picks else None
+            start = end
             try:
                 # a copy: the padded path returns a view of a buffer the next item overwrites
-                out.append(self.run(Batch([item]), pending).clone())
+                out.append(self.run(Batch([item]), pending, sub).clone())
+                if sub is not None:
+                    parts.append((picks, sub))
             except Exception:
                 out.append(None)
+        if asked is not None:
+            asked.values = torch.full((len(asked.rows), 1 + asked.top), float("nan"), device=self.device)
+            asked.ids = torch.zeros((len(asked.rows), asked.top), dtype=torch.long, device=self.device)
+            for picks, sub in parts:
+                assert sub.values is not None and sub.ids is not None  # its forward ran
+                at = to_device(picks, torch.long, self.device)
+                asked.values[at], asked.ids[at] = sub.values, sub.ids
         return out

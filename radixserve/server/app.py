@@ -32,7 +32,7 @@ from radixserve.engine.chat_template import ChatFormatter
 from radixserve.server import anthropic_api, completions_api, openai_api, responses_api, rest
 from radixserve.server.admission import ReleaseSlotsMiddleware
 from radixserve.server.api_errors import api_error_handler, error_response
-from radixserve.server.auth import bearer_token, key_accepted, needs_key
+from radixserve.server.auth import key_accepted, needs_key, request_key
 from radixserve.server.cache_stats import cache_stats_json
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
@@ -140,7 +140,8 @@ async def cache_stats(request: Request) -> Response:
 
 
 class ApiKeyMiddleware:
-    """Bearer auth for /v1/* and /metrics over HTTP; the WebSocket authenticates in its handler."""
+    """API-key auth (Bearer or x-api-key) for /v1/* and /metrics over HTTP; the WebSocket authenticates
+    in its handler."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -148,9 +149,10 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.state.config.api_key is not None and needs_key(scope["path"]):
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            if not key_accepted(bearer_token(headers), self.state.config):
-                e = ApiError("unauthorized", "missing or invalid API key: send Authorization: Bearer <key>", 401)
-                await error_response(e, self.state.metrics)(scope, receive, send)
+            if not key_accepted(request_key(headers), self.state.config):
+                e = ApiError("unauthorized", "missing or invalid API key: send Authorization: Bearer <key> "
+                             "(or x-api-key: <key>)", 401)
+                await error_response(e, self.state.metrics, path=scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -160,7 +162,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     if not request.url.path.startswith(("/v1", "/metrics", "/health")):
         return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
-    return error_response(ApiError(code, str(exc.detail), exc.status_code), headers=exc.headers)
+    return error_response(ApiError(code, str(exc.detail), exc.status_code), headers=exc.headers,
+                          path=request.url.path)
 
 
 def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None) -> Starlette:
@@ -228,7 +231,7 @@ class StaticFallback:
             return
         path = scope["path"]
         if path.startswith(("/v1", "/metrics", "/health")):
-            await error_response(ApiError("not_found", f"no endpoint {path}", 404))(scope, receive, send)
+            await error_response(ApiError("not_found", f"no endpoint {path}", 404), path=path)(scope, receive, send)
         elif self.files is None:
             text = "radixserve: the web UI is not installed; the API is under /v1 (see docs/server.md)"
             await PlainTextResponse(text, status_code=200 if path == "/" else 404)(scope, receive, send)

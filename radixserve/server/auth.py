@@ -1,4 +1,5 @@
-"""The optional API key: Bearer header over HTTP, query parameter or auth frame on the WebSocket.
+"""The optional API key: `Authorization: Bearer` or `x-api-key` (Anthropic's header) over HTTP, query
+parameter or auth frame on the WebSocket.
 
 Keys are compared in constant time. Host and Origin checks live in request_guard, which runs first.
 Besides `--api-key`, each `--priority-api-key` is accepted, and its holder may send any `priority`;
@@ -44,6 +45,13 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
         return None
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
+
+
+def request_key(headers: Mapping[str, str]) -> str | None:
+    """The key an HTTP request presents: its `x-api-key` header when it sends one (Anthropic's clients
+    can), else its Bearer token. `headers` must look names up in lower case (ASGI's, Starlette's)."""
+    key = headers.get("x-api-key")
+    return key.strip() if key else bearer_token(headers)
 
 
 def needs_key(path: str) -> bool:

@@ -143,4 +143,4 @@ class InternalErrorMiddleware:
         except Exception as exc:
             err = api_error_from(exc)
             if not started:
-                await error_response(err, self.metrics)(scope, receive, send)
+                await error_response(err, self.metrics, path=scope["path"])(scope, receive, send)

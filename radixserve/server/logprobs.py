@@ -16,8 +16,10 @@ this module turns them into the OpenAI shape {"content": [{"token", "logprob", "
 
 A body holds n × completion tokens × (top_logprobs + 1) entries of about 80 bytes of JSON each, so a
 request's logprobs are bounded before it runs (`cap_logprob_entries`, --max-logprob-entries): one
-small request must not make the server build hundreds of megabytes. Bodies over OFFLOAD_ENTRIES are
-built off the event loop by the caller (`entries` counts them).
+small request must not make the server build hundreds of megabytes; prompt logprobs (vLLM's
+`prompt_logprobs`, an echoed prompt's: server/completion_logprobs.py) count too, prompt tokens × (k + 1)
+per list the body carries. Bodies over OFFLOAD_ENTRIES are built off the event loop by the caller
+(`entries` counts them).
 """
 
 from __future__ import annotations
@@ -39,22 +41,32 @@ def entries(tokens: int, top: int | None) -> int:
     return 0 if top is None else tokens * (top + 1)
 
 
-def cap_logprob_entries(n: int, max_tokens: int | None, top: int, cap: int) -> int | None:
-    """Bound a request's logprob entries, n × max_tokens × (top_logprobs + 1), by `cap`. An explicit
-    max_tokens over it is a 400 naming the product and the cap. An unset one would default to the
-    context left, which may be far more than the cap allows, so the largest max_tokens that fits is
-    returned for the caller to clamp that default to (an ordinary request without max_tokens still
-    runs, its length bounded); None when max_tokens was given."""
+def cap_logprob_entries(n: int, max_tokens: int | None, top: int | None, cap: int, *, spent: int = 0,
+                        param: str = "top_logprobs", prompt_param: str = "prompt_logprobs") -> int | None:
+    """Bound a request's logprob entries, `spent` + n × max_tokens × (top + 1), by `cap`. `spent`: the
+    entries of its prompt logprobs, which do not depend on max_tokens (over the cap alone: a 400 naming
+    `prompt_param`); `top` None: no generated-token logprobs, only `spent` counts; `param`: the field
+    `top` came from. An explicit max_tokens over it is a 400 naming the product and the cap. An unset
+    one would default to the context left, which may be far more than the cap allows, so the largest
+    max_tokens that fits is returned for the caller to clamp that default to (an ordinary request
+    without max_tokens still runs, its length bounded); None when max_tokens was given."""
+    limit = f"this server's limit of {cap} (--max-logprob-entries)"
+    if spent > cap:
+        raise ApiError("too_many_logprobs", f"the prompt's logprobs take {spent} entries, over {limit}; ask fewer "
+                       "alternatives or send a shorter prompt", param=prompt_param)
+    if top is None:
+        return None
     per_token = entries(n, top)
-    if max_tokens is None and per_token <= cap:
-        return cap // per_token
+    if max_tokens is None and per_token <= cap - spent:
+        return (cap - spent) // per_token
     shown = "1" if max_tokens is None else str(max_tokens)
-    total = per_token * (max_tokens or 1)
+    total = spent + per_token * (max_tokens or 1)
     if total <= cap:
         return None
-    raise ApiError("too_many_logprobs", f"n × max_tokens × (top_logprobs + 1) = {n} × {shown} × ({top} + 1) = "
-                   f"{total} logprob entries exceeds this server's limit of {cap} (--max-logprob-entries); "
-                   "lower n, max_tokens or top_logprobs", param="top_logprobs")
+    prompt = (f"{spent} prompt logprob entries + ", f"{spent} + ") if spent else ("", "")
+    raise ApiError("too_many_logprobs", f"{prompt[0]}n × max_tokens × ({param} + 1) = {prompt[1]}{n} × {shown} × "
+                   f"({top} + 1) = {total} logprob entries exceeds {limit}; lower n, max_tokens or {param}",
+                   param=param)
 
 
 def json_logprob(x: float) -> float:

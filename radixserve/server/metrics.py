@@ -289,7 +289,7 @@ class _ServerStateCollector(Collector):
         yield info
         store = self.sessions()
         if store is not None:
-            yield GaugeMetricFamily("radixserve_sessions", "Chat sessions held", value=len(store))
+            yield GaugeMetricFamily("radixserve_sessions", "Chat sessions and stored responses held", value=len(store))
             yield _counter("radixserve_sessions_evicted", "Sessions evicted at the cap", store.evicted)
             yield _counter("radixserve_sessions_expired", "Sessions expired after idling", store.expired)
         refused = self.refusals()

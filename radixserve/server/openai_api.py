@@ -18,6 +18,8 @@ still get a chunk, with empty content, so the chunks' logprobs together are exac
 non-streamed ones. Chunks without tokens (role, finish) carry `logprobs: null`. n × max_tokens ×
 (top_logprobs + 1) is bounded by --max-logprob-entries (a 400 beyond; an unset max_tokens is clamped
 to fit), and a non-streamed body with many entries is built in a worker thread, off the event loop.
+vLLM's `prompt_logprobs` (not with stream) adds a top-level list (server/completion_logprobs.py),
+its prompt tokens × (k + 1) entries counted in the same bound.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from radixserve.engine.intake import ValidatedRequest
 from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import openai_stream_error
-from radixserve.server.auth import bearer_token, priority_bounds
+from radixserve.server.auth import priority_bounds, request_key
 from radixserve.server.beam_api import BeamAsk, beam_choices, beam_fields, run_beam_search
+from radixserve.server.completion_logprobs import prompt_logprobs_body, prompt_logprobs_field
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
 from radixserve.server.logprobs import OFFLOAD_ENTRIES, cap_logprob_entries, entries, logprobs_body
@@ -56,10 +59,10 @@ from radixserve.server.openai_tools import (
 from radixserve.server.sampling_fields import build_sampling_params, sampling_values
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop, structured_output
-from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str
+from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, refuse_unsupported
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-UNSUPPORTED = ("audio", "prediction")  # tools: server/openai_tools.py
+UNSUPPORTED = {"audio": None, "prediction": None}  # tools: server/openai_tools.py
 
 
 @dataclass
@@ -132,12 +135,8 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     engine = state.require_engine()
     model = get_str(body, "model")
     assert model is not None
-    if model != state.model_name:
-        raise ApiError("model_not_found", f"the model {model!r} does not exist; this server serves "
-                       f"{state.model_name!r}", 404, param="model")
-    for name in UNSUPPORTED:
-        if body.get(name) is not None:
-            raise ApiError("unsupported", f"{name!r} is not supported by this server", param=name)
+    state.require_model(model)
+    refuse_unsupported(body, UNSUPPORTED)
     structured = structured_output(body)
     tools = tool_request(body, formatter.tool_format)
     structured = tool_constraint(tools, structured)  # required/named (or strict tools): the call's
@@ -145,24 +144,25 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", minimum=1)
-    top = _logprobs(body)
+    top, stream = _logprobs(body), get_bool(body, "stream")
     sampling = {
         **sampling_values(body), "max_tokens": max_tokens, "logprobs": top, "structured": structured,
-        "prompt_logprobs": get_int(body, "prompt_logprobs", minimum=0, maximum=MAX_LOGPROBS),
+        "prompt_logprobs": prompt_logprobs_field(body, stream),  # vLLM's; the response's top-level list
         "skip_special_tokens": not (tools is not None and tools.keeps_special_tokens),
     }
     beam: BeamAsk | None = beam_fields(body)
     if beam is not None and tools is not None and tools.active:  # beams are never parsed for calls
         raise ApiError("invalid_field", "tools are not supported with use_beam_search", param="tools")
     n = beam.n if beam is not None else get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
-    stream = get_bool(body, "stream")
     include_usage = stream_include_usage(body, stream)
     priority = get_priority(body, priority_bounds)
-    # bounded before anything runs; an unset max_tokens then defaults to what fits (server/logprobs.py)
-    fits = None if top is None else cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries)
     template_tools = tools.template_tools() if tools is not None else None
     prompt, system_tokens = await state.require_prompts().chat_tokens(messages, template_tools)  # large: off the loop
     admit_prompt(state, len(prompt))
+    # bounded before anything runs, the prompt's logprobs first; an unset max_tokens then defaults to
+    # what fits (server/logprobs.py)
+    fits = cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries,
+                               spent=entries(len(prompt), sampling["prompt_logprobs"]))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
     # a beam search is checked by its driver, with the parameters of its steps
@@ -203,7 +203,7 @@ async def chat_completions(request: Request) -> Response:
     # refusals raise here, before any response starts: a JSON error with its status, never a stream
     body = await read_json_object(request, state.config.max_message_bytes)
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
-    req = await parse_chat_request(state, body, priority_bounds(bearer_token(request.headers), state.config))
+    req = await parse_chat_request(state, body, priority_bounds(request_key(request.headers), state.config))
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))
@@ -230,10 +230,12 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     last: RequestOutput | None = None
+    prompt_lps: list[TokenLogprob | None] | None = None  # carried by the first output only
     assert req.checked is not None
     async with aclosing(stream_request(state, req.checked, req.system, "openai")) as outputs:
         async for out in outputs:
             last = out
+            prompt_lps = out.prompt_logprobs if out.prompt_logprobs is not None else prompt_lps
             for o in out.outputs:
                 texts[o.index].append(o.text)
                 lps[o.index].extend(o.logprobs or ())
@@ -245,12 +247,17 @@ async def _completion(state: ServerState, req: ChatRequest, rid: str, created: i
         replies = [reply_message(req.tools, "".join(texts[i]), finish[i] or "abort") for i in range(n)]  # tool calls
         choices = [{"index": i, "message": message, "logprobs": _choice_logprobs(state, req, lps[i]),
                     "finish_reason": reason} for i, (message, reason) in enumerate(replies)]
-        return dumps({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                      "choices": choices, "usage": usage}).encode("utf-8")
+        body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                "choices": choices, "usage": usage}
+        if req.params.prompt_logprobs is not None:  # vLLM's extension: the prompt's, once, at the top level
+            body["prompt_logprobs"] = prompt_logprobs_body(req.prompt, prompt_lps, req.params.prompt_logprobs,
+                                                           state.token_texts())
+        return dumps(body).encode("utf-8")
 
     # Many logprobs make megabytes of JSON, seconds of Python: built in a worker thread, the event loop
     # (every other client, /health) is never held by one body (issue 24)
-    large = entries(sum(len(x) for x in lps), req.params.logprobs) > OFFLOAD_ENTRIES
+    large = entries(sum(len(x) for x in lps), req.params.logprobs) \
+        + entries(len(req.prompt), req.params.prompt_logprobs) > OFFLOAD_ENTRIES
     return Response(await asyncio.to_thread(render) if large else render(), media_type="application/json")
 
 
@@ -311,9 +318,7 @@ async def retrieve_model(request: Request) -> Response:
     """GET /v1/models/{id}: this server's one model, or 404 (as OpenAI answers for an unknown id)."""
     state: ServerState = request.app.state.server
     model = request.path_params["model"]
-    if model != state.model_name:
-        raise ApiError("model_not_found", f"the model {model!r} does not exist; this server serves "
-                       f"{state.model_name!r}", 404, param="model")
+    state.require_model(model)
     return JSONResponse(_model_card(state))
 
 

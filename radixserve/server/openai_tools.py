@@ -101,15 +101,22 @@ def parse_tools(raw: Any, param: str = "tools") -> list[ToolSpec]:
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
             raise ApiError("invalid_field", f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", "
                            "\"description\", \"parameters\"}}}; only function tools are supported", param=where)
-        out.append(_function(t["function"], f"{where}.function"))
-    names = [s.name for s in out]
+        out.append(function_spec(t["function"], f"{where}.function"))
+    return unique_tools(out, param)
+
+
+def unique_tools(specs: list[ToolSpec], param: str) -> list[ToolSpec]:
+    """`specs`, unless two share a name (a 400 naming `param`)."""
+    names = [s.name for s in specs]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise ApiError("invalid_field", f"{param!r} names the function {dup!r} twice", param=param)
-    return out
+    return specs
 
 
-def _function(f: dict[str, Any], where: str) -> ToolSpec:
+def function_spec(f: dict[str, Any], where: str, schema_key: str = "parameters") -> ToolSpec:
+    """One function tool `{name, description?, <schema_key>?, strict?}` (`schema_key`: OpenAI's
+    "parameters", Anthropic's "input_schema"), checked; errors name `where` and the key."""
     name = f.get("name")
     if not isinstance(name, str) or not NAME.match(name):
         raise ApiError("invalid_field", f"{where}.name must be 1-64 characters of a-z, A-Z, 0-9, '_', '-', '.' or ':'",
@@ -117,10 +124,10 @@ def _function(f: dict[str, Any], where: str) -> ToolSpec:
     description = f.get("description") or ""
     if not isinstance(description, str):
         raise ApiError("invalid_field", f"{where}.description must be a string", param=f"{where}.description")
-    parameters = f.get("parameters")
+    parameters = f.get(schema_key)
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
-    _check_schema(parameters, f"{where}.parameters")
+    _check_schema(parameters, f"{where}.{schema_key}")
     strict = f.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ApiError("invalid_field", f"{where}.strict must be a boolean", param=f"{where}.strict")

@@ -5,7 +5,8 @@ event loop delay everything else (/health, every stream) by seconds. Prompts who
 more than INLINE_CHARS characters are tokenized on one worker thread instead; shorter ones inline,
 where a thread hop would cost more than the work. Both kinds of prompt go through here: an OpenAI
 request's messages (`chat_tokens`) and a session turn's history plus new messages (`append_messages`:
-a user message, or tool results).
+a user message, or tool results), the system tokens a Responses request's instructions render to,
+and a /v1/completions prompt's plain text (`encode`, as the engine's intake tokenizes a string).
 
 Owns: the worker thread and its own ChatFormatter over a deep copy of the tokenizer.
 
@@ -26,6 +27,7 @@ import copy
 from concurrent.futures import ThreadPoolExecutor
 
 from radixserve.engine.chat_template import ChatFormatter, Message, TurnTokens
+from radixserve.engine.intake import tokenize
 from radixserve.engine.tools import ToolSpec
 
 INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokenizes itself
@@ -53,6 +55,19 @@ class PromptWorker:
             return _append(self.formatter, history, messages, tools)
         return await asyncio.get_running_loop().run_in_executor(self._pool, _append, self._own, history, messages,
                                                                 tools)
+
+    async def system_tokens(self, messages: list[Message]) -> list[int]:
+        """ChatFormatter.system_tokens (a Responses request's instructions, which may be long)."""
+        if self._pool is None or _chars(messages) <= INLINE_CHARS:
+            return self.formatter.system_tokens(messages)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._own.system_tokens, messages)
+
+    async def encode(self, text: str) -> list[int]:
+        """A plain-text prompt's token ids, exactly as the engine's intake tokenizes a string (BOS
+        where the model wants one)."""
+        if self._pool is None or len(text) <= INLINE_CHARS:
+            return tokenize(self.formatter.tokenizer, text)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, tokenize, self._own.tokenizer, text)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -73,7 +73,7 @@ class RequestGuardMiddleware:
             await self.app(scope, receive, send)
         elif scope["type"] == "http" or "websocket.http.response" in (scope.get("extensions") or {}):
             # Starlette responses send the websocket.http.response.* denial messages in a WebSocket scope
-            await error_response(error, self.state.metrics)(scope, receive, send)
+            await error_response(error, self.state.metrics, path=scope["path"])(scope, receive, send)
         else:  # closing before accepting refuses the upgrade with a bare 403
             report_error(error, self.state.metrics)
             await send({"type": "websocket.close", "code": 1008})

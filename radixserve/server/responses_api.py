@@ -1,7 +1,190 @@
-"""(being written)"""
+"""OpenAI's Responses API: POST /v1/responses (streaming and not), GET and DELETE /v1/responses/{id}.
+
+A request is read by responses_input, its prompt built from the conversation it continues and its
+response kept by responses_store (the exact-token and ownership rules are there), its bodies and
+events made by responses_events. The guards are the chat endpoint's, in the same order: the API key
+(middleware), a generation slot (`hold_generation`) before any tokenizing, `admit_prompt`, the
+engine's one check of the request, then a stored response's room in the store — every refusal a
+JSON error before any response starts. A client that disconnects, streaming or not, aborts the
+engine request, and the response is not kept.
+
+Invariant: a ResponseRun settles exactly once — its reply stored (completed / incomplete) or its
+entry removed (failed, aborted, or never started because the client left first) — so no stored
+response stays busy.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
-ROUTES: list[Any] = []
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from radixserve.core import RequestOutput
+from radixserve.engine.intake import ValidatedRequest
+from radixserve.server.admission import hold_generation
+from radixserve.server.auth import priority_bounds, request_key
+from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
+from radixserve.server.http_util import ClientGone, EventStream, read_json_object, until_done_or_gone
+from radixserve.server.responses_events import ResponseHead, response_events
+from radixserve.server.responses_input import ResponsesAsk, parse_ask
+from radixserve.server.responses_store import (
+    Prompt,
+    StoredResponse,
+    build_prompt,
+    close_entry,
+    find_response,
+    new_id,
+    open_entry,
+    previous_response,
+    response_owner,
+)
+from radixserve.server.sampling_fields import build_sampling_params
+from radixserve.server.state import ServerState
+from radixserve.server.validation import ApiError
+
+
+@dataclass
+class ResponseRun:
+    """One response's generation: its checked engine request, its stored entry and what it produced."""
+
+    state: ServerState
+    head: ResponseHead
+    prompt: Prompt
+    request: ValidatedRequest
+    system: SystemPromptRef
+    entry: StoredResponse | None  # None with store: false
+    generated: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    finish: str | None = None
+    last: RequestOutput | None = None
+    body: dict[str, Any] | None = None  # the response object, once complete
+    settled: bool = False
+
+    async def deltas(self) -> AsyncGenerator[str, None]:
+        """The reply's text as the engine hands it out; the run is settled when this ends, however."""
+        try:
+            async with aclosing(stream_request(self.state, self.request, self.system, "responses",
+                                               self.head.id)) as outputs:
+                async for out in outputs:
+                    self.last = out
+                    for o in out.outputs[:1]:
+                        self.generated += o.token_ids
+                        self.finish = o.finish_reason or self.finish
+                        if o.text:
+                            self.texts.append(o.text)
+                            yield o.text
+            if self.last is None or self.finish in (None, "abort"):  # the client is still here: the server aborted it
+                raise ApiError("unavailable", "the generation was aborted (the server is shutting down)", 503)
+        except BaseException:
+            self.settle()
+            raise
+        self._complete()
+
+    def _complete(self) -> None:
+        assert self.last is not None and self.finish is not None
+        text = "".join(self.texts)
+        self.body = self.head.body("incomplete" if self.finish == "length" else "completed", text, self.last.usage)
+        if self.entry is not None:  # should this fail, the run is still unsettled: the entry goes
+            formatter, store = self.state.require_chat()
+            end_ids = tuple(self.state.require_engine().eos_token_ids) + tuple(self.request.params.stop_token_ids)
+            close_entry(store, formatter, self.entry, self.prompt, self.generated, end_ids, text, self.finish,
+                        self.body)
+        self.settled = True
+
+    def settle(self) -> None:
+        """Unless it completed: the response is not kept. Idempotent."""
+        if not self.settled:
+            self.settled = True
+            if self.entry is not None and self.state.sessions is not None:
+                self.state.sessions.remove(self.entry)
+
+    def final(self) -> dict[str, Any]:
+        assert self.body is not None, "read after the deltas ended"
+        return self.body
+
+
+async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> ResponseRun:
+    """The checked generation and, to keep, its entry in the store; refusals raise before anything starts."""
+    formatter, store = state.require_chat()
+    engine = state.require_engine()
+    owner = response_owner(request.headers)
+    previous = previous_response(store, ask, owner)
+    prompt = await build_prompt(state, ask, previous)  # long histories are tokenized off the event loop
+    tokens = prompt.tokens()
+    admit_prompt(state, len(tokens))
+    try:
+        params = build_sampling_params(ask.sampling, prompt_len=len(tokens), max_model_len=engine.max_model_len,
+                                       default_max_tokens=None)
+    except ApiError as e:
+        e.param = "max_output_tokens" if e.param == "max_tokens" else e.param  # this API's name for it
+        raise
+    checked = check_request(engine, tokens, params, ask.priority)
+    head = ResponseHead(new_id("resp"), new_id("msg"), int(time.time()), ask, params.temperature, params.top_p)
+    system = SystemPromptRef.of(prompt.head[:prompt.system_len], ask.instructions, formatter.implicit_prefix_len)
+    entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress")) if ask.store \
+        else None
+    return ResponseRun(state, head, prompt, checked, system, entry)
+
+
+class _ResponseStream(EventStream):
+    """The run is settled when the response ends, even if the client left before the events began."""
+
+    def __init__(self, run: ResponseRun) -> None:
+        super().__init__(response_events(run.head, run.deltas(), run.final, run.state.metrics))
+        self.run = run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.run.settle()
+
+
+async def create_response(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await read_json_object(request, state.config.max_message_bytes)
+    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    state.require_chat()
+    ask = parse_ask(body, state.model_name, priority_bounds(request_key(request.headers), state.config))
+    run = await prepare(state, request, ask)
+    if ask.stream:
+        return _ResponseStream(run)
+    try:
+        return await until_done_or_gone(request.receive, _whole(run))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the engine request was aborted
+    finally:
+        run.settle()
+
+
+async def _whole(run: ResponseRun) -> Response:
+    async with aclosing(run.deltas()) as deltas:
+        async for _ in deltas:
+            pass
+    return JSONResponse(run.final())
+
+
+async def response_item(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    _, store = state.require_chat()
+    if request.query_params.get("stream") not in (None, "false"):
+        raise ApiError("unsupported", "streaming a stored response again is not supported by this server",
+                       param="stream")
+    found = find_response(store, request.path_params["response_id"], response_owner(request.headers))
+    if request.method == "GET":
+        return JSONResponse(found.body)
+    store.remove(found)  # a generation in flight still answers its client, unkept (responses_store.py)
+    return JSONResponse({"id": found.id, "object": "response", "deleted": True})
+
+
+ROUTES = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
+]

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from radixserve.server.admission import client_of, hold_generation
 from radixserve.server.api_errors import error_frame
-from radixserve.server.auth import bearer_token, priority_bounds
+from radixserve.server.auth import priority_bounds, request_key
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
 from radixserve.server.sampling_fields import parse_sampling
@@ -108,7 +108,7 @@ async def post_message(request: Request) -> Response:
     content = get_str(body, "content") if body.get("tool_results") is None else None  # or tool results
     sampling = with_structured(parse_sampling(body.get("sampling")), body)
     stream = get_bool(body, "stream")
-    priority = get_priority(body, priority_bounds(bearer_token(request.headers), state.config))
+    priority = get_priority(body, priority_bounds(request_key(request.headers), state.config))
     store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
     # tokenizing may await too: prepare fetches the session again after it

@@ -39,6 +39,11 @@ evicts its own sessions, not everyone else's; a lone owner still uses the whole 
 recently used first. Many owners each within their share compete by LRU: minting secrets is cheap,
 which the per-client creation rate (rate_limit.py) bounds. A tenant, once there are tenants, would
 be one more share key beside the owner.
+
+Stored responses (/v1/responses, responses_store.py) are entries of this store too, a Session
+subclass: one count, byte budget, owner shares, LRU and TTL for both. An entry is found only as its
+own kind (`find`), so a session id is unknown to the Responses API and a response id to the session
+endpoints; `len` counts both.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.tools import ToolSpec
@@ -63,6 +68,7 @@ TOKEN_BYTES = 4
 MESSAGE_OVERHEAD_BYTES = 256  # a Message object, its usage/timing dicts and list slot, roughly
 RoomCheck = Callable[[int], None]  # raises when a prompt of that many tokens could not be served
 RETRY_AFTER_S = 5  # a refused create may retry once generations end or the client deletes sessions
+S = TypeVar("S", bound="Session")
 
 
 def token_array(ids: Any = ()) -> array[int]:
@@ -178,7 +184,7 @@ class SessionStore:
                 turn = self.formatter.append_messages(s.template_messages(), [{"role": "user", "content": "x"}],
                                                       s.template_tools())
                 room(s.system_len + len(turn.user) + len(turn.generation_prompt))
-        return self._insert(s)
+        return self.insert(s)
 
     def render_start(self, s: Session) -> None:
         """Set the tokens of a session without messages: its system prompt and tools as rendered."""
@@ -190,7 +196,8 @@ class SessionStore:
         return Session(id=secrets.token_urlsafe(18), system_prompt=system_prompt, sampling=dict(sampling),
                        created=time.time(), last_used=self.clock(), owner=owner.digest)
 
-    def _insert(self, s: Session) -> Session:
+    def insert(self, s: S) -> S:
+        """Add a new entry, evicting idle ones to make room (429 or 413 when that cannot be done)."""
         self.expire()
         need = s.footprint()
         if need > self.max_bytes:
@@ -258,7 +265,17 @@ class SessionStore:
 
     def get(self, session_id: Any, owner: Owner | None) -> Session:
         """The caller's session; unknown_session (404) when it does not exist, has expired, or is not theirs."""
-        s = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        s = self.find(session_id, owner, Session)
+        if s is None:
+            raise ApiError("unknown_session", "unknown, deleted or expired session", 404)
+        return s
+
+    def find(self, entry_id: Any, owner: Owner | None, kind: type[S]) -> S | None:
+        """The caller's entry of exactly the type `kind`, touched; None when it does not exist, has expired,
+        is of another kind or is not theirs."""
+        s = self._sessions.get(entry_id) if isinstance(entry_id, str) else None
+        if s is not None and type(s) is not kind:
+            s = None
         if s is not None and s.busy is None and self.clock() - s.last_used > self.ttl_s:
             self._remove(s)
             self.expired += 1
@@ -266,7 +283,7 @@ class SessionStore:
         # always one constant-time comparison: a miss, a foreign session and no secret answer alike
         matches = (owner if owner is not None else NOBODY).owns(s.owner if s is not None else NOBODY.digest)
         if s is None or owner is None or not matches:
-            raise ApiError("unknown_session", "unknown, deleted or expired session", 404)
+            return None
         self.touch(s)
         return s
 
@@ -280,7 +297,7 @@ class SessionStore:
         self.expire()
         if owner is None:
             return []
-        mine = [s for s in self._sessions.values() if owner.owns(s.owner)]
+        mine = [s for s in self._sessions.values() if type(s) is Session and owner.owns(s.owner)]
         return sorted(mine, key=lambda s: s.created, reverse=True)
 
     def delete(self, session_id: Any, owner: Owner | None) -> Session:
@@ -301,7 +318,7 @@ class SessionStore:
         child = self._new(parent.system_prompt, parent.sampling, Owner(parent.owner))  # the caller's
         child.tokens, child.system_len, child.tools = parent.tokens[:cut], parent.system_len, parent.tools
         child.messages = [dataclasses.replace(m) for m in parent.messages[:at_message]]  # texts are shared
-        return self._insert(child)  # may evict the parent when the cap is 1
+        return self.insert(child)  # may evict the parent when the cap is 1
 
     def expire(self) -> int:
         now, gone = self.clock(), 0
@@ -311,6 +328,11 @@ class SessionStore:
                 gone += 1
         self.expired += gone
         return gone
+
+    def remove(self, s: Session) -> None:
+        """Drop `s` if the store still holds it (it may have been deleted or expired meanwhile)."""
+        if self._sessions.get(s.id) is s:
+            self._remove(s)
 
     def _remove(self, s: Session) -> None:
         del self._sessions[s.id]

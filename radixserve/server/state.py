@@ -107,6 +107,13 @@ class ServerState:
         assert self.prompt_worker is not None, "set with the formatter when the model loads"
         return self.prompt_worker
 
+    def require_model(self, model: str) -> None:
+        """404 `model_not_found` unless `model` is the served model's name (what every generating API
+        checks its `model` field against)."""
+        if model != self.model_name:
+            raise ApiError("model_not_found", f"the model {model!r} does not exist; this server serves "
+                           f"{self.model_name!r}", 404, param="model")
+
     def limit_creation(self, client: str | None) -> None:
         """Count one session creation by `client` (its address); 429 rate_limited over its allowance."""
         cfg = self.config

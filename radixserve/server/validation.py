@@ -213,3 +213,11 @@ def get_gen_id(obj: dict[str, Any]) -> str:
     gen_id = get_str(obj, "gen_id", max_chars=MAX_GEN_ID_CHARS)
     assert gen_id is not None
     return gen_id
+
+
+def refuse_unsupported(body: dict[str, Any], fields: dict[str, Any]) -> None:
+    """A 400 `unsupported` naming the first of `fields` that `body` sets to anything other than null or
+    that field's harmless value (a feature this server cannot honour is refused, never ignored)."""
+    for name, harmless in fields.items():
+        if body.get(name) not in (None, harmless):
+            raise ApiError("unsupported", f"{name!r} is not supported by this server", param=name)

@@ -1,0 +1,160 @@
+"""The Anthropic Messages API's reply side: a generated reply as content blocks, with its stop_reason
+and usage, whole (`message_body`) or as the stream's events (`ReplyEvents`).
+
+Invariants:
+- usage: `input_tokens` are the prompt tokens NOT read from the cache, `cache_read_input_tokens` those
+  the radix cache served (the engine's cached_tokens), `cache_creation_input_tokens` is 0 (every
+  prompt is cached without being asked, at no extra cost); so input_tokens + cache_read_input_tokens
+  is the prompt's length, what count_tokens answers. `output_tokens` are the generated tokens.
+- stop_reason: "max_tokens" for a reply cut by max_tokens; "stop_sequence", with `stop_sequence` the
+  string that matched (the engine's CompletionOutput.stop_reason); "tool_use" for a reply that called
+  a tool and ended on its own; else "end_turn". A generation the server aborted (shutdown) is an
+  error, never a message.
+- Blocks: without active tools, one text block holding the text as generated (none for an empty
+  reply). With tools the format's parser reads the reply: text blocks hold the text outside calls
+  (surrounding whitespace dropped), tool_use blocks the calls (id "toolu_…", `input` the arguments'
+  JSON value); without parallel calls only the first call is kept. Whole, the text comes first, then
+  the calls (ChatTools.parse); streamed, the blocks come in the order they were generated.
+- Stream: `message_start` once, on the engine's first output (which knows the cache hit); per block
+  `content_block_start`, its deltas, `content_block_stop`, one block open at a time, indexes 0, 1, ...;
+  then `message_delta` (stop_reason, stop_sequence, the final usage) and `message_stop`. A block's
+  `text_delta` pieces join to its text, a tool_use block's `input_json_delta` pieces to its input's JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.core import CompletionOutput, RequestOutput, Usage
+from radixserve.engine.chat_tools import ChatTools
+from radixserve.engine.tools import ContentDelta, ReplyDelta, ToolStream, arguments_object
+from radixserve.server.http_util import dumps
+from radixserve.server.validation import ApiError
+
+
+def aborted() -> ApiError:
+    return ApiError("aborted", "the generation was aborted before it finished (the server is shutting down)", 503)
+
+
+def usage_body(u: Usage) -> dict[str, int]:
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": u.cached_tokens, "output_tokens": u.completion_tokens}
+
+
+def stop_fields(o: CompletionOutput, called: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished reply."""
+    if o.finish_reason == "length":
+        return "max_tokens", None
+    if o.finish_reason != "stop":
+        raise aborted()
+    if isinstance(o.stop_reason, str):  # an int is a stop token id: Anthropic's API sets none, EOS-like
+        return "stop_sequence", o.stop_reason
+    return ("tool_use" if called else "end_turn"), None
+
+
+def toolu_id(call_id: str) -> str:
+    """Anthropic's tool_use id for the engine's call id ("call_" and 24 hex digits)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def message(mid: str, model: str, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
+            usage: Usage) -> dict[str, Any]:
+    return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage_body(usage)}
+
+
+def message_body(mid: str, model: str, tools: ChatTools | None, text: str, final: CompletionOutput,
+                 usage: Usage) -> dict[str, Any]:
+    """The whole reply: `text` is everything generated, `final` the output that finished it."""
+    if tools is None or not tools.active:
+        return message(mid, model, [{"type": "text", "text": text}] if text else [], stop_fields(final, False), usage)
+    parsed = tools.parse(text)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": parsed.content}] if parsed.content else []
+    blocks += [{"type": "tool_use", "id": toolu_id(c.id), "name": c.name, "input": arguments_object(c.arguments)}
+               for c in parsed.calls]
+    return message(mid, model, blocks, stop_fields(final, bool(parsed.calls)), usage)
+
+
+def sse_event(name: str, body: dict[str, Any]) -> str:
+    """One event of Anthropic's stream: its name twice, as the `event:` line and the body's `type`."""
+    return f"event: {name}\ndata: {dumps({'type': name, **body})}\n\n"
+
+
+@dataclass
+class ReplyEvents:
+    """The events of one streamed reply (n is 1), fed the engine's outputs in order."""
+
+    mid: str
+    model: str
+    tools: ChatTools | None
+    parser: ToolStream | None = field(init=False)
+    started: bool = False
+    blocks: int = 0  # blocks started so far; the open one is the last
+    open_kind: str | None = None  # "text" | "tool_use" while a block is open
+    called: bool = False
+    stopped: bool = False  # message_stop went out
+    keep_call: bool = True  # whether the call being streamed is kept (not without parallel calls, after the first)
+
+    def __post_init__(self) -> None:
+        active = self.tools is not None and self.tools.active
+        self.parser = self.tools.format.stream() if self.tools is not None and active else None
+
+    def of(self, out: RequestOutput) -> list[str]:
+        events: list[str] = []
+        if not self.started:
+            self.started = True
+            start = message(self.mid, self.model, [], (None, None), out.usage)
+            events.append(sse_event("message_start", {"message": start}))
+        for o in out.outputs:
+            for d in self._deltas(o):
+                events += self._delta(d)
+            if o.finish_reason:
+                events += self._close()
+                reason, sequence = stop_fields(o, self.called)
+                events.append(sse_event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                                          "usage": usage_body(out.usage)}))
+                events.append(sse_event("message_stop", {}))
+                self.stopped = True
+        return events
+
+    def _deltas(self, o: CompletionOutput) -> list[ReplyDelta]:
+        if self.parser is None:
+            return [ContentDelta(o.text)] if o.text else []
+        items = self.parser.feed(o.text) if o.text else []
+        return items + self.parser.finish() if o.finish_reason else items
+
+    def _delta(self, d: ReplyDelta) -> list[str]:
+        if isinstance(d, ContentDelta):
+            if not d.text:
+                return []
+            events = [] if self.open_kind == "text" else self._open({"type": "text", "text": ""})
+            return events + [self._block_delta({"type": "text_delta", "text": d.text})]
+        if d.id is not None:  # a call's first fragment names it
+            self.keep_call = d.index == 0 or (self.tools is not None and self.tools.parallel)
+            if not self.keep_call:
+                return []
+            self.called = True
+            events = self._open({"type": "tool_use", "id": toolu_id(d.id), "name": d.name, "input": {}})
+        elif not self.keep_call:
+            return []
+        else:
+            events = []
+        if d.arguments:
+            events.append(self._block_delta({"type": "input_json_delta", "partial_json": d.arguments}))
+        return events
+
+    def _open(self, block: dict[str, Any]) -> list[str]:
+        events = self._close()
+        self.blocks += 1
+        self.open_kind = block["type"]
+        return events + [sse_event("content_block_start", {"index": self.blocks - 1, "content_block": block})]
+
+    def _close(self) -> list[str]:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        return [sse_event("content_block_stop", {"index": self.blocks - 1})]
+
+    def _block_delta(self, delta: dict[str, Any]) -> str:
+        return sse_event("content_block_delta", {"index": self.blocks - 1, "delta": delta})

@@ -1,0 +1,248 @@
+"""The Anthropic Messages API's request side: a /v1/messages or /v1/messages/count_tokens body into
+the chat template's messages and tools (`render_conversation`, shared by both, so count_tokens counts
+exactly the prompt a message would have) and, for a message, its sampling and the engine's check
+(`parse_messages_request`). Every field is checked before anything is tokenized; a bad one is a 400
+naming it (`messages[1].content[0].type`, `tool_choice.name`, ...).
+
+Mapping (invariants):
+- `system` (a string or text blocks) is the leading system message; `cache_control`, wherever a block
+  carries it, is accepted and changes nothing (every prefix is cached: docs/server.md).
+- `messages` are `user` and `assistant` turns (consecutive turns of one role are allowed, as Anthropic
+  merges them) and end with a `user` turn: a trailing assistant turn (a prefill) is refused.
+- A user turn's `tool_result` blocks become `tool` messages, in order, before the turn's text (their
+  content: a string or text blocks; `is_error` marks the text "Error: "); an assistant turn's
+  `tool_use` blocks become its `tool_calls` (`input` as JSON text, ids kept). Blocks this text-only
+  server cannot read (image, document, thinking, ...) are refused, never dropped.
+- `tools` and `tool_choice` become ChatTools (anthropic_tools.py).
+- Sampling: `max_tokens` is required (as Anthropic requires); `temperature` is in [0, 1] (Anthropic's
+  range); `top_p`, `top_k`, `stop_sequences` are read by sampling_fields; `thinking` may only be
+  `{"type": "disabled"}`; `metadata` is ignored. `output_config.format` (`{"type": "json_schema",
+  "schema"}`) constrains the reply to the schema (structured output; not with a forced tool choice);
+  `output_config.effort` is a hint, ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.engine.chat_template import Message
+from radixserve.engine.chat_tools import ChatTools
+from radixserve.engine.intake import ValidatedRequest
+from radixserve.engine.tools import ToolCall
+from radixserve.server.anthropic_tools import tool_request
+from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request
+from radixserve.server.openai_tools import tool_constraint
+from radixserve.server.sampling_fields import build_sampling_params, sampling_values
+from radixserve.server.state import ServerState
+from radixserve.server.structured_api import compile_off_loop
+from radixserve.server.validation import ApiError, get_bool, get_float, get_int, get_str, refuse_unsupported
+from radixserve.structured import StructuredOutput
+
+SAMPLING = ("temperature", "top_p", "top_k", "stop_sequences")  # Anthropic's sampling fields
+UNSUPPORTED = {"mcp_servers": None, "container": None}  # features refused rather than ignored
+BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}  # the blocks each role may send
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A request's conversation as the engine sees it: template messages, tools, prompt tokens."""
+
+    model: str
+    messages: list[Message]
+    tools: ChatTools | None
+    prompt: list[int]
+    system: SystemPromptRef
+
+
+@dataclass(frozen=True)
+class MessagesRequest:
+    conversation: Conversation
+    stream: bool
+    checked: ValidatedRequest  # what the engine's intake made of it
+
+
+async def parse_messages_request(state: ServerState, body: dict[str, Any]) -> MessagesRequest:
+    engine = state.require_engine()
+    max_tokens = get_int(body, "max_tokens", minimum=1)
+    if max_tokens is None:
+        raise ApiError("missing_field", "missing required field 'max_tokens'", param="max_tokens")
+    _refuse_thinking(body.get("thinking"))
+    stream = get_bool(body, "stream")
+    sampling = _sampling(body)
+    structured = _output_format(body.get("output_config"))
+    conv = await render_conversation(state, body)  # the checks above first: a bad field costs no tokenizing
+    admit_prompt(state, len(conv.prompt))
+    tools = conv.tools
+    sampling.update(max_tokens=max_tokens, structured=tool_constraint(tools, structured),
+                    skip_special_tokens=not (tools is not None and tools.keeps_special_tokens))
+    params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(conv.prompt),
+                                   max_model_len=engine.max_model_len, default_max_tokens=None)
+    await compile_off_loop(engine, params.structured)  # a forced call's grammar: compiled off the loop
+    checked = check_request(engine, conv.prompt, params, 0)
+    return MessagesRequest(conv, stream, checked)
+
+
+async def render_conversation(state: ServerState, body: dict[str, Any]) -> Conversation:
+    """`model`, `system`, `messages`, `tools`, `tool_choice` of a body, checked, and the prompt they make."""
+    formatter, _ = state.require_chat()
+    model = get_str(body, "model")
+    assert model is not None
+    state.require_model(model)
+    refuse_unsupported(body, UNSUPPORTED)
+    tools = tool_request(body, formatter.tool_format)
+    messages = template_messages(body)
+    template_tools = tools.template_tools() if tools is not None else None
+    prompt, system_tokens = await state.require_prompts().chat_tokens(messages, template_tools)  # large: off the loop
+    first_system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
+    return Conversation(model, messages, tools, prompt, system)
+
+
+def _refuse_thinking(thinking: Any) -> None:
+    if thinking is None or (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
+        return
+    raise ApiError("unsupported", "extended thinking is not supported by this server; send no 'thinking' or "
+                   "{\"type\": \"disabled\"}", param="thinking")
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    # Anthropic's temperature range is [0, 1], narrower than the OpenAI [0, 2] sampling_values checks
+    get_float(body, "temperature", 0.0, 1.0)
+    stops = body.get("stop_sequences")
+    if stops is not None and not isinstance(stops, list):
+        raise ApiError("invalid_field", "'stop_sequences' must be a list of strings", param="stop_sequences")
+    return sampling_values({k: body[k] for k in SAMPLING if k in body}, stop_name="stop_sequences")
+
+
+def _output_format(config: Any) -> StructuredOutput | None:
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if config is not None and not isinstance(config, dict):
+        raise ApiError("invalid_field", "'output_config' must be an object", param="output_config")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise ApiError("invalid_field", "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": "
+                       "{...}}", param="output_config.format")
+    try:
+        return StructuredOutput(json=fmt["schema"], field="output_config.format.schema")
+    except ValueError as e:
+        raise ApiError("invalid_field", str(e), param="output_config.format.schema") from None
+
+
+# -- conversation ------------------------------------------------------------------------------
+
+def template_messages(body: dict[str, Any]) -> list[Message]:
+    """`system` and `messages` as the chat template's messages (OpenAI's roles and tool shapes)."""
+    return _system(body.get("system")) + _messages(body.get("messages"))
+
+
+def _system(raw: Any) -> list[Message]:
+    if raw is None:
+        return []
+    blocks = [] if isinstance(raw, str) else _block_list(raw, "system")
+    text = raw if isinstance(raw, str) else "".join(_text(b, f"system[{k}]") for k, b in enumerate(blocks))
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _messages(raw: Any) -> list[Message]:
+    if raw is None:
+        raise ApiError("missing_field", "missing required field 'messages'", param="messages")
+    if not isinstance(raw, list) or not raw:
+        raise ApiError("invalid_field", "'messages' must be a non-empty list", param="messages")
+    out: list[Message] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError("invalid_field", f"{where} must be an object", param=where)
+        role = m.get("role")
+        if not isinstance(role, str) or role not in BLOCKS:
+            raise ApiError("invalid_field", f"{where}.role must be 'user' or 'assistant', got {role!r} (the system "
+                           "prompt is the top-level 'system' field)", param=f"{where}.role")
+        if "content" not in m or m["content"] is None:
+            raise ApiError("missing_field", f"{where}.content is required", param=f"{where}.content")
+        out += _user_turn(m["content"], where) if role == "user" else [_assistant_turn(m["content"], where)]
+    if raw[-1].get("role") != "user":
+        raise ApiError("unsupported", "the last message must be a user turn: continuing a final assistant message "
+                       "(prefill) is not supported by this server", param=f"messages[{len(raw) - 1}].role")
+    return out
+
+
+def _user_turn(content: Any, where: str) -> list[Message]:
+    """Tool results first (as `tool` messages, as Anthropic asks them to come first), then the text."""
+    results: list[Message] = []
+    texts: list[str] = []
+    for k, b in _blocks(content, where, "user"):
+        at = f"{where}.content[{k}]"
+        if b["type"] == "text":
+            texts.append(_text(b, at))
+        else:
+            results.append(_tool_result(b, at))
+    return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
+
+
+def _assistant_turn(content: Any, where: str) -> Message:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for k, b in _blocks(content, where, "assistant"):
+        at = f"{where}.content[{k}]"
+        if b["type"] == "text":
+            texts.append(_text(b, at))
+            continue
+        call_id, name, args = b.get("id"), b.get("name"), b.get("input")
+        if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name \
+                or not isinstance(args, dict):
+            raise ApiError("invalid_field", f"{at} must be {{\"type\": \"tool_use\", \"id\": str, \"name\": str, "
+                           "\"input\": object}", param=at)
+        calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False), call_id).openai_dict())
+    if not calls:
+        return {"role": "assistant", "content": "".join(texts)}
+    return {"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}
+
+
+def _tool_result(b: dict[str, Any], at: str) -> Message:
+    call_id = b.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError("missing_field", f"{at}.tool_use_id is required", param=f"{at}.tool_use_id")
+    content = b.get("content")
+    if content is None or isinstance(content, str):
+        text = content or ""
+    else:
+        text = "".join(_text(c, f"{at}.content[{k}]") for k, c in enumerate(_block_list(content, f"{at}.content")))
+    is_error = b.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise ApiError("invalid_field", f"{at}.is_error must be a boolean", param=f"{at}.is_error")
+    # templates have no slot for a failed call: the model is told in the result's text
+    return {"role": "tool", "tool_call_id": call_id, "content": f"Error: {text}" if is_error else text}
+
+
+def _blocks(content: Any, where: str, role: str) -> list[tuple[int, dict[str, Any]]]:
+    """A turn's content blocks (a string is one text block) with their indexes, each of a type `role` may send."""
+    if isinstance(content, str):
+        return [(0, {"type": "text", "text": content})]
+    blocks = _block_list(content, f"{where}.content")
+    if not blocks:
+        raise ApiError("invalid_field", f"{where}.content must not be empty", param=f"{where}.content")
+    out = []
+    for k, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind not in BLOCKS[role]:
+            at = f"{where}.content[{k}].type"
+            raise ApiError("unsupported" if isinstance(kind, str) else "invalid_field",
+                           f"{at}: {kind!r} blocks are not supported in a {role} turn by this server (text-only); "
+                           f"send {' or '.join(map(repr, BLOCKS[role]))} blocks", param=at)
+        out.append((k, b))
+    return out
+
+
+def _block_list(raw: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not all(isinstance(b, dict) for b in raw):
+        raise ApiError("invalid_field", f"{where} must be a string or a list of content blocks", param=where)
+    return raw
+
+
+def _text(b: dict[str, Any], at: str) -> str:
+    if b.get("type") != "text" or not isinstance(b.get("text"), str):
+        raise ApiError("invalid_field", f"{at} must be a text block {{\"type\": \"text\", \"text\": str}}", param=at)
+    return str(b["text"])

@@ -1,0 +1,154 @@
+"""Stored responses of /v1/responses: each one's whole conversation as the exact token ids the model
+saw and produced, kept in the chat SessionStore (sessions.py) so they share its accounting.
+
+A StoredResponse is a Session: `tokens` is its conversation closed the way the chat template closes
+an assistant turn (the instructions' system message, the inputs of every request in its chain,
+every reply), `system_prompt` the instructions it was rendered with, `messages` its messages (the
+inputs of one request share one token span) and `body` the response object GET returns. A
+follow-up naming it in `previous_response_id` starts from those tokens and APPENDS its input's
+tokens and the generation prompt, never re-tokenizing the history, so its prompt hits the radix
+cache on all of them: the sessions' rule. Each stored response holds its own copy of the tokens
+(4 bytes each), so evicting or deleting one never breaks another; a chain of k responses holds
+O(k²) token ids, all of them counted in the byte budget.
+
+Instructions: as OpenAI does, a request's `instructions` are its own and not carried over from the
+previous response. When they differ from those the stored conversation was rendered with, its
+history is rendered again after the new system message (the replies re-tokenized from their text),
+so the cache misses from the system prompt on.
+
+Budget: stored responses are SessionStore entries — one count (--max-sessions), one byte budget
+(--max-session-bytes-total), the owner shares, LRU eviction of idle entries and the TTL, together
+with the chat sessions; the session endpoints never see them (SessionStore.find looks up one kind).
+
+Ownership: the `X-Session-Owner` secret when the client sends one, else the caller's API key
+(Bearer) when it sends one, else one anonymous owner, for whom the unguessable id (192 bits) alone
+is the capability. Another owner's id is answered exactly like an unknown one (404 not_found),
+without touching the entry.
+
+Lifecycle: a response to keep (`store`, the default) is inserted busy before its response starts
+(so a full store answers 429 or 413, never an opened stream); GET returns it `in_progress` until it
+ends, and a follow-up naming it meanwhile is a 409 `response_in_progress`, not a wait (a client
+has the id that early only from a stream it is still reading). Completed or incomplete
+(max_output_tokens) it is kept; failed or aborted (client gone, shutdown) it is removed. DELETE
+removes it at once, even while it generates: that generation still answers its client, unkept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.engine.chat_template import ChatFormatter, TurnTokens
+from radixserve.server.auth import request_key
+from radixserve.server.owners import Owner, secret_from_headers
+from radixserve.server.responses_input import ResponsesAsk
+from radixserve.server.sessions import Message, Session, SessionStore, token_array
+from radixserve.server.state import ServerState
+from radixserve.server.validation import ApiError
+
+BODY_OVERHEAD_BYTES = 1024  # the response object's dicts beside the texts the messages hold
+ANONYMOUS = Owner.of(secrets.token_urlsafe(32))  # drawn per process: no client can present its secret
+
+
+def response_owner(headers: Mapping[str, str]) -> Owner:
+    """Whose responses a request reaches (see the module docstring); 400 for a malformed owner secret."""
+    secret = secret_from_headers(headers)
+    if secret is not None:
+        return Owner.of(secret)
+    key = request_key(headers)
+    if key:  # domain-separated from owner secrets; a key need not be ASCII
+        return Owner(hashlib.sha256(b"api-key\0" + key.encode("utf-8", "surrogatepass")).digest())
+    return ANONYMOUS
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+@dataclass
+class StoredResponse(Session):
+    body: dict[str, Any] = field(default_factory=dict)  # the response object, as GET returns it
+
+    def footprint(self) -> int:
+        metadata = self.body.get("metadata") or {}
+        return super().footprint() + BODY_OVERHEAD_BYTES + sum(len(k) + len(v) for k, v in metadata.items())
+
+
+def find_response(store: SessionStore, response_id: Any, owner: Owner, param: str | None = None) -> StoredResponse:
+    """The caller's stored response; 404 not_found when unknown, deleted, expired, not stored or not theirs."""
+    found = store.find(response_id, owner, StoredResponse)
+    if found is None:
+        raise ApiError("not_found", "no such response (unknown, deleted, expired, or created with store: false)",
+                       404, param=param)
+    return found
+
+
+def previous_response(store: SessionStore, ask: ResponsesAsk, owner: Owner) -> StoredResponse | None:
+    if ask.previous_id is None:
+        return None
+    previous = find_response(store, ask.previous_id, owner, "previous_response_id")
+    if previous.busy is not None:
+        raise ApiError("response_in_progress", "the previous response is still being generated; send this once it "
+                       "has completed", 409, param="previous_response_id")
+    return previous
+
+
+@dataclass
+class Prompt:
+    """A new response's prompt: `head` (the conversation it continues, closed, or the instructions'
+    system tokens) + the turn's tokens (its inputs, then the generation prompt)."""
+
+    head: list[int]
+    system_len: int  # head[:system_len]: the instructions' system message
+    turn: TurnTokens
+    messages: list[Message]  # the conversation's, the new inputs last; spans index head + turn.user
+    history: list[dict[str, Any]]  # the conversation as the template takes it, inputs included
+
+    def tokens(self) -> list[int]:
+        return self.head + self.turn.user + self.turn.generation_prompt
+
+
+async def build_prompt(state: ServerState, ask: ResponsesAsk, previous: StoredResponse | None) -> Prompt:
+    prompts = state.require_prompts()
+    if previous is not None and previous.system_prompt == ask.instructions:
+        # the exact tokens the model saw and produced: only the new input is tokenized
+        head, system_len, kept = previous.tokens.tolist(), previous.system_len, list(previous.messages)
+        history, added = previous.template_messages(), ask.inputs
+    else:  # a first response, or new instructions: everything after the system message is rendered again
+        history = [{"role": "system", "content": ask.instructions}] if ask.instructions is not None else []
+        head = await prompts.system_tokens(history)
+        system_len, kept = len(head), []
+        added = [m.template() for m in previous.messages] + ask.inputs if previous is not None else ask.inputs
+    turn = await prompts.append_messages(history, added)
+    span = (len(head), len(head) + len(turn.user))
+    messages = kept + [Message(m["role"], m["content"], *span) for m in added]
+    return Prompt(head, system_len, turn, messages, history + added)
+
+
+def open_entry(store: SessionStore, response_id: str, owner: Owner, instructions: str | None, prompt: Prompt,
+               body: dict[str, Any]) -> StoredResponse:
+    """Insert the response (busy, `body` in progress) before it generates; 429/413 when it cannot fit."""
+    entry = StoredResponse(id=response_id, system_prompt=instructions, sampling={}, created=time.time(),
+                           last_used=store.clock(), owner=owner.digest, tokens=token_array(prompt.head + prompt.turn.user),
+                           system_len=prompt.system_len, messages=prompt.messages, busy=response_id, body=body)
+    return store.insert(entry)
+
+
+def close_entry(store: SessionStore, formatter: ChatFormatter, entry: StoredResponse, prompt: Prompt,
+                generated: list[int], end_ids: tuple[int, ...], text: str, finish_reason: str,
+                body: dict[str, Any]) -> None:
+    """The reply appended as the template closes an assistant turn (the tokens a follow-up starts from)."""
+    closing = formatter.close_assistant(prompt.history, generated, end_ids)
+    start = len(entry.tokens)
+    entry.tokens.extend(prompt.turn.generation_prompt + generated + closing)
+    entry.messages.append(Message("assistant", text, start, len(entry.tokens), finish_reason))
+    entry.body, entry.busy = body, None
+    store.touch(entry)
+    store.account(entry)
+    with suppress(ApiError):  # over budget with only busy entries left: the next insert sheds it
+        store.make_room(0, keep=entry)
