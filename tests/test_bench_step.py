@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,12 @@ def test_step_bench_penalties_rows_and_their_ratio(tmp_path: Path, capsys: pytes
     out = tmp_path / "step.json"
     assert main(["bench", "step", "--model", str(model_dir), "--load-format", "dummy", "--batch", "2", "--context", "24",
                  "--steps", "2", "--warmup", "1", "--device", "cpu", "--bandwidth-mib", "16", "--graphs", "off",
-                 "--sampling", "greedy,top-p", "--penalties", "off,on", "--json", str(out)]) == 0
+                 "--sampling", "greedy,top-p", "--penalties", "off,on", "--rounds", "2", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| graphs | overlap | penalties | batch |" in table and "| on / off |" in table
     rows = json.loads(out.read_text())["rows"]
+    for r in rows:  # two interleaved rounds of 2 timed steps, pooled
+        assert r["rounds"] == 2 and len(r["step_ms"]) == 4 and r["ms_median"] == statistics.median(r["step_ms"])
     assert {(r["sampling"], r["penalties"]) for r in rows} == {(s, p) for s in ("greedy", "top-p") for p in ("off", "on")}
     for r in rows:
         assert math.isfinite(r["ms_median"]) and r["leaked_blocks"] == 0 and r["live_sequences"] == 0

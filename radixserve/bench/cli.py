@@ -129,6 +129,8 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=512, help="prompt tokens per sequence (default %(default)s)")
     p.add_argument("--steps", type=int, default=None, help="timed decode steps per row (default 32; 8 on CPU)")
     p.add_argument("--warmup", type=int, default=3, help="untimed decode steps first (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=1, help="run each batch's rows this many times, interleaved, "
+                   "pooling their timed steps (a drifting machine then weighs on every row alike)")
     p.add_argument("--sampling", type=names, default=("greedy", "top-p"), help="greedy,top-p (default both)")
     p.add_argument("--graphs", type=names, default=("on", "off"),
                    help="on (enforce_eager=False), off (enforce_eager=True), or on,off (default)")
@@ -155,7 +157,7 @@ def _run_step(args: argparse.Namespace) -> int:
     options = StepBenchOptions(
         shape=args.shape, model=args.model, load_format=args.load_format, batches=args.batch, context=args.context,
         steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, overlap=args.overlap,
-        penalties=args.penalties, device=args.device,
+        penalties=args.penalties, rounds=args.rounds, device=args.device,
         dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         bandwidth_mib=args.bandwidth_mib, seed=args.seed)

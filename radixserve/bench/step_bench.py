@@ -83,6 +83,9 @@ class StepBenchOptions:
     graphs: tuple[str, ...] = GRAPHS
     overlap: tuple[str, ...] = ("on",)
     penalties: tuple[str, ...] = ("off",)  # on: every request penalised (PENALTIES and a logit_bias)
+    # each batch's rows run this many times, interleaved, their timed steps pooled: a drift in the
+    # machine's speed (a shared VM) then falls on every row alike instead of on whichever ran last
+    rounds: int = 1
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
@@ -219,11 +222,23 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     host_ms = 1000 * statistics.median(t.idle_s for t in spans) if spans else float("nan")
     return dict(sampling=sampling, penalties="on" if penalties else "off", batch=batch, device_ms=device_ms,
                 host_unhidden_ms=host_ms, context=len(prompts[0]), steps=steps, warmup=warmup,
-                prefill_steps=prefill_steps, ms_median=ms, ms_mean=1000 * statistics.fmean(times),
+                prefill_steps=prefill_steps, step_ms=[1000 * t for t in times], ms_median=ms,
+                ms_mean=1000 * statistics.fmean(times),
                 ms_min=1000 * min(times), tok_s=batch * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
                 kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
                 roofline_fraction=(weights + kv) / bandwidth / (ms / 1000),
                 leaked_blocks=engine.leaked_blocks(), live_sequences=len(engine.live_sequences()))
+
+
+def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row's figures over its rounds: the step times pooled, the per-round medians' median else."""
+    times = [t for r in rounds for t in r["step_ms"]]
+    ms = statistics.median(times)
+    first = rounds[0]
+    return {**first, "rounds": len(rounds), "step_ms": times, "ms_median": ms, "ms_mean": statistics.fmean(times),
+            "ms_min": min(times), "tok_s": first["batch"] * 1000 / ms,
+            "roofline_fraction": first["roofline_fraction"] * first["ms_median"] / ms,
+            **{k: statistics.median(r[k] for r in rounds) for k in ("device_ms", "host_unhidden_ms")}}
 
 
 def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
@@ -239,7 +254,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     steps = o.steps or (32 if cuda else 8)
     unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS] \
         + [v for v in o.overlap if v not in OVERLAP] + [v for v in o.penalties if v not in ("on", "off")]
-    if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0:
+    if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0 or o.rounds < 1:
         raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
     step_tokens = o.max_num_batched_tokens or max(8192, max(batches))
     max_len = o.context + o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)
@@ -268,9 +283,10 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         for batch in batches:
             rng = random.Random(f"{o.seed}-{batch}")  # same prompts for each sampling mode and graphs setting
             prompts = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
-            for sampling, penalties in [(s, p) for s in o.sampling for p in o.penalties]:
-                rows.append({"graphs": graphs, "overlap": overlap,
-                             **run_row(engine, prompts, sampling, steps, o.warmup, bandwidth, penalties == "on")})
+            kinds = [(s, p) for s in o.sampling for p in o.penalties]
+            rounds = [[run_row(engine, prompts, s, steps, o.warmup, bandwidth, p == "on") for s, p in kinds]
+                      for _ in range(o.rounds)]
+            rows += [{"graphs": graphs, "overlap": overlap, **pooled([r[k] for r in rounds])} for k in range(len(kinds))]
         del engine
         gc.collect()
         if cuda:
