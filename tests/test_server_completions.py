@@ -243,6 +243,8 @@ def error_of(client: openai.OpenAI, **fields: Any) -> openai.APIStatusError:
     ({"prompt": ["a", 1]}, "prompt"),
     ({"prompt": [[1, 2], "a"]}, "prompt"),
     ({"prompt": [5, 600]}, "prompt"),  # past the tiny vocabulary (512)
+    ({"logit_bias": {"600": 1}}, "logit_bias"),  # an id past the vocabulary: the engine names the field
+    ({"presence_penalty": 3}, "presence_penalty"),
     ({"prompt": [[5, 6], [7, 100000]]}, "prompt"),
     ({"prompt": [5, -1]}, "prompt"),
     ({"max_tokens": 1024}, "max_tokens"),  # the prompt + max_tokens exceed the 1024-token context

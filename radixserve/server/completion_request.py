@@ -149,14 +149,14 @@ async def _tokens(state: ServerState, engine: EngineClient, item: str | list[int
 
 def _check(engine: EngineClient, tokens: list[int], params: SamplingParams, priority: int,
            index: int | None) -> ValidatedRequest:
-    """The engine's check of one prompt. Its refusals name no field; all but logit_bias's (an id past
-    the vocabulary) are of the prompt, so they name `prompt` (and which one, of several)."""
+    """The engine's check of one prompt. A refusal that names no field (a FieldError does: a logit_bias
+    id past the vocabulary) is of the prompt, so it names `prompt` (and which one, of several)."""
     try:
         return check_request(engine, tokens, params, priority)
     except ApiError as e:
         if e.param is None:
-            e.param = "logit_bias" if params.logit_bias and "logit_bias" in e.message else "prompt"
-            if e.param == "prompt" and index is not None:
+            e.param = "prompt"
+            if index is not None:
                 e.message = f"prompt[{index}]: {e.message}"
         raise
 
