@@ -65,6 +65,33 @@ def test_openai_client_sends_every_penalty(tiny_chat_server: BackgroundServer) -
     no_leaks(tiny_chat_server)
 
 
+def test_every_other_endpoint_applies_them(tiny_chat_server: BackgroundServer) -> None:
+    """Completions, Responses and Anthropic Messages read the same fields (sampling_fields.py): a +100
+    bias makes each greedy reply the biased token repeated, and a bad value is that API's 400."""
+    import anthropic
+
+    client, model = client_of(tiny_chat_server), tiny_chat_server.state.model_name
+    bias = {str(FOX): 100}
+    text = client.completions.create(model=model, prompt="Hello", max_tokens=REPEAT, temperature=0, logit_bias=bias)
+    assert text.choices[0].text == foxes()
+    response = client.responses.create(model=model, input="Hello", max_output_tokens=REPEAT, temperature=0,
+                                       store=False, extra_body={"logit_bias": bias})
+    assert response.output_text == foxes()
+    claude = anthropic.Anthropic(base_url=tiny_chat_server.url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model=model, max_tokens=REPEAT, messages=[{"role": "user", "content": "Hello"}],
+                                     extra_body={"temperature": 0, "logit_bias": bias})
+    assert message.content[0].type == "text" and message.content[0].text == foxes()
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model=model, max_tokens=2, messages=[{"role": "user", "content": "Hello"}],
+                               extra_body={"repetition_penalty": -5})
+    assert "repetition_penalty" in str(refused.value)
+    for bad in ({"presence_penalty": 3}, {"logit_bias": {str(FOX): 101}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=model, prompt="Hello", max_tokens=2, extra_body=bad)
+        assert e.value.body["param"] == next(iter(bad))  # type: ignore[index]
+    no_leaks(tiny_chat_server)
+
+
 def test_session_sampling_objects_take_penalties(tiny_chat_server: BackgroundServer) -> None:
     sampling = {"temperature": 0, "max_tokens": REPEAT, "logit_bias": {str(FOX): 100}, "presence_penalty": 0.5,
                 "frequency_penalty": 0.1, "repetition_penalty": 1.0}

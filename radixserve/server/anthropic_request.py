@@ -15,7 +15,8 @@ Mapping (invariants):
   server cannot read (image, document, thinking, ...) are refused, never dropped.
 - `tools` and `tool_choice` become ChatTools (anthropic_tools.py).
 - Sampling: `max_tokens` is required (as Anthropic requires); `temperature` is in [0, 1] (Anthropic's
-  range); `top_p`, `top_k`, `stop_sequences` are read by sampling_fields; `thinking` may only be
+  range); `top_p`, `top_k`, `stop_sequences` are read by sampling_fields, and so are the extensions
+  the other endpoints take (`min_p`, `seed`, the penalties, `logit_bias`); `thinking` may only be
   `{"type": "disabled"}`; `metadata` is ignored. `output_config.format` (`{"type": "json_schema",
   "schema"}`) constrains the reply to the schema (structured output; not with a forced tool choice);
   `output_config.effort` is a hint, ignored.
@@ -34,13 +35,14 @@ from radixserve.engine.tools import ToolCall
 from radixserve.server.anthropic_tools import tool_request
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request
 from radixserve.server.openai_tools import tool_constraint
-from radixserve.server.sampling_fields import build_sampling_params, sampling_values
+from radixserve.server.sampling_fields import PENALTY_KEYS, build_sampling_params, sampling_values
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop
 from radixserve.server.validation import ApiError, get_bool, get_float, get_int, get_str, refuse_unsupported
 from radixserve.structured import StructuredOutput
 
-SAMPLING = ("temperature", "top_p", "top_k", "stop_sequences")  # Anthropic's sampling fields
+# Anthropic's sampling fields, then the extensions every other endpoint takes (sampling_fields.py)
+SAMPLING = ("temperature", "top_p", "top_k", "stop_sequences", "min_p", "seed", *PENALTY_KEYS)
 UNSUPPORTED = {"mcp_servers": None, "container": None}  # features refused rather than ignored
 BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}  # the blocks each role may send
 
