@@ -143,7 +143,8 @@ def test_messages_and_tools_map_to_the_template() -> None:
             "messages": [*ASK,
                          {"role": "assistant", "content": [
                              {"type": "text", "text": "Checking."},
-                             {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                             {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                             {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Oslo"}}]},
                          {"role": "user", "content": [
                              {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21C"}]},
                              {"type": "tool_result", "tool_use_id": "toolu_2", "content": "down", "is_error": True},
@@ -151,7 +152,8 @@ def test_messages_and_tools_map_to_the_template() -> None:
     assert template_messages(body) == [
         {"role": "system", "content": "Be brief."}, *ASK,
         {"role": "assistant", "content": "Checking.", "tool_calls": [
-            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "21C"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: down"},
         {"role": "user", "content": "Thanks."}]
@@ -162,7 +164,11 @@ def test_messages_and_tools_map_to_the_template() -> None:
                             ([*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}, *ASK],
                              "messages[1].content[0]"),
                             ([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}, *ASK],
-                             "messages[0].content[0].type")):
+                             "messages[0].content[0].type"),
+                            # a result for a call the assistant turn before it never made
+                            ([*ASK, {"role": "assistant", "content": "No call."},
+                              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]}],
+                             "messages[2].content")):
         with pytest.raises(ApiError) as e:
             template_messages({"messages": messages})
         assert e.value.status == 400 and e.value.param == param, (messages, e.value.message)

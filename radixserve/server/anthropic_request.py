@@ -164,11 +164,24 @@ def _messages(raw: Any) -> list[Message]:
                            "prompt is the top-level 'system' field)", param=f"{where}.role")
         if "content" not in m or m["content"] is None:
             raise ApiError("missing_field", f"{where}.content is required", param=f"{where}.content")
-        out += _user_turn(m["content"], where) if role == "user" else [_assistant_turn(m["content"], where)]
+        turn = _user_turn(m["content"], where) if role == "user" else [_assistant_turn(m["content"], where)]
+        _check_results_answer_calls(turn, out, where)
+        out += turn
     if raw[-1].get("role") != "user":
         raise ApiError("unsupported", "the last message must be a user turn: continuing a final assistant message "
                        "(prefill) is not supported by this server", param=f"messages[{len(raw) - 1}].role")
     return out
+
+
+def _check_results_answer_calls(turn: list[Message], before: list[Message], where: str) -> None:
+    """Each tool_result answers a tool_use of the assistant turn just before it (Anthropic refuses
+    others: a result the model never asked for would be rendered as if it had)."""
+    last = next((m for m in reversed(before) if m["role"] == "assistant"), None)
+    called = {c["id"] for c in last.get("tool_calls") or ()} if last is not None else set()
+    for m in turn:
+        if m["role"] == "tool" and m["tool_call_id"] not in called:
+            raise ApiError("invalid_field", f"{where}.content: tool_result for tool_use_id {m['tool_call_id']!r}, "
+                           "which the assistant turn before it did not call", param=f"{where}.content")
 
 
 def _user_turn(content: Any, where: str) -> list[Message]:
