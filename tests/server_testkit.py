@@ -38,8 +38,10 @@ def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background
     web = tmp_path_factory.mktemp("web")
     (web / "index.html").write_text("<!doctype html><title>radixserve test ui</title>")
     (web / "app.js").write_text("console.log('ui');")
+    # every system prompt the shared server's tests send gets its own metrics label (the default 10
+    # would fold a later test's prompt into "other", depending on which tests ran before it)
     config = ServerConfig(port=0, web_dir=web, max_message_bytes=TEST_MAX_MESSAGE_BYTES, max_sessions=256,
-                          shutdown_grace_s=1.0)
+                          shutdown_grace_s=1.0, system_prompt_labels=1000)
     with BackgroundServer(lambda: AsyncEngine(EngineConfig(num_blocks=256)), config) as srv:
         yield srv
 
