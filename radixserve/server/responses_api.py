@@ -152,7 +152,7 @@ async def create_response(request: Request) -> Response:
     body = await read_json_object(request, state.config.max_message_bytes)
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
     state.require_chat()
-    ask = parse_ask(body, state.model_name, priority_bounds(request_key(request.headers), state.config))
+    ask = parse_ask(body, state, priority_bounds(request_key(request.headers), state.config))
     run = await prepare(state, request, ask)
     if ask.stream:
         return _ResponseStream(run)

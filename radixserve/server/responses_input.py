@@ -23,6 +23,7 @@ from typing import Any
 
 from radixserve.server.openai_api import ROLES
 from radixserve.server.sampling_fields import sampling_values
+from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, refuse_unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -45,12 +46,10 @@ class ResponsesAsk:
     parallel_tool_calls: bool = True  # echoed; nothing to call
 
 
-def parse_ask(body: dict[str, Any], served_model: str, priority_bounds: tuple[int, int]) -> ResponsesAsk:
+def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[int, int]) -> ResponsesAsk:
     model = get_str(body, "model")
     assert model is not None
-    if model != served_model:
-        raise ApiError("model_not_found", f"the model {model!r} does not exist; this server serves "
-                       f"{served_model!r}", 404, param="model")
+    state.require_model(model)
     _refuse_unsupported(body)
     if "input" not in body or body["input"] is None:
         raise ApiError("missing_field", "missing required field 'input'", param="input")

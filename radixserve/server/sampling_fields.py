@@ -37,17 +37,18 @@ def sampling_values(obj: Mapping[str, Any], *, stop_name: str = "stop") -> dict[
     """The sampling fields present in `obj`, checked (ApiError naming the field otherwise), unset
     ones left out. `max_tokens` is not read here: each API names it differently."""
     low, high = PENALTY_RANGE
+    fields = dict(obj)  # the getters take a dict
     out: dict[str, Any] = {
-        "temperature": get_float(dict(obj), "temperature", 0.0, 2.0),
-        "top_p": get_float(dict(obj), "top_p", 0.0, 1.0, lo_open=True),
-        "top_k": get_int(dict(obj), "top_k", minimum=0),
-        "min_p": get_float(dict(obj), "min_p", 0.0, 1.0),
-        "seed": get_int(dict(obj), "seed", minimum=SEED_RANGE[0], maximum=SEED_RANGE[1]),
-        "stop": get_stop(dict(obj), stop_name) or None,
-        "presence_penalty": get_float(dict(obj), "presence_penalty", low, high),
-        "frequency_penalty": get_float(dict(obj), "frequency_penalty", low, high),
-        "repetition_penalty": get_float(dict(obj), "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, lo_open=True),
-        "logit_bias": logit_bias(obj.get("logit_bias")),
+        "temperature": get_float(fields, "temperature", 0.0, 2.0),
+        "top_p": get_float(fields, "top_p", 0.0, 1.0, lo_open=True),
+        "top_k": get_int(fields, "top_k", minimum=0),
+        "min_p": get_float(fields, "min_p", 0.0, 1.0),
+        "seed": get_int(fields, "seed", minimum=SEED_RANGE[0], maximum=SEED_RANGE[1]),
+        "stop": get_stop(fields, stop_name) or None,
+        "presence_penalty": get_float(fields, "presence_penalty", low, high),
+        "frequency_penalty": get_float(fields, "frequency_penalty", low, high),
+        "repetition_penalty": get_float(fields, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, lo_open=True),
+        "logit_bias": logit_bias(fields.get("logit_bias")),
     }
     return {k: v for k, v in out.items() if v is not None}
 
