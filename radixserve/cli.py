@@ -66,6 +66,16 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights/KV dtype (default %(default)s: fp32 on CPU, bf16 on CUDA)")
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda (default %(default)s)")
     g.add_argument("--seed", type=int, default=d.seed, help="engine seed for unseeded requests (default %(default)s)")
+    g.add_argument("--speculation", choices=["on", "off"], default="on",
+                   help="speculative decoding: decoding sequences draft tokens from the radix tree, a request's "
+                        "prediction and their own prompt and output, verified in one step; the output is "
+                        "unchanged (default %(default)s)")
+    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
+                   help="the most draft tokens a sequence verifies per step; adapts down per sequence "
+                        "(default %(default)s)")
+    g.add_argument("--speculative-max-batch", type=int, default=None,
+                   help="no drafts in a step with more decoding sequences than this (default: the device's "
+                        "measured figure, see docs/speculation.md)")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -79,6 +89,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,
         load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
+        num_speculative_tokens=a.num_speculative_tokens if a.speculation == "on" else 0,
+        speculative_max_batch=a.speculative_max_batch,
     )
 
 

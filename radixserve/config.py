@@ -68,6 +68,12 @@ class EngineConfig:
     forced_tokens: bool = True
     grammar_cache_size: int = 256  # compiled constraints kept (LRU), keyed by (constraint, tokenizer)
     grammar_compile_timeout_s: float = 10.0  # a compile that takes longer fails its request
+    # speculative decoding (scheduler/drafts.py): a decoding sequence drafts up to this many tokens from
+    # the radix tree, its prediction or its own prompt and output, verified in one step; 0 turns it off
+    num_speculative_tokens: int = 8
+    # no drafts in a step with more decoding sequences than this (the step stops being memory-bound);
+    # None: the measured default of the device (engine/speculation.py)
+    speculative_max_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -78,6 +84,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_wait_steps < 1:
             raise ValueError("max_wait_steps must be >= 1")
+        if not 0 <= self.num_speculative_tokens <= 64:
+            raise ValueError(f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
+            raise ValueError(f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}")
         if self.cache_aware_max_queue < 1:
             raise ValueError("cache_aware_max_queue must be >= 1")
         for name in ("aging_s", "preempt_gap", "preempt_min_run_s", "max_queue_wait_s", "new_token_ratio_decay"):

@@ -4,7 +4,9 @@ per-step observations, and what the engine hands back to callers. Imports nothin
 Sequence invariants: `num_computed <= len(token_ids) - 1` while running — the last token's K/V is
 computed by the step that samples its successor; `PENDING_TOKEN`s (ids sampled by a step still in
 flight, on the device until the scheduler commits them) are only at the end, at most two, and never
-inserted into the tree (scheduler/pending.py); `block_table` covers at least `num_computed` positions;
+inserted into the tree (scheduler/pending.py); a verifying step's `num_drafts` unverified draft
+tokens sit just before its pending slot, count as computed but not as resolved, and are never
+inserted into the tree either (scheduler/drafts.py); `block_table` covers at least `num_computed` positions;
 a sequence holds exactly one reference on each block of its table. A request with n samples
 prefills one sequence and forks it into n when its prompt is done, so the prompt is computed once.
 Only the scheduler writes a sequence, any field, its tokens included (tests/test_layering.py).
@@ -51,6 +53,44 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not recomputed)
     completion_tokens: int = 0
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host-memory tier
+    speculation: DraftCounts | None = None  # drafts proposed and accepted (None: none, and no prediction)
+
+
+# where a draft came from (scheduler/drafts.py), cheapest first
+DRAFT_SOURCES = ("tree", "prediction", "lookup")
+
+
+@dataclass
+class DraftCounts:
+    """A request's speculative decoding: tokens drafted (proposed) and accepted, in all and per source.
+    `prediction_*` are OpenAI's `accepted_prediction_tokens` / `rejected_prediction_tokens`: the
+    prediction's tokens that were drafted and kept, and the rest of the prediction."""
+
+    proposed: int = 0
+    accepted: int = 0
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [proposed, accepted]
+    verify_steps: int = 0  # the request's steps that verified drafts
+    prediction_tokens: int = 0  # the request's prediction, in tokens
+
+    def add(self, source: str, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.verify_steps += 1
+        pair = self.by_source.setdefault(source, [0, 0])
+        pair[0] += proposed
+        pair[1] += accepted
+
+    def snapshot(self) -> DraftCounts:
+        return DraftCounts(self.proposed, self.accepted, {k: list(v) for k, v in self.by_source.items()},
+                           self.verify_steps, self.prediction_tokens)
+
+    @property
+    def prediction_accepted(self) -> int:
+        return min(self.prediction_tokens, self.by_source.get("prediction", [0, 0])[1])
+
+    @property
+    def prediction_rejected(self) -> int:
+        return self.prediction_tokens - self.prediction_accepted
 
 
 @dataclass
@@ -164,10 +204,25 @@ class Request:
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host tier
     queued_at: float | None = None  # when the scheduler first queued it (its clock): what aging counts from
     sequences: list[Sequence] = field(default_factory=list)
+    prediction_ids: tuple[int, ...] = ()  # SamplingParams.prediction, tokenized: a source of drafts
+    drafts: DraftCounts = field(default_factory=DraftCounts)  # what speculative decoding did for it
 
     @property
     def finished(self) -> bool:
         return bool(self.sequences) and all(s.status is SequenceStatus.FINISHED for s in self.sequences)
+
+
+@dataclass
+class SpecState:
+    """A sequence's speculation: how many tokens it drafts next (`k`, adapted to its acceptance: 0 while
+    `cooldown` steps pass after drafts kept failing) and whether it expects drafts (`hot`)."""
+
+    k: int = -1  # -1: not set yet (the engine's num_speculative_tokens)
+    misses: int = 0  # verifications in a row that kept no draft
+    cooldown: int = 0  # steps left before it drafts again
+    # it expects drafts: until its first proposal, and while its verifications keep drafts (with
+    # overlap, such a sequence waits for its pending token, since only a known token can be drafted after)
+    hot: bool = True
 
 
 @dataclass(eq=False)
@@ -195,6 +250,10 @@ class Sequence:
     # not scheduled again
     final_token_pending: bool = False
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when asked
+    # unverified draft tokens just before the pending slot of a verifying step in flight (never cached)
+    num_drafts: int = 0
+    draft_source: str = ""  # where those drafts came from (DRAFT_SOURCES)
+    spec: SpecState = field(default_factory=lambda: SpecState())
 
     @property
     def has_pending_token(self) -> bool:
@@ -202,8 +261,8 @@ class Sequence:
 
     @property
     def num_resolved(self) -> int:
-        """Tokens whose ids are known on the host."""
-        return len(self.token_ids) - self.has_pending_token
+        """Tokens that are final: known on the host and not an unverified draft."""
+        return len(self.token_ids) - self.has_pending_token - self.num_drafts
 
     @property
     def num_generated(self) -> int:
@@ -245,6 +304,8 @@ class ScheduledSeq:
     seq: Sequence
     start: int  # first position computed this step
     num_tokens: int
+    # logits rows the chunk needs, from its last position back: 1, or 1 + the drafts it verifies
+    logit_rows: int = 1
 
     @property
     def samples(self) -> bool:
@@ -285,6 +346,15 @@ class StepInfo:
     # tokens a grammar forced at this step's commit: appended without sampling, computed by the next
     # step in one extend (where they count among its prefill tokens)
     forced_tokens: int = 0
+    draft_tokens: int = 0  # draft tokens this step verifies (counted in decode_tokens)
+    # tokens the step's commit appended, and the draws that took them (with overlap, the previous
+    # step's): their ratio is the tokens per sequence per step, above 1 where drafts were kept
+    committed_tokens: int = 0
+    committed_draws: int = 0
+
+    @property
+    def tokens_per_draw(self) -> float:
+        return self.committed_tokens / self.committed_draws if self.committed_draws else 0.0
 
     @property
     def slot_utilization(self) -> float:

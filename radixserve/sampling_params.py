@@ -25,6 +25,7 @@ PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty and frequency_penalty, as OpenAI
 MAX_REPETITION_PENALTY = 2.0  # repetition_penalty in (0, MAX]: 1 is off
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI allows
+MAX_PREDICTION_LENGTH = 1 << 20  # a prediction's characters (or token ids)
 
 
 @dataclass
@@ -58,6 +59,9 @@ class SamplingParams:
     # None: none; k >= 0: the logprob of every prompt token after the first (the first has none)
     # with the k most likely alternatives at its position (RequestOutput.prompt_logprobs)
     prompt_logprobs: int | None = None
+    # OpenAI's Predicted Outputs: text (or token ids) the output is expected to repeat, a source of
+    # speculative drafts; it never changes what is generated, only how fast
+    prediction: str | list[int] | None = None
     # the widest `logprobs` accepted; beam search's internal steps ask wider (engine/beam_search.py)
     logprobs_limit: ClassVar[int] = MAX_LOGPROBS
 
@@ -114,6 +118,12 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs must be an integer in [0, {self.logprobs_limit}] or None, "
                              f"got {self.prompt_logprobs!r}")
         self._validate_penalties(is_int)
+        prediction = self.prediction
+        if prediction is not None and not isinstance(prediction, str) and not (
+                isinstance(prediction, list) and all(is_int(t) and t >= 0 for t in prediction)):
+            raise ValueError("prediction must be a string or a list of token ids")
+        if prediction is not None and len(prediction) > MAX_PREDICTION_LENGTH:
+            raise ValueError(f"prediction is at most {MAX_PREDICTION_LENGTH} characters or tokens, got {len(prediction)}")
 
     def _validate_penalties(self, is_int: Callable[[object], bool]) -> None:
         def is_number(x: object) -> bool:

@@ -9,6 +9,9 @@
 #   4. greedy equality on the GPU (tests/test_gpu.py): fp32 vs transformers, bf16 Triton vs torch backend
 #   5. an end-to-end `radixserve bench` on the 1B shape (random bf16 weights written here) against
 #      transformers
+#   6. speculative decoding on the 1B shape: the regenerate and edit workloads with speculation on and
+#      off (`radixserve-nospec`) and transformers' prompt lookup; verification steps run eager (the
+#      CUDA graphs cover one-token decodes), tests/test_gpu.py checks their equality
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them.
 #
 # Works on a machine with torch, triton and transformers preinstalled and no network: the package
@@ -28,7 +31,7 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
 RS="python3 -m radixserve"
-PARTS=${PARTS:-"kernels step equality e2e"}  # a subset runs only those parts
+PARTS=${PARTS:-"kernels step equality e2e spec"}  # a subset runs only those parts
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $* ==="; }
@@ -59,6 +62,14 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
         --systems radixserve,radixserve-nocache,hf-generate-batch --no-micro --no-progress --no-charts --out /tmp/rs-e2e
     cp /tmp/rs-e2e/results.json "$OUT/e2e-results.json" 2>/dev/null
     cp /tmp/rs-e2e/table.md "$OUT/e2e-table.md" 2>/dev/null
+  fi
+  if want spec; then
+    step "speculative decoding, llama-3.2-1b shape, random bf16 weights: regenerate and edit, on / off"
+    [ -d /tmp/rs-1b ] || run timeout 60 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
+    run timeout 240 $RS bench --model /tmp/rs-1b --device cuda --workload regenerate,edit,edit-prediction --repeats 1 \
+        --systems radixserve,radixserve-nospec,hf-prompt-lookup --no-micro --no-progress --no-charts --out /tmp/rs-spec
+    cp /tmp/rs-spec/results.json "$OUT/spec-results.json" 2>/dev/null
+    cp /tmp/rs-spec/table.md "$OUT/spec-table.md" 2>/dev/null
   fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"

@@ -146,3 +146,15 @@ def test_device_sampling_follows_the_filtered_distribution(params: SamplingParam
     observed = torch.bincount(torch.tensor(ids), minlength=logits.numel()).double() / len(ids)
     assert observed[ref.order[ref.kept:]].sum() == 0
     assert total_variation(observed, ref.probs) < tv_bound(ref.probs, len(ids))
+
+
+@pytest.mark.parametrize("eager, overlap", PATHS)
+def test_speculative_verification_on_the_gpu_matches_transformers(eager: bool, overlap: bool) -> None:
+    """Regenerated replies draft from the tree: the verifying extends (Triton) keep nearly every draft
+    and the output equals transformers'; one-token decodes keep their CUDA graphs."""
+    llm = cuda_llm("llama", dtype="float32", enforce_eager=eager, overlap=overlap)
+    prompts = random_prompts([21, 37, 8])
+    for _ in range(2):
+        check("llama", llm, prompts)
+    stats = llm.engine.stats()
+    assert stats.spec_accepted["tree"] >= 2 * GREEDY.max_tokens and stats.tokens_per_draw > 1.3

@@ -33,8 +33,9 @@ class FakeClock:
 
 
 def make(clock: FakeClock, **kw: Any) -> Scheduler:
+    # one token per step (no speculation), so step counts are what the policies decide
     config = EngineConfig(**({"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 64,
-                              "new_token_ratio": 0.0} | kw))
+                              "new_token_ratio": 0.0, "num_speculative_tokens": 0} | kw))
     pool = BlockPool(config.num_blocks or 1, 4)
     return Scheduler(config, pool, RadixTree(pool), clock=clock)
 

@@ -22,9 +22,10 @@ def triples(deltas: list[int]) -> list[tuple[int, ...]]:
     return [tuple(deltas[i:i + 3]) for i in range(0, len(deltas), 3)]
 
 
-def assign(rows: BlockTableRows, seqs: list[Sequence], cols: list[int]) -> tuple[list[int], list[tuple[int, ...]]]:
+def assign(rows: BlockTableRows, seqs: list[Sequence], positions: list[int],
+           block_size: int = 1) -> tuple[list[int], list[tuple[int, ...]]]:
     deltas: list[int] = []
-    out = rows.assign(seqs, cols, deltas)
+    out = rows.assign(seqs, positions, block_size, deltas)
     rows.apply(torch.tensor(deltas, dtype=torch.long))
     return out, triples(deltas)
 
@@ -61,3 +62,18 @@ def test_staged_copy_sends_what_was_written_and_grows() -> None:
     assert staged.send(3).tolist() == [5, 6, 7]
     staged.host(10)[:10] = range(10)  # larger than the buffers: both sides grow
     assert staged.send(10).tolist() == list(range(10))
+
+
+def test_a_sequence_that_ran_an_extend_in_between_has_its_row_compared_in_full() -> None:
+    """A verifying extend copied an earlier block (copy-on-write) and rolled a later one back, then
+    decoding resumes here: every entry that changed is sent, not only the one being written."""
+    rows = BlockTableRows(2, 6, SCRATCH, torch.device("cpu"))
+    a = seq([3, 4])
+    (ra,), _ = assign(rows, [a], [4], block_size=4)  # decodes position 4 (block column 1)
+    assert assign(rows, [a], [5], block_size=4)[1] == []  # the next position: nothing to send
+    a.block_table[1] = 9  # an extend over positions 6..9 copied column 1 ...
+    a.block_table.append(10)
+    del a.block_table[2:]  # ... and its rejected drafts' block went back
+    a.block_table.append(11)  # decoding resumes at position 8 in a fresh block
+    assert assign(rows, [a], [8], block_size=4)[1] == [(ra, 1, 9), (ra, 2, 11)]
+    assert rows.table[ra, :3].tolist() == [3, 9, 11]

@@ -1,6 +1,7 @@
-"""The scheduler's commit of a step's tokens: several tokens per sequence per step, some of them
-rejected drafts (what speculative decoding and grammar fast-forward will hand it), with stops and
-length limits mid-commit; a hypothesis state machine checks the cache's integrity after every step."""
+"""The scheduler's commit of a step's tokens: several tokens per sequence per step, verified drafts
+(what speculative decoding hands it: a kept prefix of the drafts plus one token) and forced tokens
+(grammar fast-forward), with stops and length limits mid-commit; a hypothesis state machine checks the
+cache's integrity after every step, and that no unverified draft ever enters the tree."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from radixserve.cache.radix_tree import RadixTree
 from radixserve.config import EngineConfig
 from radixserve.core import PENDING_TOKEN, Request, Sequence, SequenceStatus
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.drafts import Draft
 from radixserve.scheduler.scheduler import Scheduler
 from radixserve.scheduler.step_results import TokenCommit
 
@@ -94,26 +96,72 @@ def test_the_length_limit_mid_commit_ends_the_sequence() -> None:
     assert seq.finish_reason == "length" and seq.num_generated == 3 and seq.token_ids[-2:] == [7, 8]
 
 
+def script_drafts(sched: Scheduler, drafts: dict[int, list[int]]) -> None:
+    """The scheduler's drafter proposes `drafts[seq_id]` (once) for the sequences named there."""
+    def propose(seq: Sequence, budget: int) -> Draft | None:
+        tokens = drafts.pop(seq.seq_id, None)
+        return Draft(tokens[:budget], "lookup") if tokens else None
+    sched.drafts.propose = propose  # type: ignore[method-assign]
+
+
 def test_rejected_drafts_are_dropped_and_their_blocks_forgotten() -> None:
     sched = make()
     req = add(sched, [5] * 6)
     seq = decode_until_running(sched, req)
     base = len(seq.token_ids)
-    drafts = [11, 12, 13, 14, 15, 16, 17]  # crosses block boundaries: full blocks of drafts enter the tree
-    seq.token_ids.extend(drafts)  # what a drafter in the scheduler would do
+    drafts = [11, 12, 13, 14, 15, 16, 17]  # crosses block boundaries
+    script_drafts(sched, {seq.seq_id: drafts})
     batch = sched.schedule()
-    assert [(it.seq, it.num_tokens) for it in batch.items] == [(seq, 1 + len(drafts))]
+    assert [(it.seq, it.num_tokens, it.logit_rows) for it in batch.items] == [(seq, 8, 8)]
     launch = sched.launched(batch, (), lambda r, i: i)
-    assert launch.positions == [base + len(drafts)]
-    sched.commit(launch, [TokenCommit((40,), rejected=5)], (), never)  # kept 11, 12; 40 replaces 13
+    assert launch.positions == [base + len(drafts)] and launch.drafts == [len(drafts)]
+    sched.check_integrity()  # the drafts' full blocks are not cached: they are not verified
+    assert seq.num_cached <= base and seq.num_resolved == base
+    sched.commit(launch, [TokenCommit((11, 12, 40), drafts=len(drafts))], (), never)  # kept 11, 12; 40 follows
     sched.check_integrity()
-    assert seq.token_ids[base:] == [11, 12, 40] and seq.num_computed == base + 2
+    assert seq.token_ids[base:] == [11, 12, 40] and seq.num_computed == base + 2 and seq.num_drafts == 0
     assert len(seq.block_table) == -(-(base + 2) // BLOCK)  # blocks past the kept tokens went back
     assert seq.num_cached <= base + 2 and seq.locked_node is not None and seq.locked_node.end <= base + 2
     for _ in range(6):  # decoding goes on from the rolled-back state, writing a copy of any shared block
         step(sched, lambda s: TokenCommit((3,)))
     assert seq.token_ids[base:base + 3] == [11, 12, 40]
     sched.finish(seq, "abort")
+    assert sched.leaked_blocks() == 0
+
+
+def test_a_commit_must_keep_a_prefix_of_the_drafts() -> None:
+    sched = make()
+    seq = decode_until_running(sched, add(sched, [5] * 6))
+    script_drafts(sched, {seq.seq_id: [11, 12]})
+    launch = sched.launched(sched.schedule(), (), lambda r, i: i)
+    try:
+        sched.commit(launch, [TokenCommit((12, 40), drafts=2)], (), never)
+    except AssertionError as e:
+        assert "prefix of the drafts" in str(e)
+    else:
+        raise AssertionError("a commit that does not keep a prefix of the drafts was taken")
+
+
+def test_a_sequence_verifying_drafts_is_not_scheduled_until_its_commit() -> None:
+    """With overlap the next step is planned before the verification commits: the sequence sits it out."""
+    sched = make()
+    seq = decode_until_running(sched, add(sched, [5] * 6))
+    script_drafts(sched, {seq.seq_id: [11, 12, 13]})
+    first = sched.launched(sched.schedule(), (), lambda r, i: i)
+    assert sched.schedule().items == []
+    sched.commit(first, [TokenCommit((11, 12, 13, 14), drafts=3)], (), never)  # all kept, plus 14
+    assert seq.token_ids[-4:] == [11, 12, 13, 14] and seq.remaining == 1
+    assert [it.seq for it in sched.schedule().items] == [seq]
+
+
+def test_a_sequence_ending_mid_verification_keeps_no_draft() -> None:
+    sched = make()
+    seq = decode_until_running(sched, add(sched, [5] * 6))
+    script_drafts(sched, {seq.seq_id: [11, 12, 13, 14, 15]})
+    sched.launched(sched.schedule(), (), lambda r, i: i)
+    sched.finish(seq, "abort")
+    assert PENDING_TOKEN not in seq.token_ids and 11 not in seq.token_ids and seq.num_drafts == 0
+    sched.check_integrity()
     assert sched.leaked_blocks() == 0
 
 
@@ -132,13 +180,17 @@ def test_overlap_slots_two_in_flight() -> None:
 
 
 class CommitMachine(RuleBasedStateMachine):
-    """Random requests sharing prefixes; each step, random drafts are appended to decoding sequences,
-    and each draw commits 1-3 tokens after rejecting a random number of its drafts, with random stops."""
+    """Random requests sharing prefixes; each step, decoding sequences may verify random drafts (each
+    commit keeps a random prefix of them plus a token, or commits 1-3 tokens when it drafted nothing),
+    with random stops, aborts and a small pool (preemption mid-verification)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sched = make(num_blocks=40)
-        self.drafts: dict[int, int] = {}
+        self.proposals: dict[int, list[int]] = {}
+        script_drafts(self.sched, self.proposals)
+        self.draft_ids = itertools.count(1000)  # every draft token is an id of its own
+        self.rejected: set[int] = set()
 
     @rule(prompt=st.lists(st.integers(1, 3), min_size=1, max_size=14), max_tokens=st.integers(1, 12),
           n=st.integers(1, 2))
@@ -147,32 +199,41 @@ class CommitMachine(RuleBasedStateMachine):
             add(self.sched, prompt, max_tokens, n)
 
     @precondition(lambda self: self.sched.running)
-    @rule(which=st.integers(0, 7), drafts=st.lists(st.integers(1, 3), min_size=1, max_size=6))
-    def draft(self, which: int, drafts: list[int]) -> None:
+    @rule(which=st.integers(0, 7), count=st.integers(1, 6))
+    def draft(self, which: int, count: int) -> None:
         seq = self.sched.running[which % len(self.sched.running)]
-        if seq.remaining == 1 and not seq.final_token_pending and seq.seq_id not in self.drafts \
-                and len(seq.token_ids) + len(drafts) < 60:
-            seq.token_ids.extend(drafts)
-            self.drafts[seq.seq_id] = len(drafts)
+        self.proposals[seq.seq_id] = [next(self.draft_ids) for _ in range(count)]
+
+    @precondition(lambda self: self.sched.running)
+    @rule(which=st.integers(0, 7))
+    def abort(self, which: int) -> None:
+        self.sched.end(self.sched.running[which % len(self.sched.running)].request, "abort")
 
     @precondition(lambda self: self.sched.has_work())
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
         launch = self.sched.launched(self.sched.schedule(), (), lambda r, i: i)
+        self.sched.check_integrity()  # drafts are in flight: none may be cached
         commits = []
-        for seq in launch.owners:
-            drafted = self.drafts.pop(seq.seq_id, 0) if seq.num_computed == len(seq.token_ids) - 1 else 0
-            rejected = data.draw(st.integers(0, drafted))
-            tokens = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
-            commits.append(TokenCommit(tuple(tokens), rejected=rejected))
+        for seq, position, k in zip(launch.owners, launch.positions, launch.drafts):
+            if k:
+                kept = data.draw(st.integers(0, k))
+                drafts = seq.token_ids[position - k:position]
+                tokens = (*drafts[:kept], data.draw(st.integers(1, 3)))
+                self.rejected.update(drafts[kept:])
+            else:
+                tokens = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+            commits.append(TokenCommit(tokens, drafts=k))
         stops = data.draw(st.sets(st.integers(1, 3), max_size=1))
         self.sched.commit(launch, commits, (), lambda s, t: t in stops and s.num_generated > 2)
-        self.drafts = {k: v for k, v in self.drafts.items()
-                       if any(s.seq_id == k and s.remaining > 1 for s in self.sched.running)}
 
     @invariant()
     def integrity(self) -> None:
         self.sched.check_integrity()
+        assert all(s.num_drafts == 0 for s in self.sched.live_sequences())
+        assert self.sched.tree is not None
+        cached = {t for node in self.sched.tree.nodes() for t in node.tokens}
+        assert not cached & self.rejected, "a rejected draft is in the tree"
 
     def teardown(self) -> None:
         for seq in list(self.sched.live_sequences()):
@@ -206,7 +267,8 @@ def test_forced_tokens_replace_the_draw_in_flight() -> None:
 
 class OverlapCommitMachine(RuleBasedStateMachine):
     """Overlap: each step is launched before the previous one commits, and commits may carry several
-    tokens that replace the draw in flight (forced tokens), with random stops and length limits."""
+    tokens that replace the draw in flight (forced tokens) or verify the drafts the scheduler's own
+    drafter proposed (a random prefix kept), with random stops and length limits."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -222,11 +284,21 @@ class OverlapCommitMachine(RuleBasedStateMachine):
     def _commit(self, data: st.DataObject | None) -> None:
         launch, self.in_flight = self.in_flight, None
         commits = []
-        for _ in launch.owners:
+        for seq, position, k in zip(launch.owners, launch.positions, launch.drafts):
+            if k:  # the scheduler's own drafter proposed (the tree, prompt lookup): keep a prefix
+                kept = data.draw(st.integers(0, k)) if data else k
+                commits.append(TokenCommit((*seq.token_ids[position - k:position - k + kept], 1), drafts=k))
+                continue
             tokens = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)) if data else [1]
             commits.append(TokenCommit(tuple(tokens), replaces_in_flight=len(tokens) > 1))
         stops = data.draw(st.sets(st.integers(1, 3), max_size=1)) if data else set()
         self.sched.commit(launch, commits, (), lambda s, t: t in stops and s.num_generated > 2)
+
+    @precondition(lambda self: self.sched.running)
+    @rule(which=st.integers(0, 7))
+    def abort(self, which: int) -> None:
+        """An abort while a step (perhaps verifying this sequence's drafts) is in flight."""
+        self.sched.end(self.sched.running[which % len(self.sched.running)].request, "abort")
 
     @precondition(lambda self: self.sched.has_work() or self.in_flight is not None)
     @rule(data=st.data())

@@ -116,6 +116,26 @@ class RadixStructure:
         self._touch(path if split else [])
         return self._match_of(path, pos, node)
 
+    def continuation(self, tokens: list[int], limit: int) -> list[int]:
+        """Up to `limit` cached tokens that follow all of `tokens` on a path of the tree (in either
+        tier), following the most recently used child at each fork; [] if `tokens` is not wholly a
+        cached path or nothing follows it. A query: changes nothing (not even recency)."""
+        node, pos, offset = self.root, 0, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                return []
+            offset = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            pos += offset
+            node = child
+            if offset < len(child.tokens) and pos < len(tokens):
+                return []  # the path diverges inside this edge
+        out = node.tokens[offset:offset + limit]
+        while len(out) < limit and node.children:
+            node = max(node.children.values(), key=lambda n: (n.last_access, n.id))
+            out += node.tokens[:limit - len(out)]
+        return out
+
     def _match_of(self, path: list[RadixNode], length: int, node: RadixNode) -> Match:
         device = [n for n in path if n.blocks]  # a prefix of the path
         on_device = min(length, device[-1].end) if device else 0

@@ -25,7 +25,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,8 +42,9 @@ from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
 from radixserve.engine.penalties import PenaltyBook
 from radixserve.engine.prompt_logprobs import PromptAsk, PromptLogprobBook
-from radixserve.engine.sampler import Draw, Sampler, SampleResult
+from radixserve.engine.sampler import Sampler, SampleResult
 from radixserve.engine.sizing import engine_sizes
+from radixserve.engine.speculation import VerifyPlan, default_max_batch, sampler_draws, unusable_verifications, verify
 from radixserve.engine.stats import EngineStats
 from radixserve.engine.step_clock import StepClock, StepSpan
 from radixserve.errors import RequestError
@@ -70,6 +71,7 @@ class InFlight:
     span: StepSpan
     prefill_tokens: int = 0  # tokens of the step beyond one per sampled row: what preemption costs weigh
     prompt_ask: PromptAsk | None = None  # prompt logprobs the step's forward computes
+    verify_plan: VerifyPlan | None = None  # where verifying draws' extra rows are among the sampled ids
 
 
 class LLMEngine:
@@ -80,6 +82,8 @@ class LLMEngine:
                                   config.block_size, config.load_format, config.enforce_eager)
         self.spec = self.runner.spec
         self.tokenizer: Any = load_tokenizer(self.model_dir)
+        if config.speculative_max_batch is None:
+            config = self.config = replace(config, speculative_max_batch=default_max_batch(self.runner.device))
         sizes = engine_sizes(config, self.runner)
         self.max_model_len, self.max_seq_len = sizes.max_model_len, sizes.max_seq_len
         self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks)
@@ -121,7 +125,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         token_ids, params = request.token_ids, request.params
-        req = Request(request_id, token_ids, params, priority=request.priority, order=next(self._order))
+        req = Request(request_id, token_ids, params, priority=request.priority, order=next(self._order),
+                      prediction_ids=request.prediction_ids)
+        req.drafts.prediction_tokens = len(request.prediction_ids)
         req.timing.arrival = time.monotonic()
         seq = Sequence(req, 0, list(token_ids), len(token_ids), noise_key=self._noise_key(req, 0),
                        pending_forks=params.n - 1)  # created here; from now on only the scheduler writes it
@@ -173,14 +179,16 @@ class LLMEngine:
         peak = self.observers.pool_counts(self.pool, self.scheduler) if self.observers else None
         launched = self._launch(batch)
         flight, self._in_flight = (self._in_flight, launched) if self.overlap else (launched, None)
-        forced = self.constraints.stats.forced_tokens
+        forced, totals = self.constraints.stats.forced_tokens, self.stats_totals
+        tokens, draws = totals.generation_tokens, totals.committed_draws
         outputs = self._resolve(flight) if flight is not None else []
         self._steps += 1
         if self._check_integrity:
             self.check_integrity()
         if peak is not None:
             self.observers.notify(self._steps, batch, started, peak, self.pool, self.scheduler,
-                                  self.constraints.stats.forced_tokens - forced)
+                                  self.constraints.stats.forced_tokens - forced,
+                                  (totals.generation_tokens - tokens, totals.committed_draws - draws))
         return outputs
 
     def _launch(self, batch: Batch) -> InFlight:
@@ -202,8 +210,7 @@ class LLMEngine:
         launch = self.scheduler.launched(batch, failed, self._noise_key)
         for fork in launch.forks:
             self.outputs.track(fork)
-        draws = [Draw(row, s.request.params, s.noise_key, pos)
-                 for s, row, pos in zip(launch.owners, launch.rows, launch.positions)]
+        draws, plan = sampler_draws(launch)  # the launch's draws, then verifying draws' extra rows
         masks = self.constraints.masks(launch.owners, launch.positions, _pending_ids(prev)) \
             if self.constraints and draws else None
         if masks is not None:
@@ -215,8 +222,8 @@ class LLMEngine:
         span = self.clock.span(start)
         if sampled is not None:
             sampled.start_copy()
-        prefill = batch.num_tokens - sum(it.samples for it in batch.items)
-        return InFlight(launch, sampled, dict(failed), span, prefill, prompt_ask)
+        prefill = batch.num_tokens - sum(it.logit_rows for it in batch.items if it.samples)
+        return InFlight(launch, sampled, dict(failed), span, prefill, prompt_ask, plan)
 
     def _resolve(self, flight: InFlight) -> list[RequestOutput]:
         """Hand a launched step's sampled tokens to the scheduler and build the outputs."""
@@ -229,12 +236,16 @@ class LLMEngine:
         if flight.prompt_ask is not None:
             self.prompt_logprobs.collect(flight.prompt_ask)
         commits = self.constraints.commits(flight.launch, ids, logprobs, failed)  # forced tokens included
+        if flight.verify_plan is not None and flight.verify_plan.extra_at:
+            failed.update((req, INVALID_LOGITS) for req in unusable_verifications(flight.launch, flight.verify_plan, usable))
+            self.stats_totals.count_verified(verify(flight.launch, flight.verify_plan, ids, logprobs, commits))
         voids = set(self.scheduler.void_draws) if self.penalties else None
         done = self.scheduler.commit(flight.launch, commits, list(failed), self._stopped)
         if voids is not None:  # forced tokens counted, the draws they made void uncounted
             self.penalties.committed(flight.launch, commits, self.scheduler.void_draws - voids, _sampled(self._in_flight))
         failed.update((req, self.constraints.violation(req) or POSTPROCESS_FAILED) for req in done.errors)
         self.stats_totals.generation_tokens += done.tokens
+        self.stats_totals.committed_draws += len(done.touched)
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}
         for seq in done.touched:

@@ -49,6 +49,7 @@ class ValidatedRequest:
     params: SamplingParams
     priority: int
     limits: Limits
+    prediction_ids: tuple[int, ...] = ()  # params.prediction, tokenized (a source of drafts)
 
 
 class Intake:
@@ -69,14 +70,29 @@ class Intake:
             if self.grammars is None:
                 raise RequestError("this engine cannot constrain output (structured output is not available)")
             self.grammars.compile(params.structured)
-        return ValidatedRequest(token_ids, params, validate_priority(priority), self.limits)
+        return ValidatedRequest(token_ids, params, validate_priority(priority), self.limits,
+                                self._prediction_ids(params))
+
+    def _prediction_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The prediction as token ids: text is tokenized as output is (no BOS); ids outside the
+        vocabulary are refused."""
+        prediction = params.prediction
+        if prediction is None:
+            return ()
+        if isinstance(prediction, str):
+            if self.tokenizer is None:
+                raise FieldError("prediction", "this model directory has no tokenizer: send the prediction as token ids")
+            return tuple(prediction_ids(self.tokenizer, prediction))
+        if any(t >= self.limits.vocab for t in prediction):
+            raise FieldError("prediction", f"prediction token ids must be in [0, {self.limits.vocab})")
+        return tuple(prediction)
 
     def admit(self, request: ValidatedRequest) -> ValidatedRequest:
         """`request` as this engine may queue it: as it is when its limits fit within these (always,
         for one checked here), else checked again against these; its constraint compiled into this
         engine's grammar cache (a hit when this engine checked it)."""
         if not request.limits.within(self.limits):
-            return self.check(request.token_ids, request.params, request.priority)
+            return self.check(request.token_ids, request.params, request.priority)  # tokenizes the prediction again
         if request.params.structured is not None and self.grammars is not None:
             self.grammars.ensure(request.params.structured)  # a replica's own cache, so its step never compiles
         return request
@@ -90,6 +106,12 @@ def tokenize(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     if not isinstance(prompt, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise RequestError("a prompt is a string or a list of integer token ids")
     return list(prompt)
+
+
+def prediction_ids(tokenizer: Any, text: str) -> list[int]:
+    """A text prediction's token ids: the text alone, no special tokens added, special-token text
+    tokenized as the plain text it is (as message content is)."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
 def validate(token_ids: list[int], params: SamplingParams, vocab: int, max_seq_len: int) -> None:

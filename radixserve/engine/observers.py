@@ -50,12 +50,16 @@ class StepObservers:
         return free, used, pool.num_blocks - free - used
 
     def notify(self, step: int, batch: Batch, started: float, peak: PoolCounts, pool: BlockPool,
-               scheduler: Scheduler, forced_tokens: int = 0) -> None:
-        decode = sum(1 for it in batch.items if it.num_tokens == 1 and it.samples)
+               scheduler: Scheduler, forced_tokens: int = 0, committed: tuple[int, int] = (0, 0)) -> None:
+        """`committed`: (tokens, draws) the step's commit took."""
+        # a decode is one token, or one plus the drafts it verifies
+        decodes = [it for it in batch.items if it.samples and it.num_tokens == it.logit_rows]
+        decode = sum(it.num_tokens for it in decodes)
         config = scheduler.config
         info = StepInfo(step, started, time.monotonic() - started, len(batch.items), batch.num_tokens - decode,
                         decode, len(scheduler.running), len(scheduler.waiting), pool.num_blocks, *peak,
-                        config.max_num_seqs, config.max_num_batched_tokens, forced_tokens)
+                        config.max_num_seqs, config.max_num_batched_tokens, forced_tokens,
+                        sum(it.logit_rows - 1 for it in decodes), *committed)
         for observer in self._observers:
             observer(info)
 

@@ -67,6 +67,7 @@ class OutputTracker:
                 self._detok.pop(seq.seq_id, None)
                 self._sent.pop(seq.seq_id, None)
                 self._stop_ids.pop(seq.seq_id, None)
+        drafts = req.drafts.snapshot() if req.drafts.proposed or req.drafts.prediction_tokens else None
         usage = Usage(len(req.prompt_token_ids), req.cached_tokens, sum(s.num_generated for s in req.sequences),
-                      req.host_cached_tokens)
+                      req.host_cached_tokens, drafts)
         return RequestOutput(req.request_id, outs, usage, req.timing, req.finished, req.prompt_token_ids)

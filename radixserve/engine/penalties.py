@@ -30,8 +30,8 @@ Invariants:
   device, and its place in the list is the first forced token's;
 - a row is filled from the host's tokens when it is taken (at a first draw nothing is generated yet:
   an n > 1 fork starts as empty as its parent) and kept through preemption, swap or recompute alike:
-  a sequence keeps its seq_id and its tokens. Speculative drafts (TokenCommit.rejected) do not exist
-  in this engine yet; they would have to be listed and counted at commit like forced tokens;
+  a sequence keeps its seq_id and its tokens. A penalised sequence does not draft (scheduler/drafts.py):
+  the counts at each draft position would depend on the drafts before it being kept;
 - nothing here runs while no penalised request is live (the book is falsy): such a step costs
   exactly what it did before penalties existed.
 """

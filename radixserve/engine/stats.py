@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from radixserve.engine.engine import LLMEngine
     from radixserve.engine.grammar.book import ConstraintStats
     from radixserve.engine.grammar.compiler import CompileStats
+    from radixserve.engine.speculation import Verified
     from radixserve.model.host_kv import HostKVCache
 
 
@@ -104,6 +105,16 @@ class EngineStats:
     mask_s: float = 0.0  # host time filling the masks
     forced_tokens: int = 0  # tokens a grammar forced, appended without sampling
     grammar_dead_ends: int = 0  # requests ended because their grammar allowed no token
+    # speculative decoding (scheduler/drafts.py, engine/speculation.py): counters
+    spec_proposed: Counter[str] = field(default_factory=Counter)  # draft tokens verified, by source
+    spec_accepted: Counter[str] = field(default_factory=Counter)  # ... and kept, by source
+    spec_verify_draws: int = 0  # draws that verified drafts
+    committed_draws: int = 0  # draws that committed tokens: generation_tokens / this = tokens per step
+
+    @property
+    def tokens_per_draw(self) -> float:
+        """Generated tokens per sequence per step (1 without speculation or forced tokens)."""
+        return self.generation_tokens / self.committed_draws if self.committed_draws else 0.0
 
     @classmethod
     def collect(cls, engine: LLMEngine, counted: EngineStats | None = None) -> EngineStats:
@@ -194,6 +205,11 @@ class EngineStats:
         copy = replace(self)
         copy.set_compiles(compiles)
         return copy
+
+    def count_verified(self, verified: Verified) -> None:
+        self.spec_proposed.update(verified.proposed)
+        self.spec_accepted.update(verified.accepted)
+        self.spec_verify_draws += verified.draws
 
     def count_finished(self, req: Request) -> None:
         self.requests_finished[req.sequences[0].finish_reason or "abort"] += 1

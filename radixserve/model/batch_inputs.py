@@ -46,7 +46,7 @@ class BatchInputs:
     query_lens: list[int]  # [B] new tokens of each item
     seq_lens: list[int]  # [B] context length of each item, its new tokens included
     block_tables: list[list[int]]  # [B] each sequence's own block_table (the list itself: read, never change)
-    sample_rows: list[int]  # token index of the last token of each item that samples, in item order
+    sample_rows: list[int]  # token indices whose logits the step needs: the last `logit_rows` of each item that samples
     pending_at: list[int]  # token indices whose id is still on the device ...
     pending_rows: list[int]  # ... at these rows of the previous step's sampled ids
 
@@ -101,6 +101,6 @@ def build_inputs(batch: Batch, block_size: int, pending: PendingInputs | None = 
         query_lens.append(n)
         seq_lens.append(end)
         tables.append(table)
-        if end == len(tokens):
-            sample_rows.append(len(ids) - 1)
+        if end == len(tokens):  # the chunk samples: its last `logit_rows` positions give logits
+            sample_rows += range(len(ids) - item.logit_rows, len(ids))
     return BatchInputs(ids, positions, slots, query_lens, seq_lens, tables, sample_rows, pending_at, pending_rows)

@@ -124,9 +124,8 @@ class PaddedDecoder:
         each row's length and the rows that sample."""
         x = build_inputs(batch, self.block_size, pending)
         m, n, p = self.rows, len(x.token_ids), len(x.pending_at)  # one token per row: n rows
-        cols = [pos // self.block_size for pos in x.positions]
         deltas: list[int] = []
-        table_rows = self.tables.assign([it.seq for it in batch.items], cols, deltas)
+        table_rows = self.tables.assign([it.seq for it in batch.items], x.positions, self.block_size, deltas)
         fixed = _SEGMENTS * m
         used = fixed + 2 * p + len(deltas)
         host = self.staging.host(used)

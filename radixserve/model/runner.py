@@ -203,7 +203,7 @@ class ModelRunner:
     def run_each(self, batch: Batch, pending: PendingInputs | None = None,
                  asked: RowLogprobs | None = None) -> list[torch.Tensor | None]:
         """Run each item of a batch on its own (after a batched forward failed): per item, its logits
-        rows (0 or 1) or None where its own forward fails. The batch's copies already ran. `asked` is
+        rows (0, or its `logit_rows`) or None where its own forward fails. The batch's copies already ran. `asked` is
         filled for the items that ran; the rows of an item that failed hold NaN."""
         out: list[torch.Tensor | None] = []
         parts: list[tuple[list[int], RowLogprobs]] = []

@@ -10,7 +10,9 @@ prepares step N+2, which is what makes reusing a buffer two steps later safe. Th
 `BlockTableRows`: each decoding sequence owns a row of a device block table. A row is written in full
 when its sequence first decodes there, or when the sequence's table was rebuilt (preemption,
 re-admission: a new list object); otherwise only its new entries, plus the entry being written when
-copy-on-write replaced it in place, travel as (row, column, block) deltas. Rows of sequences that no
+copy-on-write replaced it in place, travel as (row, column, block) deltas, except that a sequence
+that ran an extend since its last decode here (verifying drafts, forced tokens) has its whole row
+compared. Rows of sequences that no
 longer decode are reclaimed when the rows run out. The last row is the scratch row (every entry the
 scratch block), which padding rows point at.
 """
@@ -58,6 +60,7 @@ class _Row:
     table: list[int]  # the sequence's block_table object this row mirrors
     written: list[int]  # what the device row holds, entry by entry
     last_step: int
+    next_position: int = -1  # where its next decode here writes, if it runs nowhere else in between
 
 
 class BlockTableRows:
@@ -68,25 +71,34 @@ class BlockTableRows:
         self._free = list(range(num_rows - 1, -1, -1))
         self._step = 0
 
-    def assign(self, seqs: list[Sequence], write_cols: list[int], deltas: list[int]) -> list[int]:
+    def assign(self, seqs: list[Sequence], positions: list[int], block_size: int, deltas: list[int]) -> list[int]:
         """The row of each sequence, extending `deltas` with the (row, column, block) entries that
-        must change on the device first. `write_cols[i]`: the table entry seqs[i] writes this step,
-        the only one copy-on-write can have replaced in place."""
+        must change on the device first. `positions[i]`: the position seqs[i] writes this step. From
+        one decode here to the next (one position on), only the entry being written can have been
+        replaced (copy-on-write); a sequence that ran elsewhere in between (an extend verifying drafts
+        or appending forced tokens, which may copy any block it writes and roll blocks back) has its
+        whole row compared."""
         self._step += 1
         out = []
-        for seq, col in zip(seqs, write_cols):
+        for seq, position in zip(seqs, positions):
             row = self._rows.get(seq.seq_id)
             table = seq.block_table
             if row is None or row.table is not table:
                 row = self._fresh(seq, row)
             row.last_step = self._step
-            written = row.written
-            if col < len(written) and written[col] != table[col]:
-                written[col] = table[col]
-                deltas += (row.index, col, table[col])
-            for col in range(len(written), len(table)):
-                written.append(table[col])
-                deltas += (row.index, col, table[col])
+            written, col = row.written, position // block_size
+            if position != row.next_position:
+                del written[len(table):]
+                changed = [c for c in range(len(written)) if written[c] != table[c]]
+            else:
+                changed = [col] if col < len(written) and written[col] != table[col] else []
+            for c in changed:
+                written[c] = table[c]
+                deltas += (row.index, c, table[c])
+            for c in range(len(written), len(table)):
+                written.append(table[c])
+                deltas += (row.index, c, table[c])
+            row.next_position = position + 1
             out.append(row.index)
         return out
 

@@ -2,7 +2,8 @@
 
 `check_integrity` proves: every live sequence is queued once; each sequence's table covers what it
 has computed; a pending token (sampled, still on the device) is only ever a sequence's last token
-and never counts as computed, and none is in the tree; each block's refcount equals the sequence
+and never counts as computed, and none is in the tree; unverified drafts sit only before a pending
+slot, and neither a sequence's cached tokens nor its lock reach past its verified ones; each block's refcount equals the sequence
 tables and tree nodes listing it (so free, owned and cached blocks partition the pool); each tree
 node's lock count equals the live sequences whose locked path passes through it; the host tier's
 block refcounts equal the tree nodes listing them (a swapped-out sequence holds its host blocks
@@ -41,7 +42,12 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
         owners.update(s.block_table)
         assert len(s.block_table) * pool.block_size >= s.num_computed, "table shorter than computed"
         assert PENDING_TOKEN not in s.token_ids[:-1], f"sequence {s.seq_id}: a pending token before its last"
-        assert s.num_computed <= s.num_resolved, f"sequence {s.seq_id}: a pending token counts as computed"
+        assert s.num_computed <= s.num_resolved + s.num_drafts, f"sequence {s.seq_id}: a pending token counts as computed"
+        # drafts sit only before a pending slot, and nothing past the resolved tokens is in the tree
+        assert not s.num_drafts or s.has_pending_token, f"sequence {s.seq_id}: drafts without a slot"
+        assert s.num_cached <= s.num_resolved, f"sequence {s.seq_id}: an unverified token is cached"
+        assert s.locked_node is None or s.locked_node.end <= s.num_resolved, \
+            f"sequence {s.seq_id}: its lock reaches past its verified tokens"
         _count_path(s.locked_node, tree, locks)
         if s.swapped_node is not None:
             assert not s.block_table and s.locked_node is None, f"sequence {s.seq_id} is swapped out but holds blocks"

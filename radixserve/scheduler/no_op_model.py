@@ -1,6 +1,7 @@
 """A stand-in for the model and the sampler, for the scheduler's micro-benchmark and tests: a step
-"runs" at once and every draw samples the same token. Drives the scheduler exactly as the engine
-does without overlap (schedule, launched, commit), so what it measures is the scheduler's own cost.
+"runs" at once and every draw samples the same token (and keeps the drafts equal to it). Drives the
+scheduler exactly as the engine does without overlap (schedule, launched, commit), so what it
+measures is the scheduler's own cost.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ def _key(req: Request, index: int) -> int:
 
 
 def no_op_step(scheduler: Scheduler, batch: Batch, token: int) -> Committed:
-    """Commit `token` for every draw of `batch` (n > 1 forks included); only length limits finish."""
+    """Commit `token` for every draw of `batch` (n > 1 forks included); a draw verifying drafts keeps
+    those equal to `token` (every row "samples" it), as the engine's verification would; only length
+    limits finish."""
     launch = scheduler.launched(batch, (), _key)
-    return scheduler.commit(launch, [TokenCommit((token,))] * len(launch.owners), (), _no_stop)
+    commits = []
+    for seq, position, k in zip(launch.owners, launch.positions, launch.drafts):
+        drafts = seq.token_ids[position - k:position]
+        kept = next((i for i, t in enumerate(drafts) if t != token), k)
+        commits.append(TokenCommit((token,) * (kept + 1), drafts=k))
+    return scheduler.commit(launch, commits, (), _no_stop)

@@ -17,6 +17,8 @@ Invariants (the scheduler is the only caller of these functions):
 - a sequence that finishes (a stop, an abort, an error) drops its slots first: the device's ids for
   them are never read, and what it caches is only tokens known on the host;
 - a sequence preempted with a slot pending is not admitted again until the slot is committed;
+- a verifying step's drafts sit just before its slot; the sequence is not scheduled again until that
+  slot is committed (the commit decides how many of them stay, so later positions are unknown);
 - a commit that `replaces_in_flight` (a grammar's forced tokens) voids the later slot: its draw is
   ignored when its step commits, and the sequence may be scheduled again at once.
 """
@@ -42,9 +44,10 @@ def fill(seq: Sequence, position: int, token: int) -> None:
 
 
 def drop_slots(seq: Sequence) -> None:
-    """Forget the ids still on the device for `seq` (it finished): they will never be read."""
-    if PENDING_TOKEN in seq.token_ids:
-        del seq.token_ids[seq.token_ids.index(PENDING_TOKEN):]
+    """Forget the ids still on the device for `seq` (it finished): they will never be read; drafts
+    being verified go with them."""
+    del seq.token_ids[seq.num_resolved:]
+    seq.num_drafts = 0
 
 
 def void_later(seq: Sequence, position: int) -> list[int]:
@@ -65,7 +68,7 @@ def split_running(running: list[Sequence]) -> tuple[list[Sequence], list[Sequenc
     for seq in running:
         left = len(seq.token_ids) - seq.num_computed
         if left == 1:
-            if not seq.final_token_pending:
+            if not seq.final_token_pending and not seq.num_drafts:  # (drafts: a verification in flight)
                 decodes.append(seq)
         elif left > 1:
             prefills.append(seq)

@@ -5,7 +5,7 @@ The scheduler is the only writer of a sequence and of cache state: refcounts, tr
 insertions, a sequence's blocks, tokens, `num_computed` and status. After `schedule`, a step comes
 back in two calls: `launched` (the forward is queued: chunks count as computed, n > 1 requests fork,
 each draw gets a pending slot, `pending.py`) and `commit` (the sampled tokens are known: slots are
-filled, several tokens per draw and rejected drafts included, `step_results.py`; stops and length
+filled, several tokens per draw and verified drafts included, `step_results.py`; stops and length
 limits finish sequences). Without overlap the engine makes the two calls back to back. `finish` (one
 sequence) and `end` (a request: an abort, an error) end them at any time. The engine asks; it never
 writes a sequence (tests/test_layering.py enforces it). Every block copy decided while scheduling
@@ -34,6 +34,7 @@ from radixserve.config import EngineConfig
 from radixserve.core import BlockCopy, Request, Sequence, SequenceStatus
 from radixserve.scheduler import pending
 from radixserve.scheduler.admission import GrowthReserve
+from radixserve.scheduler.drafts import DraftProposer
 from radixserve.scheduler.integrity import check_integrity, leaked_blocks
 from radixserve.scheduler.policy import Policy
 from radixserve.scheduler.preemption import PreemptionCosts
@@ -71,6 +72,9 @@ class SequenceQueues:
         self.cache = SequenceCache(pool, tree)
         self.costs = PreemptionCosts()
         self.void_draws: set[tuple[int, int]] = set()  # (seq_id, position) of draws a commit replaced
+        # the engine sets speculative_max_batch from its device; without one (unit tests), no cap
+        max_batch = config.speculative_max_batch if config.speculative_max_batch is not None else config.max_num_seqs
+        self.drafts = DraftProposer(tree, config.num_speculative_tokens, max_batch, self.max_seq_len)
 
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -60,12 +60,19 @@ class Scheduler(SequenceQueues):
         decodes, prefills = pending.split_running(self.running)
         if self.policy.ranks_by_merit and self.config.preempt_gap > 0 and self.waiting and self.running:
             budget -= self._admit_urgent(batch, budget - len(decodes))
+        drafting = self.drafts.enabled and len(decodes) <= self.drafts.max_batch
         for seq in decodes + prefills:
             if budget == 0:
                 break
             if seq.status is not running:
                 continue  # preempted earlier in this step
             left = len(seq.token_ids) - seq.num_computed
+            if left == 1 and drafting and self.drafts.eligible(seq):
+                if seq.has_pending_token and self.drafts.wants_known_token(seq):
+                    continue  # overlap: its drafts are being kept; wait a step for its token to draft again
+                if not seq.has_pending_token and budget > 1 and self._draft(seq, budget - 1, batch):
+                    budget -= batch.items[-1].num_tokens
+                    continue
             n = left if left < budget else budget
             while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n, batch.copies):
                 victim = self._victim(batch)  # `seq` itself is a candidate: never None
@@ -81,6 +88,20 @@ class Scheduler(SequenceQueues):
         if budget > 0:
             self._admit(batch, budget)
         return batch
+
+    def _draft(self, seq: Sequence, budget: int, batch: Batch) -> bool:
+        """Schedule `seq` to verify drafts after its last token, if it proposes any and blocks for them
+        are free without preempting anyone (drafts are never worth a preemption). True if it was."""
+        draft = self.drafts.propose(seq, budget)
+        if draft is None:
+            return False
+        n = 1 + len(draft.tokens)
+        if not self.cache.reserve(seq, n, batch.copies):
+            return False
+        seq.token_ids.extend(draft.tokens)
+        seq.num_drafts, seq.draft_source = len(draft.tokens), draft.source
+        batch.items.append(ScheduledSeq(seq, seq.num_computed, n, logit_rows=n))
+        return True
 
     def _admit(self, batch: Batch, budget: int) -> None:
         if not self.waiting:
@@ -199,11 +220,12 @@ class Scheduler(SequenceQueues):
         launch = Launch()
         owners, rows, positions = launch.owners, launch.rows, launch.positions
         bs, max_seq_len, running, add_slot = self.block_size, self.max_seq_len, SequenceStatus.RUNNING, pending.add_slot
-        row = -1  # the logits have one row per item that samples, in batch order
+        next_row = 0  # the logits have `logit_rows` rows per item that samples, in batch order
         for item in batch.items:
             seq, computed = item.seq, item.start + item.num_tokens
             samples = computed == len(seq.token_ids)  # the chunk reaches the last token
-            row += samples
+            row = next_row
+            next_row += item.logit_rows if samples else 0
             if seq.status is not running:
                 continue
             seq.num_computed = computed
@@ -217,9 +239,11 @@ class Scheduler(SequenceQueues):
                 owners += forks
                 rows += [row] * len(forks)
                 positions += [add_slot(s, max_seq_len) for s in forks]
+                launch.drafts += [0] * len(forks)
             owners.append(seq)
             rows.append(row)
             positions.append(add_slot(seq, max_seq_len))
+            launch.drafts.append(seq.num_drafts)
         return launch
 
     def commit(self, launch: Launch, commits: list[TokenCommit], failed: Iterable[Request], stop: StopTest) -> Committed:
@@ -238,11 +262,10 @@ class Scheduler(SequenceQueues):
                 continue  # ended while in flight: its slot was dropped
             if commit.replaces_in_flight and position < len(seq.token_ids) - 1:
                 self.void_draws.update((seq.seq_id, later) for later in pending.void_later(seq, position))
-            if commit.rejected:
-                assert position == len(seq.token_ids) - 1, "drafts are rejected only before a sequence's last slot"
-                del seq.token_ids[position - commit.rejected:position]
-                position -= commit.rejected
-                self.cache.roll_back(seq, position)
+            assert commit.drafts == seq.num_drafts or position != len(seq.token_ids) - 1, \
+                "a verifying draw's commit says how many drafts it verified"
+            if commit.drafts:
+                position = self._verified(seq, position, commit)
             try:
                 taken, reason = append_tokens(seq, position, commit, stop, self.max_seq_len)
             except TokenRefused as refused:  # the request's own constraint: it alone ends, nothing is wrong
@@ -262,3 +285,20 @@ class Scheduler(SequenceQueues):
             elif seq.num_computed - seq.num_cached >= bs and seq.status is SequenceStatus.RUNNING:
                 self.cache.cache_computed(seq)  # a block the slot completed can be cached now
         return done
+
+    def _verified(self, seq: Sequence, position: int, commit: TokenCommit) -> int:
+        """A verifying draw commits: its drafts come out of `seq`'s tokens (the kept ones come back
+        through the stop test with the commit's tokens), the K/V past the kept ones is forgotten, and
+        its k adapts. Returns the position the commit's first token fills."""
+        assert position == len(seq.token_ids) - 1 and commit.drafts == seq.num_drafts, \
+            "drafts are verified only before a sequence's last slot, all of them at once"
+        kept = len(commit.tokens) - 1
+        assert 0 <= kept <= commit.drafts and seq.token_ids[position - commit.drafts:position - commit.drafts + kept] \
+            == list(commit.tokens[:kept]), "a commit keeps a prefix of the drafts"
+        first = position - commit.drafts
+        del seq.token_ids[first:position]
+        seq.num_drafts, seq.draft_source = 0, ""
+        seq.final_token_pending = False  # a limit the slot reached is checked again as tokens commit
+        self.cache.roll_back(seq, first + kept)
+        self.drafts.verified(seq, commit.drafts, kept)
+        return first

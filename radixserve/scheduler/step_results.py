@@ -1,13 +1,14 @@
 """What a step hands back to the scheduler, and the rule that turns sampled tokens into a sequence's
 tokens: the scheduler's one write path for generated tokens (`Scheduler.launched` / `commit`).
 
-A launched step's sampling rows are described by a `Launch` (whose row each draw reads, which slot it
-fills). After sampling, the engine hands one `TokenCommit` per draw back. A commit may carry several
-tokens and may reject some the step computed (speculative decoding verifies k draft tokens in one
-step and keeps a prefix of them plus one sampled token; a grammar may force several): the rejected
-drafts are dropped first (`SequenceCache.roll_back` forgets their K/V), then the tokens are appended
-one by one, each passed to the stop test and checked against the length limits; the first token that
-ends the sequence ends the commit, and the tokens after it are never appended.
+A launched step's sampling rows are described by a `Launch` (whose rows each draw reads, which slot it
+fills, how many drafts it verifies). After sampling, the engine hands one `TokenCommit` per draw back.
+A commit may carry several tokens: a grammar may force several, and speculative decoding verifies k
+draft tokens in one step and keeps a prefix of them plus the token sampled after it. A verifying
+draw's drafts are taken out first (`SequenceCache.roll_back` forgets the K/V of those not kept: the
+kept ones' stands), then the commit's tokens are appended one by one, the kept drafts included, each
+passed to the stop test and checked against the length limits; the first token that ends the
+sequence ends the commit, and the tokens after it are never appended.
 
 The stop test (`StopTest`) is handed in by the engine: EOS, stop ids and stop strings (through its
 detokenizer, which must see every committed token once, in order). It decides nothing about blocks,
@@ -29,11 +30,14 @@ StopTest = Callable[[Sequence, int], bool]
 @dataclass
 class Launch:
     """A launched step's draws: `owners[i]` samples from logits row `rows[i]` into the slot at
-    `positions[i]` of its token_ids. `forks`: the samples of n > 1 requests that joined this step."""
+    `positions[i]` of its token_ids; a draw verifying `drafts[i]` > 0 draft tokens (the tokens just
+    before its slot) also reads the rows after `rows[i]`, one per draft. `forks`: the samples of n > 1
+    requests that joined this step."""
 
     owners: list[Sequence] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    drafts: list[int] = field(default_factory=list)
     forks: list[Sequence] = field(default_factory=list)
 
     def draw_of(self) -> dict[int, int]:
@@ -43,17 +47,18 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class TokenCommit:
-    """What a step decided for one draw of its `Launch`: drop the `rejected` tokens just before the
-    draw's slot (draft tokens the step computed and did not keep), then commit `tokens` — the first
-    fills the slot — each with its logprob when the request asked (`logprobs` then has one per token).
-    Several tokens, or rejected drafts, only where the draw's slot is its sequence's last (no later
-    step of that sequence in flight: positions after it would move), or, for several tokens, where
-    the commit `replaces_in_flight`: the later slot is dropped and its draw ignored when it commits
-    (the step that drew it computed this slot's K/V, which stands)."""
+    """What a step decided for one draw of its `Launch`: commit `tokens` — the first fills the slot —
+    each with its logprob when the request asked (`logprobs` then has one per token). A draw that
+    verified `drafts` draft tokens (the tokens just before its slot) takes them out first; its
+    `tokens` are the verified ones: the drafts it kept (a prefix), then the token sampled after them.
+    Several tokens, or drafts, only where the draw's slot is its sequence's last (no later step of
+    that sequence in flight: positions after it would move), or, for several tokens, where the commit
+    `replaces_in_flight`: the later slot is dropped and its draw ignored when it commits (the step
+    that drew it computed this slot's K/V, which stands)."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
-    rejected: int = 0
+    drafts: int = 0
     # the sequence's later draw still in flight is void and these tokens take its place: a grammar's
     # forced tokens, known only once this draw's token is (with overlap, the next step is already out)
     replaces_in_flight: bool = False

@@ -208,8 +208,9 @@ class ConstraintBook:
 
     def draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
         """How many of `drafts` (proposed tokens after `seq`'s committed ones, as speculative decoding
-        proposes them) the grammar accepts, in order; the matcher is left as it was. A verifying step
-        rejects the drafts from the first one the grammar does not allow (TokenCommit.rejected)."""
+        proposes them) the grammar accepts, in order; the matcher is left as it was. Not used yet: a
+        constrained sequence does not draft (scheduler/drafts.py), since each draft position's mask
+        would need the matcher advanced through the drafts before it."""
         state = self._state(seq)
         if state is None or not drafts:
             return len(drafts)

@@ -1,0 +1,97 @@
+"""Verifying drafts: a verifying draw's k drafts (scheduler/drafts.py chose them; they sit just before
+its slot) were computed in one forward with the logits of every position, so its k + 1 rows are
+sampled like any other draws and the drafts are checked against what was sampled.
+
+The rule, one for greedy and sampled draws alike: row m (the row of the last token for m = 0, of draft
+m otherwise) is sampled exactly as a step without speculation samples that position — the same
+filters and the same counter-based random number u(key, position) (engine/sampler.py) — and draft m+1
+is kept while it equals the token sampled from row m; the commit is the kept drafts and then the
+first sampled token that differs (or the one after the last draft). Greedy, that accepts the longest
+prefix equal to the argmax plus the next token. Sampled, it is exact speculative sampling for a
+point-mass draft: the draft d is kept with probability p(d) under the request's own filtered
+distribution, and otherwise the token drawn is distributed as p with d removed and renormalized. And
+since each position's draw reads the same u as without speculation, a seeded request gives the same
+tokens with speculation on and off, alone or in any batch.
+
+Layout: the sampler's draws are the launch's draws first, in order (draw i is its own index, the
+index every other reader of the sampled ids uses), then every verifying draw's extra rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.core import Request, TokenLogprob
+from radixserve.engine.sampler import Draw
+from radixserve.scheduler.step_results import Launch, TokenCommit
+
+# the most decoding sequences a step drafts for, by device, when --speculative-max-batch is not given:
+# above it a step's forward stops being memory-bound, so the drafts' positions cost what they save
+# (measured: docs/speculation.md)
+DEFAULT_MAX_BATCH = {"cpu": 16, "cuda": 32}
+
+
+def default_max_batch(device: torch.device) -> int:
+    return DEFAULT_MAX_BATCH.get(device.type, DEFAULT_MAX_BATCH["cuda"])
+
+
+@dataclass
+class VerifyPlan:
+    """Where each verifying draw's extra rows are among the sampler's draws."""
+
+    extra_at: dict[int, int] = field(default_factory=dict)  # draw index -> index of its first extra draw
+
+
+@dataclass
+class Verified:
+    """What a step's verifications did, for the engine's counters."""
+
+    proposed: Counter[str] = field(default_factory=Counter)
+    accepted: Counter[str] = field(default_factory=Counter)
+    draws: int = 0
+
+
+def sampler_draws(launch: Launch) -> tuple[list[Draw], VerifyPlan]:
+    """The launch's draws for the sampler: one per draw, then the extra rows of the verifying ones."""
+    draws: list[Draw] = []
+    extras: list[Draw] = []
+    plan = VerifyPlan()
+    for i, (seq, row, position, k) in enumerate(zip(launch.owners, launch.rows, launch.positions, launch.drafts)):
+        params, key, first = seq.request.params, seq.noise_key, position - k
+        draws.append(Draw(row, params, key, first))
+        if k:
+            plan.extra_at[i] = len(launch.owners) + len(extras)
+            extras += [Draw(row + m, params, key, first + m) for m in range(1, k + 1)]
+    return draws + extras, plan
+
+
+def unusable_verifications(launch: Launch, plan: VerifyPlan, usable: list[bool]) -> list[Request]:
+    """The requests a verifying row of which had unusable logits."""
+    return [launch.owners[i].request for i, at in plan.extra_at.items()
+            if not all(usable[at:at + launch.drafts[i]])]
+
+
+def verify(launch: Launch, plan: VerifyPlan, ids: list[int], logprobs: dict[int, TokenLogprob],
+           commits: list[TokenCommit]) -> Verified:
+    """Replace each verifying draw's commit in `commits` by its verified tokens (`ids` and `logprobs`
+    are the sampler's, by its draw index); returns the counts."""
+    done = Verified()
+    for i, at in plan.extra_at.items():
+        seq, k, position = launch.owners[i], launch.drafts[i], launch.positions[i]
+        drafts = seq.token_ids[position - k:position]
+        rows = [i] + list(range(at, at + k))
+        sampled = [ids[r] for r in rows]
+        kept = 0
+        while kept < k and sampled[kept] == drafts[kept]:
+            kept += 1
+        lps = tuple(logprobs[r] for r in rows[:kept + 1]) if i in logprobs else ()
+        commits[i] = TokenCommit(tuple(sampled[:kept + 1]), lps, drafts=k)
+        source = seq.draft_source
+        seq.request.drafts.add(source, k, kept)
+        done.proposed[source] += k
+        done.accepted[source] += kept
+        done.draws += 1
+    return done

@@ -1,0 +1,158 @@
+"""Speculative drafts: which tokens a decoding sequence proposes to verify in its next step, and how
+many it may propose (its `SpecState`, adapted to what its verifications kept).
+
+Sources, in this order; the first that yields a draft wins:
+- "prediction": the request's Predicted Output (`Request.prediction_ids`), which its caller gave for
+  this very reply (so it goes first, and `accepted_prediction_tokens` counts what it drafted): the
+  continuation of the output's last n-gram where it occurs in the prediction (the occurrence nearest
+  the output's length, so the two stay aligned);
+- "tree": the sequence's tokens so far are a path of the radix tree that continues (a regenerated
+  reply, a question asked again, a fork re-running a turn, a sibling sample ahead of it): the cached
+  continuation, following the most recently used branch at each fork;
+- "lookup": prompt lookup, as transformers' `prompt_lookup_num_tokens`: the continuation of the
+  sequence's last n-gram (n from LOOKUP_NGRAM down to 2) at its most recent earlier occurrence in the
+  prompt or the output.
+
+Who drafts: a decoding sequence whose last token is known on the host (the verifying step feeds it),
+without a grammar (its masks at draft positions would depend on the drafts), penalties or
+prompt-logprob asks (whose counts would), and only in a step with at most `max_batch` decoding
+sequences (above it the step stops being memory-bound and drafts cost what they save). A draft is
+cut so that it and the token sampled after it stay within the request's max_tokens and the engine's
+longest sequence.
+
+k: starts at `num_speculative_tokens`; after a verification that kept every draft it grows by 2
+(to the cap), after one that kept a < k it becomes a + 1; after MISS_LIMIT verifications in a row
+kept nothing the sequence drafts nothing for 2**misses steps (at most MAX_COOLDOWN), then tries again.
+These functions read the tree and write only the sequence's `spec` state (the scheduler calls them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixserve.cache.radix_tree import RadixTree
+from radixserve.core import Sequence
+
+LOOKUP_NGRAM = 3  # the longest n-gram prompt lookup matches first
+MISS_LIMIT = 2
+MAX_COOLDOWN = 64
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    source: str
+
+
+class DraftProposer:
+    def __init__(self, tree: RadixTree | None, num_tokens: int, max_batch: int, max_seq_len: int) -> None:
+        self.tree = tree
+        self.num_tokens = num_tokens  # 0: speculation off
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_tokens > 0
+
+    def eligible(self, seq: Sequence) -> bool:
+        """May `seq` draft at all (whatever its state)? A query."""
+        params = seq.request.params
+        return (self.num_tokens > 0 and params.structured is None and not params.has_penalties
+                and params.prompt_logprobs is None)
+
+    def wants_known_token(self, seq: Sequence) -> bool:
+        """With overlap, should `seq` wait a step for its pending token (a sequence drafts only after a
+        known token) rather than decode on without a draft? At its first decode (to try), while its
+        drafts are being kept, or while it has a prediction, unless it is cooling down. A query."""
+        return (self.eligible(seq) and seq.spec.cooldown == 0
+                and (seq.spec.hot or bool(seq.request.prediction_ids)))
+
+    def propose(self, seq: Sequence, budget: int) -> Draft | None:
+        """Up to min(k, budget) draft tokens to follow `seq`'s last token, or None. Counts down a
+        cool-down (writes `seq.spec`)."""
+        spec = seq.spec
+        if spec.k < 0:
+            spec.k = self.num_tokens
+        if spec.cooldown > 0:
+            spec.cooldown -= 1
+            return None
+        tokens = seq.token_ids
+        limit = min(spec.k, budget,
+                    seq.num_prompt_tokens + seq.request.params.max_tokens - len(tokens) - 1,
+                    self.max_seq_len - len(tokens) - 1)
+        if limit <= 0:
+            return None
+        prediction = seq.request.prediction_ids
+        if prediction:
+            drafted = from_prediction(tokens[seq.num_prompt_tokens:], prediction, limit)
+            if drafted:
+                return Draft(drafted, "prediction")
+        if self.tree is not None:
+            drafted = self.tree.continuation(tokens, limit)
+            if drafted:
+                return Draft(drafted, "tree")
+        drafted = prompt_lookup(tokens, limit)
+        if drafted:
+            return Draft(drafted, "lookup")
+        spec.hot = False  # nothing to draft: with overlap it decodes on without waiting for its tokens
+        return None
+
+    def verified(self, seq: Sequence, proposed: int, kept: int) -> None:
+        """A verification of `proposed` drafts kept `kept`: adapt `seq`'s k (writes `seq.spec`)."""
+        spec = seq.spec
+        spec.hot = kept > 0
+        if kept == proposed:
+            spec.k = min(self.num_tokens, spec.k + 2)
+        else:
+            spec.k = max(1, kept + 1)
+        if kept:
+            spec.misses = 0
+            return
+        spec.misses += 1
+        if spec.misses >= MISS_LIMIT:
+            spec.cooldown = min(MAX_COOLDOWN, 2 ** spec.misses)
+
+
+def _ngram_starts(haystack: np.ndarray, needle: np.ndarray, end: int) -> np.ndarray:
+    """Start positions i < end - len(needle) + 1 where haystack[i:i+len(needle)] == needle."""
+    n = len(needle)
+    starts = np.flatnonzero(haystack[:max(0, end - n + 1)] == needle[0])
+    for j in range(1, n):
+        starts = starts[haystack[starts + j] == needle[j]]
+    return starts
+
+
+def prompt_lookup(tokens: list[int], limit: int, max_n: int = LOOKUP_NGRAM) -> list[int]:
+    """The tokens after the most recent earlier occurrence of `tokens`' last n-gram (longest n first,
+    down to 2), at most `limit` of them."""
+    size = len(tokens)
+    if size < 3:
+        return []
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_n, size - 1), 1, -1):
+        # an occurrence must end before the last token, so that something follows it
+        starts = _ngram_starts(arr, arr[size - n:], size - 1)
+        if starts.size:
+            at = int(starts[-1]) + n
+            return [int(t) for t in arr[at:at + limit]]
+    return []
+
+
+def from_prediction(generated: list[int], prediction: tuple[int, ...], limit: int,
+                    max_n: int = LOOKUP_NGRAM) -> list[int]:
+    """The prediction's continuation of the output so far: its start while nothing is generated, else
+    after the output's last n-gram (longest n first, down to 1) where it occurs in the prediction,
+    at the occurrence nearest the output's length."""
+    if not generated:
+        return list(prediction[:limit])
+    pred = np.asarray(prediction, dtype=np.int64)
+    for n in range(min(max_n, len(generated)), 0, -1):
+        starts = _ngram_starts(pred, np.asarray(generated[-n:], dtype=np.int64), len(pred) - 1)
+        if starts.size:
+            ends = starts + n
+            at = int(ends[np.argmin(np.abs(ends - len(generated)))])
+            return [int(t) for t in pred[at:at + limit]]
+    return []

@@ -1,0 +1,151 @@
+"""The draft sources (the radix tree's continuation, a prediction, prompt lookup), how k adapts, and
+the verification rule's distribution: exact speculative sampling for a point-mass draft, checked
+against the softmax it must reproduce (total-variation bound) over thousands of keys."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import RadixTree
+from radixserve.core import Request, Sequence
+from radixserve.engine.sampler import Sampler
+from radixserve.engine.speculation import sampler_draws, verify
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.drafts import MAX_COOLDOWN, MISS_LIMIT, DraftProposer, from_prediction, prompt_lookup
+from radixserve.scheduler.step_results import Launch, TokenCommit
+
+_ids = itertools.count()
+
+
+def seq_of(tokens: list[int], prompt: int, params: SamplingParams | None = None,
+           prediction: tuple[int, ...] = ()) -> Sequence:
+    req = Request(f"r{next(_ids)}", tokens[:prompt], params or SamplingParams(max_tokens=64), prediction_ids=prediction)
+    seq = Sequence(req, 0, list(tokens), prompt)
+    req.sequences.append(seq)
+    return seq
+
+
+def test_prompt_lookup_takes_the_longest_most_recent_ngram() -> None:
+    assert prompt_lookup([1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2, 3], 4) == [7, 1, 2, 3]  # the later 1 2 3
+    assert prompt_lookup([5, 6, 1, 2, 8, 4, 2], 3) == []  # a single token does not match
+    assert prompt_lookup([5, 1, 2, 8, 4, 0, 1, 2], 2) == [8, 4]  # a bigram
+    assert prompt_lookup([1, 2], 4) == []
+
+
+def test_a_prediction_drafts_from_where_the_output_is_in_it() -> None:
+    prediction = (10, 11, 12, 13, 14, 11, 12, 15, 16)
+    assert from_prediction([], prediction, 3) == [10, 11, 12]
+    assert from_prediction([10], prediction, 3) == [11, 12, 13]
+    # 11 12 occurs twice: the occurrence aligned with the output's length wins
+    assert from_prediction([10, 11, 12, 13, 14, 11, 12], prediction, 4) == [15, 16]
+    assert from_prediction([3, 4, 11, 12], prediction, 2) == [13, 14]
+    assert from_prediction([99], prediction, 3) == []
+
+
+def test_the_tree_continues_a_cached_path_along_its_most_recent_branch() -> None:
+    pool = BlockPool(32, 4)
+    tree = RadixTree(pool)
+    old, new = [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9]
+    for path in (old, new):
+        blocks = pool.allocate(2)
+        assert blocks is not None
+        tree.insert(path, blocks)
+        pool.release(blocks)
+    assert tree.continuation([1, 2], 3) == [3, 4, 9]  # `new` was used last
+    tree.match([1, 2, 3, 4, 5, 6, 7, 8])  # now `old` is
+    assert tree.continuation([1, 2], 10) == [3, 4, 5, 6, 7, 8]
+    assert tree.continuation([1, 2, 3, 4, 5], 2) == [6, 7]  # ends inside an edge
+    assert tree.continuation([1, 2, 7], 2) == []  # diverges
+    assert tree.continuation(old, 2) == []  # nothing follows
+    nodes = tree.num_nodes
+    tree.continuation([1, 2, 3], 4)
+    assert tree.num_nodes == nodes  # a query: no split
+
+
+def test_proposals_try_the_tree_then_the_prediction_then_lookup_within_the_limits() -> None:
+    pool = BlockPool(32, 4)
+    tree = RadixTree(pool)
+    blocks = pool.allocate(2)
+    assert blocks is not None
+    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], blocks)
+    drafts = DraftProposer(tree, num_tokens=4, max_batch=8, max_seq_len=64)
+    draft = drafts.propose(seq_of([1, 2, 3], 2), budget=10)
+    assert draft is not None and (draft.tokens, draft.source) == ([4, 5, 6, 7], "tree")
+    draft = drafts.propose(seq_of([9, 2, 3], 2, prediction=(3, 30, 31)), budget=10)
+    assert draft is not None and (draft.tokens, draft.source) == ([30, 31], "prediction")
+    draft = drafts.propose(seq_of([9, 4, 5, 6, 9, 4], 4), budget=10)
+    assert draft is not None and (draft.tokens, draft.source) == ([5, 6, 9, 4], "lookup")
+    # max_tokens 3, one generated: the draft and the token after it fit in the two left
+    draft = drafts.propose(seq_of([1, 2, 3], 2, SamplingParams(max_tokens=3)), budget=10)
+    assert draft is not None and draft.tokens == [4]
+    assert drafts.propose(seq_of([1, 2, 3], 2), budget=2) is not None
+    constrained = seq_of([1, 2, 3], 2, SamplingParams(max_tokens=64, presence_penalty=1.0))
+    assert not drafts.eligible(constrained)
+    assert not DraftProposer(tree, 0, 8, 64).eligible(seq_of([1, 2, 3], 2))
+
+
+def test_k_adapts_to_what_verifications_keep() -> None:
+    drafts = DraftProposer(None, num_tokens=8, max_batch=8, max_seq_len=64)
+    seq = seq_of([1, 2, 3, 1, 2, 3, 1, 2], 2)
+    seq.spec.k = 8
+    drafts.verified(seq, 8, 3)
+    assert seq.spec.k == 4 and seq.spec.hot
+    drafts.verified(seq, 4, 4)
+    assert seq.spec.k == 6
+    for _ in range(MISS_LIMIT):
+        drafts.verified(seq, 1, 0)
+    assert seq.spec.k == 1 and not seq.spec.hot and seq.spec.cooldown == min(MAX_COOLDOWN, 2 ** MISS_LIMIT)
+    for _ in range(seq.spec.cooldown):
+        assert drafts.propose(seq, 8) is None  # cooling down
+    assert drafts.propose(seq, 8) is not None
+
+
+def test_verification_samples_exactly_the_distribution_without_drafts() -> None:
+    """Row 0's distribution, with draft d1 its second most likely token: the first committed token is
+    distributed as p0 (d1 kept with probability p0(d1)), and, where d1 was kept, the second as p1."""
+    vocab, draws_n = 8, 6000
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, vocab, generator=g) * 1.5  # the rows of the last token, d1 and d2
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=8)
+    probs = filtered_probs(logits, params)
+    d1, d2 = int(probs[0].argsort(descending=True)[1]), int(probs[1].argmax())
+    sampler = Sampler(torch.device("cpu"))
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    launch = Launch()
+    seqs = [seq_of([5, 6, 7, d1, d2, -1], 3, params) for _ in range(draws_n)]
+    for i, seq in enumerate(seqs):
+        seq.noise_key = i * 7919 + 13
+        seq.num_drafts, seq.draft_source = 2, "tree"
+        launch.owners.append(seq)
+        launch.rows.append(0)
+        launch.positions.append(5)
+        launch.drafts.append(2)
+    draws, plan = sampler_draws(launch)
+    result = sampler.sample(logits, draws)
+    ids, _, logprobs = result.host()
+    commits = [TokenCommit((ids[i],)) for i in range(draws_n)]
+    verify(launch, plan, ids, logprobs, commits)
+    for commit in commits:
+        first[commit.tokens[0]] += 1
+        if len(commit.tokens) > 1:
+            second[commit.tokens[1]] += 1
+    kept = first[d1].item()
+    assert 0.5 * (first / draws_n - probs[0]).abs().sum() < 0.03
+    assert 0.5 * (second / kept - probs[1]).abs().sum() < 0.05
+    assert abs(kept / draws_n - probs[0, d1].item()) < 0.02
+    assert all(c.drafts == 2 and (len(c.tokens) == 1 or c.tokens[0] == d1) for c in commits)
+
+
+def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The sampler's distribution: temperature, then top-p over the sorted probabilities."""
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    out = torch.zeros_like(probs)
+    for r in range(probs.shape[0]):
+        values, order = probs[r].sort(descending=True)
+        before = values.cumsum(0) - values
+        keep = before < params.top_p
+        out[r, order[keep]] = values[keep] / values[keep].sum()
+    return out
