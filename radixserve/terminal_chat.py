@@ -3,7 +3,8 @@
 The chat keeps the conversation as token IDs and appends each turn's tokens (never re-tokenizing
 the history), so every turn after the first hits the prefix cache; each turn prints cached prompt
 tokens / prompt tokens (and how many of them were loaded back from the host-memory tier, when any
-were), time to first token and decode speed.
+were), time to first token, decode speed and the reply's tokens (how many of them were accepted
+drafts of speculative decoding, when any were).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ def _figures(out: RequestOutput) -> str:
     u = out.usage
     pct = 100.0 * u.cached_tokens / u.prompt_tokens if u.prompt_tokens else 0.0
     host = f", {u.host_cached_tokens} loaded from host memory" if u.host_cached_tokens > 0 else ""
+    d = u.speculation
+    drafted = f" ({d.accepted} drafted)" if d is not None and d.accepted > 0 else ""
     return (f"[cached {u.cached_tokens}/{u.prompt_tokens} prompt tokens ({pct:.0f}%{host}) · "
             f"TTFT {out.timing.ttft_ms:.0f} ms · {out.tokens_per_s():.1f} tok/s · "
-            f"{u.completion_tokens} tokens]")
+            f"{u.completion_tokens} tokens{drafted}]")
 
 
 def run_chat(config: EngineConfig, args: argparse.Namespace) -> int:

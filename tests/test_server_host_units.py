@@ -104,10 +104,13 @@ def output(usage: Usage) -> RequestOutput:
 
 def test_usage_carries_host_cached_tokens() -> None:
     out = output(Usage(prompt_tokens=120, cached_tokens=96, completion_tokens=8, host_cached_tokens=64))
-    assert usage_body(out) == {"prompt_tokens": 120, "completion_tokens": 8, "total_tokens": 128,
-                               "prompt_tokens_details": {"cached_tokens": 96, "host_cached_tokens": 64}}
-    assert usage_json(out) == {"prompt_tokens": 120, "cached_tokens": 96, "host_cached_tokens": 64,
-                               "completion_tokens": 8}
+    body = usage_body(out)
+    assert body.pop("completion_tokens_details")["accepted_prediction_tokens"] == 0  # tests/test_server_prediction.py
+    assert body == {"prompt_tokens": 120, "completion_tokens": 8, "total_tokens": 128,
+                    "prompt_tokens_details": {"cached_tokens": 96, "host_cached_tokens": 64}}
+    turn = usage_json(out)
+    assert turn.pop("speculation")["proposed"] == 0
+    assert turn == {"prompt_tokens": 120, "cached_tokens": 96, "host_cached_tokens": 64, "completion_tokens": 8}
 
 
 def test_terminal_chat_names_host_tokens_only_when_there_are_some() -> None:

@@ -3,8 +3,9 @@ per-system-prompt table, shaped for the web UI's dashboard (docs/protocol.md, "C
 
 A pure function of an `EngineStats`, so its shape is tested without a server. Every key is present
 whether or not the host tier is on (`host.enabled` says which; its figures are then 0), so clients
-never have to probe for keys: the cause counters list every known cause (0 until seen), and `steps`
-is all zeros before the first step.
+never have to probe for keys: the cause counters list every known cause (0 until seen), `steps`
+is all zeros before the first step, and `speculation` lists every draft source (0 until drafted,
+and all 0 with speculation off).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.core import DRAFT_SOURCES
 from radixserve.engine.stats import EngineStats, by_cause
 
 
@@ -68,6 +70,19 @@ def structured_json(st: EngineStats) -> dict[str, Any]:
     }
 
 
+def speculation_stats_json(st: EngineStats) -> dict[str, Any]:
+    """The `speculation` object: draft tokens proposed and accepted per source (every source of
+    core.DRAFT_SOURCES, 0 until drafted), draws that verified drafts and that committed tokens, and
+    tokens per step (generated tokens per sequence per step since start; 0 before the first)."""
+    sources = [*DRAFT_SOURCES, *sorted((set(st.spec_proposed) | set(st.spec_accepted)) - set(DRAFT_SOURCES))]
+    by_source = {s: {"proposed": st.spec_proposed.get(s, 0), "accepted": st.spec_accepted.get(s, 0),
+                     "acceptance": _ratio(st.spec_accepted.get(s, 0), st.spec_proposed.get(s, 0))} for s in sources}
+    proposed, accepted = sum(st.spec_proposed.values()), sum(st.spec_accepted.values())
+    return {"proposed": proposed, "accepted": accepted, "acceptance": _ratio(accepted, proposed),
+            "by_source": by_source, "verify_draws": st.spec_verify_draws, "committed_draws": st.committed_draws,
+            "tokens_per_step": st.tokens_per_draw}
+
+
 def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_prompts: list[dict[str, Any]],
                      steps: dict[str, Any] | None = None) -> dict[str, Any]:
     """`steps`: the batch-utilization summary of the engine's steps (StepUtilization.to_json)."""
@@ -88,6 +103,7 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "steps": steps if steps is not None else StepUtilization().to_json(),
         "host": host_json(st),
         "structured_output": structured_json(st),
+        "speculation": speculation_stats_json(st),
         "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,
         "system_prompts": system_prompts,
     }

@@ -8,7 +8,8 @@ read: `model` (the served one, else 404), `max_tokens` (default 16, OpenAI's and
 endpoint; 0 only with `echo`), `n` (best_of only equal to it), `stream`, `stream_options`, `echo`,
 `logprobs` (0..5, OpenAI's limit for the legacy field), vLLM's `prompt_logprobs` (0..20, not with
 stream), `priority`, `ignore_eos`, `skip_special_tokens`, every sampling field of sampling_fields.py,
-and the structured-output fields of structured_api.py. `user` and other unknown fields are ignored;
+the structured-output fields of structured_api.py, and `prediction` (speculation_api.py: OpenAI's
+chat shape; every prompt drafts from the same prediction). `user` and other unknown fields are ignored;
 UNSUPPORTED fields asking for something this server cannot do are a 400 naming them.
 
 Invariant: every refusal is a 4xx ApiError whose `param` names the field; an engine refusal of a
@@ -28,6 +29,7 @@ from radixserve.server.generation import admit_prompt, check_request
 from radixserve.server.logprobs import cap_logprob_entries, entries
 from radixserve.server.openai_api import stream_include_usage
 from radixserve.server.sampling_fields import build_sampling_params, sampling_values
+from radixserve.server.speculation_api import tokenize_prediction, with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop, structured_output
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, is_int, refuse_unsupported
@@ -110,9 +112,9 @@ async def parse_completion_request(state: ServerState, body: dict[str, Any],
     prompt_top = prompt_logprobs_field(body, stream)
     echo_top = top if echo else None  # an echoed prompt's tokens get the legacy logprobs too
     asked = [k for k in (echo_top, prompt_top) if k is not None]
-    sampling = {**sampling_values(body), "logprobs": top, "structured": structured_output(body),
-                "prompt_logprobs": max(asked) if asked else None,
-                "skip_special_tokens": get_bool(body, "skip_special_tokens", True)}
+    sampling = with_prediction({**sampling_values(body), "logprobs": top, "structured": structured_output(body),
+                                "prompt_logprobs": max(asked) if asked else None,
+                                "skip_special_tokens": get_bool(body, "skip_special_tokens", True)}, body)
     if max_tokens is not None:
         sampling["max_tokens"] = max(max_tokens, 1)  # 0: the engine needs one; the reply drops it
     ignore_eos, priority = get_bool(body, "ignore_eos"), get_priority(body, priority_bounds)
@@ -120,6 +122,7 @@ async def parse_completion_request(state: ServerState, body: dict[str, Any],
     tokens = [await _tokens(state, engine, item) for item in raw]
     for t in tokens:
         admit_prompt(state, len(t))
+    sampling = await tokenize_prediction(state, sampling)  # once, for every prompt
     # bounded before anything runs: each choice repeats its prompt's lists, then its generated tokens'
     prompt_len = sum(len(t) for t in tokens)
     cap_logprob_entries(n * len(tokens), max_tokens or DEFAULT_MAX_TOKENS, None if max_tokens == 0 else top,

@@ -6,8 +6,8 @@ replies. Each prompt is its own engine request, all running at once; prompt p's 
 p × n + s (vLLM's order). A choice's `text` is the echoed prompt (with `echo`) then the generated
 text; its `logprobs` the legacy object (server/completion_logprobs.py), the echoed prompt's tokens
 first; `prompt_logprobs` (vLLM's, when asked) the prompt's. `usage` sums the prompts, each counted
-once whatever n. With max_tokens 0 (only with echo) the engine runs one token, which is dropped:
-`completion_tokens` 0, `finish_reason` "length".
+once whatever n, their drafts too (completion_tokens_details, as chat's). With max_tokens 0 (only
+with echo) the engine runs one token, which is dropped: `completion_tokens` 0, `finish_reason` "length".
 
 Streaming: `text_completion` chunks, one choice each; a choice's first chunk starts with its echoed
 prompt (text and logprobs); a chunk whose tokens have no text yet (held back: a partial UTF-8
@@ -51,6 +51,7 @@ from radixserve.server.generation import SystemPromptRef, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
 from radixserve.server.logprobs import OFFLOAD_ENTRIES, TokenTexts
 from radixserve.server.openai_api import usage_dict
+from radixserve.server.speculation_api import merged_drafts, prediction_counts
 from radixserve.server.state import ServerState
 
 NO_SYSTEM = SystemPromptRef.of([], None, 0)  # a plain-text prompt has no system prompt to count
@@ -121,8 +122,10 @@ class _Run:
     def usage_body(self) -> dict[str, Any]:
         u = self.usage
         generated = 0 if self.req.echo_only else sum(x.completion_tokens for x in u)
-        return usage_dict(Usage(sum(x.prompt_tokens for x in u), sum(x.cached_tokens for x in u), generated,
-                                sum(x.host_cached_tokens for x in u)))
+        body = usage_dict(Usage(sum(x.prompt_tokens for x in u), sum(x.cached_tokens for x in u), generated,
+                                sum(x.host_cached_tokens for x in u), merged_drafts(x.speculation for x in u)))
+        body["completion_tokens_details"].update(prediction_counts(x.speculation for x in u))  # each prompt's own
+        return body
 
     def prompt_logprobs(self, p: int) -> list[Any] | None:
         k = self.req.prompt_logprobs

@@ -7,7 +7,8 @@ token); the step histograms (time, tokens, batch-slot and token-budget utilizati
 step, from the steps the engine recorded, taken in on the event loop (ServerState.observe_steps): no
 server code runs on the engine thread. The admission-blocked and preemption counters are labelled by cause,
 every known cause always present; so are the reasons of the connection and generation refusals
-(connections.py, admission.py). System prompts are keyed by a hash of their token IDs;
+(connections.py, admission.py). The families of one engine feature each (structured output, the
+host tier, speculative decoding) are feature_metrics.py's. System prompts are keyed by a hash of their token IDs;
 `SystemPromptTracker` keeps exact per-prompt counters for the JSON table and bounded, monotonic label
 sets for Prometheus: a prompt gets its own label value on its first request while fewer than `labels`
 prompts have one, and keeps it (labels are never taken back, so its first request counts under its
@@ -27,8 +28,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from radixserve.core import StepInfo
-from radixserve.engine.stats import EngineStats, by_cause
+from radixserve.engine.stats import by_cause
 from radixserve.server.cache_stats import StepUtilization
+from radixserve.server.feature_metrics import constraint_metrics, counter, host_tier_metrics, speculation_metrics
 
 NONE_KEY, OTHER_KEY = "none", "other"
 UTILIZATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
@@ -156,30 +158,6 @@ class ServerMetrics:
         self.registry.register(_ServerStateCollector(self.system_prompts, sessions, refusals))
 
 
-def _counter(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> CounterMetricFamily:
-    m = CounterMetricFamily(name, doc, labels=list(labels) if labels else None)
-    m.add_metric(list(labels.values()) if labels else [], value)
-    return m
-
-
-def _constraint_metrics(st: Any) -> Iterator[Metric]:
-    """Structured output: what was constrained, what compiling and masking cost, what was forced."""
-    yield _counter("radixserve_constrained_requests", "Requests with a structured-output constraint",
-                   st.constrained_requests)
-    yield _counter("radixserve_grammar_compiles", "Constraints compiled (grammar-cache misses)", st.grammar_compiles)
-    yield _counter("radixserve_grammar_cache_hits", "Constraints found compiled in the grammar cache",
-                   st.grammar_cache_hits)
-    yield _counter("radixserve_grammar_compile_failures", "Constraints refused (invalid, unsupported or too slow)",
-                   st.grammar_compile_failures)
-    yield _counter("radixserve_grammar_compile_seconds", "Time spent compiling constraints", st.grammar_compile_s)
-    yield _counter("radixserve_grammar_mask_steps", "Steps that masked constrained rows", st.mask_steps)
-    yield _counter("radixserve_grammar_mask_seconds", "Host time filling token masks", st.mask_s)
-    yield _counter("radixserve_grammar_forced_tokens", "Tokens a grammar forced, appended without sampling",
-                   st.forced_tokens)
-    yield _counter("radixserve_grammar_dead_ends", "Requests ended because their grammar allowed no token",
-                   st.grammar_dead_ends)
-
-
 class _EngineCollector(Collector):
     def __init__(self, engine_stats: Callable[[], Any | None]) -> None:
         self.engine_stats = engine_stats
@@ -191,17 +169,17 @@ class _EngineCollector(Collector):
         st = self.engine_stats()
         if st is None:
             return
-        yield _counter("radixserve_prompt_tokens", "Prompt tokens of admitted requests", st.prompt_tokens)
-        yield _counter("radixserve_prompt_tokens_cached", "Prompt tokens served from the prefix cache",
-                       st.cached_tokens)
-        yield _counter("radixserve_prompt_tokens_computed", "Prompt tokens computed (prefilled)", st.computed_tokens)
-        yield _counter("radixserve_generation_tokens", "Generated tokens", st.generation_tokens)
-        yield _counter("radixserve_cache_hit_requests", "Requests with a prefix-cache hit", st.cache_hit_requests)
-        yield _counter("radixserve_cache_evictions", "Radix-cache evictions", st.evictions)
-        yield _counter("radixserve_preemptions", "Requests preempted to free KV blocks", st.preemptions)
-        yield _counter("radixserve_stalled_steps", "Steps that scheduled nothing while work waited (a bug if > 0)",
-                       st.stalled_steps)
-        yield from _constraint_metrics(st)
+        yield counter("radixserve_prompt_tokens", "Prompt tokens of admitted requests", st.prompt_tokens)
+        yield counter("radixserve_prompt_tokens_cached", "Prompt tokens served from the prefix cache",
+                      st.cached_tokens)
+        yield counter("radixserve_prompt_tokens_computed", "Prompt tokens computed (prefilled)", st.computed_tokens)
+        yield counter("radixserve_generation_tokens", "Generated tokens", st.generation_tokens)
+        yield counter("radixserve_cache_hit_requests", "Requests with a prefix-cache hit", st.cache_hit_requests)
+        yield counter("radixserve_cache_evictions", "Radix-cache evictions", st.evictions)
+        yield counter("radixserve_preemptions", "Requests preempted to free KV blocks", st.preemptions)
+        yield counter("radixserve_stalled_steps", "Steps that scheduled nothing while work waited (a bug if > 0)",
+                      st.stalled_steps)
+        yield from constraint_metrics(st)
         fin = CounterMetricFamily("radixserve_requests_finished", "Finished requests by reason",
                                   labels=["finish_reason"])
         for reason in sorted(set(st.requests_finished) | {"stop", "length", "abort", "error"}):
@@ -229,32 +207,8 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("radixserve_requests_waiting", "Requests waiting", value=st.num_waiting)
         yield GaugeMetricFamily("radixserve_radix_tree_nodes", "Radix-tree nodes", value=st.tree_nodes)
         yield GaugeMetricFamily("radixserve_radix_tree_tokens", "Tokens held by the radix tree", value=st.tree_tokens)
-        yield from _host_tier_metrics(st)
-
-
-def _host_tier_metrics(st: EngineStats) -> Iterator[Metric]:
-    """The host-memory tier and swap preemption; all 0 while the tier is off, so series never vanish."""
-    yield _counter("radixserve_prompt_tokens_cached_host", "Prompt tokens served from the cache that were "
-                   "loaded back from the host-memory tier", st.host_cached_tokens)
-    for direction, prefix, blocks, nbytes, seconds in (
-            ("device to host", "write_back", st.written_back_blocks, st.written_back_bytes, st.write_back_s),
-            ("host to device", "load_back", st.loaded_blocks, st.loaded_bytes, st.load_s)):
-        yield _counter(f"radixserve_host_{prefix}_blocks", f"KV blocks copied {direction}", blocks)
-        yield _counter(f"radixserve_host_{prefix}_bytes", f"Bytes of KV blocks copied {direction}", nbytes)
-        yield _counter(f"radixserve_host_{prefix}_seconds", f"Time the KV block copies {direction} took", seconds)
-    yield _counter("radixserve_host_dropped_blocks", "Host-tier blocks dropped (least recently used) to make room",
-                   st.host_dropped_blocks)
-    swaps = CounterMetricFamily("radixserve_swaps", "Preemptions by swap (out) and swapped sequences resumed (in)",
-                                labels=["direction"])
-    swaps.add_metric(["out"], st.swaps_out)
-    swaps.add_metric(["in"], st.swaps_in)
-    yield swaps
-    pool = GaugeMetricFamily("radixserve_host_kv_blocks", "Host-tier KV blocks by state", labels=["state"])
-    pool.add_metric(["used"], st.host_blocks_total - st.host_blocks_free)
-    pool.add_metric(["free"], st.host_blocks_free)
-    yield pool
-    yield GaugeMetricFamily("radixserve_host_kv_blocks_total", "KV blocks in the host tier (0: off)",
-                            value=st.host_blocks_total)
+        yield from host_tier_metrics(st)
+        yield from speculation_metrics(st)
 
 
 class _ServerStateCollector(Collector):
@@ -290,8 +244,8 @@ class _ServerStateCollector(Collector):
         store = self.sessions()
         if store is not None:
             yield GaugeMetricFamily("radixserve_sessions", "Chat sessions and stored responses held", value=len(store))
-            yield _counter("radixserve_sessions_evicted", "Sessions evicted at the cap", store.evicted)
-            yield _counter("radixserve_sessions_expired", "Sessions expired after idling", store.expired)
+            yield counter("radixserve_sessions_evicted", "Sessions evicted at the cap", store.evicted)
+            yield counter("radixserve_sessions_expired", "Sessions expired after idling", store.expired)
         refused = self.refusals()
         for kind, helptext in (("connections", "Connections refused at the cap, closed to make room or timed out"),
                                ("generations", "Generations refused at the per-client or server-wide cap")):

@@ -8,7 +8,10 @@ streamed `delta.tool_calls`) are server/openai_tools.py's. Structured output (`r
 `structured_outputs`, `guided_*`) becomes SamplingParams.structured (server/structured_api.py).
 usage.prompt_tokens_details.cached_tokens reports the prefix-cache hit, and the extension field
 prompt_tokens_details.host_cached_tokens the part of it loaded back from the host-memory tier (0
-while the tier is off).
+while the tier is off). `prediction` (OpenAI's Predicted Outputs) becomes draft tokens for
+speculative decoding, never a change to the output; usage.completion_tokens_details reports OpenAI's
+accepted_prediction_tokens / rejected_prediction_tokens and the extension `speculation` (what was
+drafted and accepted, by source) on every reply (server/speculation_api.py).
 
 `logprobs` / `top_logprobs` (server/logprobs.py builds the bodies): a choice's logprobs list every
 token it generated, one entry per completion token, from the raw model distribution. A stream
@@ -57,12 +60,13 @@ from radixserve.server.openai_tools import (
     tool_request,
 )
 from radixserve.server.sampling_fields import build_sampling_params, sampling_values
+from radixserve.server.speculation_api import completion_tokens_details, tokenize_prediction, with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop, structured_output
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, refuse_unsupported
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-UNSUPPORTED = {"audio": None, "prediction": None}  # tools: server/openai_tools.py
+UNSUPPORTED = {"audio": None}  # tools: server/openai_tools.py
 
 
 @dataclass
@@ -145,11 +149,11 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", minimum=1)
     top, stream = _logprobs(body), get_bool(body, "stream")
-    sampling = {
+    sampling = with_prediction({
         **sampling_values(body), "max_tokens": max_tokens, "logprobs": top, "structured": structured,
         "prompt_logprobs": prompt_logprobs_field(body, stream),  # vLLM's; the response's top-level list
         "skip_special_tokens": not (tools is not None and tools.keeps_special_tokens),
-    }
+    }, body)
     beam: BeamAsk | None = beam_fields(body)
     if beam is not None and tools is not None and tools.active:  # beams are never parsed for calls
         raise ApiError("invalid_field", "tools are not supported with use_beam_search", param="tools")
@@ -159,6 +163,7 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
     template_tools = tools.template_tools() if tools is not None else None
     prompt, system_tokens = await state.require_prompts().chat_tokens(messages, template_tools)  # large: off the loop
     admit_prompt(state, len(prompt))
+    sampling = await tokenize_prediction(state, sampling)  # a long one off the loop, as the prompt
     # bounded before anything runs, the prompt's logprobs first; an unset max_tokens then defaults to
     # what fits (server/logprobs.py)
     fits = cap_logprob_entries(n, max_tokens, top, state.config.max_logprob_entries,
@@ -195,7 +200,9 @@ def usage_dict(u: Usage) -> dict[str, Any]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             # host_cached_tokens is our extension: the part of cached_tokens loaded back from the host tier
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens, "host_cached_tokens": u.host_cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens, "host_cached_tokens": u.host_cached_tokens},
+            # OpenAI's prediction counts, and our extension `speculation` (server/speculation_api.py)
+            "completion_tokens_details": completion_tokens_details(u)}
 
 
 async def chat_completions(request: Request) -> Response:

@@ -6,7 +6,8 @@ more than INLINE_CHARS characters are tokenized on one worker thread instead; sh
 where a thread hop would cost more than the work. Both kinds of prompt go through here: an OpenAI
 request's messages (`chat_tokens`) and a session turn's history plus new messages (`append_messages`:
 a user message, or tool results), the system tokens a Responses request's instructions render to,
-and a /v1/completions prompt's plain text (`encode`, as the engine's intake tokenizes a string).
+a /v1/completions prompt's plain text (`encode`, as the engine's intake tokenizes a string), and a
+request's `prediction` text (`encode_prediction`, as the engine's intake tokenizes a text prediction).
 
 Owns: the worker thread and its own ChatFormatter over a deep copy of the tokenizer.
 
@@ -27,7 +28,7 @@ import copy
 from concurrent.futures import ThreadPoolExecutor
 
 from radixserve.engine.chat_template import ChatFormatter, Message, TurnTokens
-from radixserve.engine.intake import tokenize
+from radixserve.engine.intake import prediction_ids, tokenize
 from radixserve.engine.tools import ToolSpec
 
 INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokenizes itself
@@ -68,6 +69,13 @@ class PromptWorker:
         if self._pool is None or len(text) <= INLINE_CHARS:
             return tokenize(self.formatter.tokenizer, text)
         return await asyncio.get_running_loop().run_in_executor(self._pool, tokenize, self._own.tokenizer, text)
+
+    async def encode_prediction(self, text: str) -> list[int]:
+        """A prediction's token ids (speculation_api.py): the text alone, no special tokens added and
+        special-token text split as plain text, as the engine's intake tokenizes a text prediction."""
+        if self._pool is None or len(text) <= INLINE_CHARS:
+            return prediction_ids(self.formatter.tokenizer, text)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, prediction_ids, self._own.tokenizer, text)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -4,7 +4,8 @@ The response object has every field the official `openai` client's Response type
 required, in OpenAI's shapes: one `message` output item with one `output_text` part (the
 client's `response.output_text` joins them), `usage` with `input_tokens_details.cached_tokens` (the
 prefix-cache hit; `host_cached_tokens`, the part of it loaded back from the host tier, is this
-server's extension as on the chat endpoint) and `status` "completed", or "incomplete" with
+server's extension as on the chat endpoint, and so is `output_tokens_details.speculation`, what
+speculative decoding drafted and kept) and `status` "completed", or "incomplete" with
 `incomplete_details.reason` "max_output_tokens" when the reply stopped at its length limit.
 
 A stream is SSE with `event: <type>` and `data:` lines, as OpenAI sends them; every event carries
@@ -29,6 +30,7 @@ from radixserve.server.api_errors import report_error
 from radixserve.server.http_util import sse
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.responses_input import ResponsesAsk
+from radixserve.server.speculation_api import speculation_json
 from radixserve.server.validation import ApiError
 
 
@@ -38,7 +40,8 @@ def usage_object(u: Usage) -> dict[str, Any]:
             # cache writes are OpenAI's explicit caching; the radix cache is implicit
             "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0,
                                      "host_cached_tokens": u.host_cached_tokens},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+            # speculation: what speculative decoding drafted and kept, this server's extension as on chat
+            "output_tokens_details": {"reasoning_tokens": 0, "speculation": speculation_json(u.speculation)}}
 
 
 def _failure(err: ApiError) -> dict[str, Any]:

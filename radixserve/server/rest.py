@@ -25,6 +25,7 @@ from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_h
 from radixserve.server.sampling_fields import parse_sampling
 from radixserve.server.session_tools import session_tools
 from radixserve.server.sessions import Message
+from radixserve.server.speculation_api import with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import with_structured
 from radixserve.server.turns import SessionTurn
@@ -106,7 +107,7 @@ async def post_message(request: Request) -> Response:
     session = store.get(request.path_params["session_id"], owner)
     body = await read_json_object(request, state.config.max_message_bytes)
     content = get_str(body, "content") if body.get("tool_results") is None else None  # or tool results
-    sampling = with_structured(parse_sampling(body.get("sampling")), body)
+    sampling = with_prediction(with_structured(parse_sampling(body.get("sampling")), body), body)
     stream = get_bool(body, "stream")
     priority = get_priority(body, priority_bounds(request_key(request.headers), state.config))
     store.get(session.id, owner)  # reading the body awaited: the session may have gone meanwhile

@@ -98,7 +98,8 @@ def parse_sampling(x: Any, name: str = "sampling") -> dict[str, Any]:
 
 # SamplingParams fields a sampling dict may set, with their defaults when unset
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "prompt_logprobs", "structured",
-           "skip_special_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")
+           "skip_special_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+           "prediction")  # prediction: token ids (server/speculation_api.py reads and tokenizes it)
 
 
 def build_sampling_params(sampling: dict[str, Any], *, prompt_len: int, max_model_len: int,

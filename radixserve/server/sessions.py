@@ -66,6 +66,7 @@ from radixserve.server.validation import ApiError
 PREVIEW_CHARS = 80
 TOKEN_BYTES = 4
 MESSAGE_OVERHEAD_BYTES = 256  # a Message object, its usage/timing dicts and list slot, roughly
+SPECULATION_BYTES = 1024  # a reply's usage.speculation: five small dicts (server/speculation_api.py), roughly
 RoomCheck = Callable[[int], None]  # raises when a prompt of that many tokens could not be served
 RETRY_AFTER_S = 5  # a refused create may retry once generations end or the client deletes sessions
 S = TypeVar("S", bound="Session")
@@ -82,7 +83,7 @@ class Message:
     token_start: int
     token_end: int
     finish_reason: str | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None  # a reply's (turns.usage_json)
     timing: dict[str, float] | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, OpenAI's shape
     tool_call_id: str | None = None  # the call a tool message answers
@@ -103,9 +104,11 @@ class Message:
         return {"role": self.role, "content": self.content}
 
     def size(self) -> int:
-        """Bytes of text this message holds (its calls as their JSON would be)."""
+        """Bytes this message holds beyond MESSAGE_OVERHEAD_BYTES: its text, its calls as their JSON would
+        be, and its usage's speculation figures."""
         calls = sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) + 64 for c in self.tool_calls or ())
-        return sys.getsizeof(self.content) + calls
+        drafts = SPECULATION_BYTES if self.usage is not None and "speculation" in self.usage else 0
+        return sys.getsizeof(self.content) + calls + drafts
 
 
 @dataclass

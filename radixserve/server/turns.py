@@ -36,15 +36,19 @@ from radixserve.server.owners import Owner
 from radixserve.server.sampling_fields import build_sampling_params
 from radixserve.server.session_tools import ReplyCalls, turn_inputs, turn_tools
 from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
+from radixserve.server.speculation_api import speculation_json, tokenize_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop
 from radixserve.server.validation import ApiError
 
 
-def usage_json(out: RequestOutput) -> dict[str, int]:
+def usage_json(out: RequestOutput) -> dict[str, Any]:
+    """A turn's usage: prompt, cache and completion figures, and what speculative decoding drafted
+    and kept (`speculation`, server/speculation_api.py)."""
     u = out.usage
     return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
-            "host_cached_tokens": u.host_cached_tokens, "completion_tokens": u.completion_tokens}
+            "host_cached_tokens": u.host_cached_tokens, "completion_tokens": u.completion_tokens,
+            "speculation": speculation_json(u.speculation)}
 
 
 def timing_json(out: RequestOutput) -> dict[str, float]:
@@ -71,6 +75,7 @@ class SessionTurn:
             sampling = {**sampling, "structured": tool_constraint(tools, sampling.get("structured")),
                         "skip_special_tokens": not tools.keeps_special_tokens}
         await compile_off_loop(state.require_engine(), sampling.get("structured"))  # the check finds it compiled
+        sampling = await tokenize_prediction(state, sampling)  # the frame's prediction text, as token ids
         history = session.template_messages()
         rendered = list(tools.tools) if tools is not None and tools.tools else session.template_tools()
         # a first turn may bring the session its tools: they head its tokens, rendered with the system prompt

@@ -37,6 +37,7 @@ from radixserve.server.owners import owner_of, secret_from_frame
 from radixserve.server.rest import create_session
 from radixserve.server.sampling_fields import parse_sampling
 from radixserve.server.send_buffer import SendBuffer
+from radixserve.server.speculation_api import with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import with_structured
 from radixserve.server.turns import SessionTurn, check_free
@@ -230,7 +231,7 @@ class Connection:
             session_id = get_str(frame, "session_id")
             # a user message, or (with tools) the results of the last reply's calls: checked in prepare
             content = get_str(frame, "content") if frame.get("tool_results") is None else None
-            sampling = with_structured(parse_sampling(frame.get("sampling")), frame)
+            sampling = with_prediction(with_structured(parse_sampling(frame.get("sampling")), frame), frame)
             priority = get_priority(frame, self.priority_bounds)
             if gen_id in self.generations:
                 raise ApiError("duplicate_gen_id", f"generation {gen_id!r} is already in flight on this connection")

@@ -1,6 +1,7 @@
 // The cache dashboard: polls GET /v1/cache/stats and GET /metrics (Prometheus text, parsed here),
 // keeps a bounded history and draws it — hit rate, KV blocks, running/waiting requests, token
-// throughput — plus stat cards, the host-memory tier panel (host_panel.js), the replicas panel
+// throughput — plus stat cards, the host-memory tier panel (host_panel.js), the speculative-decoding
+// panel (spec_panel.js: tokens per step, acceptance by draft source), the replicas panel
 // (replicas_panel.js), the per-system-prompt hit table and a list of every metric family.
 // Polls fast while visible and slowly in the background so the charts have history when opened.
 // A failed or malformed reply is shown in the status line (and once as a toast), never ignored.
@@ -10,6 +11,7 @@ import { TimeChart } from "./charts.js";
 import { HostPanel } from "./host_panel.js";
 import { firstPresent, histogramQuantile, parsePrometheus, sampleSum } from "./prometheus.js";
 import { ReplicasPanel } from "./replicas_panel.js";
+import { SpecPanel } from "./spec_panel.js";
 import { errorMessage, fmtInt, fmtMs, fmtPct, h, toast } from "./ui.js";
 
 const VISIBLE_POLL_MS = 1000;
@@ -41,6 +43,7 @@ export class Dashboard {
     this.tableBody = document.querySelector("#sp-table tbody");
     this.hostPanel = new HostPanel(document.getElementById("host-panel"));
     this.replicasPanel = new ReplicasPanel(document.getElementById("replicas-panel"));
+    this.specPanel = new SpecPanel(document.getElementById("spec-panel"));
     const pct = (v) => fmtPct(v);
     this.charts = {
       hit: new TimeChart(document.getElementById("chart-hit-rate"), {
@@ -137,6 +140,11 @@ export class Dashboard {
       return n ? sampleSum(families, n) : null;
     };
     const blocks = stats.blocks || {};
+    // Tokens per step (per sequence): generated tokens over the sequence-steps that committed them
+    const spec = stats.speculation || {};
+    const baseSpec = (base && base.stats.speculation) || {};
+    const dGen = base ? num(stats.generation_tokens) - num(base.stats.generation_tokens) : null;
+    const dDraws = base ? num(spec.committed_draws) - num(baseSpec.committed_draws) : null;
     this.samples.push({
       t, stats, counters,
       values: {
@@ -145,6 +153,8 @@ export class Dashboard {
         used: num(blocks.used), cached: num(blocks.cached), free: num(blocks.free),
         running: gauge(RUNNING_GAUGES, stats.running), waiting: gauge(WAITING_GAUGES, stats.waiting),
         prompt: rate("prompt"), gen: rate("gen"),
+        tpsOverall: num(spec.committed_draws) > 0 ? num(spec.tokens_per_step) : null,
+        tpsRecent: dDraws > 0 && dGen >= 0 ? dGen / dDraws : null,
       },
     });
     if (this.samples.length > MAX_SAMPLES) this.samples.shift();
@@ -159,6 +169,7 @@ export class Dashboard {
     for (const chart of Object.values(this.charts)) chart.update(series);
     this.renderCards(last.stats, this.families);
     this.hostPanel.render(last.stats);
+    this.specPanel.render(last.stats, series);
     this.replicasPanel.render(last.stats);
     this.renderTable(last.stats.system_prompts);
     this.renderMetrics(this.families);

@@ -1,9 +1,10 @@
 // Renders one conversation: user and assistant turns, the live streaming turn, and each assistant
 // turn's cache figures (prompt tokens, cached tokens and %, the part loaded back from the host-memory
-// tier when there is one, TTFT, tokens/s), an assistant's tool calls and the tool results answering
-// them, and JSON replies pretty-printed (tools_view.js). Message objects are
-// plain data owned by the chat controller; this module keeps a WeakMap from message to its element
-// so a streamed delta re-renders only its own bubble.
+// tier when there is one, TTFT, tokens/s, output tokens and, when speculative decoding drafted for
+// it, how many of them were accepted drafts and from which sources), an assistant's tool calls and
+// the tool results answering them, and JSON replies pretty-printed (tools_view.js). Message objects
+// are plain data owned by the chat controller; this module keeps a WeakMap from message to its
+// element so a streamed delta re-renders only its own bubble.
 
 import { icon } from "./icons.js";
 import { renderMarkdown } from "./markdown.js";
@@ -53,11 +54,34 @@ function metaFor(msg) {
     setChip(out, `${fmtInt(msg.usage.completion_tokens)} tok`);
     meta.append(out);
   }
+  const drafted = draftedChip(msg.usage);
+  if (drafted) meta.append(drafted);
   if (msg.finish_reason === "length" || msg.finish_reason === "abort") {
     const why = msg.finish_reason === "length" ? "hit max tokens" : "stopped";
     meta.append(h("span", { className: `chip chip-finish finish-${msg.finish_reason}`, textContent: why, dataset: { value: msg.finish_reason } }));
   }
   return meta;
+}
+
+/**
+ * "32 of 80 tok (tree)": the reply's tokens that were accepted drafts, of all it generated, and the
+ * sources that gave them, most first (usage.speculation, docs/protocol.md). Null when nothing was
+ * drafted for it; drafts proposed but none kept still show, as "0 of 80 tok".
+ */
+function draftedChip(usage) {
+  const spec = usage && usage.speculation;
+  if (!spec || !Number.isFinite(spec.proposed) || spec.proposed <= 0) return null;
+  const accepted = Number.isFinite(spec.accepted) ? spec.accepted : 0;
+  const sources = Object.entries(spec.by_source || {}).filter(([, c]) => c && c.accepted > 0)
+    .sort((a, b) => b[1].accepted - a[1].accepted);
+  const node = chip("meta-drafted", "drafted", accepted,
+    "Generated tokens that were accepted drafts of speculative decoding — " +
+    Object.entries(spec.by_source || {}).map(([s, c]) => `${s}: ${fmtInt(c.accepted)} of ${fmtInt(c.proposed)} drafted tokens accepted`).join("; "));
+  node.dataset.sources = sources.map(([s]) => s).join(",");
+  const where = sources.length ? ` (${sources.map(([s]) => s).join(", ")})` : "";
+  setChip(node, `${fmtInt(accepted)} of ${fmtInt(usage.completion_tokens)} tok${where}`);
+  if (accepted > 0) node.classList.add("chip-hit");
+  return node;
 }
 
 function bodyFor(msg, handlers) {
