@@ -223,6 +223,7 @@ class SpecState:
     # it expects drafts: until its first proposal, and while its verifications keep drafts (with
     # overlap, such a sequence waits for its pending token, since only a known token can be drafted after)
     hot: bool = True
+    idle: int = 0  # with overlap: steps decoded without trying to draft since it last tried
 
 
 @dataclass(eq=False)

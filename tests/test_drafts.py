@@ -14,7 +14,14 @@ from radixserve.core import Request, Sequence
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.speculation import sampler_draws, verify
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduler.drafts import MAX_COOLDOWN, MISS_LIMIT, DraftProposer, from_prediction, prompt_lookup
+from radixserve.scheduler.drafts import (
+    MAX_COOLDOWN,
+    MISS_LIMIT,
+    PREDICTION_RETRY,
+    DraftProposer,
+    from_prediction,
+    prompt_lookup,
+)
 from radixserve.scheduler.step_results import Launch, TokenCommit
 
 _ids = itertools.count()
@@ -149,3 +156,17 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         keep = before < params.top_p
         out[r, order[keep]] = values[keep] / values[keep].sum()
     return out
+
+
+def test_with_overlap_a_sequence_waits_for_its_token_only_where_drafts_are_likely() -> None:
+    drafts = DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=64)
+    plain = seq_of([9, 8, 7, 6], 3)
+    assert drafts.waits_for_token(plain)  # its first decode: try
+    assert drafts.propose(plain, 4) is None  # nothing to draft ...
+    assert not any(drafts.waits_for_token(plain) for _ in range(20))  # ... so it decodes on
+    predicted = seq_of([9, 8, 7, 6], 3, prediction=(1, 2, 3))
+    assert drafts.propose(predicted, 4) is None
+    waits = [drafts.waits_for_token(predicted) for _ in range(2 * PREDICTION_RETRY)]
+    assert waits.count(True) == 2 and waits[PREDICTION_RETRY - 1]  # every PREDICTION_RETRY steps
+    predicted.spec.cooldown = 3
+    assert not any(drafts.waits_for_token(predicted) for _ in range(3)) and predicted.spec.cooldown == 0

@@ -29,9 +29,10 @@ from radixserve.engine.sampler import Draw
 from radixserve.scheduler.step_results import Launch, TokenCommit
 
 # the most decoding sequences a step drafts for, by device, when --speculative-max-batch is not given:
-# above it a step's forward stops being memory-bound, so the drafts' positions cost what they save
-# (measured: docs/speculation.md)
-DEFAULT_MAX_BATCH = {"cpu": 16, "cuda": 32}
+# above it a step's forward stops being memory-bound, so the drafts' positions cost what they save.
+# CPU (2 cores, the embedded model, scripts/spec_batch_cap.py): drafts still gain 1.58x at 32 decoding
+# sequences and lose at 64 (0.89x). CUDA: not measured yet; 32 by the same token count per step.
+DEFAULT_MAX_BATCH = {"cpu": 32, "cuda": 32}
 
 
 def default_max_batch(device: torch.device) -> int:

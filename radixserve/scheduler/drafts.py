@@ -38,6 +38,7 @@ from radixserve.core import Sequence
 LOOKUP_NGRAM = 3  # the longest n-gram prompt lookup matches first
 MISS_LIMIT = 2
 MAX_COOLDOWN = 64
+PREDICTION_RETRY = 8  # with overlap, a request with a prediction tries to draft again this often
 
 
 @dataclass
@@ -63,12 +64,26 @@ class DraftProposer:
         return (self.num_tokens > 0 and params.structured is None and not params.has_penalties
                 and params.prompt_logprobs is None)
 
-    def wants_known_token(self, seq: Sequence) -> bool:
-        """With overlap, should `seq` wait a step for its pending token (a sequence drafts only after a
-        known token) rather than decode on without a draft? At its first decode (to try), while its
-        drafts are being kept, or while it has a prediction, unless it is cooling down. A query."""
-        return (self.eligible(seq) and seq.spec.cooldown == 0
-                and (seq.spec.hot or bool(seq.request.prediction_ids)))
+    def waits_for_token(self, seq: Sequence) -> bool:
+        """With overlap, should `seq` wait a step for its pending token (drafts follow only a known
+        token) rather than decode on without a draft? At its first decode (to try) and while its
+        verifications keep drafts; a request with a prediction also every PREDICTION_RETRY steps (its
+        output may meet the prediction again). Writes `seq.spec` (counts down the cool-down and the
+        steps since it last tried)."""
+        if not self.eligible(seq):
+            return False
+        spec = seq.spec
+        if spec.cooldown > 0:
+            spec.cooldown -= 1
+            return False
+        if spec.hot:
+            return True
+        if seq.request.prediction_ids:
+            spec.idle += 1
+            if spec.idle >= PREDICTION_RETRY:
+                spec.idle = 0
+                return True
+        return False
 
     def propose(self, seq: Sequence, budget: int) -> Draft | None:
         """Up to min(k, budget) draft tokens to follow `seq`'s last token, or None. Counts down a

@@ -68,7 +68,7 @@ class Scheduler(SequenceQueues):
                 continue  # preempted earlier in this step
             left = len(seq.token_ids) - seq.num_computed
             if left == 1 and drafting and self.drafts.eligible(seq):
-                if seq.has_pending_token and self.drafts.wants_known_token(seq):
+                if seq.has_pending_token and self.drafts.waits_for_token(seq):
                     continue  # overlap: its drafts are being kept; wait a step for its token to draft again
                 if not seq.has_pending_token and budget > 1 and self._draft(seq, budget - 1, batch):
                     budget -= batch.items[-1].num_tokens
