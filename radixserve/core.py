@@ -224,6 +224,8 @@ class SpecState:
     # overlap, such a sequence waits for its pending token, since only a known token can be drafted after)
     hot: bool = True
     idle: int = 0  # with overlap: steps decoded without trying to draft since it last tried
+    prediction_at: int = 0  # where in its prediction the output last left off (past its kept drafts)
+    prediction_draft_at: int = 0  # where the prediction draft being verified starts
 
 
 @dataclass(eq=False)

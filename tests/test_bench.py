@@ -25,7 +25,7 @@ from radixserve.bench.metrics import CORE_METRICS, check_complete, percentile, p
 from radixserve.bench.micro import radix_throughput, scheduler_step_cost
 from radixserve.bench.plan import BenchOptions, placeholder_trace, size_pools
 from radixserve.bench.results import evaluate_targets
-from radixserve.bench.systems.base import Completion, System, SystemInfo
+from radixserve.bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
 from radixserve.bench.textsource import TokenStream, byte_encoder
 from radixserve.bench.workloads import (
     Load,
@@ -207,7 +207,8 @@ class FakeSystem(System):
     def info(self) -> SystemInfo:
         return SystemInfo(self.name, "fake")
 
-    async def generate(self, prompt: list[int], output_len: int, request_id: str) -> Completion:
+    async def generate(self, prompt: list[int], output_len: int, request_id: str,
+                       sampling: Sampling = GREEDY) -> Completion:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.prompts[request_id] = list(prompt)
@@ -437,7 +438,10 @@ def test_smoke_run_end_to_end(tiny_llama, tmp_path, capsys):
     assert results["complete"] and check_complete(results) == []
     for workload in ("shared-prefix", "multi-turn", "random"):
         assert set(results["results"][workload]) == {"radixserve", "radixserve-nocache", "hf-generate",
-                                                     "hf-generate-batch"}
+                                                     "hf-generate-batch"} | ({"radixserve-nospec"} if workload == "random"
+                                                                             else set())
+    for workload in ("regenerate", "edit"):  # speculation on and off, and transformers prompt lookup
+        assert set(results["results"][workload]) == {"radixserve", "radixserve-nospec", "hf-prompt-lookup"}
     assert set(results["results"]["bounded-pool"]) == {"radixserve", "radixserve-pool25"}
     assert set(results["results"]["returning-chats"]) == {"radixserve", "radixserve-pool25", "radixserve-pool25-host"}
     bounded = results["results"]["bounded-pool"]["radixserve-pool25"]["median"]

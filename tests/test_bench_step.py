@@ -143,3 +143,24 @@ def test_step_bench_penalties_rows_and_their_ratio(tmp_path: Path, capsys: pytes
         off, on = (next(r for r in rows if (r["sampling"], r["penalties"]) == (sampling, p)) for p in ("off", "on"))
         assert f"| off | on | 2 | {sampling} | {off['ms_median']:.2f} / {on['ms_median']:.2f} " \
                f"| {on['ms_median'] / off['ms_median']:.3f}x |" in table
+
+
+def test_step_bench_speculation_rows_report_tokens_per_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--speculation on,off`: off is the plain decode step (exactly one token per sequence per step);
+    on lets the engine draft, and each row says how many tokens a step committed per sequence."""
+    model_dir = write_shape_dir(TINY, tmp_path / "tiny", _tokenizer_dir())
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--model", str(model_dir), "--load-format", "dummy", "--batch", "2", "--context", "24",
+                 "--steps", "3", "--warmup", "1", "--device", "cpu", "--bandwidth-mib", "16", "--graphs", "off",
+                 "--sampling", "greedy", "--speculation", "on,off", "--num-speculative-tokens", "4",
+                 "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| graphs | overlap | speculation | batch |" in table and "| tokens / step (greedy / top-p) |" in table
+    rows = {r["speculation"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"on", "off"}
+    assert rows["off"]["tokens_per_step"] == 1.0 and rows["off"]["engine_tokens_per_draw"] in (None, 1.0)
+    assert 1.0 <= rows["on"]["tokens_per_step"] <= 5.0
+    for r in rows.values():
+        assert r["tok_s"] == pytest.approx(2 * r["tokens_per_step"] * 1000 / r["ms_median"])
+        assert r["leaked_blocks"] == 0 and r["live_sequences"] == 0
+    assert "| off | on | off | 2 |" in table and "| 1.00 / - |" in table

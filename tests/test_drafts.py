@@ -44,12 +44,26 @@ def test_prompt_lookup_takes_the_longest_most_recent_ngram() -> None:
 
 def test_a_prediction_drafts_from_where_the_output_is_in_it() -> None:
     prediction = (10, 11, 12, 13, 14, 11, 12, 15, 16)
-    assert from_prediction([], prediction, 3) == [10, 11, 12]
-    assert from_prediction([10], prediction, 3) == [11, 12, 13]
-    # 11 12 occurs twice: the occurrence aligned with the output's length wins
-    assert from_prediction([10, 11, 12, 13, 14, 11, 12], prediction, 4) == [15, 16]
-    assert from_prediction([3, 4, 11, 12], prediction, 2) == [13, 14]
-    assert from_prediction([99], prediction, 3) == []
+    assert from_prediction([], prediction, 0) == 0
+    assert from_prediction([10], prediction, 0) == 1
+    # "11 12" occurs twice: the first occurrence at or after where the output left the prediction
+    assert from_prediction([3, 4, 11, 12], prediction, 0) == 3
+    assert from_prediction([3, 4, 11, 12], prediction, 5) == 7
+    assert from_prediction([10, 11, 12, 13, 14, 11, 12], prediction, 7) == 7
+    assert from_prediction([3, 4, 11, 12], prediction, 9) == 7  # behind the cursor: the last occurrence
+    assert from_prediction([10], prediction, 4) == 1  # the output's first token
+    assert from_prediction([3, 10], prediction, 0) is None  # later, a single token is too weak a match
+    assert from_prediction([99], prediction, 0) is None
+
+
+def test_a_prediction_draft_moves_the_place_in_the_prediction_past_what_was_kept() -> None:
+    drafts = DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=64)
+    s = seq_of([9, 8, 7, 10], 3, prediction=(10, 11, 12, 13, 14, 15))
+    draft = drafts.propose(s, budget=8)
+    assert draft is not None and (draft.tokens, draft.source) == ([11, 12, 13, 14], "prediction")
+    s.draft_source = draft.source
+    drafts.verified(s, 4, 2)
+    assert s.spec.prediction_at == 3
 
 
 def test_the_tree_continues_a_cached_path_along_its_most_recent_branch() -> None:
@@ -83,6 +97,8 @@ def test_proposals_try_the_tree_then_the_prediction_then_lookup_within_the_limit
     assert draft is not None and (draft.tokens, draft.source) == ([4, 5, 6, 7], "tree")
     draft = drafts.propose(seq_of([9, 2, 3], 2, prediction=(3, 30, 31)), budget=10)
     assert draft is not None and (draft.tokens, draft.source) == ([30, 31], "prediction")
+    draft = drafts.propose(seq_of([1, 2, 3], 2, prediction=(3, 30, 31)), budget=10)  # before the tree
+    assert draft is not None and draft.source == "prediction"
     draft = drafts.propose(seq_of([9, 4, 5, 6, 9, 4], 4), budget=10)
     assert draft is not None and (draft.tokens, draft.source) == ([5, 6, 9, 4], "lookup")
     # max_tokens 3, one generated: the draft and the token after it fit in the two left

@@ -1,7 +1,8 @@
 """PNG charts of a results document (matplotlib, headless): output throughput per system, TTFT
 distributions, cumulative cache hit rate over time, pool blocks in use over time, for multi-turn
-the mean TTFT of each turn, and for returning-chats the host tier's hits and first / returning-turn
-TTFT. Timelines show the first repeat; bars show medians with min-max whiskers."""
+the mean TTFT of each turn, for returning-chats the host tier's hits and first / returning-turn
+TTFT, and for the speculation workloads decode speed per request with tokens per step. Timelines
+show the first repeat; bars show medians with min-max whiskers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from radixserve.bench.returning import WORKLOAD as RETURNING
+from radixserve.bench.speculation import COMPARED
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
 
 
@@ -161,6 +163,30 @@ def host_tier(results: dict, path: Path) -> bool:
     return True
 
 
+def speculation(results: dict, path: Path) -> bool:
+    """Mean decode tok/s per request per system on each speculation workload, labelled with tokens per step."""
+    names = [w for w in COMPARED if any("decode_tok_s_mean" in e["median"] for e in results["results"].get(w, {}).values())]
+    if not names:
+        return False
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 4), squeeze=False)
+    for ax, wname in zip(axes[0], names):
+        per_system = {s: e for s, e in results["results"][wname].items() if "decode_tok_s_mean" in e["median"]}
+        systems = list(per_system)
+        med = [per_system[s]["median"]["decode_tok_s_mean"] for s in systems]
+        runs = [[r["metrics"].get("decode_tok_s_mean", m) for r in per_system[s]["repeats"]] for s, m in zip(systems, med)]
+        err = [[m - min(r) for m, r in zip(med, runs)], [max(r) - m for m, r in zip(med, runs)]]
+        bars = ax.bar(range(len(systems)), med, yerr=err, capsize=3, color=[_color(s) for s in systems])
+        steps = [per_system[s]["median"].get("tokens_per_step") for s in systems]
+        ax.bar_label(bars, [f"{t:.2f} tok/step" if t else "" for t in steps], fontsize=7)
+        ax.set_xticks(range(len(systems)), systems, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"{wname}: decode speed")
+        ax.set_ylabel("decode tokens / s per request (mean)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_charts(results: dict, out_dir: Path) -> list[str]:
     """Every chart that applies to `results`, written into `out_dir`; their file names."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +195,8 @@ def write_charts(results: dict, out_dir: Path) -> list[str]:
                      ("blocks.png", blocks)):
         fn(results, out_dir / name)
         written.append(name)
-    for name, maybe in (("ttft_by_turn.png", ttft_by_turn), ("host_tier.png", host_tier)):
+    for name, maybe in (("ttft_by_turn.png", ttft_by_turn), ("host_tier.png", host_tier),
+                        ("speculation.png", speculation)):
         if maybe(results, out_dir / name):
             written.append(name)
     return written

@@ -1,6 +1,7 @@
 """`radixserve bench`: the command line of the benchmark.
 
-    radixserve bench [run] --workload shared-prefix|multi-turn|random|bounded-pool|returning-chats|all
+    radixserve bench [run] --workload shared-prefix|multi-turn|random|bounded-pool|returning-chats|
+                                      regenerate|regenerate-sampled|edit|edit-prediction|all
                            --systems a,b --repeats N
                            --smoke --out DIR --publish docs/bench ...
     radixserve bench micro      # scheduler and radix-tree micro-benchmarks only
@@ -55,6 +56,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     e.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most")
     e.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (default: ample per workload)")
+    e.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="draft tokens per step of every radixserve system but radixserve-nospec (default: the engine's)")
+    e.add_argument("--speculative-max-batch", type=int, default=None,
+                   help="no drafts in a step with more decoding sequences than this (default: the engine's)")
+    e.add_argument("--prompt-lookup-tokens", type=int, default=10,
+                   help="hf-prompt-lookup's prompt_lookup_num_tokens (default %(default)s)")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +146,10 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--penalties", type=names, default=("off",),
                    help="off (the default), on (every request penalised: presence, frequency, repetition and a "
                         "logit_bias), or off,on (both, with their ratio)")
+    p.add_argument("--speculation", type=names, default=("off",),
+                   help="off (plain decode steps; the default), on (the engine drafts: a step may commit several "
+                        "tokens per sequence), or on,off")
+    p.add_argument("--num-speculative-tokens", type=int, default=8, help="draft tokens per step with speculation on")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--block-size", type=int, default=16)
@@ -157,7 +168,8 @@ def _run_step(args: argparse.Namespace) -> int:
     options = StepBenchOptions(
         shape=args.shape, model=args.model, load_format=args.load_format, batches=args.batch, context=args.context,
         steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, overlap=args.overlap,
-        penalties=args.penalties, rounds=args.rounds, device=args.device,
+        penalties=args.penalties, rounds=args.rounds, speculation=args.speculation,
+        num_speculative_tokens=args.num_speculative_tokens, device=args.device,
         dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         bandwidth_mib=args.bandwidth_mib, seed=args.seed)
@@ -243,7 +255,8 @@ def options_from_args(args: argparse.Namespace):  # -> BenchOptions, imported la
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_blocks=args.num_blocks, pool_fraction=args.pool_fraction, load=args.load, concurrency=args.concurrency,
         request_rate=args.request_rate, params=parse_params(args.param), timeout_s=args.timeout,
-        micro=not args.no_micro, progress=not args.no_progress,
+        micro=not args.no_micro, progress=not args.no_progress, num_speculative_tokens=args.num_speculative_tokens,
+        speculative_max_batch=args.speculative_max_batch, prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
 
 

@@ -5,7 +5,8 @@ one after another. Rounds: the same clients take the next turn from a queue hold
 turn 1, then every session's turn 2, ... (a turn still waits for its session's previous reply), so a
 session is idle while the others take their turns. Open loop: each session starts at its Poisson
 arrival time, however many are in flight. A turn's prompt is the session's history (earlier prompts plus the system's own replies)
-plus the turn's new tokens. All times are time.monotonic() seconds.
+plus the turn's new tokens (the new tokens alone for a turn without history: a regenerated reply), sent
+with the turn's sampling. All times are time.monotonic() seconds.
 
 Invariants: a run either returns a record for every request of the workload or raises; a run is
 bounded by `timeout_s`; the system's pool sampler is stopped whatever happens.
@@ -39,6 +40,8 @@ class RequestRecord:
     scheduled_time: float | None
     sequence: list[int] = field(repr=False, default_factory=list)  # prompt + output, for cache simulations
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from a host-memory tier
+    steps: int | None = None  # decode steps the system says produced the output (None: it does not say)
+    drafts: dict[str, list[int]] | None = None  # speculation: source -> [proposed, accepted], where reported
 
     @property
     def ttft_s(self) -> float:
@@ -52,6 +55,14 @@ class RequestRecord:
     @property
     def e2e_s(self) -> float:
         return self.finish_time - self.send_time
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Decode speed: the tokens that arrived after the first token's arrival, over the time from it to
+        the last token (a step may hand out several tokens at once); None when all came at once."""
+        t = self.token_times
+        later = sum(1 for x in t if x > t[0])
+        return later / (t[-1] - t[0]) if later else None
 
 
 @dataclass
@@ -85,17 +96,17 @@ async def drive(system: System, workload: Workload, repeat: int, seed: int, time
     async def run_turn(session: Session, k: int, history: list[int]) -> list[int]:
         """Send turn k after `history` (the session's sequence so far); returns the new sequence."""
         turn = session.turns[k]
-        prompt = history + list(turn.new_tokens)
+        prompt = (history if turn.history else []) + list(turn.new_tokens)
         rid = f"{session.session_id}-t{k}-r{repeat}"
         sent = time.monotonic()
-        done = await system.generate(prompt, turn.output_len, rid)
+        done = await system.generate(prompt, turn.output_len, rid, turn.sampling)
         finished = time.monotonic()
         if len(done.output_tokens) != turn.output_len or len(done.token_times) != turn.output_len:
             raise RuntimeError(f"{system.name}: {rid} produced {len(done.output_tokens)} tokens, "
                                f"wanted exactly {turn.output_len}")
         record = RequestRecord(rid, session.session_id, session.group, k, len(prompt), turn.output_len, sent,
                                finished, list(done.token_times), done.cached_tokens, done.scheduled_time,
-                               prompt + list(done.output_tokens), done.host_cached_tokens)
+                               prompt + list(done.output_tokens), done.host_cached_tokens, done.steps, done.drafts)
         records.append(record)
         if on_record is not None:
             on_record(record)

@@ -1,7 +1,10 @@
 """Figures of one run, computed from its trace: throughput, latency percentiles, cache hits against
 the unbounded optimum, and pool blocks in use against a static reservation.
 
-Every metric is a plain float keyed by name; `median_metrics` folds repeats. Which metrics a system
+Every metric is a plain float keyed by name; `median_metrics` folds repeats. Decode speed per
+request (`decode_tok_s_*`: the tokens after the first one's arrival over the time to the last; one
+step may hand out several tokens under speculative decoding) is computed wherever a request has it;
+the speculation workloads require it (speculation.py). Which metrics a system
 must report is fixed here (`expected_metrics`), and `check_complete` is what the smoke test runs.
 """
 
@@ -12,7 +15,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from radixserve.bench.belady import TraceRequest, optimal_hits
-from radixserve.bench.driver import RunTrace
+from radixserve.bench.driver import RequestRecord, RunTrace
 from radixserve.bench.systems.base import PoolSample
 
 LATENCIES = ("ttft_ms", "itl_ms", "e2e_ms")
@@ -73,11 +76,24 @@ def run_metrics(trace: RunTrace, block_size: int) -> dict[str, float]:
     m |= summarize("ttft_ms", [1000 * r.ttft_s for r in recs])
     m |= summarize("itl_ms", [1000 * x for x in itls])
     m |= summarize("e2e_ms", [1000 * r.e2e_s for r in recs])
+    m |= decode_speeds("decode_tok_s", recs)
     turns = sorted({r.turn for r in recs})
     if len(turns) > 1:
         for k in turns:
             m[f"ttft_ms_turn{k + 1}"] = statistics.fmean(1000 * r.ttft_s for r in recs if r.turn == k)
+            m |= decode_speeds(f"decode_tok_s_turn{k + 1}", [r for r in recs if r.turn == k], mean_only=True)
     return m
+
+
+def decode_speeds(prefix: str, recs: Sequence[RequestRecord], mean_only: bool = False) -> dict[str, float]:
+    """Mean (`prefix`_mean, or `prefix` alone with mean_only) and median decode tokens per second per
+    request, over the requests that have one; nothing when none has."""
+    speeds = [x for x in (r.decode_tokens_per_s for r in recs) if x is not None]
+    if not speeds:
+        return {}
+    if mean_only:
+        return {prefix: statistics.fmean(speeds)}
+    return {f"{prefix}_mean": statistics.fmean(speeds), f"{prefix}_p50": percentile(speeds, 50)}
 
 
 def pool_metrics(trace: RunTrace, block_size: int, pool_blocks: int) -> dict[str, float]:

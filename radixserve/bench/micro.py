@@ -5,7 +5,8 @@
   `schedule()` plus the scheduler's post-step calls the engine makes (`launched`, `commit`:
   advance num_computed, cache newly full blocks, commit a token; `scheduler/no_op_model.py`). CPU
   time is the thread's (time.thread_time), so other processes on a shared machine do not count; wall
-  time is reported too.
+  time is reported too. Speculation is off (`num_speculative_tokens=0`): the no-op model commits one
+  token per draw and verifies no draft, so this is the plain decode step's scheduling cost.
 - radix: insert and match throughput of the radix tree on long prompts that share prefixes
   in groups (the shape a chat backend sees), in tokens per second.
 """
@@ -30,7 +31,7 @@ def scheduler_step_cost(num_running: int, steps: int, block_size: int = 16, shar
                         unique_len: int = 64, seed: int = 0) -> dict[str, float]:
     max_tokens = steps + 64
     per_seq_blocks = -(-(shared_len + unique_len + max_tokens) // block_size) + 1
-    config = EngineConfig(block_size=block_size, max_num_seqs=max(num_running, 1),
+    config = EngineConfig(block_size=block_size, max_num_seqs=max(num_running, 1), num_speculative_tokens=0,
                           max_num_batched_tokens=max(512, num_running), num_blocks=num_running * per_seq_blocks + 64)
     pool = BlockPool(config.num_blocks or 1, block_size)
     tree = RadixTree(pool)

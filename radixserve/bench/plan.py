@@ -7,23 +7,38 @@ the clients in flight could hold without any sharing, so no system is memory-bou
 never evicts; the bounded pool is `pool_fraction` of the working set, but never less than one
 request's blocks (a request that cannot fit could never run). The host tier of the bounded pool with
 it (`radixserve-pool25-host`) gets the ample number of blocks: the whole working set fits there.
+
+Systems per workload: each scenario's own (bounded-pool, returning-chats); the transformers peers
+only where every request is greedy; and by default, the speculation workloads run radixserve with
+speculation on and off and transformers' prompt lookup (not on edit-prediction: it has the prompts of
+edit, and a prediction is no transformers feature), random adds speculation off to the usual systems.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from radixserve.bench.belady import TraceRequest, working_set_blocks
 from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, default_systems
+from radixserve.bench.systems import (
+    BOUNDED,
+    BOUNDED_HOST,
+    GREEDY_ONLY,
+    NOSPEC,
+    PROMPT_LOOKUP,
+    SYSTEM_DESCRIPTIONS,
+    default_systems,
+)
 from radixserve.bench.workloads import (
     DEFAULT_PARAMS,
     SMOKE_PARAMS,
+    SPEC_WORKLOADS,
     WORKLOADS,
+    Encode,
     Load,
     Workload,
     build_workload,
@@ -93,6 +108,9 @@ class BenchOptions(RunOptions):
     load: str | None = None  # closed | open; None: each workload's default
     concurrency: int | None = None
     request_rate: float | None = None
+    num_speculative_tokens: int | None = None  # None: the engine's default (radixserve-nospec: always 0)
+    speculative_max_batch: int | None = None
+    prompt_lookup_tokens: int = 10  # hf-prompt-lookup's prompt_lookup_num_tokens
 
     def scenario_problems(self) -> list[str]:
         problems = []
@@ -105,6 +123,8 @@ class BenchOptions(RunOptions):
                 problems.append(f"unknown system(s) {bad}; choose from {', '.join(SYSTEM_DESCRIPTIONS)}")
         if self.num_blocks is not None and self.num_blocks < 1:
             problems.append("--num-blocks must be >= 1")
+        if self.prompt_lookup_tokens < 1:
+            problems.append("--prompt-lookup-tokens must be >= 1")
         return problems
 
 
@@ -128,8 +148,8 @@ def make_load(name: str, params: object, o: BenchOptions) -> Load:
     return Load(mode, concurrency=o.concurrency or base.concurrency)
 
 
-def build_workloads(o: BenchOptions, encode: Callable[[str], list[int]], vocab_size: int,
-                    max_len: int) -> list[Workload]:
+def build_workloads(o: BenchOptions, encode: Encode, vocab_size: int, max_len: int,
+                    chat: Encode | None = None) -> list[Workload]:
     out = []
     for name in o.workloads:
         params = o.workload_params(name, DEFAULT_PARAMS, SMOKE_PARAMS)
@@ -137,11 +157,11 @@ def build_workloads(o: BenchOptions, encode: Callable[[str], list[int]], vocab_s
             load = make_load(name, params, o)
         except ValueError as e:
             raise BenchConfigError(f"{name}: {e}") from None
-        w = build_workload(name, params, load, encode, o.seed)
+        w = build_workload(name, params, load, encode, o.seed, chat)
         tokens = [t for s in w.sessions for turn in s.turns for t in turn.new_tokens]
         if tokens and max(tokens) >= vocab_size:
             raise BenchConfigError(f"{name}: token id {max(tokens)} outside the model's vocabulary of {vocab_size}")
-        longest = max(sum(len(t.new_tokens) + t.output_len for t in s.turns) for s in w.sessions)
+        longest = max(len(r.sequence) for r in placeholder_trace(w))
         if longest > max_len:
             raise BenchConfigError(f"{name}: a session reaches {longest} tokens, over the model's context of {max_len}")
         out.append(w)
@@ -156,7 +176,7 @@ def placeholder_trace(w: Workload) -> list[TraceRequest]:
     histories: dict[str, tuple[int, ...]] = {}
     for s, k in send_order(w):
         turn = s.turns[k]
-        prompt = histories.get(s.session_id, ()) + turn.new_tokens
+        prompt = (histories.get(s.session_id, ()) if turn.history else ()) + turn.new_tokens
         histories[s.session_id] = prompt + tuple(next(fresh) for _ in range(turn.output_len))
         trace.append(TraceRequest(len(prompt), histories[s.session_id]))
     return trace
@@ -174,13 +194,23 @@ def size_pools(w: Workload, o: BenchOptions) -> Sizing:
     return Sizing(ws, per_request, ample, bounded, batch, host_blocks=ample)
 
 
+def default_on(name: str, workload: str) -> bool:
+    """Whether a default system runs on `workload` unless the systems are named (see the docstring)."""
+    if workload in SPEC_WORKLOADS:
+        return name in ("radixserve", "radixserve-triton", NOSPEC) or (name == PROMPT_LOOKUP and workload != "edit-prediction")
+    return name not in (NOSPEC, PROMPT_LOOKUP) or (name == NOSPEC and workload == "random")
+
+
 def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple[list[str], list[str]]:
     """The systems to run on `w`, and why any system named on the command line is skipped there
     (defaults that do not apply to a workload are left out silently)."""
-    wanted = list(o.systems or default_systems(cuda))
+    wanted = list(o.systems or [s for s in default_systems(cuda) if default_on(s, w.name)])
+    sampled = any(not t.sampling.greedy for s in w.sessions for t in s.turns)
     run, skipped = [], []
     for name in wanted:
-        if w.name == "bounded-pool" and name not in ("radixserve", BOUNDED):
+        if name in GREEDY_ONLY and sampled:
+            skipped.append(f"{w.name}/{name}: transformers peers serve greedy requests only")
+        elif w.name == "bounded-pool" and name not in ("radixserve", BOUNDED):
             skipped.append(f"{w.name}/{name}: this scenario compares radixserve's bounded pool with the offline "
                            "optimum only")
         elif w.name == "returning-chats" and name not in ("radixserve", BOUNDED, BOUNDED_HOST):

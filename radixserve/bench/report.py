@@ -1,13 +1,14 @@
 """The human-readable report: a Markdown table of absolute figures per workload, radixserve's ratio
 to each peer, the bounded-pool comparison with Belady, the host tier's figures and ratios
-(returning-chats), the targets, and the micro-benchmarks.
+(returning-chats), speculative decoding's table and ratios (speculation.py), the targets, and the
+micro-benchmarks.
 The same text is printed to stdout and written to table.md."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from radixserve.bench import returning
+from radixserve.bench import returning, speculation
 from radixserve.bench.systems import REFERENCE
 
 
@@ -103,7 +104,7 @@ def render(results: dict) -> str:
               f"({machine.get('cpu_count')} cores, {machine.get('torch_threads')} torch threads); "
               f"torch {versions.get('torch')}, transformers {versions.get('transformers')}. "
               f"Medians of {opts.get('repeats')} repeat(s); every request generates exactly its output length, "
-              f"greedy. Command: `{results.get('command')}`")]
+              f"greedy unless its workload samples. Command: `{results.get('command')}`")]
     for wname, per_system in results["results"].items():
         w = results["workloads"][wname]
         lines += ["", f"## {w['description']}", ""]
@@ -112,6 +113,7 @@ def render(results: dict) -> str:
         lines += _ratio_lines(results.get("ratios", {}).get(wname, {}))
         lines += _bounded_lines(per_system)
         lines += returning.report_lines(results) if wname == returning.WORKLOAD else []
+        lines += speculation.report_lines(results, wname)
     lines += target_lines(results.get("targets") or [])
     micro = results.get("micro")
     if micro:

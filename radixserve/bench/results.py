@@ -10,7 +10,7 @@ import os
 import platform
 from typing import Any
 
-from radixserve.bench import returning
+from radixserve.bench import returning, speculation
 from radixserve.bench.driver import RunTrace
 from radixserve.bench.metrics import blocks_timeline, hit_rate_timeline
 from radixserve.bench.systems import REFERENCE
@@ -34,6 +34,8 @@ def run_detail(trace: RunTrace, extra: dict[str, Any]) -> dict[str, Any]:
         "output_len": r.output_len, "cached_tokens": r.cached_tokens, "send_s": round(r.send_time - trace.start, 4),
         "ttft_ms": round(1000 * r.ttft_s, 3), "e2e_ms": round(1000 * r.e2e_s, 3),
         "itl_ms_mean": round(1000 * sum(r.itl_s) / len(r.itl_s), 3) if r.itl_s else 0.0,
+        **({"drafts": r.drafts} if r.drafts else {}), **({"steps": r.steps} if r.steps else {}),
+        **({"decode_tok_s": round(r.decode_tokens_per_s, 3)} if r.decode_tokens_per_s else {}),
     } for r in trace.records]
     timeline = {
         "hit_rate": [[round(t, 4), round(h, 5)] for t, h in hit_rate_timeline(trace)],
@@ -154,6 +156,7 @@ def evaluate_targets(results: dict) -> list[dict[str, Any]]:
         targets.append(Target(f"{workload} hit rate / optimal (ample memory)", ">=", 0.99,
                               m["hit_rate_vs_optimal"] if m else None))
     targets += [Target(name, op, goal, value) for name, op, goal, value in returning.target_values(results)]
+    targets += [Target(name, op, goal, value) for name, op, goal, value in speculation.target_values(results)]
     sched = results.get("micro", {}).get("scheduler", {}).get("256")
     targets.append(Target("scheduler CPU ms per step, 256 running sequences", "<=", 1.0,
                           sched["cpu_ms_per_step"] if sched else None))

@@ -1,6 +1,7 @@
 """Runs a planned benchmark: every repeat runs every workload on every planned system, interleaved so
 machine noise spreads over all systems, then folds repeats into medians and derives ratios, targets,
-the bounded-pool comparison with the offline optimum and the host tier's figures (returning.py).
+the bounded-pool comparison with the offline optimum, the host tier's figures (returning.py) and
+speculative decoding's (speculation.py).
 
 Each run starts its system cold (a fresh engine, a fresh continuous-batching manager: no cache
 carried over), warms it up with one short request of tokens no workload contains, then measures.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm
@@ -23,6 +25,8 @@ from radixserve.bench.metrics import expected_metrics, fold_repeats, pool_metric
 from radixserve.bench.plan import BenchOptions, Sizing, build_workloads, plan_systems, size_pools
 from radixserve.bench.returning import WORKLOAD as RETURNING
 from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
+from radixserve.bench.speculation import expected_metrics as spec_expected
+from radixserve.bench.speculation import spec_ratios, speculation_metrics
 from radixserve.bench.systems import AMPLE_HOST, BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, SystemSettings, build_system
 from radixserve.bench.systems.hf_common import release_hf_models
 from radixserve.bench.textsource import byte_encoder
@@ -35,10 +39,10 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     model_dir, model_name, spec, tokenizer = model_facts(o.model)
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None \
         else byte_encoder(spec.vocab_size)
-    workloads = build_workloads(o, encode, spec.vocab_size, spec.max_position_embeddings)
+    workloads = build_workloads(o, encode, spec.vocab_size, spec.max_position_embeddings, _chat_encoder(tokenizer))
     cuda = torch.cuda.is_available()
     settings = SystemSettings(model_dir, o.device, o.dtype, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
-                              o.seed)
+                              o.seed, o.num_speculative_tokens, o.speculative_max_batch, o.prompt_lookup_tokens)
     sizing = {w.name: size_pools(w, o) for w in workloads}
     planned: dict[str, list[str]] = {}
     skipped: list[str] = []
@@ -76,6 +80,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     results = _fold(o, workloads, planned, sizing, traces, extras)
     results["skipped"] = skipped
     results["host_tier"] = host_tier_ratios(results)
+    results["speculation"] = spec_ratios(results)
     results["wall_time_s"] = time.time() - started
     results_mod.add_environment(results, o, (model_dir, model_name), spec, argv)
     results["ratios"] = results_mod.ratios(results)
@@ -85,6 +90,16 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
         results["micro"] = run_micro(smoke=o.smoke, block_size=o.block_size)
     results["targets"] = results_mod.evaluate_targets(results)
     return results
+
+
+def _chat_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """One user message as the model's chat prompt (the server's ChatFormatter); None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    from radixserve.engine.chat_template import ChatFormatter
+
+    formatter = ChatFormatter(tokenizer)
+    return lambda text: formatter.prompt_tokens([{"role": "user", "content": text}])
 
 
 async def _run_one(name: str, w: Workload, repeat: int, settings: SystemSettings, sizing: Sizing, host_mb: float,
@@ -129,10 +144,11 @@ def _fold(o: BenchOptions, workloads: list[Workload], planned: dict[str, list[st
                     m |= _bounded_metrics(trace, bs, pool or 0, m["hit_rate"])
                 if w.name == RETURNING:
                     m |= returning_metrics(trace)
+                m |= speculation_metrics(trace, extra.get("engine", {}))
                 runs.append({"repeat": trace.repeat, "metrics": m, **results_mod.run_detail(trace, extra)})
                 out["systems"].setdefault(name, {"description": SYSTEM_DESCRIPTIONS[name], **extra["info"]})
             expected = expected_metrics(name.startswith("radixserve"), name in (BOUNDED, BOUNDED_HOST), w.name == RETURNING)
-            per_system[name] = fold_repeats(expected, runs)
+            per_system[name] = fold_repeats(expected + spec_expected(name, w.name), runs)
         out["results"][w.name] = per_system
     return out
 

@@ -10,7 +10,13 @@ sequence or tree node lists. Both sampling modes of one batch size use the same 
 second finds them cached; prefill is never timed. Greedy and top-p (temperature 0.7, top-p 0.9) rows
 sit side by side with their ratio. `--penalties off,on` runs each row also with every request
 penalised (`PENALTIES`: presence, frequency and repetition penalties and a 16-token logit_bias), the
-cost of engine/penalties.py. The Markdown table is step_table.py's. From the engine's `StepClock`, over the steps resolved in the
+cost of engine/penalties.py. `--speculation off` (the default) runs the engine with
+`num_speculative_tokens=0`, so a step is one plain decode per sequence; `on` (or `on,off`) lets it
+draft (`--num-speculative-tokens`), and a timed step may then commit several tokens per sequence:
+**tokens per step** (generated tokens per sequence per step, 1.0 without speculation) is counted off
+the timed steps' outputs, and the engine's own `EngineStats.tokens_per_draw` over the same steps is
+kept beside it. On these random-token prompts only prompt lookup can draft (when the greedy output
+repeats itself). The Markdown table is step_table.py's. From the engine's `StepClock`, over the steps resolved in the
 timed window: device ms (forward + sampling on the device) and unhidden host ms (how long the device
 sat idle between two steps: host work not overlapped with device work; on CPU all host work between
 forwards).
@@ -30,11 +36,8 @@ large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written ov
 from __future__ import annotations
 
 import gc
-import json
-import os
 import platform
 import random
-import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -43,31 +46,22 @@ from typing import Any
 
 import torch
 
+from radixserve.bench.step_shapes import SHAPES as SHAPES  # re-exported: scripts and tests import it from here
+from radixserve.bench.step_shapes import shape_dir
+from radixserve.bench.step_shapes import write_shape_dir as write_shape_dir
 from radixserve.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 from radixserve.model.device import resolve_device
-from radixserve.model.embedded import EmbeddedModelMissingError, cache_root, resolve_model
+from radixserve.model.embedded import resolve_model
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.sampling_params import SamplingParams
 
-_LLAMA3 = dict(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False, mlp_bias=False,
-               hidden_act="silu", num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-               max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=128000,
-               eos_token_id=128001, torch_dtype="bfloat16")
-_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
-SHAPES: dict[str, dict[str, Any]] = {  # meta-llama/Llama-3.2-1B and Llama-3.1-8B config.json (what we read)
-    "llama-3.2-1b": {**_LLAMA3, "num_hidden_layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
-                     "head_dim": 64, "tie_word_embeddings": True, "rope_scaling": {**_ROPE, "factor": 32.0}},
-    "llama-3.1-8b": {**_LLAMA3, "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
-                     "head_dim": 128, "tie_word_embeddings": False, "rope_scaling": {**_ROPE, "factor": 8.0}},
-}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
-                   "special_tokens_map.json", "chat_template.jinja")
 SAMPLING: dict[str, tuple[float, float]] = {"greedy": (0.0, 1.0), "top-p": (0.7, 0.9)}  # (temperature, top_p)
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1)
 BIASED = 16  # logit_bias entries (token ids spread over the vocabulary, +-1 alternately)
 GRAPHS = ("on", "off")
 OVERLAP = ("on", "off")
+SPECULATION = ("on", "off")
 
 
 @dataclass
@@ -86,6 +80,8 @@ class StepBenchOptions:
     # each batch's rows run this many times, interleaved, their timed steps pooled: a drift in the
     # machine's speed (a shared VM) then falls on every row alike instead of on whichever ran last
     rounds: int = 1
+    speculation: tuple[str, ...] = ("off",)  # on: the engine drafts (num_speculative_tokens); off: plain decode steps
+    num_speculative_tokens: int = 8  # with speculation on
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
@@ -94,29 +90,6 @@ class StepBenchOptions:
     num_blocks: int | None = None  # None: every row's sequences fit, plus slack
     bandwidth_mib: int | None = None  # None: 1024 (CUDA) / 256 (CPU)
     seed: int = 0
-
-
-def write_shape_dir(config: dict[str, Any], out: Path, tokenizer_dir: Path | None) -> Path:
-    """A model directory with `config` and `tokenizer_dir`'s tokenizer files; no weights."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".config.json.{os.getpid()}"
-    tmp.write_text(json.dumps(config, indent=1) + "\n")
-    os.replace(tmp, out / "config.json")
-    for name in TOKENIZER_FILES:
-        if tokenizer_dir is not None and (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, out / name)
-    return out
-
-
-def shape_dir(name: str) -> Path:
-    """The cached directory of shape `name`, with the embedded model's tokenizer when it is installed."""
-    if name not in SHAPES:
-        raise ValueError(f"unknown shape {name!r}; choose embedded or one of {', '.join(SHAPES)}")
-    try:
-        tokenizer_dir: Path | None = Path(resolve_model(None)[0])
-    except EmbeddedModelMissingError:
-        tokenizer_dir = None  # the engine then takes token ids and detokenizes nothing
-    return write_shape_dir(SHAPES[name], cache_root() / "shapes" / name, tokenizer_dir)
 
 
 def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
@@ -177,12 +150,13 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     """Time `steps` decode steps of len(prompts) sequences; the requests are aborted afterwards."""
     batch, device = len(prompts), engine.runner.device
     temperature, top_p = SAMPLING[sampling]
-    margin = prefill_margin(batch, len(prompts[0]), engine.config.max_num_batched_tokens)
+    per_step = engine.config.num_speculative_tokens + 1  # the most tokens a step commits per sequence
+    margin = prefill_margin(batch, len(prompts[0]), engine.config.max_num_batched_tokens) * per_step
     vocab = engine.spec.vocab_size
     penalised: dict[str, Any] = dict(**PENALTIES, logit_bias={i * vocab // BIASED: (-1.0) ** i for i in range(BIASED)}) \
         if penalties else {}
-    params = SamplingParams(max_tokens=warmup + steps + margin, temperature=temperature, top_p=top_p, ignore_eos=True,
-                            **penalised)
+    params = SamplingParams(max_tokens=(warmup + steps) * per_step + margin, temperature=temperature, top_p=top_p,
+                            ignore_eos=True, **penalised)
     ids = [engine.add_request(p, params) for p in prompts]
     seqs = [engine.requests[i].sequences[0] for i in ids]
     prefill_steps = 0
@@ -196,19 +170,24 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     for _ in range(warmup):
         engine.step()
     gc.collect()
-    times, kv_tokens = [], []
+    times, kv_tokens, committed = [], [], 0
     _sync(device)
     clock = engine.clock.history
     clock.clear()
+    before = engine.stats()
     for _ in range(steps):
         kv_tokens.append(sum(len(s.token_ids) for s in seqs))  # each reads its whole length this step
         t0 = time.perf_counter()
         outputs = engine.step()
         times.append(time.perf_counter() - t0)
-        if len(outputs) != batch or any(len(o.outputs[0].token_ids) != 1 for o in outputs):
+        got = [len(o.outputs[0].token_ids) for o in outputs]
+        committed += sum(got)
+        if len(outputs) != batch or any(not 1 <= n <= per_step for n in got) or (per_step == 1 and min(got) != 1):
             seen = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason, o.error) for o in outputs]
             raise RuntimeError(f"a timed step was not one decode of each of {batch} sequences: {seen[:4]}")
     _sync(device)
+    after = engine.stats()
+    draws = after.committed_draws - before.committed_draws
     spans = list(clock)
     for i in ids:
         engine.abort(i)
@@ -221,10 +200,12 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     device_ms = 1000 * statistics.median(t.device_s for t in spans) if spans else float("nan")
     host_ms = 1000 * statistics.median(t.idle_s for t in spans) if spans else float("nan")
     return dict(sampling=sampling, penalties="on" if penalties else "off", batch=batch, device_ms=device_ms,
+                tokens_per_step=committed / (batch * steps),
+                engine_tokens_per_draw=(after.generation_tokens - before.generation_tokens) / draws if draws else None,
                 host_unhidden_ms=host_ms, context=len(prompts[0]), steps=steps, warmup=warmup,
                 prefill_steps=prefill_steps, step_ms=[1000 * t for t in times], ms_median=ms,
                 ms_mean=1000 * statistics.fmean(times),
-                ms_min=1000 * min(times), tok_s=batch * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
+                ms_min=1000 * min(times), tok_s=committed / steps * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
                 kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
                 roofline_fraction=(weights + kv) / bandwidth / (ms / 1000),
                 leaked_blocks=engine.leaked_blocks(), live_sequences=len(engine.live_sequences()))
@@ -235,8 +216,9 @@ def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     times = [t for r in rounds for t in r["step_ms"]]
     ms = statistics.median(times)
     first = rounds[0]
+    per_step = statistics.fmean(r["tokens_per_step"] for r in rounds)
     return {**first, "rounds": len(rounds), "step_ms": times, "ms_median": ms, "ms_mean": statistics.fmean(times),
-            "ms_min": min(times), "tok_s": first["batch"] * 1000 / ms,
+            "ms_min": min(times), "tok_s": first["batch"] * per_step * 1000 / ms, "tokens_per_step": per_step,
             "roofline_fraction": first["roofline_fraction"] * first["ms_median"] / ms,
             **{k: statistics.median(r[k] for r in rounds) for k in ("device_ms", "host_unhidden_ms")}}
 
@@ -253,11 +235,13 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     batches = o.batches or ((1, 16, 64, 128) if cuda else (1, 4))
     steps = o.steps or (32 if cuda else 8)
     unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS] \
-        + [v for v in o.overlap if v not in OVERLAP] + [v for v in o.penalties if v not in ("on", "off")]
+        + [v for v in o.overlap if v not in OVERLAP] + [v for v in o.penalties if v not in ("on", "off")] \
+        + [v for v in o.speculation if v not in SPECULATION]
     if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0 or o.rounds < 1:
         raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
     step_tokens = o.max_num_batched_tokens or max(8192, max(batches))
-    max_len = o.context + o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)
+    per_step = o.num_speculative_tokens + 1 if "on" in o.speculation else 1
+    max_len = o.context + (o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)) * per_step
     mib = o.bandwidth_mib or (1024 if cuda else 256)
     bandwidth = measure_bandwidth(device, mib << 20)  # before any engine holds device memory
     rows: list[dict[str, Any]] = []
@@ -265,10 +249,11 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         options=asdict(o), shape=o.model or o.shape, model_dir=model_dir, load_format=load_format, device=str(device),
         device_name=_device_name(device), torch=torch.__version__, triton=_version("triton"),
         transformers=_version("transformers"), bandwidth_bytes=mib << 20, bandwidth_bytes_per_s=bandwidth)
-    for graphs, overlap in [(g, v) for g in o.graphs for v in o.overlap]:
+    for graphs, overlap, drafting in [(g, v, sp) for g in o.graphs for v in o.overlap for sp in o.speculation]:
         config = EngineConfig(
             model=model_dir, device=o.device, dtype=o.dtype, block_size=o.block_size, seed=o.seed,
             enforce_eager=graphs == "off", overlap=overlap == "on", load_format=load_format,
+            num_speculative_tokens=o.num_speculative_tokens if drafting == "on" else 0,
             max_num_seqs=o.max_num_seqs or max(batches),
             max_num_batched_tokens=step_tokens,
             num_blocks=o.num_blocks or max(batches) * (-(-max_len // o.block_size) + 1) + 64)
@@ -286,7 +271,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
             kinds = [(s, p) for s in o.sampling for p in o.penalties]
             rounds = [[run_row(engine, prompts, s, steps, o.warmup, bandwidth, p == "on") for s, p in kinds]
                       for _ in range(o.rounds)]
-            rows += [{"graphs": graphs, "overlap": overlap, **pooled([r[k] for r in rounds])} for k in range(len(kinds))]
+            rows += [{"graphs": graphs, "overlap": overlap, "speculation": drafting, **pooled([r[k] for r in rounds])}
+                     for k in range(len(kinds))]
         del engine
         gc.collect()
         if cuda:

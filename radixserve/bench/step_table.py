@@ -1,6 +1,7 @@
 """The Markdown table of a `radixserve bench step` result (step_bench.py): one line per (graphs,
-overlap, [penalties,] batch) with greedy and top-p side by side, and, when the result has rows with
-penalties on, their cost over the same rows without."""
+overlap, [speculation,] [penalties,] batch) with greedy and top-p side by side (tokens per sequence
+per step among them: 1.00 without speculation), and, when the result has rows with penalties on,
+their cost over the same rows without."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ def render_table(result: dict[str, Any]) -> str:
     penalties on, a second table of each row's cost with them over without."""
     rows = result["rows"]
     pen = any(r.get("penalties") == "on" for r in rows)
+    spec = any(r.get("speculation") == "on" for r in rows)
     lines = [f"## decode step: {result['shape']} ({result['dtype']}, {result['device_name']})", "",
              f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
              f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
              + (" (CPU: no CUDA graphs, on and off run the same code)" if result["device"] == "cpu" else ""), "",
-             "| graphs | overlap |" + (" penalties |" if pen else "") + " batch | greedy ms/step (median / mean) "
+             "| graphs | overlap |" + (" speculation |" if spec else "") + (" penalties |" if pen else "")
+             + " batch | greedy ms/step (median / mean) "
              "| top-p ms/step (median / mean) | top-p / greedy | device ms (greedy / top-p) "
-             "| unhidden host ms (greedy / top-p) | tok/s (greedy) | roofline (greedy) |",
-             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if pen else "")]
+             "| unhidden host ms (greedy / top-p) | tokens / step (greedy / top-p) | tok/s (greedy) | roofline (greedy) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if pen else "") + ("---|" if spec else "")]
 
-    def key(r: dict[str, Any]) -> tuple[str, str, str, int]:
-        return r["graphs"], r.get("overlap", "-"), r.get("penalties", "off"), r["batch"]
+    def key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
+        return r["graphs"], r.get("overlap", "-"), r.get("speculation", "off"), r.get("penalties", "off"), r["batch"]
 
-    for graphs, overlap, penalties, batch in dict.fromkeys(key(r) for r in rows):
-        by = {r["sampling"]: r for r in rows if key(r) == (graphs, overlap, penalties, batch)}
+    for graphs, overlap, drafting, penalties, batch in dict.fromkeys(key(r) for r in rows):
+        by = {r["sampling"]: r for r in rows if key(r) == (graphs, overlap, drafting, penalties, batch)}
         greedy, top_p = by.get("greedy"), by.get("top-p")
 
         def cell(r: dict[str, Any] | None, fmt: str) -> str:
@@ -36,18 +39,19 @@ def render_table(result: dict[str, Any]) -> str:
 
         ratio = f"{top_p['ms_median'] / greedy['ms_median']:.2f}x" if greedy and top_p else "-"
         lines.append(
-            f"| {graphs} | {overlap} |{f' {penalties} |' if pen else ''} {batch} "
+            f"| {graphs} | {overlap} |{f' {drafting} |' if spec else ''}{f' {penalties} |' if pen else ''} {batch} "
             f"| {cell(greedy, '{ms_median:.2f} / {ms_mean:.2f}')} "
             f"| {cell(top_p, '{ms_median:.2f} / {ms_mean:.2f}')} | {ratio} "
             f"| {cell(greedy, '{device_ms:.2f}')} / {cell(top_p, '{device_ms:.2f}')} "
             f"| {cell(greedy, '{host_unhidden_ms:.3f}')} / {cell(top_p, '{host_unhidden_ms:.3f}')} "
+            f"| {cell(greedy, '{tokens_per_step:.2f}')} / {cell(top_p, '{tokens_per_step:.2f}')} "
             f"| {cell(greedy or top_p, '{tok_s:.1f}')} | {cell(greedy or top_p, '{roofline_fraction:.1%}')} |")
     if pen:
         lines += ["", "| graphs | overlap | batch | sampling | ms/step, penalties off / on (median) | on / off |",
                   "|---|---|---|---|---|---|"]
         for r in rows:
             off = next((o for o in rows if o.get("penalties", "off") == "off" and o["sampling"] == r["sampling"]
-                        and key(o)[:2] == key(r)[:2] and o["batch"] == r["batch"]), None)
+                        and key(o)[:3] == key(r)[:3] and o["batch"] == r["batch"]), None)
             if r.get("penalties") == "on" and off is not None:
                 lines.append(f"| {r['graphs']} | {r.get('overlap', '-')} | {r['batch']} | {r['sampling']} "
                              f"| {off['ms_median']:.2f} / {r['ms_median']:.2f} | {r['ms_median'] / off['ms_median']:.3f}x |")

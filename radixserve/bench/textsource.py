@@ -4,7 +4,8 @@ The text comes from the MIT-licensed `chitchat-dataset` package (~7k human conve
 as one JSON file inside the package, so it loads offline; part of the bench extra, which the command
 line checks for before it builds a workload: extra.py). Conversations are shuffled by the seed
 and tokenized lazily; `take(n)` returns the next n tokens of that stream, so two calls never return
-overlapping text and the same seed always yields the same ids.
+overlapping text and the same seed always yields the same ids. `conversation_texts` is the same
+text before tokenizing, for workloads that write prompts as text (edit_texts.py).
 
 Models without a tokenizer (the tiny random test models) get the text's UTF-8 bytes folded into the
 vocabulary, which keeps the stream deterministic and text-shaped.
@@ -39,24 +40,26 @@ def byte_encoder(vocab_size: int) -> Callable[[str], list[int]]:
     return lambda text: [b % vocab_size for b in text.encode("utf-8")]
 
 
+def conversation_texts(seed: int) -> Iterator[str]:
+    """Every conversation as text (one message a line), in the seed's order, cycled endlessly."""
+    convs = load_conversations()
+    epoch = 0
+    while True:
+        order = list(range(len(convs)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        for i in order:
+            yield "\n".join(convs[i]) + "\n"
+        epoch += 1
+
+
 class TokenStream:
     """Endless, seed-determined stream of real-text tokens; conversations are cycled if exhausted."""
 
     def __init__(self, encode: Callable[[str], list[int]], seed: int) -> None:
         self._encode = encode
         self._seed = seed
-        self._texts = self._conversation_texts()
+        self._texts = conversation_texts(seed)
         self._buffer: list[int] = []
-
-    def _conversation_texts(self) -> Iterator[str]:
-        convs = load_conversations()
-        epoch = 0
-        while True:
-            order = list(range(len(convs)))
-            random.Random(f"{self._seed}:{epoch}").shuffle(order)
-            for i in order:
-                yield "\n".join(convs[i]) + "\n"
-            epoch += 1
 
     def take(self, n: int) -> list[int]:
         if n < 0:

@@ -1,8 +1,9 @@
 """Benchmark workloads: token-level request traces, deterministic by seed, built from real text.
 
 A workload is a list of sessions; a session is a list of turns. A turn's prompt is the session's
-history (every earlier prompt and the system's actual reply) plus the turn's new tokens, and a turn is
-sent only after the previous turn's reply arrived. Single-turn sessions make ordinary requests.
+history (every earlier prompt and the system's actual reply) plus the turn's new tokens (or its new
+tokens alone for a turn with `history=False`: a regenerated reply), and a turn is sent only after the
+previous turn's reply arrived. Single-turn sessions make ordinary requests.
 Every turn has a fixed output length, and every system is made to generate exactly that many tokens.
 
 - shared-prefix: SGLang's generated-shared-prefix shape: groups x prompts per group, each prompt a
@@ -16,6 +17,12 @@ Every turn has a fixed output length, and every system is made to generate exact
 - returning-chats: many conversations with long histories that take turns round-robin, so each goes
   idle while the others talk and comes back after its history has left a device pool of a quarter
   of the working set: the scenario for the host-memory tier (load back vs recompute).
+- regenerate / regenerate-sampled: a chat request, then the same request again (the regenerate
+  button: the second turn re-sends the first prompt alone), greedy or sampled with a new seed; the
+  radix tree holds the first reply when the second is decoded (speculative decoding's tree drafts).
+- edit / edit-prediction: "return this code / text with a small change" chat requests
+  (edit_texts.py), whose replies repeat most of the prompt; edit-prediction also sends the text as
+  the request's prediction (OpenAI's Predicted Outputs). Both have the same prompts for one seed.
 
 Loads: closed loop (a fixed number of clients, each sending its session's next turn as soon as the
 previous one finished), rounds (the same clients, but they take turns from every session in
@@ -30,16 +37,21 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from radixserve.bench.systems.base import GREEDY, Sampling
 from radixserve.bench.textsource import TokenStream
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random", "bounded-pool", "returning-chats")
+SPEC_WORKLOADS = ("regenerate", "regenerate-sampled", "edit", "edit-prediction")
+WORKLOADS = ("shared-prefix", "multi-turn", "random", "bounded-pool", "returning-chats", *SPEC_WORKLOADS)
 LOAD_MODES = ("closed", "rounds", "open")
+Encode = Callable[[str], list[int]]
 
 
 @dataclass(frozen=True)
 class Turn:
     new_tokens: tuple[int, ...]  # appended to the history before this turn is sent
     output_len: int
+    history: bool = True  # False: the prompt is new_tokens alone (a regenerated reply re-sends its prompt)
+    sampling: Sampling = GREEDY
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,32 @@ class RandomParams:
     output_len: int = 8
 
 
+@dataclass(frozen=True)
+class RegenerateParams:
+    sessions: int = 4
+    asks: int = 2  # the first request and asks - 1 regenerations of it
+    prompt_len: int = 96  # tokens of conversation excerpt in the chat request, at least
+    output_len: int = 96
+    temperature: float = 0.0  # 0: greedy; else seeded sampling, a new seed for every ask
+
+
+@dataclass(frozen=True)
+class RegenerateSampledParams(RegenerateParams):
+    temperature: float = 0.7
+
+
+@dataclass(frozen=True)
+class EditParams:
+    requests: int = 6
+    text_len: int = 96  # tokens of the text to rewrite, at least (the output repeats it)
+    output_extra: int = 16  # output_len = the text's tokens + this (code fences, a line around it)
+
+
+@dataclass(frozen=True)
+class EditPredictionParams(EditParams):
+    """The same prompts as EditParams for the same seed, each with the original text as its prediction."""
+
+
 # Defaults are scaled so a full run (5 systems x 3 workloads x 3 repeats) takes minutes on 2 CPU
 # cores, where a 1024-token prefill costs ~3.4 s: prefill dominates, as in the SGLang / vLLM shapes.
 # returning-chats: 8 first prompts of ~1,056 tokens, 16 returning turns; with the host tier off each
@@ -132,6 +170,10 @@ DEFAULT_PARAMS: dict[str, object] = {
     "random": RandomParams(),
     "bounded-pool": BoundedPoolParams(),
     "returning-chats": ReturningChatsParams(),
+    "regenerate": RegenerateParams(),
+    "regenerate-sampled": RegenerateSampledParams(),
+    "edit": EditParams(),
+    "edit-prediction": EditPredictionParams(),
 }
 SMOKE_PARAMS: dict[str, object] = {
     "shared-prefix": SharedPrefixParams(groups=2, prompts_per_group=3, system_len=48, question_len=8, output_len=4),
@@ -141,6 +183,10 @@ SMOKE_PARAMS: dict[str, object] = {
     "bounded-pool": BoundedPoolParams(groups=4, prompts_per_group=2, system_len=32, question_len=8, output_len=4),
     "returning-chats": ReturningChatsParams(conversations=4, turns=3, system_len=16, history_len=64, user_len=8,
                                             output_len=4),
+    "regenerate": RegenerateParams(sessions=2, prompt_len=24, output_len=16),
+    "regenerate-sampled": RegenerateSampledParams(sessions=2, prompt_len=24, output_len=16),
+    "edit": EditParams(requests=3, text_len=24, output_extra=4),
+    "edit-prediction": EditPredictionParams(requests=3, text_len=24, output_extra=4),
 }
 
 
@@ -149,7 +195,7 @@ class Workload:
     name: str
     sessions: tuple[Session, ...]
     load: Load
-    params: dict[str, int] = field(default_factory=dict)
+    params: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -164,7 +210,10 @@ def default_load(name: str, params: object) -> Load:
     """Shared-prefix: everything submitted at once; multi-turn: one client per conversation;
     random: 4 clients; bounded-pool: 2 clients (few requests pin blocks, as in the offline simulation);
     returning-chats: one client taking the conversations' turns round-robin (each returning turn's
-    time to first token is then the cost of its history alone, loaded back or recomputed)."""
+    time to first token is then the cost of its history alone, loaded back or recomputed);
+    regenerate and edit: one client (batch 1, speculation's best case; --concurrency for more)."""
+    if isinstance(params, (RegenerateParams, EditParams)):
+        return Load("closed", concurrency=1)
     if isinstance(params, ReturningChatsParams):
         return Load("rounds", concurrency=1)
     if isinstance(params, BoundedPoolParams):
@@ -177,25 +226,34 @@ def default_load(name: str, params: object) -> Load:
 
 
 def with_overrides(params: object, overrides: dict[str, str]) -> object:
-    """Replace integer fields by name (from `--param workload.field=value`), with clear errors."""
+    """Replace fields by name (from `--param workload.field=value`), with clear errors: integer
+    fields take integers >= 1, float fields (a temperature) numbers >= 0."""
     names = {f.name for f in dataclasses.fields(params)}  # type: ignore[arg-type]
-    values: dict[str, int] = {}
+    values: dict[str, float] = {}
     for key, raw in overrides.items():
         if key not in names:
             raise ValueError(f"unknown parameter {key!r} for {type(params).__name__}; known: {', '.join(sorted(names))}")
+        real = isinstance(getattr(params, key), float)
         try:
-            values[key] = int(raw)
+            values[key] = float(raw) if real else int(raw)
         except ValueError:
-            raise ValueError(f"parameter {key} needs an integer, got {raw!r}") from None
-        if values[key] < 1:
-            raise ValueError(f"parameter {key} must be >= 1, got {values[key]}")
+            raise ValueError(f"parameter {key} needs {'a number' if real else 'an integer'}, got {raw!r}") from None
+        if values[key] < (0 if real else 1):
+            raise ValueError(f"parameter {key} must be >= {0 if real else 1}, got {values[key]}")
     return dataclasses.replace(params, **values)  # type: ignore[type-var]
 
 
-def build_workload(name: str, params: object, load: Load, encode: Callable[[str], list[int]], seed: int) -> Workload:
+def build_workload(name: str, params: object, load: Load, encode: Encode, seed: int, chat: Encode | None = None) -> Workload:
+    """`chat` renders one user message as the model's chat prompt (token ids ending in the assistant's
+    generation prompt); regenerate and edit send chat requests, and fall back to `encode` without it."""
     stream = TokenStream(encode, seed=seed)
     rng = random.Random(f"{name}:{seed}")
-    if isinstance(params, SharedPrefixParams):
+    if isinstance(params, (RegenerateParams, EditParams)):
+        from radixserve.bench.spec_workloads import edit_sessions, regenerate_sessions  # it imports this module
+
+        sessions = regenerate_sessions(params, encode, chat or encode, seed) if isinstance(params, RegenerateParams) \
+            else edit_sessions(params, encode, chat or encode, seed)
+    elif isinstance(params, SharedPrefixParams):
         sessions = _shared_prefix(params, stream, rng)
     elif isinstance(params, MultiTurnParams):
         sessions = _multi_turn(params, stream)
@@ -252,3 +310,4 @@ def _random(p: RandomParams, stream: TokenStream, rng: random.Random) -> list[Se
         Session(f"rnd-{i}", i, (Turn(tuple(stream.take(rng.randint(lo, hi))), p.output_len),))
         for i in range(p.requests)
     ]
+

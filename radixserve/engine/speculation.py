@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixserve.core import Request, TokenLogprob
+from radixserve.core import Request, SequenceStatus, TokenLogprob
 from radixserve.engine.sampler import Draw
 from radixserve.scheduler.step_results import Launch, TokenCommit
 
@@ -82,6 +82,8 @@ def verify(launch: Launch, plan: VerifyPlan, ids: list[int], logprobs: dict[int,
     done = Verified()
     for i, at in plan.extra_at.items():
         seq, k, position = launch.owners[i], launch.drafts[i], launch.positions[i]
+        if seq.status is SequenceStatus.FINISHED:
+            continue  # ended while in flight (an abort): nothing of it commits, nothing is counted
         drafts = seq.token_ids[position - k:position]
         rows = [i] + list(range(at, at + k))
         sampled = [ids[r] for r in rows]

@@ -4,8 +4,9 @@ many it may propose (its `SpecState`, adapted to what its verifications kept).
 Sources, in this order; the first that yields a draft wins:
 - "prediction": the request's Predicted Output (`Request.prediction_ids`), which its caller gave for
   this very reply (so it goes first, and `accepted_prediction_tokens` counts what it drafted): the
-  continuation of the output's last n-gram where it occurs in the prediction (the occurrence nearest
-  the output's length, so the two stay aligned);
+  continuation of the output's last n-gram (3 tokens, down to 2) where it occurs in the prediction, at
+  the first occurrence at or after where the output last left the prediction (`SpecState.prediction_at`,
+  moved past each kept prediction draft), so the two stay aligned through repeated lines;
 - "tree": the sequence's tokens so far are a path of the radix tree that continues (a regenerated
   reply, a question asked again, a fork re-running a turn, a sibling sample ahead of it): the cached
   continuation, following the most recently used branch at each fork;
@@ -102,9 +103,10 @@ class DraftProposer:
             return None
         prediction = seq.request.prediction_ids
         if prediction:
-            drafted = from_prediction(tokens[seq.num_prompt_tokens:], prediction, limit)
-            if drafted:
-                return Draft(drafted, "prediction")
+            at = from_prediction(tokens[seq.num_prompt_tokens:], prediction, spec.prediction_at)
+            if at is not None and at < len(prediction):
+                spec.prediction_draft_at = at
+                return Draft(list(prediction[at:at + limit]), "prediction")
         if self.tree is not None:
             drafted = self.tree.continuation(tokens, limit)
             if drafted:
@@ -116,9 +118,12 @@ class DraftProposer:
         return None
 
     def verified(self, seq: Sequence, proposed: int, kept: int) -> None:
-        """A verification of `proposed` drafts kept `kept`: adapt `seq`'s k (writes `seq.spec`)."""
+        """A verification of `proposed` drafts (from `seq.draft_source`) kept `kept`: adapt `seq`'s k,
+        and move its place in the prediction past what it kept (writes `seq.spec`)."""
         spec = seq.spec
         spec.hot = kept > 0
+        if seq.draft_source == "prediction":
+            spec.prediction_at = spec.prediction_draft_at + kept
         if kept == proposed:
             spec.k = min(self.num_tokens, spec.k + 2)
         else:
@@ -156,18 +161,23 @@ def prompt_lookup(tokens: list[int], limit: int, max_n: int = LOOKUP_NGRAM) -> l
     return []
 
 
-def from_prediction(generated: list[int], prediction: tuple[int, ...], limit: int,
-                    max_n: int = LOOKUP_NGRAM) -> list[int]:
-    """The prediction's continuation of the output so far: its start while nothing is generated, else
-    after the output's last n-gram (longest n first, down to 1) where it occurs in the prediction,
-    at the occurrence nearest the output's length."""
+def from_prediction(generated: list[int], prediction: tuple[int, ...], cursor: int,
+                    max_n: int = LOOKUP_NGRAM) -> int | None:
+    """Where in the prediction the output goes on: at its start while nothing is generated, else
+    after the output's last n-gram (longest n first, down to 2; 1 for the output's first token) where
+    it occurs in the prediction, at the first occurrence ending at or after `cursor` (where the output
+    last left the prediction), or else the last one before it; None where nothing matches."""
     if not generated:
-        return list(prediction[:limit])
+        return 0
     pred = np.asarray(prediction, dtype=np.int64)
-    for n in range(min(max_n, len(generated)), 0, -1):
+    # a single token is too weak a match, except for the output's first token
+    shortest = 1 if len(generated) == 1 else 2
+    for n in range(min(max_n, len(generated)), shortest - 1, -1):
         starts = _ngram_starts(pred, np.asarray(generated[-n:], dtype=np.int64), len(pred) - 1)
-        if starts.size:
-            ends = starts + n
-            at = int(ends[np.argmin(np.abs(ends - len(generated)))])
-            return [int(t) for t in pred[at:at + limit]]
-    return []
+        ends = starts + n
+        ahead = ends[ends >= cursor]
+        if ahead.size:
+            return int(ahead[0])
+        if ends.size:
+            return int(ends[-1])
+    return None

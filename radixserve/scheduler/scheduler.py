@@ -69,7 +69,7 @@ class Scheduler(SequenceQueues):
             left = len(seq.token_ids) - seq.num_computed
             if left == 1 and drafting and self.drafts.eligible(seq):
                 if seq.has_pending_token and self.drafts.waits_for_token(seq):
-                    continue  # overlap: its drafts are being kept; wait a step for its token to draft again
+                    continue  # overlap: drafts are likely; wait a step for its token, then draft after it
                 if not seq.has_pending_token and budget > 1 and self._draft(seq, budget - 1, batch):
                     budget -= batch.items[-1].num_tokens
                     continue
@@ -297,8 +297,8 @@ class Scheduler(SequenceQueues):
             == list(commit.tokens[:kept]), "a commit keeps a prefix of the drafts"
         first = position - commit.drafts
         del seq.token_ids[first:position]
+        self.drafts.verified(seq, commit.drafts, kept)
         seq.num_drafts, seq.draft_source = 0, ""
         seq.final_token_pending = False  # a limit the slot reached is checked again as tokens commit
         self.cache.roll_back(seq, first + kept)
-        self.drafts.verified(seq, commit.drafts, kept)
         return first

@@ -108,7 +108,7 @@ class ChatWorkload:
     name: str
     sessions: tuple[ChatSession, ...]
     concurrency: int
-    params: dict[str, int]
+    params: dict[str, float]
 
     @property
     def num_requests(self) -> int:

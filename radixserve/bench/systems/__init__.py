@@ -4,11 +4,15 @@ Every system runs the same model directory with the same dtype and device. Pool 
 blocks of `block_size` tokens and are the same for every system with a pool, except the bounded-pool
 variants, which get a fraction of the workload's working set on purpose; the one with the host tier
 also gets a host pool (`host_cache_mb`) that holds the whole working set, as does `radixserve-host`
-beside the ample pool.
+beside the ample pool. Every radixserve system speculates as `SystemSettings` says (the engine's
+default unless the bench's flags change it) except `radixserve-nospec`, the same engine with
+speculation off, so one run gives the on / off ratio; `hf-prompt-lookup` is transformers' prompt
+lookup decoding at batch 1, the peer of that comparison.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from radixserve.bench.systems.base import System
@@ -23,19 +27,24 @@ SYSTEM_DESCRIPTIONS = {
     "radixserve-host": "radixserve plus a host-memory tier as large as its pool: what the tier costs when "
                        "everything fits (not run by default)",
     "radixserve-triton": "radixserve, prefix cache on, Triton attention backend (CUDA only)",
+    "radixserve-nospec": "radixserve, prefix cache on, speculative decoding off (EngineConfig(num_speculative_tokens=0))",
     "hf-generate": "transformers generate, static left-padded batches",
     "hf-generate-batch": "transformers generate_batch (continuous batching, block sharing on)",
+    "hf-prompt-lookup": "transformers generate(prompt_lookup_num_tokens=k), greedy, batch 1",
 }
 REFERENCE = "radixserve"
 BOUNDED = "radixserve-pool25"  # the bounded pool (a fraction of the working set), host tier off
 BOUNDED_HOST = "radixserve-pool25-host"  # the same pool with the host tier on
 AMPLE_HOST = "radixserve-host"  # the ample pool with a host tier of the same size (ask for it by name)
+NOSPEC = "radixserve-nospec"  # speculation off: the reference of the on / off ratio
+PROMPT_LOOKUP = "hf-prompt-lookup"  # transformers' prompt lookup decoding, the speculation peer
 PEERS = ("radixserve-nocache", "hf-generate", "hf-generate-batch")
+GREEDY_ONLY = ("hf-generate", "hf-generate-batch", PROMPT_LOOKUP)  # the transformers peers
 
 
 def default_systems(cuda: bool) -> tuple[str, ...]:
     base = ("radixserve", "radixserve-nocache", "hf-generate", "hf-generate-batch", "radixserve-pool25",
-            "radixserve-pool25-host")
+            "radixserve-pool25-host", NOSPEC, PROMPT_LOOKUP)
     return base + (("radixserve-triton",) if cuda else ())
 
 
@@ -48,6 +57,9 @@ class SystemSettings:
     max_num_batched_tokens: int
     max_num_seqs: int
     seed: int
+    num_speculative_tokens: int | None = None  # None: the engine's default (every radixserve system but nospec)
+    speculative_max_batch: int | None = None  # None: the engine's default
+    prompt_lookup_tokens: int = 10  # hf-prompt-lookup's prompt_lookup_num_tokens
 
 
 def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_size: int,
@@ -63,12 +75,21 @@ def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_siz
             enable_prefix_cache=name != "radixserve-nocache",
             attention_backend="triton" if name == "radixserve-triton" else "auto",
             dtype=s.dtype, device=s.device, seed=s.seed, host_cache_mb=host_cache_mb,
+            speculative_max_batch=s.speculative_max_batch,
         )
+        draft_tokens = 0 if name == NOSPEC else s.num_speculative_tokens
+        if draft_tokens is not None:  # else the engine's default
+            config = dataclasses.replace(config, num_speculative_tokens=draft_tokens)
         return RadixServeSystem(name, SYSTEM_DESCRIPTIONS[name], config)
     if name == "hf-generate":
         from radixserve.bench.systems.hf_generate import HFStaticBatchSystem
 
         return HFStaticBatchSystem(name, s.model_dir, s.device, s.dtype, max_batch_size=static_batch_size)
+    if name == PROMPT_LOOKUP:
+        from radixserve.bench.systems.hf_generate import HFStaticBatchSystem
+
+        return HFStaticBatchSystem(name, s.model_dir, s.device, s.dtype, max_batch_size=1,
+                                   prompt_lookup_tokens=s.prompt_lookup_tokens)
     if name == "hf-generate-batch":
         from radixserve.bench.systems.hf_cb import HFContinuousBatchSystem
 

@@ -1,7 +1,9 @@
 """The seam between the benchmark driver and a serving system.
 
 A system takes token-id prompts one request at a time (many may be in flight), generates exactly
-`output_len` tokens greedily, and reports when each output token was produced. Times are
+`output_len` tokens (greedily unless the request's `Sampling` says otherwise; a `prediction` is a
+hint a system may use to go faster, never a change to the output), and reports when each output
+token was produced. Times are
 `time.monotonic()` seconds, the clock the engine's own Timing uses, so client-side and engine-side
 stamps compare directly. Systems with a block pool also report pool samples (blocks held by live
 requests and by the cache alone) for the memory figures and charts.
@@ -13,6 +15,23 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one request samples: greedy (temperature 0) or seeded sampling, and an optional
+    prediction (token ids the output is expected to repeat: OpenAI's Predicted Outputs)."""
+
+    temperature: float = 0.0
+    seed: int | None = None
+    prediction: tuple[int, ...] | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = Sampling()
+
+
 @dataclass
 class Completion:
     output_tokens: list[int]
@@ -20,6 +39,9 @@ class Completion:
     cached_tokens: int  # prompt tokens the system served from a cache instead of computing them
     scheduled_time: float | None = None  # when the system began computing the request, if it says
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from a host-memory tier
+    steps: int | None = None  # decode steps (forward passes) that produced the output, where the system says
+    # speculative decoding: source -> [draft tokens proposed, accepted] (radixserve's usage.speculation)
+    drafts: dict[str, list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,7 +71,8 @@ class System(ABC):
     async def start(self) -> None: ...
 
     @abstractmethod
-    async def generate(self, prompt: list[int], output_len: int, request_id: str) -> Completion: ...
+    async def generate(self, prompt: list[int], output_len: int, request_id: str,
+                       sampling: Sampling = GREEDY) -> Completion: ...
 
     @abstractmethod
     async def stop(self) -> None: ...

@@ -22,7 +22,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from radixserve.bench.systems.base import Completion, System, SystemInfo
+from radixserve.bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
 from radixserve.bench.systems.hf_common import shared_hf_model
 
 # our setting -> its field names across transformers versions, preferred first
@@ -99,7 +99,11 @@ class HFContinuousBatchSystem(System):
         self._clock_offset = time.monotonic() - time.perf_counter()  # CB stamps tokens with perf_counter
         self.manager = await asyncio.to_thread(self._start_manager)
 
-    async def generate(self, prompt: list[int], output_len: int, request_id: str) -> Completion:
+    async def generate(self, prompt: list[int], output_len: int, request_id: str,
+                       sampling: Sampling = GREEDY) -> Completion:
+        if not sampling.greedy:
+            raise RuntimeError(f"{self.name} serves greedy requests only ({request_id} asks temperature "
+                               f"{sampling.temperature})")
         assert self.manager is not None, "start() first"
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()

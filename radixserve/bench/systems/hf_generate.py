@@ -5,19 +5,28 @@ output length (FIFO) form one padded batch, and nobody joins until the whole bat
 gather window lets requests submitted together share a batch. Every request generates exactly its
 output length (min_new_tokens = max_new_tokens, greedy). A streamer stamps each decode step, so
 TTFT and inter-token latency are real, not end-of-batch. No KV is reused across requests.
+
+`hf-prompt-lookup` is the same server at batch 1 with `generate(..., prompt_lookup_num_tokens=k)`:
+transformers' prompt lookup decoding (assisted generation that drafts the continuation of the last
+n-gram's earlier occurrence in the prompt and output; greedy, batch size 1 only). A step may then
+commit several tokens: the streamer stamps each of them with that step's time and counts the steps,
+so tokens per step comes back with every completion. Its length is forced by generating with an EOS
+id no token has (as radixserve's ignore_eos; see `_lookup_config`) instead of min_new_tokens. Only greedy
+requests are served; a request's `prediction` is not a transformers feature and is ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from radixserve.bench.systems.base import Completion, System, SystemInfo
+from radixserve.bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
 from radixserve.bench.systems.hf_common import eos_ids, shared_hf_model
 
 
@@ -29,17 +38,22 @@ class _Pending:
 
 
 class _StepClock:
-    """A transformers streamer that only records when each generation step's tokens exist."""
+    """A transformers streamer that only records when each generation step's tokens exist: one put
+    per step, of one token per row ([batch]) or, in assisted decoding (batch 1), of every token the
+    step committed ([1, n])."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.steps = 0
         self._saw_prompt = False
 
     def put(self, value: Any) -> None:
         if not self._saw_prompt:  # generate() first hands the streamer the prompt itself
             self._saw_prompt = True
             return
-        self.times.append(time.monotonic())
+        now = time.monotonic()
+        self.steps += 1
+        self.times += [now] * (int(value.shape[-1]) if value.dim() == 2 else 1)
 
     def end(self) -> None:
         pass
@@ -47,9 +61,12 @@ class _StepClock:
 
 class HFStaticBatchSystem(System):
     def __init__(self, name: str, model_dir: str, device: str, dtype: str, max_batch_size: int,
-                 gather_s: float = 0.01) -> None:
+                 gather_s: float = 0.01, prompt_lookup_tokens: int | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if prompt_lookup_tokens is not None and (prompt_lookup_tokens < 1 or max_batch_size != 1):
+            raise ValueError("prompt lookup needs prompt_lookup_tokens >= 1 and batch size 1")
+        self.prompt_lookup_tokens = prompt_lookup_tokens
         self.name = name
         self.model_dir, self.device, self.dtype = model_dir, device, dtype
         self.max_batch_size = max_batch_size
@@ -67,8 +84,12 @@ class HFStaticBatchSystem(System):
         self._wake = asyncio.Event()
         self._server = asyncio.create_task(self._serve(), name=f"{self.name}-batcher")
 
-    async def generate(self, prompt: list[int], output_len: int, request_id: str) -> Completion:
+    async def generate(self, prompt: list[int], output_len: int, request_id: str,
+                       sampling: Sampling = GREEDY) -> Completion:
         assert self._wake is not None, "start() first"
+        if not sampling.greedy:
+            raise RuntimeError(f"{self.name} serves greedy requests only ({request_id} asks temperature "
+                               f"{sampling.temperature})")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(list(prompt), output_len, future))
         self._wake.set()
@@ -111,14 +132,27 @@ class HFStaticBatchSystem(System):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         clock = _StepClock()
-        out = self.model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=output_len,
-            min_new_tokens=output_len, do_sample=False, pad_token_id=self._pad, streamer=clock,
-        )
+        if self.prompt_lookup_tokens is None:
+            settings: dict[str, Any] = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
+                                            pad_token_id=self._pad)
+        else:
+            settings = {"generation_config": self._lookup_config(output_len)}
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), streamer=clock, **settings)
         new = out[:, width:].tolist()
         if len(clock.times) != output_len or any(len(row) != output_len for row in new):
-            raise RuntimeError(f"{self.name}: generate returned {len(clock.times)} steps, wanted {output_len}")
-        return [Completion(row, list(clock.times), cached_tokens=0) for row in new]
+            raise RuntimeError(f"{self.name}: generate returned {len(clock.times)} tokens, wanted {output_len}")
+        return [Completion(row, list(clock.times), cached_tokens=0, steps=clock.steps) for row in new]
+
+    def _lookup_config(self, output_len: int) -> Any:
+        """Prompt lookup, greedy, exactly `output_len` tokens: with no EOS that can occur (as radixserve's
+        ignore_eos; generate fills an unset EOS from the model's config, so it is the id one past the
+        vocabulary) rather than min_new_tokens, whose logits processor transformers' prompt lookup runs
+        over the whole vocabulary for every candidate token of every match it tries (a cost of forcing
+        the length, not of prompt lookup: it made the peer several times slower)."""
+        config = copy.deepcopy(self.model.generation_config)
+        config.update(eos_token_id=self.model.config.get_text_config().vocab_size, max_new_tokens=output_len,
+                      do_sample=False, pad_token_id=self._pad, prompt_lookup_num_tokens=self.prompt_lookup_tokens)
+        return config
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -132,6 +166,9 @@ class HFStaticBatchSystem(System):
         self._queue = []
 
     def info(self) -> SystemInfo:
-        return SystemInfo(self.name, "transformers generate, static left-padded batches (no KV reuse)",
+        what = "transformers generate, static left-padded batches (no KV reuse)" if self.prompt_lookup_tokens is None \
+            else f"transformers generate(prompt_lookup_num_tokens={self.prompt_lookup_tokens}), batch 1"
+        return SystemInfo(self.name, what,
                           settings={"max_batch_size": self.max_batch_size, "attn_implementation": "sdpa",
+                                    "prompt_lookup_num_tokens": self.prompt_lookup_tokens,
                                     "batch_sizes": list(self.batch_sizes)})

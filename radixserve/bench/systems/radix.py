@@ -6,6 +6,12 @@ Pool samples are exact and per step: a step observer (`AsyncEngine.add_step_obse
 the engine thread, the pool at each step's peak (blocks allocated, nothing yet released): the blocks
 live sequences hold and those held by the cache alone. Sampling from another thread would have to
 take the step lock (delaying steps) and could miss short peaks.
+
+Speculative decoding (`EngineConfig.num_speculative_tokens`, 0 for `radixserve-nospec`): each request's
+`usage.speculation` (draft tokens proposed and accepted by source) comes back with its completion, and
+`engine_counters` adds the engine's speculation counters (generated tokens, committed draws: tokens
+per step; proposed / accepted by source) counted over the measured run only: from `start_sampling`
+(after the warm-up) to the end.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from radixserve.bench.systems.base import Completion, PoolSample, System, SystemInfo
+from radixserve.bench.systems.base import GREEDY, Completion, PoolSample, Sampling, System, SystemInfo
 from radixserve.config import EngineConfig
-from radixserve.core import StepInfo
+from radixserve.core import DRAFT_SOURCES, StepInfo
 from radixserve.sampling_params import SamplingParams
 
 HOST_COUNTERS = ("host_blocks_total", "host_cached_tokens", "written_back_blocks", "write_back_s", "loaded_blocks",
@@ -37,6 +43,7 @@ class RadixServeSystem(System):
         self._num_blocks: int | None = None
         self._samples: list[PoolSample] = []
         self._recording = False
+        self._spec_base: dict[str, float] = {}
 
     async def start(self) -> None:
         from radixserve.engine.async_engine import AsyncEngine
@@ -55,14 +62,18 @@ class RadixServeSystem(System):
     def start_sampling(self) -> None:
         self._samples = []
         self._recording = True
+        self._spec_base = self._spec_totals()
 
     def stop_sampling(self) -> list[PoolSample]:
         self._recording = False
         return list(self._samples)
 
-    async def generate(self, prompt: list[int], output_len: int, request_id: str) -> Completion:
+    async def generate(self, prompt: list[int], output_len: int, request_id: str,
+                       sampling: Sampling = GREEDY) -> Completion:
         assert self.engine is not None, "start() first"
-        params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=output_len, temperature=sampling.temperature, seed=sampling.seed,
+                                ignore_eos=True,
+                                prediction=list(sampling.prediction) if sampling.prediction is not None else None)
         tokens: list[int] = []
         times: list[float] = []
         last = None
@@ -74,8 +85,29 @@ class RadixServeSystem(System):
             last = out
         if last is None or not last.finished:
             raise RuntimeError(f"{self.name}: request {request_id} ended without a final output")
+        spec = last.usage.speculation
+        drafts = {k: list(v) for k, v in spec.by_source.items()} if spec is not None else None
         return Completion(tokens, times, last.usage.cached_tokens, last.timing.first_scheduled,
-                          last.usage.host_cached_tokens)
+                          last.usage.host_cached_tokens, drafts=drafts)
+
+    def _spec_totals(self) -> dict[str, float]:
+        """The engine's cumulative speculation counters, flat (see spec_counters)."""
+        if self.engine is None:
+            return {}
+        s = self.engine.stats()
+        out: dict[str, float] = {"generation_tokens": s.generation_tokens, "committed_draws": s.committed_draws,
+                                 "spec_verify_draws": s.spec_verify_draws}
+        for source in DRAFT_SOURCES:
+            out[f"spec_proposed_{source}"] = s.spec_proposed.get(source, 0)
+            out[f"spec_accepted_{source}"] = s.spec_accepted.get(source, 0)
+        return out
+
+    def spec_counters(self) -> dict[str, float]:
+        """Speculation counters of the measured run (since start_sampling): generation_tokens,
+        committed_draws (their ratio is tokens per sequence per step), spec_verify_draws, and
+        spec_proposed_<source> / spec_accepted_<source> for every draft source."""
+        now = self._spec_totals()
+        return {k: v - self._spec_base.get(k, 0.0) for k, v in now.items()}
 
     def engine_counters(self) -> dict[str, float]:
         """Cumulative engine counters (evictions, preemptions, host-tier traffic, ...) for the JSON report."""
@@ -87,7 +119,7 @@ class RadixServeSystem(System):
                                       "leaked_blocks": self.engine.leaked_blocks()}
         if self.config.host_cache_mb > 0:
             counters |= {name: getattr(s, name) for name in HOST_COUNTERS}
-        return counters
+        return counters | self.spec_counters()
 
     async def stop(self) -> None:
         if self.engine is not None:
@@ -100,4 +132,6 @@ class RadixServeSystem(System):
                           settings={"enable_prefix_cache": c.enable_prefix_cache, "host_cache_mb": c.host_cache_mb,
                                     "attention_backend": c.attention_backend,
                                     "max_num_batched_tokens": c.max_num_batched_tokens, "max_num_seqs": c.max_num_seqs,
-                                    "policy": c.policy, "device": c.device, "dtype": c.dtype})
+                                    "policy": c.policy, "device": c.device, "dtype": c.dtype,
+                                    "num_speculative_tokens": c.num_speculative_tokens,
+                                    "speculative_max_batch": c.speculative_max_batch})
