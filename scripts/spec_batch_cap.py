@@ -15,8 +15,8 @@ import time
 
 from radixserve import LLM, SamplingParams
 
-WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega value total count index "
-         "result buffer stream token cache block").split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega",
+         "value", "total", "count", "index", "result", "buffer", "stream", "token", "cache", "block"]
 
 
 def snippet(i: int) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.bench.step_bench import SHAPES, write_shape_dir
+from radixserve.bench.step_shapes import SHAPES, write_shape_dir
 
 
 def main() -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from radixserve.bench.step_bench import SHAPES, weight_bytes, write_shape_dir
+from radixserve.bench.step_bench import weight_bytes
+from radixserve.bench.step_shapes import SHAPES, write_shape_dir
 from radixserve.cli import main
 from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
 from radixserve.model.llama import LlamaForCausalLM

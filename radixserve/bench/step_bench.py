@@ -46,9 +46,7 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.step_shapes import SHAPES as SHAPES  # re-exported: scripts and tests import it from here
 from radixserve.bench.step_shapes import shape_dir
-from radixserve.bench.step_shapes import write_shape_dir as write_shape_dir
 from radixserve.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 from radixserve.model.device import resolve_device
