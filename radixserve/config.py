@@ -74,6 +74,9 @@ class EngineConfig:
     # no drafts in a step with more decoding sequences than this (the step stops being memory-bound);
     # None: the measured default of the device (engine/speculation.py)
     speculative_max_batch: int | None = None
+    # pinned prefixes (engine/pins.py) may hold at most this fraction of the device pool's blocks, and
+    # never so many that the longest sequence the engine accepts could not fit beside them
+    pin_budget: float = 0.25
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -84,6 +87,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_wait_steps < 1:
             raise ValueError("max_wait_steps must be >= 1")
+        if not 0.0 <= self.pin_budget <= 0.9:
+            raise ValueError(f"pin_budget (--pin-budget) must be in [0, 0.9], got {self.pin_budget}")
         if not 0 <= self.num_speculative_tokens <= 64:
             raise ValueError(f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
         if self.speculative_max_batch is not None and self.speculative_max_batch < 1:

@@ -202,6 +202,7 @@ class Request:
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host tier
+    pinned_cached_tokens: int = 0  # the part of cached_tokens that pinned prefixes held (engine/pins.py)
     queued_at: float | None = None  # when the scheduler first queued it (its clock): what aging counts from
     sequences: list[Sequence] = field(default_factory=list)
     prediction_ids: tuple[int, ...] = ()  # SamplingParams.prediction, tokenized: a source of drafts
@@ -261,6 +262,11 @@ class Sequence:
     @property
     def has_pending_token(self) -> bool:
         return bool(self.token_ids) and self.token_ids[-1] == PENDING_TOKEN
+
+    @property
+    def namespace(self) -> str:
+        """The cache namespace it reads and writes (SamplingParams.cache_namespace)."""
+        return self.request.params.cache_namespace
 
     @property
     def num_resolved(self) -> int:

@@ -26,6 +26,7 @@ MAX_REPETITION_PENALTY = 2.0  # repetition_penalty in (0, MAX]: 1 is off
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI allows
 MAX_PREDICTION_LENGTH = 1 << 20  # a prediction's characters (or token ids)
+MAX_CACHE_NAMESPACE_LENGTH = 1024  # characters of a cache namespace (a tenant plus a cache_salt)
 
 
 @dataclass
@@ -62,6 +63,10 @@ class SamplingParams:
     # OpenAI's Predicted Outputs: text (or token ids) the output is expected to repeat, a source of
     # speculative drafts; it never changes what is generated, only how fast
     prediction: str | list[int] | None = None
+    # the part of the radix cache this request reads and writes ("" the shared one): a request only
+    # hits prefixes cached under the same namespace. The server sets it from the caller's tenant and
+    # the request's `cache_salt` (server/tenants.py); the engine treats it as an opaque key
+    cache_namespace: str = ""
     # the widest `logprobs` accepted; beam search's internal steps ask wider (engine/beam_search.py)
     logprobs_limit: ClassVar[int] = MAX_LOGPROBS
 
@@ -124,6 +129,9 @@ class SamplingParams:
             raise ValueError("prediction must be a string or a list of token ids")
         if prediction is not None and len(prediction) > MAX_PREDICTION_LENGTH:
             raise ValueError(f"prediction is at most {MAX_PREDICTION_LENGTH} characters or tokens, got {len(prediction)}")
+
+        if not isinstance(self.cache_namespace, str) or len(self.cache_namespace) > MAX_CACHE_NAMESPACE_LENGTH:
+            raise ValueError(f"cache_namespace must be a string of at most {MAX_CACHE_NAMESPACE_LENGTH} characters")
 
     def _validate_penalties(self, is_int: Callable[[object], bool]) -> None:
         def is_number(x: object) -> bool:

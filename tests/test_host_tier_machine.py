@@ -26,7 +26,7 @@ from radixserve.core import CopyKind
 
 NUM_BLOCKS = 10  # a small device pool: evictions (write-backs) are frequent
 HOST_BLOCKS = 20
-Slots = dict[tuple[int, int], tuple[int, int]]  # (block, offset) -> (token, position)
+Slots = dict[tuple[int, int], tuple[int, int, str]]  # (block, offset) -> (token, position, namespace)
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Swapped:
     tokens: list[int]
     computed: int
     node: RadixNode
+    namespace: str
 
 
 class TieredCacheMachine(CacheMachine):
@@ -47,7 +48,7 @@ class TieredCacheMachine(CacheMachine):
         self.tree = RadixTree(self.pool, self.host)
         self.host_kv: Slots = {}
         self.swapped: list[Swapped] = []
-        self.seen: list[list[int]] = []  # token lists cached before: coming back to them hits the host tier
+        self.seen: list[tuple[list[int], str]] = []  # tokens cached before: coming back to them hits the host tier
 
     def _moved(self) -> None:
         """What the runner does with a step's copies, in order, on the shadow stores."""
@@ -60,25 +61,25 @@ class TieredCacheMachine(CacheMachine):
                     dst.pop((c.dst, off), None)
         self.copies.clear()
 
-    def _take(self, tokens: list[int]) -> SimSeq:
-        self.seen.append(tokens)
-        m, loaded = self.tree.load_back(self.tree.match(tokens))
+    def _take(self, tokens: list[int], namespace: str) -> SimSeq:
+        self.seen.append((tokens, namespace))
+        m, loaded = self.tree.load_back(self.tree.match(tokens, namespace=namespace))
         self.copies += loaded
         self._moved()
         assert m.host_tokens == 0 and m.node.end == m.length
-        self._check_blocks(tokens, m.blocks, m.length)
+        self._check_blocks(tokens, m.blocks, m.length, namespace)
         self.tree.lock(m.node)
         for b in m.blocks:
             self.pool.incref(b)
-        return SimSeq(tokens, list(m.blocks), m.length, m.node)
+        return SimSeq(tokens, list(m.blocks), m.length, m.node, namespace)
 
     @precondition(lambda self: self.seen)
     @rule(i=st.integers(0, 100), cut=st.integers(0, 18), extra=st.lists(st.integers(0, 3), max_size=3))
     def come_back(self, i: int, cut: int, extra: list[int]) -> None:
         """A conversation returns: an earlier prefix (often cut mid-block), maybe with new tokens."""
-        old = self.seen[i % len(self.seen)]
+        old, namespace = self.seen[i % len(self.seen)]
         tokens = old[:max(1, min(cut, len(old)))] + extra
-        self.seqs.append(self._take(tokens))
+        self.seqs.append(self._take(tokens, namespace))
 
     @precondition(lambda self: self.seqs)
     @rule(i=st.integers(0, 100))
@@ -86,7 +87,7 @@ class TieredCacheMachine(CacheMachine):
         s = self.seqs[i % len(self.seqs)]
         if not s.computed:
             return
-        node = self.tree.insert(s.tokens[:s.computed], s.table)
+        node = self.tree.insert(s.tokens[:s.computed], s.table, namespace=s.namespace)
         written = self.tree.swap_out(node)
         if written is None:
             return
@@ -96,14 +97,15 @@ class TieredCacheMachine(CacheMachine):
         if s.node is not None:
             self.tree.unlock(s.node)
         self.pool.release(s.table)
-        self.swapped.append(Swapped(s.tokens, s.computed, node))
+        self.swapped.append(Swapped(s.tokens, s.computed, node, s.namespace))
 
     @precondition(lambda self: self.swapped)
     @rule(i=st.integers(0, 100))
     def swap_in(self, i: int) -> None:
         w = self.swapped.pop(i % len(self.swapped))
-        assert self.tree.match(w.tokens[:w.computed], split=False).length == w.computed, "a pinned path lost tokens"
-        s = self._take(w.tokens[:w.computed])
+        assert self.tree.match(w.tokens[:w.computed], split=False, namespace=w.namespace).length == w.computed, \
+            "a pinned path lost tokens"
+        s = self._take(w.tokens[:w.computed], w.namespace)
         self.tree.unpin(w.node)
         s.tokens = w.tokens
         self.seqs.append(s)

@@ -5,8 +5,9 @@ The hypothesis test drives the real engine (tiny random-weight Llama) over rando
 sizes, token budgets, policies (urgent preemption included), output-aware admission on and off, host
 tiers and preemption modes, prompts built on shared prefixes (so hits end mid-block and paths
 carry straddled blocks), requests without max_tokens (pool-sized: they may grow until the context is
-full, and still take every cached token), n > 1, preemption and aborts, with the integrity check
-after every step.
+full, and still take every cached token), n > 1, preemption and aborts, two cache namespaces, and
+pools with a pinned prefix (a context shorter than the pool leaves pins a budget), with the
+integrity check after every step.
 The fixed tests are the reproductions of the wedges we found.
 """
 
@@ -121,13 +122,24 @@ class Req:
     abort_after: int | None  # steps after arrival
     sampled: bool
     priority: int
+    namespace: str
 
 
 requests_strategy = st.lists(st.builds(
     Req, prefix=st.integers(0, 2), length=st.floats(0.0, 1.05), shared=st.floats(0.0, 1.0),
     max_tokens=st.none() | st.integers(1, 8), n=st.integers(1, 3), arrival=st.integers(0, 12),
     abort_after=st.none() | st.integers(0, 8), sampled=st.booleans(), priority=st.integers(0, 2),
+    namespace=st.sampled_from(["", "tenant-b"]),
 ), min_size=1, max_size=8)
+
+
+def pin_prefix(engine: LLMEngine, tokens: list[int], namespace: str) -> None:
+    """What AsyncEngine.pin does, on the synchronous engine: prefill the prefix, then hold it."""
+    engine.pins.check_size(len(tokens))
+    engine.add_request(tokens, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                                              cache_namespace=namespace))
+    run_until_done(engine, 4 * len(tokens) + 10)
+    assert engine.pins.pin(tokens, namespace, "pinned") is not None
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,21 +147,26 @@ requests_strategy = st.lists(st.builds(
        budget_blocks=st.integers(1, 4), max_num_seqs=st.integers(1, 6), policy=st.sampled_from(POLICIES),
        requests=requests_strategy, seed=st.integers(0, 2**16), host_blocks=st.sampled_from([0, 2, 8, 64]),
        preemption=st.sampled_from(PREEMPTION_MODES), new_token_ratio=st.sampled_from([0.0, 0.7]),
-       min_run_s=st.sampled_from([0.0, 1.0]))
+       min_run_s=st.sampled_from([0.0, 1.0]), context=st.sampled_from([1.0, 0.5]), pinned=st.floats(0.0, 1.0))
 def test_every_accepted_request_finishes_within_bounded_steps(
         block_size: int, num_blocks: int, budget_blocks: int, max_num_seqs: int, policy: str,
         requests: list[Req], seed: int, host_blocks: int, preemption: str, new_token_ratio: float,
-        min_run_s: float) -> None:
+        min_run_s: float, context: float, pinned: float) -> None:
     # the host tier (a tiny one fills and drops, a large one holds everything) with each preemption mode
     host_mb = host_blocks * TINY_KV_BYTES_PER_TOKEN * block_size / 2**20
     engine = make_engine(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=block_size * budget_blocks, policy=policy, max_wait_steps=4,
                          host_cache_mb=host_mb, preemption_mode=preemption if host_blocks else "auto",
-                         new_token_ratio=new_token_ratio, preempt_min_run_s=min_run_s)
+                         new_token_ratio=new_token_ratio, preempt_min_run_s=min_run_s,
+                         max_model_len=max(1, int(context * block_size * num_blocks)), pin_budget=0.5)
     assert engine.host_pool is None if not host_blocks else engine.host_pool.num_blocks == host_blocks
     rng = random.Random(seed)
     capacity = block_size * num_blocks
     prefixes = [[rng.randrange(4, TINY_VOCAB) for _ in range(capacity)] for _ in range(3)]
+    # a pinned prefix as long as the pin budget allows, which the requests on prefix 0 share
+    pin_tokens = min(int(pinned * engine.pins.budget_blocks * block_size), engine.max_seq_len - 1)
+    if pin_tokens > 0:
+        pin_prefix(engine, prefixes[0][:pin_tokens], "")
     budget = block_size * budget_blocks
     lengths = [max(1, int(r.length * capacity)) for r in requests]
     # an unset max_tokens makes the request pool-sized: it may grow until the context is full
@@ -177,7 +194,8 @@ def test_every_accepted_request_finishes_within_bounded_steps(
             r, shared = requests[i], int(requests[i].shared * lengths[i])
             prompt = prefixes[r.prefix][:shared] + [rng.randrange(4, TINY_VOCAB) for _ in range(lengths[i] - shared)]
             params = SamplingParams(temperature=1.0 if r.sampled else 0.0, max_tokens=max_tokens[i], n=r.n,
-                                    seed=rng.randrange(2**64) if r.sampled else None, ignore_eos=True)
+                                    seed=rng.randrange(2**64) if r.sampled else None, ignore_eos=True,
+                                    cache_namespace=r.namespace)
             try:
                 rid = engine.add_request(prompt, params, priority=r.priority)
             except RequestError as e:
@@ -205,6 +223,13 @@ def test_every_accepted_request_finishes_within_bounded_steps(
     assert engine.leaked_blocks() == 0 and engine.stats().blocks_used == 0
     if engine.tree is not None:  # nothing is left pinned: every swapped-out sequence resumed or ended
         assert all(n.swap_pins == 0 for n in engine.tree.nodes())
+        if pin_tokens > 0:  # the pinned prefix is still whole on the device, and unpinning frees it
+            match = engine.tree.match(prefixes[0][:pin_tokens], split=False)
+            assert match.length == pin_tokens and match.host_tokens == 0
+            engine.pins.unpin_all()
+            engine.check_integrity()
+            engine.tree.clear()
+            assert engine.pool.num_free == engine.pool.num_blocks and engine.leaked_blocks() == 0
 
 
 def test_check_integrity_env_var_checks_after_every_step(monkeypatch: pytest.MonkeyPatch) -> None:

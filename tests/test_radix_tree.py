@@ -2,9 +2,11 @@
 
 The machine simulates sequences the way the scheduler drives them: match a cached prefix (sharing
 its blocks, locking its path), write tokens (copy-on-write of a shared block, fresh blocks past the
-table), insert into the cache, fork, free, evict. A shadow KV store records which (token, position)
-each slot holds, so every match is checked token by token — including matches that end mid-block.
-After every step the pool and tree integrity checks run and lock counts are recomputed from scratch.
+table), insert into the cache, fork, free, evict, in three cache namespaces, and pin prefixes
+(holds). A shadow KV store records which (token, position, namespace) each slot holds, so every match
+is checked token by token — including matches that end mid-block — and a match that reached another
+namespace's blocks would fail. After every step the pool and tree integrity checks run, lock and hold
+counts are recomputed from scratch, and every held prefix is still whole on the device.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from radixserve.core import BlockCopy
 BLOCK = 4
 NUM_BLOCKS = 24
 tokens_st = st.lists(st.integers(0, 3), min_size=1, max_size=18)
+NAMESPACES = ("", "a", "b\x1fsalt")
+namespace_st = st.sampled_from(NAMESPACES)
 
 
 @dataclass
@@ -31,6 +35,14 @@ class SimSeq:
     table: list[int] = field(default_factory=list)
     computed: int = 0
     node: RadixNode | None = None
+    namespace: str = ""
+
+
+@dataclass
+class Held:
+    node: RadixNode
+    tokens: list[int]
+    namespace: str
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -38,29 +50,30 @@ class CacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = BlockPool(NUM_BLOCKS, BLOCK)
         self.tree = RadixTree(self.pool)
-        self.kv: dict[tuple[int, int], tuple[int, int]] = {}  # (block, offset) -> (token, position)
+        self.kv: dict[tuple[int, int], tuple[int, int, str]] = {}  # (block, offset) -> (token, position, namespace)
         self.seqs: list[SimSeq] = []
+        self.held: list[Held] = []
         self.copies: list[BlockCopy] = []  # decided and not yet applied (the two-tier machine applies them)
 
-    def _check_blocks(self, tokens: list[int], blocks: list[int], length: int) -> None:
+    def _check_blocks(self, tokens: list[int], blocks: list[int], length: int, namespace: str) -> None:
         for p in range(length):
-            assert self.kv.get((blocks[p // BLOCK], p % BLOCK)) == (tokens[p], p), f"stale KV at position {p}"
+            assert self.kv.get((blocks[p // BLOCK], p % BLOCK)) == (tokens[p], p, namespace), f"stale KV at position {p}"
 
     def _moved(self) -> None:
         """Blocks were allocated or evicted (the two-tier machine applies the copies decided)."""
 
-    def _take(self, tokens: list[int]) -> SimSeq:
-        m = self.tree.match(tokens)
-        self._check_blocks(tokens, m.blocks, m.length)
+    def _take(self, tokens: list[int], namespace: str) -> SimSeq:
+        m = self.tree.match(tokens, namespace=namespace)
+        self._check_blocks(tokens, m.blocks, m.length, namespace)
         assert m.node.end == m.length
         self.tree.lock(m.node)
         for b in m.blocks:
             self.pool.incref(b)
-        return SimSeq(tokens, list(m.blocks), m.length, m.node)
+        return SimSeq(tokens, list(m.blocks), m.length, m.node, namespace)
 
-    @rule(tokens=tokens_st)
-    def start(self, tokens: list[int]) -> None:
-        self.seqs.append(self._take(tokens))
+    @rule(tokens=tokens_st, namespace=namespace_st)
+    def start(self, tokens: list[int], namespace: str) -> None:
+        self.seqs.append(self._take(tokens, namespace))
 
     @precondition(lambda self: self.seqs)
     @rule(i=st.integers(0, 100), n=st.integers(1, 9), extra=st.lists(st.integers(0, 3), max_size=6))
@@ -92,22 +105,22 @@ class CacheMachine(RuleBasedStateMachine):
         for p in range(s.computed, s.computed + n):
             b = s.table[p // BLOCK]
             assert self.pool.refcount[b] == 1, "writing a shared block"
-            self.kv[(b, p % BLOCK)] = (s.tokens[p], p)
+            self.kv[(b, p % BLOCK)] = (s.tokens[p], p, s.namespace)
         s.computed += n
 
     @precondition(lambda self: self.seqs)
     @rule(i=st.integers(0, 100))
     def insert(self, i: int) -> None:
         s = self.seqs[i % len(self.seqs)]
-        node = self.tree.insert(s.tokens[:s.computed], s.table)
+        node = self.tree.insert(s.tokens[:s.computed], s.table, namespace=s.namespace)
         assert node.end == s.computed
         self.tree.lock(node)
         if s.node is not None:
             self.tree.unlock(s.node)
         s.node = node
-        m = self.tree.match(s.tokens[:s.computed], split=False)
+        m = self.tree.match(s.tokens[:s.computed], split=False, namespace=s.namespace)
         assert m.length == s.computed
-        self._check_blocks(s.tokens, m.blocks, m.length)
+        self._check_blocks(s.tokens, m.blocks, m.length, s.namespace)
 
     @precondition(lambda self: self.seqs)
     @rule(i=st.integers(0, 100))
@@ -117,17 +130,31 @@ class CacheMachine(RuleBasedStateMachine):
             self.pool.incref(b)
         if s.node is not None:
             self.tree.lock(s.node)
-        self.seqs.append(SimSeq(list(s.tokens), list(s.table), s.computed, s.node))
+        self.seqs.append(SimSeq(list(s.tokens), list(s.table), s.computed, s.node, s.namespace))
 
     @precondition(lambda self: self.seqs)
     @rule(i=st.integers(0, 100), cache=st.booleans())
     def free(self, i: int, cache: bool) -> None:
         s = self.seqs.pop(i % len(self.seqs))
         if cache and s.computed:
-            self.tree.insert(s.tokens[:s.computed], s.table)
+            self.tree.insert(s.tokens[:s.computed], s.table, namespace=s.namespace)
         if s.node is not None:
             self.tree.unlock(s.node)
         self.pool.release(s.table)
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=st.integers(0, 100))
+    def hold(self, i: int) -> None:
+        """Pin what a sequence has locked (a pinned prefix is a held path)."""
+        s = self.seqs[i % len(self.seqs)]
+        if s.node is not None and s.node.parent is not None:
+            self.tree.hold(s.node)
+            self.held.append(Held(s.node, s.tokens[:s.node.end], s.namespace))
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 100))
+    def release_hold(self, i: int) -> None:
+        self.tree.release_hold(self.held.pop(i % len(self.held)).node)
 
     @rule(n=st.integers(1, NUM_BLOCKS))
     def evict(self, n: int) -> None:
@@ -143,11 +170,18 @@ class CacheMachine(RuleBasedStateMachine):
         owners.update(self.tree.block_refs())
         self.pool.check_integrity(owners)
         self.tree.check_integrity()
-        locks = path_counts(self.tree, [s.node for s in self.seqs])
+        locks = path_counts(self.tree, [s.node for s in self.seqs] + [h.node for h in self.held])
+        holds = path_counts(self.tree, [h.node for h in self.held])
         for node in self.tree.nodes():
-            assert node.lock_count == locks[node.id]
+            assert node.lock_count == locks[node.id] and node.hold_count == holds[node.id]
+        for h in self.held:  # whole, on the device, in its own namespace only
+            m = self.tree.match(h.tokens, split=False, namespace=h.namespace)
+            assert m.length == len(h.tokens) and m.host_tokens == 0, "a held prefix lost tokens"
+            self._check_blocks(h.tokens, m.blocks, m.length, h.namespace)
 
     def teardown(self) -> None:
+        while self.held:
+            self.release_hold(0)
         while self.seqs:
             self.free(0, False)
         self.tree.clear()
@@ -158,7 +192,7 @@ def path_counts(tree: RadixTree, nodes: list[RadixNode | None]) -> Counter[int]:
     """Per node id, how many of `nodes` have it on their path (what lock and pin counts must be)."""
     counts: Counter[int] = Counter()
     for n in nodes:
-        while n is not None and n is not tree.root:
+        while n is not None and n.parent is not None:
             counts[n.id] += 1
             n = n.parent
     return counts

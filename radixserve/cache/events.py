@@ -3,8 +3,8 @@
 A router that sends requests to several engines keeps an approximate copy of each engine's cached
 prefixes: it adds what it routes there and must learn what the engine let go of. The tree appends
 one `Dropped` event per node it removes from both tiers (a node that only leaves the device for the
-host tier is still a hit, so it is not reported). The event names the node by its first token and
-the tokens above it, so a reader with its own tree over token ids can cut the same subtree.
+host tier is still a hit, so it is not reported). The event names the node by its namespace, its first
+token and the tokens above it, so a reader with its own tree over token ids can cut the same subtree.
 
 Invariants: sequence numbers start at 1 and grow by one per event; the log keeps at most
 `max_events` events and `max_tokens` path tokens (oldest go first), so a reader learns from a batch
@@ -26,6 +26,7 @@ DEFAULT_MAX_TOKENS = 1 << 20
 class Dropped:
     seq: int
     path: tuple[int, ...]  # the tokens above the node, then the node's first token
+    namespace: str = ""  # the cache namespace whose subtree it was (SamplingParams.cache_namespace)
 
     @property
     def depth(self) -> int:
@@ -51,10 +52,10 @@ class CacheEventLog:
         self._last_seq = 0
         self._lock = threading.Lock()
 
-    def dropped(self, path: tuple[int, ...]) -> None:
+    def dropped(self, path: tuple[int, ...], namespace: str = "") -> None:
         with self._lock:
             self._last_seq += 1
-            self._events.append(Dropped(self._last_seq, path))
+            self._events.append(Dropped(self._last_seq, path, namespace))
             self._tokens += len(path)
             while self._events and (len(self._events) > self.max_events or self._tokens > self.max_tokens):
                 self._tokens -= len(self._events.popleft().path)

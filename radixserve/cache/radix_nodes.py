@@ -1,6 +1,13 @@
 """The radix tree's structure: nodes over token IDs, each listing its KV blocks in the device and
-host tiers, with matching, insertion, splits, locks, swap pins and the two LRU sets that eviction
-reads. What the fields and invariants mean is told in radix_tree.py, which builds the cache on it.
+host tiers, with matching, insertion, splits, locks, swap pins, holds and the two LRU sets that
+eviction reads. What the fields and invariants mean is told in radix_tree.py, which builds the cache
+on it.
+
+Namespaces: each cache namespace (SamplingParams.cache_namespace) has its own root, so a lookup in
+one namespace can only ever reach what was inserted in it. The shared namespace "" keeps `root`
+forever; another namespace's root is made by its first insert and forgotten when its last child
+goes (a namespace per cache_salt must not grow the tree without bound). A root has no parent: walks
+up a path stop at the first node without one.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ class RadixNode:
     device_children: int = 0  # children on the device
     in_lru: bool = False
     in_host_lru: bool = False
+    hold_count: int = 0  # pins (engine/pins.py) whose held path passes here: each also holds a lock
+    hits: int = 0  # matches that took this node's tokens (radix_tree.record_hit)
+    namespace: str = ""  # on a namespace's root only: the namespace it is the root of
     id: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -82,6 +92,7 @@ class RadixStructure:
             raise ValueError("the host pool's block size must equal the device pool's")
         self.root = RadixNode(tokens=[], start=0, blocks=[])
         self.root.lock_count = 1  # the root is never evicted
+        self.roots: dict[str, RadixNode] = {"": self.root}  # namespace -> its root
         self._lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # evictable from the device
         self._host_lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # droppable host copies
         self._protected: set[int] = set()  # nodes in the middle of a move: neither tier may give them up
@@ -92,12 +103,31 @@ class RadixStructure:
         # most, for the scheduler's admission estimate
         self.evictable_blocks = 0
 
+    # -- namespaces ----------------------------------------------------------------------------
+    def root_of(self, namespace: str) -> RadixNode:
+        """The namespace's root; an empty stand-in (not kept) when nothing is cached under it. A query."""
+        root = self.roots.get(namespace)
+        if root is None:
+            root = RadixNode(tokens=[], start=0, blocks=[], lock_count=1, namespace=namespace)
+        return root
+
+    def _kept_root(self, namespace: str) -> RadixNode:
+        root = self.roots.get(namespace)
+        if root is None:
+            root = self.roots[namespace] = RadixNode(tokens=[], start=0, blocks=[], lock_count=1, namespace=namespace)
+        return root
+
+    def namespace_of(self, node: RadixNode) -> str:
+        while node.parent is not None:
+            node = node.parent
+        return node.namespace
+
     # -- lookup --------------------------------------------------------------------------------
-    def match(self, tokens: list[int], split: bool = True) -> Match:
-        """Longest cached prefix of `tokens`, in either tier. With split, a match ending inside an
-        edge splits it so the match ends at a node (which the caller may lock once it is on the
-        device, see `load_back`); without, the tree is left untouched."""
-        node, pos, path = self.root, 0, []
+    def match(self, tokens: list[int], split: bool = True, namespace: str = "") -> Match:
+        """Longest cached prefix of `tokens` in `namespace`, in either tier. With split, a match
+        ending inside an edge splits it so the match ends at a node (which the caller may lock once
+        it is on the device, see `load_back`); without, the tree is left untouched."""
+        node, pos, path = self.root_of(namespace), 0, []
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
@@ -116,11 +146,11 @@ class RadixStructure:
         self._touch(path if split else [])
         return self._match_of(path, pos, node)
 
-    def continuation(self, tokens: list[int], limit: int) -> list[int]:
-        """Up to `limit` cached tokens that follow all of `tokens` on a path of the tree (in either
-        tier), following the most recently used child at each fork; [] if `tokens` is not wholly a
-        cached path or nothing follows it. A query: changes nothing (not even recency)."""
-        node, pos, offset = self.root, 0, 0
+    def continuation(self, tokens: list[int], limit: int, namespace: str = "") -> list[int]:
+        """Up to `limit` cached tokens that follow all of `tokens` on a path of `namespace`'s tree
+        (in either tier), following the most recently used child at each fork; [] if `tokens` is not
+        wholly a cached path or nothing follows it. A query: changes nothing (not even recency)."""
+        node, pos, offset = self.root_of(namespace), 0, 0
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
@@ -141,7 +171,7 @@ class RadixStructure:
         on_device = min(length, device[-1].end) if device else 0
         return Match(length, self._blocks_of(device, on_device), node, length - on_device, path)
 
-    def exclusive_prefix_len(self, tokens: list[int]) -> int:
+    def exclusive_prefix_len(self, tokens: list[int], namespace: str = "") -> int:
         """The longest block-aligned device-resident prefix of `tokens` whose path lists each block
         index once.
 
@@ -150,12 +180,12 @@ class RadixStructure:
         use; stopping before such a boundary (and on a block edge, so nothing is copied on write)
         means a locked match keeps alive only blocks of the sequence's own table."""
         bs = self.block_size
-        node, pos = self.root, 0
+        node, pos = self.root_of(namespace), 0
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None or not child.blocks:
                 break
-            if node is not self.root and node.end % bs and child.blocks[0] != node.blocks[-1]:
+            if node.parent is not None and node.end % bs and child.blocks[0] != node.blocks[-1]:
                 return node.end // bs * bs
             k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
             pos += k
@@ -169,7 +199,7 @@ class RadixStructure:
         that are not in `own`: what a lock on `node` keeps alive besides a sequence's own blocks."""
         own_set, foreign = set(own), set[int]()
         n: RadixNode | None = node
-        while n is not None and n is not stop and n is not self.root:
+        while n is not None and n is not stop and n.parent is not None:
             foreign.update(b for b in n.blocks if b not in own_set)
             n = n.parent
         return len(foreign)
@@ -185,18 +215,23 @@ class RadixStructure:
         return blocks
 
     # -- insertion -----------------------------------------------------------------------------
-    def insert(self, tokens: list[int], blocks: list[int], known: RadixNode | None = None) -> RadixNode:
-        """Cache `tokens` (whose K/V sit in `blocks`, a sequence's block table) and return the node
-        ending at len(tokens). New nodes, and host-only nodes on the way (the sequence computed the
-        same K/V, so its blocks become their device copy), take a reference on the blocks they list.
-        `known`, a node the caller holds locked on the path of `tokens`, lets the walk start there
-        instead of at the root (a lock keeps it in the tree, and splits keep its end)."""
+    def insert(self, tokens: list[int], blocks: list[int], known: RadixNode | None = None,
+               namespace: str = "") -> RadixNode:
+        """Cache `tokens` (whose K/V sit in `blocks`, a sequence's block table) in `namespace` and
+        return the node ending at len(tokens). New nodes, and host-only nodes on the way (the
+        sequence computed the same K/V, so its blocks become their device copy), take a reference on
+        the blocks they list. `known`, a node of that namespace the caller holds locked on the path
+        of `tokens`, lets the walk start there instead of at the root (a lock keeps it in the tree,
+        and splits keep its end; a root is never taken as known, since an emptied one is forgotten)."""
         bs = self.block_size
         if len(blocks) * bs < len(tokens):
             raise ValueError("insert: fewer blocks than the tokens need")
-        node, pos, path = self.root, 0, []
+        node, pos, path = self._kept_root(namespace), 0, []
+        if not tokens:
+            self._forget_if_empty(node)
+            return node
         now = next(self._clock)  # this access's time: a new node enters the LRU sets with it, once
-        if known is not None and known.lock_count > 0 and known.end <= len(tokens):
+        if known is not None and known.parent is not None and known.lock_count > 0 and known.end <= len(tokens):
             node, pos = known, known.end
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
@@ -221,7 +256,7 @@ class RadixStructure:
             pos += k
             node = child
         self._touch(path, now)
-        return path[-1] if path else self.root
+        return path[-1]
 
     def _attach(self, parent: RadixNode, child: RadixNode, now: int) -> None:
         parent.children[child.tokens[0]] = child
@@ -242,7 +277,7 @@ class RadixStructure:
         upper = RadixNode(tokens=node.tokens[:k], start=node.start, blocks=node.blocks[:upper_last - first + 1],
                           parent=node.parent, lock_count=node.lock_count, last_access=node.last_access,
                           host_blocks=node.host_blocks[:upper_last - first + 1], swap_pins=node.swap_pins,
-                          device_children=int(bool(node.blocks)))
+                          device_children=int(bool(node.blocks)), hold_count=node.hold_count, hits=node.hits)
         if upper_last == lower_first:  # the block at the cut is now listed by both nodes
             if node.blocks:
                 self.pool.incref(node.blocks[upper_last - first])
@@ -296,7 +331,7 @@ class RadixStructure:
         """Add `delta` (+1, -1) to the lock count of each node from `node` up to `stop` (exclusive; the
         root by default, whose own lock never changes)."""
         n: RadixNode | None = node
-        while n is not None and n is not stop and n is not self.root:
+        while n is not None and n is not stop and n.parent is not None:
             assert n.blocks or delta < 0, "lock of a node that is not on the device"
             assert n.lock_count + delta >= 0, "unlock of an unlocked node"
             n.lock_count += delta
@@ -307,7 +342,7 @@ class RadixStructure:
 
     def _pin(self, node: RadixNode, delta: int) -> None:
         n: RadixNode | None = node
-        while n is not None and n is not self.root:
+        while n is not None and n.parent is not None:
             n.swap_pins += delta
             assert n.swap_pins >= 0, "unpin of an unpinned node"
             if n.swap_pins == int(delta > 0):  # 0 <-> 1: what the host tier may drop changed
@@ -317,6 +352,30 @@ class RadixStructure:
     def unpin(self, node: RadixNode) -> None:
         """A swapped-out sequence resumed or ended: its path may leave the host tier again."""
         self._pin(node, -1)
+
+    def hold(self, node: RadixNode) -> None:
+        """Keep the path from the root to `node` on the device until `release_hold`: a lock that no
+        sequence owns, drawn as pinned (a pinned prefix, engine/pins.py). Changes the cache: locks only."""
+        self.lock(node)
+        self._add_holds(node, +1)
+
+    def release_hold(self, node: RadixNode) -> None:
+        self._add_holds(node, -1)
+        self.unlock(node)
+
+    def _add_holds(self, node: RadixNode, delta: int) -> None:
+        n: RadixNode | None = node
+        while n is not None and n.parent is not None:
+            n.hold_count += delta
+            assert n.hold_count >= 0, "release of a node that is not held"
+            n = n.parent
+
+    def record_hit(self, match: Match) -> None:
+        """Count a match taken by a request on each node whose tokens it took (for the tree's picture
+        and the pins' hit counts). Changes counters only."""
+        for n in match.path:
+            if n.start < match.length:
+                n.hits += 1
 
     def _touch(self, path: list[RadixNode], now: int | None = None) -> None:
         now = next(self._clock) if now is None else now
@@ -347,7 +406,7 @@ class RadixStructure:
 
     def _refresh(self, n: RadixNode) -> None:
         """Put `n` in exactly the LRU sets its state names (its key, last_access, is unchanged)."""
-        if n is self.root:
+        if n.parent is None:
             return
         want, want_host = self._evictable(n), self._droppable(n)
         if want != n.in_lru:
@@ -374,8 +433,14 @@ class RadixStructure:
             self._refresh(n)
 
     # -- accounting ----------------------------------------------------------------------------
+    def _forget_if_empty(self, root: RadixNode) -> None:
+        """Forget an emptied namespace's root (never the shared one's)."""
+        if root is not self.root and not root.children and self.roots.get(root.namespace) is root:
+            del self.roots[root.namespace]
+
     def nodes(self) -> list[RadixNode]:
-        out, stack = [], list(self.root.children.values())
+        """Every node of every namespace, roots excluded."""
+        out, stack = [], [c for root in self.roots.values() for c in root.children.values()]
         while stack:
             n = stack.pop()
             out.append(n)

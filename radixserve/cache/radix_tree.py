@@ -25,12 +25,17 @@ tree's own tier moves evict before they allocate. Every copy decided here is ret
 in order, which passes it on to the step that must run it (the tree keeps no list of them). With `events` set, every subtree
 dropped from both tiers is also reported there, for a scale-out router (cache/events.py).
 
-Invariants (checked by `check_integrity`): children are keyed by their first token; a child starts
-where its parent ends; each non-empty block list matches the covered block range and every non-root
-node has at least one; a node on the device has its parent on the device; a locked node is on the
-device; a pinned node is in the host tier; lock and pin counts are at least the sum of the
-children's (both are taken on a whole path); the two LRU sets hold exactly the nodes their
-predicates name. Nothing is evicted or dropped except when a pool asks for blocks.
+Namespaces (radix_nodes.py): each cache namespace is its own tree under its own root; eviction
+and the host tier see all of them as one LRU cache, while a lookup only ever walks one. A held path
+(`hold`, a pinned prefix) is a lock no sequence owns: it stays on the device until released.
+
+Invariants (checked by `check_integrity`): each namespace's root is kept only while it has
+children (the shared one always); children are keyed by their first token; a child starts where
+its parent ends; each non-empty block list matches the covered block range and every non-root node
+has at least one; a node on the device has its parent on the device; a locked node is on the
+device; a pinned node is in the host tier; lock, pin and hold counts are at least the sum of the
+children's (all are taken on a whole path), and a node's lock count is at least its hold count;
+the two LRU sets hold exactly the nodes their predicates name. Nothing is evicted or dropped except when a pool asks for blocks.
 """
 
 from __future__ import annotations
@@ -100,7 +105,7 @@ class RadixTree(RadixStructure):
             return None
         path: list[RadixNode] = []
         n: RadixNode | None = node
-        while n is not None and n is not self.root:
+        while n is not None and n.parent is not None:
             path.append(n)
             n = n.parent
         missing = [n for n in reversed(path) if not n.host_blocks]
@@ -173,7 +178,7 @@ class RadixTree(RadixStructure):
         parent = node.parent
         assert parent is not None
         if self.events is not None:
-            self.events.dropped(self.path_tokens(parent) + (node.tokens[0],))
+            self.events.dropped(self.path_tokens(parent) + (node.tokens[0],), self.namespace_of(parent))
         del parent.children[node.tokens[0]]
         parent.device_children -= int(bool(node.blocks))
         freed_device = freed_host = 0
@@ -191,6 +196,8 @@ class RadixTree(RadixStructure):
             self.num_tokens -= len(n.tokens)
         self.host_dropped_blocks += freed_host
         self._refresh(parent)
+        if parent.parent is None:
+            self._forget_if_empty(parent)
         return freed_device if node.blocks else freed_host
 
     @staticmethod

@@ -16,14 +16,18 @@ def check_tree(tree: RadixStructure) -> None:
     assert len(nodes) == tree.num_nodes, f"node count {tree.num_nodes} != {len(nodes)}"
     assert sum(len(n.tokens) for n in nodes) == tree.num_tokens, "token count drifted"
     evictable, droppable = set(), set()
-    for n in [tree.root, *nodes]:
+    assert tree.roots.get("") is tree.root, "the shared namespace lost its root"
+    for ns, root in tree.roots.items():
+        assert root.parent is None and root.namespace == ns and root.lock_count == 1, f"namespace {ns!r}: bad root"
+        assert root is tree.root or root.children, f"namespace {ns!r}: an empty root is kept"
+    for n in [*tree.roots.values(), *nodes]:
         for first_token, c in n.children.items():
             assert c.parent is n, "child's parent link is wrong"
             assert c.tokens and c.tokens[0] == first_token, "child keyed by the wrong token"
             assert c.start == n.end, "child does not start where its parent ends"
         on_device_children = sum(1 for c in n.children.values() if c.blocks)
         assert n.device_children == on_device_children, f"node {n.id}: {n.device_children} != {on_device_children} on device"
-        if n is tree.root:
+        if n.parent is None:
             continue
         assert n.parent is not None
         span = (n.end - 1) // bs - n.start // bs + 1
@@ -36,6 +40,8 @@ def check_tree(tree: RadixStructure) -> None:
         assert n.swap_pins == 0 or n.host_blocks, f"node {n.id} is pinned but not in the host tier"
         assert n.lock_count >= sum(c.lock_count for c in n.children.values()), "lock count below children's"
         assert n.swap_pins >= sum(c.swap_pins for c in n.children.values()), "pin count below children's"
+        assert n.hold_count >= sum(c.hold_count for c in n.children.values()), "hold count below children's"
+        assert n.lock_count >= n.hold_count, f"node {n.id}: held but not locked"
         if tree._evictable(n):
             evictable.add(n.id)
         if tree._droppable(n):

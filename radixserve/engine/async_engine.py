@@ -11,7 +11,8 @@ Outputs travel back to each caller's asyncio.Queue via call_soon_threadsafe. A c
 iterating (aclose, cancellation, disconnect) aborts its request, which frees its blocks. A request
 the engine failed on its own (finish_reason "error") raises RequestFailedError in its caller only.
 `health()` reports a dead engine thread, or one that has made no progress for a while with work
-waiting.
+waiting. Pins and the tree's picture run as commands too (`_call`), so they see the cache between
+two steps, never in the middle of one.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from radixserve.cache.events import CacheEventLog
+from radixserve.cache.tree_view import TreeView, tree_view
 from radixserve.config import EngineConfig
 from radixserve.core import Placement, RequestOutput, StepInfo
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.engine.observers import StepFeed, StepObserver
+from radixserve.engine.pins import PinBudget, PinError, PinInfo
 from radixserve.engine.stats import EngineStats
 from radixserve.engine.stats_feed import StatsFeed
 from radixserve.errors import EngineStoppedError, RequestFailedError
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
     from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+PIN_ATTEMPTS = 3  # prefills a pin may take when other traffic evicts its prefix before it is held
 
 
 class AsyncEngine:
@@ -269,6 +274,63 @@ class AsyncEngine:
         """The statistics the engine thread last published (engine/stats_feed.py), at once: never
         waits for a step. Shared: do not modify it."""
         return self._feed.latest()
+
+    # -- pinned prefixes and the tree's picture (run on the engine thread, between steps) -----------
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread between two steps and return what it returns (or raise what it raised)."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, error: BaseException | None) -> None:
+            if done.cancelled():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def command() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        self._submit(command)
+        return await done
+
+    async def pin(self, token_ids: list[int], namespace: str = "", label: str = "") -> PinInfo:
+        """Prefill `token_ids` in `namespace` (unless cached) and pin them in the device pool
+        (engine/pins.py); PinError past the budget, or when the prefix cannot be kept."""
+        pins = self.engine.pins
+        await self._call(lambda: pins.check_size(len(token_ids)))
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, cache_namespace=namespace)
+        for _ in range(PIN_ATTEMPTS):
+            info = await self._call(lambda: pins.pin(token_ids, namespace, label))
+            if info is not None:
+                return info
+            async for _out in self.generate(token_ids, params):  # the prefill that caches it
+                pass
+        raise PinError(f"the prefix could not be kept in the cache after {PIN_ATTEMPTS} prefills (the pool is "
+                       "too busy); try again")
+
+    async def unpin(self, pin_id: str) -> PinInfo | None:
+        """Release a pin; None if there is no such pin."""
+        return await self._call(lambda: self.engine.pins.unpin(pin_id))
+
+    def pins(self) -> list[PinInfo]:
+        with self._lock:
+            return self.engine.pins.entries()
+
+    def pin_budget(self) -> PinBudget:
+        with self._lock:
+            return self.engine.pins.budget()
+
+    async def cache_tree(self, limit: int, include: Callable[[str], bool] | None = None) -> TreeView:
+        """A bounded picture of the radix tree (cache/tree_view.py), of the namespaces `include` allows."""
+        return await self._call(lambda: tree_view(self.engine.tree, limit, include))
 
     # -- introspection (takes the step lock: may wait for the step in progress) -----------------
 

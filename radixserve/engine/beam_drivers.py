@@ -35,8 +35,9 @@ class BeamStepParams(SamplingParams):
     logprobs_limit: ClassVar[int] = 1 << 20
 
 
-def _step_params(alternatives: int) -> SamplingParams:
-    return BeamStepParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=alternatives)
+def _step_params(alternatives: int, namespace: str = "") -> SamplingParams:
+    return BeamStepParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=alternatives,
+                          cache_namespace=namespace)
 
 
 def _searches(engine: LLMEngine, prompts: list[list[int]], params: BeamSearchParams) -> list[BeamSearch]:
@@ -67,7 +68,8 @@ def run_beam_search(engine: LLMEngine, prompts: list[list[int]], params: BeamSea
     first = True
     while live := [s for s in searches if not s.done]:
         asked: list[tuple[BeamSearch, str]] = [
-            (s, engine.add_request(tokens, _step_params(s.alternatives))) for s in live for tokens in s.pending()]
+            (s, engine.add_request(tokens, _step_params(s.alternatives, params.cache_namespace)))
+            for s in live for tokens in s.pending()]
         outs: dict[str, RequestOutput] = {}
         try:
             while engine.has_unfinished():
@@ -104,7 +106,7 @@ async def beam_search_async(engine: AsyncEngine, prompt: list[int], params: Beam
     """Beam search for one prompt on the async engine, beside whatever else it runs. Cancelling the
     caller aborts the step's requests (AsyncEngine.generate does on close)."""
     (search,) = _searches(engine.engine, [prompt], params)
-    step = _step_params(search.alternatives)
+    step = _step_params(search.alternatives, params.cache_namespace)
     first = True
     while not search.done:
         tasks = [asyncio.ensure_future(_one_step(engine, tokens, step, priority)) for tokens in search.pending()]

@@ -46,6 +46,7 @@ class BeamSearchParams:
     length_penalty: float = 1.0  # finished score = sum of logprobs / generated_len ** length_penalty
     ignore_eos: bool = False  # the model's EOS tokens do not end a beam (stop_token_ids still do)
     stop_token_ids: list[int] = field(default_factory=list)  # end a beam like EOS (transformers' eos list)
+    cache_namespace: str = ""  # every step's request reads and writes this cache namespace (SamplingParams')
 
     def __post_init__(self) -> None:
         def is_int(x: object) -> bool:

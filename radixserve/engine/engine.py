@@ -41,6 +41,7 @@ from radixserve.engine.intake import Intake, ValidatedRequest
 from radixserve.engine.observers import StepObserver, StepObservers
 from radixserve.engine.outputs import OutputTracker
 from radixserve.engine.penalties import PenaltyBook
+from radixserve.engine.pins import PinRegistry, pin_budget_blocks
 from radixserve.engine.prompt_logprobs import PromptAsk, PromptLogprobBook
 from radixserve.engine.sampler import Sampler, SampleResult
 from radixserve.engine.sizing import engine_sizes
@@ -91,6 +92,8 @@ class LLMEngine:
         self.host_pool = BlockPool(sizes.host_blocks, config.block_size) if sizes.host_blocks else None
         self.tree = RadixTree(self.pool, self.host_pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(config, self.pool, self.tree, max_seq_len=self.max_seq_len)
+        self.pins = PinRegistry(self.tree, pin_budget_blocks(config.pin_budget, sizes.num_blocks, self.max_seq_len,
+                                                             config.block_size))
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self.grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, sorted(self.eos_token_ids),
                                         config.grammar_cache_size, config.grammar_compile_timeout_s)
@@ -305,7 +308,7 @@ class LLMEngine:
         return self.scheduler.leaked_blocks()
 
     def check_integrity(self) -> None:
-        self.scheduler.check_integrity()
+        self.scheduler.check_integrity(self.pins.held_nodes())
 
 
 def _sampled(flight: InFlight | None) -> tuple[Launch, torch.Tensor] | None:

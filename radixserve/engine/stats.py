@@ -39,7 +39,8 @@ KNOWN_CAUSES = ("blocks", "max_num_seqs", "urgent", "watermark")
 # the fields read fresh (not accumulated): a sum over replicas still means something, a sum over time not
 GAUGES = frozenset({"blocks_total", "blocks_free", "blocks_used", "blocks_cached", "tree_nodes", "tree_tokens",
                     "num_running", "num_waiting", "host_blocks_total", "host_blocks_free", "host_nodes",
-                    "host_tokens", "new_token_ratio", "growth_reserve_blocks"})
+                    "host_tokens", "new_token_ratio", "growth_reserve_blocks", "pins", "pinned_blocks",
+                    "pin_budget_blocks"})
 # the gauges that take a pass over every block table or radix-tree node to count: kept together, so
 # blocks free + used + cached always add up to the pool
 COUNTED = ("blocks_free", "blocks_used", "blocks_cached", "host_nodes", "host_tokens")
@@ -77,7 +78,14 @@ class EngineStats:
     host_blocks_free: int = 0
     host_nodes: int = 0  # radix-tree nodes whose K/V lives only in host memory
     host_tokens: int = 0  # the tokens those nodes cover
-    # ... and counters
+    # pinned prefixes (engine/pins.py): gauges
+    pins: int = 0
+    pinned_blocks: int = 0  # device blocks their paths hold
+    pin_budget_blocks: int = 0  # ... at most (0: pinning is off)
+    # ... and counters: hits on them, counted apart from the LRU cache's (finished requests)
+    pinned_cached_tokens: int = 0  # the part of cached_tokens that pinned prefixes held
+    pin_hit_requests: int = 0  # requests that took at least one pinned token
+    # the host-memory tier: counters
     host_cached_tokens: int = 0  # the part of cached_tokens loaded back from the host tier (finished requests)
     written_back_blocks: int = 0  # device blocks copied to the host tier (eviction write-back, swap-out)
     written_back_bytes: int = 0
@@ -128,6 +136,8 @@ class EngineStats:
         s.preemptions_by_cause = Counter(sched.preemptions_by_cause)
         s.new_token_ratio, s.growth_reserve_blocks = sched.new_token_ratio, sched.growth_reserve_blocks
         s.tree_nodes, s.tree_tokens = tree.nodes, tree.tokens
+        budget = engine.pins.budget()
+        s.pins, s.pinned_blocks, s.pin_budget_blocks = len(engine.pins.held_nodes()), budget.used_blocks, budget.budget_blocks
         s.evictions, s.evicted_blocks = tree.evictions, tree.evicted_blocks
         if sched.blocks is not None:
             s.blocks_free, s.blocks_used, s.blocks_cached = sched.blocks.free, sched.blocks.used, sched.blocks.cached
@@ -216,3 +226,5 @@ class EngineStats:
         self.cached_tokens += req.cached_tokens
         self.cache_hit_requests += int(req.cached_tokens > 0)
         self.host_cached_tokens += req.host_cached_tokens
+        self.pinned_cached_tokens += req.pinned_cached_tokens
+        self.pin_hit_requests += int(req.pinned_cached_tokens > 0)

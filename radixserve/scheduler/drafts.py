@@ -108,7 +108,7 @@ class DraftProposer:
                 spec.prediction_draft_at = at
                 return Draft(list(prediction[at:at + limit]), "prediction")
         if self.tree is not None:
-            drafted = self.tree.continuation(tokens, limit)
+            drafted = self.tree.continuation(tokens, limit, seq.namespace)
             if drafted:
                 return Draft(drafted, "tree")
         drafted = prompt_lookup(tokens, limit)

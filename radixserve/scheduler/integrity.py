@@ -5,7 +5,8 @@ has computed; a pending token (sampled, still on the device) is only ever a sequ
 and never counts as computed, and none is in the tree; unverified drafts sit only before a pending
 slot, and neither a sequence's cached tokens nor its lock reach past its verified ones; each block's refcount equals the sequence
 tables and tree nodes listing it (so free, owned and cached blocks partition the pool); each tree
-node's lock count equals the live sequences whose locked path passes through it; the host tier's
+node's lock count equals the live sequences whose locked path passes through it plus the pinned
+prefixes whose held path does (and its hold count the latter); the host tier's
 block refcounts equal the tree nodes listing them (a swapped-out sequence holds its host blocks
 through the tree path it pins, never a table of its own), and each node's pin count equals the
 waiting swapped-out sequences whose path passes through it; and the tree's own invariants hold.
@@ -15,6 +16,7 @@ Tests run it after every step, and so does any engine with RADIXSERVE_CHECK_INTE
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence as Sequence_
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixNode, RadixTree
@@ -33,11 +35,17 @@ def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None)
     return leaked
 
 
-def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | None) -> None:
+def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | None,
+                    held: Sequence_[RadixNode] = ()) -> None:
+    """`held`: the nodes pinned prefixes hold (engine/pins.py), each a lock and a hold on its path."""
     assert len({s.seq_id for s in live}) == len(live), "a sequence is queued twice"
     owners: Counter[int] = Counter()
     locks: Counter[int] = Counter()
     pins: Counter[int] = Counter()
+    holds: Counter[int] = Counter()
+    for node in held:
+        _count_path(node, tree, locks)
+        _count_path(node, tree, holds)
     for s in live:
         owners.update(s.block_table)
         assert len(s.block_table) * pool.block_size >= s.num_computed, "table shorter than computed"
@@ -58,6 +66,7 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
         for n in tree.nodes():
             assert n.lock_count == locks[n.id], f"node {n.id}: lock count {n.lock_count} != {locks[n.id]}"
             assert n.swap_pins == pins[n.id], f"node {n.id}: pin count {n.swap_pins} != {pins[n.id]}"
+            assert n.hold_count == holds[n.id], f"node {n.id}: hold count {n.hold_count} != {holds[n.id]}"
             assert PENDING_TOKEN not in n.tokens, f"node {n.id} caches a pending token"
         if tree.host_pool is not None:
             tree.host_pool.check_integrity(tree.host_block_refs())
@@ -65,6 +74,6 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
 
 
 def _count_path(node: RadixNode | None, tree: RadixTree | None, counts: Counter[int]) -> None:
-    while node is not None and tree is not None and node is not tree.root:
+    while node is not None and tree is not None and node.parent is not None:
         counts[node.id] += 1
         node = node.parent

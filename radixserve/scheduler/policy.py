@@ -82,7 +82,7 @@ class Policy:
                 assert s.waiting_since is not None
                 if s.waiting_since < overdue_after:
                     return (0, 0, *s.sort_key)
-                return (1, -tree.match(s.token_ids[:-1], split=False).length, *s.sort_key)
+                return (1, -tree.match(s.token_ids[:-1], split=False, namespace=s.namespace).length, *s.sort_key)
 
             return sorted(waiting, key=key)
         now = self.clock()

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import RadixTree
+from radixserve.cache.radix_tree import RadixNode, RadixTree
 from radixserve.config import EngineConfig
 from radixserve.core import BlockCopy, Request, Sequence, SequenceStatus
 from radixserve.scheduler import pending
@@ -176,8 +176,9 @@ class SequenceQueues:
     def live_sequences(self) -> list[Sequence]:
         return self.running + self.waiting
 
-    def check_integrity(self) -> None:
-        check_integrity(self.live_sequences(), self.pool, self.tree)
+    def check_integrity(self, held: list[RadixNode] | None = None) -> None:
+        """`held`: the nodes pinned prefixes hold (engine/pins.py)."""
+        check_integrity(self.live_sequences(), self.pool, self.tree, held or [])
 
     def leaked_blocks(self) -> int:
         return leaked_blocks(self.live_sequences(), self.pool, self.tree)

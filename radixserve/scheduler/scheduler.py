@@ -172,7 +172,7 @@ class Scheduler(SequenceQueues):
         self._admitted(head, taken, n, batch)
         return n
 
-    def _take(self, seq: Sequence, copies: list[BlockCopy]) -> tuple[int, int] | None:
+    def _take(self, seq: Sequence, copies: list[BlockCopy]) -> tuple[int, int, int] | None:
         taken = self.cache.take_prefix(seq, self.running, copies)
         if not seq.admitted_once and taken is not None:
             # a load-back done by an attempt that could not admit still served this request
@@ -186,7 +186,7 @@ class Scheduler(SequenceQueues):
         needed = max(0, -(-(seq.num_computed + n) // self.block_size) - len(seq.block_table))
         return self.pool.num_free + evictable - needed
 
-    def _admitted(self, seq: Sequence, taken: tuple[int, int], n: int, batch: Batch) -> None:
+    def _admitted(self, seq: Sequence, taken: tuple[int, int, int], n: int, batch: Batch) -> None:
         if seq.swapped_node is not None:  # resumed: its path may leave the host tier again
             assert self.tree is not None
             self.tree.unpin(seq.swapped_node)
@@ -196,6 +196,7 @@ class Scheduler(SequenceQueues):
             seq.admitted_once = True
             seq.request.cached_tokens = taken[0]
             seq.request.host_cached_tokens = min(taken[0], seq.request.host_cached_tokens)
+            seq.request.pinned_cached_tokens = taken[2]
         seq.waiting_since = None
         seq.running_since = self.clock()
         self.waiting.remove(seq)

@@ -4,6 +4,9 @@ copy-on-write), caching completed blocks as they are computed, and releasing eve
 recompute or swap). Only the scheduler calls these; it decides when, this module how. Each method
 says whether it changes the cache; all but the queries do.
 
+Every lookup and insert is in the sequence's cache namespace (`Sequence.namespace`, its request's
+SamplingParams.cache_namespace): a sequence never takes, nor caches into, another namespace's tree.
+
 Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
 pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
 write-backs and load-backs) is appended to the `copies` list the caller passes in, which is the step
@@ -30,28 +33,30 @@ class SequenceCache:
         return self.pool.allocate(n)
 
     def take_prefix(self, seq: Sequence, prefills: list[Sequence],
-                    copies: list[BlockCopy]) -> tuple[int, int] | None:
+                    copies: list[BlockCopy]) -> tuple[int, int, int] | None:
         """Share the longest cached prefix (never the last token: its logits are needed), loading
-        back the part that lives only in the host tier, and lock it. Returns the matched length and
-        how much of it came from the host tier, or None when the sequence should wait for one of
+        back the part that lives only in the host tier, and lock it. Returns the matched length, how
+        much of it came from the host tier and how much from pinned prefixes, or None when the sequence should wait for one of
         `prefills` (running prefills) to cache it. Changes the cache. The whole match is always
         taken: how long the sequence may grow later never decides how much of the cache it uses now
         (`loosen_lock` is what keeps it alive). A request's first sample that asks for prompt logprobs
         takes nothing: a cached prefix has no logits to give them (engine/prompt_logprobs.py)."""
         if self.tree is None or (seq.index == 0 and seq.request.params.prompt_logprobs is not None):
-            return 0, 0
-        match = self.tree.match(seq.token_ids[:-1])
+            return 0, 0, 0
+        match = self.tree.match(seq.token_ids[:-1], namespace=seq.namespace)
         on_device = match.length - match.host_tokens
         match, loaded = self.tree.load_back(match)
         copies.extend(loaded)
         if _prefix_in_flight(seq, match.length, prefills, self.block_size):
             return None
         self.tree.lock(match.node)
+        self.tree.record_hit(match)
         for b in match.blocks:
             self.pool.incref(b)
         seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
         seq.num_cached = match.length // self.block_size * self.block_size
-        return match.length, max(0, match.length - on_device)
+        pinned = sum(min(n.end, match.length) - n.start for n in match.path if n.hold_count)
+        return match.length, max(0, match.length - on_device), pinned
 
     def needs_blocks(self, seq: Sequence, n: int) -> bool:
         """False for the common decode step, whose write lands in a private block it already has. A query."""
@@ -95,13 +100,13 @@ class SequenceCache:
         lock keeps the entries it reads from being evicted for nothing. True if the lock moved
         (changes the cache: locks only)."""
         locked = seq.locked_node
-        if self.tree is None or locked is None or locked is self.tree.root:
+        if self.tree is None or locked is None or locked.parent is None:
             return False
         path = seq.token_ids[:locked.end]
-        exclusive = self.tree.exclusive_prefix_len(path)
+        exclusive = self.tree.exclusive_prefix_len(path, seq.namespace)
         if exclusive == locked.end:
             return False
-        node = self.tree.match(path[:exclusive]).node
+        node = self.tree.match(path[:exclusive], namespace=seq.namespace).node
         self.tree.relock(locked, node)
         seq.locked_node = node
         return True
@@ -119,7 +124,7 @@ class SequenceCache:
             return
         seq.num_cached = keep // bs * bs
         assert self.tree is not None and seq.locked_node is not None
-        node = self.tree.match(seq.token_ids[:seq.num_cached]).node
+        node = self.tree.match(seq.token_ids[:seq.num_cached], namespace=seq.namespace).node
         self.tree.relock(seq.locked_node, node)
         seq.locked_node = node
 
@@ -130,7 +135,7 @@ class SequenceCache:
         computed = min(seq.num_computed, seq.num_resolved)  # equal at every step boundary
         swapped = False
         if self.tree is not None and computed > 0:
-            node = self.tree.insert(seq.token_ids[:computed], seq.block_table)
+            node = self.tree.insert(seq.token_ids[:computed], seq.block_table, namespace=seq.namespace)
             moved = self.tree.swap_out(node) if copies is not None and seq.swapped_node is None else None
             if moved is not None and copies is not None:
                 copies.extend(moved)
@@ -154,7 +159,7 @@ class SequenceCache:
         if full <= seq.num_cached:
             return
         seq.num_cached = full
-        node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node)
+        node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node, namespace=seq.namespace)
         if self.tree.foreign_blocks(node, seq.block_table, stop=seq.locked_node):
             # another sequence cached these tokens first: locking its copy would pin blocks this
             # one does not use (it may need the whole pool), so the lock stays where it was
