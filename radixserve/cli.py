@@ -76,6 +76,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-max-batch", type=int, default=None,
                    help="no drafts in a step with more decoding sequences than this (default: the device's "
                         "measured figure, see docs/speculation.md)")
+    g.add_argument("--pin-budget", type=float, default=d.pin_budget,
+                   help="the fraction of the device pool pinned prefixes may hold (POST /v1/cache/pins, --pin); "
+                        "never so much that the longest sequence could not fit beside them; 0 turns pinning off "
+                        "(default %(default)s)")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -90,7 +94,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,
         load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
         num_speculative_tokens=a.num_speculative_tokens if a.speculation == "on" else 0,
-        speculative_max_batch=a.speculative_max_batch,
+        speculative_max_batch=a.speculative_max_batch, pin_budget=a.pin_budget,
     )
 
 

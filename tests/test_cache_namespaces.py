@@ -164,3 +164,17 @@ def test_tree_view_is_bounded_connected_and_largest_first() -> None:
         shown = sum(c.subtree_tokens for c in view.nodes if c.parent == n.id)
         assert n.hidden_tokens == n.subtree_tokens - n.tokens - shown >= 0
     assert tree_view(engine.tree, 5, include=lambda ns: ns == "nobody").nodes == []
+
+
+@pytest.mark.parametrize("namespaces, wait", [(("a", "a"), True), (("a", "b"), False)])
+def test_a_prompt_waits_only_for_a_prefill_of_its_own_namespace(namespaces: tuple[str, str], wait: bool) -> None:
+    """A prompt waits for a running prefill that will cache its prefix, but only one of its own
+    namespace: another's would never give it a hit, and waiting would time that prefill."""
+    engine = make_engine(block_size=4, num_blocks=64, max_num_batched_tokens=128)  # room for both at once
+    prompt = words(random.Random(7), 60)
+    first, second = (engine.add_request(prompt, greedy(ns, max_tokens=4)) for ns in namespaces)
+    engine.step()
+    computed = {s.request.request_id: s.num_computed for s in engine.live_sequences()}
+    assert computed[first] > 0 and (computed[second] == 0) == wait, computed
+    finals = run_until_done(engine, 100)
+    assert (finals[second].usage.cached_tokens > 0) == wait

@@ -172,9 +172,10 @@ class SequenceCache:
 
 
 def _prefix_in_flight(seq: Sequence, matched: int, prefills: list[Sequence], block_size: int) -> bool:
-    """Does a running prefill share at least a block more of `seq`'s prompt than the cache holds?"""
+    """Does a running prefill of its namespace share at least a block more of `seq`'s prompt than the
+    cache holds? (Another namespace's would never cache it a hit, and waiting for it would time it.)"""
     for other in prefills:
-        if other.is_prefill:
+        if other.is_prefill and other.namespace == seq.namespace:
             shared = common_prefix_len(seq.token_ids[:-1], other.token_ids[:-1])
             if shared - matched >= block_size:
                 return True
