@@ -21,10 +21,12 @@ from transformers import AutoTokenizer
 
 from radixserve.model.embedded import embedded_model_dir
 
+MODEL = {"name": ""}  # the served model's name, read from the server
 KEYS = "admin-key ops admin\na-key tenant-a user\nb-key tenant-b user\n"
-WORDS = ("account billing refund policy customer order shipping delay warranty support ticket escalate manager "
-         "verify identity password reset invoice payment card declined subscription renewal cancel plan upgrade "
-         "device setup network router firmware update error code restart cable signal outage region status").split()
+WORDS = ["account", "billing", "refund", "policy", "customer", "order", "shipping", "delay", "warranty", "support",
+         "ticket", "escalate", "manager", "verify", "identity", "password", "reset", "invoice", "payment", "card",
+         "declined", "subscription", "renewal", "cancel", "plan", "upgrade", "device", "setup", "network", "router",
+         "firmware", "update", "error", "code", "restart", "cable", "signal", "outage", "region", "status"]
 
 
 def text_of_tokens(tokenizer: Any, n: int, rng: random.Random) -> str:
@@ -37,7 +39,7 @@ def text_of_tokens(tokenizer: Any, n: int, rng: random.Random) -> str:
 
 def chat(client: httpx.Client, key: str, system: str, question: str) -> int:
     r = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                    json={"model": "m", "max_tokens": 1, "temperature": 0,
+                    json={"model": MODEL["name"], "max_tokens": 1, "temperature": 0,
                           "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]})
     r.raise_for_status()
     return int((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace, keys: Path, pinned: bool) -> dict[str, Any]:
              "--pin-budget", str(args.pin_budget), *args.extra]
     with Server(keys, args.port, flags) as server:
         client = server.client
+        MODEL["name"] = server.model("admin-key")
         pin: dict[str, Any] | None = None
         if pinned:
             r = client.post("/v1/cache/pins", headers={"Authorization": "Bearer admin-key"},

@@ -42,6 +42,12 @@ class Server:
         self.__exit__(None, None, None)
         raise RuntimeError("the server did not become healthy")
 
+    def model(self, key: str) -> str:
+        """The served model's name, as /v1/models tells a holder of `key`."""
+        r = self.client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.client.close()
         if self.proc is not None:

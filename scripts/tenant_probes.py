@@ -35,9 +35,12 @@ SECRET_LEN = 8
 CANDIDATES = 8  # per position: the right token among 7 wrong ones, in random order
 
 
+MODEL = {"name": ""}  # the served model's name, read from the first server
+
+
 def complete(client: httpx.Client, key: str, prompt: list[int], **extra: Any) -> dict[str, Any]:
     r = client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                    json={"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra})
+                    json={"model": MODEL["name"], "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra})
     r.raise_for_status()
     return r.json()
 
@@ -99,6 +102,7 @@ def run_oracle(args: argparse.Namespace, keys: Path) -> dict[str, Any]:
     for victim_cached in (True, False):
         with Server(keys, args.port, args.extra) as server:
             client = server.client
+            MODEL["name"] = server.model("victim-key")
             vocab = server.vocab
             known = [rng.randrange(100, vocab) for _ in range(args.known)] if not runs else runs[0]["known"]
             secret = [rng.randrange(100, vocab) for _ in range(SECRET_LEN)] if not runs else runs[0]["secret"]
@@ -115,12 +119,15 @@ def run_oracle(args: argparse.Namespace, keys: Path) -> dict[str, Any]:
         "probes": len(cached), "identical_with_and_without_victim": not differing, "differing_probes": differing,
         "correct_tokens_guessed": sum(g == s for g, s in zip(runs[0]["guessed"], runs[0]["secret"])),
         "chance_per_token": 1 / CANDIDATES,
+        # what each observation holds, and the last one in full: the attacker did read something
+        "fields_per_observation": {k: len(v) for k, v in cached[-1]["view"].items()},
+        "last_observation": cached[-1],
     }
     return results
 
 
 def ttft(client: httpx.Client, key: str, prompt: list[int], salt: str | None) -> float:
-    body: dict[str, Any] = {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True}
+    body: dict[str, Any] = {"model": MODEL["name"], "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True}
     if salt:
         body["cache_salt"] = salt
     start = time.perf_counter()
@@ -137,6 +144,7 @@ def run_ttft(args: argparse.Namespace, keys: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Server(keys, args.port, args.extra) as server:
         client, vocab = server.client, server.vocab
+        MODEL["name"] = server.model("victim-key")
         victim = [rng.randrange(100, vocab) for _ in range(args.ttft_len)]
         complete(client, "victim-key", victim + [101])
         for name, key in (("cross_tenant", "attacker-key"), ("inside_tenant", "insider-key")):

@@ -21,6 +21,7 @@ from test_radix_tree import CacheMachine
 
 from radixserve.cache.events import CacheEventLog
 from radixserve.engine.stats import EngineStats
+from radixserve.scaleout.affinity import SessionAffinity
 from radixserve.scaleout.config import ClusterConfig
 from radixserve.scaleout.prefix_index import PrefixIndex
 from radixserve.scaleout.routing import Decision, RoutingTable
@@ -58,20 +59,48 @@ def test_prefix_index_matches_a_brute_force_model(ops: list[tuple[str, list[int]
             assert index.match(p) == brute_match(held, p), (p, held)
 
 
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["insert", "cut", "evict"]), st.sampled_from(["", "t1", "t2"]),
+                              small_tokens), max_size=30))
+def test_each_namespace_answers_only_for_itself(ops: list[tuple[str, str, list[int]]]) -> None:
+    """Per namespace the index is the brute-force model of that namespace alone; eviction may take
+    any namespace's leaves, and a namespace left empty is dropped."""
+    index = PrefixIndex()
+    held: dict[str, set[tuple[int, ...]]] = {"": set(), "t1": set(), "t2": set()}
+    for op, ns, tokens in ops:
+        if op == "insert":
+            index.insert(tokens, ns)
+            held[ns].add(tuple(tokens))
+        elif op == "cut":
+            index.cut(tokens, ns)
+            depth = len(tokens) - 1
+            gone = {h for h in held[ns] if len(h) > depth and list(h[:depth + 1]) == tokens}
+            held[ns] = (held[ns] - gone) | {h[:depth] for h in gone if depth}
+        else:
+            index.evict(0)  # nothing is referenced: everything goes
+            held = {k: set() for k in held}
+        index.check_integrity()
+        assert index.namespaces == sorted(k for k, v in held.items() if v)
+        for space in held:
+            for p in [list(h) for v in held.values() for h in v]:
+                assert index.match(p, space) == brute_match(held[space], p), (space, p, held)
+
+
 class TreeMirror(CacheMachine):
-    """The tree machine, mirrored by a PrefixIndex fed its inserts and its drop events."""
+    """The tree machine (with its namespaces), mirrored by a PrefixIndex fed its inserts and its drop
+    events: each namespace's trie answers as that namespace's tree, so drops are cut where they belong."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tree.events = CacheEventLog(max_events=1 << 20, max_tokens=1 << 30)
         self.index, self.applied = PrefixIndex(), 0
-        self.probes: list[list[int]] = []
+        self.probes: list[tuple[str, list[int]]] = []
         tree_insert = self.tree.insert
 
-        def insert(tokens: list[int], blocks: list[int], known: object = None) -> object:
-            self.index.insert(tokens)
-            self.probes.append(list(tokens))
-            return tree_insert(tokens, blocks, known)  # type: ignore[arg-type]
+        def insert(tokens: list[int], blocks: list[int], known: object = None, namespace: str = "") -> object:
+            self.index.insert(tokens, namespace)
+            self.probes.append((namespace, list(tokens)))
+            return tree_insert(tokens, blocks, known, namespace=namespace)  # type: ignore[arg-type]
 
         self.tree.insert = insert  # type: ignore[method-assign]
 
@@ -81,11 +110,12 @@ class TreeMirror(CacheMachine):
         batch = self.tree.events.since(self.applied)
         assert not batch.missed(self.applied)
         for e in batch.events:
-            self.index.cut(e.path)
+            self.index.cut(e.path, e.namespace)
         self.applied = batch.last_seq
         self.index.check_integrity()
-        for p in self.probes[-12:] + [s.tokens for s in self.seqs]:
-            assert self.index.match(p) == self.tree.match(p, split=False).length, p
+        for ns, p in self.probes[-12:] + [(s.namespace, s.tokens) for s in self.seqs]:
+            for other in {ns, "", "a"}:  # its own namespace, and others that may hold the same tokens
+                assert self.index.match(p, other) == self.tree.match(p, split=False, namespace=other).length, (other, p)
 
 
 TestTreeMirror = TreeMirror.TestCase
@@ -249,6 +279,101 @@ def test_a_late_drop_report_does_not_erase_what_was_cached_again() -> None:
     t.report("a", EngineStats(), log.since(0))
     assert t.indexes["a"].match(prompt + [99]) == 20
     assert t.reports["a"].recent == []  # every insert older than the last applied event is settled
+
+
+SYSTEM = list(range(100, 140))
+
+
+def test_another_namespaces_prefix_does_not_attract_a_request() -> None:
+    """Tenant A's prompt sits on replica "a"; B's identical prompt is placed by load alone, whichever
+    way the load points, and never counted as a prefix hit."""
+    for busy, expected in (("a", "b"), ("b", "a")):
+        t = table(["a", "b"], gap=8)
+        t.sent("ka", "a", SYSTEM, namespace="A")
+        t.completed("ka", "a")
+        t.sent("busy", busy, [7, 7, 7])  # one request in flight, in the shared namespace
+        assert t.choose(SYSTEM, ["a", "b"], namespace="A") == Decision("a", "prefix", len(SYSTEM))
+        d = t.choose(SYSTEM, ["a", "b"], namespace="B")
+        assert d == Decision(expected, "miss", 0), (busy, d)
+    t = table(["a", "b"])
+    t.sent("ka", "a", SYSTEM, namespace="A")
+    t.completed("ka", "a")
+    assert t.choose(SYSTEM, ["a", "b"]).reason == "miss"  # the shared namespace is a namespace too
+
+
+def test_a_prompt_routed_in_flight_attracts_only_its_own_namespace() -> None:
+    """Ray routes concurrently: what `choose` entered for A is not a prefix for B."""
+    t = table(["a", "b"])
+    first = t.choose(SYSTEM + [1], ["a", "b"], namespace="A")
+    other = t.choose(SYSTEM + [2], ["a", "b"], namespace="B")
+    same = t.choose(SYSTEM + [3], ["a", "b"], namespace="A")
+    assert other.reason == "miss" and other.replica != first.replica  # the emptier replica
+    assert (same.replica, same.reason) == (first.replica, "prefix")
+
+
+def test_drops_cut_only_their_own_namespace() -> None:
+    t = table(["a"])
+    log = CacheEventLog()
+    for ns in ("A", "B"):
+        t.cached("a", SYSTEM, served_seq=0, namespace=ns)
+    log.dropped(tuple(SYSTEM[:11]), "B")  # B's copy from position 10 on
+    t.report("a", EngineStats(), log.since(0))
+    index = t.indexes["a"]
+    assert (index.match(SYSTEM, "A"), index.match(SYSTEM, "B")) == (40, 10)
+    t.cached("a", SYSTEM + [1], served_seq=log.last_seq, namespace="B")  # cached again after the drop
+    log.dropped(tuple(SYSTEM[:21]), "A")
+    log.dropped((SYSTEM[0],), "B")  # then B's whole tree went, after that entry: it goes too
+    t.report("a", EngineStats(), log.since(0))
+    assert (index.match(SYSTEM, "A"), index.match(SYSTEM, "B")) == (20, 0)
+    assert index.namespaces == ["A"]  # B has nothing left: its root is gone
+
+
+def test_a_late_drop_keeps_what_its_namespace_cached_again_and_no_other() -> None:
+    t = table(["a"])
+    log = CacheEventLog()
+    t.cached("a", SYSTEM, served_seq=log.last_seq, namespace="A")
+    log.dropped((SYSTEM[0],), "A")  # A's prompt is evicted ...
+    t.cached("a", SYSTEM, served_seq=log.last_seq, namespace="A")  # ... cached again, before the report
+    t.cached("a", SYSTEM, served_seq=0, namespace="B")  # B's was cached before the drop: unaffected
+    t.report("a", EngineStats(), log.since(0))
+    assert t.indexes["a"].match(SYSTEM, "A") == 40 and t.indexes["a"].match(SYSTEM, "B") == 40
+    t.indexes["a"].check_integrity()
+
+
+def test_requests_tracked_in_flight_release_their_own_namespace() -> None:
+    t = table(["a"])
+    d = t.choose(SYSTEM, ["a"], namespace="A")
+    t.sent("k1", "a", SYSTEM, d, request_id="r1", namespace="A")
+    t.sent("k2", "a", SYSTEM, request_id="r2", namespace="B")
+    t.finished("r2", prefilled=False)  # B's request never prefilled: only B's entry goes
+    assert t.indexes["a"].match(SYSTEM, "A") == 40 and t.indexes["a"].match(SYSTEM, "B") == 0
+    t.finished("r1", prefilled=True)
+    t.indexes["a"].evict(0)
+    assert t.indexes["a"].tokens == 0 and t.indexes["a"].namespaces == []
+
+
+def test_sessions_are_per_namespace() -> None:
+    homes = SessionAffinity(limit=3)
+    homes.set("A", "s1", "a")
+    assert homes.get("A", "s1") == "a"
+    assert homes.get("B", "s1") is None  # B naming A's session id is not steered to A's replica
+    homes.set("B", "s1", "b")  # nor does B's use of the id move A's session
+    assert (homes.get("A", "s1"), homes.get("B", "s1")) == ("a", "b")
+    assert homes.get("A", None) is None
+    assert homes.get("A", "s1") == "a"  # read last: B's s1 is now the least recently used
+    homes.set("A", "s2", "b")
+    homes.set("A", "s3", "b")  # past the limit: the least recently used goes
+    assert len(homes) == 3 and homes.get("B", "s1") is None and homes.get("A", "s1") == "a"
+
+
+def test_calls_that_are_no_generation_leave_no_trace() -> None:
+    """Facts, pins and tree-view calls: no load, nothing remembered once they completed, in either order."""
+    t = table(["a"])
+    t.sent_other("k", "a")
+    t.completed("k", "a")
+    t.completed("k2", "a")  # its completion overtook its routing
+    t.sent_other("k2", "a")
+    assert t.loads["a"] == 0 and not t._untracked and not t._completed_early and t.routed["a"] == 0
 
 
 def test_totals_keep_a_replica_that_is_gone() -> None:

@@ -215,11 +215,13 @@ def _text(message: Any) -> str:
     return "".join(b.text for b in message.content if b.type == "text")
 
 
-def _check_usage(client: anthropic.Anthropic, message: Any, **request: Any) -> None:
-    """input_tokens + cache_read_input_tokens is the prompt's length, as count_tokens gives it."""
+def _check_usage(client: anthropic.Anthropic, message: Any, created: int = 0, **request: Any) -> None:
+    """input_tokens + cache_creation_input_tokens + cache_read_input_tokens is the prompt's length, as
+    count_tokens gives it; `created` tokens were a cache_control pin's, made for this request."""
     u = message.usage
     counted = client.messages.count_tokens(**request).input_tokens
-    assert u.input_tokens + u.cache_read_input_tokens == counted and u.cache_creation_input_tokens == 0
+    assert u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens == counted
+    assert u.cache_creation_input_tokens == created
 
 
 def test_create_and_stream_with_a_system_prompt(tiny, tiny_chat_server) -> None:  # noqa: ANN001
@@ -229,7 +231,12 @@ def test_create_and_stream_with_a_system_prompt(tiny, tiny_chat_server) -> None:
         assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_")
         assert r.model == _model(tiny_chat_server) and r.stop_reason in ("end_turn", "max_tokens")
         assert r.usage.output_tokens <= 12 and [b.type for b in r.content] in (["text"], [])
-        _check_usage(tiny, r, model=kw["model"], system=system, messages=ASK)
+        # the mark pins the system prompt (docs/pins.md); the unmarked request before it had cached the
+        # whole prefix, so the pin wrote nothing new: 0 created, all of it read
+        pins = httpx.get(f"{tiny_chat_server.url}/v1/cache/pins", timeout=30).json()["data"]
+        assert [p["origin"] for p in pins] == ([] if system == SYSTEM else ["cache_control"])
+        _check_usage(tiny, r, 0, model=kw["model"], system=system, messages=ASK)
+        assert r.usage.cache_read_input_tokens >= sum(p["tokens"] for p in pins)
         with tiny.messages.stream(system=system, **kw) as stream:
             streamed = "".join(stream.text_stream)
             final = stream.get_final_message()
@@ -239,6 +246,8 @@ def test_create_and_stream_with_a_system_prompt(tiny, tiny_chat_server) -> None:
         _check_usage(tiny, final, model=kw["model"], system=system, messages=ASK)
     events = list(tiny.messages.create(system=SYSTEM, stream=True, **kw))
     _blocks_of([e.to_dict() for e in events])  # the event order
+    for p in pins:  # the shared server keeps no pin
+        assert httpx.delete(f"{tiny_chat_server.url}/v1/cache/pins/{p['id']}", timeout=30).status_code == 200
 
 
 def test_multi_turn_reads_the_cache(tiny, tiny_chat_server) -> None:  # noqa: ANN001

@@ -8,6 +8,7 @@ import pytest
 
 from radixserve.engine.beam_drivers import beam_search_async
 from radixserve.engine.beam_search import BeamSearchParams
+from radixserve.server.tenants import DEFAULT_TENANT, cache_namespace
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import engine_idle, on_server_loop, wait_until  # noqa: E402
@@ -32,8 +33,10 @@ def post(http: httpx.Client, srv, **fields) -> httpx.Response:  # noqa: ANN001
 def engine_beams(srv, width: int, max_tokens: int) -> list[str]:  # noqa: ANN001
     tok = srv.engine.tokenizer
     ids = list(tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False))
-    out = on_server_loop(srv, beam_search_async(srv.engine, ids, BeamSearchParams(beam_width=width,
-                                                                                   max_tokens=max_tokens)))
+    # in the cache namespace of the open server's callers, so the API's search after it hits its prompt
+    namespace = cache_namespace(DEFAULT_TENANT, None, srv.state.config.cache_sharing)
+    params = BeamSearchParams(beam_width=width, max_tokens=max_tokens, cache_namespace=namespace)
+    out = on_server_loop(srv, beam_search_async(srv.engine, ids, params))
     return [b.text for b in out.beams]
 
 

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.server.tenants import DEFAULT_TENANT, cache_namespace
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import on_server_loop  # noqa: E402
@@ -31,7 +32,10 @@ def engine_greedy(srv, messages, max_tokens: int) -> str:  # noqa: ANN001
 
     async def run() -> str:
         text = []
-        async for out in srv.engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)):
+        # in the cache namespace of the open server's callers, so the API's request after it hits its prompt
+        namespace = cache_namespace(DEFAULT_TENANT, None, srv.state.config.cache_sharing)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, cache_namespace=namespace)
+        async for out in srv.engine.generate(ids, params):
             text.append(out.outputs[0].text)
         return "".join(text)
 

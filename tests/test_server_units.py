@@ -13,11 +13,11 @@ from radixserve.engine.intake import Intake, Limits
 from radixserve.errors import RequestError
 from radixserve.server.generation import api_error_from
 from radixserve.server.hosts import host_allowed, origin_allowed, split_host
-from radixserve.server.metrics import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.owners import Owner, parse_secret
 from radixserve.server.request_guard import refusal
 from radixserve.server.sampling_fields import build_sampling_params, parse_sampling
 from radixserve.server.sessions import SessionStore
+from radixserve.server.system_prompts import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.validation import ApiError, parse_json_text
 
 pytestmark = pytest.mark.slow

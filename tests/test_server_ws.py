@@ -126,14 +126,16 @@ def test_concurrent_clients_share_one_system_prompt_prefill(chat_server) -> None
     stats = http.get("/v1/cache/stats").json()
     row = next(r for r in stats["system_prompts"] if r["id"] == key)
     assert row["requests"] == clients and row["hit_requests"] >= clients - 1
-    assert row["preview"] == system[:80] and row["cached_tokens"] >= (clients - 1) * system_len
+    # an open server shows no prompt text (no key, no --show-prompt-previews): test_server_tenants.py
+    assert row["preview"] == "" and row["tenant"] == "default" and row["cached_tokens"] >= (clients - 1) * system_len
     assert stats["requests"] >= clients and 0 < stats["hit_rate"] <= 1
     assert stats["blocks"]["total"] == stats["blocks"]["free"] + stats["blocks"]["used"] + stats["blocks"]["cached"]
     metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in text_string_to_metric_families(http.get("/metrics").text) for s in fam.samples}
-    labelled = metrics[("radixserve_system_prompt_requests_total", (("system_prompt", key),))]
+    labels = (("system_prompt", key), ("tenant", "default"))
+    labelled = metrics[("radixserve_system_prompt_requests_total", labels)]
     assert labelled == clients  # the prompt's first request counts under its own label too
-    assert metrics[("radixserve_system_prompt_hit_requests_total", (("system_prompt", key),))] >= clients - 2
+    assert metrics[("radixserve_system_prompt_hit_requests_total", labels)] >= clients - 2
     assert metrics[("radixserve_prompt_tokens_cached_total", ())] >= after.cached_tokens
     assert metrics[("radixserve_time_to_first_token_seconds_count", ())] >= clients
     assert ("radixserve_kv_blocks", (("state", "free"),)) in metrics

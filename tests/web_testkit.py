@@ -93,12 +93,19 @@ def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
+    with serving() as srv:
+        yield srv
+
+
+@contextmanager
+def serving(*extra_args: str) -> Iterator[Server]:
+    """`radixserve serve` with --api-key and `extra_args`, stopped on exit (what `server` runs)."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = ARTIFACTS / "web_ui_server.log"
     cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--api-key", API_KEY]
+           "--api-key", API_KEY, *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
         try:

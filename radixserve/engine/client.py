@@ -8,6 +8,9 @@ finished=True, and a caller that stops iterating aborts the request. `stats` ans
 the last published snapshot and `drain_steps` with the steps run since its last call (neither waits
 for a step: /metrics and /v1/cache/stats call them on the event loop; treat the results as
 read-only); `health` answers without taking any engine lock; `abort` is safe to call for an unknown id.
+Pins (engine/pins.py) and the tree view (cache/tree_view.py): `pins` and `pin_budget` answer at once
+(a cluster's from its replicas' last reports); `cache_tree`'s `include` must pickle (a scale-out
+ingress runs it on the replicas: a function, or a closure over plain values).
 """
 
 from __future__ import annotations
@@ -15,13 +18,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from radixserve.cache.tree_view import TreeNodeView, TreeView
 from radixserve.core import Placement, RequestOutput, StepInfo
 from radixserve.engine.intake import Intake, ValidatedRequest
+from radixserve.engine.pins import PinBudget, PinError, PinInfo
 from radixserve.engine.stats import EngineStats
 from radixserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
+
+# what the pin and tree calls return, for the layers above the engine (which may not import the cache)
+__all__ = ["EngineClient", "PinBudget", "PinError", "PinInfo", "TreeNodeView", "TreeView"]
 
 
 class EngineClient(Protocol):
@@ -65,3 +73,13 @@ class EngineClient(Protocol):
     def health(self, stall_s: float) -> str | None: ...
 
     def stats(self) -> EngineStats: ...
+
+    async def pin(self, token_ids: list[int], namespace: str = "", label: str = "") -> PinInfo: ...
+
+    async def unpin(self, pin_id: str) -> PinInfo | None: ...
+
+    def pins(self) -> list[PinInfo]: ...
+
+    def pin_budget(self) -> PinBudget: ...
+
+    async def cache_tree(self, limit: int, include: Callable[[str], bool] | None = None) -> TreeView: ...

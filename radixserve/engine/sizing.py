@@ -2,7 +2,8 @@
 model: the device pool's blocks (a memory budget, or what the GPU has left after a profiled step),
 the host tier's blocks, the context length, and the longest sequence the engine accepts.
 
-Invariant: `max_seq_len` <= the device pool's capacity in tokens, so every accepted sequence fits the
+Invariant: `max_seq_len` <= the device pool's capacity in tokens (less the pin budget when the
+operator set neither the context nor the pool), so every accepted sequence fits the
 pool on its own (the scheduler's liveness rests on it), and <= `max_model_len`.
 """
 
@@ -36,5 +37,10 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
     else:
         num_blocks = layout.blocks_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
     max_model_len = config.max_model_len or limit
+    usable = num_blocks
+    if config.max_model_len is None and not config.num_blocks:
+        # neither the context nor the pool was asked for: a context the pool bounds leaves the pin budget
+        # (and a block to copy on write) free, or no prefix could ever be pinned (engine/pins.py)
+        usable = max(1, num_blocks - int(config.pin_budget * num_blocks) - 1)
     return Sizes(num_blocks, host_tier_blocks(config.host_cache_mb, layout.bytes_per_block), max_model_len,
-                 min(max_model_len, num_blocks * config.block_size))
+                 min(max_model_len, usable * config.block_size))

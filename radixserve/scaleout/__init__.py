@@ -1,9 +1,9 @@
 """Scale-out on Ray Serve: N engine replicas behind one ingress with cache-aware routing.
 
-Ray is an optional extra (`pip install 'radixserve[ray]'`): `routing`, `prefix_index`, `config` and
-`cli` import without it; everything that talks to Ray (`app`, `router`, `replica`, `cluster_engine`,
-`local`) needs it. The Python entry point for your own Ray Serve applications is
-`radixserve.scaleout.app.build_application`.
+Ray is an optional extra (`pip install 'radixserve[ray]'`): `routing`, `prefix_index`, `affinity`,
+`cluster_pins`, `tree_merge`, `config` and `cli` import without it; everything that talks to Ray
+(`app`, `router`, `replica`, `replica_calls`, `cluster_engine`, `local`) needs it. The Python entry
+point for your own Ray Serve applications is `radixserve.scaleout.app.build_application`.
 """
 
 from __future__ import annotations

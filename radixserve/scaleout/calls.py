@@ -4,6 +4,11 @@ A generation is one streaming call: the replica first sends `Served` (its name, 
 the ingress can pin a session to it), then the engine's `RequestOutput`s, and a request the engine
 refused or failed ends with `Failed` instead of an exception, so the ingress re-raises radixserve's
 own error with its own message (a Ray-wrapped exception would carry the replica's traceback).
+
+Generations carry their cache namespace (`namespace`) for the router, which matches prefixes within
+it only. Calls that must run on one named replica (pins, the tree view: replica_calls.py) start with
+a `Target`; the router sends them there, and a replica that gets one meant for another (the target
+was gone when it was routed) answers `NotHere`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ class EngineCall:
         """What the router matches against its views of the replicas' caches, as for a BeamCall."""
         return self.request.token_ids
 
+    @property
+    def namespace(self) -> str:
+        """The cache namespace the prompt is matched in."""
+        return self.request.params.cache_namespace
+
 
 @dataclass(frozen=True)
 class BeamCall:
@@ -34,6 +44,24 @@ class BeamCall:
     params: BeamSearchParams
     priority: int = 0
     prefer: str | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.params.cache_namespace
+
+
+@dataclass(frozen=True)
+class Target:
+    """The first argument of a call that must run on `replica` (router.py routes it nowhere else)."""
+
+    replica: str
+
+
+@dataclass(frozen=True)
+class NotHere:
+    """A replica's answer to a call that targeted another one (which was gone when it was routed)."""
+
+    replica: str
 
 
 @dataclass(frozen=True)

@@ -4,21 +4,27 @@ Ray Serve application, so the unchanged server app serves many replicas as it se
 Each generation is one streaming call through the deployment handle; the handle's router (router.py)
 picks the replica. The ingress, not the replica, keeps what a conversation needs: the server's
 sessions hold the token history, and this class holds which replica each session lives on
-(`placement.affinity` -> replica, learnt from the replica's first frame). When that replica is gone
-the router sends the next turn elsewhere ("failover") and the history is simply recomputed there.
+(`placement.affinity` in the request's cache namespace -> replica, learnt from the replica's first
+frame: affinity.py). When that replica is gone the router sends the next turn elsewhere ("failover")
+and the history is simply recomputed there.
 
 A replica that dies mid-request fails that request with a clear RequestFailedError (the server's
 500 `generation_failed`); nothing else is affected. When a request finishes, the tokens its replica
 cached (prompt and reply) go into the router's picture of that replica; when it ends before its
 first token (aborted, refused), the router forgets the prompt it entered there (routing.py).
+
+Pins are made on every replica and kept there as replicas come and go (cluster_pins.py); the tree
+view merges every replica's (tree_merge.py), its namespaces unchanged, so the server filters and
+labels it as it does one engine's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, cast
@@ -26,18 +32,23 @@ from typing import Any, cast
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from radixserve.cache.tree_view import TreeView
 from radixserve.core import CompletionOutput, Placement, RequestOutput, StepInfo, Timing, Usage
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.intake import Intake, Limits, ValidatedRequest
+from radixserve.engine.pins import PinBudget, PinInfo
 from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineStoppedError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
+from radixserve.scaleout.affinity import SessionAffinity
 from radixserve.scaleout.calls import BeamCall, EngineCall, Failed, ReplicaFacts, Served
+from radixserve.scaleout.cluster_pins import ClusterPins
+from radixserve.scaleout.replica_calls import ReplicaCalls
 from radixserve.scaleout.routing import RoutingTable, table_for
+from radixserve.scaleout.tree_merge import merge_views
 
 log = logging.getLogger("radixserve.scaleout")
-MAX_AFFINITIES = 100_000  # sessions remembered (least recently used forgotten: they then fail over)
 
 
 class ClusterEngine:
@@ -46,7 +57,10 @@ class ClusterEngine:
         self.table: RoutingTable = table_for(table_key)
         self._facts: ReplicaFacts | None = None
         self._intake: Intake | None = None
-        self._affinity: OrderedDict[str, str] = OrderedDict()
+        self.affinity = SessionAffinity()
+        self.calls = ReplicaCalls(handle, self.table)
+        self.pinned = ClusterPins(self.calls, self.table)
+        self._keeping_pins: asyncio.Task[None] | None = None
         self._streams: dict[str, DeploymentResponseGenerator] = {}
         self._aborted: set[str] = set()  # ids this side cancelled (their RequestCancelledError is expected)
         self._stopping = False
@@ -93,30 +107,26 @@ class ClusterEngine:
             self._facts = await self.handle.facts.remote()
             with self.table.lock:  # the router's views are bounded in tokens of the replicas' pools
                 self.table.block_size = self._facts.block_size
+        if self._keeping_pins is None:
+            self._keeping_pins = asyncio.get_running_loop().create_task(self.pinned.keep())
 
     async def shutdown(self) -> None:
         self._stopping = True
         for rid in list(self._streams):
             self.abort(rid)
+        if self._keeping_pins is not None:
+            self._keeping_pins.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeping_pins
 
     # -- requests ------------------------------------------------------------------------------
-    def _prefer(self, placement: Placement | None) -> str | None:
-        if placement is None or placement.affinity is None:
-            return None
-        replica = self._affinity.get(placement.affinity)
-        if replica is not None:
-            self._affinity.move_to_end(placement.affinity)
-        return replica
+    def _prefer(self, placement: Placement | None, namespace: str) -> str | None:
+        return None if placement is None else self.affinity.get(namespace, placement.affinity)
 
-    def _placed(self, placement: Placement | None, replica: str) -> None:
-        if placement is None:
-            return
-        placement.replica = replica
-        if placement.affinity is not None:
-            self._affinity[placement.affinity] = replica
-            self._affinity.move_to_end(placement.affinity)
-            while len(self._affinity) > MAX_AFFINITIES:
-                self._affinity.popitem(last=False)
+    def _placed(self, placement: Placement | None, replica: str, namespace: str) -> None:
+        if placement is not None:
+            placement.replica = replica
+            self.affinity.set(namespace, placement.affinity, replica)
 
     def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                  priority: int = 0, cancelled: Callable[[], bool] | None = None,
@@ -135,7 +145,7 @@ class ClusterEngine:
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
-        call = EngineCall(request, rid, self._prefer(placement))
+        call = EngineCall(request, rid, self._prefer(placement, params.cache_namespace))
         stream = cast(DeploymentResponseGenerator, self.handle.options(stream=True).generate.remote(call))
         self._streams[rid] = stream
         if cancelled is not None and cancelled():
@@ -147,7 +157,7 @@ class ClusterEngine:
             async for frame in stream:
                 if isinstance(frame, Served):
                     served = frame
-                    self._placed(placement, frame.replica)
+                    self._placed(placement, frame.replica, params.cache_namespace)
                 elif isinstance(frame, Failed):
                     raise frame.error()
                 else:
@@ -156,7 +166,7 @@ class ClusterEngine:
                         replies.setdefault(o.index, []).extend(o.token_ids)
                     yield frame
                     if frame.finished:
-                        self._cached(served, tokens, replies)
+                        self._cached(served, params.cache_namespace, tokens, replies)
                         return
         except RayError as e:
             if rid in self._aborted or self._stopping:  # our own cancel: end as a single engine does
@@ -174,23 +184,23 @@ class ClusterEngine:
             with self.table.lock:  # a token came back only once the replica had computed the prompt
                 self.table.finished(rid, prefilled=any(replies.values()))
 
-    def _cached(self, served: Served | None, prompt: list[int], replies: dict[int, list[int]]) -> None:
+    def _cached(self, served: Served | None, namespace: str, prompt: list[int], replies: dict[int, list[int]]) -> None:
         if served is None:
             return
         with self.table.lock:
             for reply in replies.values() or [[]]:  # the last token was sampled, not computed
-                self.table.cached(served.replica, prompt + reply[:-1], served.events_seq)
+                self.table.cached(served.replica, prompt + reply[:-1], served.events_seq, namespace)
 
     async def beam_search(self, prompt: list[int], params: BeamSearchParams, priority: int = 0,
                           placement: Placement | None = None) -> BeamSearchOutput:
         """The whole search on one replica (its beams share the prompt's blocks there)."""
         try:
-            replica, out = await self.handle.beam_search.remote(BeamCall(prompt, params, priority,
-                                                                          self._prefer(placement)))
+            replica, out = await self.handle.beam_search.remote(
+                BeamCall(prompt, params, priority, self._prefer(placement, params.cache_namespace)))
             assert isinstance(replica, Served)
         except RayError:
             raise RequestFailedError("the replica stopped while running this beam search; send it again") from None
-        self._placed(placement, replica.replica)
+        self._placed(placement, replica.replica, params.cache_namespace)
         if isinstance(out, Failed):
             raise out.error()
         assert isinstance(out, BeamSearchOutput)
@@ -203,6 +213,25 @@ class ClusterEngine:
         if stream is not None:
             self._aborted.add(request_id)
             stream.cancel()
+
+    # -- pins and the tree view (cluster_pins.py, tree_merge.py) ---------------------------------
+    async def pin(self, token_ids: list[int], namespace: str = "", label: str = "") -> PinInfo:
+        """Pin on every replica (all or nothing): one id for the cluster."""
+        return await self.pinned.pin(token_ids, namespace, label)
+
+    async def unpin(self, pin_id: str) -> PinInfo | None:
+        return await self.pinned.unpin(pin_id)
+
+    def pins(self) -> list[PinInfo]:
+        return self.pinned.list()
+
+    def pin_budget(self) -> PinBudget:
+        return self.pinned.budget()
+
+    async def cache_tree(self, limit: int, include: Callable[[str], bool] | None = None) -> TreeView:
+        """Every replica's tree as one view (tree_merge.py); `include` runs on the replicas, so it
+        must pickle (a function or a closure over plain values)."""
+        return merge_views(await self.calls.on_each("cache_tree", limit, include), limit)
 
     def drain_steps(self) -> list[StepInfo]:
         """Steps run on the replicas; their step histograms are in each replica's own process."""

@@ -1,4 +1,5 @@
-"""The router's picture of what one replica has cached: a radix trie over token ids, no KV behind it.
+"""The router's picture of what one replica has cached: a radix trie over token ids per cache
+namespace (SamplingParams.cache_namespace), no KV behind it.
 
 The router adds every prompt it sends to a replica and, when the request finishes, the tokens the
 replica cached for it (prompt and reply); it cuts the subtrees the replica reports it dropped
@@ -13,9 +14,15 @@ prompt covers it: never pruned or evicted), `held` (the replica is believed to h
 finished request's tokens, or a prompt that was prefilled; never pruned) and `tick` (the last insert
 through it: the eviction order).
 
-Invariants: children are keyed by their first token and every edge is non-empty; `tokens` is the
-sum of the edge lengths and `prefixes` the number of leaves; a parent's tick is >= its children's,
-its refs >= each child's, and it is held when a child is (an insert marks its whole path).
+Namespaces mirror the replica's tree (cache/radix_nodes.py): each one is its own trie under its own
+root, so a lookup in one namespace never sees what another cached (the router must never send a
+tenant's request somewhere because of another tenant's prefix), while `evict` and the bound see
+every namespace as one LRU picture, as the replica's pool does.
+
+Invariants: a namespace's root is kept only while it has children; children are keyed by their
+first token and every edge is non-empty; `tokens` is the sum of the edge lengths and `prefixes` the
+number of leaves, over all namespaces; a parent's tick is >= its children's, its refs >= each
+child's, and it is held when a child is (an insert marks its whole path).
 """
 
 from __future__ import annotations
@@ -39,15 +46,21 @@ class _Edge:
 
 class PrefixIndex:
     def __init__(self) -> None:
-        self._root = _Edge([])
+        self._roots: dict[str, _Edge] = {}  # namespace -> its root (parent None, no tokens)
         self._clock = 0
         self.tokens = 0
         self.prefixes = 0
 
-    def match(self, tokens: Sequence[int]) -> int:
-        """How many leading tokens of `tokens` the replica is believed to hold."""
+    @property
+    def namespaces(self) -> list[str]:
+        return sorted(self._roots)
+
+    def match(self, tokens: Sequence[int], namespace: str = "") -> int:
+        """How many leading tokens of `tokens` the replica is believed to hold in `namespace`."""
         key = list(tokens)
-        edge, pos = self._root, 0
+        edge, pos = self._roots.get(namespace), 0
+        if edge is None:
+            return 0
         while pos < len(key):
             child = edge.children.get(key[pos])
             if child is None:
@@ -59,16 +72,18 @@ class PrefixIndex:
             edge = child
         return pos
 
-    def insert(self, tokens: Sequence[int], held: bool = False, ref: bool = False) -> None:
-        """Add `tokens` as the most recent entry; `held`: the replica cached them; `ref`: a request in
-        flight holds them until `unref`."""
+    def insert(self, tokens: Sequence[int], namespace: str = "", held: bool = False, ref: bool = False) -> None:
+        """Add `tokens` to `namespace` as the most recent entry; `held`: the replica cached them;
+        `ref`: a request in flight holds them until `unref`."""
         key = list(tokens)
         self._clock += 1
-        edge, pos = self._root, 0
+        if not key:
+            return
+        edge, pos = self._roots.get(namespace) or self._roots.setdefault(namespace, _Edge([])), 0
         while pos < len(key):
             child = edge.children.get(key[pos])
             if child is None:
-                self.prefixes += int(bool(edge.children) or edge is self._root)
+                self.prefixes += int(bool(edge.children) or edge.parent is None)
                 child = edge.children[key[pos]] = _Edge(key[pos:], edge)
                 self.tokens += len(key) - pos
             else:
@@ -89,11 +104,11 @@ class PrefixIndex:
         parent.children[head.tokens[0]] = head
         return head
 
-    def _path(self, tokens: Sequence[int]) -> list[_Edge]:
-        """The edges `tokens` covers whole, from the root down."""
+    def _path(self, tokens: Sequence[int], namespace: str) -> list[_Edge]:
+        """The edges `tokens` covers whole in `namespace`, from its root down."""
         key, path = list(tokens), []
-        edge, pos = self._root, 0
-        while pos < len(key):
+        edge, pos = self._roots.get(namespace), 0
+        while edge is not None and pos < len(key):
             child = edge.children.get(key[pos])
             if child is None or child.tokens != key[pos:pos + len(child.tokens)]:
                 break
@@ -102,60 +117,67 @@ class PrefixIndex:
             edge = child
         return path
 
-    def unref(self, tokens: Sequence[int]) -> None:
+    def unref(self, tokens: Sequence[int], namespace: str = "") -> None:
         """A request in flight with this prompt ended (never below 0: the picture may have been cut
         and rebuilt since its insert)."""
-        for edge in self._path(tokens):
+        for edge in self._path(tokens, namespace):
             edge.refs = max(0, edge.refs - 1)
 
-    def prune(self, tokens: Sequence[int]) -> int:
+    def prune(self, tokens: Sequence[int], namespace: str = "") -> int:
         """Forget the tail of `tokens` that nothing else holds (no request in flight, not cached, no
         longer entry through it); return the tokens forgotten."""
         removed = 0
-        for edge in reversed(self._path(tokens)):
+        for edge in reversed(self._path(tokens, namespace)):
             if edge.children or edge.refs or edge.held:
                 break
-            removed += self._remove_leaf(edge)
+            removed += self._remove_leaf(edge, namespace)
         return removed
 
-    def _remove_leaf(self, edge: _Edge) -> int:
+    def _remove_leaf(self, edge: _Edge, namespace: str) -> int:
         parent = edge.parent
         assert parent is not None and not edge.children
         del parent.children[edge.tokens[0]]
         self.tokens -= len(edge.tokens)
-        self.prefixes -= 1 - int(not parent.children and parent is not self._root)
+        self.prefixes -= 1 - int(not parent.children and parent.parent is not None)
+        self._forget_if_empty(namespace)
         return len(edge.tokens)
 
+    def _forget_if_empty(self, namespace: str) -> None:
+        root = self._roots.get(namespace)
+        if root is not None and not root.children:
+            del self._roots[namespace]
+
     def evict(self, target: int) -> int:
-        """Forget least recently inserted leaves not held by a request in flight until at most
-        `target` tokens remain (or nothing more may go); return the tokens forgotten."""
+        """Forget least recently inserted leaves of any namespace not held by a request in flight
+        until at most `target` tokens remain (or nothing more may go); return the tokens forgotten."""
         if self.tokens <= target:
             return 0
-        heap: list[tuple[int, int, _Edge]] = []
-        stack = list(self._root.children.values())
+        heap: list[tuple[int, int, _Edge, str]] = []
+        stack = [(e, ns) for ns, root in self._roots.items() for e in root.children.values()]
         while stack:
-            e = stack.pop()
+            e, ns = stack.pop()
             if e.children:
-                stack.extend(e.children.values())
+                stack.extend((c, ns) for c in e.children.values())
             elif not e.refs:
-                heap.append((e.tick, id(e), e))
+                heap.append((e.tick, id(e), e, ns))
         heapq.heapify(heap)
         removed = 0
         while heap and self.tokens > target:
-            _, _, edge = heapq.heappop(heap)
+            _, _, edge, ns = heapq.heappop(heap)
             parent = edge.parent
-            removed += self._remove_leaf(edge)
-            if parent is not None and parent is not self._root and not parent.children and not parent.refs:
-                heapq.heappush(heap, (parent.tick, id(parent), parent))
+            removed += self._remove_leaf(edge, ns)
+            if parent is not None and parent.parent is not None and not parent.children and not parent.refs:
+                heapq.heappush(heap, (parent.tick, id(parent), parent, ns))
         return removed
 
-    def cut(self, path: Sequence[int]) -> int:
-        """Forget everything that continues path[:-1] with path[-1] (a dropped subtree); return the
-        tokens forgotten (0 when the index never held it)."""
-        if not path:
+    def cut(self, path: Sequence[int], namespace: str = "") -> int:
+        """Forget everything that continues path[:-1] with path[-1] in `namespace` (a dropped
+        subtree); return the tokens forgotten (0 when the index never held it)."""
+        root = self._roots.get(namespace)
+        if not path or root is None:
             return 0
         depth, first = len(path) - 1, path[-1]
-        edge, pos = self._root, 0
+        edge, pos = root, 0
         while pos < depth:
             child = edge.children.get(path[pos])
             if child is None:
@@ -174,7 +196,8 @@ class PrefixIndex:
             return 0
         removed, leaves = self._size(gone)
         self.tokens -= removed
-        self.prefixes -= leaves - int(not edge.children and edge is not self._root)
+        self.prefixes -= leaves - int(not edge.children and edge.parent is not None)
+        self._forget_if_empty(namespace)
         return removed
 
     @staticmethod
@@ -188,7 +211,10 @@ class PrefixIndex:
         return tokens, leaves
 
     def check_integrity(self) -> None:
-        tokens, leaves, stack = 0, 0, list(self._root.children.values())
+        for root in self._roots.values():
+            assert root.children and root.parent is None and not root.tokens, "an empty root kept"
+            assert all(c.parent is root for c in root.children.values()), "child with a wrong parent"
+        tokens, leaves, stack = 0, 0, [e for root in self._roots.values() for e in root.children.values()]
         while stack:
             e = stack.pop()
             assert e.tokens, "empty edge"

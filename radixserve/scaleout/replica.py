@@ -4,25 +4,32 @@
 It streams generations as calls.py describes, runs beam searches whole, and reports to the routers
 through Ray Serve's `record_routing_stats` (polled by the controller every
 `request_routing_stats_period_s` and handed to every router): its engine statistics and the cache
-events its tree dropped. A report carries the events of the last `REPORT_WINDOW` reports, so a
+events its tree dropped (each with its namespace), and its pins with their hit counts and the pin
+budget (ClusterEngine.pins reads them there). A report carries the events of the last `REPORT_WINDOW` reports, so a
 router that misses a few reports (they are snapshots, the newest wins) still sees every event.
 Ray Serve's health check calls `check_health`; an engine that died or stalls gets the replica
 restarted.
+
+Pins and the tree view are calls the ingress makes on every replica by name (replica_calls.py); a
+call meant for another replica (gone when it was routed) is answered `NotHere` and does nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ray import serve
 
+from radixserve.cache.tree_view import TreeView
 from radixserve.config import EngineConfig
 from radixserve.engine.async_engine import AsyncEngine
 from radixserve.engine.beam_search import BeamSearchOutput
-from radixserve.scaleout.calls import BeamCall, EngineCall, Failed, ReplicaFacts, Served
+from radixserve.engine.pins import PinInfo
+from radixserve.scaleout.calls import BeamCall, EngineCall, Failed, NotHere, ReplicaFacts, Served, Target
 
 log = logging.getLogger("radixserve.scaleout")
 REPORT_WINDOW = 4
@@ -64,6 +71,25 @@ class EngineReplica:
         except Exception as e:
             return served, self._failed(e, "a beam search")
 
+    async def pin(self, target: Target, token_ids: list[int], namespace: str, label: str) -> PinInfo | Failed | NotHere:
+        if target.replica != self.name:
+            return NotHere(self.name)
+        try:
+            return await self.engine.pin(token_ids, namespace, label)
+        except Exception as e:
+            return self._failed(e, "a pin")
+
+    async def unpin(self, target: Target, pin_id: str) -> PinInfo | None | NotHere:
+        if target.replica != self.name:
+            return NotHere(self.name)
+        return await self.engine.unpin(pin_id)
+
+    async def cache_tree(self, target: Target, limit: int,
+                         include: Callable[[str], bool] | None) -> TreeView | NotHere:
+        if target.replica != self.name:
+            return NotHere(self.name)
+        return await self.engine.cache_tree(limit, include)
+
     def _failed(self, e: Exception, what: str) -> Failed:
         """What the caller is told; a failure that is not the request's own fault is logged here,
         where its traceback is (the caller's message points to this log)."""
@@ -77,7 +103,10 @@ class EngineReplica:
         if self.events is not None:
             batch = self.events.since(self._reported[0] if self._reported else 0)
             self._reported.append(batch.last_seq)
-            report["events"] = {"last_seq": batch.last_seq, "dropped": [(e.seq, e.path) for e in batch.events]}
+            report["events"] = {"last_seq": batch.last_seq,
+                                "dropped": [(e.seq, e.path, e.namespace) for e in batch.events]}
+            report["pins"] = [dataclasses.asdict(p) for p in self.engine.pins()]
+            report["pin_budget"] = dataclasses.astuple(self.engine.pin_budget())
         return report
 
     def check_health(self) -> None:

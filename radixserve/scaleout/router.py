@@ -4,7 +4,9 @@ Both run where the requests come from (the ingress replica's process, on Ray's r
 share the process-wide `RoutingTable` of their deployment (`table_for`), which the ingress reads for
 statistics: every replica's periodic report (`record_routing_stats`: engine statistics and the cache
 events it dropped) lands there, and so do requests sent and completed. `CacheAwareRouter` decides
-with the table's rule (routing.py); `PowerOfTwoRouter` keeps Ray's choice and only records.
+with the table's rule (routing.py), matching prefixes in the request's cache namespace only;
+`PowerOfTwoRouter` keeps Ray's choice and only records. Under both, a call whose first argument is a
+`Target` (calls.py: pins, the tree view) goes to the replica it names and nowhere else.
 
 The table is touched from Ray's router loop and from the ingress's event loop, so every use holds
 its lock. Ray ships this module to the routing process by value (cloudpickle), so nothing shared may
@@ -19,7 +21,9 @@ from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequ
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from radixserve.cache.events import Dropped, EventBatch
+from radixserve.engine.pins import PinBudget, PinInfo
 from radixserve.engine.stats import EngineStats
+from radixserve.scaleout.calls import Target
 from radixserve.scaleout.routing import (
     DEFAULT_MAX_LOAD_GAP,
     DEFAULT_MIN_PREFIX_FRACTION,
@@ -33,6 +37,24 @@ MAX_UNSENT_DECISIONS = 10_000
 
 def _call_of(pending: PendingRequest | None) -> Any:
     return pending.args[0] if pending is not None and pending.args else None
+
+
+def _back_off(pending: PendingRequest | None) -> None:
+    """Have Ray sleep between attempts when none of our choices could take the request (their queues
+    full): Ray's own choosers say so, and without it Ray retries at once, spinning its routing loop."""
+    if pending is not None:
+        pending.routing_context.should_backoff = True
+
+
+def _decode(report: dict[str, Any]) -> tuple[EventBatch | None, tuple[PinInfo, ...], PinBudget | None]:
+    """A replica's `record_routing_stats` (plain types) as the table takes it."""
+    events = report.get("events")
+    batch = None if events is None else EventBatch(
+        tuple(Dropped(seq, tuple(path), namespace) for seq, path, namespace in events["dropped"]),
+        events["last_seq"])
+    pins = tuple(PinInfo(**p) for p in report.get("pins") or ())
+    budget = report.get("pin_budget")
+    return batch, pins, None if budget is None else PinBudget(*budget)
 
 
 class _Recording(RequestRouter):
@@ -54,38 +76,55 @@ class _Recording(RequestRouter):
             for r in replicas:
                 report = r.routing_stats or {}
                 if isinstance(report.get("stats"), dict):
-                    events = report.get("events")
-                    batch = None if events is None else EventBatch(
-                        tuple(Dropped(seq, tuple(path)) for seq, path in events["dropped"]), events["last_seq"])
-                    self.table.report(r.replica_id.unique_id, EngineStats.from_dict(report["stats"]), batch)
+                    batch, pins, budget = _decode(report)
+                    self.table.report(r.replica_id.unique_id, EngineStats.from_dict(report["stats"]), batch, pins,
+                                      budget)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         call = _call_of(pending_request)
         prompt = getattr(call, "prompt", None)
-        if prompt is None:  # not a generation (a facts call)
+        key = pending_request.metadata.internal_request_id
+        if prompt is None:  # not a generation (facts, pins, the tree view)
+            with self.table.lock:
+                self.table.sent_other(key, replica_id.unique_id)
             return
         decision = self._decisions.pop(id(pending_request), None)
         with self.table.lock:  # a generation's id: the ingress reports its end (beam searches have none)
-            self.table.sent(pending_request.metadata.internal_request_id, replica_id.unique_id, prompt, decision,
-                            getattr(call, "request_id", None))
+            self.table.sent(key, replica_id.unique_id, prompt, decision, getattr(call, "request_id", None),
+                            call.namespace)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         with self.table.lock:
             self.table.completed(internal_request_id, replica_id.unique_id)
 
-
-class CacheAwareRouter(_Recording):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        call = _call_of(pending_request)
+        if isinstance(call, Target):
+            _back_off(pending_request)
+            # a target that is gone goes anywhere: the replica answers NotHere (waiting for it would hang)
+            there = [r for r in candidate_replicas if r.replica_id.unique_id == call.replica]
+            return [there or candidate_replicas]
+        return await self._choose(candidate_replicas, pending_request)
+
+    async def _choose(self, candidate_replicas: list[RunningReplica],
+                      pending_request: PendingRequest | None) -> list[list[RunningReplica]]:
+        raise NotImplementedError
+
+
+class CacheAwareRouter(_Recording):
+    async def _choose(self, candidate_replicas: list[RunningReplica],
+                      pending_request: PendingRequest | None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        _back_off(pending_request)
         by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
         call = _call_of(pending_request)
         prompt = getattr(call, "prompt", None)
         if prompt is None:  # not a generation: any replica will do
             return [candidate_replicas]
         with self.table.lock:
-            decision = self.table.choose(prompt, list(by_name), getattr(call, "prefer", None))
+            decision = self.table.choose(prompt, list(by_name), getattr(call, "prefer", None), call.namespace)
             rest = sorted((n for n in by_name if n != decision.replica), key=lambda n: self.table.loads[n])
         if pending_request is not None:
             self._decisions[id(pending_request)] = decision
@@ -97,3 +136,7 @@ class CacheAwareRouter(_Recording):
 
 class PowerOfTwoRouter(_Recording, PowerOfTwoChoicesRequestRouter):
     """Ray Serve's default choice (two random replicas, the shorter queue), with our statistics."""
+
+    async def _choose(self, candidate_replicas: list[RunningReplica],
+                      pending_request: PendingRequest | None) -> list[list[RunningReplica]]:
+        return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)

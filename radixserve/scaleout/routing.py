@@ -12,8 +12,13 @@ The fraction is what keeps the chat template's few shared opening tokens, which 
 matches, from pulling all new conversations onto one replica (SGLang's router has the same rule).
 Ties between equal prefixes go to the less loaded replica. Every decision is counted by reason.
 
+Prefixes are matched within the request's cache namespace (SamplingParams.cache_namespace) only: a
+replica's index keeps one trie per namespace (prefix_index.py), and drops are cut from the namespace
+they name (`Dropped.namespace`). So another tenant's prefix never pulls a request anywhere: a
+request nobody in its own namespace sent before is a `miss`, placed by load alone.
+
 The table is also where the router keeps what each replica last reported (`ReplicaReport`: its
-engine statistics and the cache events it dropped), so the ingress reads one place for both.
+engine statistics, the cache events it dropped and its pins), so the ingress reads one place for all.
 
 Each index is bounded: past `view_pool_multiple` times its replica's pool (device and host blocks,
 as last reported, times `block_size`) it forgets its least recently used entries down to
@@ -34,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from radixserve.cache.events import EventBatch
+from radixserve.engine.pins import PinBudget, PinInfo
 from radixserve.engine.stats import EngineStats
 from radixserve.scaleout.prefix_index import PrefixIndex
 
@@ -64,9 +70,11 @@ class ReplicaReport:
     events_seq: int = 0  # the newest cache event applied to this replica's index
     resyncs: int = 0  # times events were missed and the index was cleared
     cacheless: bool = False  # the replica runs without a prefix cache: nothing to index
-    # what finished requests cached there, with the replica's event number when each was served: a
-    # drop reported later but numbered before that happened first, so it must not erase them
-    recent: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    # what finished requests cached there (event number when served, namespace, tokens): a drop
+    # reported later but numbered before that happened first, so it must not erase them
+    recent: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)
+    pins: tuple[PinInfo, ...] = ()  # the replica's pins (engine/pins.py), as last reported
+    pin_budget: PinBudget | None = None
 
 
 _tables: dict[str, RoutingTable] = {}
@@ -97,9 +105,12 @@ class RoutingTable:
         self._in_flight: Counter[tuple[str, str]] = Counter()
         self._completed_early: Counter[tuple[str, str]] = Counter()  # completions seen before their routing
         self.block_size, self.view_pool_multiple = DEFAULT_BLOCK_SIZE, VIEW_POOL_MULTIPLE
-        # request id -> (replica, prompt) of a request in flight whose prompt its index holds a ref on;
-        # and request id -> prefilled, for an end the ingress saw before the router saw the sending
-        self._tracked: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
+        # calls that are not generations (facts, pins, the tree view), sent and not yet completed:
+        # their completions must not be remembered as ones that overtook a generation's routing
+        self._untracked: Counter[tuple[str, str]] = Counter()
+        # request id -> (replica, namespace, prompt) of a request in flight whose prompt its index holds
+        # a ref on; and request id -> prefilled, for an end the ingress saw before the router saw the sending
+        self._tracked: OrderedDict[str, tuple[str, str, tuple[int, ...]]] = OrderedDict()
         self._finished_early: OrderedDict[str, bool] = OrderedDict()
         self._rng = rng or random.Random()
         self.lock = threading.Lock()
@@ -121,21 +132,23 @@ class RoutingTable:
             self.indexes[new] = PrefixIndex()
             self.reports[new] = ReplicaReport()
 
-    def choose(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None = None) -> Decision:
-        """Decide for one request; `among` are the replicas that may take it (all known ones). Counted
-        once the request is sent (`sent`): Ray may ask again for the same request. The chosen replica
-        is believed to hold the prompt from now on, not only once it is sent: Ray routes requests
-        concurrently, and one of the same prefix chosen in between must find it there."""
-        decision = self._decide(tokens, among, prefer)
-        self._index(decision.replica, tokens)
+    def choose(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None = None,
+               namespace: str = "") -> Decision:
+        """Decide for one request of cache namespace `namespace`; `among` are the replicas that may
+        take it (all known ones). Counted once the request is sent (`sent`): Ray may ask again for
+        the same request. The chosen replica is believed to hold the prompt from now on, not only
+        once it is sent: Ray routes requests concurrently, and one of the same prefix chosen in
+        between must find it there."""
+        decision = self._decide(tokens, among, prefer, namespace)
+        self._index(decision.replica, namespace, tokens)
         return decision
 
-    def _decide(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None) -> Decision:
+    def _decide(self, tokens: Sequence[int], among: Sequence[str], prefer: str | None, namespace: str) -> Decision:
         if not among:
             raise ValueError("no replica to route to")
         if prefer is not None and prefer in among:
-            return Decision(prefer, "session", self._match(prefer, tokens))
-        matched = {r: self._match(r, tokens) for r in among}
+            return Decision(prefer, "session", self._match(prefer, tokens, namespace))
+        matched = {r: self._match(r, tokens, namespace) for r in among}
         least = min(self.loads[r] for r in among)
         best = max(matched.values())
         if best > 0 and best >= self.min_prefix_fraction * len(tokens):
@@ -148,9 +161,9 @@ class RoutingTable:
         pick = self._least_loaded(among)
         return Decision(pick, "failover" if prefer is not None else "miss", matched[pick])
 
-    def _match(self, replica: str, tokens: Sequence[int]) -> int:
+    def _match(self, replica: str, tokens: Sequence[int], namespace: str) -> int:
         index = self.indexes.get(replica)
-        return index.match(tokens) if index is not None else 0
+        return index.match(tokens, namespace) if index is not None else 0
 
     def _least_loaded(self, names: Sequence[str]) -> str:
         def key(r: str) -> tuple[int, int]:
@@ -162,25 +175,33 @@ class RoutingTable:
 
     # -- what happened afterwards -------------------------------------------------------------
     def sent(self, key: str, replica: str, tokens: Sequence[int], decision: Decision | None = None,
-             request_id: str | None = None) -> None:
-        """Request `key` went to `replica` (`decision`: the rule's, when it decided; Ray may have
-        fallen back to another replica). With `request_id`, the prompt's entry is held for the
-        request until the ingress reports its end (`finished`)."""
+             request_id: str | None = None, namespace: str = "") -> None:
+        """Request `key` (of cache namespace `namespace`) went to `replica` (`decision`: the rule's,
+        when it decided; Ray may have fallen back to another replica). With `request_id`, the
+        prompt's entry is held for the request until the ingress reports its end (`finished`)."""
         if decision is not None:
             self.decisions[decision.reason if decision.replica == replica else "fallback"] += 1
             if decision.replica != replica:  # what `choose` entered there will never be cached there
-                self._prune(decision.replica, tokens)
+                self._prune(decision.replica, namespace, tokens)
         self.routed[replica] += 1
-        self._track(request_id, replica, tokens)
+        self._track(request_id, replica, namespace, tokens)
         if self._take((key, replica), self._completed_early):
             return
         self._in_flight[(key, replica)] += 1
         self.loads[replica] += 1
 
+    def sent_other(self, key: str, replica: str) -> None:
+        """A call that is no generation (facts, pins, the tree view) went to `replica`: not routed by
+        the rule, not counted as load; only its completion is expected."""
+        if not self._take((key, replica), self._completed_early):
+            self._untracked[(key, replica)] += 1
+
     def completed(self, key: str, replica: str) -> None:
         """A request `key` on `replica` ended, or was refused there; only what `sent` counted is taken back."""
         if self._take((key, replica), self._in_flight):
             self.loads[replica] = max(0, self.loads[replica] - 1)
+        elif self._take((key, replica), self._untracked):
+            pass
         elif len(self._completed_early) < 100_000:
             self._completed_early[(key, replica)] += 1
 
@@ -194,18 +215,18 @@ class RoutingTable:
             del counts[item]
         return True
 
-    def _track(self, request_id: str | None, replica: str, tokens: Sequence[int]) -> None:
+    def _track(self, request_id: str | None, replica: str, namespace: str, tokens: Sequence[int]) -> None:
         prefilled = None if request_id is None else self._finished_early.pop(request_id, None)
         if request_id is None or prefilled is not None:  # untracked, or already over
-            self._index(replica, tokens, held=bool(prefilled))
+            self._index(replica, namespace, tokens, held=bool(prefilled))
             if prefilled is False:
-                self._prune(replica, tokens)
+                self._prune(replica, namespace, tokens)
             return
         old = self._tracked.pop(request_id, None)
         if old is not None:  # sent again: the replica it went to first refused it
             self._release(*old, prune=True)
-        self._index(replica, tokens, ref=True)
-        self._tracked[request_id] = (replica, tuple(tokens))
+        self._index(replica, namespace, tokens, ref=True)
+        self._tracked[request_id] = (replica, namespace, tuple(tokens))
         while len(self._tracked) > MAX_TRACKED:  # never finished (cannot happen unless ends are lost)
             self._release(*self._tracked.popitem(last=False)[1], prune=False)
 
@@ -218,34 +239,35 @@ class RoutingTable:
             while len(self._finished_early) > MAX_TRACKED:
                 self._finished_early.popitem(last=False)
             return
-        replica, tokens = tracked
+        replica, namespace, tokens = tracked
         if prefilled:
-            self._index(replica, tokens, held=True)
-        self._release(replica, tokens, prune=not prefilled)
+            self._index(replica, namespace, tokens, held=True)
+        self._release(replica, namespace, tokens, prune=not prefilled)
 
-    def _release(self, replica: str, tokens: Sequence[int], prune: bool) -> None:
+    def _release(self, replica: str, namespace: str, tokens: Sequence[int], prune: bool) -> None:
         index = self.indexes.get(replica)
         if index is not None:
-            index.unref(tokens)
+            index.unref(tokens, namespace)
             if prune:
-                index.prune(tokens)
+                index.prune(tokens, namespace)
 
-    def _prune(self, replica: str, tokens: Sequence[int]) -> None:
+    def _prune(self, replica: str, namespace: str, tokens: Sequence[int]) -> None:
         index = self.indexes.get(replica)
         if index is not None:
-            index.prune(tokens)
+            index.prune(tokens, namespace)
 
-    def cached(self, replica: str, tokens: Sequence[int], served_seq: int) -> None:
-        """The replica cached `tokens` (a finished request's prompt and reply); `served_seq`: its
-        newest cache event when it took the request."""
-        if self._index(replica, tokens, held=True):
-            self.reports[replica].recent.append((served_seq, tuple(tokens)))
+    def cached(self, replica: str, tokens: Sequence[int], served_seq: int, namespace: str = "") -> None:
+        """The replica cached `tokens` in `namespace` (a finished request's prompt and reply);
+        `served_seq`: its newest cache event when it took the request."""
+        if self._index(replica, namespace, tokens, held=True):
+            self.reports[replica].recent.append((served_seq, namespace, tuple(tokens)))
 
-    def _index(self, replica: str, tokens: Sequence[int], held: bool = False, ref: bool = False) -> bool:
+    def _index(self, replica: str, namespace: str, tokens: Sequence[int], held: bool = False,
+               ref: bool = False) -> bool:
         index, rep = self.indexes.get(replica), self.reports.get(replica)
         if index is None or rep is None or rep.cacheless:
             return False
-        index.insert(tokens, held=held, ref=ref)
+        index.insert(tokens, namespace, held=held, ref=ref)
         self._bound(replica)
         return True
 
@@ -262,12 +284,13 @@ class RoutingTable:
         if limit is not None and index is not None and index.tokens > limit:
             index.evict(int(limit * VIEW_LOW_WATER))
 
-    def report(self, replica: str, stats: EngineStats | None, events: EventBatch | None) -> None:
-        """A replica's periodic report: its statistics, and the cache events since the last one."""
+    def report(self, replica: str, stats: EngineStats | None, events: EventBatch | None,
+               pins: tuple[PinInfo, ...] = (), pin_budget: PinBudget | None = None) -> None:
+        """A replica's periodic report: its statistics, the cache events since the last one, and its pins."""
         index, rep = self.indexes.get(replica), self.reports.get(replica)
         if index is None or rep is None:
             return
-        rep.stats = stats
+        rep.stats, rep.pins, rep.pin_budget = stats, pins, pin_budget
         if events is None:  # the replica runs without a prefix cache
             rep.cacheless, self.indexes[replica] = True, PrefixIndex()
             return
@@ -276,10 +299,10 @@ class RoutingTable:
             rep.resyncs += 1
         else:
             for e in events.events:
-                if e.seq > rep.events_seq and index.cut(e.path):
-                    for seq, tokens in rep.recent:
-                        if seq >= e.seq:  # cached after that drop: still there
-                            index.insert(tokens, held=True)
+                if e.seq > rep.events_seq and index.cut(e.path, e.namespace):
+                    for seq, namespace, tokens in rep.recent:
+                        if seq >= e.seq and namespace == e.namespace:  # cached after that drop: still there
+                            index.insert(tokens, namespace, held=True)
         rep.events_seq = max(rep.events_seq, events.last_seq)
-        rep.recent = [(seq, tokens) for seq, tokens in rep.recent if seq > rep.events_seq]
+        rep.recent = [r for r in rep.recent if r[0] > rep.events_seq]
         self._bound(replica)

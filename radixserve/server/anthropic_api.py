@@ -29,6 +29,8 @@ from radixserve.server.admission import hold_generation
 from radixserve.server.anthropic_reply import ReplyEvents, aborted, message_body, sse_event
 from radixserve.server.anthropic_request import MessagesRequest, parse_messages_request, render_conversation
 from radixserve.server.api_errors import anthropic_stream_error
+from radixserve.server.cache_control import keep_marked_system
+from radixserve.server.callers import caller_of
 from radixserve.server.generation import stream_request
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, until_done_or_gone
 from radixserve.server.state import ServerState
@@ -41,12 +43,13 @@ async def create_message(request: Request) -> Response:
     # refusals raise here, before any response starts: a JSON error with its status, never a stream
     body = await read_json_object(request, state.config.max_message_bytes)
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
-    req = await parse_messages_request(state, body)
+    req = await parse_messages_request(state, body, caller_of(request))
+    created = await keep_marked_system(state, body, caller_of(request), req)  # cache_control: a pin
     mid = f"msg_{uuid.uuid4().hex}"
     if req.stream:
-        return EventStream(_events(state, req, mid))
+        return EventStream(_events(state, req, mid, created))
     try:
-        return await until_done_or_gone(request.receive, _message(state, req, mid))
+        return await until_done_or_gone(request.receive, _message(state, req, mid, created))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the engine request was aborted
 
@@ -55,11 +58,11 @@ async def count_tokens(request: Request) -> Response:
     """{"input_tokens": N}: the length of the prompt the same /v1/messages request would have."""
     state: ServerState = request.app.state.server
     body = await read_json_object(request, state.config.max_message_bytes)
-    conversation = await render_conversation(state, body)
+    conversation = await render_conversation(state, body, caller_of(request).tenant)
     return JSONResponse({"input_tokens": len(conversation.prompt)})
 
 
-async def _message(state: ServerState, req: MessagesRequest, mid: str) -> Response:
+async def _message(state: ServerState, req: MessagesRequest, mid: str, created: int) -> Response:
     texts: list[str] = []
     final: CompletionOutput | None = None
     last: RequestOutput | None = None
@@ -72,12 +75,12 @@ async def _message(state: ServerState, req: MessagesRequest, mid: str) -> Respon
                 final = o if o.finish_reason else final
     if last is None or final is None:
         raise aborted()
-    return JSONResponse(message_body(mid, conv.model, conv.tools, "".join(texts), final, last.usage))
+    return JSONResponse(message_body(mid, conv.model, conv.tools, "".join(texts), final, last.usage, created))
 
 
-async def _events(state: ServerState, req: MessagesRequest, mid: str) -> AsyncGenerator[str, None]:
+async def _events(state: ServerState, req: MessagesRequest, mid: str, created: int) -> AsyncGenerator[str, None]:
     conv = req.conversation
-    events = ReplyEvents(mid, conv.model, conv.tools)
+    events = ReplyEvents(mid, conv.model, conv.tools, created=created)
     try:
         async with aclosing(stream_request(state, req.checked, conv.system, API)) as outputs:
             async for out in outputs:

@@ -2,10 +2,11 @@
 and usage, whole (`message_body`) or as the stream's events (`ReplyEvents`).
 
 Invariants:
-- usage: `input_tokens` are the prompt tokens NOT read from the cache, `cache_read_input_tokens` those
-  the radix cache served (the engine's cached_tokens), `cache_creation_input_tokens` is 0 (every
-  prompt is cached without being asked, at no extra cost); so input_tokens + cache_read_input_tokens
-  is the prompt's length, what count_tokens answers. `output_tokens` are the generated tokens.
+- usage: `input_tokens` are the prompt tokens NOT read from the cache; of those the radix cache
+  served (the engine's cached_tokens), `cache_creation_input_tokens` are the ones a cache_control pin
+  wrote for this very request (cache_control.py; 0 otherwise: every prompt is cached without being
+  asked) and `cache_read_input_tokens` the rest; the three add up to the prompt's length, what
+  count_tokens answers. `output_tokens` are the generated tokens.
 - stop_reason: "max_tokens" for a reply cut by max_tokens; "stop_sequence", with `stop_sequence` the
   string that matched (the engine's CompletionOutput.stop_reason); "tool_use" for a reply that called
   a tool and ended on its own; else "end_turn". A generation the server aborted (shutdown) is an
@@ -37,9 +38,11 @@ def aborted() -> ApiError:
     return ApiError("aborted", "the generation was aborted before it finished (the server is shutting down)", 503)
 
 
-def usage_body(u: Usage) -> dict[str, int]:
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": u.cached_tokens, "output_tokens": u.completion_tokens}
+def usage_body(u: Usage, created: int = 0) -> dict[str, int]:
+    """`created`: the prompt tokens a cache_control pin prefilled for this request."""
+    created = min(created, u.cached_tokens)
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "cache_creation_input_tokens": created,
+            "cache_read_input_tokens": u.cached_tokens - created, "output_tokens": u.completion_tokens}
 
 
 def stop_fields(o: CompletionOutput, called: bool) -> tuple[str, str | None]:
@@ -59,21 +62,22 @@ def toolu_id(call_id: str) -> str:
 
 
 def message(mid: str, model: str, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
-            usage: Usage) -> dict[str, Any]:
+            usage: Usage, created: int = 0) -> dict[str, Any]:
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage_body(usage)}
+            "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage_body(usage, created)}
 
 
 def message_body(mid: str, model: str, tools: ChatTools | None, text: str, final: CompletionOutput,
-                 usage: Usage) -> dict[str, Any]:
+                 usage: Usage, created: int = 0) -> dict[str, Any]:
     """The whole reply: `text` is everything generated, `final` the output that finished it."""
     if tools is None or not tools.active:
-        return message(mid, model, [{"type": "text", "text": text}] if text else [], stop_fields(final, False), usage)
+        return message(mid, model, [{"type": "text", "text": text}] if text else [], stop_fields(final, False), usage,
+                       created)
     parsed = tools.parse(text)
     blocks: list[dict[str, Any]] = [{"type": "text", "text": parsed.content}] if parsed.content else []
     blocks += [{"type": "tool_use", "id": toolu_id(c.id), "name": c.name, "input": arguments_object(c.arguments)}
                for c in parsed.calls]
-    return message(mid, model, blocks, stop_fields(final, bool(parsed.calls)), usage)
+    return message(mid, model, blocks, stop_fields(final, bool(parsed.calls)), usage, created)
 
 
 def sse_event(name: str, body: dict[str, Any]) -> str:
@@ -95,6 +99,7 @@ class ReplyEvents:
     called: bool = False
     stopped: bool = False  # message_stop went out
     keep_call: bool = True  # whether the call being streamed is kept (not without parallel calls, after the first)
+    created: int = 0  # prompt tokens a cache_control pin prefilled for this request (usage_body)
 
     def __post_init__(self) -> None:
         active = self.tools is not None and self.tools.active
@@ -104,7 +109,7 @@ class ReplyEvents:
         events: list[str] = []
         if not self.started:
             self.started = True
-            start = message(self.mid, self.model, [], (None, None), out.usage)
+            start = message(self.mid, self.model, [], (None, None), out.usage, self.created)
             events.append(sse_event("message_start", {"message": start}))
         for o in out.outputs:
             for d in self._deltas(o):
@@ -113,7 +118,7 @@ class ReplyEvents:
                 events += self._close()
                 reason, sequence = stop_fields(o, self.called)
                 events.append(sse_event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                                          "usage": usage_body(out.usage)}))
+                                                          "usage": usage_body(out.usage, self.created)}))
                 events.append(sse_event("message_stop", {}))
                 self.stopped = True
         return events

@@ -5,8 +5,9 @@ exactly the prompt a message would have) and, for a message, its sampling and th
 naming it (`messages[1].content[0].type`, `tool_choice.name`, ...).
 
 Mapping (invariants):
-- `system` (a string or text blocks) is the leading system message; `cache_control`, wherever a block
-  carries it, is accepted and changes nothing (every prefix is cached: docs/server.md).
+- `system` (a string or text blocks) is the leading system message; `cache_control` on a system block
+  asks for the system prompt to be pinned for a while (cache_control.py, after this parse); elsewhere
+  it is accepted and changes nothing (every prefix is cached: docs/server.md).
 - `messages` are `user` and `assistant` turns (consecutive turns of one role are allowed, as Anthropic
   merges them) and end with a `user` turn: a trailing assistant turn (a prefill) is refused.
 - A user turn's `tool_result` blocks become `tool` messages, in order, before the turn's text (their
@@ -17,9 +18,10 @@ Mapping (invariants):
 - Sampling: `max_tokens` is required (as Anthropic requires); `temperature` is in [0, 1] (Anthropic's
   range); `top_p`, `top_k`, `stop_sequences` are read by sampling_fields, and so are the extensions
   the other endpoints take (`min_p`, `seed`, the penalties, `logit_bias`); `thinking` may only be
-  `{"type": "disabled"}`; `metadata` is ignored. `output_config.format` (`{"type": "json_schema",
-  "schema"}`) constrains the reply to the schema (structured output; not with a forced tool choice);
-  `output_config.effort` is a hint, ignored.
+  `{"type": "disabled"}`; `metadata` is ignored; `cache_salt` (vLLM's field, sent through the SDKs'
+  `extra_body`) narrows the cached prefixes the request may hit within its tenant (callers.py).
+  `output_config.format` (`{"type": "json_schema", "schema"}`) constrains the reply to the schema
+  (structured output; not with a forced tool choice); `output_config.effort` is a hint, ignored.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from radixserve.engine.chat_tools import ChatTools
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.engine.tools import ToolCall
 from radixserve.server.anthropic_tools import tool_request
+from radixserve.server.callers import cache_salt_of, namespace_for
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request
 from radixserve.server.openai_tools import tool_constraint
 from radixserve.server.sampling_fields import PENALTY_KEYS, build_sampling_params, sampling_values
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop
+from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError, get_bool, get_float, get_int, get_str, refuse_unsupported
 from radixserve.structured import StructuredOutput
 
@@ -65,8 +69,9 @@ class MessagesRequest:
     checked: ValidatedRequest  # what the engine's intake made of it
 
 
-async def parse_messages_request(state: ServerState, body: dict[str, Any]) -> MessagesRequest:
+async def parse_messages_request(state: ServerState, body: dict[str, Any], caller: Caller) -> MessagesRequest:
     engine = state.require_engine()
+    namespace = namespace_for(caller, cache_salt_of(body), state.config)  # `cache_salt`: the SDKs' extra_body
     max_tokens = get_int(body, "max_tokens", minimum=1)
     if max_tokens is None:
         raise ApiError("missing_field", "missing required field 'max_tokens'", param="max_tokens")
@@ -74,20 +79,22 @@ async def parse_messages_request(state: ServerState, body: dict[str, Any]) -> Me
     stream = get_bool(body, "stream")
     sampling = _sampling(body)
     structured = _output_format(body.get("output_config"))
-    conv = await render_conversation(state, body)  # the checks above first: a bad field costs no tokenizing
+    conv = await render_conversation(state, body, caller.tenant)  # the checks above first: a bad field costs no tokenizing
     admit_prompt(state, len(conv.prompt))
     tools = conv.tools
     sampling.update(max_tokens=max_tokens, structured=tool_constraint(tools, structured),
                     skip_special_tokens=not (tools is not None and tools.keeps_special_tokens))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(conv.prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=None)
+    params.cache_namespace = namespace
     await compile_off_loop(engine, params.structured)  # a forced call's grammar: compiled off the loop
     checked = check_request(engine, conv.prompt, params, 0)
     return MessagesRequest(conv, stream, checked)
 
 
-async def render_conversation(state: ServerState, body: dict[str, Any]) -> Conversation:
-    """`model`, `system`, `messages`, `tools`, `tool_choice` of a body, checked, and the prompt they make."""
+async def render_conversation(state: ServerState, body: dict[str, Any], tenant: str) -> Conversation:
+    """`model`, `system`, `messages`, `tools`, `tool_choice` of a body, checked, and the prompt they make
+    (its system prompt counted as `tenant`'s)."""
     formatter, _ = state.require_chat()
     model = get_str(body, "model")
     assert model is not None
@@ -98,7 +105,7 @@ async def render_conversation(state: ServerState, body: dict[str, Any]) -> Conve
     template_tools = tools.template_tools() if tools is not None else None
     prompt, system_tokens = await state.require_prompts().chat_tokens(messages, template_tools)  # large: off the loop
     first_system = messages[0]["content"] if messages[0]["role"] == "system" else None
-    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
+    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len, tenant)
     return Conversation(model, messages, tools, prompt, system)
 
 

@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -29,11 +28,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from radixserve.engine.chat_template import ChatFormatter
-from radixserve.server import anthropic_api, completions_api, openai_api, responses_api, rest
+from radixserve.server import anthropic_api, completions_api, openai_api, pins_api, responses_api, rest, tree_api
 from radixserve.server.admission import ReleaseSlotsMiddleware
 from radixserve.server.api_errors import api_error_handler, error_response
-from radixserve.server.auth import key_accepted, needs_key, request_key
-from radixserve.server.cache_stats import cache_stats_json
+from radixserve.server.auth import needs_key, request_key
+from radixserve.server.cache_views import cache_stats, metrics
+from radixserve.server.callers import SCOPE_KEY, UNAUTHORIZED, resolve_caller
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.log_filters import install as quiet_client_faults
@@ -48,7 +48,6 @@ from radixserve.server.validation import ApiError
 from radixserve.server.ws import chat_websocket
 
 log = logging.getLogger("radixserve.server")
-SYSTEM_PROMPT_ROWS = 20  # rows of the /v1/cache/stats table
 STEP_METRICS_S = 1.0  # how often the step histograms take in the engine's steps (and at every read)
 
 
@@ -65,6 +64,7 @@ async def load_engine(state: ServerState) -> None:
             state.sessions = SessionStore(state.formatter, state.config.max_sessions, state.config.session_ttl_s,
                                           max_bytes=state.config.max_session_bytes_total,
                                           owner_share=state.config.owner_share)
+        await pins_api.pin_at_start(state, engine)  # --pin FILE: before any request is served
         state.model_name = state.config.served_model_name or engine.model_name
         state.engine = engine
     except Exception as e:  # reported by /health and by `radixserve serve`
@@ -115,45 +115,23 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": status, "detail": state.load_error}, status_code=503)
 
 
-async def metrics(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    # on the event loop, a few ms: the engine's figures are its last published snapshot and its steps
-    # what it recorded (never waits for a step), and no worker thread is needed that a busy thread
-    # pool could hold up
-    state.observe_steps()
-    text = generate_latest(state.metrics.registry)
-    return Response(text, media_type=CONTENT_TYPE_LATEST)
-
-
-async def cache_stats(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    engine = state.require_engine()
-    st = state.engine_stats()  # the last published snapshot: answers at once, never waits for a step
-    assert st is not None  # the engine is there (require_engine)
-    state.observe_steps()
-    sessions = len(state.sessions) if state.sessions is not None else 0
-    body = cache_stats_json(st, engine.block_size, sessions, state.metrics.system_prompts.table(SYSTEM_PROMPT_ROWS),
-                            state.metrics.step_utilization.to_json())
-    if state.extra_cache_stats is not None:
-        body.update(await asyncio.to_thread(state.extra_cache_stats))
-    return JSONResponse(body)
-
-
 class ApiKeyMiddleware:
-    """API-key auth (Bearer or x-api-key) for /v1/* and /metrics over HTTP; the WebSocket authenticates
-    in its handler."""
+    """Resolves the caller (callers.py) of every HTTP request to /v1/* and /metrics from its key (Bearer
+    or x-api-key) and stores it in the scope's state; 401 for a missing or unknown key on a server with
+    keys. The WebSocket authenticates in its handler."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.state.config.api_key is not None and needs_key(scope["path"]):
+        if scope["type"] == "http" and needs_key(scope["path"]):
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            if not key_accepted(request_key(headers), self.state.config):
-                e = ApiError("unauthorized", "missing or invalid API key: send Authorization: Bearer <key> "
-                             "(or x-api-key: <key>)", 401)
+            caller = resolve_caller(request_key(headers), self.state.config)
+            if caller is None:
+                e = ApiError("unauthorized", UNAUTHORIZED, 401)
                 await error_response(e, self.state.metrics, path=scope["path"])(scope, receive, send)
                 return
+            scope.setdefault("state", {})[SCOPE_KEY] = caller
         await self.app(scope, receive, send)
 
 
@@ -196,7 +174,7 @@ def build_app(engine_factory: EngineFactory, config: ServerConfig | None = None)
     routes: list[Any] = [
         Route("/health", health), Route("/metrics", metrics), Route("/v1/cache/stats", cache_stats),
         WebSocketRoute("/v1/chat/ws", chat_websocket), *rest.ROUTES, *openai_api.ROUTES, *completions_api.ROUTES,
-        *responses_api.ROUTES, *anthropic_api.ROUTES,
+        *responses_api.ROUTES, *anthropic_api.ROUTES, *pins_api.ROUTES, *tree_api.ROUTES,
     ]
     middleware = [Middleware(ReleaseSlotsMiddleware), Middleware(InternalErrorMiddleware, metrics=state.metrics),
                   Middleware(ApiKeyMiddleware, state=state)]

@@ -1,8 +1,10 @@
-"""The optional API key: `Authorization: Bearer` or `x-api-key` (Anthropic's header) over HTTP, query
-parameter or auth frame on the WebSocket.
+"""Where a request's API key is: `Authorization: Bearer` or `x-api-key` (Anthropic's header) over
+HTTP, query parameter or auth frame on the WebSocket; which paths need one; and the priorities a key
+may send.
 
-Keys are compared in constant time. Host and Origin checks live in request_guard, which runs first.
-Besides `--api-key`, each `--priority-api-key` is accepted, and its holder may send any `priority`;
+Which caller (tenant, role) a key is, is callers.py's (over tenants.py's constant-time comparison of
+every configured key). Host and Origin checks live in request_guard, which runs first. Each
+`--priority-api-key` is an admin key of the default tenant whose holder may send any `priority`;
 everyone else is held to `--priority-range`.
 """
 
@@ -17,17 +19,10 @@ from radixserve.server.config import ServerConfig
 PUBLIC_PATHS = ("/health",)
 
 
-def key_matches(given: object, expected: str | None) -> bool:
-    if expected is None:
-        return True
+def key_matches(given: object, expected: str) -> bool:
     if not isinstance(given, str):
         return False
     return secrets.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8"))
-
-
-def key_accepted(given: object, config: ServerConfig) -> bool:
-    """The API key, or one of the priority keys (with no --api-key every caller is accepted)."""
-    return key_matches(given, config.api_key) or is_priority_key(given, config)
 
 
 def is_priority_key(given: object, config: ServerConfig) -> bool:

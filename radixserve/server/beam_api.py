@@ -42,8 +42,10 @@ class BeamAsk:
     beam_width: int
     length_penalty: float
 
-    def params(self, max_tokens: int) -> BeamSearchParams:
-        return BeamSearchParams(beam_width=self.beam_width, max_tokens=max_tokens, length_penalty=self.length_penalty)
+    def params(self, max_tokens: int, cache_namespace: str) -> BeamSearchParams:
+        """`cache_namespace`: the request's (every step's requests read and write it)."""
+        return BeamSearchParams(beam_width=self.beam_width, max_tokens=max_tokens, length_penalty=self.length_penalty,
+                                cache_namespace=cache_namespace)
 
 
 def beam_fields(body: dict[str, Any]) -> BeamAsk | None:

@@ -6,15 +6,22 @@ whether or not the host tier is on (`host.enabled` says which; its figures are t
 never have to probe for keys: the cause counters list every known cause (0 until seen), `steps`
 is all zeros before the first step, and `speculation` lists every draft source (0 until drafted,
 and all 0 with speculation off).
+
+What a `user` key sees (`tenant_cache_stats_json`) has the same keys: its own tenant's request, token
+and hit figures where the engine's totals stand, the pool's and the host tier's capacity, and 0 for
+every figure that reflects other tenants' traffic (blocks in use, the tree, evictions, preemptions,
+the host tier's contents and copies, steps, structured output, speculation, running and waiting).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from radixserve.core import DRAFT_SOURCES
 from radixserve.engine.stats import EngineStats, by_cause
+from radixserve.server.tenant_stats import TenantUsage
 
 
 @dataclass
@@ -107,3 +114,17 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,
         "system_prompts": system_prompts,
     }
+
+
+def tenant_cache_stats_json(st: EngineStats, block_size: int, usage: TenantUsage, sessions: int,
+                            system_prompts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The body a `user` key sees: cache_stats_json's keys over its tenant's own figures (see above)."""
+    own = EngineStats(blocks_total=st.blocks_total, host_blocks_total=st.host_blocks_total,
+                      prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                      host_cached_tokens=usage.host_cached_tokens, computed_tokens=usage.computed_tokens,
+                      generation_tokens=usage.generation_tokens, cache_hit_requests=usage.hit_requests,
+                      requests_finished=Counter({"stop": usage.requests}))
+    body = cache_stats_json(own, block_size, sessions, system_prompts)
+    body["host"]["blocks"]["free"] = body["host"]["blocks"]["used"] = 0  # how full it is: others' traffic
+    return body
+

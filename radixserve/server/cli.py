@@ -8,6 +8,8 @@ from pathlib import Path
 from radixserve.config import EngineConfig
 from radixserve.engine.tools import FORMATS
 from radixserve.server.config import DEFAULT_WEB_DIR, ServerConfig
+from radixserve.server.pin_target import load_pin_file
+from radixserve.server.tenants import SHARING_MODES, load_api_keys
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,13 +19,29 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=d.port, help="TCP port, 0 for any free one (default %(default)s)")
     g.add_argument("--api-key", default=None,
                    help="require this key: `Authorization: Bearer KEY` over HTTP, `?api_key=KEY` or an auth "
-                        "frame on the WebSocket (default: none; env RADIXSERVE_API_KEY)")
+                        "frame on the WebSocket; an admin key of the tenant 'default' (default: none; env "
+                        "RADIXSERVE_API_KEY)")
+    g.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="keys of tenants: one `KEY TENANT ROLE` per line (ROLE admin or user, `#` comments); each "
+                        "tenant's requests hit only its own cached prefixes, a user key sees only its own tenant's "
+                        "cache figures (docs/tenants.md) (default: none; env RADIXSERVE_API_KEYS_FILE)")
+    g.add_argument("--cache-sharing", default=d.cache_sharing, choices=SHARING_MODES,
+                   help="tenant: a request hits only prefixes its own tenant cached; global: every tenant shares "
+                        "one cache (a single-tenant deployment) (default %(default)s)")
+    g.add_argument("--show-prompt-previews", action="store_true",
+                   help="show system-prompt text in the cache stats, metrics and dashboard to callers without a key; "
+                        "accepted only when --host is a loopback address")
+    g.add_argument("--pin", default=None, metavar="FILE",
+                   help="pin prefixes at start: JSON lines, each {\"system\": ..., \"tenant\": ..., \"label\": ...} "
+                        "(or \"messages\": [...] for a longer prefix); each is prefilled once and kept in the device "
+                        "pool within --pin-budget (docs/pins.md)")
     g.add_argument("--priority-range", default=f"{d.priority_range[0]},{d.priority_range[1]}",
                    help="LOW,HIGH: the `priority` values an ordinary caller may send (lower runs first under "
                         "--policy priority); others get a 400 (default %(default)s)")
     g.add_argument("--priority-api-key", action="append", default=[],
                    help="a key (repeatable; env RADIXSERVE_PRIORITY_API_KEYS, comma-separated) whose holders may "
-                        "send any priority in [-2**31, 2**31]; accepted wherever --api-key is")
+                        "send any priority in [-2**31, 2**31]; accepted wherever --api-key is (an admin key of "
+                        "the tenant 'default')")
     g.add_argument("--allowed-origins", default="",
                    help="comma-separated extra browser origins allowed to open the WebSocket and to send "
                         "POST/PUT/PATCH/DELETE (and given CORS headers), '*' for any (default: same origin only)")
@@ -113,8 +131,12 @@ def _int_pair(text: str, flag: str) -> tuple[int, int]:
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
     import os
 
+    keys_file = a.api_keys or os.environ.get("RADIXSERVE_API_KEYS_FILE") or None
     return ServerConfig(
         host=a.host, port=a.port, api_key=a.api_key or os.environ.get("RADIXSERVE_API_KEY") or None,
+        api_keys=load_api_keys(keys_file) if keys_file is not None else [],
+        cache_sharing=a.cache_sharing, show_prompt_previews=a.show_prompt_previews,
+        pins=load_pin_file(a.pin) if a.pin is not None else [],
         priority_range=_int_pair(a.priority_range, "--priority-range"),
         priority_api_keys=a.priority_api_key + [k for k in os.environ.get("RADIXSERVE_PRIORITY_API_KEYS", "").split(",") if k],
         allowed_origins=[o.strip() for o in a.allowed_origins.split(",") if o.strip()],

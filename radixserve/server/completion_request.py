@@ -24,14 +24,16 @@ from typing import Any
 from radixserve.engine.client import EngineClient
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.sampling_params import SamplingParams
+from radixserve.server.callers import cache_salt_of, namespace_for
 from radixserve.server.completion_logprobs import prompt_logprobs_field
-from radixserve.server.generation import admit_prompt, check_request
+from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request
 from radixserve.server.logprobs import cap_logprob_entries, entries
 from radixserve.server.openai_api import stream_include_usage
 from radixserve.server.sampling_fields import build_sampling_params, sampling_values
 from radixserve.server.speculation_api import tokenize_prediction, with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop, structured_output
+from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, is_int, refuse_unsupported
 
 LEGACY_MAX_LOGPROBS = 5  # OpenAI's bound on the legacy `logprobs` (vLLM allows 20: prompt_logprobs does here)
@@ -64,6 +66,7 @@ class CompletionRequest:
     echo_only: bool  # max_tokens 0: the engine runs one token, which the reply leaves out
     logprobs: int | None  # the legacy field's k; None: not asked
     prompt_logprobs: int | None  # vLLM's field as asked (an echo with logprobs asks the engine, not this)
+    system: SystemPromptRef  # none (a plain-text prompt has no system prompt), counted as the caller's tenant's
 
 
 def parse_prompts(value: Any) -> list[str | list[int]]:
@@ -89,13 +92,14 @@ def parse_prompts(value: Any) -> list[str | list[int]]:
     return items
 
 
-async def parse_completion_request(state: ServerState, body: dict[str, Any],
-                                   priority_bounds: tuple[int, int]) -> CompletionRequest:
+async def parse_completion_request(state: ServerState, body: dict[str, Any], priority_bounds: tuple[int, int],
+                                   caller: Caller) -> CompletionRequest:
     engine = state.require_engine()
     model = get_str(body, "model")
     assert model is not None
     state.require_model(model)
     refuse_unsupported(body, UNSUPPORTED)
+    namespace = namespace_for(caller, cache_salt_of(body), state.config)  # the caller's tenant, its cache_salt
     stream = get_bool(body, "stream")
     include_usage = stream_include_usage(body, stream)
     echo = get_bool(body, "echo")
@@ -135,11 +139,12 @@ async def parse_completion_request(state: ServerState, body: dict[str, Any],
         params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(t),
                                        max_model_len=engine.max_model_len, default_max_tokens=DEFAULT_MAX_TOKENS,
                                        n=n)
-        params = replace(params, ignore_eos=True) if ignore_eos else params
+        params = replace(params, ignore_eos=ignore_eos, cache_namespace=namespace)
         checked = _check(engine, t, params, priority, i if len(tokens) > 1 else None)
         text = "" if not echo else item if isinstance(item, str) else _decode(engine, t)
         prompts.append(Prompt(t, text, checked))
-    return CompletionRequest(model, prompts, n, stream, include_usage, echo, max_tokens == 0, top, prompt_top)
+    return CompletionRequest(model, prompts, n, stream, include_usage, echo, max_tokens == 0, top, prompt_top,
+                             SystemPromptRef.none(caller.tenant))
 
 
 async def _tokens(state: ServerState, engine: EngineClient, item: str | list[int]) -> list[int]:

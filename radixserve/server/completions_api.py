@@ -39,6 +39,7 @@ from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
 from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import openai_stream_error
 from radixserve.server.auth import priority_bounds, request_key
+from radixserve.server.callers import caller_of
 from radixserve.server.completion_logprobs import (
     Entry,
     LegacyLogprobs,
@@ -47,14 +48,12 @@ from radixserve.server.completion_logprobs import (
     prompt_logprobs_body,
 )
 from radixserve.server.completion_request import CompletionRequest, Prompt, parse_completion_request
-from radixserve.server.generation import SystemPromptRef, stream_request
+from radixserve.server.generation import stream_request
 from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
 from radixserve.server.logprobs import OFFLOAD_ENTRIES, TokenTexts
 from radixserve.server.openai_api import usage_dict
 from radixserve.server.speculation_api import merged_drafts, prediction_counts
 from radixserve.server.state import ServerState
-
-NO_SYSTEM = SystemPromptRef.of([], None, 0)  # a plain-text prompt has no system prompt to count
 
 
 @dataclass
@@ -137,7 +136,8 @@ async def completions(request: Request) -> Response:
     # refusals raise here, before any response starts: a JSON error with its status, never a stream
     body = await read_json_object(request, state.config.max_message_bytes)
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
-    req = await parse_completion_request(state, body, priority_bounds(request_key(request.headers), state.config))
+    req = await parse_completion_request(state, body, priority_bounds(request_key(request.headers), state.config),
+                                         caller_of(request))
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))
@@ -147,14 +147,14 @@ async def completions(request: Request) -> Response:
         return Response(status_code=499)  # nobody reads it; the engine requests were aborted
 
 
-async def _outputs(state: ServerState, prompts: list[Prompt]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+async def _outputs(state: ServerState, req: CompletionRequest) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Every prompt's engine outputs, (prompt index, output), as they come. Closing this (or an engine
     error, raised here) cancels the prompts still running, which aborts their engine requests."""
     queue: asyncio.Queue[tuple[int, RequestOutput] | Exception | None] = asyncio.Queue()
 
     async def pump(p: int, prompt: Prompt) -> None:
         try:
-            async with aclosing(stream_request(state, prompt.checked, NO_SYSTEM, "completions")) as outputs:
+            async with aclosing(stream_request(state, prompt.checked, req.system, "completions")) as outputs:
                 async for out in outputs:
                     queue.put_nowait((p, out))
         except Exception as e:  # the consumer raises it, and the others are cancelled
@@ -162,7 +162,7 @@ async def _outputs(state: ServerState, prompts: list[Prompt]) -> AsyncGenerator[
         else:
             queue.put_nowait(None)
 
-    tasks = [asyncio.ensure_future(pump(p, prompt)) for p, prompt in enumerate(prompts)]
+    tasks = [asyncio.ensure_future(pump(p, prompt)) for p, prompt in enumerate(req.prompts)]
     try:
         running = len(tasks)
         while running:
@@ -183,7 +183,7 @@ async def _outputs(state: ServerState, prompts: list[Prompt]) -> AsyncGenerator[
 
 async def _completion(state: ServerState, req: CompletionRequest, rid: str, created: int) -> Response:
     run = _Run.of(req, state.token_texts())
-    async with aclosing(_outputs(state, req.prompts)) as outputs:
+    async with aclosing(_outputs(state, req)) as outputs:
         async for p, out in outputs:
             run.take(p, out)
 
@@ -216,7 +216,7 @@ async def _stream_chunks(state: ServerState, req: CompletionRequest, rid: str,
     run = _Run.of(req, state.token_texts())
     finished = False
     try:
-        async with aclosing(_outputs(state, req.prompts)) as outputs:
+        async with aclosing(_outputs(state, req)) as outputs:
             async for p, out in outputs:
                 for i, text, items, reason in run.take(p, out):
                     logprobs = run.choices[i].logprobs

@@ -6,20 +6,41 @@ Engine knobs live in radixserve.config.EngineConfig; this holds only what the se
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixserve.engine.intake import PRIORITY_LIMIT
 from radixserve.server.hosts import split_host
+from radixserve.server.pin_target import PinTarget, check_tenant, known_tenants
+from radixserve.server.tenants import DEFAULT_TENANT, SHARING_MODES, Caller, Role, TenantKey
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether binding `host` listens on the loopback interface only."""
+    name = host.strip().lower().strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # Bearer token for /v1/* and the WebSocket; None -> open
+    api_key: str | None = None  # Bearer token for /v1/* and the WebSocket: an admin of DEFAULT_TENANT
+    # keys of tenants with roles (--api-keys FILE, loaded by the CLI: the config carries the keys, not the
+    # path, so a replica elsewhere needs no file); with neither these nor api_key the server is open
+    api_keys: list[TenantKey] = field(default_factory=list)
+    cache_sharing: str = "tenant"  # "tenant": each tenant hits only its own prefixes; "global": all share
+    # show system-prompt previews to unauthenticated callers (an open server); only on a loopback bind
+    show_prompt_previews: bool = False
+    pins: list[PinTarget] = field(default_factory=list)  # pinned once the model is loaded (--pin FILE)
     allowed_origins: list[str] = field(default_factory=list)  # extra WebSocket/CORS origins; "*" -> any
     # Host names answered besides the loopback names and the bound host ("name" any port, "name:port"); "*" -> any
     allowed_hosts: list[str] = field(default_factory=list)
@@ -99,6 +120,16 @@ class ServerConfig:
             raise ValueError(f"priority_range must be LOW,HIGH with -2**31 <= LOW <= HIGH <= 2**31, got {low},{high}")
         if not all(self.priority_api_keys):
             raise ValueError("priority API keys must not be empty")
+        if self.cache_sharing not in SHARING_MODES:
+            raise ValueError(f"cache_sharing must be one of {SHARING_MODES}, got {self.cache_sharing!r}")
+        listed = [k.key for k in self.tenant_keys()]
+        if len(set(listed)) != len(listed):
+            raise ValueError("a key is given twice (--api-key, --priority-api-key and --api-keys must not overlap)")
+        for pin in self.pins:  # a pin no key's requests could hit is a mistake (a typo in --pin FILE)
+            check_tenant(pin.tenant or DEFAULT_TENANT, known_tenants(self.tenant_keys()))
+        if self.show_prompt_previews and not is_loopback_host(self.host):
+            raise ValueError(f"--show-prompt-previews shows system prompts to callers without a key, so it is only "
+                             f"accepted when the server binds a loopback address, not {self.host!r}")
         self.allowed_origins = [o.strip().rstrip("/").lower() for o in self.allowed_origins if o.strip()]
         self.allowed_hosts = [h.strip().lower() for h in self.allowed_hosts if h.strip()]
         if self.tool_call_parser is not None:
@@ -110,3 +141,13 @@ class ServerConfig:
             if h != "*" and split_host(h) is None:
                 raise ValueError(f"allowed_hosts entries are host names like example.com or example.com:8000 "
                                  f"(no scheme or path), got {h!r}")
+
+    def tenant_keys(self) -> list[TenantKey]:
+        """Every key the server accepts: the --api-keys file's, then --api-key and each --priority-api-key
+        (admins of DEFAULT_TENANT). Empty (the server is open) without --api-key and --api-keys: priority
+        keys alone only widen the priorities their holders may send, as before there were tenants."""
+        if self.api_key is None and not self.api_keys:
+            return []
+        admin = Caller(DEFAULT_TENANT, Role.ADMIN)
+        single = [self.api_key] if self.api_key is not None else []
+        return [*self.api_keys, *(TenantKey(k, admin) for k in [*single, *self.priority_api_keys])]

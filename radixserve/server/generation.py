@@ -25,8 +25,8 @@ from radixserve.engine.client import EngineClient
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
-from radixserve.server.metrics import NONE_KEY
 from radixserve.server.replica_header import note_replica
+from radixserve.server.system_prompts import NONE_KEY
 from radixserve.server.validation import ApiError
 
 if TYPE_CHECKING:
@@ -38,16 +38,24 @@ PREVIEW_CHARS = 80
 
 @dataclass(frozen=True)
 class SystemPromptRef:
+    """A request's system prompt as its tenant's figures count it (tenant_stats.py)."""
+
     key: str  # hash of the system prompt's token IDs, or "none"
     preview: str
     length: int  # tokens
+    tenant: str  # the caller's: its request counts in this tenant's figures only
 
     @classmethod
-    def of(cls, tokens: Sequence[int], text: str | None, implicit_len: int) -> SystemPromptRef:
+    def of(cls, tokens: Sequence[int], text: str | None, implicit_len: int, tenant: str) -> SystemPromptRef:
         """`implicit_len`: the template's own preamble length, used when there is no system prompt."""
         if not tokens or text is None:
-            return cls(NONE_KEY, "", implicit_len)
-        return cls(token_hash(tokens), " ".join(text.split())[:PREVIEW_CHARS], len(tokens))
+            return cls(NONE_KEY, "", implicit_len, tenant)
+        return cls(token_hash(tokens), " ".join(text.split())[:PREVIEW_CHARS], len(tokens), tenant)
+
+    @classmethod
+    def none(cls, tenant: str) -> SystemPromptRef:
+        """A prompt without a system prompt to count (a plain-text completion)."""
+        return cls(NONE_KEY, "", 0, tenant)
 
 
 def api_error_from(exc: BaseException) -> ApiError:
@@ -141,11 +149,13 @@ async def stream_request(state: ServerState, request: ValidatedRequest, system: 
 
 
 def record_system_prompt(state: ServerState, system: SystemPromptRef, usage: Usage, replica: str | None) -> None:
-    """One finished request in the per-system-prompt table, and in its replica's when it has one."""
+    """One finished request in its tenant's figures and system-prompt table, and in its replica's
+    table when it has one."""
     m = state.metrics
-    for tracker in (m.system_prompts, m.replica_prompts(replica) if replica is not None else None):
-        if tracker is not None:
-            tracker.record(system.key, system.preview, system.length, usage.prompt_tokens, usage.cached_tokens)
+    m.tenants.record(system.tenant, system.key, system.preview, system.length, usage)
+    if replica is not None:
+        m.replica_prompts(replica).record(system.key, system.preview, system.length, usage.prompt_tokens,
+                                          usage.cached_tokens)
 
 
 def _record(state: ServerState, out: RequestOutput, system: SystemPromptRef, api: str, replica: str | None) -> None:

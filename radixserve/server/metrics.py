@@ -8,99 +8,28 @@ step, from the steps the engine recorded, taken in on the event loop (ServerStat
 server code runs on the engine thread. The admission-blocked and preemption counters are labelled by cause,
 every known cause always present; so are the reasons of the connection and generation refusals
 (connections.py, admission.py). The families of one engine feature each (structured output, the
-host tier, speculative decoding) are feature_metrics.py's. System prompts are keyed by a hash of their token IDs;
-`SystemPromptTracker` keeps exact per-prompt counters for the JSON table and bounded, monotonic label
-sets for Prometheus: a prompt gets its own label value on its first request while fewer than `labels`
-prompts have one, and keeps it (labels are never taken back, so its first request counts under its
-label too); every other request counts under "other", requests without a system prompt under "none".
-A request "hit" when its cached tokens cover its whole system prompt (for "none": the template's own
-preamble, e.g. SmolLM2's default system prompt).
+host tier, speculative decoding) are feature_metrics.py's. The per-tenant figures and system-prompt
+tables (tenant_stats.py, system_prompts.py) are not in the registry: what a scrape shows of them
+depends on its caller (app.metrics adds a TenantCollector for it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from radixserve.core import StepInfo
 from radixserve.engine.stats import by_cause
 from radixserve.server.cache_stats import StepUtilization
 from radixserve.server.feature_metrics import constraint_metrics, counter, host_tier_metrics, speculation_metrics
+from radixserve.server.system_prompts import SystemPromptTracker
+from radixserve.server.tenant_stats import TenantStats
 
-NONE_KEY, OTHER_KEY = "none", "other"
 UTILIZATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
-MAX_TRACKED = 4096  # exact per-prompt rows kept for the JSON table
-
-
-@dataclass
-class PromptCounts:
-    requests: int = 0
-    hit_requests: int = 0  # the whole system prompt came from the cache
-    cached_tokens: int = 0
-    computed_tokens: int = 0
-
-    def add(self, hit: bool, prompt_tokens: int, cached_tokens: int) -> None:
-        self.requests += 1
-        self.hit_requests += int(hit)
-        self.cached_tokens += cached_tokens
-        self.computed_tokens += prompt_tokens - cached_tokens
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_rate": self.hit_requests / self.requests if self.requests else 0.0}
-
-
-class SystemPromptTracker:
-    def __init__(self, labels: int, max_tracked: int = MAX_TRACKED) -> None:
-        self.labels, self.max_tracked = labels, max_tracked
-        self.exact: dict[str, PromptCounts] = {}
-        self.previews: dict[str, str] = {NONE_KEY: "(no system prompt)", OTHER_KEY: "(other system prompts)"}
-        self.labelled: dict[str, PromptCounts] = {NONE_KEY: PromptCounts(), OTHER_KEY: PromptCounts()}
-        self.total = PromptCounts()
-        self.untracked = PromptCounts()  # exact rows dropped to stay within max_tracked
-
-    def record(self, key: str, preview: str, system_len: int, prompt_tokens: int, cached_tokens: int) -> None:
-        hit = cached_tokens >= system_len > 0
-        self.total.add(hit, prompt_tokens, cached_tokens)
-        if key not in self.exact and len(self.exact) >= self.max_tracked:
-            self._drop_smallest()
-        row = self.exact.setdefault(key, PromptCounts())
-        row.add(hit, prompt_tokens, cached_tokens)
-        self.previews.setdefault(key, preview)
-        label = self._label_for(key)
-        self.labelled.setdefault(label, PromptCounts()).add(hit, prompt_tokens, cached_tokens)
-
-    def _label_for(self, key: str) -> str:
-        # A label is decided on a prompt's first request, so that request counts under it too: moving
-        # it out of "other" later would make "other" go down, which a Prometheus counter must not.
-        if key in self.labelled or len(self.labelled) - 2 < self.labels:
-            return key
-        return OTHER_KEY
-
-    def _drop_smallest(self) -> None:
-        victim = min((k for k in self.exact if k not in self.labelled), key=lambda k: self.exact[k].requests,
-                     default=None)
-        if victim is not None:
-            c = self.exact.pop(victim)
-            self.previews.pop(victim, None)
-            for f in ("requests", "hit_requests", "cached_tokens", "computed_tokens"):
-                setattr(self.untracked, f, getattr(self.untracked, f) + getattr(c, f))
-
-    def table(self, top: int) -> list[dict[str, Any]]:
-        """The `top` busiest system prompts by request count, then "other" for the rest."""
-        ranked = sorted(self.exact.items(), key=lambda kv: kv[1].requests, reverse=True)
-        shown, rest = ranked[:top], PromptCounts(**asdict(self.untracked))
-        for _, c in ranked[top:]:
-            for f in ("requests", "hit_requests", "cached_tokens", "computed_tokens"):
-                setattr(rest, f, getattr(rest, f) + getattr(c, f))
-        rows = [{"id": k, "preview": self.previews.get(k, ""), **c.to_json()} for k, c in shown]
-        if rest.requests:
-            rows.append({"id": OTHER_KEY, "preview": self.previews[OTHER_KEY], **rest.to_json()})
-        return rows
 
 
 class ServerMetrics:
@@ -108,8 +37,9 @@ class ServerMetrics:
 
     def __init__(self, system_prompt_labels: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.system_prompts = SystemPromptTracker(system_prompt_labels)
-        self.by_replica: dict[str, SystemPromptTracker] = {}  # the same, per engine replica (scaleout/)
+        self.system_prompt_labels = system_prompt_labels
+        self.tenants = TenantStats(system_prompt_labels)  # per tenant: its figures and system-prompt table
+        self.by_replica: dict[str, SystemPromptTracker] = {}  # system prompts per engine replica (scaleout/)
         r = self.registry
         self.ttft = Histogram("radixserve_time_to_first_token_seconds", "Arrival to first generated token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -141,7 +71,7 @@ class ServerMetrics:
     def replica_prompts(self, replica: str) -> SystemPromptTracker:
         tracker = self.by_replica.get(replica)
         if tracker is None:
-            tracker = self.by_replica[replica] = SystemPromptTracker(self.system_prompts.labels)
+            tracker = self.by_replica[replica] = SystemPromptTracker(self.system_prompt_labels)
         return tracker
 
     def observe_step(self, step: StepInfo) -> None:
@@ -155,7 +85,7 @@ class ServerMetrics:
     def attach(self, engine_stats: Callable[[], Any | None], sessions: Callable[[], Any | None],
                refusals: Callable[[], dict[str, dict[str, int]]]) -> None:
         self.registry.register(_EngineCollector(engine_stats))
-        self.registry.register(_ServerStateCollector(self.system_prompts, sessions, refusals))
+        self.registry.register(_ServerStateCollector(sessions, refusals))
 
 
 class _EngineCollector(Collector):
@@ -212,35 +142,13 @@ class _EngineCollector(Collector):
 
 
 class _ServerStateCollector(Collector):
-    def __init__(self, tracker: SystemPromptTracker, sessions: Callable[[], Any | None],
-                 refusals: Callable[[], dict[str, dict[str, int]]]) -> None:
-        self.tracker, self.sessions, self.refusals = tracker, sessions, refusals
+    def __init__(self, sessions: Callable[[], Any | None], refusals: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.sessions, self.refusals = sessions, refusals
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        fams = {
-            "requests": CounterMetricFamily("radixserve_system_prompt_requests",
-                                            "Requests per system prompt", labels=["system_prompt"]),
-            "hit_requests": CounterMetricFamily("radixserve_system_prompt_hit_requests",
-                                                "Requests whose whole system prompt was cached",
-                                                labels=["system_prompt"]),
-            "cached_tokens": CounterMetricFamily("radixserve_system_prompt_cached_tokens",
-                                                 "Cached prompt tokens of requests per system prompt",
-                                                 labels=["system_prompt"]),
-            "computed_tokens": CounterMetricFamily("radixserve_system_prompt_computed_tokens",
-                                                   "Computed prompt tokens of requests per system prompt",
-                                                   labels=["system_prompt"]),
-        }
-        info = InfoMetricFamily("radixserve_system_prompt", "Preview of each labelled system prompt",
-                                labels=["system_prompt"])
-        for key, counts in list(self.tracker.labelled.items()):
-            for field_name, fam in fams.items():
-                fam.add_metric([key], getattr(counts, field_name))
-            info.add_metric([key], {"preview": self.tracker.previews.get(key, "")[:60]})
-        yield from fams.values()
-        yield info
         store = self.sessions()
         if store is not None:
             yield GaugeMetricFamily("radixserve_sessions", "Chat sessions and stored responses held", value=len(store))

@@ -6,7 +6,8 @@ features this server does not implement (audio) are refused with 400 rather than
 silently ignored. Tools (`tools`, `tool_choice`, tool history messages, `message.tool_calls`,
 streamed `delta.tool_calls`) are server/openai_tools.py's. Structured output (`response_format`,
 `structured_outputs`, `guided_*`) becomes SamplingParams.structured (server/structured_api.py).
-usage.prompt_tokens_details.cached_tokens reports the prefix-cache hit, and the extension field
+usage.prompt_tokens_details.cached_tokens reports the prefix-cache hit (only of prefixes the caller's
+tenant cached, with the same `cache_salt` when the request sends one: server/callers.py), and the extension field
 prompt_tokens_details.host_cached_tokens the part of it loaded back from the host-memory tier (0
 while the tier is off). `prediction` (OpenAI's Predicted Outputs) becomes draft tokens for
 speculative decoding, never a change to the output; usage.completion_tokens_details reports OpenAI's
@@ -48,6 +49,7 @@ from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import openai_stream_error
 from radixserve.server.auth import priority_bounds, request_key
 from radixserve.server.beam_api import BeamAsk, beam_choices, beam_fields, run_beam_search
+from radixserve.server.callers import cache_salt_of, caller_of, namespace_for
 from radixserve.server.completion_logprobs import prompt_logprobs_body, prompt_logprobs_field
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
@@ -63,6 +65,7 @@ from radixserve.server.sampling_fields import build_sampling_params, sampling_va
 from radixserve.server.speculation_api import completion_tokens_details, tokenize_prediction, with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop, structured_output
+from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, refuse_unsupported
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -133,14 +136,15 @@ def _logprobs(body: dict[str, Any]) -> int | None:
     return (top or 0) if asked else None
 
 
-async def parse_chat_request(state: ServerState, body: dict[str, Any],
-                             priority_bounds: tuple[int, int]) -> ChatRequest:
+async def parse_chat_request(state: ServerState, body: dict[str, Any], priority_bounds: tuple[int, int],
+                             caller: Caller) -> ChatRequest:
     formatter, _ = state.require_chat()
     engine = state.require_engine()
     model = get_str(body, "model")
     assert model is not None
     state.require_model(model)
     refuse_unsupported(body, UNSUPPORTED)
+    namespace = namespace_for(caller, cache_salt_of(body), state.config)  # the caller's tenant, its cache_salt
     structured = structured_output(body)
     tools = tool_request(body, formatter.tool_format)
     structured = tool_constraint(tools, structured)  # required/named (or strict tools): the call's
@@ -170,13 +174,14 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any],
                                spent=entries(len(prompt), sampling["prompt_logprobs"]))
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
+    params.cache_namespace = namespace
     # a beam search is checked by its driver, with the parameters of its steps
     await compile_off_loop(engine, params.structured)  # the check below then finds it compiled
     checked = check_request(engine, prompt, params, priority) if beam is None else None
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
-    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len)
+    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len, caller.tenant)
     return ChatRequest(model, messages, params, stream, include_usage, prompt, system, priority,
-                       beam.params(params.max_tokens) if beam is not None else None, checked, tools)
+                       beam.params(params.max_tokens, namespace) if beam is not None else None, checked, tools)
 
 
 def stream_include_usage(body: dict[str, Any], stream: bool) -> bool:
@@ -210,7 +215,8 @@ async def chat_completions(request: Request) -> Response:
     # refusals raise here, before any response starts: a JSON error with its status, never a stream
     body = await read_json_object(request, state.config.max_message_bytes)
     hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
-    req = await parse_chat_request(state, body, priority_bounds(request_key(request.headers), state.config))
+    req = await parse_chat_request(state, body, priority_bounds(request_key(request.headers), state.config),
+                                   caller_of(request))
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         return EventStream(_stream_chunks(state, req, rid, created))

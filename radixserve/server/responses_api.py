@@ -30,6 +30,7 @@ from radixserve.core import RequestOutput
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.server.admission import hold_generation
 from radixserve.server.auth import priority_bounds, request_key
+from radixserve.server.callers import caller_of, namespace_for
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, until_done_or_gone
 from radixserve.server.responses_events import ResponseHead, response_events
@@ -114,7 +115,8 @@ async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> Re
     """The checked generation and, to keep, its entry in the store; refusals raise before anything starts."""
     formatter, store = state.require_chat()
     engine = state.require_engine()
-    owner = response_owner(request.headers)
+    caller = caller_of(request)
+    owner = response_owner(request.headers, caller)
     previous = previous_response(store, ask, owner)
     prompt = await build_prompt(state, ask, previous)  # long histories are tokenized off the event loop
     tokens = prompt.tokens()
@@ -125,11 +127,13 @@ async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> Re
     except ApiError as e:
         e.param = "max_output_tokens" if e.param == "max_tokens" else e.param  # this API's name for it
         raise
+    params.cache_namespace = namespace_for(caller, ask.cache_salt, state.config)
     checked = check_request(engine, tokens, params, ask.priority)
     head = ResponseHead(new_id("resp"), new_id("msg"), int(time.time()), ask, params.temperature, params.top_p)
-    system = SystemPromptRef.of(prompt.head[:prompt.system_len], ask.instructions, formatter.implicit_prefix_len)
-    entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress")) if ask.store \
-        else None
+    system = SystemPromptRef.of(prompt.head[:prompt.system_len], ask.instructions, formatter.implicit_prefix_len,
+                                caller.tenant)
+    entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant) \
+        if ask.store else None
     return ResponseRun(state, head, prompt, checked, system, entry)
 
 
@@ -177,7 +181,8 @@ async def response_item(request: Request) -> Response:
     if request.query_params.get("stream") not in (None, "false"):
         raise ApiError("unsupported", "streaming a stored response again is not supported by this server",
                        param="stream")
-    found = find_response(store, request.path_params["response_id"], response_owner(request.headers))
+    found = find_response(store, request.path_params["response_id"], response_owner(request.headers,
+                                                                                     caller_of(request)))
     if request.method == "GET":
         return JSONResponse(found.body)
     store.remove(found)  # a generation in flight still answers its client, unkept (responses_store.py)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.server.callers import cache_salt_of
 from radixserve.server.openai_api import ROLES
 from radixserve.server.sampling_fields import sampling_values
 from radixserve.server.state import ServerState
@@ -44,6 +45,7 @@ class ResponsesAsk:
     metadata: dict[str, str] = field(default_factory=dict)
     tool_choice: str = "auto"  # echoed; with no tools "auto" and "none" both mean a text reply
     parallel_tool_calls: bool = True  # echoed; nothing to call
+    cache_salt: str | None = None  # narrows the cache it may hit within its tenant (callers.py)
 
 
 def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[int, int]) -> ResponsesAsk:
@@ -62,7 +64,7 @@ def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[i
         store=get_bool(body, "store", default=True), stream=get_bool(body, "stream"), sampling=sampling,
         priority=get_priority(body, priority_bounds), metadata=metadata(body.get("metadata")),
         tool_choice=_tool_choice(body.get("tool_choice")),
-        parallel_tool_calls=get_bool(body, "parallel_tool_calls", default=True))
+        parallel_tool_calls=get_bool(body, "parallel_tool_calls", default=True), cache_salt=cache_salt_of(body))
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:

@@ -22,8 +22,9 @@ with the chat sessions; the session endpoints never see them (SessionStore.find 
 
 Ownership: the `X-Session-Owner` secret when the client sends one, else the caller's API key
 (Bearer) when it sends one, else one anonymous owner, for whom the unguessable id (192 bits) alone
-is the capability. Another owner's id is answered exactly like an unknown one (404 not_found),
-without touching the entry.
+is the capability; each bound to the caller's tenant (callers.tenant_bound), so no response, and no
+`previous_response_id`, crosses tenants. Another owner's id is answered exactly like an unknown one
+(404 not_found), without touching the entry.
 
 Lifecycle: a response to keep (`store`, the default) is inserted busy before its response starts
 (so a full store answers 429 or 413, never an opened stream); GET returns it `in_progress` until it
@@ -45,25 +46,29 @@ from typing import Any
 
 from radixserve.engine.chat_template import ChatFormatter, TurnTokens
 from radixserve.server.auth import request_key
+from radixserve.server.callers import tenant_bound
 from radixserve.server.owners import Owner, secret_from_headers
 from radixserve.server.responses_input import ResponsesAsk
 from radixserve.server.sessions import Message, Session, SessionStore, token_array
 from radixserve.server.state import ServerState
+from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError
 
 BODY_OVERHEAD_BYTES = 1024  # the response object's dicts beside the texts the messages hold
 ANONYMOUS = Owner.of(secrets.token_urlsafe(32))  # drawn per process: no client can present its secret
 
 
-def response_owner(headers: Mapping[str, str]) -> Owner:
-    """Whose responses a request reaches (see the module docstring); 400 for a malformed owner secret."""
+def response_owner(headers: Mapping[str, str], caller: Caller) -> Owner:
+    """Whose responses a request reaches (see the module docstring), bound to the caller's tenant; 400
+    for a malformed owner secret."""
     secret = secret_from_headers(headers)
     if secret is not None:
-        return Owner.of(secret)
+        return tenant_bound(Owner.of(secret), caller.tenant)
     key = request_key(headers)
     if key:  # domain-separated from owner secrets; a key need not be ASCII
-        return Owner(hashlib.sha256(b"api-key\0" + key.encode("utf-8", "surrogatepass")).digest())
-    return ANONYMOUS
+        return tenant_bound(Owner(hashlib.sha256(b"api-key\0" + key.encode("utf-8", "surrogatepass")).digest()),
+                            caller.tenant)
+    return tenant_bound(ANONYMOUS, caller.tenant)
 
 
 def new_id(prefix: str) -> str:
@@ -131,11 +136,12 @@ async def build_prompt(state: ServerState, ask: ResponsesAsk, previous: StoredRe
 
 
 def open_entry(store: SessionStore, response_id: str, owner: Owner, instructions: str | None, prompt: Prompt,
-               body: dict[str, Any]) -> StoredResponse:
+               body: dict[str, Any], tenant: str) -> StoredResponse:
     """Insert the response (busy, `body` in progress) before it generates; 429/413 when it cannot fit."""
     entry = StoredResponse(id=response_id, system_prompt=instructions, sampling={}, created=time.time(),
                            last_used=store.clock(), owner=owner.digest, tokens=token_array(prompt.head + prompt.turn.user),
-                           system_len=prompt.system_len, messages=prompt.messages, busy=response_id, body=body)
+                           system_len=prompt.system_len, messages=prompt.messages, busy=response_id, body=body,
+                           tenant=tenant)
     return store.insert(entry)
 
 

@@ -4,7 +4,9 @@ POST /v1/sessions/{id}/messages answers with one JSON object, or with `stream: t
 whose events are shaped like the WebSocket frames (start, delta, tool_call, done, error). A message is
 a user message (`content`) or, with tools, the results of the last reply's calls (`tool_results`;
 session_tools.py). Every endpoint acts
-only on the caller's sessions, named by the X-Session-Owner header (see owners.py).
+only on the caller's sessions, named by the X-Session-Owner header (see owners.py) under the caller's
+tenant (a session of another tenant is unknown, even with its owner secret: callers.session_owner).
+`cache_salt` on create is kept for every turn of the session; one on a message applies to that turn.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from starlette.routing import Route
 from radixserve.server.admission import client_of, hold_generation
 from radixserve.server.api_errors import error_frame
 from radixserve.server.auth import priority_bounds, request_key
+from radixserve.server.callers import cache_salt_of, caller_of, session_owner
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
-from radixserve.server.owners import Owner, mint_secret, owner_of, secret_from_headers
+from radixserve.server.owners import Owner, mint_secret, secret_from_headers
 from radixserve.server.sampling_fields import parse_sampling
 from radixserve.server.session_tools import session_tools
 from radixserve.server.sessions import Message
 from radixserve.server.speculation_api import with_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import with_structured
+from radixserve.server.tenants import Caller
 from radixserve.server.turns import SessionTurn
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str
 
@@ -37,14 +41,17 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-def create_session(state: ServerState, body: dict[str, Any], secret: str | None, client: str | None) -> dict[str, Any]:
+def create_session(state: ServerState, body: dict[str, Any], secret: str | None, client: str | None,
+                   caller: Caller) -> dict[str, Any]:
     """Shared with the WebSocket's session.create. The new session belongs to `secret`, or to a fresh one
     when the client sent none; either way the reply carries it as `owner`. A system prompt that leaves
     no room for a message and a reply within the context is refused: such a session could never chat.
-    `client` (the peer's address) is charged one creation (429 rate_limited past its allowance)."""
+    `client` (the peer's address) is charged one creation (429 rate_limited past its allowance). The
+    session is the caller's tenant's, and keeps the body's `cache_salt` for its turns."""
     _, store = state.require_chat()
     context, cap = state.require_engine().max_model_len, state.config.max_prompt_tokens
     system_prompt = get_str(body, "system_prompt", required=False, allow_empty=True)
+    salt = cache_salt_of(body)
     sampling = parse_sampling(body.get("sampling"))
     tools = session_tools(state, body)  # rendered into its first tokens, with the system prompt
 
@@ -57,11 +64,15 @@ def create_session(state: ServerState, body: dict[str, Any], secret: str | None,
 
     state.limit_creation(client)  # after validation: a refused body costs no allowance
     secret = secret if secret is not None else mint_secret()
-    return {**store.create(system_prompt, sampling, Owner.of(secret), room, tools).to_json(), "owner": secret}
+    owner = session_owner(secret, caller)
+    assert owner is not None
+    session = store.create(system_prompt, sampling, owner, room, tools, tenant=caller.tenant, cache_salt=salt)
+    return {**session.to_json(), "owner": secret}
 
 
 def _owner(request: Request) -> Owner | None:
-    return owner_of(secret_from_headers(request.headers))
+    """The session owner the request's X-Session-Owner names, bound to its caller's tenant."""
+    return session_owner(secret_from_headers(request.headers), caller_of(request))
 
 
 async def sessions_collection(request: Request) -> Response:
@@ -71,7 +82,7 @@ async def sessions_collection(request: Request) -> Response:
         return JSONResponse({"sessions": [s.summary() for s in store.list(_owner(request))]})
     secret = secret_from_headers(request.headers)
     body = await read_json_object(request, state.config.max_message_bytes)
-    return JSONResponse(create_session(state, body, secret, client_of(request)), status_code=201)
+    return JSONResponse(create_session(state, body, secret, client_of(request), caller_of(request)), status_code=201)
 
 
 async def session_item(request: Request) -> Response:

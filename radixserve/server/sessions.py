@@ -37,8 +37,12 @@ the least recently used), counting what the requester is adding. An owner over i
 displaces an owner within it: it is refused with 429 and `retry_after` instead. So one owner's flood
 evicts its own sessions, not everyone else's; a lone owner still uses the whole store, least
 recently used first. Many owners each within their share compete by LRU: minting secrets is cheap,
-which the per-client creation rate (rate_limit.py) bounds. A tenant, once there are tenants, would
-be one more share key beside the owner.
+which the per-client creation rate (rate_limit.py) bounds.
+
+Tenants (tenants.py): an Owner is bound to its caller's tenant (callers.session_owner), so the same
+secret names a different owner under another tenant and a session of another tenant is unknown to
+the caller like any other owner's, listing included. A session keeps its `tenant` and `cache_salt`
+(every turn's cache namespace derives from them); a fork inherits both.
 
 Stored responses (/v1/responses, responses_store.py) are entries of this store too, a Session
 subclass: one count, byte budget, owner shares, LRU and TTL for both. An entry is found only as its
@@ -61,6 +65,7 @@ from typing import Any, TypeVar
 from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.tools import ToolSpec
 from radixserve.server.owners import NOBODY, Owner
+from radixserve.server.tenants import DEFAULT_TENANT
 from radixserve.server.validation import ApiError
 
 PREVIEW_CHARS = 80
@@ -125,6 +130,8 @@ class Session:
     busy: str | None = None  # gen_id of the generation in flight
     counted_bytes: int = 0  # this session's share of SessionStore.total_bytes
     tools: tuple[ToolSpec, ...] = ()  # rendered into tokens[:system_len]; fixed once the session has messages
+    tenant: str = DEFAULT_TENANT  # the tenant of the key that created it (its owner is bound to it too)
+    cache_salt: str | None = None  # its turns' cache_salt (tenants.cache_namespace), unless a turn names its own
 
     def footprint(self) -> int:
         """Approximate bytes this session holds: its tokens, its texts and per-message overhead."""
@@ -176,11 +183,12 @@ class SessionStore:
         return iter(list(self._sessions.values()))
 
     def create(self, system_prompt: str | None, sampling: dict[str, Any], owner: Owner,
-               room: RoomCheck | None = None, tools: tuple[ToolSpec, ...] = ()) -> Session:
+               room: RoomCheck | None = None, tools: tuple[ToolSpec, ...] = (), tenant: str = DEFAULT_TENANT,
+               cache_salt: str | None = None) -> Session:
         """A new session; `room` is given the shortest prompt it could ever send (system prompt and
         tools + a one-token message + the generation prompt) and raises if that cannot be served."""
         s = self._new(system_prompt, sampling, owner)
-        s.tools = tools
+        s.tools, s.tenant, s.cache_salt = tools, tenant, cache_salt
         if system_prompt is not None or tools:
             self.render_start(s)
             if room is not None:
@@ -295,6 +303,10 @@ class SessionStore:
         if s.id in self._sessions:
             self._sessions.move_to_end(s.id)
 
+    def count(self, tenant: str) -> int:
+        """Sessions and stored responses of `tenant`."""
+        return sum(1 for s in self._sessions.values() if s.tenant == tenant)
+
     def list(self, owner: Owner | None) -> list[Session]:
         """The caller's sessions, newest first (none for a caller without an owner secret)."""
         self.expire()
@@ -320,6 +332,7 @@ class SessionStore:
         cut = parent.messages[at_message].token_start if at_message < len(parent.messages) else len(parent.tokens)
         child = self._new(parent.system_prompt, parent.sampling, Owner(parent.owner))  # the caller's
         child.tokens, child.system_len, child.tools = parent.tokens[:cut], parent.system_len, parent.tools
+        child.tenant, child.cache_salt = parent.tenant, parent.cache_salt  # its cached prefix is the parent's
         child.messages = [dataclasses.replace(m) for m in parent.messages[:at_message]]  # texts are shared
         return self.insert(child)  # may evict the parent when the cap is 1
 

@@ -21,6 +21,7 @@ from radixserve.server.config import ServerConfig
 from radixserve.server.connections import ConnectionGuard
 from radixserve.server.logprobs import TokenTexts
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.pin_book import PinBook
 from radixserve.server.prompt_worker import PromptWorker
 from radixserve.server.rate_limit import CreationRateLimiter
 from radixserve.server.sessions import SessionStore
@@ -79,6 +80,7 @@ class ServerState:
     generations: GenerationLimits = field(default_factory=GenerationLimits)
     connections: ConnectionGuard | None = None  # set by the uvicorn runner (runner.py); None under Ray Serve's proxy
     prompt_worker: PromptWorker | None = None  # tokenizes large prompts and turns off the event loop, once loaded
+    pins: PinBook = field(default_factory=PinBook)  # the pins this server made: tenants, origins, expiry
     # more of GET /v1/cache/stats, from whoever built the app around a multi-replica engine (scaleout/)
     extra_cache_stats: Callable[[], dict[str, Any]] | None = None
 

@@ -19,6 +19,9 @@ Whatever happens after construction the turn ends in exactly one of two ways: no
 and the user message is rolled back, or the reply (possibly partial, finish_reason "abort") is
 appended with the tokens the model produced and the template's end-of-turn tokens. Either way the
 session is free again.
+
+Its cache namespace is the session's tenant's, with the turn's `cache_salt` when it sends one, else
+the session's (tenants.cache_namespace): every turn of a session hits what the turns before it cached.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 from radixserve.core import RequestOutput
 from radixserve.engine.chat_template import TurnTokens
 from radixserve.engine.chat_tools import ChatTools
+from radixserve.server.callers import cache_salt_of
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.openai_tools import tool_constraint
 from radixserve.server.owners import Owner
@@ -39,6 +43,7 @@ from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Mess
 from radixserve.server.speculation_api import speculation_json, tokenize_prediction
 from radixserve.server.state import ServerState
 from radixserve.server.structured_api import compile_off_loop
+from radixserve.server.tenants import cache_namespace
 from radixserve.server.validation import ApiError
 
 
@@ -67,6 +72,7 @@ class SessionTurn:
         `content` is the user message; None when `body` (the frame or request body, read for its tool
         fields: tools, tool_choice, parallel_tool_calls, tool_results) answers tool calls instead."""
         formatter, store = state.require_chat()
+        salt = cache_salt_of(body or {})  # this turn's own, else the session's
         session = store.get(session_id, owner)
         check_free(session)  # a busy session costs no tokenizing
         tools = turn_tools(state, body or {}, session)
@@ -83,13 +89,14 @@ class SessionTurn:
         turn = await state.require_prompts().append_messages(history, inputs, rendered)
         # the await may have let the session go (404 here) or move on; the constructor checks the rest
         return cls(state, store.get(session_id, owner), inputs, sampling, gen_id, priority, history, turn,
-                   tools, start)
+                   tools, start, salt)
 
     def __init__(self, state: ServerState, session: Session, inputs: list[dict[str, Any]], sampling: dict[str, Any],
                  gen_id: str, priority: int, history: list[dict[str, Any]], turn: TurnTokens,
-                 tools: ChatTools | None = None, start: list[int] | None = None) -> None:
+                 tools: ChatTools | None = None, start: list[int] | None = None, cache_salt: str | None = None) -> None:
         """Use `prepare`: `turn` is what `history` + `inputs` tokenize to, checked against the session here;
-        `start`: the session's first tokens with the turn's tools, when they bring the session its tools."""
+        `start`: the session's first tokens with the turn's tools, when they bring the session its tools;
+        `cache_salt`: the turn's own (None: the session's)."""
         formatter, store = state.require_chat()
         engine = state.require_engine()
         check_free(session)
@@ -109,9 +116,11 @@ class SessionTurn:
         merged = {"temperature": cfg.default_temperature, "top_p": cfg.default_top_p, **session.sampling, **sampling}
         params = build_sampling_params(merged, prompt_len=len(prompt), max_model_len=engine.max_model_len,
                                        default_max_tokens=cfg.default_max_tokens)
+        salt = cache_salt if cache_salt is not None else session.cache_salt
+        params.cache_namespace = cache_namespace(session.tenant, salt, cfg.cache_sharing)
         self.request = check_request(engine, prompt, params, priority)
         self.system = SystemPromptRef.of(session.tokens[:session.system_len], session.system_prompt,
-                                         formatter.implicit_prefix_len)
+                                         formatter.implicit_prefix_len, session.tenant)
         self.end_ids = tuple(engine.eos_token_ids) + tuple(params.stop_token_ids)
         span = (len(head), len(head) + len(turn.user))  # consecutive tool results share one span (sessions.py)
         messages = [Message(m["role"], m["content"], *span, tool_call_id=m.get("tool_call_id")) for m in inputs]

@@ -14,8 +14,9 @@ client that does not read — the frames waiting for it (SendBuffer) would excee
 `ws_send_buffer_bytes`. Then the queued frames are dropped at once, the reader stops taking frames,
 the connection's generations are aborted and the close frame is sent as soon as the socket takes it.
 `req` is echoed on replies, so it must be small and shallow (validation.check_req).
-Session frames name their owner in an `owner` field (owners.py): the connection itself carries no
-identity.
+Session frames name their owner in an `owner` field (owners.py); the connection's key (query
+parameter or auth frame) makes its caller (callers.py): the tenant its sessions belong to and whose
+cache its chats hit, narrowed by a session.create or chat frame's `cache_salt`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from radixserve.server.admission import Slot, client_of
 from radixserve.server.api_errors import error_frame
-from radixserve.server.auth import key_accepted, priority_bounds
+from radixserve.server.auth import priority_bounds
+from radixserve.server.callers import OPEN_CALLER, resolve_caller, session_owner, set_caller
 from radixserve.server.http_util import dumps
-from radixserve.server.owners import owner_of, secret_from_frame
+from radixserve.server.owners import secret_from_frame
 from radixserve.server.rest import create_session
 from radixserve.server.sampling_fields import parse_sampling
 from radixserve.server.send_buffer import SendBuffer
@@ -86,7 +88,8 @@ class Connection:
         self.ws, self.state = ws, state
         self.outbox = SendBuffer(state.config.ws_send_buffer_bytes)
         self.generations: dict[str, Generation] = {}
-        self.authed = state.config.api_key is None
+        self.authed = not state.config.tenant_keys()  # an open server: every connection is OPEN_CALLER
+        self.caller = OPEN_CALLER  # replaced by the key's caller when it authenticates
         self.priority_bounds = state.config.priority_range  # widened by a priority key (auth frame or query)
         self.closed = False
         self.stopped = asyncio.Event()  # wakes the reader when the connection must end
@@ -165,10 +168,13 @@ class Connection:
         return receive.result() if receive.done() and not receive.cancelled() else None
 
     def _authenticate(self, key: object) -> bool:
-        """Check a presented key; a priority key also widens the priorities this connection may send."""
-        if not key_accepted(key, self.state.config):
+        """Check a presented key: the connection acts as its caller from now on (its tenant, role); a
+        priority key also widens the priorities this connection may send."""
+        caller = resolve_caller(key, self.state.config)
+        if caller is None:
             return False
-        self.authed, self.priority_bounds = True, priority_bounds(key, self.state.config)
+        self.authed, self.caller, self.priority_bounds = True, caller, priority_bounds(key, self.state.config)
+        set_caller(self.ws, caller)
         return True
 
     def _reject(self, why: str) -> None:
@@ -207,11 +213,12 @@ class Connection:
             reply({"type": "auth.ok"})
         elif kind == "session.create":
             reply({"type": "session.created",
-                   "session": create_session(self.state, frame, secret_from_frame(frame), client_of(self.ws))})
+                   "session": create_session(self.state, frame, secret_from_frame(frame), client_of(self.ws),
+                                             self.caller)})
         elif kind == "session.resume":
             _, store = self.state.require_chat()
             session_id = get_str(frame, "session_id")
-            owner = owner_of(secret_from_frame(frame))
+            owner = session_owner(secret_from_frame(frame), self.caller)
             reply({"type": "session.resumed", "session": store.get(session_id, owner).to_json()})
         elif kind == "chat":
             self.start_chat(frame, has_req, req)
@@ -238,7 +245,7 @@ class Connection:
             limit = self.state.config.max_generations_per_connection
             if len(self.generations) >= limit:
                 raise ApiError("too_many_generations", f"at most {limit} generations may run on one connection", 429)
-            owner = owner_of(secret_from_frame(frame))
+            owner = session_owner(secret_from_frame(frame), self.caller)
             check_free(session := store.get(session_id, owner))  # prepare checks again after tokenizing
             slot = self.state.generations.acquire(client_of(self.ws), self.state.config)  # before tokenizing
         except ApiError as e:

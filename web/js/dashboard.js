@@ -2,7 +2,8 @@
 // keeps a bounded history and draws it — hit rate, KV blocks, running/waiting requests, token
 // throughput — plus stat cards, the host-memory tier panel (host_panel.js), the speculative-decoding
 // panel (spec_panel.js: tokens per step, acceptance by draft source), the replicas panel
-// (replicas_panel.js), the per-system-prompt hit table and a list of every metric family.
+// (replicas_panel.js), the live picture of the radix tree (tree_view.js), the per-system-prompt hit
+// table and a list of every metric family.
 // Polls fast while visible and slowly in the background so the charts have history when opened.
 // A failed or malformed reply is shown in the status line (and once as a toast), never ignored.
 
@@ -12,6 +13,7 @@ import { HostPanel } from "./host_panel.js";
 import { firstPresent, histogramQuantile, parsePrometheus, sampleSum } from "./prometheus.js";
 import { ReplicasPanel } from "./replicas_panel.js";
 import { SpecPanel } from "./spec_panel.js";
+import { TreeView } from "./tree_view.js";
 import { errorMessage, fmtInt, fmtMs, fmtPct, h, toast } from "./ui.js";
 
 const VISIBLE_POLL_MS = 1000;
@@ -21,8 +23,9 @@ const RECENT_WINDOW_MS = 10_000; // hit rate and token rates are averaged over t
 const COLORS = { a: "#6366f1", b: "#10b981", c: "#f59e0b", d: "#ef4444" };
 
 // Metric names from docs/server.md; lists so a renamed metric degrades to "—" rather than breaking.
-const PROMPT_COUNTERS = ["radixserve_prompt_tokens_total"];
-const GEN_COUNTERS = ["radixserve_generation_tokens_total"];
+// A `user` key's /metrics has only its tenant's series (docs/tenants.md): the tenant_* names are its fallback.
+const PROMPT_COUNTERS = ["radixserve_prompt_tokens_total", "radixserve_tenant_prompt_tokens_total"];
+const GEN_COUNTERS = ["radixserve_generation_tokens_total", "radixserve_tenant_generation_tokens_total"];
 const RUNNING_GAUGES = ["radixserve_requests_running"];
 const WAITING_GAUGES = ["radixserve_requests_waiting"];
 const TTFT_HISTOGRAM = "radixserve_time_to_first_token_seconds";
@@ -44,6 +47,7 @@ export class Dashboard {
     this.hostPanel = new HostPanel(document.getElementById("host-panel"));
     this.replicasPanel = new ReplicasPanel(document.getElementById("replicas-panel"));
     this.specPanel = new SpecPanel(document.getElementById("spec-panel"));
+    this.treeView = new TreeView(document.getElementById("tree-panel"));
     const pct = (v) => fmtPct(v);
     this.charts = {
       hit: new TimeChart(document.getElementById("chart-hit-rate"), {
@@ -88,6 +92,7 @@ export class Dashboard {
   async poll() {
     if (this.inFlight) return;
     this.inFlight = true;
+    if (this.visible) this.treeView.refresh(); // on its own: it shows its own failures
     try {
       const [stats, metricsText] = await Promise.all([api.cacheStats(), api.metricsText()]);
       const families = parsePrometheus(metricsText);
@@ -209,6 +214,13 @@ export class Dashboard {
       return;
     }
     const sorted = [...rows].sort((a, b) => (num(b.requests) ?? 0) - (num(a.requests) ?? 0));
+    // an admin sees every tenant's prompts (each row names its tenant); the text is "" where it is
+    // hidden (an open server without --show-prompt-previews): the row shows the prompt's id instead
+    const tenants = new Set(rows.map((r) => r.tenant));
+    const label = (r) => {
+      const text = String(r.preview ?? "") || (r.id ? `#${String(r.id).slice(0, 12)}` : "(empty)");
+      return tenants.size > 1 && r.tenant ? `[${r.tenant}] ${text}` : text;
+    };
     this.tableBody.replaceChildren(...sorted.map((r) => {
       const rate = num(r.hit_rate);
       const bar = h("div", { className: "bar", attrs: { role: "meter", "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(Math.round((rate ?? 0) * 100)), "aria-label": "hit rate" } }, [
@@ -216,7 +228,7 @@ export class Dashboard {
       ]);
       bar.firstChild.style.width = `${Math.max(0, Math.min(1, rate ?? 0)) * 100}%`;
       return h("tr", {}, [
-        h("td", { className: "sp-preview", title: String(r.preview ?? ""), textContent: String(r.preview ?? r.id ?? "") || "(empty)" }),
+        h("td", { className: "sp-preview", title: String(r.preview ?? ""), textContent: label(r) }),
         h("td", { className: "num", textContent: fmtInt(num(r.requests)) }),
         h("td", { className: "num", textContent: fmtInt(num(r.hit_requests)) }),
         h("td", { className: "num", textContent: fmtInt(num(r.cached_tokens)) }),
