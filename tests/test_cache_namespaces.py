@@ -178,3 +178,20 @@ def test_a_prompt_waits_only_for_a_prefill_of_its_own_namespace(namespaces: tupl
     assert computed[first] > 0 and (computed[second] == 0) == wait, computed
     finals = run_until_done(engine, 100)
     assert (finals[second].usage.cached_tokens > 0) == wait
+
+
+def test_the_pin_figures_reach_the_stats_body_and_metrics() -> None:
+    from radixserve.engine.stats import EngineStats
+    from radixserve.server.cache_stats import cache_stats_json
+    from radixserve.server.metrics import _EngineCollector
+
+    engine = make_engine(block_size=4, num_blocks=64, max_model_len=128)
+    system = words(random.Random(8), 20)
+    pin_prefix(engine, system, "")
+    run_one(engine, system + [5, 6], greedy())
+    st: EngineStats = engine.stats()
+    pins = cache_stats_json(st, 4, 0, [])["pins"]
+    assert pins == {"count": 1, "blocks": 5, "budget_blocks": 16, "cached_tokens": 20, "hit_requests": 1}
+    scraped = {m.name: m.samples[0].value for m in _EngineCollector(lambda: st).collect() if m.samples}
+    assert scraped["radixserve_pins"] == 1 and scraped["radixserve_pinned_blocks"] == 5
+    assert scraped["radixserve_prompt_tokens_cached_pinned"] == 20 and scraped["radixserve_pin_hit_requests"] == 1

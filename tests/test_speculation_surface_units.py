@@ -16,6 +16,7 @@ from radixserve.sampling_params import MAX_PREDICTION_LENGTH
 from radixserve.server.cache_stats import cache_stats_json
 from radixserve.server.completion_request import CompletionRequest
 from radixserve.server.completions_api import _Run
+from radixserve.server.generation import SystemPromptRef
 from radixserve.server.logprobs import TokenTexts
 from radixserve.server.openai_api import usage_body
 from radixserve.server.responses_events import usage_object
@@ -116,7 +117,7 @@ def test_completions_usage_sums_the_prompts_drafts() -> None:
     assert total.prediction_tokens == 30
     assert merged_drafts([None, None]) is None
     assert merged_drafts([DraftCounts(prediction_tokens=3)]) is not None  # predicted, nothing drafted
-    req = CompletionRequest("m", [], 1, False, False, False, False, None, None)
+    req = CompletionRequest("m", [], 1, False, False, False, False, None, None, SystemPromptRef.none("default"))
     run = _Run(req, TokenTexts(None), [], [Usage(10, 0, 4, speculation=drafts()), Usage(12, 0, 5, speculation=other)],
                [None, None])
     details = run.usage_body()["completion_tokens_details"]

@@ -111,6 +111,9 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "host": host_json(st),
         "structured_output": structured_json(st),
         "speculation": speculation_stats_json(st),
+        # pinned prefixes (docs/pins.md): what they hold, and their hits counted apart from the LRU cache's
+        "pins": {"count": st.pins, "blocks": st.pinned_blocks, "budget_blocks": st.pin_budget_blocks,
+                 "cached_tokens": st.pinned_cached_tokens, "hit_requests": st.pin_hit_requests},
         "running": st.num_running, "waiting": st.num_waiting, "sessions": sessions,
         "system_prompts": system_prompts,
     }
@@ -120,6 +123,7 @@ def tenant_cache_stats_json(st: EngineStats, block_size: int, usage: TenantUsage
                             system_prompts: list[dict[str, Any]]) -> dict[str, Any]:
     """The body a `user` key sees: cache_stats_json's keys over its tenant's own figures (see above)."""
     own = EngineStats(blocks_total=st.blocks_total, host_blocks_total=st.host_blocks_total,
+                      pin_budget_blocks=st.pin_budget_blocks,
                       prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                       host_cached_tokens=usage.host_cached_tokens, computed_tokens=usage.computed_tokens,
                       generation_tokens=usage.generation_tokens, cache_hit_requests=usage.hit_requests,

@@ -127,6 +127,13 @@ class _EngineCollector(Collector):
             blocks.add_metric([state], getattr(st, f"blocks_{state}"))
         yield blocks
         yield GaugeMetricFamily("radixserve_kv_blocks_total", "KV blocks in the pool", value=st.blocks_total)
+        yield GaugeMetricFamily("radixserve_pins", "Pinned prefixes", value=st.pins)
+        yield GaugeMetricFamily("radixserve_pinned_blocks", "KV blocks pinned prefixes hold", value=st.pinned_blocks)
+        yield GaugeMetricFamily("radixserve_pin_budget_blocks", "KV blocks pinned prefixes may hold at most",
+                                value=st.pin_budget_blocks)
+        yield counter("radixserve_prompt_tokens_cached_pinned", "Prompt tokens served from pinned prefixes",
+                      st.pinned_cached_tokens)
+        yield counter("radixserve_pin_hit_requests", "Requests that read a pinned prefix", st.pin_hit_requests)
         yield GaugeMetricFamily("radixserve_admission_new_token_ratio",
                                 "Output-aware admission: expected fraction of max_tokens still to generate",
                                 value=st.new_token_ratio)
