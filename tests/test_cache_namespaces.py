@@ -195,3 +195,25 @@ def test_the_pin_figures_reach_the_stats_body_and_metrics() -> None:
     scraped = {m.name: m.samples[0].value for m in _EngineCollector(lambda: st).collect() if m.samples}
     assert scraped["radixserve_pins"] == 1 and scraped["radixserve_pinned_blocks"] == 5
     assert scraped["radixserve_prompt_tokens_cached_pinned"] == 20 and scraped["radixserve_pin_hit_requests"] == 1
+
+
+def test_a_context_nobody_asked_for_leaves_the_pin_budget_free() -> None:
+    from radixserve.engine.sizing import engine_sizes
+
+    class Runner:  # what engine_sizes reads of a model runner on CPU
+        class spec:  # noqa: N801
+            max_position_embeddings = 4096
+        device = type("Device", (), {"type": "cpu"})()
+
+        @staticmethod
+        def kv_layout() -> object:
+            return type("Layout", (), {"bytes_per_block": 1 << 20, "blocks_for_budget": staticmethod(lambda mb: 100)})()
+
+    def sizes(**kw: object) -> tuple[int, int]:
+        s = engine_sizes(EngineConfig(model="unused", block_size=16, **kw), Runner())  # type: ignore[arg-type]
+        return s.num_blocks, s.max_seq_len
+
+    assert sizes() == (100, (100 - 25 - 1) * 16)  # the default budget, and a block to copy, stay free
+    assert sizes(pin_budget=0.0) == (100, 1600)  # no pins: the whole pool, as before
+    assert sizes(max_model_len=4096) == (100, 1600)  # a context asked for is the operator's call
+    assert sizes(num_blocks=50) == (50, 800)

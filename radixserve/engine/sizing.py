@@ -38,7 +38,7 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
         num_blocks = layout.blocks_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
     max_model_len = config.max_model_len or limit
     usable = num_blocks
-    if config.max_model_len is None and not config.num_blocks:
+    if config.max_model_len is None and not config.num_blocks and config.pin_budget > 0:
         # neither the context nor the pool was asked for: a context the pool bounds leaves the pin budget
         # (and a block to copy on write) free, or no prefix could ever be pinned (engine/pins.py)
         usable = max(1, num_blocks - int(config.pin_budget * num_blocks) - 1)
