@@ -11,12 +11,15 @@ entirely: they are not counted in any figure of the view.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from radixserve.cache.radix_nodes import RadixNode, RadixStructure
 
 HEAD_TOKENS = 12  # leading token ids of each node, for its label
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,18 +57,10 @@ def tree_view(tree: RadixStructure | None, limit: int, include: Callable[[str], 
     total_nodes = 0
     for root in roots.values():
         total_nodes += _sum_subtrees(root, subtree)
-    frontier: list[tuple[int, int, int, RadixNode, str]] = []
-    for ns, root in roots.items():
-        for child in root.children.values():
-            heapq.heappush(frontier, (-subtree[child.id], -child.last_access, child.id, child, ns))
-    chosen: list[tuple[RadixNode, str]] = []
-    shown_ids: set[int] = set()
-    while frontier and len(chosen) < limit:
-        *_, node, ns = heapq.heappop(frontier)
-        chosen.append((node, ns))
-        shown_ids.add(node.id)
-        for child in node.children.values():
-            heapq.heappush(frontier, (-subtree[child.id], -child.last_access, child.id, child, ns))
+    chosen = largest_first([(c, ns) for ns, root in roots.items() for c in root.children.values()],
+                           lambda item: [(c, item[1]) for c in item[0].children.values()],
+                           lambda item: (-subtree[item[0].id], -item[0].last_access, item[0].id), limit)
+    shown_ids = {node.id for node, _ in chosen}
     nodes = []
     for node, ns in chosen:
         shown_below = sum(subtree[c.id] for c in node.children.values() if c.id in shown_ids)
@@ -77,6 +72,23 @@ def tree_view(tree: RadixStructure | None, limit: int, include: Callable[[str], 
             hits=node.hits, last_access=node.last_access))
     namespaces = {ns: subtree[root.id] for ns, root in roots.items()}
     return TreeView(nodes, total_nodes, sum(namespaces.values()), namespaces)
+
+
+def largest_first(first: Iterable[T], children: Callable[[T], Iterable[T]],
+                  key: Callable[[T], tuple[int, ...]], limit: int) -> list[T]:
+    """At most `limit` items grown from `first` by always taking the one with the smallest `key` next
+    (the largest subtree, then the most recent) and offering its `children`: a connected selection,
+    every item's parent taken before it. Also how replicas' views merge (scaleout/tree_merge.py)."""
+    order = itertools.count()  # ties on the key never compare the items
+    frontier = [(key(x), next(order), x) for x in first]
+    heapq.heapify(frontier)
+    chosen: list[T] = []
+    while frontier and len(chosen) < limit:
+        *_, item = heapq.heappop(frontier)
+        chosen.append(item)
+        for child in children(item):
+            heapq.heappush(frontier, (key(child), next(order), child))
+    return chosen
 
 
 def _sum_subtrees(root: RadixNode, out: dict[int, int]) -> int:

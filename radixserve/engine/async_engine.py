@@ -63,6 +63,8 @@ class AsyncEngine:
         self._feed = StatsFeed(self.engine)
         self._steps = StepFeed()
         self.engine.add_step_observer(self._steps.publish)
+        # the pins as the engine thread last published them (`pins`, `pin_budget` read it without the step lock)
+        self._pins_view: tuple[list[PinInfo], PinBudget] = ([], self.engine.pins.budget())
         # outputs of the commands being run, sent once the statistics counting them are published
         self._held: list[tuple[RequestOutput | BaseException, str | None]] | None = None
 
@@ -124,7 +126,7 @@ class AsyncEngine:
                 self._fail_all()
                 continue
             with self._lock:
-                self._feed.publish(self.engine)
+                self._publish()
             if progressed:
                 self._last_progress = time.monotonic()
             else:  # a scheduler bug left work it cannot schedule: do not spin; /health reports the stall
@@ -147,11 +149,19 @@ class AsyncEngine:
                     command()
             if ran:
                 with self._lock:
-                    self._feed.publish(self.engine)
+                    self._publish()
         finally:
             held, self._held = self._held or [], None
             for item, rid in held:
                 self._deliver(item, rid)
+
+    def _publish(self) -> None:
+        """On the engine thread, under the step lock: the statistics and the pins, as callers read them."""
+        self._feed.publish(self.engine)
+        self._publish_pins()
+
+    def _publish_pins(self) -> None:
+        self._pins_view = (self.engine.pins.entries(), self.engine.pins.budget())
 
     def _submit(self, command: Callable[[], None]) -> None:
         self._commands.put(command)
@@ -177,7 +187,7 @@ class AsyncEngine:
             for rid in list(self.engine.requests):
                 self.engine.abort(rid)
                 self._deliver(RequestFailedError("the engine step failed; see the server log"), rid)
-            self._feed.publish(self.engine)
+            self._publish()
 
     # -- requests ------------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
@@ -294,6 +304,7 @@ class AsyncEngine:
         def command() -> None:
             try:
                 result = fn()
+                self._publish_pins()  # a pin made or released shows in `pins()` before its caller resumes
             except Exception as exc:
                 loop.call_soon_threadsafe(settle, None, exc)
             else:
@@ -324,12 +335,11 @@ class AsyncEngine:
         return await self._call(lambda: self.engine.pins.unpin(pin_id))
 
     def pins(self) -> list[PinInfo]:
-        with self._lock:
-            return self.engine.pins.entries()
+        """The pins as of the last step or command: at once, never waits for a step."""
+        return list(self._pins_view[0])
 
     def pin_budget(self) -> PinBudget:
-        with self._lock:
-            return self.engine.pins.budget()
+        return self._pins_view[1]
 
     async def cache_tree(self, limit: int, include: Callable[[str], bool] | None = None) -> TreeView:
         """A bounded picture of the radix tree (cache/tree_view.py), of the namespaces `include` allows."""

@@ -15,12 +15,11 @@ replica's own view had left out.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import replace
 
-from radixserve.cache.tree_view import TreeNodeView, TreeView
+from radixserve.cache.tree_view import TreeNodeView, TreeView, largest_first
 
 
 def merge_views(views: Mapping[str, TreeView], limit: int) -> TreeView:
@@ -32,14 +31,8 @@ def merge_views(views: Mapping[str, TreeView], limit: int) -> TreeView:
             renamed = replace(node, id=node.id * width + i,
                               parent=None if node.parent is None else node.parent * width + i)
             children[renamed.parent].append(renamed)
-    frontier = [(-n.subtree_tokens, -n.last_access, n.id, n) for n in children[None]]
-    heapq.heapify(frontier)
-    chosen: list[TreeNodeView] = []
-    while frontier and len(chosen) < limit:
-        *_, node = heapq.heappop(frontier)
-        chosen.append(node)
-        for child in children[node.id]:
-            heapq.heappush(frontier, (-child.subtree_tokens, -child.last_access, child.id, child))
+    chosen = largest_first(children[None], lambda n: children[n.id],
+                           lambda n: (-n.subtree_tokens, -n.last_access, n.id), limit)
     shown = {n.id for n in chosen}
     nodes = [replace(n, hidden_tokens=n.subtree_tokens - n.tokens
                      - sum(c.subtree_tokens for c in children[n.id] if c.id in shown)) for n in chosen]

@@ -27,7 +27,7 @@ from typing import Any
 
 from radixserve.engine.pins import PinInfo
 from radixserve.server.anthropic_request import MessagesRequest
-from radixserve.server.pin_book import PinningEngine, PinRecord
+from radixserve.server.pin_book import PinRecord
 from radixserve.server.pin_prefix import chat_prefix
 from radixserve.server.pin_target import PinTarget
 from radixserve.server.state import ServerState
@@ -74,10 +74,10 @@ async def keep_marked_system(state: ServerState, body: dict[str, Any], caller: C
     """Pin the system prompt of a request whose system blocks carry cache_control (see the module
     docstring): the tokens its pin wrote for it (0 when it was pinned before, or is not pinned)."""
     ttl = requested_ttl(body.get("system"))
-    engine, messages, chat_tools = state.engine, req.conversation.messages, req.conversation.tools
+    engine, messages, chat_tools = state.require_engine(), req.conversation.messages, req.conversation.tools
     tools = chat_tools.template_tools() if chat_tools is not None else None
     namespace = req.checked.params.cache_namespace
-    if ttl is None or not messages or messages[0]["role"] != "system" or not isinstance(engine, PinningEngine):
+    if ttl is None or not messages or messages[0]["role"] != "system":
         return 0
     try:
         tokens = await chat_prefix(state.require_prompts(), messages[:1], tools)

@@ -19,26 +19,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from radixserve.engine.chat_template import token_hash
-from radixserve.engine.pins import PinBudget, PinInfo
+from radixserve.engine.client import EngineClient, PinInfo
 
 log = logging.getLogger("radixserve.server")
 ORIGINS = ("api", "file", "cache_control")
-
-
-@runtime_checkable
-class PinningEngine(Protocol):
-    """What pins need of the engine: AsyncEngine and the scale-out ClusterEngine have it (engine/client.py)."""
-
-    async def pin(self, token_ids: list[int], namespace: str = "", label: str = "") -> PinInfo: ...
-
-    async def unpin(self, pin_id: str) -> PinInfo | None: ...
-
-    def pins(self) -> list[PinInfo]: ...
-
-    def pin_budget(self) -> PinBudget: ...
 
 
 @dataclass
@@ -60,7 +46,7 @@ class PinBook:
     def record(self, pin_id: str) -> PinRecord | None:
         return self._records.get(pin_id)
 
-    def live(self, engine: PinningEngine) -> list[tuple[PinInfo, PinRecord | None]]:
+    def live(self, engine: EngineClient) -> list[tuple[PinInfo, PinRecord | None]]:
         """The engine's pins, each with its record (None: made by no request of this server)."""
         pins = engine.pins()
         held = {p.id for p in pins}
@@ -68,7 +54,7 @@ class PinBook:
             del self._records[pin_id]
         return [(p, self._records.get(p.id)) for p in pins]
 
-    async def ensure(self, engine: PinningEngine, tokens: list[int], namespace: str, tenant: str, label: str,
+    async def ensure(self, engine: EngineClient, tokens: list[int], namespace: str, tenant: str, label: str,
                      origin: str, ttl_s: float | None = None,
                      allow: Callable[[list[tuple[PinInfo, PinRecord | None]]], bool] | None = None,
                      ) -> tuple[PinInfo | None, bool]:
@@ -98,12 +84,12 @@ class PinBook:
         elif rec.expires is not None:
             rec.expires = max(rec.expires, self._clock() + ttl_s)
 
-    async def remove(self, engine: PinningEngine, pin_id: str) -> PinInfo | None:
+    async def remove(self, engine: EngineClient, pin_id: str) -> PinInfo | None:
         async with self.lock:
             self._records.pop(pin_id, None)
             return await engine.unpin(pin_id)
 
-    async def expire(self, engine: PinningEngine) -> list[PinInfo]:
+    async def expire(self, engine: EngineClient) -> list[PinInfo]:
         """Unpin every cache_control pin past its time to live; the pins released."""
         async with self.lock:
             now = self._clock()
@@ -124,12 +110,12 @@ class PinBook:
         times = [r.expires for r in self._records.values() if r.expires is not None]
         return min(times) if times else None
 
-    def _sweep_later(self, engine: PinningEngine) -> None:
+    def _sweep_later(self, engine: EngineClient) -> None:
         """Run the sweeper while some pin has a time to live (it ends when none has)."""
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep(engine))
 
-    async def _sweep(self, engine: PinningEngine) -> None:
+    async def _sweep(self, engine: EngineClient) -> None:
         while (due := self.next_expiry()) is not None:
             await asyncio.sleep(max(0.05, due - self._clock()))
             try:

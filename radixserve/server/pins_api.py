@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.engine.pins import PinError, PinInfo
+from radixserve.engine.client import EngineClient, PinError, PinInfo
 from radixserve.server.cache_control import TENANT_SHARE
 from radixserve.server.callers import caller_of, require_admin, sees_previews
 from radixserve.server.http_util import read_json_object
-from radixserve.server.pin_book import PinBook, PinningEngine, PinRecord
+from radixserve.server.pin_book import PinBook, PinRecord
 from radixserve.server.pin_prefix import chat_prefix
 from radixserve.server.pin_target import PinTarget, check_tenant, known_tenants, parse_target
 from radixserve.server.state import ServerState
@@ -32,14 +32,7 @@ from radixserve.server.tenants import DEFAULT_TENANT, cache_namespace, is_salted
 from radixserve.server.validation import ApiError
 
 
-def pinning_engine(state: ServerState) -> PinningEngine:
-    engine = state.require_engine()
-    if not isinstance(engine, PinningEngine):
-        raise ApiError("unsupported", "this server's engine cannot pin prefixes", 400)
-    return engine
-
-
-async def pin_target(state: ServerState, engine: PinningEngine, target: PinTarget, tenant: str,
+async def pin_target(state: ServerState, engine: EngineClient, target: PinTarget, tenant: str,
                      origin: str) -> tuple[PinInfo, bool]:
     """Pin what every chat of `tenant` beginning with the target's messages starts with: (the pin,
     whether it was made now). ValueError (PinError past the budget) when it cannot be."""
@@ -52,13 +45,11 @@ async def pin_target(state: ServerState, engine: PinningEngine, target: PinTarge
     return info, made
 
 
-async def pin_at_start(state: ServerState, engine: Any) -> None:
+async def pin_at_start(state: ServerState, engine: EngineClient) -> None:
     """The pins of --pin FILE, once the engine runs and before any request is served; ValueError (the
     start fails) naming the pin that cannot be made."""
     if not state.config.pins:
         return
-    if not isinstance(engine, PinningEngine):
-        raise ValueError("--pin: this engine cannot pin prefixes")
     for target in state.config.pins:
         tenant = target.tenant or DEFAULT_TENANT
         try:
@@ -93,7 +84,7 @@ async def create_pin(request: Request) -> Response:
     caller = caller_of(request)
     require_admin(caller)
     body = await read_json_object(request, state.config.max_message_bytes)
-    engine = pinning_engine(state)
+    engine = state.require_engine()
     try:
         target = parse_target(body)
         tenant = target.tenant or caller.tenant
@@ -114,7 +105,7 @@ async def create_pin(request: Request) -> Response:
 async def list_pins(request: Request) -> Response:
     state: ServerState = request.app.state.server
     caller = caller_of(request)
-    engine = pinning_engine(state)
+    engine = state.require_engine()
     await state.pins.expire(engine)
     show = sees_previews(caller, state.config)
     live = [(p, r) for p, r in state.pins.live(engine) if caller.is_admin or _owner_tenant(p, r) == caller.tenant]
@@ -131,7 +122,7 @@ async def delete_pin(request: Request) -> Response:
     state: ServerState = request.app.state.server
     caller = caller_of(request)
     require_admin(caller)
-    engine = pinning_engine(state)
+    engine = state.require_engine()
     pin_id = request.path_params["pin_id"]
     record = state.pins.record(pin_id)
     info = await state.pins.remove(engine, pin_id)

@@ -112,16 +112,14 @@ class TenantCollector(Collector):
     """`radixserve_tenant_*{tenant}` and `radixserve_system_prompt_*{tenant,system_prompt}`: every
     tenant's series, or only tenant `only`'s. Made per scrape: what it shows depends on the caller."""
 
-    USAGE = (("requests", "Requests finished, per tenant"),
-             ("cache_hit_requests", "Requests that found part of their prompt in the cache, per tenant"),
-             ("prompt_tokens", "Prompt tokens, per tenant"),
-             ("prompt_tokens_cached", "Prompt tokens served from the prefix cache, per tenant"),
-             ("prompt_tokens_host_cached", "Cached prompt tokens loaded back from the host tier, per tenant"),
-             ("prompt_tokens_computed", "Prompt tokens computed (prefilled), per tenant"),
-             ("generation_tokens", "Generated tokens, per tenant"))
-    FIELDS = {"requests": "requests", "cache_hit_requests": "hit_requests", "prompt_tokens": "prompt_tokens",
-              "prompt_tokens_cached": "cached_tokens", "prompt_tokens_host_cached": "host_cached_tokens",
-              "prompt_tokens_computed": "computed_tokens", "generation_tokens": "generation_tokens"}
+    USAGE = (("requests", "requests", "Requests finished, per tenant"),
+             ("cache_hit_requests", "hit_requests", "Requests that found part of their prompt in the cache, per tenant"),
+             ("prompt_tokens", "prompt_tokens", "Prompt tokens, per tenant"),
+             ("prompt_tokens_cached", "cached_tokens", "Prompt tokens served from the prefix cache, per tenant"),
+             ("prompt_tokens_host_cached", "host_cached_tokens",
+              "Cached prompt tokens loaded back from the host tier, per tenant"),
+             ("prompt_tokens_computed", "computed_tokens", "Prompt tokens computed (prefilled), per tenant"),
+             ("generation_tokens", "generation_tokens", "Generated tokens, per tenant"))  # metric, TenantUsage field, help
     PROMPTS = (("requests", "Requests per system prompt"),
                ("hit_requests", "Requests whose whole system prompt was cached"),
                ("cached_tokens", "Cached prompt tokens of requests per system prompt"),
@@ -135,10 +133,10 @@ class TenantCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         tenants = self.stats.tenants(self.only)
-        for name, doc in self.USAGE:
+        for name, field, doc in self.USAGE:
             fam = CounterMetricFamily(f"radixserve_tenant_{name}", doc, labels=["tenant"])
             for t in tenants:
-                fam.add_metric([t], getattr(self.stats.usage_of(t), self.FIELDS[name]))
+                fam.add_metric([t], getattr(self.stats.usage_of(t), field))
             yield fam
         fams = {field: CounterMetricFamily(f"radixserve_system_prompt_{field}", doc, labels=["tenant", "system_prompt"])
                 for field, doc in self.PROMPTS}

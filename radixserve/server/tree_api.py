@@ -15,8 +15,7 @@ the reply or null (a child of its namespace's root); `namespace` is one of the r
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,11 +30,6 @@ from radixserve.server.validation import ApiError
 DEFAULT_LIMIT = 200
 MAX_LIMIT = 2000
 LABEL_CHARS = 48  # of a node's decoded first tokens
-
-
-@runtime_checkable
-class TreeEngine(Protocol):
-    async def cache_tree(self, limit: int, include: Callable[[str], bool] | None = None) -> TreeView: ...
 
 
 def _limit(raw: str | None) -> int:
@@ -76,8 +70,6 @@ async def cache_tree(request: Request) -> Response:
     caller = caller_of(request)
     limit = _limit(request.query_params.get("limit"))
     engine = state.require_engine()
-    if not isinstance(engine, TreeEngine):
-        raise ApiError("unsupported", "this server's engine does not show its cache tree", 400)
     include = None if caller.is_admin else (lambda ns: namespace_tenant(ns) == caller.tenant)
     view = await engine.cache_tree(limit, include)
     namespaces = _namespace_ids(view)
