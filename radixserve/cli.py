@@ -22,7 +22,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
-    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step eagerly, no CUDA graphs")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run every step eagerly: no CUDA graphs (CUDA), no padded static-buffer decode path")
+    g.add_argument("--cpu-threads", type=int, default=None,
+                   help="CPU: torch threads (default: the cores the affinity mask and cgroup quota allow, "
+                        "or OMP_NUM_THREADS when set)")
     o = g.add_mutually_exclusive_group()
     o.add_argument("--overlap", dest="overlap", action="store_const", const=True, default=None,
                    help="prepare the next step while the device runs this one (default on CUDA, off on CPU)")
@@ -92,6 +96,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, device=a.device, seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,
+        cpu_threads=a.cpu_threads,
         load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
         num_speculative_tokens=a.num_speculative_tokens if a.speculation == "on" else 0,
         speculative_max_batch=a.speculative_max_batch, pin_budget=a.pin_budget,

@@ -50,7 +50,11 @@ class EngineConfig:
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
-    enforce_eager: bool = False  # CUDA: never capture or replay CUDA graphs (always eager)
+    # every step eager: no CUDA graphs (CUDA) and no padded static-buffer decode path (model/decode_graphs.py)
+    enforce_eager: bool = False
+    # CPU: torch's intra-op threads; None: the cores the affinity mask and cgroup quota allow, unless
+    # OMP_NUM_THREADS / MKL_NUM_THREADS is set (model/cpu_threads.py)
+    cpu_threads: int | None = None
     # prepare step N+1 and post-process step N-1 while step N runs (engine/engine.py). None: on CUDA,
     # where the device runs asynchronously; off on CPU, where the forward runs on the host anyway and
     # overlap would only hand each output out one step later
@@ -85,6 +89,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads (--cpu-threads) must be >= 1, got {self.cpu_threads}")
         if self.max_wait_steps < 1:
             raise ValueError("max_wait_steps must be >= 1")
         if not 0.0 <= self.pin_budget <= 0.9:

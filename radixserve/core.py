@@ -15,7 +15,10 @@ Batch invariants: a scheduled item owns a block for every position it writes thi
 block it writes first has one owner. `copies` lists every block copy the step needs before its
 forward, in the order the scheduler decided them: copy-on-write copies on the device, write-backs
 of evicted or swapped-out blocks to the host tier, and load-backs from it. The order matters: a
-block freed by one copy may be the destination of a later one in the same step.
+block freed by one copy may be the destination of a later one in the same step. A batch is read
+before the next `schedule()` (the engine reads it while it launches that step): a decoding
+sequence's one-token item is the same object from step to step (`Sequence.decode_item`), its
+`start` moved on by the scheduler, so no item is built per decode.
 
 Outputs: a streamed RequestOutput carries only what is new since the previous one (token ids and a
 text delta that never splits a UTF-8 character); `finished` is True exactly once, on the last output
@@ -229,7 +232,7 @@ class SpecState:
     prediction_draft_at: int = 0  # where the prediction draft being verified starts
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     request: Request
     index: int  # which of the request's n samples
@@ -258,6 +261,14 @@ class Sequence:
     num_drafts: int = 0
     draft_source: str = ""  # where those drafts came from (DRAFT_SOURCES)
     spec: SpecState = field(default_factory=lambda: SpecState())
+    # the request's length limit: its prompt and max_tokens, both fixed, summed once rather than at
+    # every launch and commit (the engine's max_seq_len may cap it further: the scheduler checks both)
+    length_limit: int = field(init=False, repr=False)
+    # the scheduler's: its batch item while it decodes, the same object from step to step (core's Batch)
+    decode_item: ScheduledSeq | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.length_limit = self.num_prompt_tokens + self.request.params.max_tokens
 
     @property
     def has_pending_token(self) -> bool:

@@ -1,12 +1,15 @@
 """Tests of `radixserve bench step`: the real-model shapes load as specs, the roofline's byte counts
-equal an independent count from the config, and an end-to-end run on a tiny random-weight shape
-(whose vocabulary exceeds its tokenizer's) writes complete, consistent JSON and leaks no block."""
+equal an independent count from the config, an end-to-end run on a tiny random-weight shape
+(whose vocabulary exceeds its tokenizer's) writes complete, consistent JSON and leaks no block, and
+each row's memory floor, host phases (engine/step_phases.py) and transformers' forward (hf_step.py)
+agree with the raw figures they come from."""
 
 from __future__ import annotations
 
 import json
 import math
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,9 @@ import torch
 from radixserve.bench.step_bench import weight_bytes
 from radixserve.bench.step_shapes import SHAPES, write_shape_dir
 from radixserve.cli import main
+from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
+from radixserve.model.batch_inputs import BuildTime
+from radixserve.model.cpu_linear import packing_works
 from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.spec import load_spec
@@ -27,13 +33,15 @@ TINY: dict[str, Any] = dict(
 )
 
 
-def expected_weight_bytes(c: dict[str, Any], batch: int, elem: int = 4) -> int:
+def expected_weight_bytes(c: dict[str, Any], batch: int, elem: int = 4, packed_head: bool = False) -> int:
     """Independent count from the config: every matrix and norm once; an untied embedding's lookup
-    reads `batch` rows, the LM head (or the tied embedding in its place) all of them."""
+    reads `batch` rows, the LM head (or the tied embedding in its place) all of them. On CPU a tied
+    model's head is packed apart from its embedding (`packed_head`, model/cpu_linear.py): it reads
+    as an untied one."""
     h, d, inter, vocab = c["hidden_size"], c["head_dim"], c["intermediate_size"], c["vocab_size"]
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     layer = h * (q + 2 * kv) + q * h + 3 * h * inter + 2 * h
-    embedding = vocab * h if c["tie_word_embeddings"] else batch * h + vocab * h
+    embedding = vocab * h if c["tie_word_embeddings"] and not packed_head else batch * h + vocab * h
     return elem * (c["num_hidden_layers"] * layer + h + embedding)
 
 
@@ -75,7 +83,7 @@ def test_step_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     context, steps, warmup = 40, 3, 2
     assert main(["bench", "step", "--model", str(model_dir), "--load-format", "dummy", "--batch", "1,2",
                  "--context", str(context), "--steps", str(steps), "--warmup", str(warmup), "--device", "cpu",
-                 "--bandwidth-mib", "16", "--overlap", "on,off", "--json", str(out)]) == 0
+                 "--bandwidth-mib", "16", "--overlap", "on,off", "--hf-forward", "off", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| greedy ms/step (median / mean) | top-p ms/step (median / mean) | top-p / greedy |" in table
     assert "| on | on | 2 |" in table and "| off | off | 1 |" in table
@@ -94,7 +102,7 @@ def test_step_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
             assert math.isfinite(r[key]) and r[key] > 0, key
         b = r["batch"]
         assert r["tok_s"] == pytest.approx(b * 1000 / r["ms_median"])
-        assert r["weight_bytes"] == expected_weight_bytes(TINY, b)
+        assert r["weight_bytes"] == expected_weight_bytes(TINY, b, packed_head=packing_works(torch.float32))
         assert r["kv_bytes_per_token"] == kv_bytes_per_token(TINY)
         # timed step j reads context + 1 (prefill's token) + warmup + j tokens of each sequence, and one
         # more with overlap: the first token resolves while the step after it is already launched
@@ -131,10 +139,17 @@ def test_step_bench_penalties_rows_and_their_ratio(tmp_path: Path, capsys: pytes
     out = tmp_path / "step.json"
     assert main(["bench", "step", "--model", str(model_dir), "--load-format", "dummy", "--batch", "2", "--context", "24",
                  "--steps", "2", "--warmup", "1", "--device", "cpu", "--bandwidth-mib", "16", "--graphs", "off",
-                 "--sampling", "greedy,top-p", "--penalties", "off,on", "--rounds", "2", "--json", str(out)]) == 0
+                 "--sampling", "greedy,top-p", "--penalties", "off,on", "--rounds", "2", "--hf-forward", "off",
+                 "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| graphs | overlap | penalties | batch |" in table and "| on / off |" in table
-    rows = json.loads(out.read_text())["rows"]
+    assert "- transformers forward: not run (--hf-forward off)" in table
+    result = json.loads(out.read_text())
+    assert result["hf_forward"]["skipped"] == "--hf-forward off" and result["hf_forward"]["step_ms"] == {}
+    rows = result["rows"]
+    for r in rows:  # pooled over the rounds: each phase's per-step list too, and its median
+        assert r["hf_forward_ms"] is None and r["step_over_hf"] is None
+        assert all(len(v) == 4 for v in r["phase_ms"].values()) and r["host_ms"] == statistics.median(r["phase_ms"]["host"])
     for r in rows:  # two interleaved rounds of 2 timed steps, pooled
         assert r["rounds"] == 2 and len(r["step_ms"]) == 4 and r["ms_median"] == statistics.median(r["step_ms"])
     assert {(r["sampling"], r["penalties"]) for r in rows} == {(s, p) for s in ("greedy", "top-p") for p in ("off", "on")}
@@ -157,11 +172,91 @@ def test_step_bench_speculation_rows_report_tokens_per_step(tmp_path: Path, caps
                  "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| graphs | overlap | speculation | batch |" in table and "| tokens / step (greedy / top-p) |" in table
-    rows = {r["speculation"]: r for r in json.loads(out.read_text())["rows"]}
+    result = json.loads(out.read_text())
+    rows = {r["speculation"]: r for r in result["rows"]}
     assert set(rows) == {"on", "off"}
+    # transformers' forward (on by default on CPU) of a directory without weights: built from its config
+    assert result["hf_forward"]["source"] == "random-init" and len(result["hf_forward"]["step_ms"]["2"]) == 3
+    assert all(r["hf_forward_ms"] > 0 and r["step_over_hf"] == pytest.approx(r["ms_median"] / r["hf_forward_ms"])
+               for r in rows.values())
     assert rows["off"]["tokens_per_step"] == 1.0 and rows["off"]["engine_tokens_per_draw"] in (None, 1.0)
     assert 1.0 <= rows["on"]["tokens_per_step"] <= 5.0
     for r in rows.values():
         assert r["tok_s"] == pytest.approx(2 * r["tokens_per_step"] * 1000 / r["ms_median"])
         assert r["leaked_blocks"] == 0 and r["live_sequences"] == 0
     assert "| off | on | off | 2 |" in table and "| 1.00 / - |" in table
+
+
+def test_step_bench_floor_host_phases_and_transformers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real (tiny) checkpoint, both decode paths (graphs on: the padded decoder; off: the eager
+    path): each row's floor is its bytes over the bandwidth, its host phases add up to (almost) the
+    whole timed step with batch building timed on either path, and transformers' forward of the same
+    checkpoint is timed for each batch size, its ratio to the step in the row and the table."""
+    from tiny_models import tiny_model_dir
+
+    out, steps = tmp_path / "step.json", 3
+    assert main(["bench", "step", "--model", str(tiny_model_dir("llama")), "--batch", "1,2", "--context", "24",
+                 "--steps", str(steps), "--warmup", "1", "--device", "cpu", "--bandwidth-mib", "16",
+                 "--overlap", "off", "--json", str(out)]) == 0  # --hf-forward: on by default on CPU
+    table = capsys.readouterr().out
+    assert "| top-p / greedy | floor ms | step / floor (greedy / top-p) |" in table
+    assert "| host ms (greedy / top-p) | host ms, greedy (schedule / build / post) | transformers forward ms " \
+           "| step / transformers (greedy / top-p) |" in table
+    result = json.loads(out.read_text())
+    bandwidth, hf = result["bandwidth_bytes_per_s"], result["hf_forward"]
+    assert hf["source"] == "checkpoint" and hf["skipped"] is None
+    assert {(r["graphs"], r["batch"]) for r in result["rows"]} == {(g, b) for g in ("on", "off") for b in (1, 2)}
+    for r in result["rows"]:
+        ms = r["ms_median"]
+        assert r["floor_ms"] > 0 and r["floor_ms"] == pytest.approx(r["bytes_per_step"] / bandwidth * 1000)
+        assert r["step_over_floor"] == pytest.approx(ms / r["floor_ms"])
+        assert r["roofline_fraction"] == pytest.approx(r["floor_ms"] / ms)
+        phases = r["phase_ms"]
+        assert all(len(v) == steps for v in phases.values())
+        for i, step_ms in enumerate(r["step_ms"]):
+            assert min(phases[k][i] for k in ("schedule", "build", "forward", "post")) > 0 and phases["wait"][i] >= 0
+            assert phases["host"][i] == pytest.approx(phases["schedule"][i] + phases["build"][i] + phases["post"][i])
+            total = phases["host"][i] + phases["forward"][i] + phases["wait"][i]
+            # the phases tile the step() call: only the bench's own call overhead lies outside them
+            assert total <= step_ms and step_ms - total < max(0.1 * step_ms, 1.0)
+        for k in ("schedule", "build", "forward", "wait", "post", "host"):
+            assert r[f"{k}_ms"] == statistics.median(phases[k])
+        assert r["schedule_ms"] + r["build_ms"] + r["post_ms"] > 0 and r["host_ms"] <= ms
+        hf_steps = hf["step_ms"][str(r["batch"])]
+        assert len(hf_steps) == steps and min(hf_steps) > 0
+        assert r["hf_forward_ms"] == statistics.median(hf_steps) == hf["ms_median"][str(r["batch"])]
+        assert r["step_over_hf"] == pytest.approx(ms / r["hf_forward_ms"])
+        if r["sampling"] == "greedy":
+            assert f"| {r['floor_ms']:.2f} | {r['step_over_floor']:.2f}x / " in table
+            assert f"| {r['schedule_ms']:.3f} / {r['build_ms']:.3f} / {r['post_ms']:.3f} " \
+                   f"| {r['hf_forward_ms']:.2f} | {r['step_over_hf']:.2f}x / " in table
+
+
+def test_step_phases_charge_each_lap_and_time_batch_building() -> None:
+    """Laps charge the time since the previous mark to their phase; what the runner counted as batch
+    building during a forward lap moves from forward to build."""
+    built = BuildTime()
+    phases = StepPhases(built)
+    phases.begin()
+    time.sleep(0.003)
+    phases.lap(SCHEDULE)
+    time.sleep(0.007)
+    built.seconds += 0.005  # the runner says 5 ms of those 7 built the batch
+    phases.lap(FORWARD)
+    phases.lap(WAIT)
+    time.sleep(0.002)
+    phases.end()
+    (t,) = phases.times()
+    assert t.schedule_s >= 0.003 and t.build_s == pytest.approx(0.005) and 0.002 <= t.forward_s < 0.002 + 0.003
+    assert t.post_s >= 0.002 and t.host_s == pytest.approx(t.schedule_s + t.build_s + t.post_s)
+    assert t.total_s == pytest.approx(t.host_s + t.forward_s + t.wait_s)
+
+
+def test_hf_forward_skips_a_model_transformers_cannot_build(tmp_path: Path) -> None:
+    from radixserve.bench.hf_step import hf_forward
+
+    model_dir = write_shape_dir({**TINY, "model_type": "no-such-architecture"}, tmp_path / "odd", None)
+    result = hf_forward(str(model_dir), torch.device("cpu"), torch.float32, {1: [[1, 2, 3]]}, steps=2, warmup=0)
+    assert result.source is None and result.skipped is not None and "transformers could not build" in result.skipped
+    assert result.ms(1) is None and result.to_json()["ms_median"] == {}
+

@@ -286,3 +286,16 @@ def test_logprobs_per_request_in_a_shared_batch() -> None:
     assert alone is not None and [t.token_id for t in alone] == [t.token_id for t in got[ids[2]]]
     assert [t.logprob for t in alone] == pytest.approx([t.logprob for t in got[ids[2]]], abs=1e-5)
     assert_clean(llm)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_step_observers_split_prefill_from_decode_tokens(overlap: bool) -> None:
+    """A prompt's chunk counts as prefill and each later one-token step as decode: the split is read
+    before the launch appends the pending slots (after it no chunk reaches its sequence's end)."""
+    llm = make_llm("llama", overlap=overlap, num_speculative_tokens=0)
+    steps: list = []
+    llm.engine.add_step_observer(steps.append)
+    llm.generate([list(range(5, 25))], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert (steps[0].prefill_tokens, steps[0].decode_tokens) == (20, 0)
+    decodes = [s for s in steps[1:] if s.num_seqs]
+    assert len(decodes) == 5 and all((s.prefill_tokens, s.decode_tokens) == (0, 1) for s in decodes)

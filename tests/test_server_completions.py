@@ -411,7 +411,10 @@ def test_real_text_stop_and_seeded_samples(chat_server) -> None:  # noqa: ANN001
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == full[:full.index(stop)]
     seeded = dict(model=model, prompt=["Once upon a time", "My favourite food is"], n=2, max_tokens=16,
                   temperature=1.0, seed=11)
-    a, b = client.completions.create(**seeded), client.completions.create(**seeded)
+    # each in a namespace of its own, so both compute every token the same way: a repeat that hits the
+    # first one's cache computes its prompt's last token in another kernel (a decode, not a prefill),
+    # which can move a logit's last bits and so a temperature-1 sample (docs/cpu.md)
+    a, b = (client.completions.create(**seeded, extra_body={"cache_salt": salt}) for salt in ("first", "second"))
     assert [c.text for c in a.choices] == [c.text for c in b.choices] and len(a.choices) == 4
     assert a.choices[0].text != a.choices[1].text
     no_leaks(chat_server)

@@ -158,6 +158,9 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=None, help="default: every row fits")
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy size of the bandwidth test (1024; CPU 256)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf-forward", default=None, choices=("on", "off"),
+                   help="also time transformers' own eager decode forward of each batch (bench/hf_step.py; "
+                        "default on on CPU, off on CUDA)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every number as JSON here")
 
 
@@ -172,7 +175,7 @@ def _run_step(args: argparse.Namespace) -> int:
         num_speculative_tokens=args.num_speculative_tokens, device=args.device,
         dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
-        bandwidth_mib=args.bandwidth_mib, seed=args.seed)
+        bandwidth_mib=args.bandwidth_mib, seed=args.seed, hf_forward=args.hf_forward)
     result = run_step_bench(options)
     print(render_table(result))
     if args.json:

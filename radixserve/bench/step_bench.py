@@ -19,7 +19,18 @@ kept beside it. On these random-token prompts only prompt lookup can draft (when
 repeats itself). The Markdown table is step_table.py's. From the engine's `StepClock`, over the steps resolved in the
 timed window: device ms (forward + sampling on the device) and unhidden host ms (how long the device
 sat idle between two steps: host work not overlapped with device work; on CPU all host work between
-forwards).
+forwards). From the engine's `StepPhases` (engine/step_phases.py), for each timed step() call, the host
+wall clock spent in: schedule (`Scheduler.schedule`, block copies, the launch's bookkeeping), build
+(the runner's batch building: `ModelRunner.prepare` / `PaddedDecoder._fill`), forward (+ sampling),
+wait (for the sampled ids) and post (commit, detokenization, stop checks, outputs); the row keeps each
+phase's median (`schedule_ms`, `build_ms`, `forward_ms`, `wait_ms`, `post_ms`), `host_ms` (median of
+schedule + build + post per step) and the per-step lists (`phase_ms`). With overlap a call's post is
+the previous step's.
+
+`--hf-forward on` (the default on CPU; off on CUDA): transformers' own eager decode forward of the
+same prompts, `batch` sequences with a DynamicCache holding the context (hf_step.py says exactly what
+is timed): each row gets `hf_forward_ms` (median) and `step_over_hf` (ms_median / hf_forward_ms); the
+result's `hf_forward` says where its weights came from, or why it was skipped.
 
 Model: `--shape embedded` (SmolLM2-135M with its weights) or a real model's shapes
 (`llama-3.2-1b`, `llama-3.1-8b`): a directory under the cache holding its config.json and the embedded
@@ -30,7 +41,10 @@ weights = every parameter once (a tied embedding counts once: the LM head reads 
 that an untied input embedding counts only the `batch` rows its lookup reads. KV = sum over
 sequences of their length that step (every cached token plus the one computed) x 2 x layers x
 kv_heads x head_dim x dtype size, averaged over the timed steps. Bandwidth: median of copies of a
-large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time.
+large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time. Floor: the
+time reading those bytes once takes at that bandwidth, floor_ms = 1000 x bytes_per_step / bandwidth
+(bytes_per_step = weights + KV as above, bandwidth in bytes/s); each row also has step_over_floor =
+ms_median / floor_ms, and roofline_fraction = floor_ms / ms_median, its inverse.
 """
 
 from __future__ import annotations
@@ -46,12 +60,14 @@ from typing import Any
 
 import torch
 
+from radixserve.bench.hf_step import HFForward, hf_forward
+from radixserve.bench.step_floor import floor_ms, measure_bandwidth, sync, weight_bytes
 from radixserve.bench.step_shapes import shape_dir
 from radixserve.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
+from radixserve.engine.step_phases import median_ms, phase_ms
 from radixserve.model.device import resolve_device
 from radixserve.model.embedded import resolve_model
-from radixserve.model.llama import LlamaForCausalLM
 from radixserve.sampling_params import SamplingParams
 
 SAMPLING: dict[str, tuple[float, float]] = {"greedy": (0.0, 1.0), "top-p": (0.7, 0.9)}  # (temperature, top_p)
@@ -88,35 +104,7 @@ class StepBenchOptions:
     num_blocks: int | None = None  # None: every row's sequences fit, plus slack
     bandwidth_mib: int | None = None  # None: 1024 (CUDA) / 256 (CPU)
     seed: int = 0
-
-
-def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
-    """Bytes per second of a large copy (read + written), median of `repeats` after one warm-up."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    del src, dst
-    return 2 * nbytes / statistics.median(times[1:])
-
-
-def weight_bytes(model: LlamaForCausalLM, batch: int) -> int:
-    """Bytes of weights one decode step of `batch` sequences reads (see the module docstring)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())  # shared (tied) params once
-    embed = model.model.embed_tokens.weight
-    if model.lm_head is not None:  # untied: the lookup reads `batch` rows only
-        total -= (embed.shape[0] - batch) * embed.shape[1] * embed.element_size()
-    return total
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    hf_forward: str | None = None  # on | off (transformers' decode forward beside each row); None: on on CPU only
 
 
 def _device_name(device: torch.device) -> str:
@@ -169,9 +157,10 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
         engine.step()
     gc.collect()
     times, kv_tokens, committed = [], [], 0
-    _sync(device)
+    sync(device)
     clock = engine.clock.history
     clock.clear()
+    engine.phases.history.clear()
     before = engine.stats()
     for _ in range(steps):
         kv_tokens.append(sum(len(s.token_ids) for s in seqs))  # each reads its whole length this step
@@ -183,10 +172,13 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
         if len(outputs) != batch or any(not 1 <= n <= per_step for n in got) or (per_step == 1 and min(got) != 1):
             seen = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason, o.error) for o in outputs]
             raise RuntimeError(f"a timed step was not one decode of each of {batch} sequences: {seen[:4]}")
-    _sync(device)
+    sync(device)
     after = engine.stats()
     draws = after.committed_draws - before.committed_draws
     spans = list(clock)
+    phases = engine.phases.times()  # one per timed step() call, in order
+    if len(phases) != steps:
+        raise RuntimeError(f"the phase clock saw {len(phases)} step() calls, not the {steps} timed")
     for i in ids:
         engine.abort(i)
     engine.check_integrity()
@@ -197,6 +189,8 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     ms = 1000 * statistics.median(times)
     device_ms = 1000 * statistics.median(t.device_s for t in spans) if spans else float("nan")
     host_ms = 1000 * statistics.median(t.idle_s for t in spans) if spans else float("nan")
+    floor = floor_ms(weights + kv, bandwidth)
+    per_phase = phase_ms(phases)
     return dict(sampling=sampling, penalties="on" if penalties else "off", batch=batch, device_ms=device_ms,
                 tokens_per_step=committed / (batch * steps),
                 engine_tokens_per_draw=(after.generation_tokens - before.generation_tokens) / draws if draws else None,
@@ -205,7 +199,8 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
                 ms_mean=1000 * statistics.fmean(times),
                 ms_min=1000 * min(times), tok_s=committed / steps * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
                 kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
-                roofline_fraction=(weights + kv) / bandwidth / (ms / 1000),
+                roofline_fraction=floor / ms, floor_ms=floor, step_over_floor=ms / floor,
+                phase_ms=per_phase, **median_ms(per_phase),
                 leaked_blocks=engine.leaked_blocks(), live_sequences=len(engine.live_sequences()))
 
 
@@ -215,9 +210,11 @@ def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     ms = statistics.median(times)
     first = rounds[0]
     per_step = statistics.fmean(r["tokens_per_step"] for r in rounds)
+    per_phase = {k: [t for r in rounds for t in r["phase_ms"][k]] for k in first["phase_ms"]}
     return {**first, "rounds": len(rounds), "step_ms": times, "ms_median": ms, "ms_mean": statistics.fmean(times),
             "ms_min": min(times), "tok_s": first["batch"] * per_step * 1000 / ms, "tokens_per_step": per_step,
-            "roofline_fraction": first["roofline_fraction"] * first["ms_median"] / ms,
+            "roofline_fraction": first["floor_ms"] / ms, "step_over_floor": ms / first["floor_ms"],
+            "phase_ms": per_phase, **median_ms(per_phase),
             **{k: statistics.median(r[k] for r in rounds) for k in ("device_ms", "host_unhidden_ms")}}
 
 
@@ -235,14 +232,17 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     unknown = [s for s in o.sampling if s not in SAMPLING] + [g for g in o.graphs if g not in GRAPHS] \
         + [v for v in o.overlap if v not in OVERLAP] + [v for v in o.penalties if v not in ("on", "off")] \
         + [v for v in o.speculation if v not in SPECULATION]
+    unknown += [o.hf_forward] if o.hf_forward not in (None, "on", "off") else []
     if unknown or min(batches) < 1 or o.context < 1 or steps < 1 or o.warmup < 0 or o.rounds < 1:
         raise ValueError(f"bad step-bench options: {unknown or (batches, o.context, steps, o.warmup)}")
     step_tokens = o.max_num_batched_tokens or max(8192, max(batches))
     per_step = o.num_speculative_tokens + 1 if "on" in o.speculation else 1
     max_len = o.context + (o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)) * per_step
     mib = o.bandwidth_mib or (1024 if cuda else 256)
+    hf_on = (o.hf_forward or ("off" if cuda else "on")) == "on"
     bandwidth = measure_bandwidth(device, mib << 20)  # before any engine holds device memory
     rows: list[dict[str, Any]] = []
+    all_prompts: dict[int, list[list[int]]] = {}
     result: dict[str, Any] = dict(
         options=asdict(o), shape=o.model or o.shape, model_dir=model_dir, load_format=load_format, device=str(device),
         device_name=_device_name(device), torch=torch.__version__, triton=_version("triton"),
@@ -265,7 +265,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         vocab = min(engine.spec.vocab_size, len(engine.tokenizer) if engine.tokenizer is not None else 1 << 62)
         for batch in batches:
             rng = random.Random(f"{o.seed}-{batch}")  # same prompts for each sampling mode and graphs setting
-            prompts = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
+            prompts = all_prompts[batch] = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
             kinds = [(s, p) for s in o.sampling for p in o.penalties]
             rounds = [[run_row(engine, prompts, s, steps, o.warmup, bandwidth, p == "on") for s, p in kinds]
                       for _ in range(o.rounds)]
@@ -275,5 +275,12 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+    # after the engines are gone: transformers then has the device (and its memory) to itself
+    hf = hf_forward(model_dir, device, getattr(torch, result["dtype"]), all_prompts, steps, o.warmup) if hf_on \
+        else HFForward(skipped="--hf-forward off")
+    for r in rows:
+        hf_ms = hf.ms(r["batch"])
+        r.update(hf_forward_ms=hf_ms, step_over_hf=r["ms_median"] / hf_ms if hf_ms else None)
+    result["hf_forward"] = hf.to_json()
     result["rows"] = rows
     return result

@@ -41,7 +41,7 @@ class RadixNode:
     hold_count: int = 0  # pins (engine/pins.py) whose held path passes here: each also holds a lock
     hits: int = 0  # matches that took this node's tokens (radix_tree.record_hit)
     namespace: str = ""  # on a namespace's root only: the namespace it is the root of
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=_ids.__next__)
 
     @property
     def end(self) -> int:
@@ -197,10 +197,18 @@ class RadixStructure:
     def foreign_blocks(self, node: RadixNode, own: list[int], stop: RadixNode | None = None) -> int:
         """Device blocks listed on the path from `node` up to `stop` (exclusive; the root by default)
         that are not in `own`: what a lock on `node` keeps alive besides a sequence's own blocks."""
-        own_set, foreign = set(own), set[int]()
+        bs = self.block_size
+        own_set: set[int] | None = None
+        foreign: set[int] = set()
         n: RadixNode | None = node
         while n is not None and n is not stop and n.parent is not None:
-            foreign.update(b for b in n.blocks if b not in own_set)
+            first = n.start // bs
+            # the common case, a node cached from `own` itself, lists its blocks where the table does:
+            # none foreign, told without building a set of the table
+            if n.blocks != own[first:first + len(n.blocks)]:
+                if own_set is None:
+                    own_set = set(own)
+                foreign.update(b for b in n.blocks if b not in own_set)
             n = n.parent
         return len(foreign)
 
@@ -236,12 +244,7 @@ class RadixStructure:
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
-                leaf_blocks = blocks[pos // bs:(len(tokens) - 1) // bs + 1]
-                for b in leaf_blocks:
-                    self.pool.incref(b)
-                child = RadixNode(tokens=tokens[pos:], start=pos, blocks=leaf_blocks, parent=node)
-                self._attach(node, child, now)
-                path.append(child)
+                path.append(self._new_leaf(node, tokens, pos, len(tokens), blocks, now))
                 pos = len(tokens)
                 break
             k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
@@ -257,6 +260,36 @@ class RadixStructure:
             node = child
         self._touch(path, now)
         return path[-1]
+
+    def extend_locked(self, known: RadixNode, tokens: list[int], end: int, blocks: list[int]) -> RadixNode | None:
+        """Cache tokens[:end] (a running sequence's, whose K/V sit in `blocks`, its block table) in the
+        common case, in one step: they go on past the end of `known` (a node the caller holds locked
+        on their path) where nothing is cached yet. A new leaf under `known` lists the blocks of
+        tokens[known.end:end] and takes the caller's lock from `known`: the tree ends as
+        `insert(tokens[:end], blocks, known=known)` then `relock(known, leaf)` would leave it, but
+        the leaf, born locked, never passes through the LRU sets, and only its own tokens are copied.
+        Returns the leaf; None, changing nothing, when the path is not that simple (then the caller
+        inserts and relocks)."""
+        start = known.end
+        if known.parent is None or known.lock_count == 0 or start >= end or tokens[start] in known.children:
+            return None
+        if len(blocks) * self.block_size < end:
+            raise ValueError("extend_locked: fewer blocks than the tokens need")
+        return self._new_leaf(known, tokens, start, end, blocks, next(self._clock), lock_count=1)
+
+    def _new_leaf(self, parent: RadixNode, tokens: list[int], pos: int, end: int, blocks: list[int], now: int,
+                  lock_count: int = 0) -> RadixNode:
+        """A leaf under `parent` for tokens[pos:end], listing (and taking a reference on) the blocks of
+        `blocks` that hold them, with `lock_count` locks."""
+        bs = self.block_size
+        leaf_blocks = blocks[pos // bs:(end - 1) // bs + 1]
+        for b in leaf_blocks:
+            self.pool.incref(b)
+        # (positional: matching keywords against the node's 16 fields costs more, once per new node)
+        child = RadixNode(tokens[pos:end], pos, leaf_blocks, parent)
+        child.lock_count = lock_count
+        self._attach(parent, child, now)
+        return child
 
     def _attach(self, parent: RadixNode, child: RadixNode, now: int) -> None:
         parent.children[child.tokens[0]] = child

@@ -15,11 +15,15 @@ output by a step): `step()` launches step N, then commits step N-1, so the host 
 device computes (the pending-token rules: `scheduler/pending.py`). A request whose own forward,
 logits or decoding fails ends alone with finish_reason "error". Step observers see a `StepInfo`
 after every step; RADIXSERVE_CHECK_INTEGRITY=1 checks the scheduler's integrity after every step.
+Where each step's time goes: device vs unhidden host time is `step_clock.StepClock`'s; the host
+wall clock per phase (schedule, batch building, forward + sampling, wait, post-processing) is
+`step_phases.StepPhases`', lapped at the phase boundaries in `step`, `_launch` and `_resolve`.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import random
 import time
@@ -38,7 +42,7 @@ from radixserve.engine.forward import FORWARD_FAILED, run_isolating_failures
 from radixserve.engine.grammar import ConstraintBook, GrammarCompiler
 from radixserve.engine.host_tier import CostFeed
 from radixserve.engine.intake import Intake, ValidatedRequest
-from radixserve.engine.observers import StepObserver, StepObservers
+from radixserve.engine.observers import StepObserver, StepObservers, decode_tokens
 from radixserve.engine.outputs import OutputTracker
 from radixserve.engine.penalties import PenaltyBook
 from radixserve.engine.pins import PinRegistry, pin_budget_blocks
@@ -48,6 +52,7 @@ from radixserve.engine.sizing import engine_sizes
 from radixserve.engine.speculation import VerifyPlan, default_max_batch, sampler_draws, unusable_verifications, verify
 from radixserve.engine.stats import EngineStats
 from radixserve.engine.step_clock import StepClock, StepSpan
+from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
 from radixserve.errors import RequestError
 from radixserve.model.embedded import resolve_model
 from radixserve.model.loader import load_tokenizer
@@ -62,6 +67,8 @@ POSTPROCESS_FAILED = "decoding this request's output failed; see the server log"
 __all__ = ["FORWARD_FAILED", "INVALID_LOGITS", "POSTPROCESS_FAILED", "LLMEngine"]
 
 
+log = logging.getLogger(__name__)
+
 @dataclass
 class InFlight:
     """A launched step whose sampled ids have not been committed yet."""
@@ -73,14 +80,16 @@ class InFlight:
     prefill_tokens: int = 0  # tokens of the step beyond one per sampled row: what preemption costs weigh
     prompt_ask: PromptAsk | None = None  # prompt logprobs the step's forward computes
     verify_plan: VerifyPlan | None = None  # where verifying draws' extra rows are among the sampled ids
+    decodes: tuple[int, int] = (0, 0)  # the step's decode and draft tokens (observers.decode_tokens)
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        started = time.perf_counter()
         self.config = config
         self.model_dir, self.model_name = resolve_model(config.model)
         self.runner = ModelRunner(self.model_dir, config.dtype, config.device, config.attention_backend,
-                                  config.block_size, config.load_format, config.enforce_eager)
+                                  config.block_size, config.load_format, config.enforce_eager, config.cpu_threads)
         self.spec = self.runner.spec
         self.tokenizer: Any = load_tokenizer(self.model_dir)
         if config.speculative_max_batch is None:
@@ -107,6 +116,7 @@ class LLMEngine:
         self.cost_feed = CostFeed(self.scheduler.costs, self.clock, self.runner.host_cache)
         self._keys = random.Random(config.seed)  # the engine's generator: noise keys of unseeded samples
         self.runner.prepare_decode(config.max_num_seqs, self.max_seq_len)
+        self.phases = StepPhases(self.runner.build_time)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputTracker(self.tokenizer, frozenset(self.eos_token_ids))
         self._in_flight: InFlight | None = None
@@ -115,6 +125,10 @@ class LLMEngine:
         self.observers = StepObservers()
         self._steps = 0
         self._check_integrity = os.environ.get("RADIXSERVE_CHECK_INTEGRITY", "") not in ("", "0")
+        self.startup_s = time.perf_counter() - started
+        log.info("engine ready in %.1f s: %s on %s (%s, %d threads), %d KV blocks", self.startup_s, self.model_name,
+                 self.runner.device, str(self.runner.dtype).removeprefix("torch."), torch.get_num_threads(),
+                 sizes.num_blocks)
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
@@ -172,13 +186,16 @@ class LLMEngine:
         """Schedule and launch one step; return the outputs of the step that just resolved: this
         one without overlap, the previous one with it (the last call with nothing left to schedule
         resolves the step still in flight)."""
+        self.phases.begin()
         started = time.monotonic()
         batch = self.scheduler.schedule()
         if batch.copies:
             self.runner.apply_copies(batch.copies)
         if not batch.items:
             flight, self._in_flight = self._in_flight, None
-            return self._resolve(flight) if flight is not None else self._unschedulable()
+            outputs = self._resolve(flight) if flight is not None else self._unschedulable()
+            self.phases.end()
+            return outputs
         peak = self.observers.pool_counts(self.pool, self.scheduler) if self.observers else None
         launched = self._launch(batch)
         flight, self._in_flight = (self._in_flight, launched) if self.overlap else (launched, None)
@@ -189,9 +206,10 @@ class LLMEngine:
         if self._check_integrity:
             self.check_integrity()
         if peak is not None:
-            self.observers.notify(self._steps, batch, started, peak, self.pool, self.scheduler,
+            self.observers.notify(self._steps, batch, launched.decodes, started, peak, self.pool, self.scheduler,
                                   self.constraints.stats.forced_tokens - forced,
                                   (totals.generation_tokens - tokens, totals.committed_draws - draws))
+        self.phases.end()
         return outputs
 
     def _launch(self, batch: Batch) -> InFlight:
@@ -208,8 +226,13 @@ class LLMEngine:
         inputs = PendingInputs(prev.sampled.token_ids, prev.launch.draw_of()) if prev is not None and prev.sampled else None
         start = self.clock.mark()
         prompt_ask = self.prompt_logprobs.ask(batch) if self.prompt_logprobs else None
+        decode = decode_tokens(batch)
+        self.phases.lap(SCHEDULE)
         batch, logits, failed = run_isolating_failures(self.runner, batch, inputs,
                                                        prompt_ask.rows if prompt_ask is not None else None)
+        self.phases.lap(FORWARD)  # batch building inside it is lapped apart (step_phases.py)
+        # before `launched`, whose pending slots make no chunk reach its sequence's last token
+        prefill = batch.num_tokens - sum(it.logit_rows for it in batch.items if it.samples)
         launch = self.scheduler.launched(batch, failed, self._noise_key)
         for fork in launch.forks:
             self.outputs.track(fork)
@@ -219,19 +242,21 @@ class LLMEngine:
         if masks is not None:
             failed = {**failed, **masks.dead}
         penalties = self.penalties.step(launch.owners, launch.positions) if self.penalties and draws else None
+        self.phases.lap(SCHEDULE)  # the launch's bookkeeping: pending slots, grammar masks, penalty rows
         sampled = self.sampler.sample(logits, draws, masks, penalties) if draws and logits is not None else None
         if sampled is not None and penalties is not None:  # on the device, before the next step samples
             self.penalties.count_sampled(penalties, sampled.token_ids)
         span = self.clock.span(start)
         if sampled is not None:
             sampled.start_copy()
-        prefill = batch.num_tokens - sum(it.logit_rows for it in batch.items if it.samples)
-        return InFlight(launch, sampled, dict(failed), span, prefill, prompt_ask, plan)
+        self.phases.lap(FORWARD)
+        return InFlight(launch, sampled, dict(failed), span, prefill, prompt_ask, plan, decode)
 
     def _resolve(self, flight: InFlight) -> list[RequestOutput]:
         """Hand a launched step's sampled tokens to the scheduler and build the outputs."""
         failed = flight.failed
         ids, usable, logprobs = flight.sampled.host() if flight.sampled is not None else ([], [], {})
+        self.phases.lap(WAIT)  # the rest of the step is post-processing
         self.clock.resolved(flight.span)
         self.cost_feed.observe(flight.prefill_tokens)
         owners = flight.launch.owners

@@ -28,6 +28,14 @@ StepObserver = Callable[[StepInfo], None]
 PoolCounts = tuple[int, int | None, int | None]  # free, held by live sequences, held only by the tree
 
 
+
+def decode_tokens(batch: Batch) -> tuple[int, int]:
+    """Tokens of the batch's decodes (a decode is one token, or one plus the drafts it verifies), and
+    the draft tokens among them. Read before `Scheduler.launched`: once it appends each draw's
+    pending slot, no chunk reaches its sequence's last token, so `samples` is False for all of them."""
+    decodes = [it for it in batch.items if it.samples and it.num_tokens == it.logit_rows]
+    return sum(it.num_tokens for it in decodes), sum(it.logit_rows - 1 for it in decodes)
+
 class StepObservers:
     def __init__(self) -> None:
         self._observers: list[StepObserver] = []
@@ -49,17 +57,17 @@ class StepObservers:
         used = len(held_blocks(scheduler))
         return free, used, pool.num_blocks - free - used
 
-    def notify(self, step: int, batch: Batch, started: float, peak: PoolCounts, pool: BlockPool,
-               scheduler: Scheduler, forced_tokens: int = 0, committed: tuple[int, int] = (0, 0)) -> None:
-        """`committed`: (tokens, draws) the step's commit took."""
-        # a decode is one token, or one plus the drafts it verifies
-        decodes = [it for it in batch.items if it.samples and it.num_tokens == it.logit_rows]
-        decode = sum(it.num_tokens for it in decodes)
+    def notify(self, step: int, batch: Batch, decodes: tuple[int, int], started: float, peak: PoolCounts,
+               pool: BlockPool, scheduler: Scheduler, forced_tokens: int = 0,
+               committed: tuple[int, int] = (0, 0)) -> None:
+        """`decodes`: the batch's `decode_tokens`, counted before the launch; `committed`: (tokens,
+        draws) the step's commit took."""
+        decode, drafted = decodes
         config = scheduler.config
         info = StepInfo(step, started, time.monotonic() - started, len(batch.items), batch.num_tokens - decode,
                         decode, len(scheduler.running), len(scheduler.waiting), pool.num_blocks, *peak,
                         config.max_num_seqs, config.max_num_batched_tokens, forced_tokens,
-                        sum(it.logit_rows - 1 for it in decodes), *committed)
+                        drafted, *committed)
         for observer in self._observers:
             observer(info)
 

@@ -6,6 +6,7 @@ sampling ended: host work (scheduling, preparing, post-processing) that was not 
 work. On CUDA both come from events recorded on the stream and are read when the step resolves,
 after its ids were waited for anyway, so measuring adds no wait. On CPU, where the device is the
 host, they come from the wall clock, and every host step is unhidden.
+Which host work that was (scheduling, batch building, post-processing) is step_phases.py's.
 """
 
 from __future__ import annotations

@@ -62,13 +62,14 @@ class TorchAttentionBackend:
     """Reference-quality backend in plain torch: correct for any dtype on CPU and GPU.
 
     Decodes are batched into one padded SDPA call; each prefill chunk runs its own call with a
-    causal mask offset by its cached prefix length.
+    causal mask offset by its cached prefix length. Keys and values are gathered a block at a time
+    (`index_select` of whole blocks through the block table), block_size times fewer indices than one
+    per token.
     """
 
     name = "torch"
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
-        block_size = k_cache.shape[1]
         flat_k = k_cache.view(-1, *k_cache.shape[2:])
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
         # index_copy_/index_select are several times faster than advanced indexing on CPU
@@ -77,16 +78,15 @@ class TorchAttentionBackend:
         out = torch.empty_like(q)
         decode_rows = [b for b, n in enumerate(meta.query_lens) if n == 1]
         if decode_rows:
-            self._decode(q, flat_k, flat_v, meta, decode_rows, block_size, scale, out)
+            self._decode(q, k_cache, v_cache, meta, decode_rows, scale, out)
         starts = meta.cu_seqlens_q.tolist()
         for b, n in enumerate(meta.query_lens):
             if n == 1:
                 continue
             total = meta.seq_lens_host[b]
-            slots = _slots(meta.block_table[b], total, block_size)
             # [S, Hkv, D]; SDPA shares each kv head across its q heads
-            keys = flat_k.index_select(0, slots).to(q.dtype)
-            vals = flat_v.index_select(0, slots).to(q.dtype)
+            keys, vals = (_gather_blocks(cache, meta.block_table[b:b + 1], total)[0].to(q.dtype)
+                          for cache in (k_cache, v_cache))
             qs = q[starts[b] : starts[b] + n].transpose(0, 1)
             if total == n:  # no cached prefix: plain causal, which SDPA runs without a mask tensor
                 mask, causal = None, True
@@ -101,33 +101,59 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _decode(q, flat_k, flat_v, meta, rows, block_size, scale, out):
-        starts = meta.cu_seqlens_q.tolist()
+    def _decode(q, k_cache, v_cache, meta, rows, scale, out):
+        plan = meta.plans.get("torch_decode")
+        if plan is None:  # the same for every layer of the step: made by the first
+            plan = meta.plans["torch_decode"] = _DecodePlan.of(meta, rows, k_cache.shape[1], q.device)
+        keys, vals = (_gather_blocks(cache, plan.table, plan.max_len).to(q.dtype) for cache in (k_cache, v_cache))
+        qs = (q if plan.rows is None else q[plan.rows]).unsqueeze(2)  # [R, Hq, 1, D]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=plan.mask, scale=scale, enable_gqa=True,
+        ).squeeze(2)
+        if plan.rows is None:
+            out.copy_(o)
+        else:
+            out[plan.rows] = o
+
+
+@dataclass
+class _DecodePlan:
+    """What every layer's decode attention of one step reads: the block-table rows to gather (a row's
+    entries past its own blocks replaced by its first block, so masked keys are its own and never
+    another sequence's or the scratch block's), the longest length, the key mask and the rows of q
+    that decode (None: all of them, in order). The mask is there even when every row has one length:
+    SDPA rounds differently without one, and a row's result should not depend on its neighbours'."""
+
+    table: torch.Tensor
+    max_len: int
+    mask: torch.Tensor
+    rows: torch.Tensor | None
+
+    @classmethod
+    def of(cls, meta: AttentionMetadata, rows: list[int], block_size: int, device: torch.device) -> _DecodePlan:
         lens = [meta.seq_lens_host[b] for b in rows]
         max_len = max(lens)
-        device = q.device
-        offsets = torch.arange(max_len, device=device)
-        table = meta.block_table[rows].long()  # [R, max_blocks]
-        blocks = table.gather(1, (offsets // block_size).clamp(max=table.shape[1] - 1).expand(len(rows), -1))
-        slots = blocks * block_size + offsets % block_size  # [R, L]
+        every = len(rows) == meta.num_seqs
+        table = (meta.block_table if every else meta.block_table[rows])[:, : -(-max_len // block_size)]
         lens_t = torch.tensor(lens, device=device)
-        valid = offsets[None, :] < lens_t[:, None]  # [R, L]
-        slots = torch.where(valid, slots, torch.zeros_like(slots))
-        shape = (*slots.shape, *flat_k.shape[1:])  # [R, L, Hkv, D]
-        keys = flat_k.index_select(0, slots.view(-1)).view(shape).to(q.dtype)
-        vals = flat_v.index_select(0, slots.view(-1)).view(shape).to(q.dtype)
-        idx = torch.tensor([starts[b] for b in rows], device=device)
-        qs = q[idx].unsqueeze(2)  # [R, Hq, 1, D]
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qs, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale,
-            enable_gqa=True,
-        )
-        out[idx] = o.squeeze(2)
+        own = torch.arange(table.shape[1], device=device)[None, :] < (lens_t[:, None] + block_size - 1) // block_size
+        table = torch.where(own, table, table[:, :1])
+        mask = (torch.arange(max_len, device=device)[None, :] < lens_t[:, None])[:, None, None, :]
+        return cls(table, max_len, mask, None if every else _rows_of(meta, rows, device))
 
 
-def _slots(block_row: torch.Tensor, total: int, block_size: int) -> torch.Tensor:
-    pos = torch.arange(total, device=block_row.device)
-    return block_row.long()[pos // block_size] * block_size + pos % block_size
+def _rows_of(meta: AttentionMetadata, rows: list[int], device: torch.device) -> torch.Tensor:
+    starts = meta.cu_seqlens_q.tolist()
+    return torch.tensor([starts[b] for b in rows], device=device)
+
+
+def _gather_blocks(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """[R, length, Hkv, D]: the first `length` cached tokens of each block-table row, whole blocks
+    copied at once."""
+    block_size = cache.shape[1]
+    blocks = table[:, : -(-length // block_size)]
+    gathered = cache.index_select(0, blocks.reshape(-1).long())
+    return gathered.view(table.shape[0], -1, *cache.shape[2:])[:, :length]
 
 
 def make_backend(name: str, device: torch.device) -> AttentionBackend:

@@ -25,6 +25,15 @@ import torch
 from radixserve.core import PENDING_TOKEN, Batch
 
 
+@dataclass(slots=True)
+class BuildTime:
+    """Host seconds spent building steps' inputs so far, on either path (the eager `prepare` and the
+    padded decoder's staging). One counter both add to; the engine's step clock reads `seconds` (an
+    attribute, not a call) before and after a forward and charges the difference to batch building."""
+
+    seconds: float = 0.0
+
+
 @dataclass
 class PendingInputs:
     """The previous step's sampled ids, still on the device: a token that is PENDING_TOKEN reads its

@@ -32,7 +32,7 @@ import torch
 
 from radixserve.core import Batch
 from radixserve.model.attention import AttentionMetadata
-from radixserve.model.batch_inputs import PendingInputs, build_inputs
+from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
 from radixserve.model.device import to_device
 from radixserve.model.step_buffers import BlockTableRows, StagedCopy
 
@@ -85,7 +85,7 @@ class PaddedDecoder:
     """Runs decode-only batches through the padded static-buffer path, from CUDA graphs when captured."""
 
     def __init__(self, max_batch: int, max_seq_len: int, block_size: int, scratch_block: int, vocab: int,
-                 device: torch.device) -> None:
+                 device: torch.device, build_time: BuildTime | None = None) -> None:
         self.sizes = capture_sizes(max_batch)
         self.max_seq_len = max_seq_len
         self.block_size = block_size
@@ -99,6 +99,7 @@ class PaddedDecoder:
         self.tables = BlockTableRows(2 * self.rows, max_blocks, scratch_block, device)
         self._padding = (0, 0, scratch_block * block_size, 1, self.tables.scratch_row)  # what a padding row holds
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.build_time = build_time or BuildTime()  # `_fill`'s seconds go here (the runner's counter)
 
     def accepts(self, batch: Batch) -> bool:
         return 0 < len(batch.items) <= self.sizes[-1] and all(it.num_tokens == 1 for it in batch.items)
@@ -108,7 +109,9 @@ class PaddedDecoder:
         rows = len(batch.items)
         size = bucket_for(rows, self.sizes)
         assert size is not None, "accepts() first"
+        started = time.perf_counter()
         lens, sampling = self._fill(batch, size, pending)
+        self.build_time.seconds += time.perf_counter() - started
         graph = self.graphs.get(size)
         if graph is not None:
             graph.replay()

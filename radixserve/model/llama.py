@@ -107,7 +107,8 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("meta"):
             self.model = DecoderModel(spec)
             tied = spec.tie_word_embeddings
-            self.lm_head = None if tied else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            # a Linear, or after `cpu_linear.pack_for_cpu` a PackedLinear (a tied model's too)
+            self.lm_head: nn.Module | None = None if tied else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.to(dtype)
         self.to_empty(device=device)
         self.requires_grad_(False)
@@ -135,8 +136,9 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 (callers pass only the rows they sample from)."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
 
     def packed_shards(self) -> dict[str, tuple[str, int, int]]:
         """HF-name suffix -> (our parameter suffix, first row, row count) for the packed projections."""

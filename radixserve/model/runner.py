@@ -13,6 +13,7 @@ scheduling. On CUDA it also sizes the KV pool from device memory (`memory.Device
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -20,7 +21,9 @@ import torch
 
 from radixserve.core import Batch, BlockCopy
 from radixserve.model.attention import AttentionMetadata, make_backend
-from radixserve.model.batch_inputs import PendingInputs, build_inputs
+from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
+from radixserve.model.cpu_linear import pack_for_cpu, packing_works
+from radixserve.model.cpu_threads import configure_cpu_threads
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype, to_device
 from radixserve.model.host_kv import HostKVCache
@@ -59,10 +62,15 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int,
-                 load_format: str = "auto", enforce_eager: bool = False) -> None:
+                 load_format: str = "auto", enforce_eager: bool = False, cpu_threads: int | None = None) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cpu":
+            configure_cpu_threads(cpu_threads)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format)
+        if self.device.type == "cpu" and packing_works(self.dtype):
+            tied = self.model.model.embed_tokens.weight if self.model.lm_head is None else None
+            log.info("CPU matmuls: %d weights packed for oneDNN", pack_for_cpu(self.model, tied))
         self.backend = make_backend(backend, self.device)
         self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
@@ -72,6 +80,7 @@ class ModelRunner:
         self.kv_cache: KVCache | None = None
         self.host_cache: HostKVCache | None = None
         self.decoder: PaddedDecoder | None = None
+        self.build_time = BuildTime()  # host seconds building inputs, both paths (the engine's step clock reads it)
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -131,7 +140,7 @@ class ModelRunner:
         if self.enforce_eager:
             return
         self.decoder = PaddedDecoder(max_batch, max_seq_len, self.block_size, self.kv_cache.scratch_block,
-                                     self.spec.vocab_size, self.device)
+                                     self.spec.vocab_size, self.device, self.build_time)
         if self.uses_cuda_graphs:
             with torch.inference_mode():
                 self.decoder.capture(self._forward)
@@ -144,6 +153,13 @@ class ModelRunner:
 
     def prepare(self, batch: Batch, pending: PendingInputs | None = None) -> StepInputs:
         """The eager path's inputs: the batch's `build_inputs` lists as fresh device tensors."""
+        started = time.perf_counter()
+        try:
+            return self._prepare(batch, pending)
+        finally:
+            self.build_time.seconds += time.perf_counter() - started
+
+    def _prepare(self, batch: Batch, pending: PendingInputs | None) -> StepInputs:
         x = build_inputs(batch, self.block_size, pending)
         dev = self.device
         meta = AttentionMetadata(

@@ -38,10 +38,8 @@ REPORT_WINDOW = 4
 class EngineReplica:
     def __init__(self, engine_config: EngineConfig, torch_threads: int | None = None,
                  health_stall_s: float = 120.0) -> None:
-        if torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(torch_threads)
+        if torch_threads is not None:  # the runner sizes torch's pool from the config (model/cpu_threads.py)
+            engine_config = dataclasses.replace(engine_config, cpu_threads=torch_threads)
         self.name = serve.get_replica_context().replica_id.unique_id
         self.engine = AsyncEngine(engine_config)
         self.events = self.engine.follow_cache_events() if engine_config.enable_prefix_cache else None

@@ -97,7 +97,7 @@ class DraftProposer:
             return None
         tokens = seq.token_ids
         limit = min(spec.k, budget,
-                    seq.num_prompt_tokens + seq.request.params.max_tokens - len(tokens) - 1,
+                    seq.length_limit - len(tokens) - 1,
                     self.max_seq_len - len(tokens) - 1)
         if limit <= 0:
             return None

@@ -24,9 +24,18 @@ def no_op_step(scheduler: Scheduler, batch: Batch, token: int) -> Committed:
     those equal to `token` (every row "samples" it), as the engine's verification would; only length
     limits finish."""
     launch = scheduler.launched(batch, (), _key)
-    commits = []
-    for seq, position, k in zip(launch.owners, launch.positions, launch.drafts):
-        drafts = seq.token_ids[position - k:position]
-        kept = next((i for i, t in enumerate(drafts) if t != token), k)
-        commits.append(TokenCommit((token,) * (kept + 1), drafts=k))
+    # every draw verifying no draft commits the same (immutable) commit, as before drafts existed:
+    # building one per draw would time this stand-in's sampler, not the scheduler
+    plain = TokenCommit((token,))
+    if not any(launch.drafts):
+        return scheduler.commit(launch, [plain] * len(launch.owners), (), _no_stop)
+    commits = [_verifying(seq, position, k, token) if k else plain
+               for seq, position, k in zip(launch.owners, launch.positions, launch.drafts)]
     return scheduler.commit(launch, commits, (), _no_stop)
+
+
+def _verifying(seq: Sequence, position: int, k: int, token: int) -> TokenCommit:
+    """The commit of a draw verifying `k` drafts: those up to the first that differs from `token`."""
+    drafts = seq.token_ids[position - k:position]
+    kept = next((i for i, t in enumerate(drafts) if t != token), k)
+    return TokenCommit((token,) * (kept + 1), drafts=k)

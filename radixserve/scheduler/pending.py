@@ -3,7 +3,8 @@
 With overlap, the engine launches step N before step N-1's sampled ids reach the host. Each sampling
 row of a launched step leaves a slot, `PENDING_TOKEN`, at the end of its sequence's `token_ids`; the
 runner reads that token's id from the previous step's sampled ids on the device, so no host round
-trip sits between two steps. The scheduler's commit fills the slot once the id is known.
+trip sits between two steps. The scheduler's commit fills the slot once the id is known (through
+`step_results.append_tokens`, the one write path for generated tokens).
 
 Invariants (the scheduler is the only caller of these functions):
 - slots are only at the end of `token_ids`: at most two per sequence, the one being committed and the
@@ -28,19 +29,18 @@ from __future__ import annotations
 from radixserve.core import PENDING_TOKEN, Sequence
 
 
-def add_slot(seq: Sequence, max_seq_len: int) -> int:
-    """A launched step samples `seq`'s next token: hold its place; returns the slot's position."""
-    tokens = seq.token_ids
-    tokens.append(PENDING_TOKEN)
-    # every token after the prompt, this slot and one still pending before it included, is generated
-    seq.final_token_pending = len(tokens) - seq.num_prompt_tokens >= seq.request.params.max_tokens \
-        or len(tokens) >= max_seq_len
-    return len(tokens) - 1
-
-
-def fill(seq: Sequence, position: int, token: int) -> None:
-    assert seq.token_ids[position] == PENDING_TOKEN, "a slot is filled once, where its launch put it"
-    seq.token_ids[position] = token
+def add_slots(seqs: list[Sequence], max_seq_len: int) -> list[int]:
+    """A launched step samples the next token of each of `seqs` (distinct): hold their places; returns
+    the slots' positions, in order. (One call per step, not per sequence: it runs for every draw.)"""
+    positions = []
+    for seq in seqs:
+        tokens = seq.token_ids
+        tokens.append(PENDING_TOKEN)
+        size = len(tokens)
+        # the length limits, counting this slot and one still pending before it
+        seq.final_token_pending = size >= seq.length_limit or size >= max_seq_len
+        positions.append(size - 1)
+    return positions
 
 
 def drop_slots(seq: Sequence) -> None:

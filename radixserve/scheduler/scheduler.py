@@ -54,40 +54,68 @@ class Scheduler(SequenceQueues):
         self.steps += 1
         self.growth.step()
         batch = Batch()
-        items, budget, running = batch.items, self.config.max_num_batched_tokens, SequenceStatus.RUNNING
+        budget, running = self.config.max_num_batched_tokens, SequenceStatus.RUNNING
         # `running` is kept in policy order, so decodes-then-prefills needs no sort; an urgent arrival
         # admitted below is in neither list
         decodes, prefills = pending.split_running(self.running)
         if self.policy.ranks_by_merit and self.config.preempt_gap > 0 and self.waiting and self.running:
             budget -= self._admit_urgent(batch, budget - len(decodes))
-        drafting = self.drafts.enabled and len(decodes) <= self.drafts.max_batch
-        for seq in decodes + prefills:
+        budget = self._schedule_decodes(decodes, batch, budget)
+        for seq in prefills:
             if budget == 0:
                 break
             if seq.status is not running:
                 continue  # preempted earlier in this step
-            left = len(seq.token_ids) - seq.num_computed
-            if left == 1 and drafting and self.drafts.eligible(seq):
-                if seq.has_pending_token and self.drafts.waits_for_token(seq):
-                    continue  # overlap: drafts are likely; wait a step for its token, then draft after it
-                if not seq.has_pending_token and budget > 1 and self._draft(seq, budget - 1, batch):
-                    budget -= batch.items[-1].num_tokens
-                    continue
-            n = left if left < budget else budget
-            while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n, batch.copies):
-                victim = self._victim(batch)  # `seq` itself is a candidate: never None
-                assert victim is not None
-                if victim is seq and self.cache.loosen_lock(seq):
-                    continue  # its own lock pinned what it lacks: try again before giving up its blocks
-                self.preempt(victim, batch.copies)
-                if victim is seq:
-                    break
-            if seq.status is running:
-                items.append(ScheduledSeq(seq, seq.num_computed, n))
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            if self._reserve_or_preempt(seq, n, batch):
+                batch.items.append(ScheduledSeq(seq, seq.num_computed, n))
                 budget -= n
         if budget > 0:
             self._admit(batch, budget)
         return batch
+
+    def _schedule_decodes(self, decodes: list[Sequence], batch: Batch, budget: int) -> int:
+        """One token each, or drafts to verify after it, in running order while `budget` lasts; returns
+        the budget left. The loop every running sequence passes through each step: kept to the checks
+        a decode needs (its one token needs a block only at a block's start or a shared block); its
+        item is the sequence's own `decode_item`, moved on to this step (core.py's Batch invariants)."""
+        running, drafts = SequenceStatus.RUNNING, self.drafts
+        drafting = drafts.enabled and len(decodes) <= drafts.max_batch
+        needs_blocks, items = self.cache.needs_blocks, batch.items  # (bound once: a call per sequence)
+        for seq in decodes:
+            if budget == 0:
+                break
+            if seq.status is not running:
+                continue  # preempted earlier in this step
+            if drafting and drafts.eligible(seq):
+                if seq.has_pending_token and drafts.waits_for_token(seq):
+                    continue  # overlap: drafts are likely; wait a step for its token, then draft after it
+                if not seq.has_pending_token and budget > 1 and self._draft(seq, budget - 1, batch):
+                    budget -= batch.items[-1].num_tokens
+                    continue
+            if needs_blocks(seq, 1) and not self._reserve_or_preempt(seq, 1, batch):
+                continue  # it was the one preempted
+            item = seq.decode_item
+            if item is None:
+                item = seq.decode_item = ScheduledSeq(seq, seq.num_computed, 1)
+            else:
+                item.start = seq.num_computed
+            items.append(item)
+            budget -= 1
+        return budget
+
+    def _reserve_or_preempt(self, seq: Sequence, n: int, batch: Batch) -> bool:
+        """Blocks for a running sequence's next n tokens, preempting the lowest-priority running
+        sequences not yet scheduled until the pool supplies them; False if `seq` itself had to go."""
+        while self.cache.needs_blocks(seq, n) and not self.cache.reserve(seq, n, batch.copies):
+            victim = self._victim(batch)  # `seq` itself is a candidate: never None
+            assert victim is not None
+            if victim is seq and self.cache.loosen_lock(seq):
+                continue  # its own lock pinned what it lacks: try again before giving up its blocks
+            self.preempt(victim, batch.copies)
+            if victim is seq:
+                return False
+        return True
 
     def _draft(self, seq: Sequence, budget: int, batch: Batch) -> bool:
         """Schedule `seq` to verify drafts after its last token, if it proposes any and blocks for them
@@ -219,19 +247,20 @@ class Scheduler(SequenceQueues):
         for req in failed:
             self.end(req, "error")
         launch = Launch()
-        owners, rows, positions = launch.owners, launch.rows, launch.positions
-        bs, max_seq_len, running, add_slot = self.block_size, self.max_seq_len, SequenceStatus.RUNNING, pending.add_slot
+        owners, rows, drafts = launch.owners, launch.rows, launch.drafts
+        bs, running, cache_computed = self.block_size, SequenceStatus.RUNNING, self.cache.cache_computed
         next_row = 0  # the logits have `logit_rows` rows per item that samples, in batch order
         for item in batch.items:
             seq, computed = item.seq, item.start + item.num_tokens
             samples = computed == len(seq.token_ids)  # the chunk reaches the last token
             row = next_row
-            next_row += item.logit_rows if samples else 0
+            if samples:
+                next_row += item.logit_rows
             if seq.status is not running:
                 continue
             seq.num_computed = computed
             if computed - seq.num_cached >= bs:  # a block may have completed
-                self.cache.cache_computed(seq)
+                cache_computed(seq)
             if not samples:
                 continue
             if seq.pending_forks:
@@ -239,12 +268,12 @@ class Scheduler(SequenceQueues):
                 launch.forks += forks
                 owners += forks
                 rows += [row] * len(forks)
-                positions += [add_slot(s, max_seq_len) for s in forks]
-                launch.drafts += [0] * len(forks)
+                drafts += [0] * len(forks)  # a fork verifies no drafts
             owners.append(seq)
             rows.append(row)
-            positions.append(add_slot(seq, max_seq_len))
-            launch.drafts.append(seq.num_drafts)
+            drafts.append(seq.num_drafts)
+        # the slots once every draw is known (a fork's tokens were copied before its parent's slot)
+        launch.positions = pending.add_slots(owners, self.max_seq_len)
         return launch
 
     def commit(self, launch: Launch, commits: list[TokenCommit], failed: Iterable[Request], stop: StopTest) -> Committed:
@@ -254,21 +283,23 @@ class Scheduler(SequenceQueues):
         for req in failed:
             self.end(req, "error")
         done = Committed()
-        bs, finished = self.block_size, SequenceStatus.FINISHED
+        touched, tokens = done.touched, 0
+        bs, max_seq_len, void = self.block_size, self.max_seq_len, self.void_draws
+        finished, running = SequenceStatus.FINISHED, SequenceStatus.RUNNING
         for seq, position, commit in zip(launch.owners, launch.positions, commits):
-            if (seq.seq_id, position) in self.void_draws:
-                self.void_draws.discard((seq.seq_id, position))
+            if void and (seq.seq_id, position) in void:  # (no tuple built while nothing is void)
+                void.discard((seq.seq_id, position))
                 continue  # an earlier commit's tokens took its place
             if seq.status is finished:
                 continue  # ended while in flight: its slot was dropped
             if commit.replaces_in_flight and position < len(seq.token_ids) - 1:
-                self.void_draws.update((seq.seq_id, later) for later in pending.void_later(seq, position))
+                void.update((seq.seq_id, later) for later in pending.void_later(seq, position))
             assert commit.drafts == seq.num_drafts or position != len(seq.token_ids) - 1, \
                 "a verifying draw's commit says how many drafts it verified"
             if commit.drafts:
                 position = self._verified(seq, position, commit)
             try:
-                taken, reason = append_tokens(seq, position, commit, stop, self.max_seq_len)
+                taken, reason = append_tokens(seq, position, commit, stop, max_seq_len)
             except TokenRefused as refused:  # the request's own constraint: it alone ends, nothing is wrong
                 log.info("request %s ended: %s", seq.request.request_id, refused)
                 done.errors.append(seq.request)
@@ -279,12 +310,13 @@ class Scheduler(SequenceQueues):
                 done.errors.append(seq.request)
                 self.end(seq.request, "error")
                 continue
-            done.tokens += taken
-            done.touched.append(seq)
+            tokens += taken
+            touched.append(seq)
             if reason is not None:
                 self.finish(seq, reason)
-            elif seq.num_computed - seq.num_cached >= bs and seq.status is SequenceStatus.RUNNING:
+            elif seq.num_computed - seq.num_cached >= bs and seq.status is running:
                 self.cache.cache_computed(seq)  # a block the slot completed can be cached now
+        done.tokens = tokens
         return done
 
     def _verified(self, seq: Sequence, position: int, commit: TokenCommit) -> int:

@@ -62,18 +62,21 @@ class SequenceCache:
         """False for the common decode step, whose write lands in a private block it already has. A query."""
         if n > 1:
             return True
-        pos, table = seq.num_computed, seq.block_table
-        return pos >= len(table) * self.block_size or self.pool.refcount[table[pos // self.block_size]] > 1
+        index, table = seq.num_computed // self.block_size, seq.block_table
+        return index >= len(table) or self.pool.refcount[table[index]] > 1
 
     def reserve(self, seq: Sequence, n: int, copies: list[BlockCopy]) -> bool:
         """Give `seq` blocks for positions [num_computed, num_computed + n), copying the first
         written block if it is shared. False if the pool cannot supply them (then only eviction
         changed the cache)."""
-        bs, table = self.block_size, seq.block_table
-        first = seq.num_computed // bs
-        missing = max(0, -(-(seq.num_computed + n) // bs) - len(table))
+        bs, table, computed = self.block_size, seq.block_table, seq.num_computed
+        first = computed // bs
+        # (plain comparisons rather than max(): every decode at a block's start comes here)
+        missing = -(-(computed + n) // bs) - len(table)
+        if missing < 0:
+            missing = 0
         shared = first < len(table) and self.pool.refcount[table[first]] > 1
-        fresh = self._allocate(missing + int(shared), copies)
+        fresh = self._allocate(missing + shared, copies)
         if fresh is None and shared and self.pool.refcount[table[first]] == 1:
             # the failed allocation evicted the block's other owner: it is ours to write in place
             shared, fresh = False, self._allocate(missing, copies)
@@ -159,7 +162,12 @@ class SequenceCache:
         if full <= seq.num_cached:
             return
         seq.num_cached = full
-        node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=seq.locked_node, namespace=seq.namespace)
+        locked = seq.locked_node
+        leaf = self.tree.extend_locked(locked, seq.token_ids, full, seq.block_table) if locked is not None else None
+        if leaf is not None:  # the common case: nothing cached past the lock yet, and the lock moved down
+            seq.locked_node = leaf
+            return
+        node = self.tree.insert(seq.token_ids[:full], seq.block_table, known=locked, namespace=seq.namespace)
         if self.tree.foreign_blocks(node, seq.block_table, stop=seq.locked_node):
             # another sequence cached these tokens first: locking its copy would pin blocks this
             # one does not use (it may need the whole pool), so the lock stays where it was

@@ -8,7 +8,9 @@ draft tokens in one step and keeps a prefix of them plus the token sampled after
 draw's drafts are taken out first (`SequenceCache.roll_back` forgets the K/V of those not kept: the
 kept ones' stands), then the commit's tokens are appended one by one, the kept drafts included, each
 passed to the stop test and checked against the length limits; the first token that ends the
-sequence ends the commit, and the tokens after it are never appended.
+sequence ends the commit, and the tokens after it are never appended. The first fills the draw's
+pending slot (`pending.py`), which must still be one: filling slots is this module's, like every
+other write of a generated token.
 
 The stop test (`StopTest`) is handed in by the engine: EOS, stop ids and stop strings (through its
 detokenizer, which must see every committed token once, in order). It decides nothing about blocks,
@@ -20,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixserve.core import Request, Sequence, TokenLogprob
-from radixserve.scheduler import pending
+from radixserve.core import PENDING_TOKEN, Request, Sequence, TokenLogprob
 
 # called once per committed token, in order; True: the token ends the sequence ("stop")
 StopTest = Callable[[Sequence, int], bool]
@@ -75,19 +76,26 @@ def append_tokens(seq: Sequence, position: int, commit: TokenCommit, stop: StopT
                   max_seq_len: int) -> tuple[int, str | None]:
     """Fill the slot at `position` and append the rest of the commit's tokens, stopping at the first
     that ends the sequence. Returns how many were committed and the finish reason, if any."""
-    assert len(commit.tokens) == 1 or position == len(seq.token_ids) - 1, \
+    tokens, logprobs = commit.tokens, commit.logprobs
+    assert len(tokens) == 1 or position == len(seq.token_ids) - 1, \
         "several tokens are committed only into a sequence's last slot"
-    # the length limits, as a count of resolved tokens (every token up to a filled slot is resolved)
-    limit = min(seq.num_prompt_tokens + seq.request.params.max_tokens, max_seq_len)
-    for i, token in enumerate(commit.tokens):
-        if i == 0:
-            pending.fill(seq, position, token)
-        else:
+    # the length limits, as a count of resolved tokens (every token up to a filled slot is resolved);
+    # once per draw, so plain comparisons rather than min()
+    limit = seq.length_limit
+    if limit > max_seq_len:
+        limit = max_seq_len
+    taken = 0
+    for token in tokens:
+        if taken:
             seq.token_ids.append(token)
-        if commit.logprobs:
-            seq.logprobs.append(commit.logprobs[i])
+        else:  # the first token fills the slot, the others follow it
+            assert seq.token_ids[position] == PENDING_TOKEN, "a slot is filled once, where its launch put it"
+            seq.token_ids[position] = token
+        if logprobs:
+            seq.logprobs.append(logprobs[taken])
+        taken += 1
         if stop(seq, token):
-            return i + 1, "stop"
-        if position + i + 1 >= limit:
-            return i + 1, "length"
-    return len(commit.tokens), None
+            return taken, "stop"
+        if position + taken >= limit:
+            return taken, "length"
+    return taken, None

@@ -77,7 +77,7 @@ def _engine_config(o: StructuredBenchOptions, **over: Any) -> dict[str, Any]:
     test to compare one token per row per step in both modes."""
     return dict(device=o.device, dtype=o.dtype, seed=o.seed, block_size=o.block_size, num_blocks=o.num_blocks,
                 max_num_seqs=max(o.max_num_seqs, o.step_batch), max_num_batched_tokens=o.max_num_batched_tokens,
-                num_speculative_tokens=0, **over)
+                num_speculative_tokens=0, cpu_threads=o.torch_threads, **over)
 
 
 def tool_constraints(llm: Any, tools: list[BenchTool]) -> dict[str, StructuredOutput]:
