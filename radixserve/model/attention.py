@@ -93,11 +93,12 @@ class TorchAttentionBackend:
             else:  # query i sits at position total - n + i and sees keys 0..that position
                 q_pos = torch.arange(total - n, total, device=q.device)
                 mask, causal = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None], False
+            # with a batch dimension SDPA takes its flash kernel on CPU; without one, the math path (2x slower)
             o = torch.nn.functional.scaled_dot_product_attention(
-                qs, keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=mask, is_causal=causal, scale=scale,
-                enable_gqa=True,
+                qs[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None], attn_mask=mask, is_causal=causal,
+                scale=scale, enable_gqa=True,
             )
-            out[starts[b] : starts[b] + n] = o.transpose(0, 1)
+            out[starts[b] : starts[b] + n] = o[0].transpose(0, 1)
         return out
 
     @staticmethod
