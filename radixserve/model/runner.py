@@ -7,7 +7,9 @@ tokens). Decode-only batches take the padded static-buffer path (`decode_graphs.
 graphs on CUDA with the Triton backend, the same padded path eagerly elsewhere); batches with
 prefill chunks, and every batch under `enforce_eager`, are sent as fresh tensors and run eagerly.
 Owns the model, the KV cache tensors, the attention backend and the hot-path ops; knows nothing of
-scheduling. On CUDA it also sizes the KV pool from device memory (`memory.DeviceBudget`).
+scheduling. On CUDA it also sizes the KV pool from device memory (`memory.DeviceBudget`); on CPU it
+sizes torch's threads (`cpu_threads`) and packs the projections and LM head for oneDNN (`cpu_linear`).
+It counts the host seconds it spends building inputs (`build_time`) for the engine's step clock.
 """
 
 from __future__ import annotations

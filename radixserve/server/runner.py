@@ -9,6 +9,7 @@ server on a free port (port 0), waits until the model is loaded, and always stop
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 import sys
@@ -143,8 +144,20 @@ class BackgroundServer:
         return self.state.engine
 
 
+def log_to_stderr() -> None:
+    """radixserve's own INFO lines (threads and packing chosen, engine start-up time, requests the
+    scheduler ended) on stderr, as `radixserve: ...`; left alone if the embedding program set a handler."""
+    logger = logging.getLogger("radixserve")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("radixserve: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def serve_forever(engine_factory: EngineFactory, config: ServerConfig) -> int:
     """Foreground server for `radixserve serve`; returns the process exit code."""
+    log_to_stderr()
     app = build_app(engine_factory, config)
     state: ServerState = app.state.server
     failed = False
