@@ -99,10 +99,9 @@ def _slot_reference(q, k_cache, v_cache, table, lens, scale):
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("lens", [[37], [16, 16], [5, 33, 17], [1, 48, 48, 2]])
-def test_block_gather_decode_matches_the_per_token_reference(lens: list[int]) -> None:
-    """Rows of different lengths read their own blocks only; a stale NaN past a row's own blocks
-    (another sequence's block, the scratch block) never reaches its output."""
+def _decode_case(lens: list[int]) -> tuple[torch.Tensor, ...]:
+    """A decode step of rows of these lengths over a shuffled paged cache whose scratch block (the
+    table's filler past each row's own blocks) holds NaN: q, new k, new v, k_cache, v_cache, table."""
     g = torch.Generator().manual_seed(len(lens))
     bs, heads, kv_heads, dim, blocks = 16, 4, 2, 8, 24
     k_cache = torch.randn(blocks, bs, kv_heads, dim, generator=g)
@@ -118,14 +117,41 @@ def test_block_gather_decode_matches_the_per_token_reference(lens: list[int]) ->
     q = torch.randn(len(lens), heads, dim, generator=g)
     k_new = torch.randn(len(lens), kv_heads, dim, generator=g)
     v_new = torch.randn(len(lens), kv_heads, dim, generator=g)
+    return q, k_new, v_new, k_cache, v_cache, table
+
+
+def _decode_meta(lens: list[int], table: torch.Tensor) -> AttentionMetadata:
+    bs = 16
     slots = torch.tensor([int(table[b, (n - 1) // bs]) * bs + (n - 1) % bs for b, n in enumerate(lens)])
-    meta = AttentionMetadata(slot_mapping=slots, cu_seqlens_q=torch.arange(len(lens) + 1, dtype=torch.int32),
+    return AttentionMetadata(slot_mapping=slots, cu_seqlens_q=torch.arange(len(lens) + 1, dtype=torch.int32),
                              seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=table,
                              query_lens=[1] * len(lens), seq_lens_host=list(lens))
-    got = TorchAttentionBackend().forward(q, k_new, v_new, k_cache, v_cache, meta, 0.3)
+
+
+@pytest.mark.parametrize("lens", [[37], [16, 16], [5, 33, 17], [1, 48, 48, 2]])
+def test_block_gather_decode_matches_the_per_token_reference(lens: list[int]) -> None:
+    """Rows of different lengths read their own blocks only; a stale NaN past a row's own blocks
+    (another sequence's block, the scratch block) never reaches its output."""
+    q, k_new, v_new, k_cache, v_cache, table = _decode_case(lens)
+    got = TorchAttentionBackend().forward(q, k_new, v_new, k_cache, v_cache, _decode_meta(lens, table), 0.3)
     want = _slot_reference(q, k_cache, v_cache, table, lens, 0.3)
     assert got.isfinite().all()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_backend_reuses_its_gather_buffers_without_mixing_calls() -> None:
+    """The gather buffers live on between calls (layers, steps) and shrink and grow with them: each
+    call still reads only its own cache, keys and values land apart, and an output never aliases a
+    buffer that the next call overwrites."""
+    backend = TorchAttentionBackend()
+    layouts = [[1, 48, 48, 2], [37], [5, 33, 17], [16, 16], [1, 48, 48, 2]]
+    runs = []
+    for lens in layouts:
+        q, k_new, v_new, k_cache, v_cache, table = _decode_case(lens)
+        got = backend.forward(q, k_new, v_new, k_cache, v_cache, _decode_meta(lens, table), 0.3)
+        runs.append((got, _slot_reference(q, k_cache, v_cache, table, lens, 0.3)))
+    for got, want in runs:  # checked after every call has run
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not packing_works(torch.float32), reason="this machine's oneDNN cannot pack fp32 linears")

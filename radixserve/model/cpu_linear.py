@@ -44,11 +44,14 @@ class PackedLinear(nn.Module):
         self.weight = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _LAYOUT_ROWS),
                                    requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        # the padded input of a short batch, reused: rows past the real ones keep whatever an earlier
+        # call left there (a row's product reads only its own row), so padding is one copy
+        self._padded = torch.zeros(MIN_ROWS, self.in_features, dtype=weight.dtype, device=weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if 0 < rows < MIN_ROWS:
-            padded = x.new_zeros((MIN_ROWS, x.shape[1]))
+            padded = self._padded if self._padded.dtype == x.dtype else x.new_zeros((MIN_ROWS, x.shape[1]))
             padded[:rows] = x
             return torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "")[:rows]
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")

@@ -81,16 +81,17 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin_table", freqs.sin(), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of each token, [T, 1, D] in `dtype`, shaped to broadcast over heads."""
+        """cos and signed sin of each token, [T, 1, D] in `dtype`, shaped to broadcast over heads:
+        (cos, cos) and (-sin, sin) along D, what `apply_rotary` takes."""
         cos = self.get_buffer("cos_table")[positions]
         sin = self.get_buffer("sin_table")[positions]
         cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1)
-        sin = torch.cat((sin, sin), dim=-1).to(dtype).unsqueeze(1)
-        return cos, sin
+        signed_sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(1)
+        return cos, signed_sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, H, D] by the per-token angles from `RotaryEmbedding.cos_sin`."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by the per-token angles from `RotaryEmbedding.cos_sin`: HF's
+    x * cos + cat(-x2, x1) * sin, bit for bit (negating a factor is exact), with the sign moved into
+    the shared sin so that a layer's rotation is a roll and three elementwise ops, not six."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
