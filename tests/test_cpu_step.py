@@ -165,3 +165,43 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_ran(shape: tuple[int, i
     alone = packed(x[:1])
     for rows in (2, 3, 4, 5, 16, 64):
         assert torch.equal(packed(x[:rows])[:1], alone), rows
+
+
+@pytest.mark.parametrize("rows", [[(37, 1), (20, 3), (48, 9)], [(9, 9), (16, 16)], [(40, 2), (64, 20), (5, 1)]])
+def test_short_rows_share_one_call_and_match_the_per_token_reference(rows: list[tuple[int, int]]) -> None:
+    """Decodes, verifications (a few new tokens after a cached prefix) and a prompt's last tokens run
+    in one padded call, each query seeing its own prefix causally; a row longer than SHORT_QUERY
+    (20 here) takes its own call, and both agree with the plainest per-token statement."""
+    g = torch.Generator().manual_seed(sum(n for n, _ in rows))
+    bs, heads, kv_heads, dim, blocks = 16, 4, 2, 8, 24
+    k_cache = torch.randn(blocks, bs, kv_heads, dim, generator=g)
+    v_cache = torch.randn(blocks, bs, kv_heads, dim, generator=g)
+    width = max(-(-n // bs) for n, _ in rows) + 1
+    order = torch.randperm(blocks - 1, generator=g).tolist()
+    table = torch.full((len(rows), width), blocks - 1, dtype=torch.int32)
+    for b, (n, _) in enumerate(rows):
+        own = [order.pop() for _ in range(-(-n // bs))]
+        table[b, :len(own)] = torch.tensor(own, dtype=torch.int32)
+    k_cache[blocks - 1] = float("nan")
+    v_cache[blocks - 1] = float("nan")
+    news = [new for _, new in rows]
+    tokens = sum(news)
+    q = torch.randn(tokens, heads, dim, generator=g)
+    k_new = torch.randn(tokens, kv_heads, dim, generator=g)
+    v_new = torch.randn(tokens, kv_heads, dim, generator=g)
+    slots = torch.tensor([int(table[b, p // bs]) * bs + p % bs for b, (n, new) in enumerate(rows)
+                          for p in range(n - new, n)])
+    cu = torch.tensor([0] + news, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    meta = AttentionMetadata(slot_mapping=slots, cu_seqlens_q=cu, seq_lens=torch.tensor([n for n, _ in rows]),
+                             block_table=table, query_lens=news, seq_lens_host=[n for n, _ in rows])
+    got = TorchAttentionBackend().forward(q, k_new, v_new, k_cache, v_cache, meta, 0.3)
+    assert got.isfinite().all()
+    for b, (n, new) in enumerate(rows):
+        pos = torch.arange(n)
+        cache_slots = table[b].long()[pos // bs] * bs + pos % bs
+        keys = k_cache.view(-1, kv_heads, dim)[cache_slots].transpose(0, 1)
+        vals = v_cache.view(-1, kv_heads, dim)[cache_slots].transpose(0, 1)
+        sees = pos[None, :] <= torch.arange(n - new, n)[:, None]
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[cu[b]:cu[b + 1]].transpose(0, 1), keys, vals, attn_mask=sees, scale=0.3, enable_gqa=True)
+        torch.testing.assert_close(got[cu[b]:cu[b + 1]], want.transpose(0, 1), rtol=1e-5, atol=1e-5)

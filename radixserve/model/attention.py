@@ -59,13 +59,19 @@ class AttentionBackend(Protocol):
         ...
 
 
+# rows with at most this many new tokens (decodes, verifications of drafts, the tail of a prompt)
+# share one padded SDPA call per layer; longer prefill chunks run one call each
+SHORT_QUERY = 16
+
+
 class TorchAttentionBackend:
     """Reference-quality backend in plain torch: correct for any dtype on CPU and GPU.
 
-    Decodes are batched into one padded SDPA call; each prefill chunk runs its own call with a
-    causal mask offset by its cached prefix length. Keys and values are gathered a block at a time
-    (`index_select` of whole blocks through the block table), block_size times fewer indices than one
-    per token, into buffers the backend keeps (`_GatherBuffers`).
+    Short rows (decodes and verifications: at most SHORT_QUERY new tokens) are batched into one
+    padded SDPA call per layer, with a causal mask offset by each row's cached prefix; each longer
+    prefill chunk runs its own call. Keys and values are gathered a block at a time (`index_select`
+    of whole blocks through the block table), block_size times fewer indices than one per token,
+    into buffers the backend keeps (`_GatherBuffers`).
     """
 
     name = "torch"
@@ -80,14 +86,17 @@ class TorchAttentionBackend:
         flat_k.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
         flat_v.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
         out = torch.empty_like(q)
-        decode_rows = [b for b, n in enumerate(meta.query_lens) if n == 1]
-        if decode_rows:
-            self._decode(q, k_cache, v_cache, meta, decode_rows, scale, out)
-            if len(decode_rows) == meta.num_seqs:
+        if "torch_short" not in meta.plans:  # the same for every layer of the step: made by the first
+            short = [b for b, n in enumerate(meta.query_lens) if n <= SHORT_QUERY]
+            meta.plans["torch_short"] = _ShortPlan.of(meta, short, k_cache.shape[1], q.device) if short else None
+        plan = meta.plans["torch_short"]
+        if plan is not None:
+            self._short(q, k_cache, v_cache, plan, scale, out)
+            if plan.num_rows == meta.num_seqs:
                 return out
         starts = meta.cu_seqlens_q.tolist()
         for b, n in enumerate(meta.query_lens):
-            if n == 1:
+            if n <= SHORT_QUERY:
                 continue
             total = meta.seq_lens_host[b]
             # [S, Hkv, D]; SDPA shares each kv head across its q heads
@@ -108,54 +117,67 @@ class TorchAttentionBackend:
             out[starts[b] : starts[b] + n] = o[0].transpose(0, 1)
         return out
 
-    def _decode(self, q, k_cache, v_cache, meta, rows, scale, out):
-        plan = meta.plans.get("torch_decode")
-        if plan is None:  # the same for every layer of the step: made by the first
-            plan = meta.plans["torch_decode"] = _DecodePlan.of(meta, rows, k_cache.shape[1], q.device)
+    def _short(self, q, k_cache, v_cache, plan, scale, out):
         keys, vals = (self._buffers.gather(i, cache, plan.blocks, plan.num_rows, plan.max_len).to(q.dtype)
                       for i, cache in enumerate((k_cache, v_cache)))
-        qs = (q if plan.rows is None else q[plan.rows]).unsqueeze(2)  # [R, Hq, 1, D]
+        rows, width = plan.num_rows, plan.max_query
+        qs = q if plan.tokens is None else q.index_select(0, plan.tokens)
+        qs = qs.view(rows, width, *q.shape[1:]).transpose(1, 2)  # [R, Hq, width, D]
         o = torch.nn.functional.scaled_dot_product_attention(
             qs, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=plan.mask, scale=scale, enable_gqa=True,
-        ).squeeze(2)
-        if plan.rows is None:
+        ).transpose(1, 2).reshape(rows * width, *q.shape[1:])
+        if plan.tokens is None:
             out.copy_(o)
         else:
-            out[plan.rows] = o
+            out.index_copy_(0, plan.tokens[plan.real], o[plan.real])
 
 
 @dataclass
-class _DecodePlan:
-    """What every layer's decode attention of one step reads: the blocks to gather, row by row
-    (`block_indices` of the block-table rows, a row's entries past its own blocks replaced by its
-    first block, so masked keys are its own and never another sequence's or the scratch block's), the
-    longest length, the key mask and the rows of q that decode (None: all of them, in order). The
-    mask is there even when every row has one length: SDPA rounds differently without one, and a
-    row's result should not depend on its neighbours'."""
+class _ShortPlan:
+    """What every layer's attention over the step's short rows reads, made once per step.
+
+    Row b of R has n_b new tokens (at most `max_query`) ending its L_b tokens; its queries sit in
+    slots b * max_query + i. `blocks`: the blocks to gather, row by row (`block_indices` of the
+    block-table rows, a row's entries past its own blocks replaced by its first block, so masked
+    keys are its own and never another sequence's or the scratch block's). `mask` [R, 1, max_query,
+    max_len]: query i of row b sees keys 0..L_b - n_b + i; a padding slot (i >= n_b) sees its row's
+    keys and its output is dropped. `tokens`: the q row each slot reads (a padding slot its row's
+    last token), None when the slots are exactly q's rows in order; `real`: the slots that are not
+    padding. The mask is there even when every row has one length: SDPA rounds differently without
+    one, and a row's result should not depend on its neighbours'."""
 
     blocks: torch.Tensor
     num_rows: int
     max_len: int
+    max_query: int
     mask: torch.Tensor
-    rows: torch.Tensor | None
+    tokens: torch.Tensor | None
+    real: torch.Tensor
 
     @classmethod
-    def of(cls, meta: AttentionMetadata, rows: list[int], block_size: int, device: torch.device) -> _DecodePlan:
+    def of(cls, meta: AttentionMetadata, rows: list[int], block_size: int, device: torch.device) -> _ShortPlan:
         lens = [meta.seq_lens_host[b] for b in rows]
-        max_len = max(lens)
+        news = [meta.query_lens[b] for b in rows]
+        max_len, width = max(lens), max(news)
         every = len(rows) == meta.num_seqs
         table = (meta.block_table if every else meta.block_table[rows])[:, : -(-max_len // block_size)]
         lens_t = torch.tensor(lens, device=device)
         own = torch.arange(table.shape[1], device=device)[None, :] < (lens_t[:, None] + block_size - 1) // block_size
         table = torch.where(own, table, table[:, :1])
-        mask = (torch.arange(max_len, device=device)[None, :] < lens_t[:, None])[:, None, None, :]
-        return cls(block_indices(table, max_len, block_size), len(rows), max_len, mask,
-                   None if every else _rows_of(meta, rows, device))
-
-
-def _rows_of(meta: AttentionMetadata, rows: list[int], device: torch.device) -> torch.Tensor:
-    starts = meta.cu_seqlens_q.tolist()
-    return torch.tensor([starts[b] for b in rows], device=device)
+        slot = torch.arange(width, device=device)
+        news_t = torch.tensor(news, device=device)
+        last_seen = (lens_t - news_t)[:, None] + slot[None, :]  # [R, width]: the last key each query sees
+        last_seen = torch.minimum(last_seen, lens_t[:, None] - 1)
+        mask = (torch.arange(max_len, device=device)[None, None, :] <= last_seen[:, :, None])[:, None]
+        real = (slot[None, :] < news_t[:, None]).reshape(-1)
+        if every and all(n == width for n in news):
+            tokens = None
+        else:
+            starts = meta.cu_seqlens_q.tolist()
+            first = torch.tensor([starts[b] for b in rows], device=device)
+            tokens = (first[:, None] + torch.minimum(slot[None, :], news_t[:, None] - 1)).reshape(-1)
+        return cls(block_indices(table, max_len, block_size), len(rows), max_len, width, mask, tokens,
+                   real.nonzero().squeeze(1))
 
 
 def block_indices(table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
