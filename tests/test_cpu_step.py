@@ -14,6 +14,7 @@ from torch import nn
 from radixserve.model import cpu_threads
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
 from radixserve.model.cpu_linear import PackedLinear, pack_for_cpu, packing_works
+from radixserve.model.rope import RopeParams, RotaryEmbedding, apply_rotary
 
 
 def _write(path: Path, text: str) -> None:
@@ -205,3 +206,17 @@ def test_short_rows_share_one_call_and_match_the_per_token_reference(rows: list[
         want = torch.nn.functional.scaled_dot_product_attention(
             q[cu[b]:cu[b + 1]].transpose(0, 1), keys, vals, attn_mask=sees, scale=0.3, enable_gqa=True)
         torch.testing.assert_close(got[cu[b]:cu[b + 1]], want.transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_is_hfs_formula_bit_for_bit(dtype: torch.dtype) -> None:
+    """The roll with a signed sin computes transformers' x * cos + cat(-x2, x1) * sin exactly."""
+    g = torch.Generator().manual_seed(7)
+    rotary = RotaryEmbedding(64, 4096, RopeParams(theta=100000.0), torch.device("cpu"))
+    positions = torch.randint(0, 4096, (33,), generator=g)
+    x = torch.randn(33, 9, 64, generator=g).to(dtype)
+    cos, signed_sin = rotary.cos_sin(positions, dtype)
+    half = rotary.get_buffer("sin_table")[positions]
+    sin = torch.cat((half, half), dim=-1).to(dtype).unsqueeze(1)
+    hf = x * cos + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * sin
+    assert torch.equal(apply_rotary(x, cos, signed_sin), hf)
