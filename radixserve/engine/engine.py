@@ -69,6 +69,7 @@ __all__ = ["FORWARD_FAILED", "INVALID_LOGITS", "POSTPROCESS_FAILED", "LLMEngine"
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class InFlight:
     """A launched step whose sampled ids have not been committed yet."""

@@ -28,13 +28,13 @@ StepObserver = Callable[[StepInfo], None]
 PoolCounts = tuple[int, int | None, int | None]  # free, held by live sequences, held only by the tree
 
 
-
 def decode_tokens(batch: Batch) -> tuple[int, int]:
     """Tokens of the batch's decodes (a decode is one token, or one plus the drafts it verifies), and
     the draft tokens among them. Read before `Scheduler.launched`: once it appends each draw's
     pending slot, no chunk reaches its sequence's last token, so `samples` is False for all of them."""
     decodes = [it for it in batch.items if it.samples and it.num_tokens == it.logit_rows]
     return sum(it.num_tokens for it in decodes), sum(it.logit_rows - 1 for it in decodes)
+
 
 class StepObservers:
     def __init__(self) -> None:

@@ -129,7 +129,7 @@ class TorchAttentionBackend:
         if plan.tokens is None:
             out.copy_(o)
         else:
-            out.index_copy_(0, plan.tokens[plan.real], o[plan.real])
+            out.index_copy_(0, plan.targets, o.index_select(0, plan.real))
 
 
 @dataclass
@@ -143,8 +143,9 @@ class _ShortPlan:
     max_len]: query i of row b sees keys 0..L_b - n_b + i; a padding slot (i >= n_b) sees its row's
     keys and its output is dropped. `tokens`: the q row each slot reads (a padding slot its row's
     last token), None when the slots are exactly q's rows in order; `real`: the slots that are not
-    padding. The mask is there even when every row has one length: SDPA rounds differently without
-    one, and a row's result should not depend on its neighbours'."""
+    padding, and `targets` the q rows they answer. The mask is there even when every row has one
+    length: SDPA rounds differently without one, and a row's result should not depend on its
+    neighbours'."""
 
     blocks: torch.Tensor
     num_rows: int
@@ -153,6 +154,7 @@ class _ShortPlan:
     mask: torch.Tensor
     tokens: torch.Tensor | None
     real: torch.Tensor
+    targets: torch.Tensor
 
     @classmethod
     def of(cls, meta: AttentionMetadata, rows: list[int], block_size: int, device: torch.device) -> _ShortPlan:
@@ -169,15 +171,15 @@ class _ShortPlan:
         last_seen = (lens_t - news_t)[:, None] + slot[None, :]  # [R, width]: the last key each query sees
         last_seen = torch.minimum(last_seen, lens_t[:, None] - 1)
         mask = (torch.arange(max_len, device=device)[None, None, :] <= last_seen[:, :, None])[:, None]
-        real = (slot[None, :] < news_t[:, None]).reshape(-1)
+        real = (slot[None, :] < news_t[:, None]).reshape(-1).nonzero().squeeze(1)
         if every and all(n == width for n in news):
             tokens = None
         else:
             starts = meta.cu_seqlens_q.tolist()
             first = torch.tensor([starts[b] for b in rows], device=device)
             tokens = (first[:, None] + torch.minimum(slot[None, :], news_t[:, None] - 1)).reshape(-1)
-        return cls(block_indices(table, max_len, block_size), len(rows), max_len, width, mask, tokens,
-                   real.nonzero().squeeze(1))
+        targets = real if tokens is None else tokens[real]
+        return cls(block_indices(table, max_len, block_size), len(rows), max_len, width, mask, tokens, real, targets)
 
 
 def block_indices(table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:

@@ -51,7 +51,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if 0 < rows < MIN_ROWS:
-            padded = self._padded if self._padded.dtype == x.dtype else x.new_zeros((MIN_ROWS, x.shape[1]))
+            padded = self._padded
             padded[:rows] = x
             return torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "")[:rows]
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
