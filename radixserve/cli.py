@@ -80,6 +80,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-max-batch", type=int, default=None,
                    help="no drafts in a step with more decoding sequences than this (default: the device's "
                         "measured figure, see docs/speculation.md)")
+    g.add_argument("--speculative-max-rows", type=int, default=None,
+                   help="the most rows (decode tokens plus drafts) a drafting step runs; drafts fill what the "
+                        "step's decodes leave (default: the device's measured figure, see docs/speculation.md)")
     g.add_argument("--pin-budget", type=float, default=d.pin_budget,
                    help="the fraction of the device pool pinned prefixes may hold (POST /v1/cache/pins, --pin); "
                         "never so much that the longest sequence could not fit beside them; 0 turns pinning off "
@@ -99,7 +102,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         cpu_threads=a.cpu_threads,
         load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
         num_speculative_tokens=a.num_speculative_tokens if a.speculation == "on" else 0,
-        speculative_max_batch=a.speculative_max_batch, pin_budget=a.pin_budget,
+        speculative_max_batch=a.speculative_max_batch, speculative_max_rows=a.speculative_max_rows,
+        pin_budget=a.pin_budget,
     )
 
 

@@ -78,6 +78,9 @@ class EngineConfig:
     # no drafts in a step with more decoding sequences than this (the step stops being memory-bound);
     # None: the measured default of the device (engine/speculation.py)
     speculative_max_batch: int | None = None
+    # the most rows (decode tokens plus drafts) a drafting step runs: drafts fill what its decodes leave,
+    # in running order; None: the measured default of the device (engine/speculation.py)
+    speculative_max_rows: int | None = None
     # pinned prefixes (engine/pins.py) may hold at most this fraction of the device pool's blocks, and
     # never so many that the longest sequence the engine accepts could not fit beside them
     pin_budget: float = 0.25
@@ -99,6 +102,8 @@ class EngineConfig:
             raise ValueError(f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
         if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
             raise ValueError(f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}")
+        if self.speculative_max_rows is not None and self.speculative_max_rows < 2:
+            raise ValueError(f"speculative_max_rows must be >= 2 (a decode and a draft), got {self.speculative_max_rows}")
         if self.cache_aware_max_queue < 1:
             raise ValueError("cache_aware_max_queue must be >= 1")
         for name in ("aging_s", "preempt_gap", "preempt_min_run_s", "max_queue_wait_s", "new_token_ratio_decay"):

@@ -4,6 +4,9 @@ most of their prompt, drafted by prompt lookup) with speculation on and off, bat
 a fresh engine, interleaved over rounds. Prints a markdown table and writes JSON with --json.
 
     .venv/bin/python scripts/spec_batch_cap.py --batches 1,2,4,8,16 --rounds 2 --json out.json
+
+`--max-rows N` sets --speculative-max-rows (default: the device's; a large N measures drafting with the
+batch cap alone).
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     batches = [int(b) for b in a.batches.split(",")]
     engines = {spec: LLM(num_speculative_tokens=8 if spec else 0, speculative_max_batch=max(batches),
+                         speculative_max_rows=a.max_rows,
                          enable_prefix_cache=False, max_num_seqs=max(batches)) for spec in (True, False)}
     for llm in engines.values():
         decode_tok_s(llm, 1, 8)  # warm-up
@@ -65,7 +70,8 @@ def main() -> None:
         print(f"| {r['batch']} | {r['spec_on_tok_s']:.1f} | {r['spec_off_tok_s']:.1f} | {r['ratio']:.2f}x |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "rounds": a.rounds, "max_tokens": a.max_tokens}, f, indent=1)
+            json.dump({"rows": rows, "rounds": a.rounds, "max_tokens": a.max_tokens, "max_rows": a.max_rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from tiny_models import tiny_model_dir
 from radixserve import LLM, SamplingParams
 from radixserve.core import RequestOutput
 from radixserve.engine.beam_search import BeamSearchParams
+from radixserve.scheduler.drafts import PAYING_RATE
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PATHS = [pytest.param(overlap, id="overlap" if overlap else "sync") for overlap in (False, True)]
@@ -173,6 +174,63 @@ def test_speculation_off_and_the_batch_cap() -> None:
     for _ in range(2):
         off.generate(prompts, GREEDY)
     assert spec_counts(off) == ({}, {})
+
+
+class StepRecorder:
+    """Wraps an engine's scheduler to record each step: (decoding sequences, their rows, prompt rows,
+    the kept rate of recent drafts when the step was scheduled)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.steps: list[tuple[int, int, int, float]] = []
+        self.scheduler = scheduler = llm.engine.scheduler
+        self._schedule = scheduler.schedule
+        scheduler.schedule = self.schedule  # type: ignore[method-assign]
+
+    def schedule(self):
+        rate = self.scheduler.drafts.kept_rate
+        batch = self._schedule()
+        decoding = [i for i in batch.items if i.samples and i.start >= i.seq.num_prompt_tokens]
+        prompt = sum(i.num_tokens for i in batch.items if i.start < i.seq.num_prompt_tokens)
+        self.steps.append((len(decoding), sum(i.num_tokens for i in decoding), prompt, rate))
+        return batch
+
+    def drafting(self, paying: bool) -> list[tuple[int, int, int, float]]:
+        """The steps with drafts, scheduled while recent drafts paid (or did not)."""
+        return [s for s in self.steps if s[1] > s[0] and (s[3] >= PAYING_RATE) == paying]
+
+
+def test_drafts_fill_the_rows_decodes_and_prompts_leave_until_they_pay() -> None:
+    """`speculative_max_rows` caps a drafting step's rows while recent drafts were mostly rejected:
+    three regenerated replies with a cap of 6 share 3 draft rows per step until their kept drafts lift
+    the cap (still equal to transformers); with a cap of 3 they never draft; and a step that runs a
+    prompt chunk as long as the cap drafts nothing."""
+    prompts = random_prompts([21, 30, 18], seed=18)
+    longer = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for cap in (6, 3):
+        llm = make(speculative_max_rows=cap)
+        recorder = StepRecorder(llm)
+        for _ in range(2):
+            outs = llm.generate(prompts, longer)
+            for p, o in zip(prompts, outs):
+                assert o.outputs[0].token_ids == reference("llama", tuple(p), longer.max_tokens)
+        capped, lifted = recorder.drafting(paying=False), recorder.drafting(paying=True)
+        if cap == 3:
+            assert capped == lifted == [] and spec_counts(llm) == ({}, {})
+        else:
+            assert all(rows + prompt <= cap for _, rows, prompt, _ in capped), capped
+            assert any(n == 3 and rows == cap for n, rows, _, _ in capped), capped  # reached, not undershot
+            assert any(rows + prompt > cap for _, rows, prompt, _ in lifted), lifted  # tree drafts pay
+        assert_clean(llm)
+    llm = make(speculative_max_rows=16)
+    recorder = StepRecorder(llm)
+    llm.generate(prompts[:1], GREEDY)
+    long_prompt = random_prompts([150], seed=19)[0]
+    outs = llm.generate([prompts[0], long_prompt], GREEDY)  # a regeneration beside a long new prompt
+    assert outs[1].outputs[0].token_ids == reference("llama", tuple(long_prompt), GREEDY.max_tokens)
+    assert recorder.drafting(paying=False), recorder.steps
+    assert all(prompt == 0 for _, _, prompt, _ in recorder.drafting(paying=False)), recorder.steps
+    assert any(prompt >= 16 and n and rate < PAYING_RATE for n, _, prompt, rate in recorder.steps), recorder.steps
+    assert_clean(llm)
 
 
 def test_beam_search_is_untouched() -> None:

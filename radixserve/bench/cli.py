@@ -60,6 +60,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per step of every radixserve system but radixserve-nospec (default: the engine's)")
     e.add_argument("--speculative-max-batch", type=int, default=None,
                    help="no drafts in a step with more decoding sequences than this (default: the engine's)")
+    e.add_argument("--speculative-max-rows", type=int, default=None,
+                   help="the most rows (decodes plus drafts) a drafting step runs (default: the engine's)")
     e.add_argument("--prompt-lookup-tokens", type=int, default=10,
                    help="hf-prompt-lookup's prompt_lookup_num_tokens (default %(default)s)")
 
@@ -259,7 +261,8 @@ def options_from_args(args: argparse.Namespace):  # -> BenchOptions, imported la
         num_blocks=args.num_blocks, pool_fraction=args.pool_fraction, load=args.load, concurrency=args.concurrency,
         request_rate=args.request_rate, params=parse_params(args.param), timeout_s=args.timeout,
         micro=not args.no_micro, progress=not args.no_progress, num_speculative_tokens=args.num_speculative_tokens,
-        speculative_max_batch=args.speculative_max_batch, prompt_lookup_tokens=args.prompt_lookup_tokens,
+        speculative_max_batch=args.speculative_max_batch, speculative_max_rows=args.speculative_max_rows,
+        prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
 
 

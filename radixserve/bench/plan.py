@@ -110,6 +110,7 @@ class BenchOptions(RunOptions):
     request_rate: float | None = None
     num_speculative_tokens: int | None = None  # None: the engine's default (radixserve-nospec: always 0)
     speculative_max_batch: int | None = None
+    speculative_max_rows: int | None = None
     prompt_lookup_tokens: int = 10  # hf-prompt-lookup's prompt_lookup_num_tokens
 
     def scenario_problems(self) -> list[str]:

@@ -42,7 +42,8 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     workloads = build_workloads(o, encode, spec.vocab_size, spec.max_position_embeddings, _chat_encoder(tokenizer))
     cuda = torch.cuda.is_available()
     settings = SystemSettings(model_dir, o.device, o.dtype, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
-                              o.seed, o.num_speculative_tokens, o.speculative_max_batch, o.prompt_lookup_tokens)
+                              o.seed, o.num_speculative_tokens, o.speculative_max_batch, o.speculative_max_rows,
+                              o.prompt_lookup_tokens)
     sizing = {w.name: size_pools(w, o) for w in workloads}
     planned: dict[str, list[str]] = {}
     skipped: list[str] = []

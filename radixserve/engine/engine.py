@@ -49,7 +49,14 @@ from radixserve.engine.pins import PinRegistry, pin_budget_blocks
 from radixserve.engine.prompt_logprobs import PromptAsk, PromptLogprobBook
 from radixserve.engine.sampler import Sampler, SampleResult
 from radixserve.engine.sizing import engine_sizes
-from radixserve.engine.speculation import VerifyPlan, default_max_batch, sampler_draws, unusable_verifications, verify
+from radixserve.engine.speculation import (
+    VerifyPlan,
+    default_max_batch,
+    default_max_rows,
+    sampler_draws,
+    unusable_verifications,
+    verify,
+)
 from radixserve.engine.stats import EngineStats
 from radixserve.engine.step_clock import StepClock, StepSpan
 from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
@@ -95,6 +102,9 @@ class LLMEngine:
         self.tokenizer: Any = load_tokenizer(self.model_dir)
         if config.speculative_max_batch is None:
             config = self.config = replace(config, speculative_max_batch=default_max_batch(self.runner.device))
+        if config.speculative_max_rows is None:
+            config = self.config = replace(config, speculative_max_rows=default_max_rows(
+                self.runner.device, config.max_num_batched_tokens))
         sizes = engine_sizes(config, self.runner)
         self.max_model_len, self.max_seq_len = sizes.max_model_len, sizes.max_seq_len
         self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks)

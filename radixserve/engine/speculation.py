@@ -35,8 +35,20 @@ from radixserve.scheduler.step_results import Launch, TokenCommit
 DEFAULT_MAX_BATCH = {"cpu": 32, "cuda": 32}
 
 
+# the most rows (decodes plus drafts) a drafting step runs, by device, when --speculative-max-rows is not
+# given: the knee of the forward's cost in rows, past which each draft costs about what a decode does.
+# CPU (2 cores, the embedded model, `radixserve bench step`): 38.6 ms at 1 row, 42.2 at 4, 81.5 at 16
+# (3.3 ms a row past 4), so 16 decoding sequences draft nothing and 4 draft 12 rows between them.
+# CUDA: no cap but the step's token budget (not measured yet).
+DEFAULT_MAX_ROWS = {"cpu": 16}
+
+
 def default_max_batch(device: torch.device) -> int:
     return DEFAULT_MAX_BATCH.get(device.type, DEFAULT_MAX_BATCH["cuda"])
+
+
+def default_max_rows(device: torch.device, step_tokens: int) -> int:
+    return DEFAULT_MAX_ROWS.get(device.type, step_tokens)
 
 
 @dataclass

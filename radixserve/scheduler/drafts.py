@@ -17,9 +17,13 @@ Sources, in this order; the first that yields a draft wins:
 Who drafts: a decoding sequence whose last token is known on the host (the verifying step feeds it),
 without a grammar (its masks at draft positions would depend on the drafts), penalties or
 prompt-logprob asks (whose counts would), and only in a step with at most `max_batch` decoding
-sequences (above it the step stops being memory-bound and drafts cost what they save). A draft is
-cut so that it and the token sampled after it stay within the request's max_tokens and the engine's
-longest sequence.
+sequences (above it the step stops being memory-bound and drafts cost what they save). Rows: while
+recent verifications kept fewer than PAYING_RATE of their drafts (`kept_rate`, over about the last
+RATE_HORIZON draft tokens of every sequence; 0 at start), a step's drafts together fill at most what
+its decodes and prompt chunks leave of `max_rows`, the knee of the device's cost curve, in running
+order; past the knee a draft row costs about what a decode does and pays only if mostly kept. Drafts
+kept at that rate lift the cap (the batch cap still holds). A draft is cut so that it and the token
+sampled after it stay within the request's max_tokens and the engine's longest sequence.
 
 k: starts at `num_speculative_tokens`; after a verification that kept every draft it grows by 2
 (to the cap), after one that kept a < k it becomes a + 1; after MISS_LIMIT verifications in a row
@@ -39,6 +43,8 @@ from radixserve.core import Sequence
 LOOKUP_NGRAM = 3  # the longest n-gram prompt lookup matches first
 MISS_LIMIT = 2
 MAX_COOLDOWN = 64
+PAYING_RATE = 0.5  # kept fraction of recent drafts above which a step drafts past the rows knee
+RATE_HORIZON = 32  # draft tokens: about how far back `kept_rate` looks
 PREDICTION_RETRY = 8  # with overlap, a request with a prediction tries to draft again this often
 
 
@@ -49,11 +55,23 @@ class Draft:
 
 
 class DraftProposer:
-    def __init__(self, tree: RadixTree | None, num_tokens: int, max_batch: int, max_seq_len: int) -> None:
+    def __init__(self, tree: RadixTree | None, num_tokens: int, max_batch: int, max_seq_len: int,
+                 max_rows: int = 1 << 30) -> None:
         self.tree = tree
         self.num_tokens = num_tokens  # 0: speculation off
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
+        self.max_rows = max_rows
+        self.kept_rate = 0.0  # the fraction of recent draft tokens kept, every sequence's (see the docstring)
+
+    def room(self, decodes: int, prompt_rows: int) -> int:
+        """How many draft tokens a step with `decodes` decoding sequences and `prompt_rows` rows of
+        prompt may verify between them (0: it drafts nothing). A query."""
+        if self.num_tokens == 0 or decodes > self.max_batch:
+            return 0
+        if self.kept_rate >= PAYING_RATE:
+            return decodes * self.num_tokens
+        return max(0, self.max_rows - decodes - prompt_rows)
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +138,7 @@ class DraftProposer:
     def verified(self, seq: Sequence, proposed: int, kept: int) -> None:
         """A verification of `proposed` drafts (from `seq.draft_source`) kept `kept`: adapt `seq`'s k,
         and move its place in the prediction past what it kept (writes `seq.spec`)."""
+        self.kept_rate += (kept / proposed - self.kept_rate) * min(1.0, proposed / RATE_HORIZON)
         spec = seq.spec
         spec.hot = kept > 0
         if seq.draft_source == "prediction":

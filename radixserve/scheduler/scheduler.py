@@ -34,6 +34,7 @@ The step's results come back through `launched` and `commit` (below); the queues
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -60,7 +61,7 @@ class Scheduler(SequenceQueues):
         decodes, prefills = pending.split_running(self.running)
         if self.policy.ranks_by_merit and self.config.preempt_gap > 0 and self.waiting and self.running:
             budget -= self._admit_urgent(batch, budget - len(decodes))
-        budget = self._schedule_decodes(decodes, batch, budget)
+        budget = self._schedule_decodes(decodes, batch, budget, prefills)
         for seq in prefills:
             if budget == 0:
                 break
@@ -74,24 +75,25 @@ class Scheduler(SequenceQueues):
             self._admit(batch, budget)
         return batch
 
-    def _schedule_decodes(self, decodes: list[Sequence], batch: Batch, budget: int) -> int:
+    def _schedule_decodes(self, decodes: list[Sequence], batch: Batch, budget: int, prefills: list[Sequence]) -> int:
         """One token each, or drafts to verify after it, in running order while `budget` lasts; returns
         the budget left. The loop every running sequence passes through each step: kept to the checks
         a decode needs (its one token needs a block only at a block's start or a shared block); its
         item is the sequence's own `decode_item`, moved on to this step (core.py's Batch invariants)."""
         running, drafts = SequenceStatus.RUNNING, self.drafts
-        drafting = drafts.enabled and len(decodes) <= drafts.max_batch
+        room = drafts.room(len(decodes), self._prompt_rows(prefills, drafts.max_rows)) if drafts.enabled else 0
         needs_blocks, items = self.cache.needs_blocks, batch.items  # (bound once: a call per sequence)
         for seq in decodes:
             if budget == 0:
                 break
             if seq.status is not running:
                 continue  # preempted earlier in this step
-            if drafting and drafts.eligible(seq):
+            if room and drafts.eligible(seq):
                 if seq.has_pending_token and drafts.waits_for_token(seq):
                     continue  # overlap: drafts are likely; wait a step for its token, then draft after it
-                if not seq.has_pending_token and budget > 1 and self._draft(seq, budget - 1, batch):
+                if not seq.has_pending_token and budget > 1 and self._draft(seq, min(budget - 1, room), batch):
                     budget -= batch.items[-1].num_tokens
+                    room -= batch.items[-1].num_tokens - 1
                     continue
             if needs_blocks(seq, 1) and not self._reserve_or_preempt(seq, 1, batch):
                 continue  # it was the one preempted
@@ -103,6 +105,17 @@ class Scheduler(SequenceQueues):
             items.append(item)
             budget -= 1
         return budget
+
+    def _prompt_rows(self, prefills: list[Sequence], limit: int) -> int:
+        """Prompt tokens the step will likely run beside its decodes (running prefills, then waiting
+        sequences while the running set has room), counted up to `limit`: rows drafts must leave."""
+        rows = 0
+        more = self.waiting if len(self.running) < self.config.max_num_seqs else []
+        for seq in itertools.chain(prefills, more):
+            rows += seq.remaining
+            if rows >= limit:
+                return limit
+        return rows
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, batch: Batch) -> bool:
         """Blocks for a running sequence's next n tokens, preempting the lowest-priority running

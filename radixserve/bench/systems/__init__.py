@@ -59,6 +59,7 @@ class SystemSettings:
     seed: int
     num_speculative_tokens: int | None = None  # None: the engine's default (every radixserve system but nospec)
     speculative_max_batch: int | None = None  # None: the engine's default
+    speculative_max_rows: int | None = None  # None: the engine's default
     prompt_lookup_tokens: int = 10  # hf-prompt-lookup's prompt_lookup_num_tokens
 
 
@@ -75,7 +76,7 @@ def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_siz
             enable_prefix_cache=name != "radixserve-nocache",
             attention_backend="triton" if name == "radixserve-triton" else "auto",
             dtype=s.dtype, device=s.device, seed=s.seed, host_cache_mb=host_cache_mb,
-            speculative_max_batch=s.speculative_max_batch,
+            speculative_max_batch=s.speculative_max_batch, speculative_max_rows=s.speculative_max_rows,
         )
         draft_tokens = 0 if name == NOSPEC else s.num_speculative_tokens
         if draft_tokens is not None:  # else the engine's default

@@ -134,4 +134,5 @@ class RadixServeSystem(System):
                                     "max_num_batched_tokens": c.max_num_batched_tokens, "max_num_seqs": c.max_num_seqs,
                                     "policy": c.policy, "device": c.device, "dtype": c.dtype,
                                     "num_speculative_tokens": c.num_speculative_tokens,
-                                    "speculative_max_batch": c.speculative_max_batch})
+                                    "speculative_max_batch": c.speculative_max_batch,
+                                    "speculative_max_rows": c.speculative_max_rows})
