@@ -113,15 +113,19 @@ def _compiled(kernel) -> list[CompiledVariant]:
     return found
 
 
-def check_arch(arch: int, dtype: torch.dtype, head_dim: int, group: int = 4, block_size: int = 16) -> list[CompiledVariant]:
-    """Drive every attention wrapper once per code path (decode with 1 and several splits, extend, store)."""
+def check_arch(arch: int, dtype: torch.dtype, head_dim: int, group: int = 4, block_size: int = 16,
+               kv_cache_dtype: str = "auto") -> list[CompiledVariant]:
+    """Drive every attention wrapper once per code path (decode with 1 and several splits, extend, store),
+    on caches in `dtype` or (kv_cache_dtype "fp8") in FP8 rows."""
     import kernels
-    from kernels import decode, extend, kv_store
+    from kernels import decode, extend, fp8_format, kv_store
 
     num_kv_heads, num_blocks, batch = 2, 8, 2
     gen = torch.Generator().manual_seed(0)
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
     v_cache = torch.randn_like(k_cache)
+    if kv_cache_dtype == "fp8":
+        k_cache, v_cache = fp8_format.quantize(k_cache), fp8_format.quantize(v_cache)
     table = torch.arange(num_blocks, dtype=torch.int32).view(batch, -1)
     seq_lens = torch.full((batch,), 2 * block_size, dtype=torch.int32)
     with stand_in_gpu(arch):
@@ -173,12 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float16", "float32"])
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--group", type=int, default=4, help="q heads per kv head")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     args = parser.parse_args(argv)
     ok = True
     for arch in args.arch:
         for dtype_name in args.dtype:
             for head_dim in args.head_dim:
-                variants = check_arch(arch, getattr(torch, dtype_name), head_dim, args.group)
+                variants = check_arch(arch, getattr(torch, dtype_name), head_dim, args.group,
+                                      kv_cache_dtype=args.kv_cache_dtype)
                 for v in variants:
                     print(f"sm_{arch} {dtype_name:9} D={head_dim:<4} {v.kernel:22} warps={v.num_warps} "
                           f"stages={v.num_stages} shared={v.shared:>6} B {'fits' if v.fits else 'TOO BIG (fell back)'}"

@@ -1,7 +1,9 @@
 """Shared plumbing for the paged-attention kernels: input checks, launch configs, dot precision.
 
 Invariants the kernels rely on, enforced here before any launch:
-- caches are [num_blocks, block_size, Hkv, D] with block_size >= 16, the same dtype as q;
+- caches are [num_blocks, block_size, Hkv, D] with block_size >= 16, the same dtype as q, or FP8
+  caches: uint8 [num_blocks, block_size, Hkv, D + 2], each row D e4m3 bytes and a bfloat16 scale
+  (kernels/fp8_format.py; kernels/fp8.py), read and written with q in any supported dtype;
 - Hq is a multiple of Hkv;
 - every tensor is on a CUDA device, or Triton runs in its interpreter (TRITON_INTERPRET=1 set before
   triton was imported), in which case CPU tensors are fine and their index values are also checked
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import fp8_format
+
 try:
     from triton.runtime.errors import OutOfResources
 except ImportError as exc:  # pragma: no cover - triton ships with the Linux x86_64 install
@@ -27,6 +31,10 @@ MIN_BLOCK_SIZE = 16
 # set only by kernels.aot_check while a stand-in driver compiles for a GPU this machine lacks
 COMPILE_ONLY = False
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def is_fp8_cache(cache: torch.Tensor) -> bool:
+    return cache.dtype == fp8_format.STORAGE
 
 
 def is_interpreted(kernel: object) -> bool:
@@ -68,9 +76,12 @@ def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int,
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
-    if k_cache.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"cache dtype {k_cache.dtype} unsupported; use float16, bfloat16 or float32")
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    if k_cache.dtype not in SUPPORTED_DTYPES and not is_fp8_cache(k_cache):
+        raise ValueError(f"cache dtype {k_cache.dtype} unsupported; use float16, bfloat16, float32 or FP8 rows (uint8)")
+    num_blocks, block_size, num_kv_heads, row = k_cache.shape
+    head_dim = row - fp8_format.SCALE_BYTES if is_fp8_cache(k_cache) else row
+    if is_fp8_cache(k_cache) and (k_cache.stride(3) != 1 or head_dim < 2 or head_dim % 2):
+        raise ValueError(f"an FP8 cache needs contiguous rows of an even head_dim plus 2 scale bytes, got {row}")
     if block_size < MIN_BLOCK_SIZE:
         raise ValueError(
             f"block_size {block_size} is below {MIN_BLOCK_SIZE}: the Triton kernels support blocks of "
@@ -84,7 +95,7 @@ def check_query(q: torch.Tensor, k_cache: torch.Tensor, num_kv_heads: int, head_
     """Validate q [N, Hq, D] against the cache and return the GQA group size Hq // Hkv."""
     if q.dim() != 3:
         raise ValueError(f"q must be [tokens, Hq, D], got shape {tuple(q.shape)}")
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and not (is_fp8_cache(k_cache) and q.dtype in SUPPORTED_DTYPES):
         raise ValueError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
     if q.shape[2] != head_dim:
         raise ValueError(f"q head_dim {q.shape[2]} differs from the cache head_dim {head_dim}")

@@ -4,10 +4,11 @@ Grid (B, Hkv, S). Program (b, h, s) takes the GROUP = Hq / Hkv query heads that 
 as one [GROUP_PAD, D] tile (padded to >= 16 rows for tl.dot), so each K/V tile is read once per
 group, and walks split s of the sequence: chunk = ceil(ceil(len / S) / BLOCK_N) * BLOCK_N tokens,
 BLOCK_N tokens per step, each token's address looked up through the block table (so tiles and
-pages are independent and shared/shuffled physical blocks need nothing special). Online softmax in
-base 2. With S == 1 the program writes the output directly; otherwise it writes its normalized
-partial output and log-sum-exp, and `_merge_kernel` (grid (B, Hq)) combines the S partials with
-weights exp2(lse_s - max lse). Empty splits (short sequences) write lse = -inf and are ignored.
+pages are independent and shared/shuffled physical blocks need nothing special). An FP8 cache's
+rows are dequantized as they are loaded (kernels/fp8.py). Online softmax in base 2. With S == 1 the
+program writes the output directly; otherwise it writes its normalized partial output and
+log-sum-exp, and `_merge_kernel` (grid (B, Hq)) combines the S partials with weights
+exp2(lse_s - max lse). Empty splits (short sequences) write lse = -inf and are ignored.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kernels.common import (
     check_table_covers,
     dot_precision,
     head_dim_pad,
+    is_fp8_cache,
     is_interpreted,
     launch_with_fallback,
     next_pow2,
@@ -39,6 +41,7 @@ from kernels.common import (
     should_check_values,
     upcast_in_kernel,
 )
+from kernels.fp8 import dequantize_rows
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -55,7 +58,7 @@ def _decode_split_kernel(
     stride_ob, stride_oh, stride_od,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -91,11 +94,10 @@ def _decode_split_kernel(
         page = tl.load(table_row + (tokens // PAGE_SIZE) * stride_tn, mask=token_mask, other=0).to(tl.int64)
         in_page = tokens % PAGE_SIZE
         kv_mask = token_mask[:, None] & dim_mask[None, :]
-        k = tl.load(
-            k_cache_ptr + page[:, None] * stride_kb + in_page[:, None] * stride_ks + kv_head * stride_kh
-            + dims[None, :] * stride_kd,
-            mask=kv_mask, other=0.0,
-        )
+        k_rows = k_cache_ptr + page[:, None] * stride_kb + in_page[:, None] * stride_ks + kv_head * stride_kh
+        k = tl.load(k_rows + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = dequantize_rows(k, k_rows, token_mask[:, None], HEAD_DIM).to(q.dtype)
         if UPCAST:
             k = k.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
@@ -104,11 +106,10 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh
-            + dims[None, :] * stride_vd,
-            mask=kv_mask, other=0.0,
-        )
+        v_rows = v_cache_ptr + page[:, None] * stride_vb + in_page[:, None] * stride_vs + kv_head * stride_vh
+        v = tl.load(v_rows + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            v = dequantize_rows(v, v_rows, token_mask[:, None], HEAD_DIM).to(q.dtype)
         if UPCAST:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -274,7 +275,7 @@ def plan_decode(
     constants = {
         "GROUP": group, "GROUP_PAD": max(16, next_pow2(group)), "HEAD_DIM": head_dim, "DIM_PAD": head_dim_pad(head_dim),
         "PAGE_SIZE": block_size, "UPCAST": upcast_in_kernel(_decode_split_kernel, q.dtype),
-        "DOT_PRECISION": dot_precision(q.dtype),
+        "DOT_PRECISION": dot_precision(q.dtype), "KV_FP8": is_fp8_cache(k_cache),
     }
     device, bound = q.device, max_seq_len
 
@@ -283,7 +284,7 @@ def plan_decode(
 
     configs = (config,) if config else tuple(decode_configs(q.dtype, head_dim, interpreted))
     return DecodeLaunch(batch, q.shape[1], num_kv_heads, splits_for, configs,
-                        ("decode", q.dtype, head_dim, q.device, config), scale * LOG2E, constants)
+                        ("decode", q.dtype, is_fp8_cache(k_cache), head_dim, q.device, config), scale * LOG2E, constants)
 
 
 def paged_decode_attention(

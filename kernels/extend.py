@@ -7,7 +7,8 @@ tile is loaded once for all of them. Tile indices are walked last-first because 
 a causal sequence see the most keys. Keys are read from the cache through the block table (the
 step's own K/V were stored there first); each row at absolute position p sees keys 0..p. Keys
 before the tile's first token are visible to every row, so whole BLOCK_N tiles of them run
-unmasked; only the tail up to the tile's last token is masked. Online softmax in base 2.
+unmasked; only the tail up to the tile's last token is masked. Online softmax in base 2. An FP8
+cache's rows are dequantized as they are loaded (kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from kernels.common import (
     check_table_covers,
     dot_precision,
     head_dim_pad,
+    is_fp8_cache,
     is_interpreted,
     launch_with_fallback,
     scheduling_kwargs,
     should_check_values,
     upcast_in_kernel,
 )
+from kernels.fp8 import dequantize_rows
 
 LOG2E = 1.4426950408889634
 
@@ -47,7 +50,7 @@ def _attend_tile(
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
     dims, dim_mask, scale_log2,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     tokens = start + tl.arange(0, BLOCK_N)
     token_mask = tokens < causal_end
@@ -56,8 +59,10 @@ def _attend_tile(
     else:
         page = tl.load(table_row + (tokens // PAGE_SIZE) * stride_tn).to(tl.int64)
     in_page = tokens % PAGE_SIZE
-    k_ptrs = k_base + page[:, None] * stride_kb + in_page[:, None] * stride_ks + dims[None, :] * stride_kd
-    v_ptrs = v_base + page[:, None] * stride_vb + in_page[:, None] * stride_vs + dims[None, :] * stride_vd
+    k_rows = k_base + page[:, None] * stride_kb + in_page[:, None] * stride_ks
+    v_rows = v_base + page[:, None] * stride_vb + in_page[:, None] * stride_vs
+    k_ptrs = k_rows + dims[None, :] * stride_kd
+    v_ptrs = v_rows + dims[None, :] * stride_vd
     if MASKED:
         kv_mask = token_mask[:, None] & dim_mask[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
@@ -68,6 +73,9 @@ def _attend_tile(
     else:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
+    if KV_FP8:
+        k = dequantize_rows(k, k_rows, token_mask[:, None], HEAD_DIM).to(q.dtype)
+        v = dequantize_rows(v, v_rows, token_mask[:, None], HEAD_DIM).to(q.dtype)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -94,6 +102,7 @@ def _extend_kernel(
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -134,13 +143,13 @@ def _extend_kernel(
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start, causal_end, q_pos, table_row, stride_tn, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, dims, dim_mask, scale_log2,
-            PAGE_SIZE, BLOCK_N, False, DIM_PAD != HEAD_DIM, UPCAST, DOT_PRECISION,
+            PAGE_SIZE, BLOCK_N, False, DIM_PAD != HEAD_DIM, UPCAST, DOT_PRECISION, KV_FP8, HEAD_DIM,
         )
     for start in range(full_end, causal_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start, causal_end, q_pos, table_row, stride_tn, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, dims, dim_mask, scale_log2,
-            PAGE_SIZE, BLOCK_N, True, DIM_PAD != HEAD_DIM, UPCAST, DOT_PRECISION,
+            PAGE_SIZE, BLOCK_N, True, DIM_PAD != HEAD_DIM, UPCAST, DOT_PRECISION, KV_FP8, HEAD_DIM,
         )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -230,10 +239,11 @@ def plan_extend(
     constants = {
         "GROUP": group, "HEAD_DIM": head_dim, "DIM_PAD": head_dim_pad(head_dim), "PAGE_SIZE": block_size,
         "UPCAST": upcast_in_kernel(_extend_kernel, q.dtype), "DOT_PRECISION": dot_precision(q.dtype),
+        "KV_FP8": is_fp8_cache(k_cache),
     }
     configs = (config,) if config else tuple(extend_configs(q.dtype, head_dim, is_interpreted(_extend_kernel)))
     return ExtendLaunch(batch, num_kv_heads, lambda cfg: triton.cdiv(rows, cfg.block_m), configs,
-                        ("extend", q.dtype, head_dim, q.device, config), scale * LOG2E, constants)
+                        ("extend", q.dtype, is_fp8_cache(k_cache), head_dim, q.device, config), scale * LOG2E, constants)
 
 
 def paged_extend_attention(

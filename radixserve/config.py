@@ -48,6 +48,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     attention_backend: str = "auto"  # auto (triton on CUDA, torch otherwise) | triton | torch
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (e4m3 with a scale per token and head)
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     # every step eager: no CUDA graphs (CUDA) and no padded static-buffer decode path (model/decode_graphs.py)
@@ -92,6 +93,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be auto or fp8, got {self.kv_cache_dtype!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads (--cpu-threads) must be >= 1, got {self.cpu_threads}")
         if self.max_wait_steps < 1:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import kernels
+from kernels import fp8_format
 from kernels.common import LaunchConfig
 from kernels.decode import auto_num_splits
 from kernels.reference import (
@@ -155,6 +156,67 @@ def test_store_kv_matches_reference(src_dtype, cache_dtype):
     torch.testing.assert_close(cache_v, ref_v, atol=tol, rtol=tol, equal_nan=True)
 
 
+def as_fp8(batch: PagedBatch) -> PagedBatch:
+    """The same caches quantized into FP8 rows (NaN poison stays NaN)."""
+    return PagedBatch(fp8_format.quantize(batch.k_cache), fp8_format.quantize(batch.v_cache), batch.block_table,
+                      batch.seq_lens)
+
+
+def dequantized(batch: PagedBatch, dtype: torch.dtype) -> PagedBatch:
+    return PagedBatch(fp8_format.dequantize(batch.k_cache, dtype), fp8_format.dequantize(batch.v_cache, dtype),
+                      batch.block_table, batch.seq_lens)
+
+
+@pytest.mark.parametrize("dtype,hq,hkv,d,bs,lens,splits,share", [DECODE_CASES[i] for i in (0, 1, 2)])
+def test_decode_reads_fp8_rows(dtype, hq, hkv, d, bs, lens, splits, share):
+    """An FP8 cache attends as its dequantized values do (the reference runs on those)."""
+    gen = torch.Generator().manual_seed(11)
+    batch = as_fp8(make_paged(gen, torch.float32, hkv, d, bs, lens, share))
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    args = (batch.block_table, batch.seq_lens, d**-0.5)
+    kernels.paged_decode_attention(q, batch.k_cache, batch.v_cache, *args, num_splits=splits, out=out)
+    plain = dequantized(batch, dtype)
+    assert_matches(out, paged_decode_attention_reference(q, plain.k_cache, plain.v_cache, *args))
+
+
+@pytest.mark.parametrize("dtype,hq,hkv,d,bs,qlens,prefixes,share,config", [EXTEND_CASES[i] for i in (0, 2, 5)])
+def test_extend_reads_fp8_rows(dtype, hq, hkv, d, bs, qlens, prefixes, share, config):
+    gen = torch.Generator().manual_seed(12)
+    totals = [n + p for n, p in zip(qlens, prefixes)]
+    batch = as_fp8(make_paged(gen, torch.float32, hkv, d, bs, totals, share))
+    cu = torch.tensor([0, *itertools.accumulate(qlens)], dtype=torch.int32)
+    q = torch.randn(sum(qlens), hq, d, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    tail = (batch.block_table, cu, batch.seq_lens, d**-0.5)
+    kernels.paged_extend_attention(q, batch.k_cache, batch.v_cache, *tail, config=config, out=out)
+    plain = dequantized(batch, dtype)
+    assert_matches(out, paged_extend_attention_reference(q, plain.k_cache, plain.v_cache, *tail))
+
+
+@pytest.mark.parametrize("src_dtype", [F32, F16, BF16])
+def test_store_kv_writes_the_fp8_format_bit_for_bit(src_dtype):
+    """The kernel's bytes are kernels/fp8_format.quantize's, scales included, across magnitudes from
+    e4m3's subnormals to its largest value, ties and all-zero rows; padding slots write nothing."""
+    gen = torch.Generator().manual_seed(13)
+    num_blocks, bs, hkv, d = 4, 16, 2, 64
+    qkv = torch.randn(7, 3, hkv, d, generator=gen) * torch.logspace(-6, 4, 7)[:, None, None, None]
+    qkv[0, 1, 0] = 0.0  # an all-zero row
+    qkv[1, 1, 1, :8] = torch.tensor([448.0, 1.0625, 1.1875, -3.5, 2**-8, 3 * 2**-10, 2**-10, 0.0])  # ties
+    qkv = qkv.to(src_dtype)
+    k, v = qkv[:, 1], qkv[:, 2]  # strided views, as a fused qkv projection would give
+    slots = torch.tensor([0, 15, 16, -1, 63, 37, 5], dtype=torch.int64)  # -1: a padding token, skipped
+    width = fp8_format.row_width(d)
+    cache_k = torch.full((num_blocks, bs, hkv, width), 0xAB, dtype=torch.uint8)
+    cache_v = cache_k.clone()
+    ref_k, ref_v = cache_k.clone(), cache_v.clone()
+    kernels.store_kv(k, v, cache_k, cache_v, slots)
+    keep = slots >= 0
+    ref_k.view(-1, hkv, width)[slots[keep]] = fp8_format.quantize(k[keep])
+    ref_v.view(-1, hkv, width)[slots[keep]] = fp8_format.quantize(v[keep])
+    assert torch.equal(cache_k, ref_k) and torch.equal(cache_v, ref_v)
+
+
 def _decode_inputs(block_size=16, dtype=F32, hq=4):
     k_cache = torch.zeros(4, block_size, 2, 64, dtype=dtype)
     q = torch.zeros(2, hq, 64, dtype=dtype)
@@ -211,12 +273,14 @@ def test_cpu_tensors_without_interpreter_get_a_clear_error():
     assert "ERR Triton kernels need CUDA tensors" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_kernels_compile_for_hopper_and_fit_shared_memory():
-    """Real sm_90 compile of the production shapes (bf16, D=128, GQA 4) through a stand-in driver."""
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_kernels_compile_for_hopper_and_fit_shared_memory(kv_cache_dtype):
+    """Real sm_90 compile of the production shapes (bf16, D=128, GQA 4) through a stand-in driver, on a
+    bf16 cache and on an FP8 one (whose e4m3 conversions are native from sm_89 on)."""
     code = (
         "import torch\n"
         "from kernels.aot_check import check_arch\n"
-        "for v in check_arch(90, torch.bfloat16, 128):\n"
+        f"for v in check_arch(90, torch.bfloat16, 128, kv_cache_dtype={kv_cache_dtype!r}):\n"
         "    print(v.kernel, v.shared, v.fits, v.tensor_cores)\n"
     )
     proc = _run_without_interpreter(code, timeout=300)

@@ -64,6 +64,22 @@ def test_triton_backend_matches_torch_backend(query_lens, prefix_lens, dtype):
     torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_backend_matches_torch_backend_on_an_fp8_cache(dtype):
+    """Both backends write the same FP8 bytes and scales, and attend to the same dequantized K/V."""
+    from kernels import fp8_format
+
+    gen = torch.Generator().manual_seed(29)
+    q, k, v, cache, meta = make_step(gen, [1, 9, 1, 16], [40, 23, 15, 0], 16, 24, 8, 2, 64, dtype)
+    packed = fp8_format.quantize(cache)
+    torch_cache, triton_cache = packed.clone(), packed.clone()
+    expected = TorchAttentionBackend().forward(q, k, v, torch_cache[0], torch_cache[1], meta, 0.125)
+    got = make_backend("triton", torch.device("cpu")).forward(q, k, v, triton_cache[0], triton_cache[1], meta, 0.125)
+    assert torch.equal(triton_cache, torch_cache), "store_kv wrote different FP8 rows than the torch backend"
+    assert got.dtype == q.dtype
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
 def test_auto_picks_torch_on_cpu():
     assert make_backend("auto", torch.device("cpu")).name == "torch"
 
@@ -93,6 +109,23 @@ def test_engine_gives_same_greedy_tokens_on_triton_and_torch():
     assert all(len(t) == 8 for t in tokens["torch"])
     assert tokens["triton"] == tokens["torch"]
     assert warm["triton"] == warm["torch"] == [t[:2] for t in tokens["torch"]]
+
+
+def test_engine_gives_same_greedy_tokens_on_triton_and_torch_with_an_fp8_cache():
+    from tiny_models import tiny_model_dir
+
+    from radixserve import LLM, SamplingParams
+
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(4, 500, (n,), generator=g).tolist() for n in (33, 5)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(model=str(tiny_model_dir("llama")), attention_backend=backend, kv_cache_dtype="fp8", block_size=16,
+                  num_blocks=32, max_num_batched_tokens=32)
+        assert llm.engine.runner.kv_cache is not None and llm.engine.runner.kv_cache.data.dtype == torch.uint8
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert tokens["triton"] == tokens["torch"]
 
 
 def test_launches_are_planned_once_per_step_not_per_layer(monkeypatch) -> None:

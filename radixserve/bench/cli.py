@@ -154,6 +154,7 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=8, help="draft tokens per step with speculation on")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: max(8192, largest batch)")
@@ -175,7 +176,7 @@ def _run_step(args: argparse.Namespace) -> int:
         steps=args.steps, warmup=args.warmup, sampling=args.sampling, graphs=args.graphs, overlap=args.overlap,
         penalties=args.penalties, rounds=args.rounds, speculation=args.speculation,
         num_speculative_tokens=args.num_speculative_tokens, device=args.device,
-        dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         bandwidth_mib=args.bandwidth_mib, seed=args.seed, hf_forward=args.hf_forward)
     result = run_step_bench(options)

@@ -26,6 +26,7 @@ from radixserve.bench.belady import TraceRequest, working_set_blocks
 from radixserve.bench.flags import BenchConfigError
 from radixserve.bench.systems import (
     BOUNDED,
+    BOUNDED_FP8,
     BOUNDED_HOST,
     GREEDY_ONLY,
     NOSPEC,
@@ -137,6 +138,7 @@ class Sizing:
     bounded_blocks: int
     static_batch_size: int
     host_blocks: int = 0  # the host tier of radixserve-pool25-host, in blocks of the device pool's size
+    bounded_fp8_blocks: int = 0  # radixserve-pool25-fp8's pool: the bounded pool's bytes in FP8 blocks
 
 
 def make_load(name: str, params: object, o: BenchOptions) -> Load:
@@ -211,7 +213,7 @@ def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple
     for name in wanted:
         if name in GREEDY_ONLY and sampled:
             skipped.append(f"{w.name}/{name}: transformers peers serve greedy requests only")
-        elif w.name == "bounded-pool" and name not in ("radixserve", BOUNDED):
+        elif w.name == "bounded-pool" and name not in ("radixserve", BOUNDED, BOUNDED_FP8):
             skipped.append(f"{w.name}/{name}: this scenario compares radixserve's bounded pool with the offline "
                            "optimum only")
         elif w.name == "returning-chats" and name not in ("radixserve", BOUNDED, BOUNDED_HOST):
@@ -219,6 +221,8 @@ def plan_systems(w: Workload, o: BenchOptions, cuda: bool, device: str) -> tuple
                            "the host tier against an ample pool only")
         elif name == BOUNDED and w.name not in ("bounded-pool", "returning-chats"):
             skipped.append(f"{w.name}/{name}: the bounded pool runs on the bounded-pool and returning-chats workloads")
+        elif name == BOUNDED_FP8 and w.name != "bounded-pool":
+            skipped.append(f"{w.name}/{name}: the FP8 bounded pool runs on the bounded-pool workload")
         elif name == BOUNDED_HOST and w.name != "returning-chats":
             skipped.append(f"{w.name}/{name}: the host tier runs on the returning-chats workload")
         elif name == "radixserve-triton" and not (device == "cuda" or (device == "auto" and cuda)):

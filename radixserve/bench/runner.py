@@ -10,6 +10,7 @@ carried over), warms it up with one short request of tokens no workload contains
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,15 @@ from radixserve.bench.returning import WORKLOAD as RETURNING
 from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
 from radixserve.bench.speculation import expected_metrics as spec_expected
 from radixserve.bench.speculation import spec_ratios, speculation_metrics
-from radixserve.bench.systems import AMPLE_HOST, BOUNDED, BOUNDED_HOST, SYSTEM_DESCRIPTIONS, SystemSettings, build_system
+from radixserve.bench.systems import (
+    AMPLE_HOST,
+    BOUNDED,
+    BOUNDED_FP8,
+    BOUNDED_HOST,
+    SYSTEM_DESCRIPTIONS,
+    SystemSettings,
+    build_system,
+)
 from radixserve.bench.systems.hf_common import release_hf_models
 from radixserve.bench.textsource import byte_encoder
 from radixserve.bench.workloads import Workload
@@ -54,6 +63,9 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
         skipped += why
     warm_prompt = [spec.eos_token_ids[0] if spec.eos_token_ids else 0] * 8
     block_bytes = kv_block_bytes(spec, o.block_size, o.device, o.dtype)
+    fp8_block_bytes = kv_block_bytes(spec, o.block_size, o.device, o.dtype, "fp8")
+    sizing = {name: dataclasses.replace(s, bounded_fp8_blocks=s.bounded_blocks * block_bytes // fp8_block_bytes)
+              for name, s in sizing.items()}
 
     traces: dict[str, dict[str, list[RunTrace]]] = {w.name: {s: [] for s in planned[w.name]} for w in workloads}
     extras: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -105,7 +117,8 @@ def _chat_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
 
 async def _run_one(name: str, w: Workload, repeat: int, settings: SystemSettings, sizing: Sizing, host_mb: float,
                    warm_prompt: list[int], o: BenchOptions, bar: tqdm) -> tuple[RunTrace, dict[str, Any]]:
-    blocks = sizing.bounded_blocks if name in (BOUNDED, BOUNDED_HOST) else sizing.ample_blocks
+    blocks = sizing.bounded_fp8_blocks if name == BOUNDED_FP8 else \
+        sizing.bounded_blocks if name in (BOUNDED, BOUNDED_HOST) else sizing.ample_blocks
     system = build_system(name, settings, blocks, sizing.static_batch_size, host_cache_mb=host_mb)
     await system.start()
     try:
@@ -141,14 +154,15 @@ def _fold(o: BenchOptions, workloads: list[Workload], planned: dict[str, list[st
                 has_pool = name.startswith("radixserve")
                 if has_pool:
                     m |= pool_metrics(trace, bs, pool or 0)
-                if name in (BOUNDED, BOUNDED_HOST):
+                if name in (BOUNDED, BOUNDED_HOST, BOUNDED_FP8):
                     m |= _bounded_metrics(trace, bs, pool or 0, m["hit_rate"])
                 if w.name == RETURNING:
                     m |= returning_metrics(trace)
                 m |= speculation_metrics(trace, extra.get("engine", {}))
                 runs.append({"repeat": trace.repeat, "metrics": m, **results_mod.run_detail(trace, extra)})
                 out["systems"].setdefault(name, {"description": SYSTEM_DESCRIPTIONS[name], **extra["info"]})
-            expected = expected_metrics(name.startswith("radixserve"), name in (BOUNDED, BOUNDED_HOST), w.name == RETURNING)
+            bounded = name in (BOUNDED, BOUNDED_HOST, BOUNDED_FP8)
+            expected = expected_metrics(name.startswith("radixserve"), bounded, w.name == RETURNING)
             per_system[name] = fold_repeats(expected + spec_expected(name, w.name), runs)
         out["results"][w.name] = per_system
     return out

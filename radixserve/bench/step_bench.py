@@ -98,6 +98,7 @@ class StepBenchOptions:
     num_speculative_tokens: int = 8  # with speculation on
     device: str = "auto"
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # auto | fp8 (docs/kv_fp8.md)
     block_size: int = 16
     max_num_seqs: int | None = None  # None: the largest batch
     max_num_batched_tokens: int | None = None  # None: max(8192, largest batch)
@@ -249,7 +250,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         transformers=_version("transformers"), bandwidth_bytes=mib << 20, bandwidth_bytes_per_s=bandwidth)
     for graphs, overlap, drafting in [(g, v, sp) for g in o.graphs for v in o.overlap for sp in o.speculation]:
         config = EngineConfig(
-            model=model_dir, device=o.device, dtype=o.dtype, block_size=o.block_size, seed=o.seed,
+            model=model_dir, device=o.device, dtype=o.dtype, kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size,
+            seed=o.seed,
             enforce_eager=graphs == "off", overlap=overlap == "on", load_format=load_format,
             num_speculative_tokens=o.num_speculative_tokens if drafting == "on" else 0,
             max_num_seqs=o.max_num_seqs or max(batches),
@@ -257,7 +259,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
             num_blocks=o.num_blocks or max(batches) * (-(-max_len // o.block_size) + 1) + 64)
         engine = LLMEngine(config)
         spec = engine.spec
-        result.update(dtype=str(engine.runner.dtype).removeprefix("torch."), attention_backend=engine.runner.backend.name,
+        result.update(dtype=str(engine.runner.dtype).removeprefix("torch."), kv_cache_dtype=o.kv_cache_dtype,
+                      attention_backend=engine.runner.backend.name,
                       num_blocks=engine.pool.num_blocks, model=dict(
                           layers=spec.num_layers, hidden=spec.hidden_size, intermediate=spec.intermediate_size,
                           heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,

@@ -97,7 +97,8 @@ class LLMEngine:
         self.config = config
         self.model_dir, self.model_name = resolve_model(config.model)
         self.runner = ModelRunner(self.model_dir, config.dtype, config.device, config.attention_backend,
-                                  config.block_size, config.load_format, config.enforce_eager, config.cpu_threads)
+                                  config.block_size, config.load_format, config.enforce_eager, config.cpu_threads,
+                                  config.kv_cache_dtype)
         self.spec = self.runner.spec
         self.tokenizer: Any = load_tokenizer(self.model_dir)
         if config.speculative_max_batch is None:

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
+from radixserve.model.kv_fp8 import DEQUANTIZE_INTO, SCALE_BYTES, dequantize_into, is_packed, readable, storable
+
 
 @dataclass
 class AttentionMetadata:
@@ -51,7 +53,7 @@ class AttentionBackend(Protocol):
         q: torch.Tensor,  # [T, Hq, D]
         k: torch.Tensor,  # [T, Hkv, D]
         v: torch.Tensor,  # [T, Hkv, D]
-        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, row]: D values, or an FP8 row (kv_fp8.py)
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
@@ -71,7 +73,8 @@ class TorchAttentionBackend:
     padded SDPA call per layer, with a causal mask offset by each row's cached prefix; each longer
     prefill chunk runs its own call. Keys and values are gathered a block at a time (`index_select`
     of whole blocks through the block table), block_size times fewer indices than one per token,
-    into buffers the backend keeps (`_GatherBuffers`).
+    into buffers the backend keeps (`_GatherBuffers`). An FP8 cache (model/kv_fp8.py) is quantized as
+    it is written and dequantized after each gather.
     """
 
     name = "torch"
@@ -83,8 +86,8 @@ class TorchAttentionBackend:
         flat_k = k_cache.view(-1, *k_cache.shape[2:])
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
         # index_copy_/index_select are several times faster than advanced indexing on CPU
-        flat_k.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-        flat_v.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        flat_k.index_copy_(0, meta.slot_mapping, storable(k, k_cache))
+        flat_v.index_copy_(0, meta.slot_mapping, storable(v, v_cache))
         out = torch.empty_like(q)
         if "torch_short" not in meta.plans:  # the same for every layer of the step: made by the first
             short = [b for b, n in enumerate(meta.query_lens) if n <= SHORT_QUERY]
@@ -101,7 +104,7 @@ class TorchAttentionBackend:
             total = meta.seq_lens_host[b]
             # [S, Hkv, D]; SDPA shares each kv head across its q heads
             blocks = block_indices(meta.block_table[b:b + 1], total, k_cache.shape[1])
-            keys, vals = (self._buffers.gather(i, cache, blocks, 1, total)[0].to(q.dtype)
+            keys, vals = (self._buffers.read(i, cache, blocks, 1, total, q.dtype)[0]
                           for i, cache in enumerate((k_cache, v_cache)))
             qs = q[starts[b] : starts[b] + n].transpose(0, 1)
             if total == n:  # no cached prefix: plain causal, which SDPA runs without a mask tensor
@@ -118,7 +121,7 @@ class TorchAttentionBackend:
         return out
 
     def _short(self, q, k_cache, v_cache, plan, scale, out):
-        keys, vals = (self._buffers.gather(i, cache, plan.blocks, plan.num_rows, plan.max_len).to(q.dtype)
+        keys, vals = (self._buffers.read(i, cache, plan.blocks, plan.num_rows, plan.max_len, q.dtype)
                       for i, cache in enumerate((k_cache, v_cache)))
         rows, width = plan.num_rows, plan.max_query
         qs = q if plan.tokens is None else q.index_select(0, plan.tokens)
@@ -189,7 +192,8 @@ def block_indices(table: torch.Tensor, length: int, block_size: int) -> torch.Te
 
 
 class _GatherBuffers:
-    """Where the gathered keys (slot 0) and values (slot 1) land, kept between layers and steps.
+    """Where the gathered keys (slot 0) and values (slot 1) land, kept between layers and steps (and,
+    from an FP8 cache, their dequantized values: slots 2 and 3).
 
     On CPU a fresh tensor of several megabytes per layer costs more than the gather itself: the
     allocator maps and zeroes new pages each time (batch 16 x 512 tokens: 30 layers' attention took
@@ -199,6 +203,16 @@ class _GatherBuffers:
 
     def __init__(self) -> None:
         self._flat: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def read(self, slot: int, cache: torch.Tensor, blocks: torch.Tensor, rows: int, length: int,
+             dtype: torch.dtype) -> torch.Tensor:
+        """`gather`'s rows as values in `dtype` [rows, length, Hkv, D]: on CPU an FP8 cache's are
+        dequantized into kept buffers of their own (slot + 2, and an int16 scratch), any other's converted."""
+        gathered = self.gather(slot, cache, blocks, rows, length)
+        if not is_packed(gathered) or cache.device.type != "cpu" or dtype not in DEQUANTIZE_INTO:
+            return readable(gathered, dtype)
+        shape = (*gathered.shape[:-1], gathered.shape[-1] - SCALE_BYTES)
+        return dequantize_into(gathered, self._buffer(slot + 2, shape, dtype), self._buffer(slot, shape, torch.int16))
 
     def gather(self, slot: int, cache: torch.Tensor, blocks: torch.Tensor, rows: int, length: int) -> torch.Tensor:
         """[rows, length, Hkv, D]: the first `length` cached tokens of each row of `blocks`

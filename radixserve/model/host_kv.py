@@ -58,9 +58,9 @@ class HostKVCache:
         self.num_blocks = num_blocks
         self.bytes_per_block = layout.bytes_per_block
         self.cuda = kv.data.device.type == "cuda"
-        shape = (num_blocks, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        shape = (num_blocks, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.row)
         # on CPU, empty() leaves pages uncommitted until a block is first written
-        self.data = torch.empty(shape, dtype=layout.dtype, pin_memory=self.cuda)
+        self.data = torch.empty(shape, dtype=layout.storage_dtype, pin_memory=self.cuda)
         self.totals = TransferTotals()
         self._timing: list[tuple[CopyKind, int, Any, Any]] = []  # CUDA: (kind, blocks, start, end) not yet complete
 

@@ -1,8 +1,10 @@
 """Physical KV storage: one tensor holding K and V of every layer for every block.
 
-Layout [num_layers, 2, num_blocks + 1, block_size, num_kv_heads, head_dim]; `k(layer)` / `v(layer)`
-are views of shape [num_blocks + 1, block_size, num_kv_heads, head_dim], the layout the attention
-backends and kernels take. Blocks 0..num_blocks-1 are the pool's; the extra last one is the scratch
+Layout [num_layers, 2, num_blocks + 1, block_size, num_kv_heads, row]; `k(layer)` / `v(layer)`
+are views of shape [num_blocks + 1, block_size, num_kv_heads, row], the layout the attention
+backends and kernels take. `row` is head_dim values in the model's dtype, or with `kv_dtype` "fp8"
+head_dim e4m3 bytes and their scale in one uint8 row (model/kv_fp8.py), so a block's bytes are
+all there is to copy. Blocks 0..num_blocks-1 are the pool's; the extra last one is the scratch
 block that padding rows of a padded decode step write and read, so padding never touches a block
 the pool can hand out. Which block belongs to whom is the block pool's business, not this module's.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.model import kv_fp8
 from radixserve.model.device import to_device
 
 
@@ -22,12 +25,26 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     block_size: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's: what attention computes in
+    kv_dtype: str = "auto"  # "auto": the cache stores `dtype`; "fp8": packed e4m3 rows (model/kv_fp8.py)
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in kv_fp8.KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_fp8.KV_CACHE_DTYPES)}, got {self.kv_dtype!r}")
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return kv_fp8.STORAGE if self.kv_dtype == "fp8" else self.dtype
+
+    @property
+    def row(self) -> int:
+        """Elements of one token's row of one kv head in the cache tensor."""
+        return kv_fp8.row_width(self.head_dim) if self.kv_dtype == "fp8" else self.head_dim
 
     @property
     def bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        elem = torch.empty((), dtype=self.storage_dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.row * elem
 
     @property
     def bytes_per_token(self) -> int:
@@ -46,8 +63,8 @@ class KVCache:
         self.num_blocks = num_blocks
         self.scratch_block = num_blocks
         self.data = torch.zeros(
-            layout.num_layers, 2, num_blocks + 1, layout.block_size, layout.num_kv_heads, layout.head_dim,
-            dtype=layout.dtype, device=device,
+            layout.num_layers, 2, num_blocks + 1, layout.block_size, layout.num_kv_heads, layout.row,
+            dtype=layout.storage_dtype, device=device,
         )
 
     def k(self, layer: int) -> torch.Tensor:

@@ -64,7 +64,8 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int,
-                 load_format: str = "auto", enforce_eager: bool = False, cpu_threads: int | None = None) -> None:
+                 load_format: str = "auto", enforce_eager: bool = False, cpu_threads: int | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu":
@@ -77,6 +78,11 @@ class ModelRunner:
         self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
             raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")
+        if (kv_cache_dtype == "fp8" and self.backend.name == "triton" and self.device.type == "cuda"
+                and torch.cuda.get_device_capability(self.device) < (8, 9)):
+            raise ValueError("--kv-cache-dtype fp8 in the Triton kernels needs e4m3 conversions, native from sm_89 (Ada, "
+                             "Hopper) on: use --attention-backend torch on this GPU")
+        self.kv_cache_dtype = kv_cache_dtype
         self.block_size = block_size
         self.enforce_eager = enforce_eager
         self.kv_cache: KVCache | None = None
@@ -91,7 +97,7 @@ class ModelRunner:
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
-        return KVLayout(s.num_layers, s.num_kv_heads, s.head_dim, self.block_size, self.dtype)
+        return KVLayout(s.num_layers, s.num_kv_heads, s.head_dim, self.block_size, self.dtype, self.kv_cache_dtype)
 
     def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.model.attention import AttentionMetadata
+from radixserve.model.kv_fp8 import is_packed
 
 
 class TritonAttentionBackend:
@@ -43,7 +44,8 @@ class TritonAttentionBackend:
         if "store" not in plans:
             plans["store"] = self._plan_store(k, v, k_cache, v_cache, meta.slot_mapping)
         plans["store"](k, v, k_cache, v_cache, meta.slot_mapping)
-        query = q if q.dtype == k_cache.dtype else q.to(k_cache.dtype)
+        # an FP8 cache is read in the model's dtype; any other cache in its own
+        query = q if q.dtype == k_cache.dtype or is_packed(k_cache) else q.to(k_cache.dtype)
         if meta.num_seqs == 0:
             return torch.empty_like(q)
         if meta.all_decode:

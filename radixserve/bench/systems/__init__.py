@@ -2,12 +2,12 @@
 
 Every system runs the same model directory with the same dtype and device. Pool sizes are given in
 blocks of `block_size` tokens and are the same for every system with a pool, except the bounded-pool
-variants, which get a fraction of the workload's working set on purpose; the one with the host tier
-also gets a host pool (`host_cache_mb`) that holds the whole working set, as does `radixserve-host`
-beside the ample pool. Every radixserve system speculates as `SystemSettings` says (the engine's
-default unless the bench's flags change it) except `radixserve-nospec`, the same engine with
-speculation off, so one run gives the on / off ratio; `hf-prompt-lookup` is transformers' prompt
-lookup decoding at batch 1, the peer of that comparison.
+variants, which get a fraction of the workload's working set on purpose (the FP8 one as many blocks
+as the same bytes hold); the one with the host tier also gets a host pool (`host_cache_mb`) that
+holds the whole working set, as does `radixserve-host` beside the ample pool. Every radixserve system
+speculates as `SystemSettings` says (the engine's default unless the bench's flags change it) except
+`radixserve-nospec`, the same engine with speculation off, so one run gives the on / off ratio;
+`hf-prompt-lookup` is transformers' prompt lookup decoding at batch 1, the peer of that comparison.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ SYSTEM_DESCRIPTIONS = {
     "radixserve-pool25": "radixserve, prefix cache on, pool = a fraction (default 25%) of the working set",
     "radixserve-pool25-host": "radixserve-pool25 plus the host-memory tier (EngineConfig(host_cache_mb=...)), "
                               "sized for the whole working set",
+    "radixserve-pool25-fp8": "radixserve-pool25's memory with an FP8 KV cache (EngineConfig(kv_cache_dtype='fp8')): "
+                             "as many blocks as the same bytes hold (not run by default)",
     "radixserve-host": "radixserve plus a host-memory tier as large as its pool: what the tier costs when "
                        "everything fits (not run by default)",
     "radixserve-triton": "radixserve, prefix cache on, Triton attention backend (CUDA only)",
@@ -35,6 +37,7 @@ SYSTEM_DESCRIPTIONS = {
 REFERENCE = "radixserve"
 BOUNDED = "radixserve-pool25"  # the bounded pool (a fraction of the working set), host tier off
 BOUNDED_HOST = "radixserve-pool25-host"  # the same pool with the host tier on
+BOUNDED_FP8 = "radixserve-pool25-fp8"  # the bounded pool's bytes as an FP8 cache (ask for it by name)
 AMPLE_HOST = "radixserve-host"  # the ample pool with a host tier of the same size (ask for it by name)
 NOSPEC = "radixserve-nospec"  # speculation off: the reference of the on / off ratio
 PROMPT_LOOKUP = "hf-prompt-lookup"  # transformers' prompt lookup decoding, the speculation peer
@@ -75,6 +78,7 @@ def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_siz
             max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
             enable_prefix_cache=name != "radixserve-nocache",
             attention_backend="triton" if name == "radixserve-triton" else "auto",
+            kv_cache_dtype="fp8" if name == BOUNDED_FP8 else "auto",
             dtype=s.dtype, device=s.device, seed=s.seed, host_cache_mb=host_cache_mb,
             speculative_max_batch=s.speculative_max_batch, speculative_max_rows=s.speculative_max_rows,
         )
