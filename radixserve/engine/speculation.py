@@ -35,10 +35,12 @@ from radixserve.scheduler.step_results import Launch, TokenCommit
 DEFAULT_MAX_BATCH = {"cpu": 32, "cuda": 32}
 
 
-# the most rows (decodes plus drafts) a drafting step runs, by device, when --speculative-max-rows is not
-# given: the knee of the forward's cost in rows, past which each draft costs about what a decode does.
-# CPU (2 cores, the embedded model, `radixserve bench step`): 38.6 ms at 1 row, 42.2 at 4, 81.5 at 16
-# (3.3 ms a row past 4), so 16 decoding sequences draft nothing and 4 draft 12 rows between them.
+# the most rows (decodes, prompt chunks, drafts) a drafting step runs while its drafts have not yet shown
+# they pay (scheduler/drafts.py), by device, when --speculative-max-rows is not given. CPU (2 cores, the
+# embedded model): a step costs 38.6 ms at 1 row, 42.2 at 4 and 81.5 at 16 (`radixserve bench step`), so
+# 16 decoding sequences (shared-prefix's rarely kept lookup drafts) draft nothing, while 4 may try 12
+# rows: random at 4 clients ran 0.96x / 1.00x / 0.96x speculation off with 16 / 8 / 4 (noise: +-4%),
+# and edit-style replies at 4 sequences keep 2.42x of an uncapped 2.46x with 16 (docs/cpu.md).
 # CUDA: no cap but the step's token budget (not measured yet).
 DEFAULT_MAX_ROWS = {"cpu": 16}
 
