@@ -138,9 +138,9 @@ class LLMEngine:
         self._steps = 0
         self._check_integrity = os.environ.get("RADIXSERVE_CHECK_INTEGRITY", "") not in ("", "0")
         self.startup_s = time.perf_counter() - started
-        log.info("engine ready in %.1f s: %s on %s (%s, %d threads), %d KV blocks", self.startup_s, self.model_name,
+        log.info("engine ready in %.1f s: %s on %s (%s, %d threads), %d KV blocks%s", self.startup_s, self.model_name,
                  self.runner.device, str(self.runner.dtype).removeprefix("torch."), torch.get_num_threads(),
-                 sizes.num_blocks)
+                 sizes.num_blocks, " (FP8)" if config.kv_cache_dtype == "fp8" else "")
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
