@@ -20,7 +20,8 @@ from kernels import fp8_format
 E4M3_MAX: tl.constexpr = tl.constexpr(fp8_format.E4M3_MAX)
 TINY: tl.constexpr = tl.constexpr(fp8_format.TINY)  # the scale of an all-zero row
 E4M3_MIN_NORMAL: tl.constexpr = tl.constexpr(0.015625)  # 2^-6
-SUBNORMAL_STEP_INV: tl.constexpr = tl.constexpr(512.0)  # e4m3 subnormals are multiples of 2^-9
+SUBNORMAL_STEP: tl.constexpr = tl.constexpr(0.001953125)  # 2^-9: e4m3's subnormals are its multiples
+SUBNORMAL_STEP_INV: tl.constexpr = tl.constexpr(512.0)
 ROUND_TO_INT: tl.constexpr = tl.constexpr(12582912.0)  # 1.5 * 2^23: x + this - this rounds x to an integer (RNE)
 
 
@@ -43,7 +44,8 @@ def quantize_rows(x):
     y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
     normal = _round_mantissa(y, 20)  # 3 mantissa bits
     magnitude = tl.abs(y)
-    tiny = ((magnitude * SUBNORMAL_STEP_INV + ROUND_TO_INT) - ROUND_TO_INT) / SUBNORMAL_STEP_INV
+    # powers of two only (a GPU's default division is approximate): exact but for the one rounding wanted
+    tiny = ((magnitude * SUBNORMAL_STEP_INV + ROUND_TO_INT) - ROUND_TO_INT) * SUBNORMAL_STEP
     negative = (y.to(tl.uint32, bitcast=True) >> 31) == 1  # the sign bit: -0.0 too
     tiny = tl.where(negative, tiny * -1.0, tiny)  # keeps the sign when it rounds to 0, as torch does (0 - x would not)
     y = tl.where(magnitude >= E4M3_MIN_NORMAL, normal, tiny)  # every value now exact in e4m3
