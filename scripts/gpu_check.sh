@@ -12,6 +12,8 @@
 #   6. speculative decoding on the 1B shape: the regenerate and edit workloads with speculation on and
 #      off (`radixserve-nospec`) and transformers' prompt lookup; verification steps run eager (the
 #      CUDA graphs cover one-token decodes), tests/test_gpu.py checks their equality
+#   7. the FP8 KV cache (issue 30): the 8B shape's decode step at batch 64 x 4k context with the cache
+#      in bf16 and in FP8 (`--kv-cache-dtype fp8`); tests/test_gpu.py checks the FP8 kernels' bytes
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them.
 #
 # Works on a machine with torch, triton and transformers preinstalled and no network: the package
@@ -31,7 +33,7 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
 RS="python3 -m radixserve"
-PARTS=${PARTS:-"kernels step equality e2e spec"}  # a subset runs only those parts
+PARTS=${PARTS:-"kernels step equality e2e spec fp8"}  # a subset runs only those parts
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $* ==="; }
@@ -70,6 +72,13 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
         --systems radixserve,radixserve-nospec,hf-prompt-lookup --no-micro --no-progress --no-charts --out /tmp/rs-spec
     cp /tmp/rs-spec/results.json "$OUT/spec-results.json" 2>/dev/null
     cp /tmp/rs-spec/table.md "$OUT/spec-table.md" 2>/dev/null
+  fi
+  if want fp8; then
+    step "FP8 KV cache: llama-3.1-8b shape, batch 64 x 4096 context, bf16 cache then FP8"
+    for kv in auto fp8; do
+      run timeout 240 $RS bench step --shape llama-3.1-8b --batch 64 --context 4096 --sampling greedy --steps 16 \
+          --kv-cache-dtype "$kv" --json "$OUT/step-8b-kv-$kv.json"
+    done
   fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"
