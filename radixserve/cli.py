@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixserve.config import ATTENTION_BACKENDS, LOAD_FORMATS, POLICIES, PREEMPTION_MODES, EngineConfig
+from radixserve.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, LOAD_FORMATS, POLICIES, PREEMPTION_MODES, EngineConfig
 from radixserve.model.embedded import EmbeddedModelMissingError
 
 
@@ -68,7 +68,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="attention implementation (default %(default)s: triton on CUDA, torch otherwise)")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "float16", "bfloat16"],
                    help="weights/KV dtype (default %(default)s: fp32 on CPU, bf16 on CUDA)")
-    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "fp8"],
+    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPES,
                    help="KV cache storage: auto (the model's dtype) or fp8 (e4m3 with a scale per token and "
                         "head: 1.94x the cached tokens of bf16 per GB, 3.88x fp32's; default %(default)s; see "
                         "docs/kv_fp8.md)")

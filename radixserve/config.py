@@ -12,6 +12,7 @@ POLICIES = ("fcfs", "cache-aware", "priority", "sjf")
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
+KV_CACHE_DTYPES = ("auto", "fp8")  # the model's dtype, or FP8 rows (docs/kv_fp8.md)
 DEFAULT_CPU_KV_MB = 256.0
 
 
@@ -80,7 +81,7 @@ class EngineConfig:
     # None: the measured default of the device (engine/speculation.py)
     speculative_max_batch: int | None = None
     # the most rows (decode tokens plus drafts) a drafting step runs: drafts fill what its decodes leave,
-    # in running order; None: the measured default of the device (engine/speculation.py)
+    # in running order; None: the measured default of the device (engine/speculation.py; none on CUDA)
     speculative_max_rows: int | None = None
     # pinned prefixes (engine/pins.py) may hold at most this fraction of the device pool's blocks, and
     # never so many that the longest sequence the engine accepts could not fit beside them
@@ -93,8 +94,9 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads (--cpu-threads) must be >= 1, got {self.cpu_threads}")
         if self.max_wait_steps < 1:

@@ -189,17 +189,30 @@ def test_with_overlap_a_sequence_waits_for_its_token_only_where_drafts_are_likel
     assert not any(drafts.waits_for_token(predicted) for _ in range(3)) and predicted.spec.cooldown == 0
 
 
+def prompt_rows(n: int):
+    """A step with n rows of prompt, as the scheduler counts them (never past the limit asked)."""
+    return lambda limit: min(n, limit)
+
+
 def test_the_rows_knee_holds_until_recent_drafts_are_mostly_kept() -> None:
     drafts = DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=64, max_rows=10)
-    assert drafts.room(3, 0) == 7 and drafts.room(3, 5) == 2 and drafts.room(3, 20) == 0
-    assert drafts.room(9, 0) == 0  # the batch cap
+    assert drafts.room(3, prompt_rows(0)) == 7 and drafts.room(3, prompt_rows(5)) == 2
+    assert drafts.room(3, prompt_rows(20)) == 0
+    assert drafts.room(9, prompt_rows(0)) == 0  # the batch cap
     seq = seq_of([1, 2, 3, 1, 2, 3, 1, 2], 2)
     seq.spec.k = 4
     for _ in range(40):
         drafts.verified(seq, 4, 1)  # a quarter kept: the knee holds
-    assert abs(drafts.kept_rate - 0.25) < 0.01 and drafts.room(3, 5) == 2
+    assert abs(drafts.kept_rate - 0.25) < 0.01 and drafts.room(3, prompt_rows(5)) == 2
     while drafts.kept_rate < PAYING_RATE:
         drafts.verified(seq, 4, 4)
-    assert drafts.room(3, 20) == 3 * 4  # past the knee: every decoding sequence its full k
-    assert drafts.room(9, 0) == 0
-    assert DraftProposer(None, 0, 8, 64, max_rows=10).room(1, 0) == 0
+    assert drafts.room(3, prompt_rows(20)) == 3 * 4  # past the knee: every decoding sequence its full k
+    assert drafts.room(9, prompt_rows(0)) == 0
+    assert DraftProposer(None, 0, 8, 64, max_rows=10).room(1, prompt_rows(0)) == 0
+
+
+def test_without_a_knee_the_prompt_rows_are_never_counted() -> None:
+    def counted(limit: int) -> int:
+        raise AssertionError("prompt rows counted without a knee")
+
+    assert DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=64).room(3, counted) == 12

@@ -31,6 +31,7 @@ from radixserve.bench.flags import add_model_arguments, add_output_arguments, ad
 from radixserve.bench.scaleout.cli import add_scaleout_arguments
 from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
 from radixserve.bench.workloads import LOAD_MODES, WORKLOADS
+from radixserve.config import KV_CACHE_DTYPES
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -154,7 +155,7 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=8, help="draft tokens per step with speculation on")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: max(8192, largest batch)")

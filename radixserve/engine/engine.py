@@ -103,9 +103,8 @@ class LLMEngine:
         self.tokenizer: Any = load_tokenizer(self.model_dir)
         if config.speculative_max_batch is None:
             config = self.config = replace(config, speculative_max_batch=default_max_batch(self.runner.device))
-        if config.speculative_max_rows is None:
-            config = self.config = replace(config, speculative_max_rows=default_max_rows(
-                self.runner.device, config.max_num_batched_tokens))
+        if config.speculative_max_rows is None:  # stays None where the device has no knee
+            config = self.config = replace(config, speculative_max_rows=default_max_rows(self.runner.device))
         sizes = engine_sizes(config, self.runner)
         self.max_model_len, self.max_seq_len = sizes.max_model_len, sizes.max_seq_len
         self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks)

@@ -41,7 +41,7 @@ DEFAULT_MAX_BATCH = {"cpu": 32, "cuda": 32}
 # 16 decoding sequences (shared-prefix's rarely kept lookup drafts) draft nothing, while 4 may try 12
 # rows: random at 4 clients ran 0.96x / 1.00x / 0.96x speculation off with 16 / 8 / 4 (noise: +-4%),
 # and edit-style replies at 4 sequences keep 2.42x of an uncapped 2.46x with 16 (docs/cpu.md).
-# CUDA: no cap but the step's token budget (not measured yet).
+# CUDA: no knee (not measured yet).
 DEFAULT_MAX_ROWS = {"cpu": 16}
 
 
@@ -49,8 +49,8 @@ def default_max_batch(device: torch.device) -> int:
     return DEFAULT_MAX_BATCH.get(device.type, DEFAULT_MAX_BATCH["cuda"])
 
 
-def default_max_rows(device: torch.device, step_tokens: int) -> int:
-    return DEFAULT_MAX_ROWS.get(device.type, step_tokens)
+def default_max_rows(device: torch.device) -> int | None:
+    return DEFAULT_MAX_ROWS.get(device.type)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.config import KV_CACHE_DTYPES
 from radixserve.model import kv_fp8
 from radixserve.model.device import to_device
 
@@ -29,8 +30,8 @@ class KVLayout:
     kv_dtype: str = "auto"  # "auto": the cache stores `dtype`; "fp8": packed e4m3 rows (model/kv_fp8.py)
 
     def __post_init__(self) -> None:
-        if self.kv_dtype not in kv_fp8.KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_fp8.KV_CACHE_DTYPES)}, got {self.kv_dtype!r}")
+        if self.kv_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_dtype!r}")
 
     @property
     def storage_dtype(self) -> torch.dtype:

@@ -18,8 +18,7 @@ from kernels.fp8_format import (
     row_width,
 )
 
-KV_CACHE_DTYPES = ("auto", "fp8")
-__all__ = ["DEQUANTIZE_INTO", "KV_CACHE_DTYPES", "SCALE_BYTES", "STORAGE", "dequantize_into", "is_packed", "readable",
+__all__ = ["DEQUANTIZE_INTO", "SCALE_BYTES", "STORAGE", "dequantize_into", "is_packed", "readable",
            "row_width", "storable"]
 
 

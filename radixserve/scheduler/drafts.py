@@ -33,6 +33,7 @@ These functions read the tree and write only the sequence's `spec` state (the sc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,22 +57,24 @@ class Draft:
 
 class DraftProposer:
     def __init__(self, tree: RadixTree | None, num_tokens: int, max_batch: int, max_seq_len: int,
-                 max_rows: int = 1 << 30) -> None:
+                 max_rows: int | None = None) -> None:
         self.tree = tree
         self.num_tokens = num_tokens  # 0: speculation off
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        self.max_rows = max_rows
+        self.max_rows = max_rows  # None: no knee
         self.kept_rate = 0.0  # the fraction of recent draft tokens kept, every sequence's (see the docstring)
 
-    def room(self, decodes: int, prompt_rows: int) -> int:
-        """How many draft tokens a step with `decodes` decoding sequences and `prompt_rows` rows of
-        prompt may verify between them (0: it drafts nothing). A query."""
+    def room(self, decodes: int, prompt_rows: Callable[[int], int]) -> int:
+        """How many draft tokens a step with `decodes` decoding sequences may verify between them (0: it
+        drafts nothing). `prompt_rows(limit)`: the step's rows of prompt, counted up to `limit`, asked
+        only where the knee applies. A query."""
         if self.num_tokens == 0 or decodes > self.max_batch:
             return 0
-        if self.kept_rate >= PAYING_RATE:
+        if self.max_rows is None or self.kept_rate >= PAYING_RATE:
             return decodes * self.num_tokens
-        return max(0, self.max_rows - decodes - prompt_rows)
+        left = self.max_rows - decodes
+        return max(0, left - prompt_rows(left)) if left > 0 else 0
 
     @property
     def enabled(self) -> bool:

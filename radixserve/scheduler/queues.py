@@ -74,9 +74,8 @@ class SequenceQueues:
         self.void_draws: set[tuple[int, int]] = set()  # (seq_id, position) of draws a commit replaced
         # the engine sets the caps from its device; without them (unit tests), none
         max_batch = config.speculative_max_batch if config.speculative_max_batch is not None else config.max_num_seqs
-        max_rows = config.speculative_max_rows if config.speculative_max_rows is not None \
-            else config.max_num_batched_tokens
-        self.drafts = DraftProposer(tree, config.num_speculative_tokens, max_batch, self.max_seq_len, max_rows)
+        self.drafts = DraftProposer(tree, config.num_speculative_tokens, max_batch, self.max_seq_len,
+                                    config.speculative_max_rows)
 
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

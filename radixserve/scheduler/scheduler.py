@@ -81,7 +81,7 @@ class Scheduler(SequenceQueues):
         a decode needs (its one token needs a block only at a block's start or a shared block); its
         item is the sequence's own `decode_item`, moved on to this step (core.py's Batch invariants)."""
         running, drafts = SequenceStatus.RUNNING, self.drafts
-        room = drafts.room(len(decodes), self._prompt_rows(prefills, drafts.max_rows)) if drafts.enabled else 0
+        room = drafts.room(len(decodes), lambda limit: self._prompt_rows(prefills, limit))
         needs_blocks, items = self.cache.needs_blocks, batch.items  # (bound once: a call per sequence)
         for seq in decodes:
             if budget == 0:
