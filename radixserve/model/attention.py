@@ -89,10 +89,7 @@ class TorchAttentionBackend:
         flat_k.index_copy_(0, meta.slot_mapping, storable(k, k_cache))
         flat_v.index_copy_(0, meta.slot_mapping, storable(v, v_cache))
         out = torch.empty_like(q)
-        if "torch_short" not in meta.plans:  # the same for every layer of the step: made by the first
-            short = [b for b, n in enumerate(meta.query_lens) if n <= SHORT_QUERY]
-            meta.plans["torch_short"] = _ShortPlan.of(meta, short, k_cache.shape[1], q.device) if short else None
-        plan = meta.plans["torch_short"]
+        plan = self.short_plan(meta, k_cache.shape[1], q.device)
         if plan is not None:
             self._short(q, k_cache, v_cache, plan, scale, out)
             if plan.num_rows == meta.num_seqs:
@@ -119,6 +116,18 @@ class TorchAttentionBackend:
             )
             out[starts[b] : starts[b] + n] = o[0].transpose(0, 1)
         return out
+
+    @staticmethod
+    def short_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _ShortPlan | None:
+        """The step's short rows' plan (None without any), the same for every layer: made by the first."""
+        if "torch_short" not in meta.plans:
+            short = [b for b, n in enumerate(meta.query_lens) if n <= SHORT_QUERY]
+            meta.plans["torch_short"] = _ShortPlan.of(meta, short, block_size, device) if short else None
+        return meta.plans["torch_short"]
+
+    def short_buffers(self, plan: _ShortPlan, k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept buffers `plan`'s keys and values are gathered into on CPU (`_GatherBuffers.gather`'s)."""
+        return self._buffers.for_gather(0, k_cache, plan.blocks), self._buffers.for_gather(1, k_cache, plan.blocks)
 
     def _short(self, q, k_cache, v_cache, plan, scale, out):
         keys, vals = (self._buffers.read(i, cache, plan.blocks, plan.num_rows, plan.max_len, q.dtype)
@@ -219,11 +228,14 @@ class _GatherBuffers:
         (`block_indices`), whole blocks copied at once; a view of the slot's buffer on CPU, valid
         until its next gather."""
         if cache.device.type == "cpu":
-            shape = (blocks.numel(), *cache.shape[1:])
-            gathered = torch.index_select(cache, 0, blocks, out=self._buffer(slot, shape, cache.dtype))
+            gathered = torch.index_select(cache, 0, blocks, out=self.for_gather(slot, cache, blocks))
         else:
             gathered = cache.index_select(0, blocks)
         return gathered.view(rows, -1, *cache.shape[2:])[:, :length]
+
+    def for_gather(self, slot: int, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """The slot's buffer shaped for `cache`'s `blocks` (CPU only)."""
+        return self._buffer(slot, (blocks.numel(), *cache.shape[1:]), cache.dtype)
 
     def _buffer(self, slot: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         numel = math.prod(shape)

@@ -25,6 +25,7 @@ from radixserve.core import Batch, BlockCopy
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
 from radixserve.model.cpu_linear import pack_for_cpu, packing_works
+from radixserve.model.cpu_step import CpuStep, compiled_cpu_step
 from radixserve.model.cpu_threads import configure_cpu_threads
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
 from radixserve.model.device import resolve_device, resolve_dtype, to_device
@@ -88,6 +89,7 @@ class ModelRunner:
         self.kv_cache: KVCache | None = None
         self.host_cache: HostKVCache | None = None
         self.decoder: PaddedDecoder | None = None
+        self.cpu_step: CpuStep | None = None  # the compiled CPU step (`allocate_kv_cache` makes it)
         self.build_time = BuildTime()  # host seconds building inputs, both paths (the engine's step clock reads it)
 
     @property
@@ -102,6 +104,8 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)
         self.host_cache = HostKVCache(self.kv_cache, host_blocks)
+        if self.device.type == "cpu" and not self.enforce_eager:
+            self.cpu_step = compiled_cpu_step(self.model, self.kv_cache, self.backend, self.ops)
 
     def apply_copies(self, copies: list[BlockCopy]) -> None:
         """Run a step's block copies, in order, queued ahead of its forward."""
@@ -155,9 +159,16 @@ class ModelRunner:
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Logits of every token (the padded decode path samples from every row)."""
+        return self.model.compute_logits(self._hidden(input_ids, positions, meta))
+
+    def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The model's final hidden states: from the compiled CPU step where it takes the step."""
         assert self.kv_cache is not None
-        hidden = self.model(input_ids, positions, self.kv_cache, meta, self.backend, self.ops)
-        return self.model.compute_logits(hidden)
+        if self.cpu_step is not None:
+            hidden = self.cpu_step.forward(input_ids, positions, meta)
+            if hidden is not None:
+                return hidden
+        return self.model(input_ids, positions, self.kv_cache, meta, self.backend, self.ops)
 
     def prepare(self, batch: Batch, pending: PendingInputs | None = None) -> StepInputs:
         """The eager path's inputs: the batch's `build_inputs` lists as fresh device tensors."""
@@ -203,7 +214,7 @@ class ModelRunner:
         if asked is None and self.decoder is not None and self.decoder.accepts(batch):
             return self.decoder.run(batch, self._forward, pending)
         inputs = self.prepare(batch, pending)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, self.backend, self.ops)
+        hidden = self._hidden(inputs.input_ids, inputs.positions, inputs.meta)
         if asked is not None and asked.rows:
             self._row_logprobs(hidden, asked)
         if inputs.sample_rows.numel() == 0:
