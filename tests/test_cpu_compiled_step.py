@@ -175,13 +175,15 @@ def test_an_engine_without_the_extension_runs_the_python_layers(monkeypatch, cap
 
 def test_a_build_lock_left_by_a_killed_builder_does_not_block_a_start(tmp_path) -> None:
     """torch's build lock is a plain file: a builder killed mid-build leaves it behind, and torch
-    then waits on it forever. Under our own lock (which dies with its holder) it is known stale."""
-    cpu_step.load_extension()  # built (or loaded) here, so the copy below needs no compiler run
-    copy = tmp_path / "cpu_step" / cpu_step.build_directory().name
-    shutil.copytree(cpu_step.build_directory(), copy)
-    (copy / "lock").touch()
-    script = "from radixserve.model.cpu_step import load_extension; print(load_extension().directory)"
-    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "RADIXSERVE_CACHE": str(tmp_path)},
-                          capture_output=True, text=True, timeout=120)
+    then waits on it forever. Under our own lock (which dies with its holder) it is known stale. The
+    fresh process also loads what is built, from another checkout's copy of the same source, without
+    building again."""
+    directory = cpu_step.load_extension().directory
+    (directory / "lock").touch()
+    other_checkout = tmp_path / "cpu_step.cpp"
+    shutil.copyfile(cpu_step.SOURCE, other_checkout)
+    script = ("from pathlib import Path; from radixserve.model import cpu_step; "
+              f"cpu_step.SOURCE = Path({str(other_checkout)!r}); print(cpu_step.load_extension().built)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(copy) and not (copy / "lock").exists()
+    assert done.stdout.strip() == "False" and not (directory / "lock").exists()

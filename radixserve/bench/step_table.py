@@ -27,7 +27,7 @@ def render_table(result: dict[str, Any]) -> str:
     lines = [f"## decode step: {result['shape']} ({result['dtype']}{kv}, {result['device_name']})", "",
              f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
              f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
-             + (" (CPU: no CUDA graphs, on and off run the same code)" if result["device"] == "cpu" else ""),
+             + (" (CPU: no CUDA graphs; on runs decode steps through the compiled CPU step, off the Python layers)" if result["device"] == "cpu" else ""),
              *_notes(result), "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 

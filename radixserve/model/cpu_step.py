@@ -81,10 +81,16 @@ def load_extension() -> Extension:
         # a torch lock file found under it is stale
         fcntl.flock(held, fcntl.LOCK_EX)
         (directory / "lock").unlink(missing_ok=True)
-        built = not (directory / f"{EXTENSION}.so").exists()
-        cpp_extension.load(name=EXTENSION, sources=[str(SOURCE)], build_directory=str(directory),
+        # built from a copy inside the directory: its build file names the source's path, so
+        # building from the checkout would rebuild whenever another checkout shares the directory
+        source = directory / SOURCE.name
+        if not source.exists() or source.read_bytes() != SOURCE.read_bytes():
+            shutil.copyfile(SOURCE, source)
+        library = directory / f"{EXTENSION}.so"
+        before = library.stat().st_mtime_ns if library.exists() else None
+        cpp_extension.load(name=EXTENSION, sources=[str(source)], build_directory=str(directory),
                            extra_cflags=["-O2", "-ffp-contract=off"], is_python_module=False, verbose=False)
-    return Extension(time.perf_counter() - started, built, directory)
+    return Extension(time.perf_counter() - started, library.stat().st_mtime_ns != before, directory)
 
 
 def _put_ninja_on_path() -> None:
