@@ -5,7 +5,6 @@ never where it does not, and the engine still runs when it cannot be built."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import sys

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 
+CPU_GRAPHS_NOTE = " (CPU: no CUDA graphs; on runs decode steps through the compiled CPU step, off the Python layers)"
+
+
 def render_table(result: dict[str, Any]) -> str:
     """One line per (graphs, overlap, [penalties,] batch): greedy and top-p side by side; with
     penalties on, a second table of each row's cost with them over without."""
@@ -27,7 +30,7 @@ def render_table(result: dict[str, Any]) -> str:
     lines = [f"## decode step: {result['shape']} ({result['dtype']}{kv}, {result['device_name']})", "",
              f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
              f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
-             + (" (CPU: no CUDA graphs; on runs decode steps through the compiled CPU step, off the Python layers)" if result["device"] == "cpu" else ""),
+             + (CPU_GRAPHS_NOTE if result["device"] == "cpu" else ""),
              *_notes(result), "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 

@@ -8,7 +8,8 @@ graphs on CUDA with the Triton backend, the same padded path eagerly elsewhere);
 prefill chunks, and every batch under `enforce_eager`, are sent as fresh tensors and run eagerly.
 Owns the model, the KV cache tensors, the attention backend and the hot-path ops; knows nothing of
 scheduling. On CUDA it also sizes the KV pool from device memory (`memory.DeviceBudget`); on CPU it
-sizes torch's threads (`cpu_threads`) and packs the projections and LM head for oneDNN (`cpu_linear`).
+sizes torch's threads (`cpu_threads`), packs the projections and LM head for oneDNN (`cpu_linear`),
+and, unless `enforce_eager`, runs steps whose rows are all short through the compiled step (`cpu_step`).
 It counts the host seconds it spends building inputs (`build_time`) for the engine's step clock.
 """
 
