@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 CPU_GRAPHS_NOTE = " (CPU: no CUDA graphs; on runs decode steps through the compiled CPU step, off the Python layers)"
 
 
