@@ -60,8 +60,9 @@ class Extension:
 
 
 def build_directory() -> Path:
-    """One directory per torch version and source text: a changed file or torch is never served stale."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    """One directory per source text and torch installation (version and place: the build names its
+    headers' paths, so two environments sharing one directory would rebuild it turn by turn)."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + str(Path(torch.__file__).parent).encode()).hexdigest()[:16]
     return cache_root() / "cpu_step" / f"torch-{torch.__version__}-{digest}"
 
 
