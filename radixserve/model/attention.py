@@ -75,12 +75,18 @@ class TorchAttentionBackend:
     of whole blocks through the block table), block_size times fewer indices than one per token,
     into buffers the backend keeps (`_GatherBuffers`). An FP8 cache (model/kv_fp8.py) is quantized as
     it is written and dequantized after each gather.
+
+    With `cpu_kernel` (the runner sets it where the C++ extension is loaded, `cpu_extension`), short
+    rows over a cache the kernel reads (`reads_in_place`) run `radixserve::paged_attention` instead,
+    which reads the keys and values where they lie, without a gathered copy or SDPA's setup; the
+    compiled step calls the same kernel, so both paths agree bit for bit.
     """
 
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_kernel: bool = False) -> None:
         self._buffers = _GatherBuffers()
+        self.cpu_kernel = cpu_kernel
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         flat_k = k_cache.view(-1, *k_cache.shape[2:])
@@ -89,8 +95,12 @@ class TorchAttentionBackend:
         flat_k.index_copy_(0, meta.slot_mapping, storable(k, k_cache))
         flat_v.index_copy_(0, meta.slot_mapping, storable(v, v_cache))
         out = torch.empty_like(q)
-        plan = self.short_plan(meta, k_cache.shape[1], q.device)
-        if plan is not None:
+        if self.cpu_kernel and reads_in_place(k_cache):
+            torch.ops.radixserve.paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens_host,
+                                                 meta.query_lens, scale, SHORT_QUERY, out)
+            if all(n <= SHORT_QUERY for n in meta.query_lens):
+                return out
+        elif (plan := self.short_plan(meta, k_cache.shape[1], q.device)) is not None:
             self._short(q, k_cache, v_cache, plan, scale, out)
             if plan.num_rows == meta.num_seqs:
                 return out
@@ -125,10 +135,6 @@ class TorchAttentionBackend:
             meta.plans["torch_short"] = _ShortPlan.of(meta, short, block_size, device) if short else None
         return meta.plans["torch_short"]
 
-    def short_buffers(self, plan: _ShortPlan, k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kept buffers `plan`'s keys and values are gathered into on CPU (`_GatherBuffers.gather`'s)."""
-        return self._buffers.for_gather(0, k_cache, plan.blocks), self._buffers.for_gather(1, k_cache, plan.blocks)
-
     def _short(self, q, k_cache, v_cache, plan, scale, out):
         keys, vals = (self._buffers.read(i, cache, plan.blocks, plan.num_rows, plan.max_len, q.dtype)
                       for i, cache in enumerate((k_cache, v_cache)))
@@ -142,6 +148,17 @@ class TorchAttentionBackend:
             out.copy_(o)
         else:
             out.index_copy_(0, plan.targets, o.index_select(0, plan.real))
+
+
+# what `radixserve::paged_attention` reads: a cache of plain fp32 or bf16 values on CPU, head_dim a
+# multiple of 16 (its lanes) up to 128, or 256
+IN_PLACE_DTYPES = (torch.float32, torch.bfloat16)
+IN_PLACE_HEAD_DIMS = (*range(16, 129, 16), 256)
+
+
+def reads_in_place(cache: torch.Tensor) -> bool:
+    """Whether the C++ kernel reads this cache [blocks, block_size, kv_heads, head_dim] in place."""
+    return cache.device.type == "cpu" and cache.dtype in IN_PLACE_DTYPES and cache.shape[-1] in IN_PLACE_HEAD_DIMS
 
 
 @dataclass
@@ -245,12 +262,13 @@ class _GatherBuffers:
         return flat[:numel].view(shape)
 
 
-def make_backend(name: str, device: torch.device) -> AttentionBackend:
-    """Resolve --attention-backend: auto picks Triton on CUDA and torch elsewhere."""
+def make_backend(name: str, device: torch.device, cpu_kernel: bool = False) -> AttentionBackend:
+    """Resolve --attention-backend: auto picks Triton on CUDA and torch elsewhere. `cpu_kernel`: the
+    C++ extension is loaded (`TorchAttentionBackend`)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(cpu_kernel)
     if name == "triton":
         from radixserve.model.triton_backend import TritonAttentionBackend
 

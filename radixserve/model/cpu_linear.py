@@ -1,17 +1,22 @@
-"""CPU matmuls from weights laid out once for oneDNN: the projections and the LM head of a model on CPU.
+"""CPU matmuls from weights laid out once for a CPU kernel: the projections and the LM head of a model on CPU.
 
 A decode step on CPU reads every weight once per token row; `F.linear` on a plain row-major weight
 runs as one-threaded GEMV there (about a third of the machine's copy bandwidth on the 2-core
-reference machine), while oneDNN's own blocked layout of the same weight runs on every thread at
-about twice that speed (measured in docs/bench/issue-31). `pack_for_cpu` swaps each `nn.Linear` of the
-model for a `PackedLinear` holding only the reordered weight (the plain copy is freed), and gives a
-tied model a packed LM head of its own: the embedding keeps the plain matrix for its lookups, so a
-tied model holds its embedding twice (the price of a head read at full speed).
+reference machine). Two layouts run on every thread:
+- `BlockedLinear`, the C++ extension's kernel (`csrc/linear.cpp`, built by `cpu_extension`): blocks
+  of 16 outputs, streamed in order; it reads the embedded model's weights at 27-37 GB/s where
+  oneDNN reads them at 20-25, and every row's result is the same whatever the row count;
+- `PackedLinear`, oneDNN's blocked layout, where the extension cannot be built (or under
+  `--enforce-eager`).
+`pack_for_cpu` swaps each `nn.Linear` of the model for one of them holding only the reordered weight
+(the plain copy is freed), and gives a tied model a packed LM head of its own: the embedding keeps
+the plain matrix for its lookups, so a tied model holds its embedding twice (the price of a head
+read at full speed).
 
-Invariants: a `PackedLinear` computes what the `nn.Linear` it replaced computed, to fp32 rounding
-(oneDNN sums in its own order; checked on a probe row before any swap, and a layout the machine's
-oneDNN cannot run leaves the model as it was); its `weight` parameter is the packed tensor, so
-`parameters()` still counts every weight byte once.
+Invariants: a packed linear computes what the `nn.Linear` it replaced computed, to fp32 rounding
+(each sums in its own order; checked on a probe before any swap, and a layout the machine cannot
+run leaves the model as it was); its `weight` parameter is the packed tensor, so `parameters()`
+still counts every weight byte once.
 """
 
 from __future__ import annotations
@@ -57,31 +62,49 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-def packing_works(dtype: torch.dtype) -> bool:
-    """Whether this machine's oneDNN packs and runs a `dtype` linear (it agrees with `F.linear` on a
-    probe): absent on some builds and CPUs, never assumed."""
-    if dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+class BlockedLinear(nn.Module):
+    """y = x W^T + b through the C++ extension's kernel (`radixserve::linear`), W in blocks of 16
+    outputs; x is [rows, in_features], each row's result the same whatever the row count. Needs the
+    extension loaded (`cpu_extension.load_extension`)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(torch.ops.radixserve.pack_linear(weight.detach()), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.radixserve.linear(x, self.weight, self.bias, self.out_features)
+
+
+PackedKind = type[PackedLinear] | type[BlockedLinear]
+
+
+def packing_works(dtype: torch.dtype, kind: PackedKind = PackedLinear) -> bool:
+    """Whether this machine packs and runs a `dtype` linear of `kind` (it agrees with `F.linear` on a
+    probe): oneDNN's is absent on some builds and CPUs, the kernel without the extension; never assumed."""
+    if dtype not in PACKED_DTYPES or (kind is PackedLinear and not torch.backends.mkldnn.is_available()):
         return False
     try:
         generator = torch.Generator().manual_seed(0)
         weight = torch.randn(48, 32, generator=generator).to(dtype)
         x = torch.randn(3, 32, generator=generator).to(dtype)
-        got = PackedLinear(weight, None)(x).float()
+        got = kind(weight, None)(x).float()
         want = nn.functional.linear(x, weight).float()
     except (RuntimeError, AttributeError) as error:
-        log.info("oneDNN cannot pack %s linears here (%s); CPU matmuls use plain weights", dtype, error)
+        log.info("%s cannot pack %s linears here (%s)", kind.__name__, dtype, error)
         return False
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     return bool(torch.allclose(got, want, rtol=tolerance, atol=tolerance))
 
 
-def pack_for_cpu(model: nn.Module, head_weight: torch.Tensor | None) -> int:
-    """Swap every `nn.Linear` under `model` for a `PackedLinear`; returns how many. `head_weight`,
-    when given (a tied model's embedding), is packed as the `lm_head` the model then uses."""
+def pack_for_cpu(model: nn.Module, head_weight: torch.Tensor | None, kind: PackedKind = PackedLinear) -> int:
+    """Swap every `nn.Linear` under `model` for a packed linear of `kind`; returns how many.
+    `head_weight`, when given (a tied model's embedding), is packed as the `lm_head` the model then uses."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear]
     for parent, name, linear in swaps:
-        setattr(parent, name, PackedLinear(linear.weight, linear.bias))
+        setattr(parent, name, kind(linear.weight, linear.bias))
     if head_weight is not None:
-        model.lm_head = PackedLinear(head_weight, None)
+        model.lm_head = kind(head_weight, None)
     return len(swaps) + (head_weight is not None)

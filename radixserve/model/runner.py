@@ -8,8 +8,10 @@ graphs on CUDA with the Triton backend, the same padded path eagerly elsewhere);
 prefill chunks, and every batch under `enforce_eager`, are sent as fresh tensors and run eagerly.
 Owns the model, the KV cache tensors, the attention backend and the hot-path ops; knows nothing of
 scheduling. On CUDA it also sizes the KV pool from device memory (`memory.DeviceBudget`); on CPU it
-sizes torch's threads (`cpu_threads`), packs the projections and LM head for oneDNN (`cpu_linear`),
-and, unless `enforce_eager`, runs steps whose rows are all short through the compiled step (`cpu_step`).
+sizes torch's threads (`cpu_threads`) and, unless `enforce_eager`, loads the C++ extension
+(`cpu_extension`), whose kernel then runs the projections and LM head (`cpu_linear.BlockedLinear`)
+and whose compiled step runs every step whose rows are all short (`cpu_step`); without it the
+weights are packed for oneDNN (`cpu_linear.PackedLinear`) and every step runs the Python layers.
 It counts the host seconds it spends building inputs (`build_time`) for the engine's step clock.
 """
 
@@ -25,7 +27,8 @@ import torch
 from radixserve.core import Batch, BlockCopy
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
-from radixserve.model.cpu_linear import pack_for_cpu, packing_works
+from radixserve.model.cpu_extension import loaded_or_explained
+from radixserve.model.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu, packing_works
 from radixserve.model.cpu_step import CpuStep, compiled_cpu_step
 from radixserve.model.cpu_threads import configure_cpu_threads
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
@@ -73,10 +76,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             configure_cpu_threads(cpu_threads)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format)
-        if self.device.type == "cpu" and packing_works(self.dtype):
-            tied = self.model.model.embed_tokens.weight if self.model.lm_head is None else None
-            log.info("CPU matmuls: %d weights packed for oneDNN", pack_for_cpu(self.model, tied))
-        self.backend = make_backend(backend, self.device)
+        cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
+        self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
         self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
             raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")
@@ -92,6 +93,18 @@ class ModelRunner:
         self.decoder: PaddedDecoder | None = None
         self.cpu_step: CpuStep | None = None  # the compiled CPU step (`allocate_kv_cache` makes it)
         self.build_time = BuildTime()  # host seconds building inputs, both paths (the engine's step clock reads it)
+
+    def _pack_for_cpu(self, enforce_eager: bool) -> bool:
+        """The CPU matmuls: the extension's kernel where it is built (not under `enforce_eager`),
+        else oneDNN's layout where this machine's oneDNN runs it, else plain weights. Returns whether
+        the extension is loaded (its attention kernel then runs too)."""
+        tied = self.model.model.embed_tokens.weight if self.model.lm_head is None else None
+        extension = None if enforce_eager else loaded_or_explained()
+        if extension is not None and packing_works(self.dtype, BlockedLinear):
+            log.info("CPU matmuls: %d weights in the C++ kernel's layout", pack_for_cpu(self.model, tied, BlockedLinear))
+        elif packing_works(self.dtype, PackedLinear):
+            log.info("CPU matmuls: %d weights packed for oneDNN", pack_for_cpu(self.model, tied, PackedLinear))
+        return extension is not None
 
     @property
     def uses_cuda_graphs(self) -> bool:

@@ -7,17 +7,19 @@
 // its arithmetic; issued from here it costs the dispatcher's fraction of that.
 //
 // Invariant: its result equals the Python path's bit for bit (model/llama.py, model/ops.py TorchOps,
-// model/rope.py, model/attention.py's short rows, model/cpu_linear.py). The matmuls, attention,
-// reductions and transcendentals are the very ATen operators that path calls, with the same
-// arguments; the residual add, the norm's scaling and rotary are loops doing its elementwise
-// arithmetic with its rounding (below). A change to one is a change to both;
+// model/rope.py, model/attention.py, model/cpu_linear.py). The matmuls and attention are the kernels
+// that path calls too (cpu_kernels.h: BlockedLinear's and the torch backend's in-place attention);
+// reductions and transcendentals are the very ATen operators it calls, with the same arguments; the residual add, the norm's scaling and rotary
+// are loops doing its elementwise arithmetic with its rounding (below). A change to one is a change to both;
 // tests/test_cpu_compiled_step.py compares them with torch.equal in fp32 and bf16.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "cpu_kernels.h"
+
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,26 +27,10 @@
 namespace {
 
 using at::Tensor;
+using radixserve::linear;
 
-constexpr int64_t kMinRows = 4;       // cpu_linear.MIN_ROWS: fewer rows are padded to this many
-constexpr int64_t kPerLayer = 6;      // weights per layer, in `CpuStep.layer_weights` order
+constexpr int64_t kPerLayer = 6;  // weights per layer, in `CpuStep.weights` order
 constexpr int64_t kBiasesPerLayer = 4;
-
-// mkldnn::_linear_pointwise on a weight cpu_linear.PackedLinear packed, rows padded as it pads them
-Tensor packed_linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& pad) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, c10::string_view,
-                        c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
-  static const c10::List<std::optional<at::Scalar>> no_scalars;
-  const int64_t rows = x.size(0);
-  if (rows > 0 && rows < kMinRows) {
-    pad.narrow(0, 0, rows).copy_(x);
-    return op.call(pad, weight, bias, "none", no_scalars, "").narrow(0, 0, rows);
-  }
-  return op.call(x, weight, bias, "none", no_scalars, "");
-}
 
 // The elementwise steps are written out below: each is one IEEE operation per element, rounded to
 // the tensor's dtype after each, as ATen's elementwise kernels round (bf16: computed in float, then
@@ -130,53 +116,39 @@ Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& signed_sin) {
   return out;
 }
 
-struct ShortRows {  // attention._ShortPlan and the step's gather buffers
-  Tensor slot_mapping, blocks, mask, real, targets, k_buffer, v_buffer;
-  std::optional<Tensor> tokens;
-  int64_t rows, width, max_len;
+struct ShortRows {  // the step's rows: every one short (CpuStep checks)
+  Tensor slot_mapping, block_table;
+  at::IntArrayRef seq_lens, query_lens;
 };
 
-// TorchAttentionBackend.forward when every row is short: store, gather whole blocks, one SDPA call
+// TorchAttentionBackend.forward over a cache it reads in place: store the step's keys and values,
+// then radixserve::paged_attention over every row
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
               const ShortRows& s, double scale) {
   const int64_t kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
   k_cache.view({-1, kv_heads, head_dim}).index_copy_(0, s.slot_mapping, k.to(k_cache.scalar_type()));
   v_cache.view({-1, kv_heads, head_dim}).index_copy_(0, s.slot_mapping, v.to(v_cache.scalar_type()));
-  auto gather = [&](const Tensor& cache, const Tensor& buffer) {
-    Tensor rows = at::index_select_out(const_cast<Tensor&>(buffer), cache, 0, s.blocks);
-    return rows.view({s.rows, -1, kv_heads, head_dim}).narrow(1, 0, s.max_len).to(q.scalar_type());
-  };
-  Tensor keys = gather(k_cache, s.k_buffer), vals = gather(v_cache, s.v_buffer);
-  Tensor qs = s.tokens ? q.index_select(0, *s.tokens) : q;
-  qs = qs.view({s.rows, s.width, q.size(1), q.size(2)}).transpose(1, 2);
-  Tensor o = at::scaled_dot_product_attention(qs, keys.transpose(1, 2), vals.transpose(1, 2), s.mask, 0.0,
-                                              /*is_causal=*/false, scale, /*enable_gqa=*/true)
-                 .transpose(1, 2)
-                 .reshape({s.rows * s.width, q.size(1), q.size(2)});
-  if (!s.tokens) return o;  // already q's rows in order (the reshape of the transposed output copies)
   Tensor out = at::empty_like(q);
-  out.index_copy_(0, s.targets, o.index_select(0, s.real));
+  radixserve::paged_attention(q, k_cache, v_cache, s.block_table, s.seq_lens, s.query_lens, scale,
+                              std::numeric_limits<int64_t>::max(), out);
   return out;
 }
 
-// shape: num_heads, num_kv_heads, head_dim, rows, width, max_len
+// shape: num_heads, num_kv_heads, head_dim, intermediate size
 Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& cos, const Tensor& signed_sin,
                   at::TensorList weights, const c10::List<std::optional<Tensor>>& biases, const Tensor& final_norm,
-                  at::TensorList k_caches, at::TensorList v_caches, const Tensor& slot_mapping, const Tensor& blocks,
-                  const Tensor& mask, const std::optional<Tensor>& tokens, const Tensor& real, const Tensor& targets,
-                  const Tensor& k_buffer, const Tensor& v_buffer, at::TensorList pads, at::IntArrayRef shape,
-                  double eps, double scale) {
-  TORCH_CHECK(shape.size() == 6, "short_step: shape is num_heads, num_kv_heads, head_dim, rows, width, max_len");
+                  at::TensorList k_caches, at::TensorList v_caches, const Tensor& slot_mapping,
+                  const Tensor& block_table, at::IntArrayRef seq_lens, at::IntArrayRef query_lens,
+                  at::IntArrayRef shape, double eps, double scale) {
+  TORCH_CHECK(shape.size() == 4, "short_step: shape is num_heads, num_kv_heads, head_dim, intermediate size");
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers &&
                   static_cast<int64_t>(biases.size()) == kBiasesPerLayer * layers &&
-                  static_cast<int64_t>(v_caches.size()) == layers && pads.size() == 3,
-              "short_step: weights, biases, caches and pads do not match the layer count");
-  const int64_t heads = shape[0], kv_heads = shape[1], head_dim = shape[2];
-  const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
-  const ShortRows rows{slot_mapping, blocks, mask, real, targets, k_buffer, v_buffer, tokens,
-                       shape[3], shape[4], shape[5]};
-  const Tensor &pad_hidden = pads[0], &pad_attention = pads[1], &pad_mlp = pads[2];
+                  static_cast<int64_t>(v_caches.size()) == layers,
+              "short_step: weights, biases and caches do not match the layer count");
+  const int64_t heads = shape[0], kv_heads = shape[1], head_dim = shape[2], intermediate = shape[3];
+  const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, hidden = embed.size(1);
+  const ShortRows rows{slot_mapping, block_table, seq_lens, query_lens};
 
   Tensor x = at::embedding(embed, input_ids);
   const int64_t tokens_in_step = x.size(0);
@@ -190,15 +162,15 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
     const Tensor* w = weights.data() + kPerLayer * l;
     auto bias = [&](int64_t i) { return biases.get(kBiasesPerLayer * l + i); };
     Tensor h = norm(x, w[0]);
-    auto qkv = packed_linear(h, w[1], bias(0), pad_hidden).split_with_sizes({q_size, kv_size, kv_size}, -1);
+    auto qkv = linear(h, w[1], bias(0), q_size + 2 * kv_size).split_with_sizes({q_size, kv_size, kv_size}, -1);
     Tensor q = rotate(qkv[0].reshape({tokens_in_step, heads, head_dim}), cos, signed_sin);
     Tensor k = rotate(qkv[1].reshape({tokens_in_step, kv_heads, head_dim}), cos, signed_sin);
     Tensor v = qkv[2].reshape({tokens_in_step, kv_heads, head_dim}).contiguous();
     Tensor attended = attend(q, k, v, k_caches[l], v_caches[l], rows, scale);
-    h = packed_linear(attended.reshape({tokens_in_step, q_size}), w[2], bias(1), pad_attention);
+    h = linear(attended.reshape({tokens_in_step, q_size}), w[2], bias(1), hidden);
     h = norm(h, w[3]);
-    auto gate_up = packed_linear(h, w[4], bias(2), pad_hidden).chunk(2, -1);
-    x = packed_linear(at::silu(gate_up[0]) * gate_up[1], w[5], bias(3), pad_mlp);
+    auto gate_up = linear(h, w[4], bias(2), 2 * intermediate).chunk(2, -1);
+    x = linear(at::silu(gate_up[0]) * gate_up[1], w[5], bias(3), hidden);
   }
   return norm(x, final_norm);
 }
@@ -208,7 +180,6 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
 TORCH_LIBRARY(radixserve, m) {
   m.def("short_step(Tensor input_ids, Tensor embed, Tensor cos, Tensor signed_sin, Tensor[] weights, "
         "Tensor?[] biases, Tensor final_norm, Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, "
-        "Tensor blocks, Tensor mask, Tensor? tokens, Tensor real, Tensor targets, Tensor k_buffer, "
-        "Tensor v_buffer, Tensor[] pads, int[] shape, float eps, float scale) -> Tensor",
+        "Tensor block_table, int[] seq_lens, int[] query_lens, int[] shape, float eps, float scale) -> Tensor",
         short_step);
 }

@@ -1,0 +1,314 @@
+// Attention of decodes and verifications on CPU, read in place from the paged KV cache (cpu_kernels.h).
+//
+// Why: gathering a step's keys and values into a contiguous copy and running SDPA over it reads the
+// cache, writes the copy and reads it again, and SDPA's flash kernel spends more on its per-call
+// setup than on one query's arithmetic. Here each task reads its keys and values once, where they
+// lie: at batch 16 x 512 tokens the gather and SDPA took 35 ms of an 84 ms step (docs/cpu.md).
+//
+// How: a task is one row, one kv head and one partition of kPartition keys. It scores the keys
+// against every query of the row and every q head sharing the kv head (pass 1), takes the softmax's
+// exponentials against the partition's own maximum, and sums the values they weigh (pass 2). The
+// partitions of a row are then merged in order. Which keys form a partition depends on nothing but
+// their positions, so a row's result never depends on the other rows of the step or on the thread
+// count.
+
+#include "cpu_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace radixserve {
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kPartition = 256;  // keys per task
+constexpr float kMinExponent = -87.0f;  // e^x below this is taken as 0 (fp32's normal range ends at e^-87.3)
+
+typedef int32_t IntLanes __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef float HalfLanes __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+typedef float QuarterLanes __attribute__((vector_size(kLanes / 4 * sizeof(float))));
+
+// the lanes' sum as a fixed tree: halves, quarters, then the last four in order
+inline float sum_lanes(Lanes v) {
+  HalfLanes low, high;
+  std::memcpy(&low, &v, sizeof low);
+  std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof low, sizeof high);
+  const HalfLanes half = low + high;
+  QuarterLanes a, b;
+  std::memcpy(&a, &half, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&half) + sizeof a, sizeof b);
+  const QuarterLanes quarter = a + b;
+  return (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
+}
+
+template <typename To, typename From>
+inline To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
+// e^x for x <= 0 (scores less their maximum): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
+// polynomial to r^7 (relative error below 1e-7), 2^n put into the exponent bits; e^x below
+// e^kMinExponent, e^-inf included, is 0.
+RS_FUSED_MULTIPLY_ADD_FUNCTION Lanes exp_lanes(Lanes x) {
+  RS_FUSED_MULTIPLY_ADD
+  const IntLanes kept = x >= kMinExponent;
+  const IntLanes floor_bits = bits_as<IntLanes>(Lanes{} + kMinExponent);
+  x = bits_as<Lanes>((bits_as<IntLanes>(x) & kept) | (floor_bits & ~kept));
+  const float round = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Lanes n = (x * 1.44269504f + round) - round;
+  const Lanes r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  Lanes p = r * (1.0f / 5040) + (1.0f / 720);
+  p = p * r + (1.0f / 120);
+  p = p * r + (1.0f / 24);
+  p = p * r + (1.0f / 6);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const IntLanes power = (__builtin_convertvector(n, IntLanes) + 127) << 23;
+  return bits_as<Lanes>(bits_as<IntLanes>(p * bits_as<Lanes>(power)) & kept);
+}
+
+struct Layout {  // where a step's rows, queries and cache lie
+  const float* q;  // [T, heads, head_dim] as fp32
+  int64_t heads, kv_heads, group, head_dim;
+  const int32_t* table;
+  int64_t table_stride, block_size;
+  int64_t block_stride, token_stride, head_stride;  // of the caches, in elements
+};
+
+struct Task {
+  int64_t row, kv_head, first_key, last_key;  // keys [first_key, last_key)
+  int64_t first_token, queries, length;       // the row's q rows, how many, its total tokens
+};
+
+// Query heads scored together, sharing each key's and value's loads: at most 16 accumulators of 16 lanes.
+template <int V>
+constexpr int kHeadsTogether = V >= 16 ? 1 : V >= 8 ? 2 : 4;
+
+// One task: for each query i and q head of the kv head, the partition's maximum score, the sum of
+// its exponentials and the values they weigh, into `partial` [queries * group][V * 16 + 2]. A query
+// head's figures are the same whichever heads share its pass: a key it does not see weighs exactly 0.
+template <int V, typename T>
+RS_FUSED_MULTIPLY_ADD_FUNCTION void attend_partition(const Layout& at, const Task& task, const T* k_cache,
+                                                     const T* v_cache, double scale, float* partial) {
+  RS_FUSED_MULTIPLY_ADD
+  constexpr int64_t dim = V * kLanes;
+  constexpr int N = kHeadsTogether<V>;
+  const int64_t keys = task.last_key - task.first_key;
+  thread_local std::vector<const T*> key_rows, value_rows;
+  thread_local std::vector<float> score_rows;
+  key_rows.resize(keys);
+  value_rows.resize(keys);
+  score_rows.resize(N * keys);
+  const T** key_at = key_rows.data();
+  const T** value_at = value_rows.data();
+  for (int64_t j = 0, slot = task.first_key % at.block_size; j < keys;) {  // a block at a time
+    const int64_t block = at.table[task.row * at.table_stride + (task.first_key + j) / at.block_size];
+    for (; slot < at.block_size && j < keys; ++slot, ++j) {
+      const int64_t offset = block * at.block_stride + slot * at.token_stride + task.kv_head * at.head_stride;
+      key_at[j] = k_cache + offset;
+      value_at[j] = v_cache + offset;
+    }
+    slot = 0;
+  }
+  const int64_t query_heads = task.queries * at.group;
+  for (int64_t first = 0; first < query_heads; first += N) {
+    Lanes query[N][V];
+    int64_t seen[N];
+    int64_t most = 0;
+    for (int n = 0; n < N; ++n) {  // past the last query head, repeat it (its results are dropped)
+      const int64_t index = std::min(first + n, query_heads - 1), i = index / at.group;
+      const int64_t head = task.kv_head * at.group + index % at.group;
+      // query i sits at position length - queries + i and sees keys up to it
+      seen[n] = std::clamp(task.length - task.queries + i + 1 - task.first_key, int64_t{0}, keys);
+      most = std::max(most, seen[n]);
+      for (int c = 0; c < V; ++c) {
+        query[n][c] = load_lanes(at.q + ((task.first_token + i) * at.heads + head) * at.head_dim + c * kLanes);
+      }
+    }
+    for (int64_t j = 0; j < most; ++j) {
+      Lanes key[V];
+      for (int c = 0; c < V; ++c) key[c] = load_lanes(key_at[j] + c * kLanes);
+      for (int n = 0; n < N; ++n) {
+        Lanes dot = query[n][0] * key[0];
+        for (int c = 1; c < V; ++c) dot = dot + query[n][c] * key[c];
+        score_rows[n * keys + j] = sum_lanes(dot) * static_cast<float>(scale);
+      }
+    }
+    float maximum[N], total[N];
+    for (int n = 0; n < N; ++n) {
+      float* scores = score_rows.data() + n * keys;
+      maximum[n] = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < seen[n]; ++j) maximum[n] = std::max(maximum[n], scores[j]);
+      Lanes sum = {};
+      for (int64_t j = 0; j < seen[n]; j += kLanes) {
+        Lanes chunk = Lanes{} - std::numeric_limits<float>::infinity();
+        const int64_t count = std::min(kLanes, seen[n] - j);
+        std::memcpy(&chunk, scores + j, count * sizeof(float));
+        chunk = exp_lanes(chunk - maximum[n]);
+        std::memcpy(scores + j, &chunk, count * sizeof(float));
+        sum = sum + chunk;
+      }
+      total[n] = sum_lanes(sum);
+      std::fill(scores + seen[n], scores + most, 0.0f);
+    }
+    Lanes acc[N][V] = {};
+    for (int64_t j = 0; j < most; ++j) {
+      Lanes value[V];
+      for (int c = 0; c < V; ++c) value[c] = load_lanes(value_at[j] + c * kLanes);
+      for (int n = 0; n < N; ++n) {
+        const float weight = score_rows[n * keys + j];
+        for (int c = 0; c < V; ++c) acc[n][c] = acc[n][c] + weight * value[c];
+      }
+    }
+    for (int n = 0; n < N && first + n < query_heads; ++n) {
+      float* out = partial + (first + n) * (dim + 2);
+      std::memcpy(out, acc[n], sizeof acc[n]);
+      out[dim] = maximum[n];  // -inf where the query sees none of these keys
+      out[dim + 1] = total[n];
+    }
+  }
+}
+
+template <typename T>
+void store(T* out, const float* values, int64_t n, float divisor) {
+  for (int64_t d = 0; d < n; ++d) out[d] = static_cast<T>(values[d] / divisor);
+}
+
+template <int V, typename T>
+void attend(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
+            const T* k_cache, const T* v_cache, double scale, const Tensor& out) {
+  constexpr int64_t dim = V * kLanes;
+  int64_t widest = 1;
+  for (const Task& task : tasks) widest = std::max(widest, task.queries);
+  const int64_t stride = widest * at.group * (dim + 2);
+  std::vector<float> partials(tasks.size() * stride);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      attend_partition<V>(at, tasks[t], k_cache, v_cache, scale, partials.data() + t * stride);
+    }
+  });
+  // merge each (row, kv head)'s partitions in order: tasks first_task[u] .. first_task[u + 1]
+  const int64_t units = static_cast<int64_t>(first_task.size()) - 1;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> merged(dim);
+    for (int64_t u = begin; u < end; ++u) {
+      const Task& first = tasks[first_task[u]];
+      for (int64_t q = 0; q < first.queries * at.group; ++q) {
+        float maximum = -std::numeric_limits<float>::infinity();
+        for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
+          maximum = std::max(maximum, partials[t * stride + q * (dim + 2) + dim]);
+        }
+        std::fill(merged.begin(), merged.end(), 0.0f);
+        float total = 0.0f;
+        for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
+          const float* part = partials.data() + t * stride + q * (dim + 2);
+          if (part[dim] == -std::numeric_limits<float>::infinity()) continue;  // no key seen here
+          const float weight = std::exp(part[dim] - maximum);
+          total += weight * part[dim + 1];
+          for (int64_t d = 0; d < dim; ++d) merged[d] += weight * part[d];
+        }
+        const int64_t token = first.first_token + q / at.group, head = first.kv_head * at.group + q % at.group;
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "paged_attention_store", [&] {
+          store(out.mutable_data_ptr<scalar_t>() + (token * at.heads + head) * dim, merged.data(), dim, total);
+        });
+      }
+    }
+  });
+}
+
+template <typename T>
+void dispatch_dim(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
+                  const T* k_cache, const T* v_cache, double scale, const Tensor& out) {
+  switch (at.head_dim / kLanes) {
+    case 1: return attend<1>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 2: return attend<2>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 3: return attend<3>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 4: return attend<4>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 5: return attend<5>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 6: return attend<6>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 7: return attend<7>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 8: return attend<8>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    case 16: return attend<16>(at, tasks, first_task, k_cache, v_cache, scale, out);
+    default: TORCH_CHECK(false, "paged_attention: head_dim ", at.head_dim, " is not 16-128 or 256");
+  }
+}
+
+}  // namespace
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+                     at::IntArrayRef seq_lens, at::IntArrayRef query_lens, double scale, int64_t max_query,
+                     const Tensor& out) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
+              "paged_attention: q [T, heads, dim] and caches [blocks, block_size, kv_heads, dim] alike");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16),
+              "paged_attention: an fp32 or bf16 cache");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "paged_attention: out like q, contiguous");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1,
+              "paged_attention: an int32 block table [rows, width]");
+  TORCH_CHECK(static_cast<int64_t>(seq_lens.size()) == block_table.size(0) && seq_lens.size() == query_lens.size(),
+              "paged_attention: one length and one query count per row");
+  const int64_t heads = q.size(1), kv_heads = k_cache.size(2), head_dim = q.size(2);
+  TORCH_CHECK(k_cache.size(3) == head_dim && heads % kv_heads == 0 && head_dim % kLanes == 0,
+              "paged_attention: head_dim a multiple of 16 and heads a multiple of kv_heads");
+  const Tensor queries = q.to(at::kFloat).contiguous();
+  const Tensor table = block_table.contiguous();
+  const Layout layout{queries.const_data_ptr<float>(), heads, kv_heads, heads / kv_heads, head_dim,
+                      table.const_data_ptr<int32_t>(), table.stride(0), k_cache.size(1),
+                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
+  std::vector<Task> tasks;
+  std::vector<int64_t> first_task;
+  int64_t token = 0;
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int64_t length = seq_lens[b], queries_of_row = query_lens[b];
+    TORCH_CHECK(0 < queries_of_row && queries_of_row <= length, "paged_attention: row ", b, " has ",
+                queries_of_row, " new of ", length, " tokens");
+    const int64_t row_blocks = (length + layout.block_size - 1) / layout.block_size;
+    TORCH_CHECK(row_blocks <= table.size(1), "paged_attention: row ", b, "'s blocks exceed the table");
+    for (int64_t i = 0; i < row_blocks; ++i) {
+      const int64_t block = layout.table[b * layout.table_stride + i];
+      TORCH_CHECK(0 <= block && block < k_cache.size(0), "paged_attention: row ", b, " names block ", block, " of ",
+                  k_cache.size(0));
+    }
+    if (queries_of_row <= max_query) {
+      for (int64_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
+        first_task.push_back(static_cast<int64_t>(tasks.size()));
+        for (int64_t key = 0; key < length; key += kPartition) {
+          tasks.push_back({static_cast<int64_t>(b), kv_head, key, std::min(length, key + kPartition), token,
+                           queries_of_row, length});
+        }
+      }
+    }
+    token += queries_of_row;
+  }
+  TORCH_CHECK(token == q.size(0), "paged_attention: the rows' new tokens are not q's ", q.size(0));
+  first_task.push_back(static_cast<int64_t>(tasks.size()));
+  if (tasks.empty()) return;
+  if (k_cache.scalar_type() == at::kFloat) {
+    dispatch_dim(layout, tasks, first_task, k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(),
+                 scale, out);
+  } else {
+    dispatch_dim(layout, tasks, first_task, reinterpret_cast<const uint16_t*>(k_cache.const_data_ptr<at::BFloat16>()),
+                 reinterpret_cast<const uint16_t*>(v_cache.const_data_ptr<at::BFloat16>()), scale, out);
+  }
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, int[] seq_lens, "
+        "int[] query_lens, float scale, int max_query, Tensor(a!) out) -> ()",
+        radixserve::paged_attention);
+}
