@@ -23,8 +23,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
     g.add_argument("--enforce-eager", action="store_true",
-                   help="run every step eagerly: no CUDA graphs (CUDA), no compiled C++ layers (CPU), "
-                        "no padded static-buffer decode path")
+                   help="run every step eagerly: no CUDA graphs (CUDA), no C++ kernels or compiled C++ layers "
+                        "(CPU: oneDNN matmuls and the Python layers), no padded static-buffer decode path")
     g.add_argument("--cpu-threads", type=int, default=None,
                    help="CPU: torch threads (default: the cores the affinity mask and cgroup quota allow, "
                         "or OMP_NUM_THREADS when set)")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-CPU_GRAPHS_NOTE = " (CPU: no CUDA graphs; on runs decode steps through the compiled CPU step, off the Python layers)"
+CPU_GRAPHS_NOTE = (" (CPU: no CUDA graphs; on runs the C++ kernels and decode steps through the compiled CPU step, off "
+                   "(--enforce-eager) oneDNN matmuls, SDPA and the Python layers)")
 
 
 def render_table(result: dict[str, Any]) -> str:

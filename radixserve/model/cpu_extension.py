@@ -5,9 +5,9 @@ the LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLin
 compiled step that runs every decoder layer of a short-row step in one call
 (`radixserve::short_step`, `csrc/cpu_step.cpp`; `cpu_step.CpuStep`).
 
-It is built with the system's C++ compiler for this machine's CPU (`-march=native`: the kernel's
-16-lane vectors become AVX-512, AVX2 or NEON instructions), once per source text, torch installation
-and CPU, into the user cache beside the converted model (`make setup` builds it ahead; a later start
+It is built with the system's C++ compiler for this machine's CPU (`-march=native`: the kernels'
+16 lanes become one AVX-512 vector, two AVX2 ones or four NEON or SSE ones), once per source text,
+torch installation and CPU, into the user cache beside the converted model (`make setup` builds it ahead; a later start
 loads it in well under a second). A machine that cannot build it runs oneDNN's matmuls and the
 Python layers, and the log says why.
 
@@ -39,10 +39,13 @@ SOURCE_DIRECTORY = Path(__file__).with_name("csrc")
 # the .cpp files are compiled; the header, which they include, is part of the source text all the same
 SOURCES = ("cpu_kernels.h", "cpu_step.cpp", "linear.cpp", "paged_attention.cpp")
 EXTENSION = "radixserve_cpu"
-# -ffp-contract=off: cpu_step.cpp's elementwise loops round as ATen's kernels do (linear.cpp fuses
-# its multiply-adds on purpose, per function); -fopenmp: at::parallel_for runs on torch's threads
-# (the process's one OpenMP runtime, torch's own libgomp, which the loader shares by its soname)
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+# -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. x86-64-v3 for a cache
+# shared by several machines, or x86-64 to test the SSE path); -ffp-contract=off: cpu_step.cpp's
+# elementwise loops round as ATen's kernels do (the kernels fuse their multiply-adds explicitly);
+# -fopenmp: at::parallel_for runs on torch's threads (the process's one OpenMP runtime, torch's own
+# libgomp, which the loader shares by its soname)
+MARCH = os.environ.get("RADIXSERVE_CPU_MARCH", "native")
+FLAGS = ["-O3", f"-march={MARCH}", "-ffp-contract=off", "-fopenmp"]
 
 
 @dataclass(frozen=True)

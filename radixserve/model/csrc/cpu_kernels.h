@@ -8,38 +8,125 @@
 #include <cstring>
 #include <optional>
 
-// The extension is built with -ffp-contract=off so that cpu_step.cpp's elementwise loops round as
-// ATen's do; in the kernels a multiply and its add are meant to fuse (one rounding, half the
-// instructions), per function.
-#if defined(__clang__)
-#define RS_FUSED_MULTIPLY_ADD _Pragma("clang fp contract(fast)")
-#define RS_FUSED_MULTIPLY_ADD_FUNCTION
-#else
-#define RS_FUSED_MULTIPLY_ADD
-#define RS_FUSED_MULTIPLY_ADD_FUNCTION __attribute__((optimize("fp-contract=fast")))
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace radixserve {
 
-// 16 fp32 lanes: one 64-byte line, which the compiler maps onto the CPU's vectors (AVX-512, AVX2, NEON)
+// 16 fp32 lanes: the kernels' unit (a packed weight block's 16 outputs, a slice of a head). It is
+// held as the CPU's own vectors (one AVX-512 register, two AVX ones, four SSE or NEON ones), since
+// compilers lower a 64-byte vector type poorly on narrower machines (AVX2: through memory, 30x slower).
+#if defined(__AVX512F__)
+constexpr int64_t kNativeFloats = 16;
+#elif defined(__AVX__)
+constexpr int64_t kNativeFloats = 8;
+#else
+constexpr int64_t kNativeFloats = 4;
+#endif
+#if defined(__AVX512F__) || defined(__aarch64__)
+constexpr int kVectorRegisters = 32;
+#else
+constexpr int kVectorRegisters = 16;
+#endif
 constexpr int64_t kLanes = 16;
-typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+constexpr int kParts = static_cast<int>(kLanes / kNativeFloats);
 
-inline Lanes load_lanes(const float* p) {
+typedef float Native __attribute__((vector_size(kNativeFloats * sizeof(float))));
+typedef int32_t NativeInt __attribute__((vector_size(kNativeFloats * sizeof(int32_t))));
+
+template <typename To, typename From>
+inline To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bits_as: the same size");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
+// a * b + c in one rounding where the CPU has a fused multiply-add; the extension is built with
+// -ffp-contract=off (cpu_step.cpp's elementwise loops round as ATen's do), so the kernels say so
+inline Native fused_multiply_add(Native a, Native b, Native c) {
+#if defined(__AVX512F__)
+  return bits_as<Native>(_mm512_fmadd_ps(bits_as<__m512>(a), bits_as<__m512>(b), bits_as<__m512>(c)));
+#elif defined(__AVX__) && defined(__FMA__)
+  return bits_as<Native>(_mm256_fmadd_ps(bits_as<__m256>(a), bits_as<__m256>(b), bits_as<__m256>(c)));
+#elif defined(__aarch64__)
+  return bits_as<Native>(vfmaq_f32(bits_as<float32x4_t>(c), bits_as<float32x4_t>(a), bits_as<float32x4_t>(b)));
+#else
+  return a * b + c;
+#endif
+}
+
+struct Lanes {
+  Native part[kParts];
+};
+
+inline Lanes zero_lanes() { return Lanes{}; }
+
+inline Native broadcast_native(float value) {
+#if defined(__AVX512F__)
+  return bits_as<Native>(_mm512_set1_ps(value));
+#elif defined(__AVX__)
+  return bits_as<Native>(_mm256_set1_ps(value));
+#elif defined(__aarch64__)
+  return bits_as<Native>(vdupq_n_f32(value));
+#else
+  Native out;
+  for (int64_t i = 0; i < kNativeFloats; ++i) out[i] = value;
+  return out;
+#endif
+}
+
+inline Lanes broadcast(float value) {
+  Lanes out;
+  for (int p = 0; p < kParts; ++p) out.part[p] = broadcast_native(value);
+  return out;
+}
+
+inline Lanes operator+(Lanes a, const Lanes& b) {
+  for (int p = 0; p < kParts; ++p) a.part[p] += b.part[p];
+  return a;
+}
+
+inline Lanes operator-(Lanes a, float b) {
+  const Native scalar = broadcast_native(b);
+  for (int p = 0; p < kParts; ++p) a.part[p] -= scalar;
+  return a;
+}
+
+inline Lanes fused_multiply_add(const Lanes& a, const Lanes& b, Lanes c) {
+  for (int p = 0; p < kParts; ++p) c.part[p] = fused_multiply_add(a.part[p], b.part[p], c.part[p]);
+  return c;
+}
+
+inline Lanes fused_multiply_add(float a, const Lanes& b, Lanes c) {
+  const Native scalar = broadcast_native(a);
+  for (int p = 0; p < kParts; ++p) c.part[p] = fused_multiply_add(scalar, b.part[p], c.part[p]);
+  return c;
+}
+
+inline Lanes load_lanes(const float* from) {
   Lanes v;
-  std::memcpy(&v, p, sizeof v);
+  for (int p = 0; p < kParts; ++p) std::memcpy(&v.part[p], from + p * kNativeFloats, sizeof(Native));
   return v;
 }
 
 inline Lanes load_lanes(const uint16_t* bf16) {  // bf16 bits widened to fp32: exact
-  typedef uint16_t Narrow __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-  typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-  Narrow narrow;
-  std::memcpy(&narrow, bf16, sizeof narrow);
-  const Wide wide = __builtin_convertvector(narrow, Wide) << 16;
+  typedef uint16_t Narrow __attribute__((vector_size(kNativeFloats * sizeof(uint16_t))));
   Lanes v;
-  std::memcpy(&v, &wide, sizeof v);
+  for (int p = 0; p < kParts; ++p) {
+    Narrow narrow;
+    std::memcpy(&narrow, bf16 + p * kNativeFloats, sizeof narrow);
+    v.part[p] = bits_as<Native>(__builtin_convertvector(narrow, NativeInt) << 16);
+  }
   return v;
+}
+
+inline void store_lanes(float* to, const Lanes& v) {
+  for (int p = 0; p < kParts; ++p) std::memcpy(to + p * kNativeFloats, &v.part[p], sizeof(Native));
 }
 
 // A weight [out, in] laid out for `linear`: [ceil(out / 16), in, 16] (output blocks of 16, each
@@ -48,8 +135,8 @@ inline Lanes load_lanes(const uint16_t* bf16) {  // bf16 bits widened to fp32: e
 at::Tensor pack_linear(const at::Tensor& weight);
 
 // x [rows, in] @ W^T + bias -> [rows, out_features] in x's dtype, W packed by `pack_linear`. Every
-// output element is one fp32 fused multiply-add chain over the inputs in ascending order, plus the
-// bias, rounded once to x's dtype: the same for a row whatever the row count, so a row's result
+// output element is one fp32 chain of multiply-adds (fused where the CPU can) over the inputs in
+// ascending order, plus the bias, rounded once to x's dtype: the same for a row whatever the row count, so a row's result
 // never depends on what else ran in its step.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                   int64_t out_features);

@@ -3,12 +3,12 @@
 // Why not oneDNN: a decode step multiplies one to a few rows by every weight, so the step is bound by
 // reading the weights. oneDNN reads the embedded model's small matrices (0.6-7 MB) at 20-25 GB/s on
 // the reference machine, whose large reads run at 28-32; this kernel streams each thread's share of
-// the packed weight in order, one 64-byte line per input column, and reads them at 27-37 GB/s. On
-// many rows (prefill) it is register-tiled (6 rows x 32 outputs, 12 accumulators) and runs at
-// oneDNN's speed (docs/cpu.md).
+// the packed weight in order, one 64-byte line per input column, and reads them at 27-33 GB/s. On
+// many rows (prefill) it is register-tiled (AVX-512: 6 rows x 32 outputs, 12 accumulators) and runs
+// at oneDNN's speed (docs/cpu.md).
 //
-// Invariant: every output element is one fp32 chain of fused multiply-adds over the input columns in
-// ascending order, then + bias, rounded once to the output dtype. Tiling changes which elements are
+// Invariant: every output element is one fp32 chain of multiply-adds (fused where the CPU can) over
+// the input columns in ascending order, then + bias, rounded once to the output dtype. Tiling changes which elements are
 // computed together, never an element's order of operations, so a row's result is the same whatever
 // the row count (one sequence alone, sixteen decoding, a 512-token prefill chunk).
 
@@ -24,28 +24,29 @@ namespace {
 
 using at::Tensor;
 
-constexpr int64_t kTileRows = 6;    // rows sharing one pass over a tile's weights
-constexpr int kTileBlocks = 2;      // blocks per tile: 6 x 2 accumulators of 16 lanes fit the registers
+// A tile's accumulators (rows x blocks x kParts vectors) take at most half the vector registers,
+// leaving room for its weights and a broadcast input: AVX-512 6 x 2 x 1 (12 of 32), AVX2 4 x 1 x 2
+// (8 of 16), NEON 4 x 1 x 4 (16 of 32), SSE 2 x 1 x 4 (8 of 16)
+constexpr int kTileBlocks = kParts == 1 ? 2 : 1;
+constexpr int64_t kTileRows = kParts == 1 ? 6 : (kVectorRegisters - 4) / kParts;
 constexpr int64_t kChunkRows = 48;  // rows whose inputs stay in cache while a thread walks its tiles
 
 // out[r][b * 16 + j] = bias + sum over k ascending of x[r][k] * w_b[k][j], for Rows rows and Blocks blocks
 template <int Rows, int Blocks, typename W>
-RS_FUSED_MULTIPLY_ADD_FUNCTION void tile(const W* w, int64_t block_stride, const float* x, int64_t in,
-                                         const float* bias, float* out, int64_t out_stride) {
-  RS_FUSED_MULTIPLY_ADD
+void tile(const W* w, int64_t block_stride, const float* x, int64_t in, const float* bias, float* out,
+          int64_t out_stride) {
   Lanes acc[Rows][Blocks] = {};
   for (int64_t k = 0; k < in; ++k) {
     Lanes column[Blocks];
     for (int b = 0; b < Blocks; ++b) column[b] = load_lanes(w + b * block_stride + k * kLanes);
     for (int r = 0; r < Rows; ++r) {
       const float value = x[r * in + k];
-      for (int b = 0; b < Blocks; ++b) acc[r][b] = acc[r][b] + value * column[b];
+      for (int b = 0; b < Blocks; ++b) acc[r][b] = fused_multiply_add(value, column[b], acc[r][b]);
     }
   }
   for (int r = 0; r < Rows; ++r) {
     for (int b = 0; b < Blocks; ++b) {
-      const Lanes result = bias ? acc[r][b] + load_lanes(bias + b * kLanes) : acc[r][b];
-      std::memcpy(out + r * out_stride + b * kLanes, &result, sizeof result);
+      store_lanes(out + r * out_stride + b * kLanes, bias ? acc[r][b] + load_lanes(bias + b * kLanes) : acc[r][b]);
     }
   }
 }
@@ -53,7 +54,7 @@ RS_FUSED_MULTIPLY_ADD_FUNCTION void tile(const W* w, int64_t block_stride, const
 template <int Blocks, typename W>
 void tile_rows(int64_t rows, const W* w, int64_t block_stride, const float* x, int64_t in, const float* bias,
                float* out, int64_t out_stride) {
-  switch (rows) {
+  switch (rows) {  // at most kTileRows
     case 1: return tile<1, Blocks>(w, block_stride, x, in, bias, out, out_stride);
     case 2: return tile<2, Blocks>(w, block_stride, x, in, bias, out, out_stride);
     case 3: return tile<3, Blocks>(w, block_stride, x, in, bias, out, out_stride);
@@ -63,7 +64,7 @@ void tile_rows(int64_t rows, const W* w, int64_t block_stride, const float* x, i
   }
 }
 
-// Threads split the tiles (pairs of blocks), so each streams a contiguous share of the weight; rows
+// Threads split the tiles (kTileBlocks blocks each), so each streams a contiguous share of the weight; rows
 // go in chunks whose inputs stay in cache while the thread walks its tiles.
 template <typename W>
 void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t in, const float* bias, float* out) {
@@ -74,14 +75,14 @@ void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t 
       const int64_t chunk_end = std::min(rows, chunk + kChunkRows);
       for (int64_t t = first; t < end; ++t) {
         const int64_t block = t * kTileBlocks;
-        const bool pair = block + 1 < blocks;
+        const bool whole = block + kTileBlocks <= blocks;  // else the last, odd block alone
         for (int64_t r = chunk; r < chunk_end; r += kTileRows) {
           const int64_t n = std::min(kTileRows, chunk_end - r);
           const W* tile_w = w + block * block_stride;
           const float* tile_bias = bias ? bias + block * kLanes : nullptr;
           float* tile_out = out + r * out_stride + block * kLanes;
-          if (pair) {
-            tile_rows<2>(n, tile_w, block_stride, x + r * in, in, tile_bias, tile_out, out_stride);
+          if (whole) {
+            tile_rows<kTileBlocks>(n, tile_w, block_stride, x + r * in, in, tile_bias, tile_out, out_stride);
           } else {
             tile_rows<1>(n, tile_w, block_stride, x + r * in, in, tile_bias, tile_out, out_stride);
           }

@@ -31,51 +31,42 @@ using at::Tensor;
 constexpr int64_t kPartition = 256;  // keys per task
 constexpr float kMinExponent = -87.0f;  // e^x below this is taken as 0 (fp32's normal range ends at e^-87.3)
 
-typedef int32_t IntLanes __attribute__((vector_size(kLanes * sizeof(int32_t))));
-typedef float HalfLanes __attribute__((vector_size(kLanes / 2 * sizeof(float))));
-typedef float QuarterLanes __attribute__((vector_size(kLanes / 4 * sizeof(float))));
-
-// the lanes' sum as a fixed tree: halves, quarters, then the last four in order
-inline float sum_lanes(Lanes v) {
-  HalfLanes low, high;
-  std::memcpy(&low, &v, sizeof low);
-  std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof low, sizeof high);
-  const HalfLanes half = low + high;
-  QuarterLanes a, b;
-  std::memcpy(&a, &half, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&half) + sizeof a, sizeof b);
-  const QuarterLanes quarter = a + b;
-  return (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
-}
-
-template <typename To, typename From>
-inline To bits_as(const From& from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  std::memcpy(&to, &from, sizeof to);
-  return to;
+// the lanes' sum in a fixed order: the parts, then four-lane pieces, then the last four as a tree
+inline float sum_lanes(const Lanes& v) {
+  Native whole = v.part[0];
+  for (int p = 1; p < kParts; ++p) whole += v.part[p];
+  typedef float Four __attribute__((vector_size(4 * sizeof(float))));
+  Four four = {};
+  for (int64_t i = 0; i < kNativeFloats; i += 4) {
+    Four piece;
+    std::memcpy(&piece, reinterpret_cast<const float*>(&whole) + i, sizeof piece);
+    four += piece;
+  }
+  return (four[0] + four[1]) + (four[2] + four[3]);
 }
 
 // e^x for x <= 0 (scores less their maximum): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
 // polynomial to r^7 (relative error below 1e-7), 2^n put into the exponent bits; e^x below
 // e^kMinExponent, e^-inf included, is 0.
-RS_FUSED_MULTIPLY_ADD_FUNCTION Lanes exp_lanes(Lanes x) {
-  RS_FUSED_MULTIPLY_ADD
-  const IntLanes kept = x >= kMinExponent;
-  const IntLanes floor_bits = bits_as<IntLanes>(Lanes{} + kMinExponent);
-  x = bits_as<Lanes>((bits_as<IntLanes>(x) & kept) | (floor_bits & ~kept));
-  const float round = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const Lanes n = (x * 1.44269504f + round) - round;
-  const Lanes r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  Lanes p = r * (1.0f / 5040) + (1.0f / 720);
-  p = p * r + (1.0f / 120);
-  p = p * r + (1.0f / 24);
-  p = p * r + (1.0f / 6);
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const IntLanes power = (__builtin_convertvector(n, IntLanes) + 127) << 23;
-  return bits_as<Lanes>(bits_as<IntLanes>(p * bits_as<Lanes>(power)) & kept);
+inline Native exp_native(Native x) {
+  const NativeInt kept = x >= kMinExponent;
+  const NativeInt floor_bits = bits_as<NativeInt>(broadcast_native(kMinExponent));
+  x = bits_as<Native>((bits_as<NativeInt>(x) & kept) | (floor_bits & ~kept));
+  const Native round = broadcast_native(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Native n = fused_multiply_add(x, broadcast_native(1.44269504f), round) - round;
+  const Native r = fused_multiply_add(n, broadcast_native(2.12194440e-4f),
+                                      fused_multiply_add(n, broadcast_native(-0.693359375f), x));
+  Native p = broadcast_native(1.0f / 5040);
+  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
+    p = fused_multiply_add(p, r, broadcast_native(coefficient));
+  }
+  const NativeInt power = (__builtin_convertvector(n, NativeInt) + 127) << 23;
+  return bits_as<Native>(bits_as<NativeInt>(p * bits_as<Native>(power)) & kept);
+}
+
+inline Lanes exp_lanes(Lanes x) {
+  for (int p = 0; p < kParts; ++p) x.part[p] = exp_native(x.part[p]);
+  return x;
 }
 
 struct Layout {  // where a step's rows, queries and cache lie
@@ -91,17 +82,17 @@ struct Task {
   int64_t first_token, queries, length;       // the row's q rows, how many, its total tokens
 };
 
-// Query heads scored together, sharing each key's and value's loads: at most 16 accumulators of 16 lanes.
+// Query heads scored together, sharing each key's and value's loads: up to 4, their accumulators
+// taking at most half the vector registers.
 template <int V>
-constexpr int kHeadsTogether = V >= 16 ? 1 : V >= 8 ? 2 : 4;
+constexpr int kHeadsTogether = std::max(1, std::min(4, kVectorRegisters / 2 / (V * kParts)));
 
 // One task: for each query i and q head of the kv head, the partition's maximum score, the sum of
 // its exponentials and the values they weigh, into `partial` [queries * group][V * 16 + 2]. A query
 // head's figures are the same whichever heads share its pass: a key it does not see weighs exactly 0.
 template <int V, typename T>
-RS_FUSED_MULTIPLY_ADD_FUNCTION void attend_partition(const Layout& at, const Task& task, const T* k_cache,
-                                                     const T* v_cache, double scale, float* partial) {
-  RS_FUSED_MULTIPLY_ADD
+void attend_partition(const Layout& at, const Task& task, const T* k_cache, const T* v_cache, double scale,
+                      float* partial) {
   constexpr int64_t dim = V * kLanes;
   constexpr int N = kHeadsTogether<V>;
   const int64_t keys = task.last_key - task.first_key;
@@ -140,8 +131,8 @@ RS_FUSED_MULTIPLY_ADD_FUNCTION void attend_partition(const Layout& at, const Tas
       Lanes key[V];
       for (int c = 0; c < V; ++c) key[c] = load_lanes(key_at[j] + c * kLanes);
       for (int n = 0; n < N; ++n) {
-        Lanes dot = query[n][0] * key[0];
-        for (int c = 1; c < V; ++c) dot = dot + query[n][c] * key[c];
+        Lanes dot = fused_multiply_add(query[n][0], key[0], zero_lanes());
+        for (int c = 1; c < V; ++c) dot = fused_multiply_add(query[n][c], key[c], dot);
         score_rows[n * keys + j] = sum_lanes(dot) * static_cast<float>(scale);
       }
     }
@@ -152,7 +143,7 @@ RS_FUSED_MULTIPLY_ADD_FUNCTION void attend_partition(const Layout& at, const Tas
       for (int64_t j = 0; j < seen[n]; ++j) maximum[n] = std::max(maximum[n], scores[j]);
       Lanes sum = {};
       for (int64_t j = 0; j < seen[n]; j += kLanes) {
-        Lanes chunk = Lanes{} - std::numeric_limits<float>::infinity();
+        Lanes chunk = broadcast(-std::numeric_limits<float>::infinity());
         const int64_t count = std::min(kLanes, seen[n] - j);
         std::memcpy(&chunk, scores + j, count * sizeof(float));
         chunk = exp_lanes(chunk - maximum[n]);
@@ -168,12 +159,12 @@ RS_FUSED_MULTIPLY_ADD_FUNCTION void attend_partition(const Layout& at, const Tas
       for (int c = 0; c < V; ++c) value[c] = load_lanes(value_at[j] + c * kLanes);
       for (int n = 0; n < N; ++n) {
         const float weight = score_rows[n * keys + j];
-        for (int c = 0; c < V; ++c) acc[n][c] = acc[n][c] + weight * value[c];
+        for (int c = 0; c < V; ++c) acc[n][c] = fused_multiply_add(weight, value[c], acc[n][c]);
       }
     }
     for (int n = 0; n < N && first + n < query_heads; ++n) {
       float* out = partial + (first + n) * (dim + 2);
-      std::memcpy(out, acc[n], sizeof acc[n]);
+      for (int c = 0; c < V; ++c) store_lanes(out + c * kLanes, acc[n][c]);
       out[dim] = maximum[n];  // -inf where the query sees none of these keys
       out[dim + 1] = total[n];
     }

@@ -1,0 +1,71 @@
+"""One CPU matmul at a time: the C++ kernel (`BlockedLinear`) against oneDNN's packed weights
+(`PackedLinear`) on the embedded model's shapes, as micro-timings that guide the kernel's design
+(claims about the step come from `radixserve bench step`).
+
+Each shape is timed with enough same-shaped weights in rotation (about 300 MB) that none stays in
+cache, the best of three passes; 1, 4 and 16 rows as GB/s of weights read, 512 rows (a prefill
+chunk) as GFLOP/s.
+
+    .venv/bin/python scripts/cpu_linear_check.py --json docs/bench/issue-31/linear_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixserve.model.cpu_extension import load_extension
+from radixserve.model.cpu_linear import BlockedLinear, PackedLinear
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+ROTATION_BYTES = 300 << 20
+
+
+def best_seconds(run: Any, weights: list[torch.nn.Module], x: torch.Tensor) -> float:
+    """Seconds per product: the best of three passes over every weight once."""
+    run(weights[0], x)
+    passes = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for weight in weights:
+            run(weight, x)
+        passes.append((time.perf_counter() - started) / len(weights))
+    return min(passes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    load_extension()
+    generator = torch.Generator().manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    for name, (out, inp) in SHAPES.items():
+        copies = max(2, ROTATION_BYTES // (out * inp * 4))
+        plain = [torch.randn(out, inp, generator=generator) for _ in range(copies)]
+        kinds = {"kernel": [BlockedLinear(w, None) for w in plain], "onednn": [PackedLinear(w, None) for w in plain]}
+        del plain
+        for count in (1, 4, 16, 512):
+            if count == 512 and name == "lm_head":
+                continue  # a prefill chunk's logits are never all taken
+            x = torch.randn(count, inp, generator=generator)
+            row: dict[str, Any] = {"shape": name, "out": out, "in": inp, "rows": count}
+            for kind, weights in kinds.items():
+                seconds = best_seconds(lambda m, x: m(x), weights[:4] if count == 512 else weights, x)
+                row[f"{kind}_us"] = seconds * 1e6
+                row[f"{kind}_GBps" if count < 512 else f"{kind}_GFLOPs"] = \
+                    out * inp * 4 / seconds / 1e9 if count < 512 else 2 * count * out * inp / seconds / 1e9
+            rows.append(row)
+            print(json.dumps(row))
+    result = {"threads": torch.get_num_threads(), "rows": rows, "date": time.strftime("%Y-%m-%d")}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
