@@ -205,6 +205,9 @@ def test_step_bench_floor_host_phases_and_transformers(tmp_path: Path, capsys: p
     result = json.loads(out.read_text())
     bandwidth, hf = result["bandwidth_bytes_per_s"], result["hf_forward"]
     assert hf["source"] == "checkpoint" and hf["skipped"] is None
+    samples = result["bandwidth_samples_bytes_per_s"]  # before the engines and after each (graphs on, off)
+    assert len(samples) == 3 and bandwidth == max(samples)
+    assert f"GB/s (copy, the best of 3 samples: {samples[0] / 1e9:.1f} / " in table
     assert {(r["graphs"], r["batch"]) for r in result["rows"]} == {(g, b) for g in ("on", "off") for b in (1, 2)}
     for r in result["rows"]:
         ms = r["ms_median"]

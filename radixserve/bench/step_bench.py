@@ -41,7 +41,10 @@ weights = every parameter once (a tied embedding counts once: the LM head reads 
 that an untied input embedding counts only the `batch` rows its lookup reads. KV = sum over
 sequences of their length that step (every cached token plus the one computed) x 2 x layers x
 kv_heads x head_dim x dtype size, averaged over the timed steps. Bandwidth: median of copies of a
-large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time. Floor: the
+large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time, measured
+before the first engine and again after each (`bandwidth_samples_bytes_per_s`); the highest sample
+sets every floor, the floor nearest the machine's best (a shared VM's copies run at 23-33 GB/s from
+minute to minute, and a floor from a slow moment flatters the step). Floor: the
 time reading those bytes once takes at that bandwidth, floor_ms = 1000 x bytes_per_step / bandwidth
 (bytes_per_step = weights + KV as above, bandwidth in bytes/s); each row also has step_over_floor =
 ms_median / floor_ms, and roofline_fraction = floor_ms / ms_median, its inverse.
@@ -205,6 +208,13 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
                 leaked_blocks=engine.leaked_blocks(), live_sequences=len(engine.live_sequences()))
 
 
+def at_best(rows: list[dict[str, Any]], bandwidth: float) -> None:
+    """Each row's floor and its ratios at `bandwidth` (the run's best copy rate)."""
+    for r in rows:
+        floor = floor_ms(r["bytes_per_step"], bandwidth)
+        r.update(floor_ms=floor, step_over_floor=r["ms_median"] / floor, roofline_fraction=floor / r["ms_median"])
+
+
 def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One row's figures over its rounds: the step times pooled, the per-round medians' median else."""
     times = [t for r in rounds for t in r["step_ms"]]
@@ -241,7 +251,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     max_len = o.context + (o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)) * per_step
     mib = o.bandwidth_mib or (1024 if cuda else 256)
     hf_on = (o.hf_forward or ("off" if cuda else "on")) == "on"
-    bandwidth = measure_bandwidth(device, mib << 20)  # before any engine holds device memory
+    samples = [measure_bandwidth(device, mib << 20)]  # before any engine holds device memory
+    bandwidth = samples[0]
     rows: list[dict[str, Any]] = []
     all_prompts: dict[int, list[list[int]]] = {}
     result: dict[str, Any] = dict(
@@ -278,6 +289,9 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+        samples.append(measure_bandwidth(device, mib << 20))
+    at_best(rows, max(samples))
+    result.update(bandwidth_bytes_per_s=max(samples), bandwidth_samples_bytes_per_s=samples)
     # after the engines are gone: transformers then has the device (and its memory) to itself
     hf = hf_forward(model_dir, device, getattr(torch, result["dtype"]), all_prompts, steps, o.warmup) if hf_on \
         else HFForward(skipped="--hf-forward off")

@@ -28,7 +28,7 @@ def render_table(result: dict[str, Any]) -> str:
                "roofline (greedy)"]
     kv = ", FP8 KV cache" if result.get("kv_cache_dtype") == "fp8" else ""
     lines = [f"## decode step: {result['shape']} ({result['dtype']}{kv}, {result['device_name']})", "",
-             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy), context {rows[0]['context']}"
+             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy{_samples(result)}), context {rows[0]['context']}"
              f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
              + (CPU_GRAPHS_NOTE if result["device"] == "cpu" else ""),
              *_notes(result), "",
@@ -71,6 +71,13 @@ def render_table(result: dict[str, Any]) -> str:
                 lines.append(f"| {r['graphs']} | {r.get('overlap', '-')} | {r['batch']} | {r['sampling']} "
                              f"| {off['ms_median']:.2f} / {r['ms_median']:.2f} | {r['ms_median'] / off['ms_median']:.3f}x |")
     return "\n".join(lines) + "\n"
+
+
+def _samples(result: dict[str, Any]) -> str:
+    samples = result.get("bandwidth_samples_bytes_per_s")  # absent from runs before the samples were kept
+    if not samples:
+        return ""
+    return f", the best of {len(samples)} samples: " + " / ".join(f"{s / 1e9:.1f}" for s in samples)
 
 
 def _notes(result: dict[str, Any]) -> list[str]:
