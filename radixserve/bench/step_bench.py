@@ -41,10 +41,11 @@ weights = every parameter once (a tied embedding counts once: the LM head reads 
 that an untied input embedding counts only the `batch` rows its lookup reads. KV = sum over
 sequences of their length that step (every cached token plus the one computed) x 2 x layers x
 kv_heads x head_dim x dtype size, averaged over the timed steps. Bandwidth: median of copies of a
-large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time, measured
-before the first engine and again after each (`bandwidth_samples_bytes_per_s`); the highest sample
-sets every floor, the floor nearest the machine's best (a shared VM's copies run at 23-33 GB/s from
-minute to minute, and a floor from a slow moment flatters the step). Floor: the
+large buffer (1 GiB on CUDA, 256 MiB on CPU by default), bytes read + written over time: on CUDA
+once, before any engine holds device memory; on CPU also right before each row's timed steps (the
+row's `bandwidth_bytes_per_s`), since a shared VM's copy rate moves between 25 and 45 GB/s from one
+minute to the next and a step is only comparable with the machine of the same moment; a row pooled
+over rounds takes the median of its rounds' floors. Floor: the
 time reading those bytes once takes at that bandwidth, floor_ms = 1000 x bytes_per_step / bandwidth
 (bytes_per_step = weights + KV as above, bandwidth in bytes/s); each row also has step_over_floor =
 ms_median / floor_ms, and roofline_fraction = floor_ms / ms_median, its inverse.
@@ -57,7 +58,9 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +139,9 @@ def prefill_margin(batch: int, context: int, step_tokens: int) -> int:
 
 
 def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: int, warmup: int,
-            bandwidth: float, penalties: bool = False) -> dict[str, Any]:
-    """Time `steps` decode steps of len(prompts) sequences; the requests are aborted afterwards."""
+            bandwidth: float | Callable[[], float], penalties: bool = False) -> dict[str, Any]:
+    """Time `steps` decode steps of len(prompts) sequences; the requests are aborted afterwards.
+    `bandwidth`: bytes/s, or how to measure it right before the timed steps."""
     batch, device = len(prompts), engine.runner.device
     temperature, top_p = SAMPLING[sampling]
     per_step = engine.config.num_speculative_tokens + 1  # the most tokens a step commits per sequence
@@ -160,6 +164,8 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
     for _ in range(warmup):
         engine.step()
     gc.collect()
+    if callable(bandwidth):
+        bandwidth = bandwidth()
     times, kv_tokens, committed = [], [], 0
     sync(device)
     clock = engine.clock.history
@@ -204,15 +210,9 @@ def run_row(engine: LLMEngine, prompts: list[list[int]], sampling: str, steps: i
                 ms_min=1000 * min(times), tok_s=committed / steps * 1000 / ms, weight_bytes=weights, kv_bytes=kv,
                 kv_bytes_per_token=kv_per_token, bytes_per_step=weights + kv,
                 roofline_fraction=floor / ms, floor_ms=floor, step_over_floor=ms / floor,
+                bandwidth_bytes_per_s=bandwidth,
                 phase_ms=per_phase, **median_ms(per_phase),
                 leaked_blocks=engine.leaked_blocks(), live_sequences=len(engine.live_sequences()))
-
-
-def at_best(rows: list[dict[str, Any]], bandwidth: float) -> None:
-    """Each row's floor and its ratios at `bandwidth` (the run's best copy rate)."""
-    for r in rows:
-        floor = floor_ms(r["bytes_per_step"], bandwidth)
-        r.update(floor_ms=floor, step_over_floor=r["ms_median"] / floor, roofline_fraction=floor / r["ms_median"])
 
 
 def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -220,11 +220,13 @@ def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     times = [t for r in rounds for t in r["step_ms"]]
     ms = statistics.median(times)
     first = rounds[0]
+    floor = statistics.median(r["floor_ms"] for r in rounds)
     per_step = statistics.fmean(r["tokens_per_step"] for r in rounds)
     per_phase = {k: [t for r in rounds for t in r["phase_ms"][k]] for k in first["phase_ms"]}
     return {**first, "rounds": len(rounds), "step_ms": times, "ms_median": ms, "ms_mean": statistics.fmean(times),
             "ms_min": min(times), "tok_s": first["batch"] * per_step * 1000 / ms, "tokens_per_step": per_step,
-            "roofline_fraction": first["floor_ms"] / ms, "step_over_floor": ms / first["floor_ms"],
+            "floor_ms": floor, "roofline_fraction": floor / ms, "step_over_floor": ms / floor,
+            "bandwidth_bytes_per_s": statistics.median(r["bandwidth_bytes_per_s"] for r in rounds),
             "phase_ms": per_phase, **median_ms(per_phase),
             **{k: statistics.median(r[k] for r in rounds) for k in ("device_ms", "host_unhidden_ms")}}
 
@@ -251,8 +253,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     max_len = o.context + (o.warmup + steps + prefill_margin(max(batches), o.context, step_tokens)) * per_step
     mib = o.bandwidth_mib or (1024 if cuda else 256)
     hf_on = (o.hf_forward or ("off" if cuda else "on")) == "on"
-    samples = [measure_bandwidth(device, mib << 20)]  # before any engine holds device memory
-    bandwidth = samples[0]
+    bandwidth = measure_bandwidth(device, mib << 20)  # before any engine holds device memory
     rows: list[dict[str, Any]] = []
     all_prompts: dict[int, list[list[int]]] = {}
     result: dict[str, Any] = dict(
@@ -281,7 +282,8 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
             rng = random.Random(f"{o.seed}-{batch}")  # same prompts for each sampling mode and graphs setting
             prompts = all_prompts[batch] = [[rng.randrange(vocab) for _ in range(o.context)] for _ in range(batch)]
             kinds = [(s, p) for s in o.sampling for p in o.penalties]
-            rounds = [[run_row(engine, prompts, s, steps, o.warmup, bandwidth, p == "on") for s, p in kinds]
+            beside = bandwidth if cuda else partial(measure_bandwidth, device, mib << 20)
+            rounds = [[run_row(engine, prompts, s, steps, o.warmup, beside, p == "on") for s, p in kinds]
                       for _ in range(o.rounds)]
             rows += [{"graphs": graphs, "overlap": overlap, "speculation": drafting, **pooled([r[k] for r in rounds])}
                      for k in range(len(kinds))]
@@ -289,9 +291,6 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        samples.append(measure_bandwidth(device, mib << 20))
-    at_best(rows, max(samples))
-    result.update(bandwidth_bytes_per_s=max(samples), bandwidth_samples_bytes_per_s=samples)
     # after the engines are gone: transformers then has the device (and its memory) to itself
     hf = hf_forward(model_dir, device, getattr(torch, result["dtype"]), all_prompts, steps, o.warmup) if hf_on \
         else HFForward(skipped="--hf-forward off")

@@ -28,7 +28,7 @@ def render_table(result: dict[str, Any]) -> str:
                "roofline (greedy)"]
     kv = ", FP8 KV cache" if result.get("kv_cache_dtype") == "fp8" else ""
     lines = [f"## decode step: {result['shape']} ({result['dtype']}{kv}, {result['device_name']})", "",
-             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy{_samples(result)}), context {rows[0]['context']}"
+             f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy{_beside(rows)}), context {rows[0]['context']}"
              f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"
              + (CPU_GRAPHS_NOTE if result["device"] == "cpu" else ""),
              *_notes(result), "",
@@ -73,11 +73,10 @@ def render_table(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _samples(result: dict[str, Any]) -> str:
-    samples = result.get("bandwidth_samples_bytes_per_s")  # absent from runs before the samples were kept
-    if not samples:
-        return ""
-    return f", the best of {len(samples)} samples: " + " / ".join(f"{s / 1e9:.1f}" for s in samples)
+def _beside(rows: list[dict[str, Any]]) -> str:
+    """The range of the copy rates measured beside the rows (CPU runs since they were), else nothing."""
+    beside = [r["bandwidth_bytes_per_s"] / 1e9 for r in rows if "bandwidth_bytes_per_s" in r]
+    return f"; again before each row, {min(beside):.1f}-{max(beside):.1f} GB/s, its floor's" if beside else ""
 
 
 def _notes(result: dict[str, Any]) -> list[str]:
