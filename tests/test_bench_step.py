@@ -201,7 +201,7 @@ def test_step_bench_floor_host_phases_and_transformers(tmp_path: Path, capsys: p
                  "--overlap", "off", "--json", str(out)]) == 0  # --hf-forward: on by default on CPU
     table = capsys.readouterr().out
     assert "| top-p / greedy | floor ms | step / floor (greedy / top-p) |" in table
-    assert "GB/s (copy; again before each row, " in table
+    assert "GB/s (copy, before the engines; again before each row, " in table
     assert "| host ms (greedy / top-p) | host ms, greedy (schedule / build / post) | transformers forward ms " \
            "| step / transformers (greedy / top-p) |" in table
     result = json.loads(out.read_text())

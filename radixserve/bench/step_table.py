@@ -76,7 +76,8 @@ def render_table(result: dict[str, Any]) -> str:
 def _beside(rows: list[dict[str, Any]]) -> str:
     """The range of the copy rates measured beside the rows (CPU runs since they were), else nothing."""
     beside = [r["bandwidth_bytes_per_s"] / 1e9 for r in rows if "bandwidth_bytes_per_s" in r]
-    return f"; again before each row, {min(beside):.1f}-{max(beside):.1f} GB/s, its floor's" if beside else ""
+    return f", before the engines; again before each row, {min(beside):.1f}-{max(beside):.1f} GB/s, " \
+           "which sets the row's floor" if beside else ""
 
 
 def _notes(result: dict[str, Any]) -> list[str]:
