@@ -17,11 +17,50 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from micro_result import write_result
 
 from radixserve.model.attention import SHORT_QUERY, AttentionMetadata, TorchAttentionBackend
 from radixserve.model.cpu_extension import load_extension
 
 HEADS, KV_HEADS, DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
+
+
+def measure(batch: int, context: int, repeats: int, generator: torch.Generator) -> dict[str, Any]:
+    """Milliseconds for thirty layers' attention of `batch` decodes at `context`, both ways (medians)."""
+    width = -(-context // BLOCK)
+    blocks = batch * width + 1
+    caches = [(torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator),
+               torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator)) for _ in range(LAYERS)]
+    table = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+    q = torch.randn(batch, HEADS, DIM, generator=generator)
+    lens, news = [context] * batch, [1] * batch
+    out = torch.empty_like(q)
+    backend = TorchAttentionBackend()
+    meta = AttentionMetadata(slot_mapping=torch.zeros(batch, dtype=torch.long),
+                             cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32),
+                             seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=table,
+                             query_lens=news, seq_lens_host=lens)
+    plan = backend.short_plan(meta, BLOCK, q.device)
+    assert plan is not None
+
+    def in_place() -> None:
+        for k, v in caches:
+            torch.ops.radixserve.paged_attention(q, k, v, table, lens, news, DIM**-0.5, SHORT_QUERY, out)
+
+    def gather_and_sdpa() -> None:
+        for k, v in caches:
+            backend._short(q, k, v, plan, DIM**-0.5, out)
+
+    row: dict[str, Any] = {"batch": batch, "context": context, "layers": LAYERS}
+    for name, run in (("in_place", in_place), ("gather_sdpa", gather_and_sdpa)):
+        run()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            times.append(1000 * (time.perf_counter() - started))
+        row[f"{name}_ms"] = statistics.median(times)
+    return row
 
 
 def main() -> None:
@@ -35,44 +74,9 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for batch in (int(b) for b in args.batches.split(",")):
-        width = -(-args.context // BLOCK)
-        blocks = batch * width + 1
-        caches = [(torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator),
-                   torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator)) for _ in range(LAYERS)]
-        table = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
-        q = torch.randn(batch, HEADS, DIM, generator=generator)
-        lens, news = [args.context] * batch, [1] * batch
-        out = torch.empty_like(q)
-        backend = TorchAttentionBackend()
-        meta = AttentionMetadata(slot_mapping=torch.zeros(batch, dtype=torch.long),
-                                 cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32),
-                                 seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=table,
-                                 query_lens=news, seq_lens_host=lens)
-        plan = backend.short_plan(meta, BLOCK, q.device)
-        assert plan is not None
-
-        def in_place() -> None:
-            for k, v in caches:
-                torch.ops.radixserve.paged_attention(q, k, v, table, lens, news, DIM**-0.5, SHORT_QUERY, out)
-
-        def gather_and_sdpa() -> None:
-            for k, v in caches:
-                backend._short(q, k, v, plan, DIM**-0.5, out)
-
-        row: dict[str, Any] = {"batch": batch, "context": args.context, "layers": LAYERS}
-        for name, run in (("in_place", in_place), ("gather_sdpa", gather_and_sdpa)):
-            run()
-            times = []
-            for _ in range(args.repeats):
-                started = time.perf_counter()
-                run()
-                times.append(1000 * (time.perf_counter() - started))
-            row[f"{name}_ms"] = statistics.median(times)
-        rows.append(row)
-        print(json.dumps(row))
-    result = {"threads": torch.get_num_threads(), "rows": rows, "date": time.strftime("%Y-%m-%d")}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        rows.append(measure(batch, args.context, args.repeats, generator))
+        print(json.dumps(rows[-1]))
+    write_result(rows, args.json)
 
 
 if __name__ == "__main__":

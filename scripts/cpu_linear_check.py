@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from micro_result import write_result
 
 from radixserve.model.cpu_extension import load_extension
 from radixserve.model.cpu_linear import BlockedLinear, PackedLinear
@@ -62,9 +63,7 @@ def main() -> None:
                     out * inp * 4 / seconds / 1e9 if count < 512 else 2 * count * out * inp / seconds / 1e9
             rows.append(row)
             print(json.dumps(row))
-    result = {"threads": torch.get_num_threads(), "rows": rows, "date": time.strftime("%Y-%m-%d")}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(rows, args.json)
 
 
 if __name__ == "__main__":
