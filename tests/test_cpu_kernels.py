@@ -51,9 +51,11 @@ def test_a_rows_product_is_the_same_whatever_the_row_count_and_threads(dtype: to
     chunk), from a strided view, and on one thread or two."""
     x, weight, b = _linear_case(512, 3072 + 16 * 3, 576, dtype, True, seed=1)
     linear = BlockedLinear(weight, b)
-    alone = linear(x[7:8])
-    for rows in (2, 5, 6, 49, 512):
-        assert torch.equal(linear(x[7:7 + rows])[:1], alone), rows
+    each = torch.cat([linear(x[i:i + 1]) for i in range(130)])
+    for rows in (2, 5, 6, 7, 13, 48, 49, 130):  # every tile's tail, a chunk, past a chunk; every row compared
+        assert torch.equal(linear(x[:rows]), each[:rows]), rows
+    assert torch.equal(linear(x)[:130], each)  # a 512-row prefill chunk
+    alone = each[7:8]
     wide = torch.cat([x, x], dim=1)[:, :576]  # not contiguous
     assert torch.equal(linear(wide[7:8]), alone)
     threads = torch.get_num_threads()
@@ -72,24 +74,27 @@ def test_bad_linear_inputs_are_refused_with_a_reason() -> None:
         torch.ops.radixserve.linear(torch.randn(2, 8), packed, None, 48)
     with pytest.raises(RuntimeError, match="fp32 or bf16"):
         torch.ops.radixserve.pack_linear(torch.randn(32, 8, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="CPU tensors"):
+        torch.ops.radixserve.linear(torch.randn(2, 8, device="meta"), packed, None, 32)
     assert packing_works(torch.float32, BlockedLinear) and not packing_works(torch.float16, BlockedLinear)
 
 
 BLOCK = 16
 
 
-def _attention_case(rows: list[tuple[int, int]], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int):
+def _attention_case(rows: list[tuple[int, int]], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int,
+                    block: int = BLOCK):
     """A paged cache of random K/V over shuffled blocks, NaN in the last block (which every table row
     pads with), and the q of a step where row b has rows[b] = (length, new tokens)."""
     g = torch.Generator().manual_seed(seed)
-    blocks = sum(-(-n // BLOCK) for n, _ in rows) + 8
-    k_cache = torch.randn(blocks, BLOCK, kv_heads, dim, generator=g).to(dtype)
-    v_cache = torch.randn(blocks, BLOCK, kv_heads, dim, generator=g).to(dtype)
+    blocks = sum(-(-n // block) for n, _ in rows) + 8
+    k_cache = torch.randn(blocks, block, kv_heads, dim, generator=g).to(dtype)
+    v_cache = torch.randn(blocks, block, kv_heads, dim, generator=g).to(dtype)
     k_cache[-1] = v_cache[-1] = float("nan")
     order = torch.randperm(blocks - 1, generator=g).tolist()
-    table = torch.full((len(rows), max(-(-n // BLOCK) for n, _ in rows) + 2), blocks - 1, dtype=torch.int32)
+    table = torch.full((len(rows), max(-(-n // block) for n, _ in rows) + 2), blocks - 1, dtype=torch.int32)
     for b, (n, _) in enumerate(rows):
-        own = [order.pop() for _ in range(-(-n // BLOCK))]
+        own = [order.pop() for _ in range(-(-n // block))]
         table[b, :len(own)] = torch.tensor(own, dtype=torch.int32)
     q = torch.randn(sum(new for _, new in rows), heads, dim, generator=g).to(dtype)
     return q, k_cache, v_cache, table
@@ -102,7 +107,7 @@ def _attention_reference(q, k_cache, v_cache, table, rows, scale):
     group = q.shape[1] // k_cache.shape[2]
     token = 0
     for b, (n, new) in enumerate(rows):
-        own = table[b, : -(-n // BLOCK)].long()
+        own = table[b, : -(-n // k_cache.shape[1])].long()
         keys = k_cache[own].reshape(-1, *k_cache.shape[2:])[:n].double()
         values = v_cache[own].reshape(-1, *v_cache.shape[2:])[:n].double()
         for i in range(new):
@@ -125,14 +130,19 @@ MIXES = [
     [(1, 1)],  # a fresh one-token prompt
     [(37, 1), (600, 3), (20, 9), (16, 16)],  # a decode, verifications (one across three partitions), a short prompt
     [(257, 1), (256, 2), (300, 40), (5, 5)],  # partition edges; a long row the kernel leaves alone
+    [(258, 3), (270, 16)],  # verifications whose first queries see none of the last partition's keys
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 16), (8, 8, 128), (2, 1, 256)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block"), [
+    (9, 3, 64, 16), (4, 1, 16, 16), (8, 8, 128, 16), (2, 1, 256, 16), (6, 2, 32, 7), (5, 5, 80, 12)])
 @pytest.mark.parametrize("rows", MIXES)
-def test_paged_attention_is_causal_softmax_attention(dtype, heads, kv_heads, dim, rows) -> None:
-    q, k_cache, v_cache, table = _attention_case(rows, heads, kv_heads, dim, dtype, seed=len(rows) + dim)
+def test_paged_attention_is_causal_softmax_attention(dtype, heads, kv_heads, dim, block, rows) -> None:
+    """Against float64 softmax attention: GQA 3:1, 4:1 and none, every head_dim kind (one to sixteen
+    lanes of 16), blocks that do not divide a partition (7, 12), queries with nothing to see in a
+    partition."""
+    q, k_cache, v_cache, table = _attention_case(rows, heads, kv_heads, dim, dtype, seed=len(rows) + dim, block=block)
     got = _paged(q, k_cache, v_cache, table, rows, scale=dim**-0.5)
     want = _attention_reference(q, k_cache, v_cache, table, rows, dim**-0.5)
     token = 0
@@ -162,6 +172,18 @@ def test_a_rows_attention_depends_on_nothing_but_its_own_row(dtype: torch.dtype)
         torch.set_num_threads(threads)
     decode = _paged(q[3:4], k_cache, v_cache, table[1:2], [(600, 1)], 0.125)
     assert torch.equal(decode, together[3:4])
+
+
+def test_a_nan_key_poisons_the_queries_that_see_it_as_in_sdpa() -> None:
+    """A NaN in a cached key is not skipped: the queries that see it answer NaN, as SDPA would (the
+    sampler then fails that request alone), and the other rows are untouched."""
+    rows = [(40, 3), (40, 1)]
+    q, k_cache, v_cache, table = _attention_case(rows, 4, 2, 16, torch.float32, seed=9)
+    k_cache[int(table[0, 2]), 6, 1] = float("nan")  # row 0's key 38 (block 2, slot 6), kv head 1
+    got = _paged(q, k_cache, v_cache, table, rows, 0.25)
+    # row 0's queries sit at 37, 38, 39: the first sees keys 0..37 only; heads 2 and 3 read kv head 1
+    assert got[0].isfinite().all() and got[1:3, 2:].isnan().all() and got[1:3, :2].isfinite().all()
+    assert got[3].isfinite().all()
 
 
 def test_the_torch_backend_runs_the_kernel_for_short_rows_and_sdpa_for_long_ones() -> None:
@@ -198,6 +220,8 @@ def test_bad_attention_inputs_are_refused_with_a_reason() -> None:
     with pytest.raises(RuntimeError, match="not q's"):
         torch.ops.radixserve.paged_attention(torch.cat([q, q]), k_cache, v_cache, table, [20], [1], 0.1, 16,
                                              torch.cat([out, out]))
+    with pytest.raises(RuntimeError, match="CPU tensors"):
+        torch.ops.radixserve.paged_attention(q.to("meta"), k_cache, v_cache, table, [20], [1], 0.1, 16, out)
     bad = table.clone()
     bad[0, 1] = k_cache.shape[0]
     with pytest.raises(RuntimeError, match="names block"):

@@ -39,8 +39,8 @@ SOURCE_DIRECTORY = Path(__file__).with_name("csrc")
 # the .cpp files are compiled; the header, which they include, is part of the source text all the same
 SOURCES = ("cpu_kernels.h", "cpu_step.cpp", "linear.cpp", "paged_attention.cpp")
 EXTENSION = "radixserve_cpu"
-# -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. x86-64-v3 for a cache
-# shared by several machines, or x86-64 to test the SSE path); -ffp-contract=off: cpu_step.cpp's
+# -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. haswell or x86-64 to
+# test the AVX2 or SSE path on a wider machine); -ffp-contract=off: cpu_step.cpp's
 # elementwise loops round as ATen's kernels do (the kernels fuse their multiply-adds explicitly);
 # -fopenmp: at::parallel_for runs on torch's threads (the process's one OpenMP runtime, torch's own
 # libgomp, which the loader shares by its soname)

@@ -4,8 +4,8 @@ A decode step on CPU reads every weight once per token row; `F.linear` on a plai
 runs as one-threaded GEMV there (about a third of the machine's copy bandwidth on the 2-core
 reference machine). Two layouts run on every thread:
 - `BlockedLinear`, the C++ extension's kernel (`csrc/linear.cpp`, built by `cpu_extension`): blocks
-  of 16 outputs, streamed in order; it reads the embedded model's weights at 27-37 GB/s where
-  oneDNN reads them at 20-25, and every row's result is the same whatever the row count;
+  of 16 outputs, streamed in order; it reads the embedded model's weights at 27-32 GB/s where
+  oneDNN reads them at 14-25 (docs/cpu.md), and every row's result is the same whatever the row count;
 - `PackedLinear`, oneDNN's blocked layout, where the extension cannot be built (or under
   `--enforce-eager`).
 `pack_for_cpu` swaps each `nn.Linear` of the model for one of them holding only the reordered weight

@@ -37,6 +37,7 @@ constexpr int kParts = static_cast<int>(kLanes / kNativeFloats);
 
 typedef float Native __attribute__((vector_size(kNativeFloats * sizeof(float))));
 typedef int32_t NativeInt __attribute__((vector_size(kNativeFloats * sizeof(int32_t))));
+typedef uint32_t NativeBits __attribute__((vector_size(kNativeFloats * sizeof(uint32_t))));
 
 template <typename To, typename From>
 inline To bits_as(const From& from) {
@@ -120,7 +121,7 @@ inline Lanes load_lanes(const uint16_t* bf16) {  // bf16 bits widened to fp32: e
   for (int p = 0; p < kParts; ++p) {
     Narrow narrow;
     std::memcpy(&narrow, bf16 + p * kNativeFloats, sizeof narrow);
-    v.part[p] = bits_as<Native>(__builtin_convertvector(narrow, NativeInt) << 16);
+    v.part[p] = bits_as<Native>(__builtin_convertvector(narrow, NativeBits) << 16);
   }
   return v;
 }

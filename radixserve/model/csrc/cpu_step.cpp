@@ -141,6 +141,7 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
                   const Tensor& block_table, at::IntArrayRef seq_lens, at::IntArrayRef query_lens,
                   at::IntArrayRef shape, double eps, double scale) {
   TORCH_CHECK(shape.size() == 4, "short_step: shape is num_heads, num_kv_heads, head_dim, intermediate size");
+  TORCH_CHECK(input_ids.device().is_cpu() && embed.device().is_cpu(), "short_step: CPU tensors");
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers &&
                   static_cast<int64_t>(biases.size()) == kBiasesPerLayer * layers &&

@@ -1,9 +1,9 @@
 // The CPU matmul: y = x W^T + b from a weight packed in blocks of 16 outputs (cpu_kernels.h).
 //
 // Why not oneDNN: a decode step multiplies one to a few rows by every weight, so the step is bound by
-// reading the weights. oneDNN reads the embedded model's small matrices (0.6-7 MB) at 20-25 GB/s on
-// the reference machine, whose large reads run at 28-32; this kernel streams each thread's share of
-// the packed weight in order, one 64-byte line per input column, and reads them at 27-33 GB/s. On
+// reading the weights. oneDNN reads the embedded model's small matrices (1.3-7 MB) at 14-25 GB/s on
+// the reference machine, whose large copies run at 25-45; this kernel streams each thread's share of
+// the packed weight in order, one 64-byte line (fp32) per input column, and reads them at 27-32. On
 // many rows (prefill) it is register-tiled (AVX-512: 6 rows x 32 outputs, 12 accumulators) and runs
 // at oneDNN's speed (docs/cpu.md).
 //
@@ -24,11 +24,12 @@ namespace {
 
 using at::Tensor;
 
-// A tile's accumulators (rows x blocks x kParts vectors) take at most half the vector registers,
-// leaving room for its weights and a broadcast input: AVX-512 6 x 2 x 1 (12 of 32), AVX2 4 x 1 x 2
-// (8 of 16), NEON 4 x 1 x 4 (16 of 32), SSE 2 x 1 x 4 (8 of 16)
+// A tile's accumulators (rows x blocks x kParts vectors), its weights and a broadcast input fit the
+// vector registers: AVX-512 6 x 2 x 1 (12 of 32), AVX2 6 x 1 x 2 (12 of 16), NEON 6 x 1 x 4 (24 of
+// 32), SSE 3 x 1 x 4 (12 of 16)
 constexpr int kTileBlocks = kParts == 1 ? 2 : 1;
-constexpr int64_t kTileRows = kParts == 1 ? 6 : (kVectorRegisters - 4) / kParts;
+constexpr int64_t kTileRows = kParts == 4 && kVectorRegisters == 16 ? 3 : 6;
+static_assert(kTileRows >= 1 && kTileRows <= 6, "tile_rows dispatches 1 .. 6 rows");
 constexpr int64_t kChunkRows = 48;  // rows whose inputs stay in cache while a thread walks its tiles
 
 // out[r][b * 16 + j] = bias + sum over k ascending of x[r][k] * w_b[k][j], for Rows rows and Blocks blocks
@@ -95,7 +96,7 @@ void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t 
 }  // namespace
 
 Tensor pack_linear(const Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2, "pack_linear: the weight must be [out, in]");
+  TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu(), "pack_linear: the weight must be [out, in], on CPU");
   TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
               "pack_linear: fp32 or bf16 weights, got ", weight.scalar_type());
   const int64_t out = weight.size(0), in = weight.size(1), blocks = (out + kLanes - 1) / kLanes;
@@ -110,6 +111,8 @@ Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>
               packed.sizes());
   TORCH_CHECK(packed.is_contiguous() && (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16),
               "linear: a contiguous fp32 or bf16 packed weight");
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && (!bias || bias->device().is_cpu()),
+              "linear: CPU tensors");
   const int64_t rows = x.size(0), in = x.size(1), blocks = packed.size(0), width = blocks * kLanes;
   TORCH_CHECK(0 < out_features && out_features <= width && out_features > width - kLanes,
               "linear: ", out_features, " outputs do not match ", blocks, " packed blocks");
@@ -117,8 +120,12 @@ Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>
   std::optional<Tensor> biases;
   if (bias) {
     TORCH_CHECK(bias->numel() == out_features, "linear: a bias of ", out_features, " values");
-    biases = at::zeros({width}, x.options().dtype(at::kFloat));
-    biases->narrow(0, 0, out_features).copy_(*bias);
+    if (bias->scalar_type() == at::kFloat && bias->is_contiguous() && width == out_features) {
+      biases = *bias;  // the tiles read whole blocks of 16: this one has them all
+    } else {
+      biases = at::zeros({width}, x.options().dtype(at::kFloat));
+      biases->narrow(0, 0, out_features).copy_(*bias);
+    }
   }
   const bool direct = x.scalar_type() == at::kFloat && width == out_features;
   Tensor out = at::empty({rows, width}, x.options().dtype(at::kFloat));

@@ -47,9 +47,9 @@ inline float sum_lanes(const Lanes& v) {
 
 // e^x for x <= 0 (scores less their maximum): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
 // polynomial to r^7 (relative error below 1e-7), 2^n put into the exponent bits; e^x below
-// e^kMinExponent, e^-inf included, is 0.
+// e^kMinExponent, e^-inf included, is 0, and e^NaN is NaN.
 inline Native exp_native(Native x) {
-  const NativeInt kept = x >= kMinExponent;
+  const NativeInt kept = (x >= kMinExponent) | (x != x);  // NaN is kept: a NaN score poisons its row, as in SDPA
   const NativeInt floor_bits = bits_as<NativeInt>(broadcast_native(kMinExponent));
   x = bits_as<Native>((bits_as<NativeInt>(x) & kept) | (floor_bits & ~kept));
   const Native round = broadcast_native(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
@@ -171,25 +171,10 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
   }
 }
 
-template <typename T>
-void store(T* out, const float* values, int64_t n, float divisor) {
-  for (int64_t d = 0; d < n; ++d) out[d] = static_cast<T>(values[d] / divisor);
-}
-
-template <int V, typename T>
-void attend(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
-            const T* k_cache, const T* v_cache, double scale, const Tensor& out) {
-  constexpr int64_t dim = V * kLanes;
-  int64_t widest = 1;
-  for (const Task& task : tasks) widest = std::max(widest, task.queries);
-  const int64_t stride = widest * at.group * (dim + 2);
-  std::vector<float> partials(tasks.size() * stride);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      attend_partition<V>(at, tasks[t], k_cache, v_cache, scale, partials.data() + t * stride);
-    }
-  });
-  // merge each (row, kv head)'s partitions in order: tasks first_task[u] .. first_task[u + 1]
+// merge each (row, kv head)'s partitions, tasks first_task[u] .. first_task[u + 1], in order
+template <typename Out>
+void merge(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
+           const std::vector<int64_t>& offsets, const float* partials, int64_t dim, Out* out) {
   const int64_t units = static_cast<int64_t>(first_task.size()) - 1;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> merged(dim);
@@ -198,23 +183,39 @@ void attend(const Layout& at, const std::vector<Task>& tasks, const std::vector<
       for (int64_t q = 0; q < first.queries * at.group; ++q) {
         float maximum = -std::numeric_limits<float>::infinity();
         for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
-          maximum = std::max(maximum, partials[t * stride + q * (dim + 2) + dim]);
+          maximum = std::max(maximum, partials[offsets[t] + q * (dim + 2) + dim]);
         }
         std::fill(merged.begin(), merged.end(), 0.0f);
         float total = 0.0f;
         for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
-          const float* part = partials.data() + t * stride + q * (dim + 2);
+          const float* part = partials + offsets[t] + q * (dim + 2);
           if (part[dim] == -std::numeric_limits<float>::infinity()) continue;  // no key seen here
           const float weight = std::exp(part[dim] - maximum);
           total += weight * part[dim + 1];
           for (int64_t d = 0; d < dim; ++d) merged[d] += weight * part[d];
         }
         const int64_t token = first.first_token + q / at.group, head = first.kv_head * at.group + q % at.group;
-        AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "paged_attention_store", [&] {
-          store(out.mutable_data_ptr<scalar_t>() + (token * at.heads + head) * dim, merged.data(), dim, total);
-        });
+        Out* to = out + (token * at.heads + head) * dim;
+        for (int64_t d = 0; d < dim; ++d) to[d] = static_cast<Out>(merged[d] / total);
       }
     }
+  });
+}
+
+template <int V, typename T>
+void attend(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
+            const T* k_cache, const T* v_cache, double scale, const Tensor& out) {
+  constexpr int64_t dim = V * kLanes;
+  // each task's partials [its queries * group][dim + 2], one after another (every value is written)
+  std::vector<int64_t> offsets(tasks.size() + 1, 0);
+  for (size_t t = 0; t < tasks.size(); ++t) offsets[t + 1] = offsets[t] + tasks[t].queries * at.group * (dim + 2);
+  const Tensor partials = at::empty({offsets.back()}, out.options().dtype(at::kFloat));
+  float* scratch = partials.mutable_data_ptr<float>();
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) attend_partition<V>(at, tasks[t], k_cache, v_cache, scale, scratch + offsets[t]);
+  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "paged_attention_merge", [&] {
+    merge(at, tasks, first_task, offsets, scratch, dim, out.mutable_data_ptr<scalar_t>());
   });
 }
 
@@ -251,9 +252,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
               "paged_attention: an int32 block table [rows, width]");
   TORCH_CHECK(static_cast<int64_t>(seq_lens.size()) == block_table.size(0) && seq_lens.size() == query_lens.size(),
               "paged_attention: one length and one query count per row");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
+                  block_table.device().is_cpu() && out.device().is_cpu(),
+              "paged_attention: CPU tensors");
   const int64_t heads = q.size(1), kv_heads = k_cache.size(2), head_dim = q.size(2);
-  TORCH_CHECK(k_cache.size(3) == head_dim && heads % kv_heads == 0 && head_dim % kLanes == 0,
-              "paged_attention: head_dim a multiple of 16 and heads a multiple of kv_heads");
+  TORCH_CHECK(kv_heads > 0 && k_cache.size(1) > 0 && k_cache.size(3) == head_dim && heads % kv_heads == 0 &&
+                  head_dim % kLanes == 0,
+              "paged_attention: head_dim a multiple of 16, heads a multiple of kv_heads, blocks of at least one token");
   const Tensor queries = q.to(at::kFloat).contiguous();
   const Tensor table = block_table.contiguous();
   const Layout layout{queries.const_data_ptr<float>(), heads, kv_heads, heads / kv_heads, head_dim,
