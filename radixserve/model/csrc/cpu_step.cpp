@@ -2,16 +2,17 @@
 // step whose rows are all short (decodes and verifications of drafts) and returns the final-normed
 // hidden states.
 //
-// Why: on CPU a batch-1 step of the 135M model is ~120 GEMVs and ~900 small ops. Issued from
+// Why: on CPU a batch-1 step of the 135M model is ~120 matmuls and ~900 small ops. Issued from
 // Python each small op costs several microseconds of interpreter and binding time, far more than
 // its arithmetic; issued from here it costs the dispatcher's fraction of that.
 //
 // Invariant: its result equals the Python path's bit for bit (model/llama.py, model/ops.py TorchOps,
 // model/rope.py, model/attention.py, model/cpu_linear.py). The matmuls and attention are the kernels
 // that path calls too (cpu_kernels.h: BlockedLinear's and the torch backend's in-place attention);
-// reductions and transcendentals are the very ATen operators it calls, with the same arguments; the residual add, the norm's scaling and rotary
-// are loops doing its elementwise arithmetic with its rounding (below). A change to one is a change to both;
-// tests/test_cpu_compiled_step.py compares them with torch.equal in fp32 and bf16.
+// reductions and transcendentals are the very ATen operators it calls, with the same arguments; the
+// residual add, the norm's scaling and rotary are loops doing its elementwise arithmetic with its
+// rounding (below). A change to one is a change to both; tests/test_cpu_compiled_step.py compares
+// them with torch.equal in fp32 and bf16.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

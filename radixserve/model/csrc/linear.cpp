@@ -8,9 +8,9 @@
 // at oneDNN's speed (docs/cpu.md).
 //
 // Invariant: every output element is one fp32 chain of multiply-adds (fused where the CPU can) over
-// the input columns in ascending order, then + bias, rounded once to the output dtype. Tiling changes which elements are
-// computed together, never an element's order of operations, so a row's result is the same whatever
-// the row count (one sequence alone, sixteen decoding, a 512-token prefill chunk).
+// the input columns in ascending order, then + bias, rounded once to the output dtype. Tiling changes
+// which elements are computed together, never an element's order of operations, so a row's result
+// is the same whatever the row count (one sequence alone, sixteen decoding, a 512-token prefill chunk).
 
 #include "cpu_kernels.h"
 
@@ -65,8 +65,8 @@ void tile_rows(int64_t rows, const W* w, int64_t block_stride, const float* x, i
   }
 }
 
-// Threads split the tiles (kTileBlocks blocks each), so each streams a contiguous share of the weight; rows
-// go in chunks whose inputs stay in cache while the thread walks its tiles.
+// Threads split the tiles (kTileBlocks blocks each), so each streams a contiguous share of the
+// weight; rows go in chunks whose inputs stay in cache while the thread walks its tiles.
 template <typename W>
 void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t in, const float* bias, float* out) {
   const int64_t block_stride = in * kLanes, out_stride = blocks * kLanes;
@@ -77,10 +77,10 @@ void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t 
       for (int64_t t = first; t < end; ++t) {
         const int64_t block = t * kTileBlocks;
         const bool whole = block + kTileBlocks <= blocks;  // else the last, odd block alone
+        const W* tile_w = w + block * block_stride;
+        const float* tile_bias = bias ? bias + block * kLanes : nullptr;
         for (int64_t r = chunk; r < chunk_end; r += kTileRows) {
           const int64_t n = std::min(kTileRows, chunk_end - r);
-          const W* tile_w = w + block * block_stride;
-          const float* tile_bias = bias ? bias + block * kLanes : nullptr;
           float* tile_out = out + r * out_stride + block * kLanes;
           if (whole) {
             tile_rows<kTileBlocks>(n, tile_w, block_stride, x + r * in, in, tile_bias, tile_out, out_stride);

@@ -71,7 +71,7 @@ inline Lanes exp_lanes(Lanes x) {
 
 struct Layout {  // where a step's rows, queries and cache lie
   const float* q;  // [T, heads, head_dim] as fp32
-  int64_t heads, kv_heads, group, head_dim;
+  int64_t heads, group, head_dim;
   const int32_t* table;
   int64_t table_stride, block_size;
   int64_t block_stride, token_stride, head_stride;  // of the caches, in elements
@@ -261,7 +261,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
               "paged_attention: head_dim a multiple of 16, heads a multiple of kv_heads, blocks of at least one token");
   const Tensor queries = q.to(at::kFloat).contiguous();
   const Tensor table = block_table.contiguous();
-  const Layout layout{queries.const_data_ptr<float>(), heads, kv_heads, heads / kv_heads, head_dim,
+  const Layout layout{queries.const_data_ptr<float>(), heads, heads / kv_heads, head_dim,
                       table.const_data_ptr<int32_t>(), table.stride(0), k_cache.size(1),
                       k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
   std::vector<Task> tasks;
