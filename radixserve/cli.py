@@ -92,6 +92,21 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="the fraction of the device pool pinned prefixes may hold (POST /v1/cache/pins, --pin); "
                         "never so much that the longest sequence could not fit beside them; 0 turns pinning off "
                         "(default %(default)s)")
+    g.add_argument("--grammar-compile-workers", type=int, default=d.grammar_compile_workers,
+                   help="processes that compile structured-output grammars first, so one that would crash or "
+                        "stall the server kills a worker instead (default %(default)s)")
+    g.add_argument("--grammar-compile-timeout", type=float, default=d.grammar_compile_timeout_s,
+                   help="seconds a grammar may take to compile; then its worker is killed and the request "
+                        "gets a 400 (default %(default)s)")
+    g.add_argument("--grammar-worker-memory-mb", type=int, default=d.grammar_worker_memory_mb,
+                   help="address space of each grammar compile worker (default %(default)s)")
+    g.add_argument("--grammar-max-lexer-states", type=int, default=d.grammar_max_lexer_states,
+                   help="lexer states one grammar may build (about 1-2 kB each); a reply whose grammar needs more "
+                        "ends with finish_reason error (default %(default)s)")
+    g.add_argument("--open-json-objects", action="store_true",
+                   help="read JSON schemas (response_format, tool parameters) as JSON Schema does: an object "
+                        "admits undeclared keys unless it says additionalProperties: false (default: closed "
+                        "objects, as OpenAI's strict mode; see docs/structured_output.md)")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -109,7 +124,10 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
         num_speculative_tokens=a.num_speculative_tokens if a.speculation == "on" else 0,
         speculative_max_batch=a.speculative_max_batch, speculative_max_rows=a.speculative_max_rows,
-        pin_budget=a.pin_budget,
+        pin_budget=a.pin_budget, grammar_compile_workers=a.grammar_compile_workers,
+        grammar_compile_timeout_s=a.grammar_compile_timeout, grammar_worker_memory_mb=a.grammar_worker_memory_mb,
+        grammar_max_lexer_states=a.grammar_max_lexer_states,
+        open_json_objects=a.open_json_objects,
     )
 
 

@@ -42,6 +42,13 @@ class ConstraintError(RequestError):
         super().__init__(f"{param}: {message}")
 
 
+class BusyError(RequestError):
+    """A request refused for now because a shared resource is busy (every grammar compile worker):
+    the server answers 429 with a retry hint; the same request may succeed later."""
+
+    code = "rate_limited"
+
+
 class FieldError(RequestError):
     """A request field the engine refuses (a logit_bias id outside the vocabulary): `param` names it,
     as the API's 400 does."""

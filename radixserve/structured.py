@@ -2,8 +2,9 @@
 expression, one of a list of strings, or a grammar. Neutral (every layer may import it): the engine
 compiles it (engine/grammar/), the server builds it from the APIs' fields.
 
-Invariants: exactly one kind is set; `key` is canonical (a schema's key order does not matter), so
-one compiled grammar serves every request asking the same thing; `field` names the API parameter the
+Invariants: exactly one kind is set; `key` is the constraint as sent, a schema's key order included
+(the order of its properties is the order the reply writes them in), so one compiled grammar serves
+every request asking exactly the same thing; `field` names the API parameter the
 constraint came from, and every error about it names that path.
 
 A `grammar` is Lark as llguidance reads it (a GBNF grammar, told by its `::=` rules, is converted);
@@ -63,10 +64,10 @@ class StructuredOutput:
 
     @property
     def key(self) -> tuple[str, str]:
-        """(kind, canonical text): equal for equal constraints, whatever the key order of a schema."""
+        """(kind, text): equal for constraints that ask the same, in the same order."""
         kind = self.kind
         if kind == "json":
-            return kind, json.dumps(self.json, sort_keys=True, separators=(",", ":"))
+            return kind, json.dumps(self.json, separators=(",", ":"))
         if kind == "json_object":
             return kind, ""
         if kind == "choice":

@@ -100,11 +100,13 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         """Abort everything in flight (callers get a final 'abort' output) and stop the thread."""
         if self._thread is None or self._stopping:
+            self.engine.grammars.close()
             return
         self._submit(self._abort_all)
         self._stopping = True
         self._wake.set()
         await asyncio.to_thread(self._thread.join, 30)
+        self.engine.grammars.close()
 
     def _run(self) -> None:
         while not self._stopping or not self._commands.empty():
@@ -211,7 +213,9 @@ class AsyncEngine:
         if self._stopping:
             raise EngineStoppedError("the engine is shutting down")
         await self.start()
-        request = self.intake.admit(request)
+        # a grammar to compile (a request from another process) or a check again: off the event loop
+        request = await asyncio.to_thread(self.intake.admit, request) if self.intake.needs_compile(request) \
+            else self.intake.admit(request)
         rid = request_id or uuid.uuid4().hex
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")

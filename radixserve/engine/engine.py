@@ -40,6 +40,7 @@ from radixserve.config import EngineConfig
 from radixserve.core import Batch, Request, RequestOutput, Sequence
 from radixserve.engine.forward import FORWARD_FAILED, run_isolating_failures
 from radixserve.engine.grammar import ConstraintBook, GrammarCompiler
+from radixserve.engine.grammar.limits import GrammarLimits
 from radixserve.engine.host_tier import CostFeed
 from radixserve.engine.intake import Intake, ValidatedRequest
 from radixserve.engine.observers import StepObserver, StepObservers, decode_tokens
@@ -116,7 +117,7 @@ class LLMEngine:
                                                              config.block_size))
         self.eos_token_ids = set(self.spec.eos_token_ids)
         self.grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, sorted(self.eos_token_ids),
-                                        config.grammar_cache_size, config.grammar_compile_timeout_s)
+                                        config.grammar_cache_size, grammar_limits(config), config.open_json_objects)
         self.constraints = ConstraintBook(self.grammars, self.spec.vocab_size, self.runner.device, config.forced_tokens)
         self.penalties = PenaltyBook(self.spec.vocab_size, self.runner.device)  # token counts on the device
         self.intake = Intake.of(self)  # the one check of a request (engine/intake.py)
@@ -161,7 +162,7 @@ class LLMEngine:
                        pending_forks=params.n - 1)  # created here; from now on only the scheduler writes it
         req.sequences.append(seq)
         if params.structured is not None:
-            self.constraints.begin(req)
+            self.constraints.begin(req, request.grammar)
         if params.has_penalties:
             self.penalties.begin(req)
         if params.prompt_logprobs is not None:
@@ -298,10 +299,11 @@ class LLMEngine:
         """The stop test the scheduler is handed: a stop string (the detokenizer sees every committed
         token, in order), EOS unless ignored, or a stop id."""
         params = seq.request.params
-        stopped = self.outputs.add_token(seq, token)
-        completed = self.constraints.on_commit(seq) if params.structured is not None else False  # the grammar's end
-        return stopped or completed or (token in self.eos_token_ids and not params.ignore_eos) \
+        stopped = self.outputs.add_token(seq, token) or (token in self.eos_token_ids and not params.ignore_eos) \
             or token in params.stop_token_ids
+        # the grammar's end; a reply that stops before it raises GrammarViolation (finish_reason "error")
+        completed = self.constraints.on_commit(seq, stopped) if params.structured is not None else False
+        return stopped or completed
 
     def _fail(self, req: Request, why: str) -> RequestOutput:
         """End one request with finish_reason "error"; the rest of the batch is untouched."""
@@ -345,6 +347,12 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity(self.pins.held_nodes())
+
+
+def grammar_limits(config: EngineConfig) -> GrammarLimits:
+    return GrammarLimits(workers=config.grammar_compile_workers, compile_timeout_s=config.grammar_compile_timeout_s,
+                         worker_memory_mb=config.grammar_worker_memory_mb,
+                         max_lexer_states=config.grammar_max_lexer_states)
 
 
 def _sampled(flight: InFlight | None) -> tuple[Launch, torch.Tensor] | None:

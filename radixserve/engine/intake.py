@@ -14,14 +14,18 @@ Invariants:
 - a ValidatedRequest names the limits it was checked against; an engine with tighter limits (a
   replica whose pool is smaller than the one the ingress asked about) checks it again in `admit`, so
   no request is queued past a limit it was not checked for.
+- a constrained ValidatedRequest holds its compiled grammar from the check on, so the engine never
+  looks it up again (it may have left the grammar cache since); the grammar does not cross a process
+  (a Ray replica), where `admit` compiles it into that engine's cache, off the event loop
+  (`needs_compile` tells the caller to hand `admit` a worker thread).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from radixserve.engine.grammar import GrammarCompiler
+from radixserve.engine.grammar import CompiledGrammar, GrammarCompiler
 from radixserve.errors import FieldError, PromptTooLongError, RequestError
 from radixserve.sampling_params import SamplingParams
 
@@ -50,6 +54,11 @@ class ValidatedRequest:
     priority: int
     limits: Limits
     prediction_ids: tuple[int, ...] = ()  # params.prediction, tokenized (a source of drafts)
+    grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)  # params.structured's
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a replica) without the grammar: a matcher lives in one process."""
+        return {**self.__dict__, "grammar": None}
 
 
 class Intake:
@@ -66,12 +75,13 @@ class Intake:
         engine finds it in its grammar cache."""
         token_ids = tokenize(self.tokenizer, prompt)
         validate(token_ids, params, self.limits.vocab, self.limits.max_seq_len)
+        grammar = None
         if params.structured is not None:
             if self.grammars is None:
                 raise RequestError("this engine cannot constrain output (structured output is not available)")
-            self.grammars.compile(params.structured)
+            grammar = self.grammars.compile(params.structured, namespace=params.cache_namespace)
         return ValidatedRequest(token_ids, params, validate_priority(priority), self.limits,
-                                self._prediction_ids(params))
+                                self._prediction_ids(params), grammar)
 
     def _prediction_ids(self, params: SamplingParams) -> tuple[int, ...]:
         """The prediction as token ids: text is tokenized as output is (no BOS); ids outside the
@@ -89,13 +99,20 @@ class Intake:
 
     def admit(self, request: ValidatedRequest) -> ValidatedRequest:
         """`request` as this engine may queue it: as it is when its limits fit within these (always,
-        for one checked here), else checked again against these; its constraint compiled into this
-        engine's grammar cache (a hit when this engine checked it)."""
+        for one checked here), else checked again against these; a constraint whose grammar did not
+        come with it (it crossed a process) compiled into this engine's grammar cache."""
         if not request.limits.within(self.limits):
             return self.check(request.token_ids, request.params, request.priority)  # tokenizes the prediction again
-        if request.params.structured is not None and self.grammars is not None:
-            self.grammars.ensure(request.params.structured)  # a replica's own cache, so its step never compiles
+        if self.needs_compile(request):
+            assert request.params.structured is not None and self.grammars is not None
+            params = request.params
+            return replace(request, grammar=self.grammars.ensure(params.structured, params.cache_namespace))
         return request
+
+    def needs_compile(self, request: ValidatedRequest) -> bool:
+        """Whether `admit` may compile (or check again): then it belongs on a worker thread."""
+        structured = request.params.structured is not None and request.grammar is None and self.grammars is not None
+        return structured or not request.limits.within(self.limits)
 
 
 def tokenize(tokenizer: Any, prompt: str | list[int]) -> list[int]:

@@ -87,7 +87,7 @@ async def parse_messages_request(state: ServerState, body: dict[str, Any], calle
     params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(conv.prompt),
                                    max_model_len=engine.max_model_len, default_max_tokens=None)
     params.cache_namespace = namespace
-    await compile_off_loop(engine, params.structured)  # a forced call's grammar: compiled off the loop
+    await compile_off_loop(state, params.structured, namespace)  # a forced call's grammar: compiled off the loop
     checked = check_request(engine, conv.prompt, params, 0)
     return MessagesRequest(conv, stream, checked)
 

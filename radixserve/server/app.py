@@ -34,6 +34,7 @@ from radixserve.server.api_errors import api_error_handler, error_response
 from radixserve.server.auth import needs_key, request_key
 from radixserve.server.cache_views import cache_stats, metrics
 from radixserve.server.callers import SCOPE_KEY, UNAUTHORIZED, resolve_caller
+from radixserve.server.compile_slots import CLIENT
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.log_filters import install as quiet_client_faults
@@ -56,8 +57,12 @@ async def load_engine(state: ServerState) -> None:
         engine = await asyncio.to_thread(state.engine_factory)
         await engine.start()
         if engine.tokenizer is not None:
-            # tool calls look as --tool-call-parser says, else as the chat template implies (server/openai_tools.py)
-            formatter = ChatFormatter(engine.tokenizer, server_format(engine.tokenizer, state.config.tool_call_parser))
+            # tool calls look as --tool-call-parser says, else as the chat template implies (server/openai_tools.py);
+            # their parameters' objects are open or closed as the engine compiles JSON schemas (--open-json-objects)
+            grammars = engine.intake.grammars
+            fmt = server_format(engine.tokenizer, state.config.tool_call_parser,
+                                grammars is not None and grammars.open_objects)
+            formatter = ChatFormatter(engine.tokenizer, fmt)
             # its tokenizer is copied before the formatter is in use (the copy is the worker's own)
             state.prompt_worker = await asyncio.to_thread(PromptWorker, formatter)
             state.formatter = formatter
@@ -118,12 +123,15 @@ async def health(request: Request) -> Response:
 class ApiKeyMiddleware:
     """Resolves the caller (callers.py) of every HTTP request to /v1/* and /metrics from its key (Bearer
     or x-api-key) and stores it in the scope's state; 401 for a missing or unknown key on a server with
-    keys. The WebSocket authenticates in its handler."""
+    keys. The WebSocket authenticates in its handler. Every request's client address is set in
+    compile_slots.CLIENT for its task."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and scope.get("client"):
+            CLIENT.set(scope["client"][0])  # this request's task (and its threads) see its address
         if scope["type"] == "http" and needs_key(scope["path"]):
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             caller = resolve_caller(request_key(headers), self.state.config)

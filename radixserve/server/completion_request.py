@@ -133,7 +133,7 @@ async def parse_completion_request(state: ServerState, body: dict[str, Any], pri
                         state.config.max_logprob_entries, spent=n * (entries(prompt_len, echo_top)
                                                                       + entries(prompt_len, prompt_top)),
                         param="logprobs", prompt_param="logprobs" if prompt_top is None else "prompt_logprobs")
-    await compile_off_loop(engine, sampling["structured"])  # the checks below then find it compiled
+    await compile_off_loop(state, sampling["structured"], namespace)  # the checks below then find it compiled
     prompts = []
     for i, (item, t) in enumerate(zip(raw, tokens)):
         params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(t),

@@ -23,7 +23,7 @@ from radixserve.core import Placement, RequestOutput, Usage
 from radixserve.engine.chat_template import token_hash
 from radixserve.engine.client import EngineClient
 from radixserve.engine.intake import ValidatedRequest
-from radixserve.errors import EngineStoppedError, RequestError, RequestFailedError
+from radixserve.errors import BusyError, EngineStoppedError, RequestError, RequestFailedError
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.replica_header import note_replica
 from radixserve.server.system_prompts import NONE_KEY
@@ -68,6 +68,8 @@ def api_error_from(exc: BaseException) -> ApiError:
         return ApiError("unavailable", "the engine is shutting down", 503)
     if isinstance(exc, RequestFailedError):
         return ApiError("generation_failed", f"generation failed: {exc}", 500)
+    if isinstance(exc, BusyError):
+        return ApiError("rate_limited", str(exc), 429, retry_after=1)  # a compile worker frees within its timeout
     if isinstance(exc, RequestError):
         code = "context_too_long" if exc.code == "context_too_long" else "invalid_field"
         # a ConstraintError names the API parameter its constraint came from (StructuredOutput.field)

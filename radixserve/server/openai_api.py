@@ -176,7 +176,7 @@ async def parse_chat_request(state: ServerState, body: dict[str, Any], priority_
                                    max_model_len=engine.max_model_len, default_max_tokens=fits, n=n)
     params.cache_namespace = namespace
     # a beam search is checked by its driver, with the parameters of its steps
-    await compile_off_loop(engine, params.structured)  # the check below then finds it compiled
+    await compile_off_loop(state, params.structured, namespace)  # the check below then finds it compiled
     checked = check_request(engine, prompt, params, priority) if beam is None else None
     first_system = next((m["content"] for m in messages if m["role"] == "system"), None)
     system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len, caller.tenant)

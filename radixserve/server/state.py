@@ -17,6 +17,7 @@ from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.client import EngineClient
 from radixserve.engine.stats import EngineStats
 from radixserve.server.admission import GenerationLimits
+from radixserve.server.compile_slots import CompileSlots
 from radixserve.server.config import ServerConfig
 from radixserve.server.connections import ConnectionGuard
 from radixserve.server.logprobs import TokenTexts
@@ -75,6 +76,7 @@ class ServerState:
     session_generations: dict[str, Any] = field(default_factory=dict)
     # session creations per client address (REST create and fork, WebSocket session.create)
     creation_limiter: CreationRateLimiter = field(default_factory=CreationRateLimiter)
+    compile_slots: CompileSlots = field(default_factory=CompileSlots)  # grammar compiles in flight per client
     _token_texts: TokenTexts | None = None  # per-token text for logprobs, built on first use
     # API requests generating, per client and in all (admission.py)
     generations: GenerationLimits = field(default_factory=GenerationLimits)

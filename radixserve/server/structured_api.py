@@ -10,7 +10,8 @@ and REST session messages, which all accept the same fields:
 
 A constraint the engine has not compiled yet is compiled by `compile_off_loop` on a worker thread
 before the request is checked, so a slow compile (up to the engine's compile timeout) never holds the
-event loop; the check then finds it in the engine's grammar cache.
+event loop, and under the client's compile slots (compile_slots.py); the check then finds it in the
+engine's grammar cache.
 
 Invariants: at most one of these constrains a request (several: 400 naming them all); every
 refusal is 400 `invalid_field` whose `param` is the path of the offending value, and the
@@ -26,12 +27,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import RequestError
+from radixserve.server.compile_slots import CLIENT
 from radixserve.server.generation import api_error_from
 from radixserve.server.validation import ApiError, parse_json_text
 from radixserve.structured import StructuredOutput
 
 if TYPE_CHECKING:
-    from radixserve.engine.client import EngineClient
+    from radixserve.server.state import ServerState
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
@@ -61,18 +63,20 @@ def with_structured(sampling: dict[str, Any], body: dict[str, Any]) -> dict[str,
     return sampling if structured is None else {**sampling, "structured": structured}
 
 
-async def compile_off_loop(engine: EngineClient, structured: StructuredOutput | None) -> None:
+async def compile_off_loop(state: ServerState, structured: StructuredOutput | None, namespace: str) -> None:
     """Compile `structured` into the engine's grammar cache on a worker thread (the engine's request
-    check compiles it on the caller's thread, which on the server is the event loop); a constraint
-    that does not compile is the 400 naming its parameter, as the check would raise it."""
-    grammars = getattr(engine.intake, "grammars", None)  # None: an engine that compiles nothing here
+    check compiles it on the caller's thread, which on the server is the event loop), holding one of
+    the request's client's compile `slots` meanwhile; a constraint that does not compile is the 400
+    naming its parameter, as the check would raise it."""
+    grammars = getattr(state.require_engine().intake, "grammars", None)  # None: an engine that compiles nothing here
     # a cached one needs no thread; not counted as a hit here, the check counts it
-    if structured is None or grammars is None or grammars.is_cached(structured):
+    if structured is None or grammars is None or grammars.is_cached(structured, namespace):
         return
-    try:
-        await asyncio.to_thread(grammars.compile, structured, True)  # the check then counts no hit
-    except RequestError as e:
-        raise api_error_from(e) from None
+    with state.compile_slots.hold(CLIENT.get(), state.config.max_compiles_per_client):
+        try:
+            await asyncio.to_thread(grammars.compile, structured, True, namespace)  # the check counts no hit
+        except RequestError as e:
+            raise api_error_from(e) from None
 
 
 def _parse_field(name: str, value: Any) -> StructuredOutput | None:

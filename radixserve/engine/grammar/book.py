@@ -18,7 +18,12 @@ Invariants:
 - constraints cover generated tokens only: a prefix-cache hit, a preemption (swap or recompute) or a
   resumption leave a matcher as it is, since the sequence's generated tokens do not change;
 - masks are filled on the host into one of two buffers, alternately (a step's copy to the device may
-  still be in flight while the next step fills the other), and only constrained rows are masked.
+  still be in flight while the next step fills the other), and only constrained rows are masked. A
+  mask's work is bounded by the matcher's limits (engine/grammar/limits.py: step fuel and items); a
+  matcher that hits one, or errs in any way, ends its request alone with finish_reason "error" and
+  our message, and its grammar leaves the compiler's cache with the lexer memory it built;
+- a constrained reply is checked at its end: one that stopped (EOS, a stop string or id) where its
+  grammar is not complete ends with "error", never "stop" (`incomplete`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ class GrammarViolation(TokenRefused):
     """A committed token the sequence's grammar does not allow (its request ends with this message)."""
 
 
+LIMIT_HIT = ("the constraint needed more than the engine's grammar limits allow at this point of the reply "
+             "(see docs/structured_output.md)")
+DEAD_END = "the grammar allows no token here (a dead end): the reply cannot be completed"
+
+
 @dataclass
 class SeqMatcher:
     matcher: Any  # llguidance.LLMatcher
@@ -53,6 +63,7 @@ class SeqMatcher:
     end: int | None = None  # the grammar was complete after this many generated tokens
     broken_at: int | None = None  # the matcher rejected the token with this generated index
     why: str = ""
+    accepting: set[int] = field(default_factory=set)  # after these many generated tokens the grammar could end
 
 
 @dataclass
@@ -75,6 +86,13 @@ class StepMasks:
     dead: dict[Request, str] = field(default_factory=dict)  # requests whose grammar allows no token here
 
 
+def hit_a_limit(matcher: Any) -> bool:
+    """Whether an errored matcher stopped at one of its limits (llguidance's words for them), not at a
+    token its grammar rejects."""
+    error = str(matcher.get_error()).lower()
+    return any(word in error for word in ("too many", "limit", "fuel", "too large", "too complex"))
+
+
 class ConstraintBook:
     def __init__(self, compiler: GrammarCompiler, vocab_size: int, device: torch.device, forced_tokens: bool) -> None:
         self.compiler, self.vocab_size, self.device = compiler, vocab_size, device
@@ -89,10 +107,12 @@ class ConstraintBook:
     def __bool__(self) -> bool:
         return bool(self._grammars)
 
-    def begin(self, req: Request) -> None:
-        """A constrained request enters the engine (its constraint compiled by the intake: a cache hit)."""
+    def begin(self, req: Request, grammar: CompiledGrammar | None) -> None:
+        """A constrained request enters the engine with the grammar its check compiled (None: a caller
+        that built the request by hand; compiled or found here)."""
         assert req.params.structured is not None
-        self._grammars[req.request_id] = self.compiler.ensure(req.params.structured)
+        self._grammars[req.request_id] = grammar or self.compiler.ensure(req.params.structured,
+                                                                         req.params.cache_namespace)
         self.stats.requests += 1
 
     def release(self, req: Request) -> None:
@@ -119,10 +139,12 @@ class ConstraintBook:
             return
         if not state.matcher.consume_token(token):
             state.broken_at = index
-            state.why = f"the grammar does not allow token {token} here ({state.matcher.get_error() or 'rejected'})"
+            state.why = LIMIT_HIT if hit_a_limit(state.matcher) else f"the grammar does not allow token {token} here"
         state.consumed += 1
         if state.end is None and state.matcher.is_stopped():
             state.end = state.consumed
+        if state.matcher.is_accepting():
+            state.accepting.add(state.consumed)
 
     # -- a step's masks --------------------------------------------------------------------------
     def masks(self, owners: list[Sequence], positions: list[int],
@@ -151,11 +173,16 @@ class ConstraintBook:
         if to_fill:  # on llguidance's threads, without the GIL
             llguidance.torch.fill_next_token_bitmask_par(self._executor, to_fill, bitmask)
         dead: dict[Request, str] = {}
+        for matcher, row in to_fill:  # an errored matcher's mask allows EOS alone: never a reply's end
+            if matcher.is_error():
+                bitmask[row].fill_(-1)
+                dead[owners[rows[row][0]].request] = LIMIT_HIT if hit_a_limit(matcher) else DEAD_END
         for row in (bitmask == 0).all(dim=1).nonzero().flatten().tolist():
             if not rows[row][1].matcher.is_stopped():
                 bitmask[row].fill_(-1)
-                dead[owners[rows[row][0]].request] = \
-                    "the grammar allows no token here (a dead end): the reply cannot be completed"
+                dead[owners[rows[row][0]].request] = DEAD_END
+        for req in (req for req, why in dead.items() if why == LIMIT_HIT):
+            self._limit_hit(req)
         self.stats.dead_ends += len(dead)
         self.stats.mask_steps += 1
         self.stats.mask_rows += len(rows)
@@ -218,22 +245,38 @@ class ConstraintBook:
             return 0
         return int(state.matcher.validate_tokens(drafts))
 
+    def _limit_hit(self, req: Request) -> None:
+        """`req`'s grammar hit a limit: it leaves the cache with the lexer memory it built."""
+        grammar = self._grammars.get(req.request_id)
+        if grammar is not None:
+            self.compiler.evict(grammar.key)
+
     def violation(self, req: Request) -> str | None:
         """Why `req`'s grammar ended it, if it did."""
         states = [self._matchers.get(seq.seq_id) for seq in req.sequences]
         return next((s.why for s in states if s is not None and s.broken_at is not None), None)
 
-    def on_commit(self, seq: Sequence) -> bool:
-        """The stop test's part: one committed token of `seq`; True when it completed the grammar.
-        Raises GrammarViolation at a token the grammar rejected."""
+    def on_commit(self, seq: Sequence, stopping: bool) -> bool:
+        """The stop test's part: one committed token of `seq`, after which the reply stops for another
+        reason when `stopping` (EOS, a stop string or id); True when it completed the grammar. Raises
+        GrammarViolation at a token the grammar rejected, and where the reply stops before its grammar
+        is complete."""
         state = self._matchers.get(seq.seq_id)
         if state is None:
             return False
         state.committed += 1
         if state.broken_at is not None and state.committed > state.broken_at:
             self.stats.dead_ends += 1
+            if state.why == LIMIT_HIT:
+                self._limit_hit(seq.request)
             raise GrammarViolation(state.why)
-        return state.end is not None and state.committed >= state.end
+        completed = state.end is not None and state.committed >= state.end
+        if stopping and not completed and state.committed not in state.accepting:
+            state.broken_at, state.why = state.committed - 1, \
+                "the reply stopped before its constraint was complete (it would not parse)"
+            self.stats.dead_ends += 1
+            raise GrammarViolation(state.why)
+        return completed
 
 
 def apply_token_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:

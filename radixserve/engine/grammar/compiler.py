@@ -1,18 +1,32 @@
 """Compiling structured-output constraints (radixserve/structured.py) into llguidance matchers.
 
-Owns: the model's llguidance tokenizer (built once, on the first compile: it walks the vocabulary)
-and a bounded LRU of compiled constraints, keyed by the constraint's canonical key (one compiler
-serves one tokenizer, so the key is per (constraint, tokenizer)).
+Owns: the model's llguidance tokenizer (built once, on the first compile: it walks the vocabulary),
+the compile workers (engine/grammar/workers.py, started on the first compile) and a bounded LRU of
+compiled constraints, keyed by the request's cache namespace and the constraint's key (one compiler
+serves one tokenizer, so the key is per (constraint, tokenizer)): tenants share no entry, so one
+cannot learn from a cache hit what another asked for.
+
+A compile has two halves. A worker process converts the constraint (a GBNF grammar's conversion to
+Lark is quadratic), compiles it and computes its first token mask, under the limits of
+engine/grammar/limits.py; only a constraint that passed there is compiled in this process, from the
+grammar text the worker returned, on a thread with twice the worker's native stack, and its first
+mask computed on the template (the lexer states it builds are shared by every copy), so the engine
+step never does a constraint's first, most expensive mask.
 
 Invariants:
 - a compiled constraint is a template matcher that is never advanced; every sequence gets its own
   copy (`CompiledGrammar.matcher`, a cheap deep copy), so n > 1 forks never share parser state;
-- a constraint that fails to compile raises ConstraintError naming its API parameter path (and, for
-  a schema feature llguidance does not implement, the feature), and nothing is cached for it;
-- a compile that takes longer than `timeout_s` raises ConstraintError; the compile itself runs on a
-  worker thread, so the caller (the server's request check) is not held past the timeout;
-- thread-safe: the server checks requests on its event loop while the engine thread looks up
-  compiled constraints.
+- a constraint that fails to compile, crashes or outlasts its worker raises ConstraintError naming
+  its API parameter path, in our words, and nothing is cached for it; a grammar that names an EOS
+  token is refused (EOS ends a reply; a grammar cannot consume it);
+- JSON schemas are compiled with closed objects unless the engine was told otherwise
+  (`open_objects`): an object allows only its declared properties (radixserve/schema_objects.py);
+- an entry compiled ahead of a request's check (`fresh`) is not evicted before that check's lookup,
+  unless more such entries than the cache holds wait (the oldest then go), so the check, which runs
+  on the server's event loop, never compiles;
+- `evict` drops a grammar whose matcher hit a limit mid-reply, and the memory its lexer built;
+- thread-safe: the server compiles on worker threads while the engine thread looks up compiled
+  constraints.
 
 Why llguidance: on JSONSchemaBench it compiles more real schemas than xgrammar (76% vs 51%), about
 three orders of magnitude faster (ms, not s), and computes a token mask in tens of microseconds; it
@@ -21,32 +35,31 @@ also reports forced (fast-forward) tokens, which `ConstraintBook` appends in one
 
 from __future__ import annotations
 
+import ctypes
 import json
+import re
 import threading
-import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from copy import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llguidance
-import llguidance.hf
-from llguidance.gbnf_to_lark import any_to_lark
 
-from radixserve.errors import ConstraintError
+from radixserve.engine.grammar.limits import GrammarLimits
+from radixserve.engine.grammar.worker_process import JSON_OPTIONS, on_big_stack
+from radixserve.engine.grammar.workers import CompileBusy, CompilePool, CompileRefused
+from radixserve.errors import BusyError, ConstraintError
+from radixserve.schema_objects import close_objects
 from radixserve.structured import StructuredOutput
 
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
-
-# JSON as OpenAI's models write it: no free whitespace (so keys and separators are forced tokens)
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+__all__ = ["JSON_OPTIONS", "CompileStats", "CompiledGrammar", "GrammarCompiler"]
+TOKEN_REF = re.compile(r"<\[(\^?)([0-9,\s-]*)\]>")  # a grammar's token-id set: <[2]>, <[1-5,9]>, <[^2]>
 
 
 @dataclass
 class CompiledGrammar:
-    key: tuple[str, str]
+    key: tuple[str, str, str]  # (cache namespace, *StructuredOutput.key)
     template: Any  # llguidance.LLMatcher, never advanced
     compile_s: float
     # compiled ahead of a request's check (off the server's event loop): that check's lookup is no hit
@@ -61,7 +74,8 @@ class CompiledGrammar:
 class CompileStats:
     compiles: int = 0  # constraints compiled (cache misses that succeeded)
     cache_hits: int = 0
-    failures: int = 0  # constraints refused (invalid, unsupported or too slow)
+    failures: int = 0  # constraints refused (invalid, unsupported, too slow, too large)
+    evictions: int = 0  # grammars dropped because a reply hit a limit
     compile_s_total: float = 0.0
     compile_times_s: list[float] = field(default_factory=list)  # the latest compiles' durations, bounded
 
@@ -72,34 +86,50 @@ class CompileStats:
         del self.compile_times_s[:-1024]
 
 
-def grammar_text(constraint: StructuredOutput) -> str:
-    """The llguidance grammar (its JSON envelope) for a constraint."""
+def grammar_source(constraint: StructuredOutput, open_objects: bool = False) -> tuple[str, Any]:
+    """What a compile worker converts (worker_process.grammar_text): its kind and value."""
     kind = constraint.kind
     if kind == "json":
         schema = constraint.json if constraint.json is not True else {}
-        return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
+        return "json", schema if open_objects else close_objects(schema)
     if kind == "json_object":
-        return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS))
+        return "json", {"type": "object"}
     if kind == "regex":
-        return str(llguidance.LLMatcher.grammar_from_regex(str(constraint.regex)))
+        return "regex", constraint.regex
     if kind == "choice":
-        options = " | ".join(json.dumps(c) for c in constraint.choice or ())
-        return str(llguidance.LLMatcher.grammar_from_lark(f"start: {options}"))
-    # Lark as it is; GBNF (llama.cpp's dialect, which vLLM and llama.cpp accept) converted to Lark
-    return str(llguidance.LLMatcher.grammar_from_lark(any_to_lark(str(constraint.grammar))))
+        return "lark", "start: " + " | ".join(json.dumps(c) for c in constraint.choice or ())
+    return "grammar", constraint.grammar
+
+
+def names_eos(grammar: str, eos_ids: list[int], eos_texts: list[str]) -> bool:
+    """Whether a Lark/GBNF grammar names an EOS token, by id (`<[2]>`, a range or a negated set) or by
+    its special-token text (`<|im_end|>`)."""
+    if any(text and text in grammar for text in eos_texts):
+        return True
+    for negated, spec in TOKEN_REF.findall(grammar):
+        listed: set[int] = set()
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            low, _, high = part.partition("-")
+            if low.strip().isdigit() and (not high or high.strip().isdigit()):
+                listed.update(i for i in eos_ids if int(low) <= i <= int(high or low))
+        if bool(listed) != bool(negated):
+            return True
+    return False
 
 
 class GrammarCompiler:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], cache_size: int = 256,
-                 timeout_s: float = 10.0) -> None:
+                 limits: GrammarLimits | None = None, open_objects: bool = False) -> None:
         self._hf_tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, list(eos_token_ids)
-        self.cache_size, self.timeout_s = cache_size, timeout_s
+        self.cache_size, self.limits, self.open_objects = cache_size, limits or GrammarLimits(), open_objects
         self.stats = CompileStats()
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self._ll_tokenizer: Any = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar")
+        self._tokenizer_json = ""
+        self._parser_limits = llguidance.LLParserLimits(**self.limits.parser())
+        self._pool: CompilePool | None = None
 
     @property
     def ll_tokenizer(self) -> Any:
@@ -108,81 +138,121 @@ class GrammarCompiler:
             if self._ll_tokenizer is None:
                 if self._hf_tokenizer is None:
                     raise ConstraintError("structured_outputs", "this model has no tokenizer to constrain output with")
-                try:
-                    self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size,
-                                                                      eos_token=self.eos_token_ids or None)
+                try:  # as llguidance.hf.from_tokenizer does it, keeping the JSON for the compile workers
+                    backend = copy(self._hf_tokenizer.backend_tokenizer)
+                    backend.no_padding()
+                    backend.no_truncation()
+                    self._tokenizer_json = backend.to_str()
+                    self._ll_tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                                eos_token=self.eos_token_ids or None)
                 except Exception as e:  # a slow (non-Rust) tokenizer: llguidance reads only fast ones
                     raise ConstraintError("structured_outputs",
                                           f"this model's tokenizer cannot drive structured output ({e})") from None
             return self._ll_tokenizer
 
-    def is_cached(self, constraint: StructuredOutput) -> bool:
+    @property
+    def pool(self) -> CompilePool:
+        tokenizer = self.ll_tokenizer
+        with self._tokenizer_lock:
+            if self._pool is None:
+                self._pool = CompilePool({"tokenizer": self._tokenizer_json, "n_vocab": self.vocab_size,
+                                          "eos": tokenizer.eos_tokens}, self.limits)
+            return self._pool
+
+    def is_cached(self, constraint: StructuredOutput, namespace: str = "") -> bool:
         """Whether the constraint is compiled (a look only: nothing is counted or reordered)."""
         with self._lock:
-            return constraint.key in self._cache
+            return (namespace, *constraint.key) in self._cache
 
-    def cached(self, constraint: StructuredOutput, count_hit: bool = True) -> CompiledGrammar | None:
+    def cached(self, constraint: StructuredOutput, count_hit: bool = True, namespace: str = "") -> CompiledGrammar | None:
         """The compiled constraint if it is in the cache, else None. A hit is counted unless told not
         to, or unless the constraint was compiled ahead of this very lookup (`compile(for_a_check=True)`)."""
+        key = (namespace, *constraint.key)
         with self._lock:
-            hit = self._cache.get(constraint.key)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(constraint.key)
+                self._cache.move_to_end(key)
                 self.stats.cache_hits += count_hit and not hit.fresh
                 hit.fresh = False
             return hit
 
-    def ensure(self, constraint: StructuredOutput) -> CompiledGrammar:
+    def ensure(self, constraint: StructuredOutput, namespace: str = "") -> CompiledGrammar:
         """`compile` for a request that was already checked: a hit is not counted again."""
-        return self.cached(constraint, count_hit=False) or self.compile(constraint)
+        return self.cached(constraint, False, namespace) or self.compile(constraint, namespace=namespace)
 
-    def compile(self, constraint: StructuredOutput, for_a_check: bool = False) -> CompiledGrammar:
-        """The compiled constraint, from the cache or compiled now; ConstraintError if it cannot be.
-        `for_a_check`: compiled ahead of a request's check (the server does so off its event loop),
-        whose lookup then counts as this compile, not as a cache hit."""
-        hit = self.cached(constraint)
+    def compile(self, constraint: StructuredOutput, for_a_check: bool = False, namespace: str = "") -> CompiledGrammar:
+        """The compiled constraint, from the cache or compiled now; ConstraintError if it cannot be,
+        BusyError if no compile worker came free in time. `for_a_check`: compiled ahead of a request's
+        check (the server does so off its event loop), whose lookup then counts as this compile, not
+        as a cache hit."""
+        hit = self.cached(constraint, namespace=namespace)
         if hit is not None:
             return hit
-        tokenizer = self.ll_tokenizer
-        future = self._pool.submit(self._compile, tokenizer, constraint)
         try:
-            compiled = future.result(timeout=self.timeout_s)
-        except FutureTimeout:
-            with self._lock:
-                self.stats.failures += 1
-            raise ConstraintError(constraint.field, f"the constraint did not compile within {self.timeout_s:g} s") from None
-        except ConstraintError:
+            compiled = self._compile(constraint, (namespace, *constraint.key))
+        except (ConstraintError, BusyError):
             with self._lock:
                 self.stats.failures += 1
             raise
         compiled.fresh = for_a_check
         with self._lock:
             self.stats.record(compiled.compile_s)
-            self._cache[constraint.key] = compiled
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            self._cache[compiled.key] = compiled
+            self._trim()
         return compiled
 
-    @staticmethod
-    def _compile(tokenizer: Any, constraint: StructuredOutput) -> CompiledGrammar:
-        started = time.perf_counter()
+    def _compile(self, constraint: StructuredOutput, key: tuple[str, str, str]) -> CompiledGrammar:
+        tokenizer = self.ll_tokenizer
+        kind, value = grammar_source(constraint, self.open_objects)
+        if kind == "grammar":
+            eos_texts = self._hf_tokenizer.convert_ids_to_tokens(self.eos_token_ids) if self.eos_token_ids else []
+            if names_eos(str(value), self.eos_token_ids, [str(t) for t in eos_texts]):
+                raise ConstraintError(constraint.field, "a grammar may not name the end-of-sequence token "
+                                      f"({', '.join(map(str, eos_texts))}): the reply ends where the grammar does")
         try:
-            text = grammar_text(constraint)
-        except Exception as e:  # llguidance's converters raise on what they cannot read
-            raise ConstraintError(constraint.field, f"cannot compile this {constraint.kind}: {e}") from None
-        matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
-        if matcher.is_error():
-            raise ConstraintError(constraint.field, _explain(constraint.kind, str(matcher.get_error())))
-        return CompiledGrammar(constraint.key, matcher, time.perf_counter() - started)
+            answer = self.pool.run(kind, value)
+        except CompileRefused as e:
+            raise ConstraintError(constraint.field, f"this {constraint.kind} {e}") from None
+        except CompileBusy:
+            raise BusyError("every grammar compile worker is busy; try again shortly") from None
+        if "refused" in answer:
+            raise ConstraintError(constraint.field, str(answer["refused"]))
+
+        def compile_here() -> Any:  # what compiled in a worker compiles here, on twice its stack
+            matcher = llguidance.LLMatcher(tokenizer, answer["grammar"], log_level=0, limits=self._parser_limits)
+            if not matcher.is_error():
+                matcher.compute_bitmask()  # the first mask, off the step; its lexer states serve every copy
+            return matcher
+        template = on_big_stack(2 * self.limits.stack_mb, compile_here)
+        if template.is_error():  # the worker passed it: not expected
+            raise ConstraintError(constraint.field, f"this {constraint.kind} could not be compiled")
+        return CompiledGrammar(key, template, float(answer["compile_s"]))
+
+    def _trim(self) -> None:
+        """Evict least recently used entries past the cache size; entries waiting for their check's
+        lookup (`fresh`) go last."""
+        while len(self._cache) > self.cache_size:
+            key = next((k for k, g in self._cache.items() if not g.fresh), next(iter(self._cache)))
+            del self._cache[key]
+
+    def evict(self, key: tuple[str, str, str]) -> None:
+        """Drop a grammar whose matcher hit a limit, so the lexer states it built are freed (a reply
+        that asks for it again compiles it again)."""
+        with self._lock:
+            if self._cache.pop(key, None) is None:
+                return
+            self.stats.evictions += 1
+        release_freed_memory()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.close()
 
 
-def _explain(kind: str, error: str) -> str:
-    """llguidance's error in our words: which kind of constraint, and the feature it names."""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    error = " ".join(lines[:4]) if lines else "unknown error"
-    if "nimplemented" in error or "not supported" in error:
-        return f"this {kind} uses a feature the engine cannot compile: {error}"
-    return f"invalid {kind}: {error}"
+def release_freed_memory() -> None:
+    """Return freed heap pages to the system (glibc keeps them otherwise: a dropped grammar's lexer
+    memory would stay in the server's RSS)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
