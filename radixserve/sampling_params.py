@@ -3,7 +3,10 @@
 A request is rejected up front (ValueError with a clear message) rather than failing mid-batch.
 Every accepted value is one the sampler handles for any logits: a temperature below
 `MIN_TEMPERATURE` is greedy (dividing logits by a subnormal float overflows them to inf and the
-probabilities to NaN), and any integer seed is taken modulo 2**64, the generator's range, so
+probabilities to NaN), a repetition_penalty below `MIN_REPETITION_PENALTY` is refused for the
+same reason (logits are divided by it; 1e-300 is 0 in float32), the other floats are bounded so
+float32 holds them (a top_p or min_p that underflows to 0 only keeps the most likely token or
+filters nothing), and any integer seed is taken modulo 2**64, the generator's range, so
 `seed + sample index` never overflows. A seeded sample's random numbers are a function of
 (seed + sample index, position) alone (see engine/sampler.py), so its tokens do not depend on what
 else is in the batch; an unseeded sample takes its key from the engine's generator.
@@ -22,7 +25,10 @@ MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy (as vLLM does)
 SEED_MODULUS = 2**64  # sample keys are 64-bit
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
 PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty and frequency_penalty, as OpenAI allows
-MAX_REPETITION_PENALTY = 2.0  # repetition_penalty in (0, MAX]: 1 is off
+# repetition_penalty in [MIN, MAX]: 1 is off. The sampler divides logits by it in float32, where a
+# tiny positive value is 0 or subnormal (1e-300 -> 0: logits / 0 -> inf, NaN probabilities), so the
+# floor keeps the quotient of any logit finite: 1/MIN scales a logit by at most 100
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 2.0
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI allows
 MAX_PREDICTION_LENGTH = 1 << 20  # a prediction's characters (or token ids)
@@ -142,8 +148,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not is_number(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
-        if not is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], got {self.repetition_penalty!r}")
+        if not is_number(self.repetition_penalty) \
+                or not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], "
+                             f"got {self.repetition_penalty!r}")
         if not isinstance(self.logit_bias, dict):
             raise ValueError("logit_bias must be a dict of token id -> bias")
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:

@@ -158,9 +158,10 @@ def check_legacy(c: Any, k: int) -> None:
     lp = c.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
     assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
-    for value, top in zip(lp.token_logprobs, lp.top_logprobs):
-        assert value <= 0 and 1 <= len(top) <= k and all(v <= 0 for v in top.values())
-        assert value <= max(top.values()) + TOL
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # the k most likely and the chosen token itself (OpenAI's "up to logprobs + 1")
+        assert value <= 0 and 1 <= len(top) <= k + 1 and all(v <= 0 for v in top.values())
+        assert token in top and value <= max(top.values()) + TOL
 
 
 def test_legacy_logprobs_shape(client, model) -> None:  # noqa: ANN001
@@ -180,6 +181,25 @@ def test_legacy_logprobs_shape(client, model) -> None:  # noqa: ANN001
     assert "".join(shown) == c.text and len(shown) > 1
     for token, offset in zip(shown, c.logprobs.text_offset):
         assert c.text[offset:offset + len(token)] == token
+
+
+def test_legacy_top_logprobs_always_hold_the_chosen_token(client, model) -> None:  # noqa: ANN001
+    """Issue 43, finding 12: `logprobs: 0` answered `{}` for every token. As OpenAI and vLLM answer, the
+    chosen token is always in `top_logprobs`, with its own logprob: up to logprobs + 1 entries."""
+    for k in (0, 1):
+        r = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=16, logprobs=k,
+                                      temperature=1.5, seed=7, echo=True, extra_body=WORDS)
+        lp = r.choices[0].logprobs
+        assert lp.top_logprobs[0] is None  # the echoed prompt's first token: nothing precedes it
+        tops = list(zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]))
+        assert len(tops) > 16
+        for token, value, top in tops:
+            assert token in top and top[token] == pytest.approx(value, abs=TOL), (k, token, top)
+            assert 1 <= len(top) <= k + 1
+        if k == 0:
+            assert all(len(top) == 1 for _, _, top in tops)
+        else:  # sampled hot: some chosen tokens are not the most likely one, and are listed beside it
+            assert any(len(top) == 2 for _, _, top in tops)
 
 
 def streamed(srv: BackgroundServer, **fields: Any) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
@@ -340,10 +360,11 @@ def test_prompt_logprobs_equal_transformers_cold_and_cached(client, model) -> No
         assert lp.tokens[:len(prompt)] == [token_texts()(t)[0] for t in prompt], attempt
         assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
         assert lp.token_logprobs[1:len(prompt)] == pytest.approx([x[0] for x in ref], abs=TOL), attempt
-        for top, (_, ids, values) in zip(lp.top_logprobs[1:], ref):
+        for top, token, (logprob, ids, values) in zip(lp.top_logprobs[1:], prompt[1:], ref):
             shown = {}
             for tid, value in zip(ids, values):  # two ids of one text keep the likelier
                 shown.setdefault(token_texts()(tid)[0], value)
+            shown.setdefault(token_texts()(token)[0], logprob)  # the prompt token itself, always listed
             assert top == pytest.approx(shown, abs=TOL), attempt
         check_prompt_logprobs(c.model_extra["prompt_logprobs"], prompt, 3)
     # by token ids, several prompts and n: each choice carries its own prompt's, k as asked (0: the token alone)

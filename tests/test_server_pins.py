@@ -196,6 +196,34 @@ def test_a_pin_survives_a_storm_and_unpinning_makes_it_evictable(srv: Background
     assert chat_cached(srv, USER_A, ask(system)) < made["tokens"]
 
 
+def test_a_pins_blocks_count_as_used_not_cached(srv: BackgroundServer, http: httpx.Client) -> None:
+    """Issue 43, finding 9 (c): the pool's figures counted a pin's blocks as `cached` (evictable); as
+    docs/pins.md says, they are `used` (nothing can evict them), and `cached` again once unpinned."""
+    system = "You are the assistant whose blocks are in use."
+    made = pin(http, {"system": system}).json()
+
+    def counted(used: int) -> bool:  # the engine idle, and its published figures recounted
+        st = srv.engine.stats()
+        return st.num_running == 0 and st.num_waiting == 0 and st.blocks_used == used
+
+    def figures() -> dict[str, Any]:
+        body = http.get("/v1/cache/stats", headers=auth(ADMIN)).json()
+        blocks = body["blocks"]
+        assert blocks["free"] + blocks["used"] + blocks["cached"] == blocks["total"]
+        return dict(body)
+
+    wait_until(lambda: counted(made["blocks"]), what="the pin's blocks counted as used")
+    body = figures()
+    assert body["blocks"]["used"] == body["pins"]["blocks"] == made["blocks"] > 0
+    metrics = http.get("/metrics", headers=auth(ADMIN)).text
+    assert f'radixserve_kv_blocks{{state="used"}} {float(made["blocks"])}' in metrics
+    chat_cached(srv, USER_A, ask(system))  # a chat over the pin: once it ends, the pin's blocks alone are used
+    wait_until(lambda: counted(made["blocks"]), what="the chat's blocks released")
+    assert http.delete(f"/v1/cache/pins/{made['id']}", headers=auth(ADMIN)).status_code == 200
+    wait_until(lambda: counted(0), what="the unpinned blocks counted as cached")
+    assert figures()["blocks"]["cached"] >= made["blocks"]
+
+
 @pytest.mark.parametrize(("body", "says"), [
     ({"system": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one of"),
     ({}, "exactly one of"),
@@ -262,6 +290,22 @@ def test_a_streamed_message_reports_what_its_pin_wrote(srv: BackgroundServer, ht
     assert final.usage.input_tokens + created + (final.usage.cache_read_input_tokens or 0) == \
         claude(srv).messages.count_tokens(model=srv.state.model_name, system=system,
                                           messages=[{"role": "user", "content": "Say hi."}]).input_tokens
+
+
+def test_the_request_that_makes_a_pin_reports_its_tokens_as_created(srv: BackgroundServer, http: httpx.Client) -> None:
+    """Issue 43, finding 9 (b): docs/pins.md: the request whose mark made the pin has the pin's tokens
+    as `cache_creation_input_tokens`, also when an earlier unmarked request had cached them already."""
+    system = "You are an assistant cached before you were marked."
+    plain = message(srv, system).usage  # unmarked: caches the whole prefix, pins nothing
+    assert plain.cache_creation_input_tokens == 0 and client_pins(srv, ADMIN) == []
+    first = message(srv, marked(system)).usage
+    (pinned,) = client_pins(srv, ADMIN)
+    assert first.cache_creation_input_tokens == pinned["tokens"] > 0
+    count = claude(srv).messages.count_tokens(model=srv.state.model_name, system=system,
+                                              messages=[{"role": "user", "content": "Say hi."}]).input_tokens
+    assert first.input_tokens + first.cache_creation_input_tokens + (first.cache_read_input_tokens or 0) == count
+    again = message(srv, marked(system)).usage  # the pin exists: read, not created
+    assert again.cache_creation_input_tokens == 0 and (again.cache_read_input_tokens or 0) >= pinned["tokens"]
 
 
 def test_cache_control_over_the_tenants_quota_is_served_unpinned(srv: BackgroundServer, http: httpx.Client) -> None:

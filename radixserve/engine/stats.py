@@ -56,7 +56,7 @@ class EngineStats:
     # gauges
     blocks_total: int = 0
     blocks_free: int = 0
-    blocks_used: int = 0  # owned by at least one live sequence
+    blocks_used: int = 0  # owned by at least one live sequence, or on a pinned path
     blocks_cached: int = 0  # held only by the radix tree: evictable
     tree_nodes: int = 0
     tree_tokens: int = 0

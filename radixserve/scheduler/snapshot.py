@@ -5,9 +5,10 @@ Readers (engine/stats.py, and through it /v1/cache/stats and /metrics) build on 
 on the scheduler's attributes, so what the scheduler keeps and how is its own affair.
 
 Invariants: a snapshot is immutable and shares nothing mutable with the scheduler (the by-cause
-counts are read-only copies), so it may be handed to any thread. The block split (free / held by a
-live sequence / held only by the radix tree) takes a pass over every block table and tree node, so
-it is counted only when asked (`count_blocks`), and then free + used + cached == blocks_total.
+counts are read-only copies), so it may be handed to any thread. The block split (free / used: held
+by a live sequence or on a pinned path, which nothing can evict either / cached: held only by the
+radix tree, evictable) takes a pass over every block table and tree node, so it is counted only when
+asked (`count_blocks`), and then free + used + cached == blocks_total.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class BlockCounts:
     free: int
-    used: int  # held by at least one live sequence
+    used: int  # held by at least one live sequence or a pin (engine/pins.py: a hold on its path)
     cached: int  # held only by the radix tree: evictable
 
 
@@ -62,6 +63,7 @@ def held_blocks(scheduler: Scheduler) -> set[int]:
 
 
 def _count_blocks(scheduler: Scheduler) -> BlockCounts:
-    seq_owned = held_blocks(scheduler)
-    tree_owned = set(scheduler.tree.block_refs()) if scheduler.tree is not None else set()
-    return BlockCounts(scheduler.pool.num_free, len(seq_owned), len(tree_owned - seq_owned))
+    nodes = scheduler.tree.nodes() if scheduler.tree is not None else []
+    tree_owned = {b for n in nodes for b in n.blocks}
+    used = held_blocks(scheduler) | {b for n in nodes if n.hold_count for b in n.blocks}
+    return BlockCounts(scheduler.pool.num_free, len(used), len(tree_owned - used))

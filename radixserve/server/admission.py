@@ -5,7 +5,8 @@ Owns: `GenerationLimits` (the counts, on ServerState), `Slot` (one held place) a
 `ReleaseSlotsMiddleware` (which gives back an HTTP request's slots when its response has ended).
 
 A slot is one API request that generates: an OpenAI chat completion (whatever its `n` or beam
-width), a REST session message, a WebSocket `chat` frame. A client is its peer address; behind a
+width), a REST session message, a WebSocket `chat` frame; and an Anthropic count_tokens, which
+tokenizes a whole prompt on the same worker as generations do. A client is its peer address; behind a
 reverse proxy every client has the proxy's address, so raise --max-generations-per-client there.
 
 Invariants:

@@ -12,6 +12,10 @@ generation caps (`hold_generation`: 429/503) before anything is tokenized, the p
 shutdown (`admit_prompt`), the engine's check of the request before a response starts (so a refusal
 is a JSON error, never an opened stream), and the client going away aborts the engine request,
 streaming or not. An error after the stream started is an `event: error` with Anthropic's body.
+
+count_tokens generates nothing but tokenizes as much as a generation: it holds a generation slot
+while it counts (the same caps, 429/503), and its tokenizing is background work on the prompt
+worker (prompt_worker.background_work), so a flood of counts never queues ahead of a generation's.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from radixserve.server.cache_control import keep_marked_system
 from radixserve.server.callers import caller_of
 from radixserve.server.generation import stream_request
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, until_done_or_gone
+from radixserve.server.prompt_worker import background_work
 from radixserve.server.state import ServerState
 
 API = "anthropic"  # the `api` label of the server's request metrics
@@ -58,7 +63,9 @@ async def count_tokens(request: Request) -> Response:
     """{"input_tokens": N}: the length of the prompt the same /v1/messages request would have."""
     state: ServerState = request.app.state.server
     body = await read_json_object(request, state.config.max_message_bytes)
-    conversation = await render_conversation(state, body, caller_of(request).tenant)
+    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    with background_work():
+        conversation = await render_conversation(state, body, caller_of(request).tenant)
     return JSONResponse({"input_tokens": len(conversation.prompt)})
 
 

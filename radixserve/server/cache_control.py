@@ -9,10 +9,10 @@ pin budget, and all tenants' together TOTAL_SHARE (the rest stays the operator's
 its quota, or past the budget, is served without a pin and without an error. The radix cache still
 caches every prefix, marked or not; the mark only protects it from eviction.
 
-Usage (anthropic_reply.py): the request that made the pin reports the tokens the pin's prefill
-wrote to the cache (PinInfo.computed_tokens: none where an unmarked request had cached them before)
-as `cache_creation_input_tokens`, and the rest of what the cache served as `cache_read_input_tokens`;
-every other request reports 0 created.
+Usage (anthropic_reply.py), as docs/pins.md and Anthropic's cache count it: the request that made
+the pin reports the pin's tokens as `cache_creation_input_tokens` (written to the pinned cache for
+it, also where an unmarked request had happened to cache them before), and the rest of what the
+cache served as `cache_read_input_tokens`; every other request reports 0 created.
 
 Invariants: only `system` blocks are read for a mark (a mark elsewhere is accepted and changes
 nothing); a mark is checked (type, ttl) before anything is pinned; a refused pin never fails the
@@ -72,7 +72,7 @@ def _within_quota(tenant: str, need_blocks: int, budget_blocks: int) -> Callable
 
 async def keep_marked_system(state: ServerState, body: dict[str, Any], caller: Caller, req: MessagesRequest) -> int:
     """Pin the system prompt of a request whose system blocks carry cache_control (see the module
-    docstring): the tokens its pin wrote for it (0 when it was pinned before, or is not pinned)."""
+    docstring): the pin's tokens when this request made it (0 when it was pinned before, or is not pinned)."""
     ttl = requested_ttl(body.get("system"))
     engine, messages, chat_tools = state.require_engine(), req.conversation.messages, req.conversation.tools
     tools = chat_tools.template_tools() if chat_tools is not None else None
@@ -87,4 +87,4 @@ async def keep_marked_system(state: ServerState, body: dict[str, Any], caller: C
     except ValueError as e:  # past the budget (PinError), or a template that will not render it alone
         log.debug("cache_control: no pin for tenant %s: %s", caller.tenant, e)
         return 0
-    return info.computed_tokens if made and info is not None else 0
+    return info.tokens if made and info is not None else 0

@@ -10,8 +10,10 @@ Legacy shape, one per choice (streamed: one per chunk, holding that chunk's toke
   included): a choice's offsets continue across its chunks, so the streamed lists concatenate to the
   non-streamed ones. Where the text is the tokens' texts joined (no BOS, no token splitting a UTF-8
   character) `text[text_offset[i]:][:len(tokens[i])] == tokens[i]`.
-- `top_logprobs[i]` maps the k most likely tokens (k = `logprobs`) to their logprobs; two that decode
-  to the same text (partial UTF-8 characters: "\ufffd") keep the more likely one, a dict holds one.
+- `top_logprobs[i]` maps the k most likely tokens (k = `logprobs`) and token i itself to their
+  logprobs, as OpenAI and vLLM answer: up to k + 1 entries, so `logprobs: 0` gives the token alone
+  and token i's text is always a key. Two that decode to the same text (partial UTF-8 characters:
+  "\ufffd") keep the more likely one, a dict holds one.
 - An echoed prompt's first token has `null` logprob and `null` top_logprobs: nothing precedes it.
 
 vLLM's prompt_logprobs: one item per prompt token, `null` for the first, then `{"<token id>":
@@ -77,13 +79,15 @@ class LegacyLogprobs:
             offsets.append(self.offset)
             self.offset += len(text)
             values.append(None if lp is None else json_logprob(lp.logprob))
-            tops.append(None if lp is None else self._alternatives(lp))
+            tops.append(None if lp is None else self._alternatives(lp, text))
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
-    def _alternatives(self, lp: TokenLogprob) -> dict[str, float]:
+    def _alternatives(self, lp: TokenLogprob, text: str) -> dict[str, float]:
+        """The top k, then the token itself (`text`) when none of them shares its text."""
         out: dict[str, float] = {}
         for token_id, value in lp.top[:self.top]:  # most likely first: setdefault keeps the likelier of a clash
             out.setdefault(self.texts(token_id)[0], json_logprob(value))
+        out.setdefault(text, json_logprob(lp.logprob))
         return out
 
 

@@ -16,22 +16,61 @@ Invariants:
   tokenizers flip a flag on the Rust tokenizer between template text and message content
   (`split_special_tokens`); sharing one tokenizer between threads could fail with "Already
   borrowed" or, worse, tokenize a message's control strings as special tokens (a template injection).
-- One worker, first come first served: with the generation caps in front (admission.py) its queue
-  is bounded, and the tokens are the same as the inline path's (same template, same tokenizer).
-- `close()` stops the thread; work submitted after that runs inline.
+- One worker. Its queue is ordered: a generation's work (the default) goes before any background
+  work still waiting (`background_work()`: /v1/messages/count_tokens, which generates nothing), first
+  come first served within each, so a flood of background work delays a generation's tokenizing by
+  at most the one job already running (background work waits while generations keep the worker
+  busy). With the generation caps in front of both (admission.py: count_tokens holds a slot too)
+  the queue is bounded, and the tokens are the same as the inline path's (same template, same
+  tokenizer).
+- A job whose caller has gone (its awaiting task cancelled) before it starts is skipped.
+- `close()` stops the thread after the job it is running, cancelling those still waiting; work
+  submitted after that runs inline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-from concurrent.futures import ThreadPoolExecutor
+import heapq
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from radixserve.engine.chat_template import ChatFormatter, Message, TurnTokens
 from radixserve.engine.intake import prediction_ids, tokenize
 from radixserve.engine.tools import ToolSpec
 
 INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokenizes itself
+GENERATION, BACKGROUND = 0, 1  # a job's rank in the queue: lower goes first
+T = TypeVar("T")
+# the rank of the work the current task submits; a context variable so that code shared by a
+# generation and by count_tokens (anthropic_request.render_conversation) need not pass it along
+_RANK: ContextVar[int] = ContextVar("radixserve_prompt_rank", default=GENERATION)
+
+
+@contextmanager
+def background_work() -> Iterator[None]:
+    """Work the current task submits inside this block waits behind every generation's."""
+    token = _RANK.set(BACKGROUND)
+    try:
+        yield
+    finally:
+        _RANK.reset(token)
+
+
+@dataclass(order=True)
+class _Job:
+    rank: int
+    seq: int  # first come first served within a rank
+    fn: Callable[..., Any] = field(compare=False)
+    args: tuple[Any, ...] = field(compare=False)
+    future: Future[Any] = field(compare=False)
 
 
 class PromptWorker:
@@ -39,48 +78,81 @@ class PromptWorker:
         """Call before `formatter` is in use by anyone else (its tokenizer is copied)."""
         self.formatter = formatter
         self._own = ChatFormatter(copy.deepcopy(formatter.tokenizer), formatter.tool_format)
-        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="radixserve-tokenize")
+        self._jobs: list[_Job] = []  # a heap
+        self._seq = itertools.count()
+        self._ready = threading.Condition()
+        self.closed = False
+        threading.Thread(target=self._serve, name="radixserve-tokenize", daemon=True).start()
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the worker thread, ranked by the submitting task's `_RANK`."""
+        future: Future[T] = Future()
+        with self._ready:
+            if self.closed:
+                raise RuntimeError("the prompt worker is closed")
+            heapq.heappush(self._jobs, _Job(_RANK.get(), next(self._seq), fn, args, future))
+            self._ready.notify()
+        return await asyncio.wrap_future(future)  # cancelling the wait cancels the job if not started
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs and not self.closed:
+                    self._ready.wait()
+                if self.closed:
+                    return
+                job = heapq.heappop(self._jobs)
+            if not job.future.set_running_or_notify_cancel():
+                continue  # its caller has gone
+            try:
+                result = job.fn(*job.args)
+            except BaseException as e:  # handed to the caller, as an executor does
+                job.future.set_exception(e)
+            else:
+                job.future.set_result(result)
 
     async def chat_tokens(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> tuple[list[int], list[int]]:
         """(the whole prompt ending in the generation prompt, the leading system messages' tokens);
         `tools` are rendered as the template renders them (the tool definitions count as characters too)."""
         chars = _chars(messages) + sum(len(t.description) + len(str(t.parameters)) for t in tools or ())
-        if self._pool is None or chars <= INLINE_CHARS:
+        if self.closed or chars <= INLINE_CHARS:
             return _chat_tokens(self.formatter, messages, tools)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _chat_tokens, self._own, messages, tools)
+        return await self._off_loop(_chat_tokens, self._own, messages, tools)
 
     async def append_messages(self, history: list[Message], messages: list[Message],
                               tools: list[ToolSpec] | None = None) -> TurnTokens:
         """ChatFormatter.append_messages: rendering `history` costs as much as the new messages, so both count."""
-        if self._pool is None or _chars(history) + _chars(messages) <= INLINE_CHARS:
+        if self.closed or _chars(history) + _chars(messages) <= INLINE_CHARS:
             return _append(self.formatter, history, messages, tools)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _append, self._own, history, messages,
-                                                                tools)
+        return await self._off_loop(_append, self._own, history, messages, tools)
 
     async def system_tokens(self, messages: list[Message]) -> list[int]:
         """ChatFormatter.system_tokens (a Responses request's instructions, which may be long)."""
-        if self._pool is None or _chars(messages) <= INLINE_CHARS:
+        if self.closed or _chars(messages) <= INLINE_CHARS:
             return self.formatter.system_tokens(messages)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._own.system_tokens, messages)
+        return await self._off_loop(self._own.system_tokens, messages)
 
     async def encode(self, text: str) -> list[int]:
         """A plain-text prompt's token ids, exactly as the engine's intake tokenizes a string (BOS
         where the model wants one)."""
-        if self._pool is None or len(text) <= INLINE_CHARS:
+        if self.closed or len(text) <= INLINE_CHARS:
             return tokenize(self.formatter.tokenizer, text)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, tokenize, self._own.tokenizer, text)
+        return await self._off_loop(tokenize, self._own.tokenizer, text)
 
     async def encode_prediction(self, text: str) -> list[int]:
         """A prediction's token ids (speculation_api.py): the text alone, no special tokens added and
         special-token text split as plain text, as the engine's intake tokenizes a text prediction."""
-        if self._pool is None or len(text) <= INLINE_CHARS:
+        if self.closed or len(text) <= INLINE_CHARS:
             return prediction_ids(self.formatter.tokenizer, text)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, prediction_ids, self._own.tokenizer, text)
+        return await self._off_loop(prediction_ids, self._own.tokenizer, text)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        with self._ready:
+            self.closed = True
+            waiting, self._jobs = self._jobs, []
+            self._ready.notify()
+        for job in waiting:
+            job.future.cancel()
 
 
 def _chat_tokens(formatter: ChatFormatter, messages: list[Message],

@@ -1,4 +1,5 @@
-"""Per-client rate limit of session creation (REST create and fork, WebSocket session.create).
+"""Per-client rate limit of session creation (REST create and fork, WebSocket session.create) and of
+stored responses (POST /v1/responses with `store`), which take places in the same store.
 
 Owner shares (sessions.py) stop one owner from evicting others, but owner secrets cost nothing to
 mint; this bounds how fast one client address can create sessions at all, whatever secrets it uses.
@@ -44,9 +45,9 @@ class CreationRateLimiter:
         if tokens < 1.0:
             self._buckets[key] = (tokens, now)
             wait = max(1, math.ceil((1.0 - tokens) / rate))
-            raise ApiError("rate_limited", f"too many sessions created from this address: at most {burst} at once "
-                           f"and {rate:g} a second (--session-create-rate); retry in {wait} s", 429,
-                           retry_after=wait)
+            raise ApiError("rate_limited", f"too many sessions or stored responses created from this address: at "
+                           f"most {burst} at once and {rate:g} a second (--session-create-rate); retry in {wait} s",
+                           429, retry_after=wait)
         self._buckets[key] = (tokens - 1.0, now)
         while len(self._buckets) > self.max_clients:
             self._buckets.popitem(last=False)

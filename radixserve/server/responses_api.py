@@ -4,8 +4,10 @@ A request is read by responses_input, its prompt built from the conversation it 
 response kept by responses_store (the exact-token and ownership rules are there), its bodies and
 events made by responses_events. The guards are the chat endpoint's, in the same order: the API key
 (middleware), a generation slot (`hold_generation`) before any tokenizing, `admit_prompt`, the
-engine's one check of the request, then a stored response's room in the store — every refusal a
-JSON error before any response starts. A client that disconnects, streaming or not, aborts the
+engine's one check of the request, then, for a response to keep, one creation charged to the client
+address (rate_limit.py, as a session create is: owner secrets are free to mint, and each stored
+response takes a place in the store that sessions compete for) and its room in the store — every
+refusal a JSON error before any response starts. A client that disconnects, streaming or not, aborts the
 engine request, and the response is not kept.
 
 Invariant: a ResponseRun settles exactly once — its reply stored (completed / incomplete) or its
@@ -28,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from radixserve.core import RequestOutput
 from radixserve.engine.intake import ValidatedRequest
-from radixserve.server.admission import hold_generation
+from radixserve.server.admission import client_of, hold_generation
 from radixserve.server.auth import priority_bounds, request_key
 from radixserve.server.callers import caller_of, namespace_for
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
@@ -132,8 +134,10 @@ async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> Re
     head = ResponseHead(new_id("resp"), new_id("msg"), int(time.time()), ask, params.temperature, params.top_p)
     system = SystemPromptRef.of(prompt.head[:prompt.system_len], ask.instructions, formatter.implicit_prefix_len,
                                 caller.tenant)
-    entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant) \
-        if ask.store else None
+    entry = None
+    if ask.store:
+        state.limit_creation(client_of(request))  # after every check: a refused body costs no allowance
+        entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant)
     return ResponseRun(state, head, prompt, checked, system, entry)
 
 

@@ -19,6 +19,9 @@ so the cache misses from the system prompt on.
 Budget: stored responses are SessionStore entries — one count (--max-sessions), one byte budget
 (--max-session-bytes-total), the owner shares, LRU eviction of idle entries and the TTL, together
 with the chat sessions; the session endpoints never see them (SessionStore.find looks up one kind).
+Creating one is charged to the client address's session creation rate (rate_limit.py), so minting
+a fresh owner secret per request cannot flood the store past everyone's shares faster than creating
+sessions could (responses_api.prepare).
 
 Ownership: the `X-Session-Owner` secret when the client sends one, else the caller's API key
 (Bearer) when it sends one, else one anonymous owner, for whom the unguessable id (192 bits) alone

@@ -6,7 +6,9 @@ has one check and one error wherever it arrives. `build_sampling_params` turns t
 SamplingParams, clamping an unset max_tokens to the context left.
 
 Ranges: temperature [0, 2], top_p (0, 1], top_k >= 0, min_p [0, 1]; presence_penalty and
-frequency_penalty [-2, 2] (OpenAI's); repetition_penalty (0, 2] (vLLM's, 1 is off); logit_bias an
+frequency_penalty [-2, 2] (OpenAI's); repetition_penalty [0.01, 2] (vLLM's takes any positive value,
+but the sampler divides float32 logits by it, and below the floor that overflows: 1e-300 is 0 in
+float32), 1 is off; every range is one float32 holds (sampling_params.py); logit_bias an
 object of token id (a decimal string, as JSON keys are, or an integer) -> bias in [-100, 100], at most
 300 entries (OpenAI's limits; ids past the vocabulary are the engine's to refuse); seed a signed
 64-bit integer, [-2**63, 2**63 - 1] (vLLM's range; the engine takes it modulo 2**64).
@@ -21,6 +23,7 @@ from radixserve.sampling_params import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
     PENALTY_RANGE,
     SamplingParams,
 )
@@ -47,7 +50,7 @@ def sampling_values(obj: Mapping[str, Any], *, stop_name: str = "stop") -> dict[
         "stop": get_stop(fields, stop_name) or None,
         "presence_penalty": get_float(fields, "presence_penalty", low, high),
         "frequency_penalty": get_float(fields, "frequency_penalty", low, high),
-        "repetition_penalty": get_float(fields, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, lo_open=True),
+        "repetition_penalty": get_float(fields, "repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY),
         "logit_bias": logit_bias(fields.get("logit_bias")),
     }
     return {k: v for k, v in out.items() if v is not None}
