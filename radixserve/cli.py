@@ -95,6 +95,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-compile-workers", type=int, default=d.grammar_compile_workers,
                    help="processes that compile structured-output grammars first, so one that would crash or "
                         "stall the server kills a worker instead (default %(default)s)")
+    g.add_argument("--grammar-cache-mb", type=float, default=d.grammar_cache_mb,
+                   help="memory the compiled grammars kept for reuse may hold, estimated from their size; the "
+                        "least recently used go first (default %(default)s)")
     g.add_argument("--grammar-compile-timeout", type=float, default=d.grammar_compile_timeout_s,
                    help="seconds a grammar may take to compile; then its worker is killed and the request "
                         "gets a 400 (default %(default)s)")
@@ -124,7 +127,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         load_format=a.load_format, host_cache_mb=a.host_cache_mb, preemption_mode=a.preemption_mode,
         num_speculative_tokens=a.num_speculative_tokens if a.speculation == "on" else 0,
         speculative_max_batch=a.speculative_max_batch, speculative_max_rows=a.speculative_max_rows,
-        pin_budget=a.pin_budget, grammar_compile_workers=a.grammar_compile_workers,
+        pin_budget=a.pin_budget, grammar_compile_workers=a.grammar_compile_workers, grammar_cache_mb=a.grammar_cache_mb,
         grammar_compile_timeout_s=a.grammar_compile_timeout, grammar_worker_memory_mb=a.grammar_worker_memory_mb,
         grammar_max_lexer_states=a.grammar_max_lexer_states,
         open_json_objects=a.open_json_objects,

@@ -73,7 +73,17 @@ class EngineConfig:
     # one extend step instead of sampling it token by token
     forced_tokens: bool = True
     grammar_cache_size: int = 256  # compiled constraints kept (LRU), keyed by (constraint, tokenizer)
-    grammar_compile_timeout_s: float = 10.0  # a compile that takes longer fails its request
+    grammar_compile_timeout_s: float = 10.0  # a compile that takes longer is killed; its request fails
+    # a grammar compiles first in one of these worker processes, each under this much address space
+    # (engine/grammar/limits.py); a matcher builds at most this many lexer states (~1-2 kB each)
+    grammar_compile_workers: int = 2
+    grammar_cache_mb: float = 128.0  # compiled grammars kept, by estimated memory (besides grammar_cache_size)
+    grammar_worker_memory_mb: int = 2048
+    grammar_max_lexer_states: int = 20_000
+    # JSON schemas (response formats, tool parameters) as JSON Schema reads them: an object admits keys it
+    # does not declare unless it says additionalProperties: false. Off: objects are closed by default, as
+    # OpenAI's strict mode and xgrammar have them (radixserve/schema_objects.py)
+    open_json_objects: bool = False
     # speculative decoding (scheduler/drafts.py): a decoding sequence drafts up to this many tokens from
     # the radix tree, its prediction or its own prompt and output, verified in one step; 0 turns it off
     num_speculative_tokens: int = 8

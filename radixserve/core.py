@@ -176,6 +176,9 @@ class RequestOutput:
     # first (nothing precedes it); carried by the request's first output only, None on the others
     prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None  # set (with finish_reason "error") when this request failed on its own
+    # the error is the reply's own (its constraint could not be met): delivered as a reply that ends with
+    # finish_reason "error", not raised as a failed request
+    error_ends_reply: bool = False
 
     def tokens_per_s(self) -> float:
         """Decode speed after the first token, over the whole request."""

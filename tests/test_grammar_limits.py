@@ -117,8 +117,9 @@ def test_a_grammar_naming_eos_is_refused() -> None:
     assert not names_eos('start: "a" <[3-5]>', [2], ["<|im_end|>"])
     assert not names_eos('start: "a" <[^2]>', [2], ["<|im_end|>"])
     e = engine()
+    naming = StructuredOutput(grammar=f'start: "a" <[{min(e.eos_token_ids)}]>')
     with pytest.raises(ConstraintError, match="end-of-sequence"):
-        e.add_request("hi", SamplingParams(max_tokens=8, structured=StructuredOutput(grammar=f'start: "a" <[{min(e.eos_token_ids)}]>')))
+        e.add_request("hi", SamplingParams(max_tokens=8, structured=naming))
 
 
 def test_a_limit_hit_mid_reply_ends_that_reply_alone_and_evicts_its_grammar() -> None:
@@ -161,3 +162,15 @@ def test_the_cache_keeps_a_schemas_key_order_and_each_namespaces_entries(tiny: L
     for rid, (text, reason, _) in run(e).items():
         assert reason == "stop", text
         assert "".join(json.loads(text)) == replies[rid]  # the keys in the order each schema gives
+
+
+def test_the_cache_is_bounded_by_its_grammars_estimated_memory(tiny: LLMEngine) -> None:
+    compiler = compiler_like(tiny, cache_mb=12)
+    chains = [StructuredOutput(grammar=chain(2000).replace('"a"', f'"a{k}"')) for k in range(3)]
+    weights = [compiler.compile(c).weight for c in chains]
+    assert all(4 << 20 < w < 6 << 20 for w in weights), weights  # ~45 KB of grammar text each
+    assert [compiler.is_cached(c) for c in chains] == [False, True, True]  # two fit in 12 MB
+    big = StructuredOutput(grammar=chain(12000))  # estimated past the whole budget: used, not kept
+    assert compiler.compile(big) is not None and not compiler.is_cached(big)
+    assert compiler.is_cached(chains[2])
+    compiler.close()

@@ -1,8 +1,9 @@
 """Soak: 48 concurrent clients against a small pool for a bounded time, mixing chats, cancels, abrupt
 disconnects, malformed frames, hostile sampling values, OpenAI and REST requests, large logprobs
 requests — while hostile neighbours flood the most urgent priority an ordinary caller may send (under
---policy priority), hold hundreds of silent and trickling connections, and flood session creation
-from another address.
+--policy priority), hold hundreds of silent and trickling connections, flood session creation from
+another address, and send structured-output attacks from a third (grammar chains that overflowed the
+compile's stack, lexer-blow-up regexes, GBNF that outlasts the compile timeout, open schemas).
 
 Every well-formed request must finish (done / 200) or get a clear error (an error frame or JSON error
 with a code, never a 500); afterwards the engine is idle with 0 blocks used or leaked, the integrity
@@ -48,6 +49,8 @@ HEADER_TIMEOUT_S = 3.0
 LOGPROBS_ASKS = [(16, 600), (16, 10**4), (16, 8), (4, 16), (1, 24), (1, None)]
 ACTIONS_PER_CLIENT = 5
 SOAK_DEADLINE_S = 90.0
+STRUCTURED_ROUNDS = 8  # rounds of the structured-output attacks, at most (the soak's end stops them)
+COMPILE_TIMEOUT_S = 2.0  # the soak server's grammar compile timeout: the slow GBNF outlasts it
 HOSTILE_SAMPLING = [{"temperature": 1e-300}, {"temperature": 1e-45}, {"seed": 2**63 - 1, "temperature": 1.0},
                     {"top_p": 1e-45, "temperature": 1.0}, {"top_k": 10**9, "temperature": 2.0}, {}]
 MALFORMED = ["{", "[]", '{"type":"nope"}', '{"type":"chat"}', '{"type":"cancel","gen_id":"missing"}',
@@ -88,7 +91,8 @@ def soak_server(chat_server: BackgroundServer, tmp_path: Path) -> Iterator[Backg
     config = ServerConfig(port=0, web_dir=None, max_generations_per_connection=4, header_timeout_s=HEADER_TIMEOUT_S,
                           body_timeout_s=HEADER_TIMEOUT_S)
     engine = EngineConfig(model=str(model), num_blocks=48, max_num_batched_tokens=256, policy="priority",
-                          max_queue_wait_s=MAX_QUEUE_WAIT_S)
+                          max_queue_wait_s=MAX_QUEUE_WAIT_S, grammar_compile_timeout_s=COMPILE_TIMEOUT_S,
+                          grammar_cache_mb=4)  # compiled grammars kept are a bounded cache, not what RSS checks
     with BackgroundServer(lambda: AsyncEngine(engine), config) as srv:
         yield srv
 
@@ -267,12 +271,54 @@ async def session_flood(srv: BackgroundServer, tally: Counter[str]) -> None:
             tally[f"session-flood:{r.status_code}"] += 1
 
 
+def structured_attacks(model: str, n: int) -> list[dict[str, Any]]:
+    """Issue 43's structured-output attacks: a grammar chain and a $ref chain that overflowed the
+    compile's native stack, a lexer-blow-up regex (a fresh one each round), a GBNF chain whose conversion
+    outlasts the compile timeout, and an open schema a small model rambles in."""
+    chain = "start: r0\n" + "\n".join(f'r{i}: "a" r{i + 1}' for i in range(5000)) + '\nr5000: "b"\n'
+    gbnf = "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} "a"' for i in range(4000)) + '\nr4000 ::= "a"\n'
+    defs: dict[str, Any] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(5000)}
+    defs["d5000"] = {"type": "integer"}
+    base = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 1.0}
+    open_schema = {"type": "object", "properties": {"result": {"type": "integer"}}}
+    return [{**base, "structured_outputs": {"grammar": chain}},
+            {**base, "response_format": {"type": "json_schema",
+                                         "json_schema": {"name": "r", "schema": {"$defs": defs, "$ref": "#/$defs/d0"}}}},
+            {**base, "structured_outputs": {"regex": f"((b{{{n}}}){{100}}){{100}}"}},
+            {**base, "structured_outputs": {"grammar": gbnf}},
+            {**base, "response_format": {"type": "json_schema",
+                                         "json_schema": {"name": "o", "strict": True, "schema": open_schema}}}]
+
+
+async def structured_attacker(srv: BackgroundServer, stop: asyncio.Event, tally: Counter[str]) -> None:
+    """One client (127.0.0.3) sending the structured attacks back to back until the soak ends: each is
+    answered (a reply, which may end in "error") or refused clearly (400, or 429 while its compile runs)."""
+    transport = httpx.AsyncHTTPTransport(local_address="127.0.0.3")
+    async with httpx.AsyncClient(base_url=srv.url, timeout=60, transport=transport) as client:
+        for n in range(50, 50 + STRUCTURED_ROUNDS):
+            for body in structured_attacks(srv.state.model_name, n):
+                if stop.is_set():
+                    return
+                r = await client.post("/v1/chat/completions", json=body)
+                if r.status_code == 200:
+                    reason = r.json()["choices"][0]["finish_reason"]
+                    assert reason in ("stop", "length", "error"), r.text
+                    tally[f"structured:{reason}"] += 1
+                else:
+                    assert (r.status_code, r.json()["error"]["code"]) in ((400, "invalid_field"), (429, "rate_limited")), \
+                        r.text[:300]
+                    tally[f"structured:{r.status_code}"] += 1
+
+
 def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer) -> None:
     errors = ErrorLog()
     logging.getLogger().addHandler(errors)
     try:
         # warm up (first requests allocate caches and compile paths), then take the idle baseline
         asyncio.run(Client(soak_server, 999, Counter()).ws_chat("warm"))
+        warm = {"model": soak_server.state.model_name, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4, "response_format": {"type": "json_object"}}  # builds llguidance's tokenizer, once
+        assert httpx.post(soak_server.url + "/v1/chat/completions", json=warm, timeout=60).status_code == 200
         wait_until(lambda: engine_idle(soak_server), what="idle before the soak")
         idle_rss = settled_rss()
         tally: Counter[str] = Counter()
@@ -283,6 +329,7 @@ def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer
         async def soak() -> None:
             stop = asyncio.Event()
             floods = [asyncio.create_task(priority_flood(soak_server, stop, tally)) for _ in range(PRIORITY_FLOODERS)]
+            floods.append(asyncio.create_task(structured_attacker(soak_server, stop, tally)))
             hostile = [hostile_connection(soak_server, i % 2 == 1, tally) for i in range(HOSTILE_CONNECTIONS)]
             clients = [Client(soak_server, i, tally).run() for i in range(CLIENTS)]
             try:
@@ -306,6 +353,7 @@ def test_soak_many_hostile_clients_on_a_small_pool(soak_server: BackgroundServer
     assert sum(v for k, v in tally.items() if k.startswith("done:")) >= CLIENTS, tally
     assert tally["hostile-closed"] == HOSTILE_CONNECTIONS and tally["priority-flood:200"] >= PRIORITY_FLOODERS, tally
     assert tally["session-flood:429"] > 0 and tally["session-flood:201"] > 0, tally
+    assert tally["structured:error"] > 0 and tally["structured:400"] > 0, tally  # blow-ups ended, slow ones refused
     assert after_rss <= idle_rss * 1.10, (idle_rss, after_rss)
     assert not errors.records, [f"{r.name}: {r.getMessage()}" for r in errors.records]
     assert "radixserve_stalled_steps_total 0.0" in httpx.get(soak_server.url + "/metrics").text

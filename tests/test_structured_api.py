@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from radixserve.errors import ConstraintError, RequestError
+from radixserve.server.compile_slots import CLIENT, CompileSlots
 from radixserve.server.generation import api_error_from
 from radixserve.server.sampling_fields import build_sampling_params
 from radixserve.server.structured_api import compile_off_loop, structured_output, with_structured
@@ -134,35 +135,75 @@ def test_an_engine_constraint_error_is_a_400_naming_the_parameter() -> None:
 
 
 class _Grammars:
-    """A grammar cache that records which thread compiled, and refuses regexes."""
+    """A grammar cache that records which thread compiled, and refuses regexes; `gate`, when set, holds
+    every compile until it is set."""
 
     def __init__(self) -> None:
-        self.compiled: dict[tuple[str, str], int] = {}
+        self.compiled: dict[tuple[str, str, str], int] = {}
+        self.gate: threading.Event | None = None
 
-    def is_cached(self, constraint: StructuredOutput) -> bool:
-        return constraint.key in self.compiled
+    def is_cached(self, constraint: StructuredOutput, namespace: str = "") -> bool:
+        return (namespace, *constraint.key) in self.compiled
 
-    def compile(self, constraint: StructuredOutput, for_a_check: bool = False) -> object:
+    def compile(self, constraint: StructuredOutput, for_a_check: bool = False, namespace: str = "") -> object:
+        if self.gate is not None:
+            assert self.gate.wait(30)
         if constraint.kind == "regex":
             raise ConstraintError(constraint.field, "invalid regex: unclosed group")
-        self.compiled[constraint.key] = threading.get_ident()
+        self.compiled[(namespace, *constraint.key)] = threading.get_ident()
         return object()
+
+
+def _state(grammars: object, per_client: int = 1) -> Any:
+    engine = SimpleNamespace(intake=SimpleNamespace(grammars=grammars))
+    return SimpleNamespace(require_engine=lambda: engine, compile_slots=CompileSlots(),
+                           config=SimpleNamespace(max_compiles_per_client=per_client))
 
 
 def test_a_constraint_compiles_off_the_event_loop_and_its_error_names_the_parameter() -> None:
     grammars = _Grammars()
-    engine: Any = SimpleNamespace(intake=SimpleNamespace(grammars=grammars))
+    state = _state(grammars)
     choice = StructuredOutput(choice=("a", "b"), field="guided_choice")
 
     async def run() -> int:
-        await compile_off_loop(engine, None)
-        await compile_off_loop(engine, choice)
-        await compile_off_loop(engine, choice)  # cached: nothing more to do
+        await compile_off_loop(state, None, "")
+        await compile_off_loop(state, choice, "")
+        await compile_off_loop(state, choice, "")  # cached: nothing more to do
+        await compile_off_loop(state, choice, "tenant-b")  # another namespace's own entry
         with pytest.raises(ApiError) as e:
-            await compile_off_loop(engine, StructuredOutput(regex="(", field="structured_outputs.regex"))
+            await compile_off_loop(state, StructuredOutput(regex="(", field="structured_outputs.regex"), "")
         assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_field", "structured_outputs.regex")
         return threading.get_ident()
 
     loop_thread = asyncio.run(run())
-    assert list(grammars.compiled) == [choice.key] and grammars.compiled[choice.key] != loop_thread
-    asyncio.run(compile_off_loop(SimpleNamespace(intake=SimpleNamespace()), choice))  # type: ignore[arg-type]
+    assert list(grammars.compiled) == [("", *choice.key), ("tenant-b", *choice.key)]
+    assert grammars.compiled[("", *choice.key)] != loop_thread
+    asyncio.run(compile_off_loop(_state(None), choice, ""))
+    assert state.compile_slots.busy("127.0.0.1") == 0
+
+
+def test_a_client_holds_at_most_its_compile_slots_and_others_are_not_held_up() -> None:
+    grammars = _Grammars()
+    grammars.gate = threading.Event()
+    state = _state(grammars)
+
+    async def compile_as(client: str, constraint: StructuredOutput) -> None:
+        CLIENT.set(client)
+        await compile_off_loop(state, constraint, "")
+
+    async def run() -> tuple[ApiError, int]:
+        first = asyncio.create_task(compile_as("10.0.0.1", StructuredOutput(choice=("a",))))
+        while state.compile_slots.busy("10.0.0.1") == 0:
+            await asyncio.sleep(0.01)
+        with pytest.raises(ApiError) as refused:  # the same client's second compile, while its first runs
+            await compile_as("10.0.0.1", StructuredOutput(choice=("b",)))
+        other = asyncio.create_task(compile_as("10.0.0.2", StructuredOutput(choice=("c",))))
+        while state.compile_slots.busy("10.0.0.2") == 0:
+            await asyncio.sleep(0.01)
+        grammars.gate.set()
+        await asyncio.gather(first, other)
+        return refused.value, state.compile_slots.refused
+
+    refused, count = asyncio.run(run())
+    assert (refused.status, refused.code, refused.retry_after) == (429, "rate_limited", 1) and count == 1
+    assert state.compile_slots.busy("10.0.0.1") == state.compile_slots.busy("10.0.0.2") == 0

@@ -19,6 +19,7 @@ from radixserve.config import EngineConfig
 from radixserve.engine import sampler as sampler_module
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.grammar import GrammarCompiler
+from radixserve.engine.grammar.limits import GrammarLimits
 from radixserve.errors import ConstraintError
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured import StructuredOutput
@@ -81,10 +82,11 @@ def test_every_kind_compiles_once_then_comes_from_the_cache(compiler: GrammarCom
     assert compiled.matcher() is not compiled.template  # each sequence its own copy
 
 
-def test_schema_key_order_does_not_split_the_cache() -> None:
+def test_schema_key_order_is_part_of_the_key() -> None:
+    # the order of a schema's properties is the order a reply writes them in (tests/test_grammar_limits.py)
     a = StructuredOutput(json={"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}})
     b = StructuredOutput(json={"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"})
-    assert a.key == b.key
+    assert a.key != b.key
 
 
 @pytest.mark.parametrize("constraint, words", [
@@ -109,7 +111,8 @@ def test_the_cache_is_bounded_and_a_slow_compile_is_refused(compiler: GrammarCom
     for word in ("a", "b", "c"):
         small.compile(StructuredOutput(choice=[word]))
     assert small.cached(StructuredOutput(choice=["a"])) is None and small.cached(StructuredOutput(choice=["c"]))
-    too_slow = GrammarCompiler(compiler._hf_tokenizer, compiler.vocab_size, compiler.eos_token_ids, timeout_s=1e-3)
+    too_slow = GrammarCompiler(compiler._hf_tokenizer, compiler.vocab_size, compiler.eos_token_ids,
+                               limits=GrammarLimits(compile_timeout_s=1e-3))
     assert too_slow.ll_tokenizer is not None  # built outside the timed compile
     huge = {"type": "object", "required": [f"k{i}" for i in range(0, 3000, 2)],
             "properties": {f"k{i}": {"type": "string", "pattern": f"[a-z]{{{i % 5},{i % 5 + 30}}}"} for i in range(3000)}}

@@ -239,7 +239,7 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
-                if item.error is not None:
+                if item.error is not None and not item.error_ends_reply:
                     raise RequestFailedError(item.error)
                 yield item
                 if finished:

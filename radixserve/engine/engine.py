@@ -306,10 +306,12 @@ class LLMEngine:
         return stopped or completed
 
     def _fail(self, req: Request, why: str) -> RequestOutput:
-        """End one request with finish_reason "error"; the rest of the batch is untouched."""
+        """End one request with finish_reason "error"; the rest of the batch is untouched. A request its
+        constraint ended is a reply that ends in error (`error_ends_reply`), not a failure."""
+        ends_reply = req.params.structured is not None and self.constraints.violation(req) is not None
         self.scheduler.end(req, "error")
         out = self._output(req, req.sequences)
-        out.error = why
+        out.error, out.error_ends_reply = why, ends_reply
         return out
 
     def _unschedulable(self) -> list[RequestOutput]:
@@ -350,7 +352,8 @@ class LLMEngine:
 
 
 def grammar_limits(config: EngineConfig) -> GrammarLimits:
-    return GrammarLimits(workers=config.grammar_compile_workers, compile_timeout_s=config.grammar_compile_timeout_s,
+    return GrammarLimits(workers=config.grammar_compile_workers, cache_mb=config.grammar_cache_mb,
+                         compile_timeout_s=config.grammar_compile_timeout_s,
                          worker_memory_mb=config.grammar_worker_memory_mb,
                          max_lexer_states=config.grammar_max_lexer_states)
 

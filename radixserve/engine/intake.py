@@ -103,10 +103,9 @@ class Intake:
         come with it (it crossed a process) compiled into this engine's grammar cache."""
         if not request.limits.within(self.limits):
             return self.check(request.token_ids, request.params, request.priority)  # tokenizes the prediction again
-        if self.needs_compile(request):
-            assert request.params.structured is not None and self.grammars is not None
-            params = request.params
-            return replace(request, grammar=self.grammars.ensure(params.structured, params.cache_namespace))
+        structured = request.params.structured
+        if self.needs_compile(request) and structured is not None and self.grammars is not None:
+            return replace(request, grammar=self.grammars.ensure(structured, request.params.cache_namespace))
         return request
 
     def needs_compile(self, request: ValidatedRequest) -> bool:

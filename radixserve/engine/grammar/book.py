@@ -173,14 +173,17 @@ class ConstraintBook:
         if to_fill:  # on llguidance's threads, without the GIL
             llguidance.torch.fill_next_token_bitmask_par(self._executor, to_fill, bitmask)
         dead: dict[Request, str] = {}
-        for matcher, row in to_fill:  # an errored matcher's mask allows EOS alone: never a reply's end
-            if matcher.is_error():
-                bitmask[row].fill_(-1)
-                dead[owners[rows[row][0]].request] = LIMIT_HIT if hit_a_limit(matcher) else DEAD_END
-        for row in (bitmask == 0).all(dim=1).nonzero().flatten().tolist():
-            if not rows[row][1].matcher.is_stopped():
-                bitmask[row].fill_(-1)
-                dead[owners[rows[row][0]].request] = DEAD_END
+        ends: list[tuple[int, str]] = [(row, LIMIT_HIT if hit_a_limit(matcher) else DEAD_END)
+                                       for matcher, row in to_fill if matcher.is_error()]
+        # (an errored matcher's mask allows EOS alone: never a reply's end)
+        ends += [(row, DEAD_END) for row in (bitmask == 0).all(dim=1).nonzero().flatten().tolist()
+                 if not rows[row][1].matcher.is_stopped()]
+        for row, why in ends:
+            bitmask[row].fill_(-1)
+            state = rows[row][1]
+            if state.broken_at is None:
+                state.broken_at, state.why = state.consumed, why
+            dead[owners[rows[row][0]].request] = state.why
         for req in (req for req, why in dead.items() if why == LIMIT_HIT):
             self._limit_hit(req)
         self.stats.dead_ends += len(dead)

@@ -21,9 +21,10 @@ Invariants:
   token is refused (EOS ends a reply; a grammar cannot consume it);
 - JSON schemas are compiled with closed objects unless the engine was told otherwise
   (`open_objects`): an object allows only its declared properties (radixserve/schema_objects.py);
-- an entry compiled ahead of a request's check (`fresh`) is not evicted before that check's lookup,
-  unless more such entries than the cache holds wait (the oldest then go), so the check, which runs
-  on the server's event loop, never compiles;
+- the cache holds at most `cache_size` entries and `limits.cache_mb` of their estimated memory (a
+  chain of 5,000 rules holds ~7 MB); a grammar estimated larger than the whole budget is used by its
+  request and not kept. An entry compiled ahead of a request's check (`fresh`) is evicted last, so the
+  check, which runs on the server's event loop, finds it;
 - `evict` drops a grammar whose matcher hit a limit mid-reply, and the memory its lexer built;
 - thread-safe: the server compiles on worker threads while the engine thread looks up compiled
   constraints.
@@ -35,11 +36,14 @@ also reports forced (fast-forward) tokens, which `ConstraintBook` appends in one
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from copy import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,13 +51,14 @@ from typing import Any
 import llguidance
 
 from radixserve.engine.grammar.limits import GrammarLimits
-from radixserve.engine.grammar.worker_process import JSON_OPTIONS, on_big_stack
+from radixserve.engine.grammar.worker_process import JSON_OPTIONS
 from radixserve.engine.grammar.workers import CompileBusy, CompilePool, CompileRefused
 from radixserve.errors import BusyError, ConstraintError
 from radixserve.schema_objects import close_objects
 from radixserve.structured import StructuredOutput
 
 __all__ = ["JSON_OPTIONS", "CompileStats", "CompiledGrammar", "GrammarCompiler"]
+_STACK_SIZE_LOCK = threading.Lock()  # threading.stack_size is process-wide
 TOKEN_REF = re.compile(r"<\[(\^?)([0-9,\s-]*)\]>")  # a grammar's token-id set: <[2]>, <[1-5,9]>, <[^2]>
 
 
@@ -62,6 +67,7 @@ class CompiledGrammar:
     key: tuple[str, str, str]  # (cache namespace, *StructuredOutput.key)
     template: Any  # llguidance.LLMatcher, never advanced
     compile_s: float
+    weight: int = 0  # its estimated memory (GrammarLimits.estimated_bytes)
     # compiled ahead of a request's check (off the server's event loop): that check's lookup is no hit
     fresh: bool = False
 
@@ -123,13 +129,17 @@ class GrammarCompiler:
         self._hf_tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, list(eos_token_ids)
         self.cache_size, self.limits, self.open_objects = cache_size, limits or GrammarLimits(), open_objects
         self.stats = CompileStats()
-        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], CompiledGrammar] = OrderedDict()
+        self._cached_bytes = 0  # the entries' weights, summed
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self._ll_tokenizer: Any = None
         self._tokenizer_json = ""
         self._parser_limits = llguidance.LLParserLimits(**self.limits.parser())
         self._pool: CompilePool | None = None
+        # the in-process halves of compiles: a few long-lived threads with twice a worker's stack (threads
+        # made per compile left their freed memory scattered over malloc arenas: RSS grew with every one)
+        self._threads = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="radixserve-grammar")
 
     @property
     def ll_tokenizer(self) -> Any:
@@ -197,8 +207,10 @@ class GrammarCompiler:
         compiled.fresh = for_a_check
         with self._lock:
             self.stats.record(compiled.compile_s)
-            self._cache[compiled.key] = compiled
-            self._trim()
+            if compiled.weight <= self.limits.cache_mb * 2**20 and compiled.key not in self._cache:
+                self._cache[compiled.key] = compiled
+                self._cached_bytes += compiled.weight
+                self._trim()
         return compiled
 
     def _compile(self, constraint: StructuredOutput, key: tuple[str, str, str]) -> CompiledGrammar:
@@ -223,36 +235,48 @@ class GrammarCompiler:
             if not matcher.is_error():
                 matcher.compute_bitmask()  # the first mask, off the step; its lexer states serve every copy
             return matcher
-        template = on_big_stack(2 * self.limits.stack_mb, compile_here)
+        template = self._on_big_stack(compile_here)
         if template.is_error():  # the worker passed it: not expected
             raise ConstraintError(constraint.field, f"this {constraint.kind} could not be compiled")
-        return CompiledGrammar(key, template, float(answer["compile_s"]))
+        return CompiledGrammar(key, template, float(answer["compile_s"]), self.limits.estimated_bytes(answer["grammar"]))
 
     def _trim(self) -> None:
-        """Evict least recently used entries past the cache size; entries waiting for their check's
-        lookup (`fresh`) go last."""
-        while len(self._cache) > self.cache_size:
+        """Evict least recently used entries past the cache's size or memory; entries waiting for their
+        check's lookup (`fresh`) go last."""
+        budget = self.limits.cache_mb * 2**20
+        while len(self._cache) > self.cache_size or self._cached_bytes > budget:
             key = next((k for k, g in self._cache.items() if not g.fresh), next(iter(self._cache)))
-            del self._cache[key]
+            self._cached_bytes -= self._cache.pop(key).weight
 
     def evict(self, key: tuple[str, str, str]) -> None:
         """Drop a grammar whose matcher hit a limit, so the lexer states it built are freed (a reply
         that asks for it again compiles it again)."""
         with self._lock:
-            if self._cache.pop(key, None) is None:
+            dropped = self._cache.pop(key, None)
+            if dropped is None:
                 return
+            self._cached_bytes -= dropped.weight
             self.stats.evictions += 1
         release_freed_memory()
+
+    def _on_big_stack(self, work: Callable[[], Any]) -> Any:
+        """`work()` on one of the compile threads, whose native stack is twice a worker's."""
+        with _STACK_SIZE_LOCK:  # a thread the executor starts now takes this size
+            previous = threading.stack_size(2 * self.limits.stack_mb << 20)
+            try:
+                future = self._threads.submit(work)
+            finally:
+                threading.stack_size(previous)
+        return future.result()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
 def release_freed_memory() -> None:
     """Return freed heap pages to the system (glibc keeps them otherwise: a dropped grammar's lexer
     memory would stay in the server's RSS)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
