@@ -23,7 +23,7 @@ Invariants:
   matcher that hits one, or errs in any way, ends its request alone with finish_reason "error" and
   our message, and its grammar leaves the compiler's cache with the lexer memory it built;
 - a constrained reply is checked at its end: one that stopped (EOS, a stop string or id) where its
-  grammar is not complete ends with "error", never "stop" (`incomplete`).
+  grammar is not complete ends with "error", never "stop" (`on_commit`).
 """
 
 from __future__ import annotations

@@ -36,8 +36,6 @@ also reports forced (fast-forward) tokens, which `ConstraintBook` appends in one
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import re
 import threading
@@ -249,15 +247,13 @@ class GrammarCompiler:
             self._cached_bytes -= self._cache.pop(key).weight
 
     def evict(self, key: tuple[str, str, str]) -> None:
-        """Drop a grammar whose matcher hit a limit, so the lexer states it built are freed (a reply
-        that asks for it again compiles it again)."""
+        """Drop a grammar whose matcher hit a limit, so the lexer states it built are freed once its
+        request ends (a request that asks for it again compiles it again)."""
         with self._lock:
             dropped = self._cache.pop(key, None)
-            if dropped is None:
-                return
-            self._cached_bytes -= dropped.weight
-            self.stats.evictions += 1
-        release_freed_memory()
+            if dropped is not None:
+                self._cached_bytes -= dropped.weight
+                self.stats.evictions += 1
 
     def _on_big_stack(self, work: Callable[[], Any]) -> Any:
         """`work()` on one of the compile threads, whose native stack is twice a worker's."""
@@ -274,9 +270,3 @@ class GrammarCompiler:
             self._pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-
-def release_freed_memory() -> None:
-    """Return freed heap pages to the system (glibc keeps them otherwise: a dropped grammar's lexer
-    memory would stay in the server's RSS)."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
