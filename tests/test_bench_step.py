@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -237,24 +236,48 @@ def test_step_bench_floor_host_phases_and_transformers(tmp_path: Path, capsys: p
                    f"| {r['hf_forward_ms']:.2f} | {r['step_over_hf']:.2f}x / " in table
 
 
+class FakeClock:
+    """A clock that moves only when told: the phase clock's laps become exact, whatever the machine's load.
+    Steps are powers of two, so every sum and difference below is exact in binary floating point."""
+
+    def __init__(self) -> None:
+        self.now = 1.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_step_phases_charge_each_lap_and_time_batch_building() -> None:
     """Laps charge the time since the previous mark to their phase; what the runner counted as batch
-    building during a forward lap moves from forward to build."""
-    built = BuildTime()
-    phases = StepPhases(built)
+    building during a forward lap moves from forward to build (never more than the lap itself)."""
+    built, clock = BuildTime(), FakeClock()
+    phases = StepPhases(built, clock=clock)
+    clock.now += 8.0  # between construction and begin: charged to nothing
     phases.begin()
-    time.sleep(0.003)
+    clock.now += 0.25
     phases.lap(SCHEDULE)
-    time.sleep(0.007)
-    built.seconds += 0.005  # the runner says 5 ms of those 7 built the batch
+    clock.now += 0.75
+    built.seconds += 0.5  # the runner says 0.5 s of those 0.75 built the batch
+    phases.lap(FORWARD)
+    clock.now += 0.125
+    phases.lap(WAIT)
+    clock.now += 0.0625
+    phases.end()
+
+    # a second step: the runner's count outgrows the forward lap (it counted some building before it)
+    phases.begin()
+    phases.lap(SCHEDULE)
+    clock.now += 0.25
+    built.seconds += 0.5
     phases.lap(FORWARD)
     phases.lap(WAIT)
-    time.sleep(0.002)
     phases.end()
-    (t,) = phases.times()
-    assert t.schedule_s >= 0.003 and t.build_s == pytest.approx(0.005) and 0.002 <= t.forward_s < 0.002 + 0.003
-    assert t.post_s >= 0.002 and t.host_s == pytest.approx(t.schedule_s + t.build_s + t.post_s)
-    assert t.total_s == pytest.approx(t.host_s + t.forward_s + t.wait_s)
+
+    first, second = phases.times()
+    assert (first.schedule_s, first.build_s, first.forward_s, first.wait_s, first.post_s) == (0.25, 0.5, 0.25, 0.125, 0.0625)
+    assert first.host_s == 0.25 + 0.5 + 0.0625 and first.total_s == 1.1875
+    assert (second.schedule_s, second.build_s, second.forward_s, second.wait_s, second.post_s) == (0.0, 0.25, 0.0, 0.0, 0.0)
+    assert second.total_s == 0.25
 
 
 def test_hf_forward_skips_a_model_transformers_cannot_build(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ LAYER_OF = {
     "radixserve.errors": "core",
     "radixserve.sampling_params": "core",
     "radixserve.structured": "core",
+    "radixserve.schema_objects": "core",
     "radixserve.cache": "cache",
     "radixserve.model": "model",
     "radixserve.scheduler": "scheduler",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -12,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixserve.engine.chat_template import token_hash
+from radixserve.server import ws as ws_module
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402
@@ -196,28 +199,120 @@ def test_cancel_stops_within_a_step_and_frees_blocks(chat_server, monkeypatch) -
     assert chat_server.engine.leaked_blocks() == 0
 
 
-def test_disconnect_mid_stream_aborts_and_frees_blocks(chat_server) -> None:  # noqa: ANN001
-    aborted_before = chat_server.engine.stats().requests_finished.get("abort", 0)
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """`wait_until` for a client coroutine: polls without blocking the client's event loop."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
 
-    async def run() -> str:
+
+def hold_engine(chat_server, monkeypatch) -> threading.Event:  # noqa: ANN001
+    """The engine thread takes no step (so produces no token) until the returned event is set; it still
+    applies its commands (adds and aborts), so an abort is answered at once with an empty output."""
+    sync_engine, release = chat_server.engine.engine, threading.Event()
+    step = sync_engine.step
+
+    def held_step():  # noqa: ANN202 - engine thread
+        return step() if release.wait(0.01) else []
+
+    monkeypatch.setattr(sync_engine, "step", held_step)
+    return release
+
+
+def never_answer(chat_server, monkeypatch) -> threading.Event:  # noqa: ANN001
+    """The engine never answers a request (as when one step outlasts the disconnect's wait): the
+    disconnect ends the generation by cancelling its task. Returns an event set once a request came."""
+    called = threading.Event()
+
+    async def generate(request, request_id=None, cancelled=None, placement=None):  # noqa: ANN001, ANN202
+        called.set()
+        await asyncio.Event().wait()  # until the disconnect cancels the generation's task
+        yield
+
+    monkeypatch.setattr(chat_server.engine, "generate_validated", generate)
+    monkeypatch.setattr(ws_module, "TEARDOWN_WAIT_S", 0.2)  # how soon it is cancelled does not matter
+    return called
+
+
+@pytest.mark.parametrize("when", ["after_first_delta", "before_first_token", "before_engine_answers"])
+def test_disconnect_aborts_records_the_turn_and_frees_blocks(chat_server, monkeypatch, when: str) -> None:  # noqa: ANN001
+    """A disconnect aborts the turn, frees its blocks, and records it on the session as an assistant reply
+    with finish_reason "abort" and what was generated (possibly nothing), whenever it lands: after the
+    first delta, before the engine produced a token (the engine is held), or before the engine answered
+    at all (the generation's task is cancelled). A client that comes back sees the aborted turn."""
+    wait_until(lambda: engine_idle(chat_server), what="the engine idle before the test")
+    aborted_before = chat_server.engine.stats().requests_finished.get("abort", 0)
+    release = hold_engine(chat_server, monkeypatch) if when == "before_first_token" else None
+    called = never_answer(chat_server, monkeypatch) if when == "before_engine_answers" else None
+    content = "Count from one to a hundred."
+    # what the session's `busy` was while its turn was being recorded: a reader on another thread (this
+    # test) that sees the session free must find the turn in it, so busy is cleared only after
+    watched: list[Any] = []  # the Session, once created
+    busy_while_recording: list[str | None] = []
+    formatter = chat_server.state.formatter
+    close_assistant = formatter.close_assistant
+
+    def recording_close(*args: Any, **kwargs: Any) -> Any:  # event-loop thread: the reply is being recorded
+        busy_while_recording.append(watched[0].busy if watched else "no session")
+        return close_assistant(*args, **kwargs)
+
+    monkeypatch.setattr(formatter, "close_assistant", recording_close)
+
+    def queued() -> bool:
+        st = chat_server.engine.stats()
+        return st.num_waiting + st.num_running == 1
+
+    async def run() -> tuple[str, dict[str, Any]]:
         async with connect(chat_server) as ws:
             sid = (await request(ws, {"type": "session.create", **OWNED,
                                       "sampling": {"temperature": 0}}))["session"]["id"]
-            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid,
-                                      "content": "Count from one to a hundred.",
+            watched.append(chat_server.state.sessions.get(sid, TEST_OWNER_KEY))
+            await ws.send(json.dumps({"type": "chat", **OWNED, "session_id": sid, "content": content,
                                       "gen_id": "g", "sampling": {"max_tokens": 200}}))
-            while (await recv_frame(ws))["type"] != "delta":
-                pass
-            return sid  # leaving the block closes the socket mid-generation
+            if when == "after_first_delta":
+                while (await recv_frame(ws))["type"] != "delta":
+                    pass
+            elif release is not None:  # committed and queued in the held engine: no token can come
+                await until(queued, "the request queued in the held engine")
+            else:
+                assert called is not None
+                await until(called.is_set, "the request handed to the engine")
+        # leaving the block closed the socket; wait for the turn to end before releasing the engine
+        await until(lambda: not chat_server.state.sessions.get(sid, TEST_OWNER_KEY).busy, "the turn recorded")
+        if release is not None:
+            release.set()
+        async with connect(chat_server) as ws:  # the client comes back
+            resumed = await request(ws, {"type": "session.resume", **OWNED, "session_id": sid})
+        return sid, resumed["session"]
 
-    sid = asyncio.run(run())
+    try:
+        sid, resumed = asyncio.run(run())
+    finally:
+        if release is not None:
+            release.set()
     wait_until(lambda: engine_idle(chat_server), what="blocks freed after disconnect")
-    assert chat_server.engine.stats().requests_finished.get("abort", 0) == aborted_before + 1
-    session = chat_server.state.sessions.get(sid, TEST_OWNER_KEY)
-    # the server's event loop records the aborted turn just after the engine frees the blocks
-    wait_until(lambda: session.busy is None, what="the aborted turn recorded on the session")
-    assert session.busy is None and session.messages[-1].finish_reason == "abort"
     assert chat_server.engine.leaked_blocks() == 0
+    # the engine saw an abort unless it never answered (then it never had the request)
+    aborted = 0 if when == "before_engine_answers" else 1
+    assert chat_server.engine.stats().requests_finished.get("abort", 0) == aborted_before + aborted
+
+    session = chat_server.state.sessions.get(sid, TEST_OWNER_KEY)
+    assert busy_while_recording == ["g"]
+    user, reply = session.messages
+    assert session.busy is None and (user.role, user.content) == ("user", content)
+    assert (reply.role, reply.finish_reason) == ("assistant", "abort")
+    assert reply.token_start == user.token_end and reply.token_end == len(session.tokens)  # a closed turn
+    assert reply.usage is not None
+    generated = reply.usage["completion_tokens"]
+    # the prompt: the history, the user message and the generation prompt, which opens the reply's tokens
+    assert user.token_end < reply.usage["prompt_tokens"] <= reply.token_end - generated
+    if when == "after_first_delta":
+        assert reply.content and 1 <= generated < 200
+    else:
+        assert reply.content == "" and generated == 0
+    assert not resumed["busy"] and [m["role"] for m in resumed["messages"]] == ["user", "assistant"]
+    assert resumed["messages"][-1]["finish_reason"] == "abort" and resumed["messages"][-1]["content"] == reply.content
 
 
 def test_session_busy_duplicate_and_unknown_gen_ids(chat_server) -> None:  # noqa: ANN001

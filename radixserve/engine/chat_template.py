@@ -90,14 +90,17 @@ class TurnTokens:
 
 
 class ChatFormatter:
-    def __init__(self, tokenizer: Any, tool_call_format: ToolCallFormat | None = None) -> None:
+    def __init__(self, tokenizer: Any, tool_call_format: ToolCallFormat | None = None,
+                 open_objects: bool = False) -> None:
+        """`open_objects`: tool parameters' objects open, as JSON Schema has them (the template's own
+        format only; a given `tool_call_format` says for itself)."""
         if tokenizer is None:
             raise ValueError("the model has no tokenizer; chat endpoints need one")
         self.tokenizer = tokenizer
         self.template: str | None = None if getattr(tokenizer, "chat_template", None) else FALLBACK_TEMPLATE
         own = getattr(tokenizer, "chat_template", None)
         template_text = self.template or (own if isinstance(own, str) else "")
-        self.tool_format = tool_call_format or tool_format(template_text, tokenizer=tokenizer)
+        self.tool_format = tool_call_format or tool_format(template_text, tokenizer=tokenizer, open_objects=open_objects)
         self.template_renders_tools = "tools" in template_text
         self._control_text = ControlText(tokenizer)
         self.incremental_fallbacks = 0

@@ -5,7 +5,8 @@ call asks of tools, resolved once (`ChatTools`), and outputs with the calls a re
 The same rules as the server's OpenAI endpoint (server/openai_tools.py): tools are rendered into the
 prompt unless tool_choice is "none"; `required` and a named function constrain the reply with the
 format's grammar (SamplingParams.structured), so the call parses and its arguments validate; a reply
-with calls has finish_reason "tool_calls"; without parallel calls only the first call is kept.
+with calls has finish_reason "tool_calls"; without parallel calls only the first call is kept; a call
+cut by max_tokens (finish_reason "length") is neither a call nor content.
 """
 
 from __future__ import annotations
@@ -84,11 +85,12 @@ class ChatTools:
                              "tools): both constrain the reply")
         return dataclasses.replace(params, structured=c)
 
-    def parse(self, text: str) -> ParsedReply:
-        """A reply split into text and calls (only the first call without parallel calls)."""
+    def parse(self, text: str, cut: bool = False) -> ParsedReply:
+        """A reply (`cut`: by max_tokens) split into text and calls (only the first call without parallel
+        calls)."""
         if not self.active:
             return ParsedReply(text, [])
-        parsed = self.format.parse(text)
+        parsed = self.format.parse(text, cut)
         return parsed if self.parallel or len(parsed.calls) <= 1 else ParsedReply(parsed.content, parsed.calls[:1])
 
     def read(self, out: RequestOutput) -> RequestOutput:
@@ -100,7 +102,7 @@ class ChatTools:
         fields = {f.name: getattr(o, f.name) for f in dataclasses.fields(CompletionOutput)}
         if not self.active:
             return ToolCallOutput(**fields, content=o.text)
-        parsed = self.parse(o.text)
+        parsed = self.parse(o.text, cut=o.finish_reason == "length")
         calls = parsed.calls
         if calls and fields["finish_reason"] == "stop":
             fields["finish_reason"] = "tool_calls"

@@ -53,7 +53,8 @@ class LLM:
         if self._formatter is None:
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer, so it has no chat template")
-            self._formatter = ChatFormatter(self.tokenizer)
+            # tool parameters closed or open as the engine compiles JSON schemas (open_json_objects)
+            self._formatter = ChatFormatter(self.tokenizer, open_objects=self.engine.grammars.open_objects)
         return self._formatter
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],

@@ -22,12 +22,16 @@ runner counts its own building seconds (`ModelRunner.build_time`, read as an att
 the model layer), and a lap charged to forward
 hands what that count grew by in the lap to build. Cost: eight perf_counter laps and one tuple per
 step, about 1 µs on a 2-core VM (a step takes milliseconds).
+
+The clock is injectable (`clock=`, `time.perf_counter` by default) so a test charges exact, made-up
+laps: a real clock's laps grow on a busy machine and no bound on them is safe.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -60,24 +64,25 @@ class PhaseTimes:
 class StepPhases:
     """The phase clock: `begin` at the top of a step, `lap(PHASE)` at each boundary, `end` at the bottom."""
 
-    __slots__ = ("history", "_acc", "_last", "_build_time", "_built")
+    __slots__ = ("history", "_acc", "_last", "_build_time", "_built", "_clock")
 
-    def __init__(self, build_time: BuildTime, keep: int = 4096) -> None:
+    def __init__(self, build_time: BuildTime, keep: int = 4096, clock: Callable[[], float] = perf_counter) -> None:
         # raw tuples (schedule, build, forward, wait, post): a tuple per step is the cheapest record
         self.history: deque[tuple[float, ...]] = deque(maxlen=keep)
         self._acc = [0.0] * len(PHASES)
-        self._last = perf_counter()
+        self._clock = clock
+        self._last = clock()
         self._build_time = build_time  # the runner's running count of batch-building seconds
         self._built = build_time.seconds
 
     def begin(self) -> None:
         self._acc = [0.0] * len(PHASES)
-        self._last = perf_counter()
+        self._last = self._clock()
 
     def lap(self, phase: int) -> None:
         """Charge the time since the previous mark to `phase` (to forward: less the batch building
         the runner counted meanwhile, which goes to build)."""
-        now = perf_counter()
+        now = self._clock()
         spent = now - self._last
         if phase == FORWARD:
             built, self._built = self._built, self._build_time.seconds

@@ -79,6 +79,7 @@ class ReplicaFacts:
     eos_token_ids: tuple[int, ...]
     block_size: int
     tokenizer: Any  # a transformers tokenizer (picklable) or None
+    open_json_objects: bool = False  # the replicas' EngineConfig.open_json_objects: the ingress compiles alike
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class ClusterEngine:
         """The replicas' checks (they run the same model and configuration), run at the ingress."""
         if self._intake is None:
             facts = self.facts
-            grammars = GrammarCompiler(facts.tokenizer, facts.vocab_size, list(facts.eos_token_ids))
+            grammars = GrammarCompiler(facts.tokenizer, facts.vocab_size, list(facts.eos_token_ids),
+                                       open_objects=facts.open_json_objects)
             self._intake = Intake(facts.tokenizer, Limits(facts.vocab_size, facts.max_model_len), grammars)
         return self._intake
 
@@ -118,6 +119,8 @@ class ClusterEngine:
             self._keeping_pins.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeping_pins
+        if self._intake is not None and self._intake.grammars is not None:
+            self._intake.grammars.close()  # its compile worker processes
 
     # -- requests ------------------------------------------------------------------------------
     def _prefer(self, placement: Placement | None, namespace: str) -> str | None:

@@ -48,8 +48,9 @@ class EngineReplica:
 
     def facts(self) -> ReplicaFacts:
         e = self.engine
+        grammars = e.intake.grammars
         return ReplicaFacts(self.name, e.model_name, e.max_model_len, e.intake.limits.vocab, e.eos_token_ids,
-                            e.block_size, e.tokenizer)
+                            e.block_size, e.tokenizer, grammars is not None and grammars.open_objects)
 
     def _served(self) -> Served:
         return Served(self.name, self.events.last_seq if self.events is not None else 0)

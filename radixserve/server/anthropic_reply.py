@@ -15,7 +15,9 @@ Invariants:
   reply). With tools the format's parser reads the reply: text blocks hold the text outside calls
   (surrounding whitespace dropped), tool_use blocks the calls (id "toolu_…", `input` the arguments'
   JSON value); without parallel calls only the first call is kept. Whole, the text comes first, then
-  the calls (ChatTools.parse); streamed, the blocks come in the order they were generated.
+  the calls (ChatTools.parse); streamed, the blocks come in the order they were generated. A call the
+  reply was cut in (stop_reason "max_tokens") is in no block, whole; streamed, its tool_use block went
+  out before the cut.
 - Stream: `message_start` once, on the engine's first output (which knows the cache hit); per block
   `content_block_start`, its deltas, `content_block_stop`, one block open at a time, indexes 0, 1, ...;
   then `message_delta` (stop_reason, stop_sequence, the final usage) and `message_stop`. A block's
@@ -49,6 +51,9 @@ def stop_fields(o: CompletionOutput, called: bool) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) of a finished reply."""
     if o.finish_reason == "length":
         return "max_tokens", None
+    if o.finish_reason == "error":  # Anthropic has no stop_reason for a reply that broke its format
+        raise ApiError("generation_failed", "the reply could not be completed within its output format or tool "
+                       "schema (see docs/structured_output.md)", 500)
     if o.finish_reason != "stop":
         raise aborted()
     if isinstance(o.stop_reason, str):  # an int is a stop token id: Anthropic's API sets none, EOS-like
@@ -73,7 +78,7 @@ def message_body(mid: str, model: str, tools: ChatTools | None, text: str, final
     if tools is None or not tools.active:
         return message(mid, model, [{"type": "text", "text": text}] if text else [], stop_fields(final, False), usage,
                        created)
-    parsed = tools.parse(text)
+    parsed = tools.parse(text, cut=final.finish_reason == "length")
     blocks: list[dict[str, Any]] = [{"type": "text", "text": parsed.content}] if parsed.content else []
     blocks += [{"type": "tool_use", "id": toolu_id(c.id), "name": c.name, "input": arguments_object(c.arguments)}
                for c in parsed.calls]
@@ -127,7 +132,7 @@ class ReplyEvents:
         if self.parser is None:
             return [ContentDelta(o.text)] if o.text else []
         items = self.parser.feed(o.text) if o.text else []
-        return items + self.parser.finish() if o.finish_reason else items
+        return items + self.parser.finish(cut=o.finish_reason == "length") if o.finish_reason else items
 
     def _delta(self, d: ReplyDelta) -> list[str]:
         if isinstance(d, ContentDelta):

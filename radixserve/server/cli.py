@@ -114,6 +114,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-generations-per-client", type=int, default=d.max_generations_per_client,
                    help="chat requests generating at once per client address; beyond it 429 with Retry-After "
                         "(default %(default)s)")
+    g.add_argument("--max-compiles-per-client", type=int, default=d.max_compiles_per_client,
+                   help="structured-output grammars one client address may have compiling at once; beyond it "
+                        "429 with Retry-After (default %(default)s)")
     g.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
                    help="how tool calls look in the model's text: hermes (<tool_call>{...}</tool_call>), "
                         "llama3_json (Llama 3.1+ JSON calls) or mistral ([TOOL_CALLS]) (default: the format the "
@@ -153,7 +156,8 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
         web_dir=None if a.no_web else a.web_dir, health_stall_s=a.health_stall,
         max_connections=a.max_connections, header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
         keep_alive_timeout_s=a.keep_alive_timeout, max_concurrent_generations=a.max_concurrent_generations,
-        max_generations_per_client=a.max_generations_per_client, tool_call_parser=a.tool_call_parser,
+        max_generations_per_client=a.max_generations_per_client,
+        max_compiles_per_client=a.max_compiles_per_client, tool_call_parser=a.tool_call_parser,
     )
 
 

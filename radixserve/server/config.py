@@ -81,6 +81,9 @@ class ServerConfig:
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
     max_concurrent_generations: int = 512  # API requests generating at once, server-wide (503 beyond)
     max_generations_per_client: int = 64  # ... per client address (429 beyond)
+    # grammar compiles one client address may have in flight (compile_slots.py; 429 beyond): below the
+    # engine's compile workers, so one client's slow grammars cannot hold every worker
+    max_compiles_per_client: int = 1
     # how tool calls look in the model's text (engine/tools/ FORMATS: hermes, llama3, mistral, ...); None -> the
     # format the chat template implies (server/openai_tools.py)
     tool_call_parser: str | None = None
@@ -99,6 +102,7 @@ class ServerConfig:
             "body_timeout_s": self.body_timeout_s, "keep_alive_timeout_s": self.keep_alive_timeout_s,
             "max_concurrent_generations": self.max_concurrent_generations,
             "max_generations_per_client": self.max_generations_per_client,
+            "max_compiles_per_client": self.max_compiles_per_client,
         }
         if not 0.0 < self.owner_share <= 1.0:
             raise ValueError(f"owner_share must be in (0, 1], got {self.owner_share}")

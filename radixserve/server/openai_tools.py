@@ -8,14 +8,17 @@ Owns the API shape only. What a call looks like in text (Hermes `<tool_call>`, L
 
 Invariants:
 - `tool_choice` "none" (or no tools) is plain chat: the template gets no tools, the reply is text and
-  is never parsed for calls. Otherwise the template is rendered with the tools and every reply is
+  is never parsed for calls. Any other `tool_choice` without tools is a 400 naming it (OpenAI's and
+  vLLM's answer). Otherwise the template is rendered with the tools and every reply is
   parsed, each choice of `n` on its own.
 - `required` and a named function carry the format's constraint (`SamplingParams.structured`), so
   the call parses and its arguments validate; `auto` carries one only where the format gives one
   (a function with `strict: true`: constrained once a call opens).
 - A reply with calls has `finish_reason` "tool_calls" (when it ended normally) and `content` null
   unless the model also wrote text; with `parallel_tool_calls: false` only the first call is kept,
-  streamed or not, so both agree.
+  streamed or not, so both agree (and the constraint of `required` / named allows only one call).
+- A reply cut by max_tokens has `finish_reason` "length"; the call it was cut in is not in `content`
+  (no tool-call markup) nor in `tool_calls`; streamed, its fragments went out before the cut.
 - Streamed, the first fragment of a call carries its id, type and name; later ones argument pieces
   only; all argument pieces of a call joined equal the non-streamed `arguments`.
 """
@@ -49,11 +52,12 @@ LEGACY = ("functions", "function_call")
 ContentText = Callable[[Any, int], str]  # a message's content (a string or text parts) as one string
 
 
-def server_format(tokenizer: Any, override: str | None) -> ToolCallFormat:
+def server_format(tokenizer: Any, override: str | None, open_objects: bool = False) -> ToolCallFormat:
     """The tool-call format of the served model: the one --tool-call-parser names, else its template's,
-    bound to its tokenizer (worked out once, when the server starts)."""
+    bound to its tokenizer (worked out once, when the server starts); `open_objects` as the engine's JSON
+    schemas have them (--open-json-objects)."""
     template = getattr(tokenizer, "chat_template", None)
-    return tool_format(template if isinstance(template, str) else None, override, tokenizer)
+    return tool_format(template if isinstance(template, str) else None, override, tokenizer, open_objects)
 
 
 def tool_constraint(tools: ChatTools | None, structured: StructuredOutput | None,
@@ -155,8 +159,9 @@ def parse_tool_choice(raw: Any, tools: list[ToolSpec], param: str = "tool_choice
         if raw not in CHOICES:
             raise ApiError("invalid_field", f"{param!r} must be one of {list(CHOICES)} or {{\"type\": \"function\", "
                            f"\"function\": {{\"name\": ...}}}}, got {raw!r}", param=param)
-        if raw == "required" and not tools:
-            raise ApiError("invalid_field", f"{param!r} is 'required' but no tools were given", param=param)
+        if raw != "none" and not tools:  # as OpenAI and vLLM: "none" alone is plain chat, the others ask for tools
+            raise ApiError("invalid_field", f"{param!r} is {raw!r} but no tools were given; send 'tools' or "
+                           "leave 'tool_choice' out", param=param)
         return ToolChoice(raw)
     fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
     name = fn.get("name") if isinstance(fn, dict) else None
@@ -226,7 +231,7 @@ def reply_message(tools: ChatTools | None, text: str, finish: str) -> tuple[dict
     outside calls, its ends' whitespace dropped), as the streamed deltas give it."""
     if tools is None or not tools.active:
         return {"role": "assistant", "content": text}, finish
-    parsed = tools.parse(text)
+    parsed = tools.parse(text, cut=finish == "length")
     if not parsed.calls:
         return {"role": "assistant", "content": parsed.content}, finish
     return ({"role": "assistant", "content": parsed.content or None,
@@ -250,7 +255,7 @@ class ChoiceDeltas:
         else:
             items = self.stream.feed(o.text) if o.text else []
             if o.finish_reason:
-                items += self.stream.finish()
+                items += self.stream.finish(cut=o.finish_reason == "length")
             out = self._fragments(items)
         if not out and o.token_ids and with_logprobs:
             out = [{"content": ""}]

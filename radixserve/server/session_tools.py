@@ -109,13 +109,15 @@ class ReplyCalls:
         if self.tools is not None and self.tools.active:
             self._stream = self.tools.format.stream()
 
-    def events(self, text: str, final: bool) -> list[dict[str, Any]]:
+    def events(self, text: str, final: bool, cut: bool = False) -> list[dict[str, Any]]:
+        """The events of the reply's next text (`final`: its end; `cut`: by max_tokens, so the call it
+        was cut in is not content)."""
         if self._stream is None:
             self.content.append(text)
             return [{"type": "delta", "gen_id": self.gen_id, "text": text}] if text else []
         items = self._stream.feed(text) if text else []
         if final:
-            items += self._stream.finish()
+            items += self._stream.finish(cut)
         out: list[dict[str, Any]] = []
         for d in items:
             if isinstance(d, ContentDelta):

@@ -47,7 +47,7 @@ the caller like any other owner's, listing included. A session keeps its `tenant
 Stored responses (/v1/responses, responses_store.py) are entries of this store too, a Session
 subclass: one count, byte budget, owner shares, LRU and TTL for both. An entry is found only as its
 own kind (`find`), so a session id is unknown to the Responses API and a response id to the session
-endpoints; `len` counts both.
+endpoints; `len` counts both. Both are charged to the same per-client creation rate (rate_limit.py).
 """
 
 from __future__ import annotations

@@ -15,10 +15,15 @@ is read for calls as it streams (session_tools.py): `delta` events carry its con
 events the calls' fragments, and `done` the whole calls, which the session keeps with the reply.
 
 Its events are `start`, `delta`s, `tool_call`s and `done` (the WebSocket frames, minus transport details).
-Whatever happens after construction the turn ends in exactly one of two ways: nothing was generated
-and the user message is rolled back, or the reply (possibly partial, finish_reason "abort") is
-appended with the tokens the model produced and the template's end-of-turn tokens. Either way the
-session is free again.
+Whatever happens after construction the turn ends in exactly one of two ways: the engine refused or
+failed it before producing anything (the caller gets the error) and the user message is rolled back,
+or the reply is appended with the tokens the model produced and the template's end-of-turn tokens.
+An aborted turn (cancel, disconnect, deleted session, consumer gone) is always a reply, finish_reason
+"abort", with whatever was generated, possibly nothing: whether the abort landed before the first
+token, or even before the engine answered at all, is timing, and a client that comes back must see
+the same thing either way. Either way the session is free again, and only then: `busy` is cleared
+after the outcome is in the session, so a reader on another thread never sees a free session whose
+turn is not yet recorded.
 
 Its cache namespace is the session's tenant's, with the turn's `cache_salt` when it sends one, else
 the session's (tenants.cache_namespace): every turn of a session hits what the turns before it cached.
@@ -63,6 +68,13 @@ def timing_json(out: RequestOutput) -> dict[str, float]:
             "mean_itl_ms": round(t.mean_itl_ms, 2), "max_itl_ms": round(t.max_itl_ms, 2)}
 
 
+def unanswered_usage(prompt_tokens: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """The usage and timing of a turn aborted before the engine answered: nothing cached, scheduled or generated."""
+    usage = {"prompt_tokens": prompt_tokens, "cached_tokens": 0, "host_cached_tokens": 0, "completion_tokens": 0,
+             "speculation": speculation_json(None)}
+    return usage, dict.fromkeys(("queue_ms", "ttft_ms", "tokens_per_s", "total_ms", "mean_itl_ms", "max_itl_ms"), 0.0)
+
+
 class SessionTurn:
     @classmethod
     async def prepare(cls, state: ServerState, session_id: str, owner: Owner | None, content: str | None,
@@ -80,7 +92,9 @@ class SessionTurn:
         if tools is not None:  # a required/named choice constrains the reply to a call
             sampling = {**sampling, "structured": tool_constraint(tools, sampling.get("structured")),
                         "skip_special_tokens": not tools.keeps_special_tokens}
-        await compile_off_loop(state.require_engine(), sampling.get("structured"))  # the check finds it compiled
+        namespace = cache_namespace(session.tenant, salt if salt is not None else session.cache_salt,
+                                    state.config.cache_sharing)  # as the check's (below) will be
+        await compile_off_loop(state, sampling.get("structured"), namespace)  # the check finds it compiled
         sampling = await tokenize_prediction(state, sampling)  # the frame's prediction text, as token ids
         history = session.template_messages()
         rendered = list(tools.tools) if tools is not None and tools.tools else session.template_tools()
@@ -167,11 +181,15 @@ class SessionTurn:
                     self.last = out
                     for o in out.outputs[:1]:
                         self.generated += o.token_ids
-                        for ev in self.reply.events(o.text, o.finish_reason is not None):  # content, call pieces
+                        for ev in self.reply.events(o.text, o.finish_reason is not None,  # content, call pieces
+                                                    o.finish_reason == "length"):
                             yield ev
                         finish = o.finish_reason or finish
-        except BaseException:  # refused, failed, cancelled or closed by the consumer
+        except Exception:  # refused or failed: the caller reports the error (rolled back if nothing came)
             self._end(finish or "abort")
+            raise
+        except BaseException:  # cancelled, or closed by its consumer (the client is gone): an abort
+            self._end(finish or "abort", aborted=True)
             raise
         index = self._end(finish or "abort")
         assert self.last is not None and index is not None
@@ -180,18 +198,25 @@ class SessionTurn:
                **({"tool_calls": calls} if calls else {}), "usage": usage_json(self.last),
                "timing": timing_json(self.last)}
 
-    def _end(self, finish_reason: str) -> int | None:
-        """Roll back (nothing generated) or close the turn; idempotent. Returns the reply's message index."""
+    def _end(self, finish_reason: str, aborted: bool = False) -> int | None:
+        """Roll back (refused or failed before the engine produced anything) or close the turn;
+        idempotent. `aborted`: the turn was cancelled or its consumer went away, so it is closed as a
+        reply even when the engine never answered. Returns the reply's message index."""
         if self._ended:
             return len(self.session.messages) - 1
         self._ended = True
         s = self.session
-        s.busy = None
-        self.state.session_generations.pop(s.id, None)
-        store = self.state.sessions
-        if store is not None:
-            store.touch(s)
-        if self.last is None:
+        try:
+            return self._record(finish_reason, aborted)
+        finally:  # free the session only once its outcome is in it (see the module docstring)
+            s.busy = None
+            self.state.session_generations.pop(s.id, None)
+            if self.state.sessions is not None:
+                self.state.sessions.touch(s)
+
+    def _record(self, finish_reason: str, aborted: bool) -> int | None:
+        s, store = self.session, self.state.sessions
+        if self.last is None and not aborted:
             del s.messages[len(s.messages) - self.inputs:]
             del s.tokens[len(s.tokens) - len(self.user_tokens):]
             if store is not None:
@@ -203,8 +228,10 @@ class SessionTurn:
         s.tokens.extend(self.gen_prompt + self.generated + closing)
         self.reply.events("", True)  # an aborted reply's held-back text (its events are not sent)
         content, calls, self.finish_reason = self.reply.reply(finish_reason)
+        usage, timing = ((usage_json(self.last), timing_json(self.last)) if self.last is not None
+                         else unanswered_usage(len(self.request.token_ids)))
         s.messages.append(Message("assistant", content, start, len(s.tokens), self.finish_reason,
-                                  usage_json(self.last), timing_json(self.last), tool_calls=calls or None))
+                                  usage, timing, tool_calls=calls or None))
         if store is not None:
             store.account(s)
             with suppress(ApiError):  # over budget with only busy sessions left: the next create sheds it

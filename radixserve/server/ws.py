@@ -4,7 +4,9 @@ One reader loop validates each client frame and answers malformed ones with an e
 connection stays usable); each chat runs as its own task; one writer task owns the socket's send
 side so frames from concurrent generations never interleave mid-frame. A disconnect cancels every
 generation of the connection (the engine aborts them and frees their blocks) before the handler
-returns. A chat frame is validated in the reader (a refusal is an error frame with its gen_id); its
+returns; a turn already committed to its session is recorded there as a reply with finish_reason
+"abort" (possibly empty), whether the disconnect came before its first token or after (turns.py).
+A chat frame is validated in the reader (a refusal is an error frame with its gen_id); its
 message is then tokenized in the generation's task (off the event loop when large: turns.py), and
 that task is already a generation of the connection: it counts against the per-connection limit and
 its gen_id, a `cancel` makes it end like any cancelled generation (`done`, finish_reason "abort"),
@@ -57,6 +59,9 @@ log = logging.getLogger("radixserve.server")
 POLICY_VIOLATION = 1008
 SLOW_CLIENT_REASON = "send buffer limit exceeded: the client is not reading"
 CLOSE_WAIT_S = 10.0  # how long a close frame may wait for a stalled socket to take it
+# how long a disconnect waits for its aborted generations to end on their own (the engine answers
+# an abort within one step) before it cancels their tasks; either way each records its aborted turn
+TEARDOWN_WAIT_S = 5.0
 _CLOSE = "close"  # writer control: close the socket with 1008, then stop writing
 _STOP = "stop"  # writer control: stop writing (the peer is gone or the handler is ending)
 
@@ -281,7 +286,7 @@ class Connection:
         for g in gens:
             g.stop()
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=5.0)
+            _, pending = await asyncio.wait(tasks, timeout=TEARDOWN_WAIT_S)
             for task in pending:
                 task.cancel()
             if pending:

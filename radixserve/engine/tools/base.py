@@ -4,11 +4,14 @@ preamble), and `ToolStream`, the incremental parser of one reply.
 A format reads a reply with one generator (`read`) over a `Cursor`; `parse` runs it over the whole text,
 `ToolStream` over the text as it is decoded, so both read alike: the ContentDelta texts of a stream join to
 `parse(...).content` (modulo surrounding whitespace) and the ToolCallDelta pieces of call i join to its
-`calls[i]`, for every well-formed reply, however it is split.
+`calls[i]`, for every well-formed reply, however it is split. A reply cut short (`cut`: it hit max_tokens)
+drops the call it was cut in from both (reader.py); a stream has sent that call's fragments if its header
+was whole.
 
 Invariants: a format is immutable; `for_tokenizer` returns a copy that knows which of its markers are
-single tokens (ids for the grammars), nothing else changes. `needs_special_tokens` says the server must
-decode replies with special tokens kept, or the parser would never see the markers.
+single tokens (ids for the grammars), nothing else changes; `open_objects` (--open-json-objects) leaves
+the objects of tool parameters open in its grammars (closed otherwise). `needs_special_tokens` says the
+server must decode replies with special tokens kept, or the parser would never see the markers.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ class ToolStream:
             self._advance()
         return self._take()
 
-    def finish(self) -> list[ReplyDelta]:
-        self._cursor.final = True
+    def finish(self, cut: bool = False) -> list[ReplyDelta]:
+        """The reply ended (`cut`: by max_tokens): what the parser held back comes out."""
+        self._cursor.final, self._cursor.cut = True, cut
         while self._reading is not None:
             self._advance()
         return self._take()
@@ -69,6 +73,7 @@ class ToolCallFormat(ABC):
     needs_special_tokens: bool = False
     markers: tuple[str, ...] = ()  # the format's marker texts, which tokenizers may have as single tokens
     special_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    open_objects: bool = False  # tool parameters' objects admit undeclared keys (engine/tools/grammar.py)
 
     # ---- reading
     @abstractmethod
@@ -78,21 +83,23 @@ class ToolCallFormat(ABC):
     def stream(self) -> ToolStream:
         return ToolStream(self)
 
-    def parse(self, text: str) -> ParsedReply:
-        c = Cursor(text=text, final=True)
+    def parse(self, text: str, cut: bool = False) -> ParsedReply:
+        """A whole reply (`cut`: it hit max_tokens) split into content and calls."""
+        c = Cursor(text=text, final=True, cut=cut)
         for _ in self.read(c):
             raise AssertionError("a parser waited for more text after the reply ended")
         ids = {d.index: d.id for d in c.out if isinstance(d, ToolCallDelta) and d.id}
         calls = [ToolCall(r.name, r.arguments, ids[r.call]) for r in c.records if r.call is not None and r.valid]
-        content = "".join(r.text for r in c.records if r.call is None or not r.valid)
+        content = "".join(r.text for r in c.records if r.call is None or not (r.valid or r.dropped))
         return ParsedReply(content.strip(), calls)
 
     def block(self, c: Cursor, opener: str, body: Waiting) -> Generator[None, None, None]:
         """Runs a call block that followed `opener`; a block that fails before committing a call is read
-        as content from the opener on, so a malformed call stays visible as text."""
+        as content from the opener on, so a malformed call stays visible as text; unless the reply was
+        cut in it: then it is an unfinished call, dropped."""
         start, calls = c.pos, c.calls
         ok = yield from body
-        if not ok and c.calls == calls:
+        if not ok and c.calls == calls and not c.unfinished(start, bool(opener)):
             c.pos = start
             c.content(opener)
 
@@ -115,12 +122,12 @@ class ToolCallFormat(ABC):
             return StructuredOutput(grammar=self.lazy_grammar(offered, parallel), field="tools")
         field = "tool_choice" if choice.mode == "named" else "tools"
         return StructuredOutput(grammar=calls_grammar(self.shape(), offered, parallel and choice.mode != "named",
-                                                      self.special_ids), field=field)
+                                                      self.special_ids, self.open_objects), field=field)
 
     def lazy_grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         trigger = self.trigger()
         assert trigger is not None, f"{self.name} has no trigger: it overrides lazy_grammar"
-        return lazy_calls_grammar(self.shape(), trigger, tools, parallel, self.special_ids)
+        return lazy_calls_grammar(self.shape(), trigger, tools, parallel, self.special_ids, self.open_objects)
 
     # ---- prompting
     @abstractmethod

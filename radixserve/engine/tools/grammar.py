@@ -3,7 +3,10 @@ arguments, and this module builds the grammars `ToolCallFormat.constraint` retur
 
 Invariants: arguments are `%json` of the tool's own `parameters` with the engine's JSON layout (no free
 whitespace, ", " and ": " separators), so a constrained call is what the format's parser reads and its
-arguments validate against the tool's schema. A marker the tokenizer has as one added token is written as
+arguments validate against the tool's schema; its objects are closed (radixserve/schema_objects.py: only
+declared properties, unless the schema says otherwise) unless `open_objects`, the server's
+--open-json-objects, as the `json` constraints are. Without `parallel`, a grammar allows one call and
+then only the end of the reply. A marker the tokenizer has as one added token is written as
 that token (`<[id]>`); llguidance treats every added token as special, so the spelled-out text would never
 match it and the model would be pushed to spell it in pieces. `lazy` grammars leave text free until the
 model writes the trigger, then constrain the calls, which end the reply.
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.engine.grammar.compiler import JSON_OPTIONS
+from radixserve.schema_objects import close_objects
 
 
 @dataclass(frozen=True)
@@ -51,30 +55,32 @@ def literal(text: str, special_ids: Mapping[str, int]) -> str:
     return " ".join(parts)
 
 
-def arguments_rule(parameters: dict[str, Any]) -> str:
-    schema = {**parameters, "x-guidance": JSON_OPTIONS}  # the layout every JSON constraint has
+def arguments_rule(parameters: dict[str, Any], open_objects: bool = False) -> str:
+    closed = parameters if open_objects else close_objects(parameters)
+    schema = {**closed, "x-guidance": JSON_OPTIONS}  # the layout every JSON constraint has
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 
-def calls_grammar(shape: CallShape, tools: list[Any], parallel: bool, special_ids: Mapping[str, int]) -> str:
+def calls_grammar(shape: CallShape, tools: list[Any], parallel: bool, special_ids: Mapping[str, int],
+                  open_objects: bool = False) -> str:
     """One call of any of `tools` (or one or more when `parallel`), from the first token."""
-    lines = _call_rules(shape, tools, special_ids, "")
+    lines = _call_rules(shape, tools, special_ids, "", open_objects)
     lines.append("start: " + _list(shape, parallel, special_ids, "call", shape.open))
     return "\n".join(lines) + "\n"
 
 
 def lazy_calls_grammar(shape: CallShape, trigger: str, tools: list[Any], parallel: bool,
-                       special_ids: Mapping[str, int]) -> str:
+                       special_ids: Mapping[str, int], open_objects: bool = False) -> str:
     """Free text; once the model writes `trigger`, calls as in `calls_grammar`, which end the reply."""
     opens_list = shape.open.startswith(trigger) and bool(shape.open)
     if not opens_list and not shape.prefix("x").startswith(trigger):
         raise ValueError(f"the trigger {trigger!r} does not start a call")
     lines = ["%llguidance {}", "TEXT: /(.|\\n)*/", "start: TEXT | tagged"]
-    lines += _call_rules(shape, tools, special_ids, "")
+    lines += _call_rules(shape, tools, special_ids, "", open_objects)
     if opens_list:
         rest = _list(shape, parallel, special_ids, "call", shape.open[len(trigger):])
     else:
-        lines += _call_rules(shape, tools, special_ids, trigger)
+        lines += _call_rules(shape, tools, special_ids, trigger, open_objects)
         more = f" ({_seq(literal(shape.separator, special_ids), 'call')})*" if parallel else ""
         rest = _seq("first", more.strip(), literal(shape.close, special_ids))
     if trigger in special_ids:
@@ -84,7 +90,8 @@ def lazy_calls_grammar(shape: CallShape, trigger: str, tools: list[Any], paralle
     return "\n".join(lines) + "\n"
 
 
-def _call_rules(shape: CallShape, tools: list[Any], special_ids: Mapping[str, int], strip: str) -> list[str]:
+def _call_rules(shape: CallShape, tools: list[Any], special_ids: Mapping[str, int], strip: str,
+                open_objects: bool) -> list[str]:
     """`call: call_0 | ...` with one rule per tool (`first` ones with the trigger `strip` taken off)."""
     rule = "first" if strip else "call"
     lines = [f"{rule}: " + " | ".join(f"{rule}_{i}" for i in range(len(tools)))]
@@ -93,7 +100,7 @@ def _call_rules(shape: CallShape, tools: list[Any], special_ids: Mapping[str, in
         body = _seq(literal(before, special_ids), f"args_{i}", literal(shape.after, special_ids))
         lines.append(f"{rule}_{i}: {body}")
         if not strip:
-            lines.append(f"args_{i}: {arguments_rule(tool.parameters)}")
+            lines.append(f"args_{i}: {arguments_rule(tool.parameters, open_objects)}")
     return lines
 
 

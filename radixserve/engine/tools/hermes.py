@@ -5,7 +5,7 @@
     </tool_call>
 
 possibly several, after any text (which is the reply's content). A closing tag the reply never wrote is
-forgiven; a block that holds no call object is content.
+forgiven; a block that holds no call object is content; a closing tag max_tokens cut is dropped.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class HermesFormat(ToolCallFormat):
         mark = c.pos
         if (yield from c.skip_ws()) and (yield from c.accept(CLOSE)):
             return True
-        c.pos = mark  # no closing tag: what follows is content again
+        if not c.unfinished(mark, True):
+            c.pos = mark  # no closing tag: what follows is content again
         return True
 
     def shape(self) -> CallShape:

@@ -51,7 +51,8 @@ class Llama3JsonFormat(ToolCallFormat):
         return CallShape(before='{"name": "{name}", "parameters": ', after="}", separator="; ")
 
     def lazy_grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
-        calls = calls_grammar(self.shape(), tools, parallel, self.special_ids).replace("start:", "calls:", 1)
+        calls = calls_grammar(self.shape(), tools, parallel, self.special_ids,
+                              self.open_objects).replace("start:", "calls:", 1)
         tagged = f" | {literal(PYTHON_TAG, self.special_ids)} calls" if PYTHON_TAG in self.special_ids else ""
         return f"%llguidance {{}}\nstart: PROSE | calls{tagged}\n{_PROSE}\n{calls}"
 

@@ -73,7 +73,7 @@ class MistralFormat(ToolCallFormat):
         index = c.open_call(name, c.text[start:c.pos])
         record = c.records[-1]
         ok, record.arguments = yield from c.arguments_value(index)
-        record.text, record.valid = c.text[start:c.pos], ok
+        c.settle(record, start, ok)
         return True
 
     def shape(self) -> CallShape:

@@ -11,6 +11,13 @@ follows it, so runs at the reply's ends never go out); a call is committed (its 
 only once its header is whole; a block that fails before that point is rewound and read as content. A
 committed call whose arguments turn out not to be JSON cannot be taken back from a stream; `parse` then
 reads its text as content (`Record.valid`).
+
+A reply cut short (`cut`: max_tokens) may end inside a call. Then what the reply wrote of that call is
+neither content nor a call: a block the text ran out in (`starved`) is dropped instead of rewound, a
+committed call whose arguments ran out is dropped by `parse` (`Record.dropped`; a stream has sent its
+fragments already), and a held piece of an opener at the end is not content. A markerless block (a
+reply that starts with a call object) is dropped only if its first key may still be a call's; a cut
+JSON answer stays content.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ Waiting = Generator[None, None, bool]  # a parser step: yields while it needs mo
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
 _HEADER_WINDOW = 512  # a header longer than this (whitespace padding) is read as a whole object instead
 _SCALAR_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+-")
+# the start of a markerless call (an object, or a list of them) up to its first key, which may be cut
+_FIRST_KEY = re.compile(r'\[?\s*\{\s*(?:"((?:[^"\\]|\\.)*)(")?)?')
+_CALL_KEYS = ("name", "arguments", "parameters")
 
 
 @dataclass
@@ -40,6 +50,7 @@ class Record:
     name: str = ""
     arguments: str = ""
     valid: bool = True
+    dropped: bool = False  # a call the reply was cut in: neither a call nor content
 
 
 @dataclass
@@ -50,6 +61,8 @@ class Cursor:
     out: list[ReplyDelta] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     calls: int = 0
+    cut: bool = False  # the reply was cut short (max_tokens): known once final
+    starved: bool = False  # a helper gave up because the text ended (final), not because it did not match
     _held_ws: str = ""
     _emitted: bool = False
 
@@ -58,6 +71,7 @@ class Cursor:
         """Until `n` characters after pos have arrived; False if the reply ended first."""
         while len(self.text) - self.pos < n:
             if self.final:
+                self.starved = True
                 return False
             yield
         return True
@@ -70,6 +84,7 @@ class Cursor:
             if self.pos < len(self.text):
                 return True
             if self.final:
+                self.starved = True
                 return False
             yield
 
@@ -83,6 +98,7 @@ class Cursor:
                 self.pos += len(literal)
                 return True
             if self.final:
+                self.starved = True
                 return False
             yield
 
@@ -104,7 +120,9 @@ class Cursor:
                 self.pos = at + len(opener)
                 return opener
             if self.final:
-                self.content(self.text[self.pos:])
+                # a cut reply's last characters that may begin an opener are the start of a call, not text
+                held = _partial_opener(self.text, self.pos, openers) if self.cut else 0
+                self.content(self.text[self.pos:len(self.text) - held])
                 self.pos = len(self.text)
                 return None
             safe = len(self.text) - _partial_opener(self.text, self.pos, openers)
@@ -139,6 +157,7 @@ class Cursor:
             if end is not None:
                 return self._whole_call(start, end)
             if self.final:
+                self.starved = True
                 return False
             yield
 
@@ -170,7 +189,7 @@ class Cursor:
         ok, arguments = yield from self.arguments_value(index)
         record.arguments = arguments
         yield from self._close_object()
-        record.text, record.valid = self.text[start:self.pos], ok
+        self.settle(record, start, ok)
         return True
 
     def _close_object(self) -> Generator[None, None, None]:
@@ -198,6 +217,7 @@ class Cursor:
                 self.out.append(ToolCallDelta(index, None, None, self.text[sent:self.pos]))
                 sent = self.pos
             if self.final:
+                self.starved = True
                 return False, self.text[start:self.pos]
             yield
         self.pos = end
@@ -216,6 +236,20 @@ class Cursor:
             return False, raw
         self.out.append(ToolCallDelta(index, None, None, arguments))
         return True, arguments
+
+    def settle(self, record: Record, start: int, ok: bool) -> None:
+        """A committed call's record once its arguments are read: its source text (from `start`), whether
+        they are JSON, and whether the reply was cut in them (then it is dropped)."""
+        record.text, record.valid = self.text[start:self.pos], ok
+        record.dropped = not ok and self.cut and self.starved
+
+    def unfinished(self, start: int, marked: bool) -> bool:
+        """Whether the reply was cut inside the call markup that began at `start` (after an opener when
+        `marked`); if so the rest of the text is consumed: it is neither content nor a call."""
+        if not (self.cut and self.starved and (marked or _may_be_call(self.text, start))):
+            return False
+        self.pos = len(self.text)
+        return True
 
     def open_call(self, name: str, source: str) -> int:
         """Commits a call whose name a format read itself (not from a call object)."""
@@ -240,6 +274,18 @@ def _arguments_text(value: object) -> str:
         except ValueError:
             pass
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _may_be_call(text: str, start: int) -> bool:
+    """Whether text[start:], which ends early, may be the start of a call object (or of a list of them):
+    its first key is, or may still become, one a call begins with."""
+    m = _FIRST_KEY.match(text, start)
+    if m is None:
+        return False
+    key, closed = m.group(1), m.group(2)
+    if closed:
+        return key in _CALL_KEYS
+    return m.end() == len(text) and (key is None or any(k.startswith(key) for k in _CALL_KEYS))
 
 
 def _partial_opener(text: str, pos: int, openers: tuple[str, ...]) -> int:

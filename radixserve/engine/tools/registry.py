@@ -2,11 +2,13 @@
 
 Invariants: a flag value (`--tool-call-parser`) always wins and an unknown one is an error naming the
 choices; without one, the template's own tool-call markup decides, and a template with none (the embedded
-SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then teaches the model.
+SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then teaches the model. Every format closes the
+objects of tool parameters unless asked for open ones (`open_objects`, --open-json-objects).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -21,7 +23,8 @@ FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3
 _LLAMA3_JSON = re.compile(r"ipython|\"parameters\"|'parameters'|<\|python_tag\|>")
 
 
-def tool_format(chat_template: str | None, override: str | None = None, tokenizer: Any = None) -> ToolCallFormat:
+def tool_format(chat_template: str | None, override: str | None = None, tokenizer: Any = None,
+                open_objects: bool = False) -> ToolCallFormat:
     """The format for a model: `override` if given, else told from `chat_template`. With `tokenizer`, the
     format knows which of its markers are single tokens (see ToolCallFormat.for_tokenizer)."""
     if override:
@@ -32,6 +35,8 @@ def tool_format(chat_template: str | None, override: str | None = None, tokenize
             fmt = MistralFormat(args_syntax=True)
     else:
         fmt = _from_template(chat_template or "")
+    if open_objects:
+        fmt = dataclasses.replace(fmt, open_objects=True)
     return fmt.for_tokenizer(tokenizer) if tokenizer is not None else fmt
 
 
