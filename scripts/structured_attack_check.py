@@ -1,12 +1,14 @@
 """Does one hostile structured-output client slow everyone else's decoding? A real `radixserve serve`
-(the embedded model) on 127.0.0.1; a victim streams a 150-token chat reply (ignore_eos), first alone
-(the control), then while an attacker from another address (127.0.0.2) sends, one request at a time
-and back to back, issue 43's attacks in turn: a lexer-blow-up regex with a fresh N each time, a GBNF
-rule chain whose conversion is quadratic, a 5,000-rule Lark chain and a 5,000-`$ref` schema. Reported:
-the victim's stream time and its largest gap between tokens, each run, and the server's RSS before and
-after the attacks; `--rounds` repeats the control/attack pair and keeps every figure.
+(the embedded model) on 127.0.0.1; a victim streams a 400-token completion (ignore_eos), first alone
+(the control), then beside a benign neighbour sending the attacker's requests without their
+constraints (what any second client costs: its replies share the batch), then while an attacker from
+another address (127.0.0.2) sends, one request at a time and back to back, issue 43's attacks in
+turn: a lexer-blow-up regex with a fresh N each time, a GBNF rule chain whose conversion is quadratic,
+a 5,000-rule Lark chain and a 5,000-`$ref` schema. Reported: the victim's tokens a second and largest
+gap between tokens in each condition, each round, and the server's RSS before and after the attacks;
+`--rounds` repeats the three conditions and keeps every figure.
 
-    .venv/bin/python scripts/structured_attack_check.py --json docs/bench/issue-43/attack.json
+    .venv/bin/python scripts/structured_attack_check.py --rounds 3 --json docs/bench/issue-43/attack.json
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import psutil
 from server_process import Server
 
 KEYS = "victim-key tenant-a user\nattacker-key tenant-b user\n"
-VICTIM_TOKENS = 150
+VICTIM_TOKENS = 400
 
 
 def attacks(model: str, n: int) -> list[dict[str, Any]]:
@@ -40,29 +42,43 @@ def attacks(model: str, n: int) -> list[dict[str, Any]]:
 
 
 async def victim(url: str, model: str) -> dict[str, float]:
-    body = {"model": model, "messages": [{"role": "user", "content": "Tell me a long story."}], "stream": True,
-            "max_tokens": VICTIM_TOKENS, "ignore_eos": True, "temperature": 0}
+    # the legacy completions API: it honours ignore_eos, so the victim always decodes VICTIM_TOKENS
+    body = {"model": model, "prompt": "Tell me a long story.", "stream": True, "max_tokens": VICTIM_TOKENS,
+            "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
     gaps: list[float] = []
+    tokens = 0
     async with httpx.AsyncClient(base_url=url, timeout=600, headers={"Authorization": "Bearer victim-key"}) as c:
         started = last = time.monotonic()
-        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        async with c.stream("POST", "/v1/completions", json=body) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
-                if line.startswith("data: ") and '"content"' in line:
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices") and chunk["choices"][0]["text"]:
                     now = time.monotonic()
                     gaps.append(now - last)
                     last = now
-    return {"stream_s": round(time.monotonic() - started, 3), "max_gap_s": round(max(gaps[1:] or [0.0]), 3),
-            "chunks": len(gaps)}
+    elapsed = time.monotonic() - started
+    return {"stream_s": round(elapsed, 3), "tokens": tokens, "tokens_per_s": round(tokens / elapsed, 2),
+            "max_gap_s": round(max(gaps[1:] or [0.0]), 3), "chunks": len(gaps)}
 
 
-async def attacker(url: str, model: str, stop: asyncio.Event, tally: dict[str, int]) -> None:
+def neighbours(model: str, n: int) -> list[dict[str, Any]]:
+    """What the attacks ask but the constraints: the same prompt and reply length, from the same address."""
+    return [{k: v for k, v in body.items() if k not in ("structured_outputs", "response_format")}
+            for body in attacks(model, n)]
+
+
+async def attacker(url: str, model: str, stop: asyncio.Event, tally: dict[str, int], hostile: bool) -> None:
     transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
     async with httpx.AsyncClient(base_url=url, timeout=600, transport=transport,
                                  headers={"Authorization": "Bearer attacker-key"}) as c:
         n = 50
         while not stop.is_set():
-            for body in attacks(model, n):
+            for body in (attacks if hostile else neighbours)(model, n):
                 if stop.is_set():
                     break
                 r = await c.post("/v1/chat/completions", json=body)
@@ -72,9 +88,10 @@ async def attacker(url: str, model: str, stop: asyncio.Event, tally: dict[str, i
             n += 1
 
 
-async def attacked(url: str, model: str) -> tuple[dict[str, float], dict[str, int]]:
+async def beside(url: str, model: str, hostile: bool) -> tuple[dict[str, float], dict[str, int]]:
+    """The victim's stream while the other client sends its requests back to back."""
     stop, tally = asyncio.Event(), {}
-    flood = asyncio.create_task(attacker(url, model, stop, tally))
+    flood = asyncio.create_task(attacker(url, model, stop, tally, hostile))
     await asyncio.sleep(2.0)  # the attacks are under way
     try:
         return await victim(url, model), tally
@@ -100,9 +117,13 @@ def main() -> None:
         rss_before = proc.memory_info().rss if proc is not None else 0
         for _ in range(args.rounds):
             control = asyncio.run(victim(url, model))
-            under_attack, tally = asyncio.run(attacked(url, model))
-            rounds.append({"control": control, "attacked": under_attack, "attacks": tally,
-                           "slowdown": round(under_attack["stream_s"] / control["stream_s"], 2)})
+            neighboured, plain = asyncio.run(beside(url, model, hostile=False))
+            under_attack, tally = asyncio.run(beside(url, model, hostile=True))
+            rounds.append({"control": control, "benign_neighbour": neighboured, "attacked": under_attack,
+                           "neighbour_requests": plain, "attacks": tally,
+                           "slowdown_vs_alone": round(control["tokens_per_s"] / under_attack["tokens_per_s"], 2),
+                           "slowdown_vs_benign_neighbour": round(neighboured["tokens_per_s"]
+                                                                 / under_attack["tokens_per_s"], 2)})
             print(json.dumps(rounds[-1]), flush=True)
         rss_after = proc.memory_info().rss if proc is not None else 0
         alive = server.client.get("/health").status_code == 200

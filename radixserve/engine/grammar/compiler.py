@@ -36,7 +36,9 @@ also reports forced (fast-forward) tokens, which `ConstraintBook` appends in one
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -49,13 +51,19 @@ from typing import Any
 import llguidance
 
 from radixserve.engine.grammar.limits import GrammarLimits
-from radixserve.engine.grammar.worker_process import JSON_OPTIONS
+from radixserve.engine.grammar.worker_process import BACKGROUND_NICE, JSON_OPTIONS
 from radixserve.engine.grammar.workers import CompileBusy, CompilePool, CompileRefused
 from radixserve.errors import BusyError, ConstraintError
 from radixserve.schema_objects import close_objects
 from radixserve.structured import StructuredOutput
 
 __all__ = ["JSON_OPTIONS", "CompileStats", "CompiledGrammar", "GrammarCompiler"]
+def run_in_background() -> None:
+    """This thread below the engine step's priority (Linux: nice is per thread), as the workers are."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+
+
 _STACK_SIZE_LOCK = threading.Lock()  # threading.stack_size is process-wide
 TOKEN_REF = re.compile(r"<\[(\^?)([0-9,\s-]*)\]>")  # a grammar's token-id set: <[2]>, <[1-5,9]>, <[^2]>
 
@@ -137,7 +145,8 @@ class GrammarCompiler:
         self._pool: CompilePool | None = None
         # the in-process halves of compiles: a few long-lived threads with twice a worker's stack (threads
         # made per compile left their freed memory scattered over malloc arenas: RSS grew with every one)
-        self._threads = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="radixserve-grammar")
+        self._threads = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="radixserve-grammar",
+                                           initializer=run_in_background)
 
     @property
     def ll_tokenizer(self) -> Any:

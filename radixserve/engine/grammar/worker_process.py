@@ -10,7 +10,8 @@ Protocol, on stdin/stdout, each message a 4-byte big-endian length and that many
 - each request: {"kind": "json" | "regex" | "lark" | "grammar", "value": schema or text}; answered
   {"grammar": llguidance grammar text, "compile_s": seconds} or {"refused": why, in our words}.
 
-Invariants: the address space is capped (RLIMIT_AS) before the tokenizer is built; every compile and
+Invariants: the worker runs at nice BACKGROUND_NICE (its compiles never compete with the engine step
+for the CPU on equal terms); the address space is capped (RLIMIT_AS) before the tokenizer is built; every compile and
 first mask run on a thread with `stack_mb` of native stack; a grammar that crashes, exhausts memory or
 runs too long ends this process, never the engine (the parent sees its pipe close, or kills it); a
 refusal's text names the constraint kind and what is wrong, never the parser's state (llguidance's
@@ -20,6 +21,7 @@ verbose errors are off) nor more than a few lines of its message.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import struct
@@ -34,6 +36,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 # JSON as OpenAI's models write it: no free whitespace (so keys and separators are forced tokens)
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 HEADER = struct.Struct(">I")
+BACKGROUND_NICE = 10  # compiles run below the engine step's priority, in the workers and in the engine
 MAX_MESSAGE = 1 << 30
 
 
@@ -122,6 +125,7 @@ def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but messages on the parent's pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group: the engine stops us
+    os.nice(BACKGROUND_NICE)  # a compile yields the CPU to the engine step: decoding comes first
     boot = read_message(stdin)
     if boot is None:
         return
