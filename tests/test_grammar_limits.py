@@ -174,3 +174,17 @@ def test_the_cache_is_bounded_by_its_grammars_estimated_memory(tiny: LLMEngine) 
     assert compiler.compile(big) is not None and not compiler.is_cached(big)
     assert compiler.is_cached(chains[2])
     compiler.close()
+
+
+def test_every_bench_schema_compiles_under_the_default_limits(tiny: LLMEngine) -> None:
+    # the limits bound hostile grammars, not real ones: JSONSchemaBench's kinds and our own catalogue
+    from radixserve.bench.structured import catalog_ours
+    from radixserve.bench.structured.catalog_jsb import JSB_SCHEMAS
+
+    ours = [x for name in dir(catalog_ours) if isinstance(lst := getattr(catalog_ours, name), list)
+            for x in lst if hasattr(x, "schema")]
+    schemas = [s.schema for s in [*JSB_SCHEMAS, *ours]]
+    assert len(schemas) >= 60
+    assert GrammarLimits() == tiny.grammars.limits
+    for schema in schemas:
+        assert not tiny.grammars.compile(StructuredOutput(json=schema)).matcher().is_error()
