@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import subprocess
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -195,3 +197,28 @@ def write_tiny_chat_model(root: Path, tokenizer_dir: Path, max_positions: int = 
         if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
             shutil.copy(f, root / f.name)
     return root
+
+
+SERVE_STARTUP_S = 300.0  # a `radixserve serve --replicas` child process: Ray and every replica up
+
+
+def pump_lines(proc: subprocess.Popen[str], out: queue.Queue[str]) -> None:
+    """Every line `proc` prints, into `out` (run on a thread: reading blocks)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.put(line)
+
+
+def wait_for_serving_url(proc: subprocess.Popen[str], out: queue.Queue[str], log: list[str]) -> str:
+    """The URL a `radixserve serve` child prints once it serves; its output so far is kept in `log`."""
+    deadline = time.monotonic() + SERVE_STARTUP_S
+    while time.monotonic() < deadline:
+        try:
+            line = out.get(timeout=1.0)
+        except queue.Empty:
+            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{''.join(log)}"
+            continue
+        log.append(line)
+        if "radixserve: serving at " in line:
+            return line.split("serving at ", 1)[1].split()[0]
+    raise AssertionError(f"serve did not start in {SERVE_STARTUP_S:.0f} s:\n{''.join(log)}")

@@ -28,31 +28,10 @@ pytest.importorskip("ray.serve")
 
 pytest.register_assert_rewrite("server_testkit")
 pytest_plugins = ["server_testkit"]
-from server_testkit import write_tiny_chat_model  # noqa: E402
+from server_testkit import pump_lines, wait_for_serving_url, write_tiny_chat_model  # noqa: E402
 
-STARTUP_S = 300.0
 EXIT_WITHIN_S = 15.0  # the acceptance bound of the issue (finding 13 of issue 43)
 GONE_WITHIN_S = 30.0  # every process of the session, once the command has exited
-
-
-def _lines(proc: subprocess.Popen[str], out: queue.Queue[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.put(line)
-
-
-def _wait_for_url(proc: subprocess.Popen[str], out: queue.Queue[str], log: list[str]) -> str:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        try:
-            line = out.get(timeout=1.0)
-        except queue.Empty:
-            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{''.join(log)}"
-            continue
-        log.append(line)
-        if "radixserve: serving at " in line:
-            return line.split("serving at ", 1)[1].split()[0]
-    raise AssertionError(f"serve did not start in {STARTUP_S:.0f} s:\n{''.join(log)}")
 
 
 def _in_session(sid: int) -> list[psutil.Process]:
@@ -101,9 +80,9 @@ def test_group_sigterm_exits_0_within_15_s_and_leaves_no_process(tmp_path: Path,
     me, seen = psutil.Process(proc.pid), dict[int, psutil.Process]()
     out: queue.Queue[str] = queue.Queue()
     log: list[str] = []
-    threading.Thread(target=_lines, args=(proc, out), daemon=True).start()
+    threading.Thread(target=pump_lines, args=(proc, out), daemon=True).start()
     try:
-        _wait_for_url(proc, out, log)
+        wait_for_serving_url(proc, out, log)
         _record(me, seen)
         names = " | ".join(_name(p) for p in seen.values())
         assert "gcs_server" in names and "raylet" in names, f"not a Ray cluster: {names}"

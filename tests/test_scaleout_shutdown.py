@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,8 @@ import pytest
 pytest.importorskip("ray.serve")
 
 pytest_plugins = ["server_testkit"]
-from server_testkit import write_tiny_chat_model  # noqa: E402
+from server_testkit import pump_lines, wait_for_serving_url, write_tiny_chat_model  # noqa: E402
 
-STARTUP_S = 300.0
 GONE_WITHIN_S = 30.0  # every Ray process, once the command has exited
 
 
@@ -41,26 +39,6 @@ def _descendants(root: psutil.Process, seen: dict[int, psutil.Process]) -> None:
             seen.setdefault(p.pid, p)
     except psutil.NoSuchProcess:
         pass
-
-
-def _lines(proc: subprocess.Popen[str], out: queue.Queue[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.put(line)
-
-
-def _wait_for_url(proc: subprocess.Popen[str], out: queue.Queue[str], log: list[str]) -> str:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        try:
-            line = out.get(timeout=1.0)
-        except queue.Empty:
-            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{''.join(log)}"
-            continue
-        log.append(line)
-        if "radixserve: serving at " in line:
-            return line.split("serving at ", 1)[1].split()[0]
-    raise AssertionError(f"serve did not start in {STARTUP_S:.0f} s:\n{''.join(log)}")
 
 
 def _stream(url: str, started: threading.Event, events: list[dict[str, Any] | str]) -> None:
@@ -95,9 +73,9 @@ def test_sigterm_drains_exits_0_and_leaves_no_ray_process(tmp_path: Path) -> Non
     me, seen = psutil.Process(proc.pid), dict[int, psutil.Process]()
     out: queue.Queue[str] = queue.Queue()
     log: list[str] = []
-    threading.Thread(target=_lines, args=(proc, out), daemon=True).start()
+    threading.Thread(target=pump_lines, args=(proc, out), daemon=True).start()
     try:
-        url = _wait_for_url(proc, out, log)
+        url = wait_for_serving_url(proc, out, log)
         _descendants(me, seen)
         assert seen, "serve started no Ray process"
         started, events = threading.Event(), list[dict[str, Any] | str]()
