@@ -173,6 +173,10 @@ def test_the_cache_is_bounded_by_its_grammars_estimated_memory(tiny: LLMEngine) 
     big = StructuredOutput(grammar=chain(12000))  # estimated past the whole budget: used, not kept
     assert compiler.compile(big) is not None and not compiler.is_cached(big)
     assert compiler.is_cached(chains[2])
+    # compiled ahead of its check (the server's off-loop compile): kept until the check looks it up
+    assert compiler.compile(big, for_a_check=True) is compiler.compile(big)
+    compiler.compile(StructuredOutput(regex="z+"))  # the next compile's trim lets it go
+    assert not compiler.is_cached(big)
     compiler.close()
 
 

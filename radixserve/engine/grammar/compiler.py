@@ -23,8 +23,8 @@ Invariants:
   (`open_objects`): an object allows only its declared properties (radixserve/schema_objects.py);
 - the cache holds at most `cache_size` entries and `limits.cache_mb` of their estimated memory (a
   chain of 5,000 rules holds ~7 MB); a grammar estimated larger than the whole budget is used by its
-  request and not kept. An entry compiled ahead of a request's check (`fresh`) is evicted last, so the
-  check, which runs on the server's event loop, finds it;
+  request and not kept past its check. An entry compiled ahead of a request's check (`fresh`) is
+  evicted last, so the check, which runs on the server's event loop, finds it;
 - `evict` drops a grammar whose matcher hit a limit mid-reply, and the memory its lexer built;
 - thread-safe: the server compiles on worker threads while the engine thread looks up compiled
   constraints.
@@ -64,6 +64,7 @@ def run_in_background() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
+FRESH_KEPT = 16  # entries awaiting their checks kept past the cache's bounds, at most (checks follow at once)
 _STACK_SIZE_LOCK = threading.Lock()  # threading.stack_size is process-wide
 TOKEN_REF = re.compile(r"<\[(\^?)([0-9,\s-]*)\]>")  # a grammar's token-id set: <[2]>, <[1-5,9]>, <[^2]>
 
@@ -214,7 +215,10 @@ class GrammarCompiler:
         compiled.fresh = for_a_check
         with self._lock:
             self.stats.record(compiled.compile_s)
-            if compiled.weight <= self.limits.cache_mb * 2**20 and compiled.key not in self._cache:
+            # one compiled for a check is kept until that check's lookup, whatever its size: the check
+            # runs on the server's event loop and must not compile
+            fits = for_a_check or compiled.weight <= self.limits.cache_mb * 2**20
+            if fits and compiled.key not in self._cache:
                 self._cache[compiled.key] = compiled
                 self._cached_bytes += compiled.weight
                 self._trim()
@@ -252,7 +256,11 @@ class GrammarCompiler:
         check's lookup (`fresh`) go last."""
         budget = self.limits.cache_mb * 2**20
         while len(self._cache) > self.cache_size or self._cached_bytes > budget:
-            key = next((k for k, g in self._cache.items() if not g.fresh), next(iter(self._cache)))
+            key = next((k for k, g in self._cache.items() if not g.fresh), None)
+            if key is None:  # only entries awaiting their checks: kept, unless a flood of them
+                if len(self._cache) <= FRESH_KEPT:
+                    return
+                key = next(iter(self._cache))
             self._cached_bytes -= self._cache.pop(key).weight
 
     def evict(self, key: tuple[str, str, str]) -> None:
