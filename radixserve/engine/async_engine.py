@@ -24,7 +24,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from radixserve.cache.events import CacheEventLog
@@ -323,14 +322,12 @@ class AsyncEngine:
         pins = self.engine.pins
         await self._call(lambda: pins.check_size(len(token_ids)))
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, cache_namespace=namespace)
-        computed = 0
         for _ in range(PIN_ATTEMPTS):
             info = await self._call(lambda: pins.pin(token_ids, namespace, label))
             if info is not None:
-                return replace(info, computed_tokens=computed)
-            async for out in self.generate(token_ids, params):  # the prefill that caches it
-                if out.finished:
-                    computed += out.usage.prompt_tokens - out.usage.cached_tokens
+                return info
+            async for _ in self.generate(token_ids, params):  # the prefill that caches it
+                pass
         raise PinError(f"the prefix could not be kept in the cache after {PIN_ATTEMPTS} prefills (the pool is "
                        "too busy); try again")
 

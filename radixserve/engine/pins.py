@@ -36,7 +36,6 @@ class PinInfo:
     hit_tokens: int  # their tokens of it served from the cache
     created: float  # time.time() when it was made
     label: str  # what the operator called it (the start of the system prompt, by default)
-    computed_tokens: int = 0  # of its tokens, those its making prefilled (the rest were cached already)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixserve.engine.pins import PinBudget, PinError, PinInfo
@@ -85,8 +85,7 @@ class ClusterPins:
             raise EngineStoppedError("no engine replica is running: nothing to pin on")
         pin = _ClusterPin(f"pin-{next(self._ids)}", list(token_ids), namespace, label, time.time(), made)
         self._pins[pin.id] = pin
-        # what making it wrote: each replica prefilled it, and a request reads one replica's
-        return replace(self._info(pin), computed_tokens=max(i.computed_tokens for i in made.values()))
+        return self._info(pin)
 
     async def unpin(self, pin_id: str) -> PinInfo | None:
         pin = self._pins.pop(pin_id, None)
