@@ -129,7 +129,7 @@ def test_a_limit_hit_mid_reply_ends_that_reply_alone_and_evicts_its_grammar() ->
     blown = e.add_request("hi", SamplingParams(max_tokens=8, temperature=0, structured=regex))
     plain = e.add_request("hi", SamplingParams(max_tokens=8, temperature=0))
     ends = run(e)
-    assert ends[blown][1] == "error" and ends[blown][2] == LIMIT_HIT
+    assert ends[blown][1] == "error" and ends[blown][2] == f"structured_outputs.regex: {LIMIT_HIT}"
     assert "lexer" not in LIMIT_HIT and "<state>" not in LIMIT_HIT  # our words, no parser internals
     assert ends[plain][1] == "length"
     assert e.grammars.stats.evictions == 1 and not e.grammars.is_cached(regex)

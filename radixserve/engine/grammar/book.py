@@ -183,8 +183,9 @@ class ConstraintBook:
             state = rows[row][1]
             if state.broken_at is None:
                 state.broken_at, state.why = state.consumed, why
-            dead[owners[rows[row][0]].request] = state.why
-        for req in (req for req, why in dead.items() if why == LIMIT_HIT):
+            req = owners[rows[row][0]].request
+            dead[req] = _naming_field(req, state.why)
+        for req in (req for req, why in dead.items() if why.endswith(LIMIT_HIT)):
             self._limit_hit(req)
         self.stats.dead_ends += len(dead)
         self.stats.mask_steps += 1
@@ -255,9 +256,10 @@ class ConstraintBook:
             self.compiler.evict(grammar.key)
 
     def violation(self, req: Request) -> str | None:
-        """Why `req`'s grammar ended it, if it did."""
+        """Why `req`'s grammar ended it, if it did, naming the parameter the constraint came from."""
         states = [self._matchers.get(seq.seq_id) for seq in req.sequences]
-        return next((s.why for s in states if s is not None and s.broken_at is not None), None)
+        why = next((s.why for s in states if s is not None and s.broken_at is not None), None)
+        return None if why is None else _naming_field(req, why)
 
     def on_commit(self, seq: Sequence, stopping: bool) -> bool:
         """The stop test's part: one committed token of `seq`, after which the reply stops for another
@@ -280,6 +282,12 @@ class ConstraintBook:
             self.stats.dead_ends += 1
             raise GrammarViolation(state.why)
         return completed
+
+
+def _naming_field(req: Request, why: str) -> str:
+    """`why`, after the API parameter the request's constraint came from (StructuredOutput.field)."""
+    structured = req.params.structured
+    return why if structured is None else f"{structured.field}: {why}"
 
 
 def apply_token_bitmask(logits: torch.Tensor, masks: StepMasks) -> None:
