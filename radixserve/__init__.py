@@ -4,9 +4,10 @@ A radix tree over token IDs maps cached prefixes to refcounted, copy-on-write KV
 chunked-prefill continuous batcher runs a lean Llama-family model over them.
 """
 
+from radixserve.chat.session import ChatSession
 from radixserve.config import EngineConfig
 from radixserve.core import CompletionOutput, RequestOutput, Timing, Usage
-from radixserve.engine import LLM, AsyncEngine, ChatSession, LLMEngine
+from radixserve.engine import LLM, AsyncEngine, LLMEngine
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from radixserve.sampling_params import SamplingParams
 

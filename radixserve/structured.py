@@ -9,7 +9,7 @@ constraint came from, and every error about it names that path.
 
 A `grammar` is Lark as llguidance reads it (a GBNF grammar, told by its `::=` rules, is converted);
 its `%json {...}` inline schemas and lazy (triggered) rules are what tool calling builds on
-(engine/tools/). A constraint covers the generated tokens only, never the prompt.
+(chat/tools/). A constraint covers the generated tokens only, never the prompt.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# JSON as OpenAI's models write it: no free whitespace (so keys and separators are forced tokens); the
+# options llguidance compiles every JSON constraint with, tool calls' included
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import argparse
 import sys
 import time
 
+from radixserve.chat.template import ChatFormatter
 from radixserve.config import EngineConfig
 from radixserve.core import RequestOutput
-from radixserve.engine.chat_template import ChatFormatter
 from radixserve.engine.engine import LLMEngine
 from radixserve.sampling_params import SamplingParams
 

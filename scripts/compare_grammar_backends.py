@@ -24,9 +24,9 @@ import torch
 import xgrammar
 
 from radixserve.bench.structured.schemas import all_schemas
-from radixserve.engine.grammar.compiler import JSON_OPTIONS
 from radixserve.model.embedded import resolve_model
 from radixserve.model.loader import load_tokenizer
+from radixserve.structured import JSON_OPTIONS
 
 WALK = 48  # tokens per random walk: the masks measured per schema
 

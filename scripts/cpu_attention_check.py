@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from micro_result import write_result
 
+from radixserve.kernels.cpu_extension import load_extension
 from radixserve.model.attention import SHORT_QUERY, AttentionMetadata, TorchAttentionBackend
-from radixserve.model.cpu_extension import load_extension
 
 HEADS, KV_HEADS, DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from micro_result import write_result
 
-from radixserve.model.cpu_extension import load_extension
-from radixserve.model.cpu_linear import BlockedLinear, PackedLinear
+from radixserve.kernels.cpu_extension import load_extension
+from radixserve.kernels.cpu_linear import BlockedLinear, PackedLinear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 ROTATION_BYTES = 300 << 20

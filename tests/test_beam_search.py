@@ -174,7 +174,7 @@ CHATS = [[{"role": "user", "content": "Name three primes."}],
 def test_embedded_model_chat_equals_transformers() -> None:
     from transformers import AutoModelForCausalLM
 
-    from radixserve.engine.chat_template import ChatFormatter
+    from radixserve.chat.template import ChatFormatter
     from radixserve.model.embedded import embedded_model_dir
 
     llm = LLM(kv_cache_memory_mb=256)

@@ -19,8 +19,8 @@ from radixserve.bench.step_bench import weight_bytes
 from radixserve.bench.step_shapes import SHAPES, write_shape_dir
 from radixserve.cli import main
 from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
+from radixserve.kernels.cpu_linear import packing_works
 from radixserve.model.batch_inputs import BuildTime
-from radixserve.model.cpu_linear import packing_works
 from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.spec import load_spec

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import TEST_OWNER_KEY, rest_client  # noqa: E402

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (Qwen2.5's chat template is kept verbatim, long lines and all)
-"""Chat templates with tools (engine/chat_template.py): the OpenAI path and a session's appended turns
+"""Chat templates with tools (chat/template.py): the OpenAI path and a session's appended turns
 with assistant `tool_calls` and `tool` results, on the embedded SmolLM2 (its ChatML template has no tools:
 they go into contents in the hermes syntax), Qwen2.5's own template (it renders `tools=`), a Llama 3.1
 style template and the tiny chat tokenizer. Message and tool-result text never becomes control tokens;
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from radixserve.engine.chat_template import ChatFormatter
-from radixserve.engine.tools import ToolSpec
+from radixserve.chat.template import ChatFormatter
+from radixserve.chat.tools import ToolSpec
 
 pytestmark = pytest.mark.slow
 
@@ -220,7 +220,7 @@ def test_session_turns_append_exactly_the_retokenized_conversation(fmt: ChatForm
 
 
 def _call(raw: dict[str, Any]) -> Any:
-    from radixserve.engine.tools import ToolCall
+    from radixserve.chat.tools import ToolCall
 
     return ToolCall(raw["function"]["name"], raw["function"]["arguments"], raw["id"])
 

@@ -1,4 +1,4 @@
-"""The compiled CPU step (`model/cpu_step.py`, `model/csrc/cpu_step.cpp`): bit for bit the Python
+"""The compiled CPU step (`model/cpu_step.py`, `kernels/csrc/cpu_step.cpp`): bit for bit the Python
 layers' hidden states and cache writes on every short-row mix, taken by the engine where it applies,
 never where it does not, and the engine still runs when the extension cannot be built
 (`model/cpu_extension.py`)."""
@@ -15,9 +15,10 @@ import torch
 from tiny_models import TINY_VOCAB, hf_model, tiny_model_dir
 
 from radixserve import LLM
-from radixserve.model import cpu_extension, cpu_step
+from radixserve.kernels import cpu_extension
+from radixserve.kernels.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu
+from radixserve.model import cpu_step
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
-from radixserve.model.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
 from radixserve.model.ops import TorchOps
@@ -170,7 +171,7 @@ def test_an_engine_without_the_extension_runs_onednn_and_the_python_layers(monke
         raise RuntimeError("Error building extension 'radixserve_cpu': g++: not found")
 
     monkeypatch.setattr(cpu_extension, "load_extension", no_compiler)
-    with caplog.at_level(logging.WARNING, logger="radixserve.model.cpu_extension"):
+    with caplog.at_level(logging.WARNING, logger="radixserve.kernels.cpu_extension"):
         llm = LLM(model=str(tiny_model_dir("llama")), num_speculative_tokens=0)
     assert llm.engine.runner.cpu_step is None
     assert "could not be built" in caplog.text and "g++: not found" in caplog.text
@@ -188,7 +189,7 @@ def test_a_build_lock_left_by_a_killed_builder_does_not_block_a_start(tmp_path) 
     (directory / "lock").touch()
     other_checkout = tmp_path / "csrc"
     shutil.copytree(cpu_extension.SOURCE_DIRECTORY, other_checkout)
-    script = ("from pathlib import Path; from radixserve.model import cpu_extension; "
+    script = ("from pathlib import Path; from radixserve.kernels import cpu_extension; "
               f"print(cpu_extension.load_extension(Path({str(other_checkout)!r})).built)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""The C++ extension's CPU kernels (`model/csrc/`): the matmul (`radixserve::linear`) and the in-place
+"""The C++ extension's CPU kernels (`kernels/csrc/`): the matmul (`radixserve::linear`) and the in-place
 attention of short rows (`radixserve::paged_attention`) against float64 references, and the
 invariants the engine relies on: a row's result never depends on the other rows of its step, on how
 many rows ran, or on the thread count."""
@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from radixserve.model import cpu_extension
+from radixserve.kernels import cpu_extension
+from radixserve.kernels.cpu_linear import BlockedLinear, packing_works
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
-from radixserve.model.cpu_linear import BlockedLinear, packing_works
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from radixserve.kernels.cpu_linear import PackedLinear, pack_for_cpu, packing_works
 from radixserve.model import cpu_threads
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
-from radixserve.model.cpu_linear import PackedLinear, pack_for_cpu, packing_works
 from radixserve.model.rope import RopeParams, RotaryEmbedding, apply_rotary
 
 

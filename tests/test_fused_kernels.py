@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels.reference import add_rms_norm_reference, rotary_qk_reference_, silu_and_mul_reference
+from radixserve import kernels
+from radixserve.kernels.reference import add_rms_norm_reference, rotary_qk_reference_, silu_and_mul_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -198,7 +198,7 @@ def test_fused_kernels_compile_for_hopper():
     """Real sm_90 compiles (no interpreter) of every dtype and code path, with IEEE division and sqrt."""
     code = (
         "import torch\n"
-        "from kernels.aot_check import check_fused\n"
+        "from radixserve.kernels.aot_check import check_fused\n"
         "for v in check_fused(90):\n"
         "    print(v.kernel, v.fits)\n"
     )

@@ -164,9 +164,9 @@ def test_speculative_verification_on_the_gpu_matches_transformers(eager: bool, o
 def test_fp8_store_writes_the_torch_format_and_attention_reads_it() -> None:
     """On the GPU (native e4m3 conversions), `store_kv` writes kernels/fp8_format.quantize's bytes bit
     for bit and decode/extend attend as the torch reference does on the dequantized cache."""
-    import kernels
-    from kernels import fp8_format
-    from kernels.reference import paged_decode_attention_reference, paged_extend_attention_reference
+    from radixserve import kernels
+    from radixserve.kernels import fp8_format
+    from radixserve.kernels.reference import paged_decode_attention_reference, paged_extend_attention_reference
 
     gen = torch.Generator().manual_seed(31)
     blocks, bs, hkv, hq, d = 8, 16, 2, 8, 128

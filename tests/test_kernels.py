@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import fp8_format
-from kernels.common import LaunchConfig
-from kernels.decode import auto_num_splits
-from kernels.reference import (
+from radixserve import kernels
+from radixserve.kernels import fp8_format
+from radixserve.kernels.common import LaunchConfig
+from radixserve.kernels.decode import auto_num_splits
+from radixserve.kernels.reference import (
     paged_decode_attention_reference,
     paged_extend_attention_reference,
     store_kv_reference,
@@ -261,7 +261,7 @@ def _run_without_interpreter(code: str, timeout: float) -> subprocess.CompletedP
 
 def test_cpu_tensors_without_interpreter_get_a_clear_error():
     code = (
-        "import torch, kernels\n"
+        "import torch\nfrom radixserve import kernels\n"
         "q = torch.zeros(1, 2, 64); c = torch.zeros(2, 16, 2, 64)\n"
         "try:\n"
         "    kernels.paged_decode_attention(q, c, c, torch.zeros(1, 1, dtype=torch.int32),"
@@ -279,7 +279,7 @@ def test_kernels_compile_for_hopper_and_fit_shared_memory(kv_cache_dtype):
     bf16 cache and on an FP8 one (whose e4m3 conversions are native from sm_89 on)."""
     code = (
         "import torch\n"
-        "from kernels.aot_check import check_arch\n"
+        "from radixserve.kernels.aot_check import check_arch\n"
         f"for v in check_arch(90, torch.bfloat16, 128, kv_cache_dtype={kv_cache_dtype!r}):\n"
         "    print(v.kernel, v.shared, v.fits, v.tensor_cores)\n"
     )

@@ -1,4 +1,4 @@
-"""The FP8 KV cache (`--kv-cache-dtype fp8`, kernels/fp8_format.py) on CPU: the packed rows round-trip
+"""The FP8 KV cache (`--kv-cache-dtype fp8`, radixserve/kernels/fp8_format.py) on CPU: the packed rows round-trip
 within e4m3's precision; a block holds about twice bf16's tokens per byte; and through every cache
 path the engine's greedy tokens are those of a cold FP8 run on a fresh engine (the cached bytes are
 reused as they are: warm hits, hits ending mid-block, forks, swap and the host tier's load-back),
@@ -15,8 +15,8 @@ import torch
 from test_engine import assert_clean, random_prompts, reference
 from tiny_models import tiny_model_dir
 
-from kernels import fp8_format
 from radixserve import LLM, SamplingParams
+from radixserve.kernels import fp8_format
 from radixserve.model.kv_cache import KVLayout
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

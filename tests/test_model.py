@@ -272,15 +272,15 @@ def test_unknown_rope_type_is_refused():
 
 
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
-    from radixserve.model import embedded
+    from radixserve import paths
 
     monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path / "explicit"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert embedded.cache_root() == tmp_path / "explicit"
+    assert paths.cache_root() == tmp_path / "explicit"
     monkeypatch.delenv("RADIXSERVE_CACHE")
-    assert embedded.cache_root() == tmp_path / "xdg" / "radixserve"
+    assert paths.cache_root() == tmp_path / "xdg" / "radixserve"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert embedded.cache_root() == Path.home() / ".cache" / "radixserve"
+    assert paths.cache_root() == Path.home() / ".cache" / "radixserve"
 
 
 def test_conversion_is_atomic_and_runs_once(monkeypatch, tmp_path):

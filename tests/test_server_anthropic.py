@@ -19,8 +19,8 @@ import httpx
 import jsonschema
 import pytest
 
+from radixserve.chat.tools import FORMATS, ToolChoice
 from radixserve.core import CompletionOutput, RequestOutput, Timing, Usage
-from radixserve.engine.tools import FORMATS, ToolChoice
 from radixserve.server import BackgroundServer
 from radixserve.server.anthropic_reply import ReplyEvents, message_body, stop_fields
 from radixserve.server.anthropic_request import template_messages

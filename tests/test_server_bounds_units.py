@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 from radixserve.server.owners import Owner
 from radixserve.server.send_buffer import SendBuffer
 from radixserve.server.sessions import SessionStore

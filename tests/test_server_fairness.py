@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from radixserve import AsyncEngine, EngineConfig
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 from radixserve.server import BackgroundServer, ServerConfig
 from radixserve.server.owners import OWNER_HEADER, Owner
 from radixserve.server.sessions import SessionStore

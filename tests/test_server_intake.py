@@ -14,7 +14,7 @@ import pytest
 
 import radixserve.engine.engine as engine_module
 import radixserve.engine.intake as intake_module
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import engine_idle, rest_client, wait_until  # noqa: E402

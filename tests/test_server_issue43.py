@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from radixserve import AsyncEngine, EngineConfig
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 from radixserve.model.loader import load_tokenizer
 from radixserve.server import BackgroundServer, ServerConfig, prompt_worker
 from radixserve.server.owners import OWNER_HEADER

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from radixserve.engine.chat_template import Message, TurnTokens
+from radixserve.chat.template import Message, TurnTokens
 from radixserve.server import BackgroundServer
 from radixserve.server.prompt_worker import INLINE_CHARS
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from radixserve.engine.chat_template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
+from radixserve.chat.template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
 from radixserve.engine.intake import Intake, Limits
 from radixserve.errors import RequestError
 from radixserve.server.generation import api_error_from

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixserve.engine.chat_template import token_hash
+from radixserve.chat.template import token_hash
 from radixserve.server import ws as ws_module
 
 pytest.register_assert_rewrite("server_testkit")

@@ -18,9 +18,9 @@ import anthropic
 import openai
 import pytest
 
+from radixserve.chat.tools import FORMATS, ContentDelta, ToolCallDelta, ToolChoice, ToolSpec, tool_format
+from radixserve.chat.tools.grammar import arguments_rule
 from radixserve.config import EngineConfig
-from radixserve.engine.tools import FORMATS, ContentDelta, ToolCallDelta, ToolChoice, ToolSpec, tool_format
-from radixserve.engine.tools.grammar import arguments_rule
 from radixserve.server import BackgroundServer
 
 pytest.register_assert_rewrite("server_testkit")

@@ -1,4 +1,4 @@
-"""Tool-call formats (engine/tools/): each parser on replies written the way its model family writes them,
+"""Tool-call formats (chat/tools/): each parser on replies written the way its model family writes them,
 the streaming parser against the whole-reply one under random splits, format selection, and the constraint
 grammars compiled by llguidance and driven with random allowed tokens: what they let through always parses
 and its arguments validate against the tool's parameters."""
@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from radixserve.engine.tools import (
+from radixserve.chat.tools import (
     FORMATS,
     ContentDelta,
     ReplyDelta,
@@ -24,7 +24,7 @@ from radixserve.engine.tools import (
     ToolSpec,
     tool_format,
 )
-from radixserve.engine.tools.mistral import MistralFormat
+from radixserve.chat.tools.mistral import MistralFormat
 
 HERMES, LLAMA, MISTRAL = FORMATS["hermes"], FORMATS["llama3_json"], FORMATS["mistral"]
 MISTRAL_ARGS = MistralFormat(args_syntax=True)
@@ -188,7 +188,7 @@ def test_system_prompt_describes_tools_and_syntax() -> None:
                         (MISTRAL_ARGS, "[ARGS]")):
         prompt = fmt.system_prompt(tools)
         assert '"name": "get_weather"' in prompt and "Weather of a city" in prompt and syntax in prompt
-        from radixserve.engine.tools import ToolCall
+        from radixserve.chat.tools import ToolCall
         rendered = fmt.render_calls([ToolCall("get_weather", '{"city": "Paris"}')])
         assert [(c.name, c.arguments) for c in fmt.parse(rendered).calls] == [("get_weather", '{"city": "Paris"}')]
 

@@ -18,9 +18,9 @@ import jsonschema
 import openai
 import pytest
 
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import FORMATS, ToolChoice
 from radixserve.core import CompletionOutput
-from radixserve.engine.chat_tools import ChatTools
-from radixserve.engine.tools import FORMATS, ToolChoice
 from radixserve.server import BackgroundServer, ServerConfig
 from radixserve.server.openai_tools import ChoiceDeltas, parse_tools, reply_message, tool_request
 from radixserve.server.validation import ApiError

@@ -17,7 +17,7 @@ import httpx
 import jsonschema
 import pytest
 
-from radixserve.engine.chat_tools import ToolCallOutput
+from radixserve.chat.tool_calls import ToolCallOutput
 from radixserve.engine.llm import LLM
 from radixserve.sampling_params import SamplingParams
 from radixserve.server import BackgroundServer
@@ -213,9 +213,9 @@ def test_llm_session_with_tools(llm: LLM) -> None:
 def test_every_format_forces_a_valid_call_through_the_tiny_model(llm: LLM, parser: str, choice: str) -> None:
     """Each family's call syntax, forced by tool_choice through the model itself (greedy and sampled):
     the reply parses with that family's parser and the arguments validate against the tool's schema."""
-    from radixserve.engine.chat_tools import ChatTools
-    from radixserve.engine.tools import FORMATS, ToolChoice
-    from radixserve.engine.tools.mistral import MistralFormat
+    from radixserve.chat.tool_calls import ChatTools
+    from radixserve.chat.tools import FORMATS, ToolChoice
+    from radixserve.chat.tools.mistral import MistralFormat
 
     fmt = MistralFormat(args_syntax=True) if parser == "mistral-args" else FORMATS[parser]
     fmt = fmt.for_tokenizer(llm.tokenizer)
@@ -239,8 +239,8 @@ def test_auto_with_a_strict_tool_constrains_the_call_once_the_model_opens_it(
     constrained. The random tiny model would never write the opener itself, so its first steps are
     steered onto it (every logit but the opener's next token set to -inf after the grammar's mask);
     what follows is the model's and the grammar's alone, and the arguments validate."""
+    from radixserve.chat.tool_calls import ChatTools
     from radixserve.engine import sampler as sampler_module
-    from radixserve.engine.chat_tools import ChatTools
 
     strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
     tools = ChatTools.of(strict, None, False, llm.formatter.tool_format)

@@ -67,7 +67,7 @@ def test_triton_backend_matches_torch_backend(query_lens, prefix_lens, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_backend_matches_torch_backend_on_an_fp8_cache(dtype):
     """Both backends write the same FP8 bytes and scales, and attend to the same dequantized K/V."""
-    from kernels import fp8_format
+    from radixserve.kernels import fp8_format
 
     gen = torch.Generator().manual_seed(29)
     q, k, v, cache, meta = make_step(gen, [1, 9, 1, 16], [40, 23, 15, 0], 16, 24, 8, 2, 64, dtype)
@@ -132,10 +132,7 @@ def test_launches_are_planned_once_per_step_not_per_layer(monkeypatch) -> None:
     """Argument checks run once per step: every layer of a forward reuses the first layer's plans."""
     from tiny_models import tiny_model_dir
 
-    import kernels.decode
-    import kernels.extend
-    import kernels.kv_store
-    from radixserve import LLM, SamplingParams
+    from radixserve import LLM, SamplingParams, kernels
 
     calls: dict[str, int] = {"store": 0, "decode": 0, "extend": 0}
     for name, module, attr in (("store", kernels.kv_store, "plan_store_kv"), ("decode", kernels.decode, "plan_decode"),

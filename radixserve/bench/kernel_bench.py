@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("radixserve bench kernels needs a CUDA GPU (torch.cuda.is_available() is False); the kernels' "
-              "CPU checks are `pytest tests/test_kernels.py` (Triton interpreter) and `python -m kernels.aot_check`",
+              "CPU checks are `pytest tests/test_kernels.py` (Triton interpreter) and `python -m radixserve.kernels.aot_check`",
               file=sys.stderr)
         return 2
     import triton.testing
@@ -189,8 +189,8 @@ def check_correctness(
     extend_prefixes: tuple[int, ...] = (3584, 999, 0, 16),
 ) -> dict[str, float]:
     """Relative errors of every kernel path against the fp32 references on ragged, shuffled batches."""
-    import kernels
-    from kernels.reference import (
+    import radixserve.kernels as kernels
+    from radixserve.kernels.reference import (
         paged_decode_attention_reference,
         paged_extend_attention_reference,
         store_kv_reference,
@@ -280,7 +280,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lower
 def bench_decode(
     device, shapes: Shapes, batch: int, context: int, copy_bw: float, timer: Timer, sdpa: bool, graph: bool = False
 ) -> Row:
-    import kernels
+    import radixserve.kernels as kernels
 
     row = Row("decode", batch, context)
     kv_bytes = 2 * batch * context * shapes.num_kv_heads * shapes.head_dim * shapes.elem
@@ -308,7 +308,7 @@ def bench_decode(
 
 
 def bench_extend(device, shapes: Shapes, chunk: int, prefix: int, timer: Timer, sdpa: bool) -> Row:
-    import kernels
+    import radixserve.kernels as kernels
 
     row = Row("extend", chunk, prefix)
     total = chunk + prefix
@@ -346,8 +346,8 @@ def ulp_distance(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def bench_fused(device, shapes: Shapes, tokens: int, hidden: int, intermediate: int, timer: Timer) -> list[FusedRow]:
     """The three fused kernels at one token count against their torch references on the same device."""
-    import kernels
-    from kernels.reference import add_rms_norm_reference, rotary_qk_reference_, silu_and_mul_reference
+    import radixserve.kernels as kernels
+    from radixserve.kernels.reference import add_rms_norm_reference, rotary_qk_reference_, silu_and_mul_reference
 
     torch.manual_seed(tokens)
     hq, hkv, d = shapes.num_q_heads, shapes.num_kv_heads, shapes.head_dim

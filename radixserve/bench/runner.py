@@ -109,7 +109,7 @@ def _chat_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
     """One user message as the model's chat prompt (the server's ChatFormatter); None without a tokenizer."""
     if tokenizer is None:
         return None
-    from radixserve.engine.chat_template import ChatFormatter
+    from radixserve.chat.template import ChatFormatter
 
     formatter = ChatFormatter(tokenizer)
     return lambda text: formatter.prompt_tokens([{"role": "user", "content": text}])

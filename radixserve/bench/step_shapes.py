@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from radixserve.model.embedded import EmbeddedModelMissingError, cache_root, resolve_model
+from radixserve.model.embedded import EmbeddedModelMissingError, resolve_model
+from radixserve.paths import cache_root
 
 _LLAMA3 = dict(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False, mlp_bias=False,
                hidden_act="silu", num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,

@@ -1,9 +1,8 @@
 """The engines: the synchronous step loop (`LLMEngine`), its asyncio front (`AsyncEngine`), the offline
-`LLM` API, and what they own besides the scheduler: sampling, detokenization, chat templating, stats."""
+`LLM` API, and what they own besides the scheduler: sampling, detokenization, stats."""
 
 from radixserve.engine.async_engine import AsyncEngine
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.llm import LLM
-from radixserve.engine.session import ChatSession
 
-__all__ = ["LLM", "AsyncEngine", "ChatSession", "LLMEngine"]
+__all__ = ["LLM", "AsyncEngine", "LLMEngine"]

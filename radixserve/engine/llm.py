@@ -1,7 +1,7 @@
 """Offline API: `LLM(...).generate(prompts, params)`, `.chat(messages, params)` and `.session(system)`
 (a multi-turn `ChatSession` that appends exact token ids), synchronous. `chat` and `session` take
 `tools=` (OpenAI function tools) and a `tool_choice`; their outputs are then ToolCallOutputs with the
-calls each reply made (engine/chat_tools.py).
+calls each reply made (chat/tool_calls.py).
 
 Every prompt (and its priority) is checked once, by the engine's intake, before any is queued, so one
 bad prompt rejects the call without leaving half a batch in the engine. `priority` is one integer for
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from radixserve.chat.session import ChatSession
+from radixserve.chat.template import ChatFormatter
+from radixserve.chat.tool_calls import ChatTools, ToolLike
 from radixserve.config import EngineConfig
 from radixserve.core import CompletionOutput, RequestOutput
 from radixserve.engine.beam_drivers import run_beam_search
 from radixserve.engine.beam_search import BeamSearchOutput, BeamSearchParams
-from radixserve.engine.chat_template import ChatFormatter
-from radixserve.engine.chat_tools import ChatTools, ToolLike
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.intake import tokenize
-from radixserve.engine.session import ChatSession
 from radixserve.sampling_params import SamplingParams
 
 Prompt = str | list[int]

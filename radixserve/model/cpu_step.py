@@ -29,8 +29,8 @@ import logging
 import torch
 from torch import nn
 
+from radixserve.kernels.cpu_linear import BlockedLinear
 from radixserve.model.attention import SHORT_QUERY, AttentionMetadata, TorchAttentionBackend, reads_in_place
-from radixserve.model.cpu_linear import BlockedLinear
 from radixserve.model.kv_cache import KVCache
 from radixserve.model.kv_fp8 import is_packed
 from radixserve.model.llama import DecoderLayer, LlamaForCausalLM

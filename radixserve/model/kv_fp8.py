@@ -1,6 +1,6 @@
 """The FP8 KV cache (`--kv-cache-dtype fp8`) in the torch attention backend: K/V rows quantized as they
 are written and dequantized after each gather. The row format (e4m3 values and a bfloat16 scale per
-token and kv head, in one uint8 row) is owned by kernels/fp8_format.py, which the Triton kernels
+token and kv head, in one uint8 row) is owned by radixserve/kernels/fp8_format.py, which the Triton kernels
 follow bit for bit.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.fp8_format import (
+from radixserve.kernels.fp8_format import (
     DEQUANTIZE_INTO,
     SCALE_BYTES,
     STORAGE,

@@ -64,7 +64,7 @@ class TritonOps:
     name = "triton"
 
     def __init__(self) -> None:
-        from kernels import add_rms_norm, rotary_qk_, silu_and_mul  # fails at engine start, not mid-step
+        from radixserve.kernels import add_rms_norm, rotary_qk_, silu_and_mul  # fails at engine start, not mid-step
 
         self._add_rms_norm, self._rotary, self._silu_and_mul = add_rms_norm, rotary_qk_, silu_and_mul
 

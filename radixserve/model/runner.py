@@ -25,10 +25,10 @@ from functools import partial
 import torch
 
 from radixserve.core import Batch, BlockCopy
+from radixserve.kernels.cpu_extension import loaded_or_explained
+from radixserve.kernels.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu, packing_works
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
-from radixserve.model.cpu_extension import loaded_or_explained
-from radixserve.model.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu, packing_works
 from radixserve.model.cpu_step import CpuStep, compiled_cpu_step
 from radixserve.model.cpu_threads import configure_cpu_threads
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes

@@ -22,9 +22,9 @@ class TritonAttentionBackend:
 
     def __init__(self) -> None:
         # resolved now, not at the first forward: a missing or broken triton fails at engine start
-        from kernels.decode import plan_decode
-        from kernels.extend import plan_extend
-        from kernels.kv_store import plan_store_kv
+        from radixserve.kernels.decode import plan_decode
+        from radixserve.kernels.extend import plan_extend
+        from radixserve.kernels.kv_store import plan_store_kv
 
         self._plan_decode = plan_decode
         self._plan_extend = plan_extend

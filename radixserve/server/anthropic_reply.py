@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import ContentDelta, ReplyDelta, ToolStream, arguments_object
 from radixserve.core import CompletionOutput, RequestOutput, Usage
-from radixserve.engine.chat_tools import ChatTools
-from radixserve.engine.tools import ContentDelta, ReplyDelta, ToolStream, arguments_object
 from radixserve.server.http_util import dumps
 from radixserve.server.validation import ApiError
 

@@ -30,10 +30,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.engine.chat_template import Message
-from radixserve.engine.chat_tools import ChatTools
+from radixserve.chat.template import Message
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import ToolCall
 from radixserve.engine.intake import ValidatedRequest
-from radixserve.engine.tools import ToolCall
 from radixserve.server.anthropic_tools import tool_request
 from radixserve.server.callers import cache_salt_of, namespace_for
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.engine.chat_tools import ChatTools
-from radixserve.engine.tools import ToolCallFormat, ToolChoice, ToolSpec
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import ToolCallFormat, ToolChoice, ToolSpec
 from radixserve.server.openai_tools import MAX_TOOLS, function_spec, unique_tools
 from radixserve.server.validation import ApiError
 

@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 from radixserve.server import anthropic_api, completions_api, openai_api, pins_api, responses_api, rest, tree_api
 from radixserve.server.admission import ReleaseSlotsMiddleware
 from radixserve.server.api_errors import api_error_handler, error_response

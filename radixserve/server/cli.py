@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from radixserve.chat.tools import FORMATS
 from radixserve.config import EngineConfig
-from radixserve.engine.tools import FORMATS
 from radixserve.server.config import DEFAULT_WEB_DIR, ServerConfig
 from radixserve.server.pin_target import load_pin_file
 from radixserve.server.tenants import SHARING_MODES, load_api_keys

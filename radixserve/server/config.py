@@ -84,7 +84,7 @@ class ServerConfig:
     # grammar compiles one client address may have in flight (compile_slots.py; 429 beyond): below the
     # engine's compile workers, so one client's slow grammars cannot hold every worker
     max_compiles_per_client: int = 1
-    # how tool calls look in the model's text (engine/tools/ FORMATS: hermes, llama3, mistral, ...); None -> the
+    # how tool calls look in the model's text (chat/tools/ FORMATS: hermes, llama3, mistral, ...); None -> the
     # format the chat template implies (server/openai_tools.py)
     tool_call_parser: str | None = None
 
@@ -137,7 +137,7 @@ class ServerConfig:
         self.allowed_origins = [o.strip().rstrip("/").lower() for o in self.allowed_origins if o.strip()]
         self.allowed_hosts = [h.strip().lower() for h in self.allowed_hosts if h.strip()]
         if self.tool_call_parser is not None:
-            from radixserve.engine.tools import FORMATS  # the engine's formats, read only when one is named
+            from radixserve.chat.tools import FORMATS  # the engine's formats, read only when one is named
 
             if self.tool_call_parser not in FORMATS:
                 raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {self.tool_call_parser!r}")

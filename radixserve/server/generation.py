@@ -19,8 +19,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from radixserve.chat.template import token_hash
 from radixserve.core import Placement, RequestOutput, Usage
-from radixserve.engine.chat_template import token_hash
 from radixserve.engine.client import EngineClient
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.errors import BusyError, EngineStoppedError, RequestError, RequestFailedError

@@ -40,9 +40,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radixserve.chat.tool_calls import ChatTools
 from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
 from radixserve.engine.beam_search import BeamSearchParams
-from radixserve.engine.chat_tools import ChatTools
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixserve.server.admission import hold_generation

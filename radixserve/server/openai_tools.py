@@ -4,7 +4,7 @@ The chat endpoint (openai_api.py), sessions (turns.py) and the WebSocket/REST fr
 
 Owns the API shape only. What a call looks like in text (Hermes `<tool_call>`, Llama JSON, Mistral
 `[TOOL_CALLS]`), how it is parsed and constrained is the model's tool-call format
-(engine/tools/), chosen once per (chat template, --tool-call-parser).
+(chat/tools/), chosen once per (chat template, --tool-call-parser).
 
 Invariants:
 - `tool_choice` "none" (or no tools) is plain chat: the template gets no tools, the reply is text and
@@ -30,9 +30,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from radixserve.core import CompletionOutput
-from radixserve.engine.chat_tools import ChatTools
-from radixserve.engine.tools import (
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import (
     ContentDelta,
     ReplyDelta,
     ToolCall,
@@ -42,6 +41,7 @@ from radixserve.engine.tools import (
     ToolStream,
     tool_format,
 )
+from radixserve.core import CompletionOutput
 from radixserve.server.validation import ApiError, get_bool
 from radixserve.structured import StructuredOutput
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixserve.engine.chat_template import token_hash
+from radixserve.chat.template import token_hash
 from radixserve.engine.client import EngineClient, PinInfo
 
 log = logging.getLogger("radixserve.server")

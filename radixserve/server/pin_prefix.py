@@ -19,8 +19,8 @@ import os
 
 from jinja2.exceptions import TemplateError
 
-from radixserve.engine.chat_template import Message
-from radixserve.engine.tools import ToolSpec
+from radixserve.chat.template import Message
+from radixserve.chat.tools import ToolSpec
 from radixserve.server.prompt_worker import PromptWorker
 
 _PROBES = ("a", "b")  # two user messages with different first tokens

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radixserve.engine.chat_template import Message
+from radixserve.chat.template import Message
 from radixserve.server.tenants import DEFAULT_TENANT, TenantKey
 
 ROLES = ("system", "user", "assistant")

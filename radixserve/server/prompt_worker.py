@@ -42,9 +42,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from radixserve.engine.chat_template import ChatFormatter, Message, TurnTokens
+from radixserve.chat.template import ChatFormatter, Message, TurnTokens
+from radixserve.chat.tools import ToolSpec
 from radixserve.engine.intake import prediction_ids, tokenize
-from radixserve.engine.tools import ToolSpec
 
 INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokenizes itself
 GENERATION, BACKGROUND = 0, 1  # a job's rank in the queue: lower goes first

@@ -47,7 +47,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.engine.chat_template import ChatFormatter, TurnTokens
+from radixserve.chat.template import ChatFormatter, TurnTokens
 from radixserve.server.auth import request_key
 from radixserve.server.callers import tenant_bound
 from radixserve.server.owners import Owner, secret_from_headers

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.engine.chat_tools import ChatTools
-from radixserve.engine.tools import ContentDelta, ToolChoice, ToolSpec, ToolStream
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import ContentDelta, ToolChoice, ToolSpec, ToolStream
 from radixserve.server.openai_tools import finish_with_calls, tool_request
 from radixserve.server.sessions import Session
 from radixserve.server.state import ServerState

@@ -62,8 +62,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from radixserve.engine.chat_template import ChatFormatter
-from radixserve.engine.tools import ToolSpec
+from radixserve.chat.template import ChatFormatter
+from radixserve.chat.tools import ToolSpec
 from radixserve.server.owners import NOBODY, Owner
 from radixserve.server.tenants import DEFAULT_TENANT
 from radixserve.server.validation import ApiError

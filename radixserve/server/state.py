@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.engine.chat_template import ChatFormatter
+from radixserve.chat.template import ChatFormatter
 from radixserve.engine.client import EngineClient
 from radixserve.engine.stats import EngineStats
 from radixserve.server.admission import GenerationLimits

@@ -35,9 +35,9 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing, suppress
 from typing import Any
 
+from radixserve.chat.template import TurnTokens
+from radixserve.chat.tool_calls import ChatTools
 from radixserve.core import RequestOutput
-from radixserve.engine.chat_template import TurnTokens
-from radixserve.engine.chat_tools import ChatTools
 from radixserve.server.callers import cache_salt_of
 from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
 from radixserve.server.openai_tools import tool_constraint

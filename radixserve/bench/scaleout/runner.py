@@ -86,7 +86,7 @@ def _engine_config(o: ScaleOutOptions, model_dir: str, spec: SystemSpec) -> Engi
 
 
 def _prepare(o: ScaleOutOptions) -> tuple[tuple[str, str], Any, list[ChatWorkload], dict[str, Sizing]]:
-    from radixserve.engine.chat_template import ChatFormatter
+    from radixserve.chat.template import ChatFormatter
 
     model_dir, display_name, spec, tokenizer = model_facts(o.model)
     if tokenizer is None:

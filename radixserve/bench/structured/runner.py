@@ -82,7 +82,7 @@ def _engine_config(o: StructuredBenchOptions, **over: Any) -> dict[str, Any]:
 
 def tool_constraints(llm: Any, tools: list[BenchTool]) -> dict[str, StructuredOutput]:
     """The constraints a tool request compiles: "required" over every tool, and each tool named."""
-    from radixserve.engine.tools import ToolChoice
+    from radixserve.chat.tools import ToolChoice
 
     offered = [t.openai() for t in tools]
     out: dict[str, StructuredOutput] = {}

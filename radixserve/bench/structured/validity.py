@@ -19,7 +19,7 @@ from typing import Any
 from radixserve.bench.structured.measure import Job, Reply, Verdict, judge, run_jobs, tally, validator_for
 from radixserve.bench.structured.schemas import BenchSchema
 from radixserve.bench.structured.tool_defs import BenchTool
-from radixserve.engine.chat_tools import ToolLike
+from radixserve.chat.tool_calls import ToolLike
 from radixserve.engine.llm import LLM
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured import StructuredOutput
@@ -84,7 +84,7 @@ def schema_validity(llm: LLM, schemas: list[BenchSchema], sampling: Sampling) ->
 
 def tool_validity(llm: LLM, tools: list[BenchTool], sampling: Sampling) -> dict[str, Any]:
     """Each tool's question asked with tool_choice "required" and named (this tool), every tool offered."""
-    from radixserve.engine.tools import ToolChoice
+    from radixserve.chat.tools import ToolChoice
 
     offered: list[ToolLike] = [t.openai() for t in tools]
     by_name = {t.name: t for t in tools}

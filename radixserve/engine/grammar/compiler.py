@@ -51,13 +51,13 @@ from typing import Any
 import llguidance
 
 from radixserve.engine.grammar.limits import GrammarLimits
-from radixserve.engine.grammar.worker_process import BACKGROUND_NICE, JSON_OPTIONS
+from radixserve.engine.grammar.worker_process import BACKGROUND_NICE
 from radixserve.engine.grammar.workers import CompileBusy, CompilePool, CompileRefused
 from radixserve.errors import BusyError, ConstraintError
 from radixserve.schema_objects import close_objects
 from radixserve.structured import StructuredOutput
 
-__all__ = ["JSON_OPTIONS", "CompileStats", "CompiledGrammar", "GrammarCompiler"]
+__all__ = ["CompileStats", "CompiledGrammar", "GrammarCompiler"]
 def run_in_background() -> None:
     """This thread below the engine step's priority (Linux: nice is per thread), as the workers are."""
     with contextlib.suppress(OSError, AttributeError):

@@ -33,8 +33,6 @@ from typing import Any, BinaryIO
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
-# JSON as OpenAI's models write it: no free whitespace (so keys and separators are forced tokens)
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 HEADER = struct.Struct(">I")
 BACKGROUND_NICE = 10  # compiles run below the engine step's priority, in the workers and in the engine
 MAX_MESSAGE = 1 << 30
@@ -58,11 +56,11 @@ def write_message(stream: BinaryIO, message: Any) -> None:
     stream.flush()
 
 
-def grammar_text(kind: str, value: Any) -> str:
+def grammar_text(kind: str, value: Any, json_options: dict[str, Any]) -> str:
     """llguidance's grammar (its JSON envelope) for a constraint source; raises on what its
     converters cannot read."""
     if kind == "json":
-        return str(llguidance.LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS))  # type: ignore[arg-type]
+        return str(llguidance.LLMatcher.grammar_from_json_schema(value, defaults=json_options))  # type: ignore[arg-type]
     if kind == "regex":
         return str(llguidance.LLMatcher.grammar_from_regex(str(value)))
     if kind == "lark":
@@ -105,11 +103,11 @@ def on_big_stack(stack_mb: int, work: Any) -> Any:
     return value
 
 
-def compile_and_mask(tokenizer: Any, limits: Any, kind: str, value: Any) -> dict[str, Any]:
+def compile_and_mask(tokenizer: Any, limits: Any, json_options: dict[str, Any], kind: str, value: Any) -> dict[str, Any]:
     """Convert, compile and compute the first token mask of one constraint."""
     started = time.perf_counter()
     try:
-        text = grammar_text(kind, value)
+        text = grammar_text(kind, value, json_options)
     except Exception as e:  # the converters raise on what they cannot read
         return {"refused": f"cannot compile this {kind}: {' '.join(str(e).split())[:300]}"}
     matcher = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=limits)
@@ -136,7 +134,7 @@ def main() -> None:
     write_message(stdout, {"ready": True})
     while (request := read_message(stdin)) is not None:
         answer = on_big_stack(boot["stack_mb"],
-                              lambda r=request: compile_and_mask(tokenizer, limits, r["kind"], r["value"]))
+                              lambda r=request: compile_and_mask(tokenizer, limits, boot["json_options"], r["kind"], r["value"]))
         write_message(stdout, answer)
 
 

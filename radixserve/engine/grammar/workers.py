@@ -30,6 +30,7 @@ from typing import Any
 
 from radixserve.engine.grammar.limits import GrammarLimits
 from radixserve.engine.grammar.worker_process import HEADER, write_message
+from radixserve.structured import JSON_OPTIONS
 
 WORKER_SCRIPT = Path(__file__).with_name("worker_process.py")
 BOOT_TIMEOUT_S = 60.0  # python, llguidance and the tokenizer (~1 s on an idle machine)
@@ -114,7 +115,7 @@ class CompileWorker:
 class CompilePool:
     def __init__(self, boot: dict[str, Any], limits: GrammarLimits) -> None:
         self.boot = {**boot, "memory_mb": limits.worker_memory_mb, "stack_mb": limits.stack_mb,
-                     "parser": limits.parser()}
+                     "parser": limits.parser(), "json_options": JSON_OPTIONS}
         self.limits = limits
         self.workers_started = 0
         self.workers_lost = 0  # killed past the timeout, or dead of their grammar

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.common import SUPPORTED_DTYPES, check_device, is_interpreted, next_pow2, upcast_in_kernel
+from radixserve.kernels.common import SUPPORTED_DTYPES, check_device, is_interpreted, next_pow2, upcast_in_kernel
 
 MAX_NORM_BLOCK = 8192  # longer rows are normalised in a loop over blocks of this many columns
 SILU_BLOCK = 1024

@@ -7,7 +7,7 @@ its shared-memory limit and turns launches into no-ops, then calls the public wr
 tensors, so the real JIT path compiles real PTX/cubin (Triton ships ptxas) and the wrappers' own
 fallback on OutOfResources runs exactly as it would on that GPU. Nothing is computed.
 
-Run without TRITON_INTERPRET: `python -m kernels.aot_check --arch 80 90 --dtype bfloat16`.
+Run without TRITON_INTERPRET: `python -m radixserve.kernels.aot_check --arch 80 90 --dtype bfloat16`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class _StandInDriver:
 def stand_in_gpu(arch: int) -> Iterator[None]:
     from triton.runtime import driver
 
-    from kernels import common
+    from radixserve.kernels import common
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("aot_check compiles real GPU code: run it without TRITON_INTERPRET=1")
@@ -93,7 +93,7 @@ def stand_in_gpu(arch: int) -> Iterator[None]:
 def _forget_device_facts() -> None:
     from triton.compiler import compiler
 
-    from kernels import common
+    from radixserve.kernels import common
 
     common._FITTING.clear()
     compiler.max_shared_mem.cache_clear()  # lru-cached per device index, which every stand-in calls 0
@@ -117,8 +117,8 @@ def check_arch(arch: int, dtype: torch.dtype, head_dim: int, group: int = 4, blo
                kv_cache_dtype: str = "auto") -> list[CompiledVariant]:
     """Drive every attention wrapper once per code path (decode with 1 and several splits, extend, store),
     on caches in `dtype` or (kv_cache_dtype "fp8") in FP8 rows."""
-    import kernels
-    from kernels import decode, extend, fp8_format, kv_store
+    import radixserve.kernels as kernels
+    from radixserve.kernels import decode, extend, fp8_format, kv_store
 
     num_kv_heads, num_blocks, batch = 2, 8, 2
     gen = torch.Generator().manual_seed(0)
@@ -148,8 +148,8 @@ def check_arch(arch: int, dtype: torch.dtype, head_dim: int, group: int = 4, blo
 def check_fused(arch: int, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
                 ) -> list[CompiledVariant]:
     """Compile the fused kernels (kernels.fused), two code paths each, per dtype."""
-    import kernels
-    from kernels import fused
+    import radixserve.kernels as kernels
+    from radixserve.kernels import fused
 
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(64, 64, generator=gen)
@@ -172,7 +172,7 @@ def check_fused(arch: int, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, to
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.aot_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m radixserve.kernels.aot_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(MAX_SHARED))
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float16", "float32"])
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])

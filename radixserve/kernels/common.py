@@ -3,7 +3,7 @@
 Invariants the kernels rely on, enforced here before any launch:
 - caches are [num_blocks, block_size, Hkv, D] with block_size >= 16, the same dtype as q, or FP8
   caches: uint8 [num_blocks, block_size, Hkv, D + 2], each row D e4m3 bytes and a bfloat16 scale
-  (kernels/fp8_format.py; kernels/fp8.py), read and written with q in any supported dtype;
+  (radixserve/kernels/fp8_format.py; radixserve/kernels/fp8.py), read and written with q in any supported dtype;
 - Hq is a multiple of Hkv;
 - every tensor is on a CUDA device, or Triton runs in its interpreter (TRITON_INTERPRET=1 set before
   triton was imported), in which case CPU tensors are fine and their index values are also checked
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import fp8_format
+from radixserve.kernels import fp8_format
 
 try:
     from triton.runtime.errors import OutOfResources

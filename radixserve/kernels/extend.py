@@ -8,7 +8,7 @@ a causal sequence see the most keys. Keys are read from the cache through the bl
 step's own K/V were stored there first); each row at absolute position p sees keys 0..p. Keys
 before the tile's first token are visible to every row, so whole BLOCK_N tiles of them run
 unmasked; only the tail up to the tile's last token is masked. Online softmax in base 2. An FP8
-cache's rows are dequantized as they are loaded (kernels/fp8.py).
+cache's rows are dequantized as they are loaded (radixserve/kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from radixserve.kernels.common import (
     LaunchConfig,
     check_block_table,
     check_cache_pair,
@@ -38,7 +38,7 @@ from kernels.common import (
     should_check_values,
     upcast_in_kernel,
 )
-from kernels.fp8 import dequantize_rows
+from radixserve.kernels.fp8 import dequantize_rows
 
 LOG2E = 1.4426950408889634
 

@@ -22,9 +22,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from radixserve.engine.tools.grammar import CallShape, calls_grammar, lazy_calls_grammar
-from radixserve.engine.tools.reader import Cursor, Waiting
-from radixserve.engine.tools.types import ParsedReply, ReplyDelta, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
+from radixserve.chat.tools.grammar import CallShape, calls_grammar, lazy_calls_grammar
+from radixserve.chat.tools.reader import Cursor, Waiting
+from radixserve.chat.tools.types import ParsedReply, ReplyDelta, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from radixserve.structured import StructuredOutput
 
 Reading = Generator[None, None, None]
@@ -73,7 +73,7 @@ class ToolCallFormat(ABC):
     needs_special_tokens: bool = False
     markers: tuple[str, ...] = ()  # the format's marker texts, which tokenizers may have as single tokens
     special_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    open_objects: bool = False  # tool parameters' objects admit undeclared keys (engine/tools/grammar.py)
+    open_objects: bool = False  # tool parameters' objects admit undeclared keys (chat/tools/grammar.py)
 
     # ---- reading
     @abstractmethod

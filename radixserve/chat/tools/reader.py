@@ -27,7 +27,7 @@ import re
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
-from radixserve.engine.tools.types import ContentDelta, ReplyDelta, ToolCallDelta, new_call_id
+from radixserve.chat.tools.types import ContentDelta, ReplyDelta, ToolCallDelta, new_call_id
 
 Waiting = Generator[None, None, bool]  # a parser step: yields while it needs more text, returns success
 

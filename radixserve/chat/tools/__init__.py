@@ -2,12 +2,12 @@
 streaming parser, constraint grammars, prompt preamble), and which format a model speaks.
 
 The server builds the OpenAI `tools`/`tool_choice` API on these; chat templates render tools with them
-(engine/chat_template.py). Nothing here imports the server.
+(chat/template.py). Nothing here imports the server.
 """
 
-from radixserve.engine.tools.base import ToolCallFormat, ToolStream, arguments_object
-from radixserve.engine.tools.registry import FORMATS, tool_format
-from radixserve.engine.tools.types import (
+from radixserve.chat.tools.base import ToolCallFormat, ToolStream, arguments_object
+from radixserve.chat.tools.registry import FORMATS, tool_format
+from radixserve.chat.tools.types import (
     ContentDelta,
     ParsedReply,
     ReplyDelta,

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from radixserve.chat.tool_calls import ChatTools, ToolLike, call_message
 from radixserve.core import RequestOutput
-from radixserve.engine.chat_tools import ChatTools, ToolLike, call_message
 from radixserve.errors import RequestFailedError
 from radixserve.sampling_params import SamplingParams
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.model.embedded import cache_root
+from radixserve.paths import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.chat.tools import ParsedReply, ToolCall, ToolCallFormat, ToolChoice, ToolSpec
 from radixserve.core import CompletionOutput, RequestOutput
-from radixserve.engine.tools import ParsedReply, ToolCall, ToolCallFormat, ToolChoice, ToolSpec
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured import StructuredOutput
 

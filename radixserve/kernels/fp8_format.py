@@ -1,5 +1,5 @@
 """The FP8 KV cache's row format, in plain torch: the owner of the format, the CPU engine's own code
-(radixserve/model/kv_fp8.py uses it) and the reference of the Triton kernels (kernels/fp8.py).
+(radixserve/model/kv_fp8.py uses it) and the reference of the Triton kernels (radixserve/kernels/fp8.py).
 
 A cached K or V row of one token and one kv head is `head_dim` e4m3 bytes followed by its scale as a
 bfloat16 (2 bytes), in one uint8 row of `row_width(head_dim)` bytes. So a block of the cache holds

@@ -2,7 +2,7 @@
 submodule can never shadow the `kernels.store_kv` function on the package).
 
 One program per new token copies its [Hkv, D] K and V tiles to slot = block * block_size + offset,
-converting to the cache dtype, or quantizing each head's row into an FP8 cache (kernels/fp8.py).
+converting to the cache dtype, or quantizing each head's row into an FP8 cache (radixserve/kernels/fp8.py).
 Slots < 0 are skipped (padding tokens); slots past the cache end are skipped too, so a bad slot can
 never write outside the cache (on CPU the wrapper rejects them with an error first). Offsets are
 int64: a cache can hold more than 2^31 elements.
@@ -16,14 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from radixserve.kernels.common import (
     check_cache_pair,
     check_device,
     is_fp8_cache,
     next_pow2,
     should_check_values,
 )
-from kernels.fp8 import quantize_rows
+from radixserve.kernels.fp8 import quantize_rows
 
 
 @triton.jit

@@ -42,8 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.engine.tools import ToolCallFormat, ToolSpec, tool_format
-from radixserve.engine.tools.rendering import ControlText, as_contents, template_message
+from radixserve.chat.tools import ToolCallFormat, ToolSpec, tool_format
+from radixserve.chat.tools.rendering import ControlText, as_contents, template_message
 
 log = logging.getLogger("radixserve.server")
 

@@ -1,7 +1,7 @@
 """Tools in chat templates: conversations with tools, assistant `tool_calls` and `tool` results shaped for
 a template that renders tools itself (`template_message`, call arguments as objects) or written into plain
 contents for one that does not (`as_contents`), and the guard that keeps tool data rendered as template
-text from carrying control tokens (`ControlText`). engine/chat_template.py is their one user.
+text from carrying control tokens (`ControlText`). chat/template.py is their one user.
 
 Invariants: both shapings are idempotent (shaping a shaped conversation changes nothing), so a formatter
 may shape before rendering twice; `as_contents` puts every tool-related text into message contents, which
@@ -14,8 +14,8 @@ import json
 import re
 from typing import Any
 
-from radixserve.engine.tools.base import ToolCallFormat, arguments_object
-from radixserve.engine.tools.types import ToolCall, ToolSpec
+from radixserve.chat.tools.base import ToolCallFormat, arguments_object
+from radixserve.chat.tools.types import ToolCall, ToolSpec
 
 Message = dict[str, Any]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from radixserve.engine.tools.base import Reading, ToolCallFormat
-from radixserve.engine.tools.grammar import CallShape
-from radixserve.engine.tools.reader import Cursor, Waiting
-from radixserve.engine.tools.types import ToolCall
+from radixserve.chat.tools.base import Reading, ToolCallFormat
+from radixserve.chat.tools.grammar import CallShape
+from radixserve.chat.tools.reader import Cursor, Waiting
+from radixserve.chat.tools.types import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -5,7 +5,7 @@ as one [GROUP_PAD, D] tile (padded to >= 16 rows for tl.dot), so each K/V tile i
 group, and walks split s of the sequence: chunk = ceil(ceil(len / S) / BLOCK_N) * BLOCK_N tokens,
 BLOCK_N tokens per step, each token's address looked up through the block table (so tiles and
 pages are independent and shared/shuffled physical blocks need nothing special). An FP8 cache's
-rows are dequantized as they are loaded (kernels/fp8.py). Online softmax in base 2. With S == 1 the
+rows are dequantized as they are loaded (radixserve/kernels/fp8.py). Online softmax in base 2. With S == 1 the
 program writes the output directly; otherwise it writes its normalized partial output and
 log-sum-exp, and `_merge_kernel` (grid (B, Hq)) combines the S partials with weights
 exp2(lse_s - max lse). Empty splits (short sequences) write lse = -inf and are ignored.
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from radixserve.kernels.common import (
     LaunchConfig,
     check_block_table,
     check_cache_pair,
@@ -41,7 +41,7 @@ from kernels.common import (
     should_check_values,
     upcast_in_kernel,
 )
-from kernels.fp8 import dequantize_rows
+from radixserve.kernels.fp8 import dequantize_rows
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64

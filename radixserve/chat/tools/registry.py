@@ -12,10 +12,10 @@ import dataclasses
 import re
 from typing import Any
 
-from radixserve.engine.tools.base import ToolCallFormat
-from radixserve.engine.tools.hermes import HermesFormat
-from radixserve.engine.tools.llama3 import Llama3JsonFormat
-from radixserve.engine.tools.mistral import MistralFormat
+from radixserve.chat.tools.base import ToolCallFormat
+from radixserve.chat.tools.hermes import HermesFormat
+from radixserve.chat.tools.llama3 import Llama3JsonFormat
+from radixserve.chat.tools.mistral import MistralFormat
 
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat())}
 

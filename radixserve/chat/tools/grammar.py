@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.engine.grammar.compiler import JSON_OPTIONS
 from radixserve.schema_objects import close_objects
+from radixserve.structured import JSON_OPTIONS
 
 
 @dataclass(frozen=True)

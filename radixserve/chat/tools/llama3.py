@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from radixserve.engine.tools.base import Reading, ToolCallFormat
-from radixserve.engine.tools.grammar import CallShape, calls_grammar, literal
-from radixserve.engine.tools.reader import Cursor, Waiting
-from radixserve.engine.tools.types import ToolCall, ToolSpec
+from radixserve.chat.tools.base import Reading, ToolCallFormat
+from radixserve.chat.tools.grammar import CallShape, calls_grammar, literal
+from radixserve.chat.tools.reader import Cursor, Waiting
+from radixserve.chat.tools.types import ToolCall, ToolSpec
 
 PYTHON_TAG = "<|python_tag|>"
 END_TOKENS = ("<|eom_id|>", "<|eot_id|>")

@@ -1,7 +1,7 @@
 """FP8 KV rows in the Triton kernels: quantize a tile of K or V rows as `store_kv` writes them, and
 dequantize the rows `paged_decode_attention` and `paged_extend_attention` read.
 
-The format is kernels/fp8_format.py's, which owns it and is the torch reference: a row of one
+The format is radixserve/kernels/fp8_format.py's, which owns it and is the torch reference: a row of one
 token and one kv head is HEAD_DIM e4m3 bytes, then its scale as a bfloat16; scale = the row's largest
 magnitude / E4M3_MAX rounded to bfloat16 (at least TINY), values = row / scale clamped to +-E4M3_MAX,
 rounded to nearest even. The rounding is done here in integer and power-of-two arithmetic, so that
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels import fp8_format
+from radixserve.kernels import fp8_format
 
 E4M3_MAX: tl.constexpr = tl.constexpr(fp8_format.E4M3_MAX)
 TINY: tl.constexpr = tl.constexpr(fp8_format.TINY)  # the scale of an all-zero row
