@@ -10,9 +10,11 @@ import torch
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.core import Request, Sequence
+from radixserve.core import Batch, Request, Sequence
+from radixserve.engine.features import SamplingStep
 from radixserve.engine.sampler import Sampler
-from radixserve.engine.speculation import sampler_draws, verify
+from radixserve.engine.speculation import DraftVerifier
+from radixserve.engine.stats import EngineStats
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler.drafts import (
     MAX_COOLDOWN,
@@ -23,7 +25,7 @@ from radixserve.scheduler.drafts import (
     from_prediction,
     prompt_lookup,
 )
-from radixserve.scheduler.step_results import Launch, TokenCommit
+from radixserve.scheduler.step_results import Launch
 
 _ids = itertools.count()
 
@@ -106,8 +108,10 @@ def test_proposals_try_the_tree_then_the_prediction_then_lookup_within_the_limit
     draft = drafts.propose(seq_of([1, 2, 3], 2, SamplingParams(max_tokens=3)), budget=10)
     assert draft is not None and draft.tokens == [4]
     assert drafts.propose(seq_of([1, 2, 3], 2), budget=2) is not None
-    constrained = seq_of([1, 2, 3], 2, SamplingParams(max_tokens=64, presence_penalty=1.0))
-    assert not drafts.eligible(constrained)
+    penalised = seq_of([1, 2, 3], 2, SamplingParams(max_tokens=64, presence_penalty=1.0))
+    assert drafts.eligible(penalised)  # no veto yet: the engine hands its features' (tests/test_logits_features.py)
+    drafts.forbid_drafts([lambda params: params.has_penalties])
+    assert not drafts.eligible(penalised) and drafts.eligible(seq_of([1, 2, 3], 2))
     assert not DraftProposer(tree, 0, 8, 64).eligible(seq_of([1, 2, 3], 2))
 
 
@@ -147,12 +151,14 @@ def test_verification_samples_exactly_the_distribution_without_drafts() -> None:
         launch.rows.append(0)
         launch.positions.append(5)
         launch.drafts.append(2)
-    draws, plan = sampler_draws(launch)
-    result = sampler.sample(logits, draws)
-    ids, _, logprobs = result.host()
-    commits = [TokenCommit((ids[i],)) for i in range(draws_n)]
-    verify(launch, plan, ids, logprobs, commits)
-    for commit in commits:
+    step, verifier = SamplingStep(Batch(), lambda seq: None), DraftVerifier(EngineStats())
+    step.launched(launch, {})
+    verifier.contribute(step)  # each draw's two extra rows, after the launch's draws
+    step.sampled = sampler.sample(logits, step.draws)
+    step.to_host()
+    verifier.resolve(step)
+    assert verifier.totals.spec_verify_draws == draws_n
+    for commit in step.commits:
         first[commit.tokens[0]] += 1
         if len(commit.tokens) > 1:
             second[commit.tokens[1]] += 1
@@ -160,7 +166,7 @@ def test_verification_samples_exactly_the_distribution_without_drafts() -> None:
     assert 0.5 * (first / draws_n - probs[0]).abs().sum() < 0.03
     assert 0.5 * (second / kept - probs[1]).abs().sum() < 0.05
     assert abs(kept / draws_n - probs[0, d1].item()) < 0.02
-    assert all(c.drafts == 2 and (len(c.tokens) == 1 or c.tokens[0] == d1) for c in commits)
+    assert all(c.drafts == 2 and (len(c.tokens) == 1 or c.tokens[0] == d1) for c in step.commits)
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -104,7 +104,7 @@ def test_multi_turn_computes_only_new_tokens(llm: LLM) -> None:
             assert computed == new_tokens + unfed
         # with overlap, the step launched before a stop token resolved already fed it (and cached it);
         # a length limit is known at launch, so that step never ran
-        unfed = 0 if llm.engine.overlap and out.outputs[0].finish_reason == "stop" else 1
+        unfed = 0 if llm.engine.config.overlap and out.outputs[0].finish_reason == "stop" else 1
         # append-only: the reply's tokens stay as generated, then the next user message's tokens
         suffix = tok.encode(f"\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
         history = history + out.outputs[0].token_ids + suffix

@@ -121,7 +121,7 @@ def test_greedy_and_sampled_draws_in_one_batch_follow_the_penalised_logits() -> 
         seqs = [sequence(p) for p in params]
         step = book_of(seqs).step(seqs, at(seqs))
         draws = [Draw(row, p, 1000 + i, position) for i, ((row, _), p) in enumerate(zip(cases, params))]
-        got, usable, _ = sampler.sample(rows, draws, penalties=step).host()
+        got, usable, _ = sampler.sample(rows, draws, [step]).host()
         assert all(usable)
         for i, ((row, _), p) in enumerate(zip(cases, params)):
             penalised = reference(rows[row], PROMPT, GENERATED, p).float()[None]
@@ -143,7 +143,7 @@ def test_logit_bias_bans_and_forces_a_token() -> None:
     def draws_of(params: SamplingParams) -> list[int]:
         seq = sequence(params)
         step = book_of([seq]).step([seq] * n, at([seq]) * n)
-        return sampler.sample(LOGITS[None], [Draw(0, params, 77, i) for i in range(n)], penalties=step).host()[0]
+        return sampler.sample(LOGITS[None], [Draw(0, params, 77, i) for i in range(n)], [step]).host()[0]
 
     free = Counter(draws_of(SamplingParams(temperature=1.0, logit_bias={3: 0.0})))
     assert free[top] > n // 10  # the top token is drawn often without the ban
@@ -189,9 +189,9 @@ def check_counts(e: LLMEngine) -> int:
     """Every live penalised sequence's device counts and token list equal its tokens, the draw still
     in flight included; returns how many sequences were checked."""
     flight, pending = e._in_flight, {}
-    if flight is not None and flight.sampled is not None:
-        ids = flight.sampled.host()[0]
-        pending = {s.seq_id: ids[i] for i, s in enumerate(flight.launch.owners)}
+    if flight is not None and flight.step.sampled is not None:
+        ids = flight.step.sampled.host()[0]
+        pending = {s.seq_id: ids[i] for i, s in enumerate(flight.step.launch.owners)}
     checked = 0
     for seq in e.live_sequences():
         got = e.penalties.counts_of(seq)

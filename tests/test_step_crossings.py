@@ -66,7 +66,7 @@ def crossings_of(run: Any) -> Counter[str]:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_one_decode_step_crosses_at_most_eight_times(overlap: bool) -> None:
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir("llama")), overlap=overlap))
-    engine._check_integrity = False  # the tests' RADIXSERVE_CHECK_INTEGRITY=1 is not part of a step
+    engine.recorder.check_integrity = False  # the tests' RADIXSERVE_CHECK_INTEGRITY=1 is not part of a step
     engine.add_request(list(range(3, 40)), SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     for _ in range(6):  # past the prompt and into steady decoding (no block completes on the measured step)
         engine.step()

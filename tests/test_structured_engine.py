@@ -16,9 +16,9 @@ import pytest
 from tiny_models import tiny_chat_model_dir
 
 from radixserve.config import EngineConfig
-from radixserve.engine import sampler as sampler_module
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.grammar import GrammarCompiler
+from radixserve.engine.grammar import book as grammar_book
 from radixserve.engine.grammar.limits import GrammarLimits
 from radixserve.errors import ConstraintError
 from radixserve.sampling_params import SamplingParams
@@ -241,13 +241,13 @@ def test_a_token_the_grammar_rejects_ends_that_request_alone(monkeypatch: pytest
         e.step()
         run_steps += 1
     broken = e.add_request("Person:", params(StructuredOutput(regex="[0-9]{40}"), temperature=1.0, seed=9))
-    real_apply = sampler_module.apply_token_bitmask
+    real_apply = grammar_book.apply_token_bitmask
 
     def unmask_the_digits(logits: Any, masks: Any) -> None:
         real_apply(logits, masks)
         logits[:, :] = logits.nan_to_num(neginf=0.0)  # every token allowed again for every constrained row
 
-    monkeypatch.setattr(sampler_module, "apply_token_bitmask", unmask_the_digits)
+    monkeypatch.setattr(grammar_book, "apply_token_bitmask", unmask_the_digits)
     texts, ends, _ = run(e)
     assert ends[(broken, 0)][0] == "error" and "grammar" in (ends[(broken, 0)][1] or "")
     assert ends[(ok, 0)][0] == "error" or json.loads(texts[(ok, 0)]) is not None  # also unmasked: may break too

@@ -351,12 +351,7 @@ class AsyncEngine:
     def follow_cache_events(self) -> CacheEventLog:
         """Have the radix tree report what it drops (for a scale-out router); idempotent."""
         with self._lock:
-            tree = self.engine.tree
-            if tree is None:
-                raise ValueError("the prefix cache is off: there are no cache events to follow")
-            if tree.events is None:
-                tree.events = CacheEventLog()
-            return tree.events
+            return self.engine.scheduler.follow_cache_events()  # ValueError when the prefix cache is off
 
     def check_integrity(self) -> None:
         with self._lock:

@@ -5,6 +5,9 @@ A prompt is a string (tokenized with the model's tokenizer, BOS where the model 
 does) or a list of integer token ids; it must be non-empty, inside the vocabulary, and leave room
 for at least one generated token in the longest sequence the engine allows. A priority is an integer
 (a bool is not one) with |priority| <= PRIORITY_LIMIT; lower runs first under `--policy priority`.
+Every token id a request names (logit_bias, stop_token_ids, allowed_token_ids, and bad_words as the
+model's tokenizer splits them: `bad_words_ids`) must be inside the vocabulary; the error names the
+field.
 
 Invariants:
 - a request is checked once, by `Intake.check`, on the caller's thread before anything is queued
@@ -22,10 +25,12 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from radixserve.engine.grammar import CompiledGrammar, GrammarCompiler
+from radixserve.engine.token_rules import bad_words_ids
 from radixserve.errors import FieldError, PromptTooLongError, RequestError
 from radixserve.sampling_params import SamplingParams
 
@@ -54,6 +59,7 @@ class ValidatedRequest:
     priority: int
     limits: Limits
     prediction_ids: tuple[int, ...] = ()  # params.prediction, tokenized (a source of drafts)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words, tokenized (engine/token_rules.py)
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)  # params.structured's
 
     def __getstate__(self) -> dict[str, Any]:
@@ -81,7 +87,17 @@ class Intake:
                 raise RequestError("this engine cannot constrain output (structured output is not available)")
             grammar = self.grammars.compile(params.structured, namespace=params.cache_namespace)
         return ValidatedRequest(token_ids, params, validate_priority(priority), self.limits,
-                                self._prediction_ids(params), grammar)
+                                self._prediction_ids(params), self._bad_words_ids(params), grammar)
+
+    def _bad_words_ids(self, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
+        """The banned token sequences of params.bad_words, inside the vocabulary."""
+        if not params.bad_words:
+            return ()
+        if self.tokenizer is None:
+            raise FieldError("bad_words", "this model directory has no tokenizer: bad_words cannot be tokenized")
+        words = bad_words_ids(self.tokenizer, params.bad_words)
+        _inside("bad_words", sorted({t for word in words for t in word}), self.limits.vocab)
+        return words
 
     def _prediction_ids(self, params: SamplingParams) -> tuple[int, ...]:
         """The prediction as token ids: text is tokenized as output is (no BOS); ids outside the
@@ -139,9 +155,16 @@ def validate(token_ids: list[int], params: SamplingParams, vocab: int, max_seq_l
     if len(token_ids) >= max_seq_len:
         raise PromptTooLongError(len(token_ids), params.max_tokens, max_seq_len)
     params.validate()
-    outside = sorted(t for t in params.logit_bias if t >= vocab)
+    _inside("logit_bias", params.logit_bias, vocab)
+    _inside("stop_token_ids", params.stop_token_ids, vocab)
+    _inside("allowed_token_ids", params.allowed_token_ids or (), vocab)
+
+
+def _inside(name: str, ids: Iterable[int], vocab: int) -> None:
+    """FieldError naming `name` when any of `ids` is outside the vocabulary."""
+    outside = sorted(t for t in ids if t >= vocab)
     if outside:
-        raise FieldError("logit_bias", f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}")
+        raise FieldError(name, f"{name} names token ids outside the vocabulary [0, {vocab}): {outside[:5]}")
 
 
 def validate_priority(priority: object) -> int:

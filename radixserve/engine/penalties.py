@@ -40,13 +40,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.core import PENDING_TOKEN, Request, Sequence
+from radixserve.engine.features import LogitsFeature, SamplingStep
 from radixserve.model.device import to_device
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler.step_results import Launch, TokenCommit
+
+if TYPE_CHECKING:
+    from radixserve.engine.intake import ValidatedRequest
 
 _FIRST_ROWS, _FIRST_WIDTH = 8, 256
 
@@ -76,9 +81,15 @@ class StepPenalties:
     presence: torch.Tensor | None = None  # [P, 1] float32
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (index in P, token, bias), flat
 
+    def apply(self, x: torch.Tensor) -> None:
+        apply_penalties(x, self)
 
-@dataclass
-class PenaltyBook:
+
+@dataclass(eq=False)
+class PenaltyBook(LogitsFeature):
+    """The penalties as a logits feature (engine/features.py): its rows join a step's edits after the
+    masks, and the sampled and committed tokens are counted as above."""
+
     vocab_size: int
     device: torch.device
     counts: torch.Tensor = field(init=False)
@@ -94,7 +105,12 @@ class PenaltyBook:
     def __bool__(self) -> bool:
         return bool(self._biases)
 
-    def begin(self, req: Request) -> None:
+    allows_drafts = False  # the counts at each draft position would depend on the drafts before it
+
+    def applies(self, params: SamplingParams) -> bool:
+        return params.has_penalties
+
+    def begin(self, req: Request, request: ValidatedRequest | None = None) -> None:
         """A request whose params `has_penalties` enters the engine (its ids were checked by the intake)."""
         bias = req.params.logit_bias
         self._biases[req.request_id] = RequestBias(
@@ -108,6 +124,24 @@ class PenaltyBook:
                 slot = self._slots.pop(seq.seq_id, None)
                 if slot is not None:
                     self._free.append(slot)
+
+    # -- the feature's stages ------------------------------------------------------------------------
+    def contribute(self, step: SamplingStep) -> None:
+        penalties = self.step(step.owners, [draw.position for draw in step.draws]) if self else None
+        if penalties is not None:
+            step.edits.append(penalties)
+            step.keep(penalties)
+
+    def sampled(self, step: SamplingStep) -> None:
+        penalties = step.part(StepPenalties)
+        if penalties is not None and step.sampled is not None:  # on the device, before the next step samples
+            self.count_sampled(penalties, step.sampled.token_ids)
+
+    def after_commit(self, step: SamplingStep, voided: set[tuple[int, int]], later: SamplingStep | None) -> None:
+        """Forced tokens counted, the draws they made void uncounted."""
+        if self:
+            in_flight = None if later is None or later.sampled is None else (later.launch, later.sampled.token_ids)
+            self.committed(step.launch, step.commits, voided, in_flight)
 
     # -- a step ------------------------------------------------------------------------------------
     def step(self, owners: list[Sequence], positions: list[int]) -> StepPenalties | None:

@@ -1,14 +1,17 @@
 """Pinned prefixes: prompts an operator keeps in the device pool whatever else runs (a long system
 prompt every chat starts with), prefilled once and never evicted while pinned.
 
-A pin holds its path of the radix tree (`RadixTree.hold`): held nodes are locked on the device, so
-eviction passes them by, and they are drawn as pinned. Pins share a budget, `pin_budget` of the
+A pin holds its path of the radix tree through the scheduler, the cache's one writer
+(`Scheduler.hold_prefix`, `release_prefix`): held nodes are locked on the device, so eviction passes
+them by, and they are drawn as pinned. This registry only names the pins, reads the tree (budget,
+hits) and keeps the budget. Pins share a budget, `pin_budget` of the
 device pool's blocks (EngineConfig), so they can never take the blocks running sequences need: a pin
 that would pass it is refused with a PinError saying how much is left.
 
 Invariants: the registry is touched only on the engine thread; every pin holds exactly one hold on
-its node (the node ending at its last token); `used_blocks` is the number of distinct device blocks
-on pinned paths; unpinning releases the hold, after which the prefix is an ordinary LRU entry.
+its node (the node ending at its last token, which a later split above it never moves);
+`used_blocks` is the number of distinct device blocks on pinned paths; unpinning releases the hold,
+after which the prefix is an ordinary LRU entry.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixserve.cache.radix_tree import RadixNode, RadixTree
+from radixserve.cache.radix_tree import RadixNode
 from radixserve.errors import RequestError
+from radixserve.scheduler import Scheduler
 
 
 class PinError(RequestError):
@@ -63,14 +67,15 @@ def pin_budget_blocks(fraction: float, num_blocks: int, max_seq_len: int, block_
 
 
 class PinRegistry:
-    def __init__(self, tree: RadixTree | None, budget_blocks: int) -> None:
-        self.tree = tree
-        self.budget_blocks = budget_blocks if tree is not None else 0
+    def __init__(self, scheduler: Scheduler, budget_blocks: int) -> None:
+        self.scheduler = scheduler
+        self.tree = scheduler.tree  # read only: every change goes through the scheduler
+        self.budget_blocks = budget_blocks if self.tree is not None else 0
         self._pins: dict[str, _Pin] = {}
         self._ids = itertools.count(1)
 
     def used_blocks(self) -> int:
-        return len(self._blocks_of(p.node for p in self._pins.values()))
+        return len(self._blocks_of((p.node, p.node.end) for p in self._pins.values()))
 
     def budget(self) -> PinBudget:
         return PinBudget(self.used_blocks(), self.budget_blocks)
@@ -94,18 +99,19 @@ class PinRegistry:
         tree = self.tree
         if tree is None:
             raise PinError("the prefix cache is off (--no-prefix-cache): there is nothing to pin into")
-        match = tree.match(tokens, namespace=namespace)
-        if match.length < len(tokens) or match.host_tokens:
+        cached = tree.match(tokens, split=False, namespace=namespace)
+        if cached.length < len(tokens) or cached.host_tokens:
             return None
-        nodes = [p.node for p in self._pins.values()]
-        used, after = len(self._blocks_of(nodes)), len(self._blocks_of([*nodes, match.node]))
+        tips = [(p.node, p.node.end) for p in self._pins.values()]
+        last = cached.path[-1] if cached.path else cached.node  # the node `tokens` end in, maybe mid-edge
+        used, after = len(self._blocks_of(tips)), len(self._blocks_of([*tips, (last, len(tokens))]))
         if after > self.budget_blocks:
             raise PinError(f"pinning {len(tokens)} tokens needs {after - used} more blocks but only "
                            f"{self.budget_blocks - used} of the pin budget's {self.budget_blocks} are left "
                            "(pin_budget, --pin-budget); unpin something first")
-        tree.hold(match.node)
-        pin = _Pin(f"pin-{next(self._ids)}", match.node, namespace, len(tokens), time.time(), label,
-                   match.node.hits)
+        node = self.scheduler.hold_prefix(tokens, namespace)
+        assert node is not None, "a prefix wholly on the device a moment ago is held"
+        pin = _Pin(f"pin-{next(self._ids)}", node, namespace, len(tokens), time.time(), label, node.hits)
         self._pins[pin.id] = pin
         return self._info(pin)
 
@@ -115,9 +121,8 @@ class PinRegistry:
         pin = self._pins.pop(pin_id, None)
         if pin is None:
             return None
-        assert self.tree is not None
         info = self._info(pin)
-        self.tree.release_hold(pin.node)
+        self.scheduler.release_prefix(pin.node)
         return info
 
     def unpin_all(self) -> None:
@@ -132,14 +137,20 @@ class PinRegistry:
 
     def _info(self, pin: _Pin) -> PinInfo:
         hits = pin.node.hits - pin.hits_at_start
-        return PinInfo(pin.id, pin.namespace, pin.tokens, len(self._blocks_of([pin.node])), hits, hits * pin.tokens,
-                       pin.created, pin.label)
+        return PinInfo(pin.id, pin.namespace, pin.tokens, len(self._blocks_of([(pin.node, pin.node.end)])), hits,
+                       hits * pin.tokens, pin.created, pin.label)
 
-    def _blocks_of(self, nodes: Iterable[RadixNode]) -> set[int]:
+    def _blocks_of(self, tips: Iterable[tuple[RadixNode, int]]) -> set[int]:
+        """The distinct device blocks listed on each path from the root down to a (node, end) tip, where
+        the path is cut at token `end` (the blocks of a prefix ending inside `node`'s edge are those a
+        split there would leave above it: what holding that prefix keeps alive)."""
+        if self.tree is None:  # the prefix cache is off: nothing was pinned
+            return set()
+        bs = self.tree.block_size
         blocks: set[int] = set()
-        for node in nodes:
+        for node, end in tips:
             n: RadixNode | None = node
             while n is not None and n.parent is not None:
-                blocks.update(n.blocks)
+                blocks.update(n.blocks[:(min(n.end, end) - 1) // bs - n.start // bs + 1])
                 n = n.parent
         return blocks

@@ -21,9 +21,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from radixserve.core import Batch, Request, TokenLogprob
+from radixserve.core import Batch, Request, RequestOutput, TokenLogprob
+from radixserve.engine.features import LogitsFeature, SamplingStep
 from radixserve.model.runner import RowLogprobs
+from radixserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.engine.intake import ValidatedRequest
 
 
 @dataclass
@@ -41,16 +47,39 @@ class PromptAsk:
     owners: list[Request]
 
 
-class PromptLogprobBook:
+class PromptLogprobBook(LogitsFeature):
+    """Prompt logprobs as a logits feature (engine/features.py): it asks the forward for its rows,
+    collects them when the step resolves, and hands them out with a request's output."""
+
+    allows_drafts = False  # as before the seam: drafts and prompt logprobs were never run together
+
     def __init__(self) -> None:
         self._requests: dict[Request, _Collecting] = {}
 
     def __bool__(self) -> bool:
         return bool(self._requests)
 
-    def begin(self, req: Request) -> None:
+    def applies(self, params: SamplingParams) -> bool:
+        return params.prompt_logprobs is not None
+
+    def begin(self, req: Request, request: ValidatedRequest | None = None) -> None:
         """Start collecting for a request that asks (its params.prompt_logprobs is set)."""
         self._requests[req] = _Collecting()
+
+    def ask_forward(self, step: SamplingStep) -> None:
+        ask = self.ask(step.batch) if self else None
+        if ask is not None:
+            step.asked = ask.rows
+            step.keep(ask)
+
+    def resolve(self, step: SamplingStep) -> None:
+        ask = step.part(PromptAsk)
+        if ask is not None:
+            self.collect(ask)
+
+    def add_to_output(self, req: Request, out: RequestOutput) -> None:
+        if req.params.prompt_logprobs is not None:
+            out.prompt_logprobs = self.take(req)
 
     def ask(self, batch: Batch) -> PromptAsk | None:
         """The rows of `batch` whose logits give a prompt token's logprob not yet asked for (None when

@@ -23,9 +23,11 @@ not depend on what else shares the batch, the device, or the step it runs in (th
 differ in their last bits with batch composition, which can flip a near-tie). A seeded sample's key is
 (seed + sample index) mod 2**64; an unseeded one's comes from the engine's generator.
 
-Structured output: a step's `StepMasks` (engine/grammar/) set the logits of the tokens a constrained
-draw's grammar does not allow to -inf before anything else, on the device; unconstrained draws are
-untouched, and logprobs still come from the raw logits.
+Logits edits: a step's features (engine/features.py) hand the sampler `edits`, applied in order to
+one copy of each draw's row before anything else. Masks come first: structured output's `StepMasks`
+(engine/grammar/) and the token rules (engine/token_rules.py: min_tokens, bad_words,
+allowed_token_ids) set the logits of the tokens a draw may not take to -inf, on the device; draws
+they do not cover are untouched, and logprobs still come from the raw logits.
 
 Penalties: a step's `StepPenalties` (engine/penalties.py) then change the penalised draws' rows, on
 the device and in this order: logit_bias added, repetition_penalty on every token of the prompt or the
@@ -33,9 +35,8 @@ output, frequency and presence penalties on the output's counts (each sequence's
 are kept on the device by the engine's `PenaltyBook`, so nothing waits for the host). Everything after
 (the usable test, the greedy argmax, temperature and the filters) sees the penalised row; logprobs do
 not. A penalty reads only its own row, tokens and counts, so a seeded draw stays independent of the
-batch. A step with no penalised draw passes None and pays nothing for them. With neither masks nor
-penalties in a step, draws read the logits rows as they are (forks sharing one); with either, every
-draw gets its own copy of its row first.
+batch. A step with no penalised draw pays nothing for them. With no edit in a step, draws read the
+logits rows as they are (forks sharing one); with any, every draw gets its own copy of its row first.
 
 A logits row with NaN or +inf, or nothing finite, is unusable: its draw yields token 0 on the
 device (so a step that consumes it stays in range) and `usable` False, and the engine fails that
@@ -45,15 +46,18 @@ filtering).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.core import TokenLogprob
-from radixserve.engine.grammar import StepMasks, apply_token_bitmask
-from radixserve.engine.penalties import StepPenalties, apply_penalties
 from radixserve.model.device import to_device
 from radixserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.engine.features import LogitsEdit
 
 CANDIDATES = (256, 4096)  # sorted candidates per row on CPU, widening, before a full sort
 _MASK64 = (1 << 64) - 1
@@ -134,19 +138,18 @@ class Sampler:
         self.device = device
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, draws: list[Draw], masks: StepMasks | None = None,
-               penalties: StepPenalties | None = None) -> SampleResult:
+    def sample(self, logits: torch.Tensor, draws: list[Draw], edits: Sequence[LogitsEdit] = ()) -> SampleResult:
+        """Sample every draw; `edits` (masks, penalties: engine/features.py) change, in order, a copy
+        of each draw's row first."""
         dev = logits.device
         raw = x = logits.float()
         raw_rows = rows = to_device([d.row for d in draws], torch.long, dev)
-        if masks is not None or penalties is not None:
+        if edits:
             # one logits row per draw (forks share a row, not a grammar state or token counts), a copy:
             # `raw` stays the model's for logprobs
             x = x[rows]
-            if masks is not None:
-                apply_token_bitmask(x, masks)
-            if penalties is not None:
-                apply_penalties(x, penalties)
+            for edit in edits:
+                edit.apply(x)
             rows = torch.arange(len(draws), device=dev)
             draws = [replace(d, row=i) for i, d in enumerate(draws)]
         if x.numel():

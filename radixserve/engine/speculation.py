@@ -14,19 +14,27 @@ since each position's draw reads the same u as without speculation, a seeded req
 tokens with speculation on and off, alone or in any batch.
 
 Layout: the sampler's draws are the launch's draws first, in order (draw i is its own index, the
-index every other reader of the sampled ids uses), then every verifying draw's extra rows.
+index every other reader of the sampled ids uses), then every verifying draw's extra rows
+(`DraftVerifier.contribute`, the first feature of a step: engine/features.py). A feature that allows
+drafts masks those rows too, each at the position it samples, so a verified token is one the
+request's rules allow.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.core import Request, SequenceStatus, TokenLogprob
-from radixserve.engine.sampler import Draw
+from radixserve.engine.features import INVALID_LOGITS, LogitsFeature, SamplingStep
+from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler.step_results import Launch, TokenCommit
+
+if TYPE_CHECKING:
+    from radixserve.engine.stats import EngineStats
 
 # the most decoding sequences a step drafts for, by device, when --speculative-max-batch is not given:
 # above it a step's forward stops being memory-bound, so the drafts' positions cost what they save.
@@ -69,18 +77,36 @@ class Verified:
     draws: int = 0
 
 
-def sampler_draws(launch: Launch) -> tuple[list[Draw], VerifyPlan]:
-    """The launch's draws for the sampler: one per draw, then the extra rows of the verifying ones."""
-    draws: list[Draw] = []
-    extras: list[Draw] = []
-    plan = VerifyPlan()
-    for i, (seq, row, position, k) in enumerate(zip(launch.owners, launch.rows, launch.positions, launch.drafts)):
-        params, key, first = seq.request.params, seq.noise_key, position - k
-        draws.append(Draw(row, params, key, first))
-        if k:
-            plan.extra_at[i] = len(launch.owners) + len(extras)
-            extras += [Draw(row + m, params, key, first + m) for m in range(1, k + 1)]
-    return draws + extras, plan
+class DraftVerifier(LogitsFeature):
+    """Draft verification as a logits feature: it adds each verifying draw's extra rows to the step's
+    draws (before any other feature builds masks over them) and, once the ids are on the host,
+    replaces each verifying draw's commit by its verified tokens, counting into `totals`. It keeps
+    no per-request state: any request may draft unless another feature vetoes it."""
+
+    allows_drafts = True
+
+    def __init__(self, totals: EngineStats) -> None:
+        self.totals = totals
+
+    def applies(self, params: SamplingParams) -> bool:
+        return False  # nothing per request: it takes part in every step that verifies drafts
+
+    def contribute(self, step: SamplingStep) -> None:
+        launch, plan = step.launch, VerifyPlan()
+        for i, k in enumerate(launch.drafts):
+            if k:
+                draw = step.draws[i]
+                plan.extra_at[i] = len(step.draws)
+                for m in range(1, k + 1):
+                    step.add_draw(launch.owners[i], replace(draw, row=draw.row + m, position=draw.position + m))
+        if plan.extra_at:
+            step.keep(plan)
+
+    def resolve(self, step: SamplingStep) -> None:
+        plan = step.part(VerifyPlan)
+        if plan is not None:
+            step.failed.update((req, INVALID_LOGITS) for req in unusable_verifications(step.launch, plan, step.usable))
+            self.totals.count_verified(verify(step.launch, plan, step.ids, step.logprobs, step.commits))
 
 
 def unusable_verifications(launch: Launch, plan: VerifyPlan, usable: list[bool]) -> list[Request]:

@@ -1,7 +1,7 @@
 """Engine statistics: the pool and cache counts plus cumulative token and request counters.
 
 `collect` builds them from what the scheduler and the tree publish about themselves
-(scheduler/snapshot.py, cache/tree_stats.py) and the engine's own counters (`stats_totals`, the host
+(scheduler/snapshot.py, cache/tree_stats.py) and the engine's own counters (the step recorder's `totals`, the host
 tier's copy timings); it reads no other component's attributes.
 
 Counters only ever grow (hit rates are ratios of counters, never a per-batch gauge); the gauges
@@ -129,7 +129,8 @@ class EngineStats:
         """The engine's figures now; with `counted`, the COUNTED gauges are that snapshot's instead."""
         sched = snapshot(engine.scheduler, count_blocks=counted is None)
         tree = tree_stats(engine.tree, count_host=counted is None)
-        s = replace(engine.stats_totals, requests_finished=Counter(engine.stats_totals.requests_finished))
+        totals = engine.recorder.totals
+        s = replace(totals, requests_finished=Counter(totals.requests_finished))
         s.blocks_total, s.num_running, s.num_waiting = sched.blocks_total, sched.num_running, sched.num_waiting
         s.preemptions, s.swaps_out, s.swaps_in = sched.preemptions, sched.swaps_out, sched.swaps_in
         s.admission_blocked = Counter(sched.admission_blocked)

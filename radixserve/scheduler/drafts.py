@@ -15,8 +15,10 @@ Sources, in this order; the first that yields a draft wins:
   prompt or the output.
 
 Who drafts: a decoding sequence whose last token is known on the host (the verifying step feeds it),
-without a grammar (its masks at draft positions would depend on the drafts), penalties or
-prompt-logprob asks (whose counts would), and only in a step with at most `max_batch` decoding
+whose request no veto forbids drafts (`vetoes`: the engine derives them from its logits features,
+engine/features.py, each feature that allows no drafts vetoing the requests it applies to: a grammar,
+whose masks at draft positions would depend on the drafts, penalties, whose counts would, prompt
+logprobs), and only in a step with at most `max_batch` decoding
 sequences (above it the step stops being memory-bound and drafts cost what they save). Rows: while
 recent verifications kept fewer than PAYING_RATE of their drafts (`kept_rate`, over about the last
 RATE_HORIZON draft tokens of every sequence; 0 at start), a step's drafts together fill at most what
@@ -33,13 +35,15 @@ These functions read the tree and write only the sequence's `spec` state (the sc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.core import Sequence
+from radixserve.core import Request, Sequence
+from radixserve.sampling_params import SamplingParams
 
 LOOKUP_NGRAM = 3  # the longest n-gram prompt lookup matches first
 MISS_LIMIT = 2
@@ -47,6 +51,7 @@ MAX_COOLDOWN = 64
 PAYING_RATE = 0.5  # kept fraction of recent drafts above which a step drafts past the rows knee
 RATE_HORIZON = 32  # draft tokens: about how far back `kept_rate` looks
 PREDICTION_RETRY = 8  # with overlap, a request with a prediction tries to draft again this often
+DraftVeto = Callable[[SamplingParams], bool]  # True: a request with these params never drafts
 
 
 @dataclass
@@ -64,6 +69,15 @@ class DraftProposer:
         self.max_seq_len = max_seq_len
         self.max_rows = max_rows  # None: no knee
         self.kept_rate = 0.0  # the fraction of recent draft tokens kept, every sequence's (see the docstring)
+        self.vetoes: tuple[DraftVeto, ...] = ()
+        # each request's verdict, taken once: a veto is the engine's code, which a step must not call
+        # per sequence (tests/test_step_crossings.py), and a request's params never change
+        self._vetoed: WeakKeyDictionary[Request, bool] = WeakKeyDictionary()
+
+    def forbid_drafts(self, vetoes: Iterable[DraftVeto]) -> None:
+        """Set the vetoes (the engine's, from its features, once at start): configuration, not state."""
+        self.vetoes = tuple(vetoes)
+        self._vetoed.clear()
 
     def room(self, decodes: int, prompt_rows: Callable[[int], int]) -> int:
         """How many draft tokens a step with `decodes` decoding sequences may verify between them (0: it
@@ -82,9 +96,13 @@ class DraftProposer:
 
     def eligible(self, seq: Sequence) -> bool:
         """May `seq` draft at all (whatever its state)? A query."""
-        params = seq.request.params
-        return (self.num_tokens > 0 and params.structured is None and not params.has_penalties
-                and params.prompt_logprobs is None)
+        if self.num_tokens == 0:
+            return False
+        req = seq.request
+        vetoed = self._vetoed.get(req)
+        if vetoed is None:
+            vetoed = self._vetoed[req] = any(veto(req.params) for veto in self.vetoes)
+        return not vetoed
 
     def waits_for_token(self, seq: Sequence) -> bool:
         """With overlap, should `seq` wait a step for its pending token (drafts follow only a known

@@ -30,18 +30,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.torch
 import torch
 
-from radixserve.core import PENDING_TOKEN, Request, Sequence, TokenLogprob
-from radixserve.engine.grammar.compiler import CompiledGrammar, GrammarCompiler
+from radixserve.core import PENDING_TOKEN, Request, Sequence
+from radixserve.engine.features import LogitsFeature, SamplingStep
+from radixserve.engine.grammar.compiler import GrammarCompiler
 from radixserve.errors import TokenRefused
-from radixserve.scheduler.step_results import Launch, TokenCommit
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.step_results import TokenCommit
+
+if TYPE_CHECKING:
+    from radixserve.engine.grammar.compiler import CompiledGrammar
+    from radixserve.engine.intake import ValidatedRequest
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,9 @@ class StepMasks:
     bitmask: torch.Tensor
     dead: dict[Request, str] = field(default_factory=dict)  # requests whose grammar allows no token here
 
+    def apply(self, x: torch.Tensor) -> None:
+        apply_token_bitmask(x, self)
+
 
 def hit_a_limit(matcher: Any) -> bool:
     """Whether an errored matcher stopped at one of its limits (llguidance's words for them), not at a
@@ -93,7 +102,12 @@ def hit_a_limit(matcher: Any) -> bool:
     return any(word in error for word in ("too many", "limit", "fuel", "too large", "too complex"))
 
 
-class ConstraintBook:
+class ConstraintBook(LogitsFeature):
+    """Structured output as a logits feature (engine/features.py): masks join a step's edits first,
+    forced tokens rewrite its commits, and `stops` is the constraint's part of the stop test."""
+
+    allows_drafts = False  # each draft position's mask would need the matcher advanced through the drafts
+
     def __init__(self, compiler: GrammarCompiler, vocab_size: int, device: torch.device, forced_tokens: bool) -> None:
         self.compiler, self.vocab_size, self.device = compiler, vocab_size, device
         self.forced_tokens = forced_tokens
@@ -107,10 +121,14 @@ class ConstraintBook:
     def __bool__(self) -> bool:
         return bool(self._grammars)
 
-    def begin(self, req: Request, grammar: CompiledGrammar | None) -> None:
-        """A constrained request enters the engine with the grammar its check compiled (None: a caller
-        that built the request by hand; compiled or found here)."""
+    def applies(self, params: SamplingParams) -> bool:
+        return params.structured is not None
+
+    def begin(self, req: Request, request: ValidatedRequest) -> None:
+        """A constrained request enters the engine with the grammar its check compiled (None: a request
+        that crossed a process without it; compiled or found here)."""
         assert req.params.structured is not None
+        grammar: CompiledGrammar | None = request.grammar
         self._grammars[req.request_id] = grammar or self.compiler.ensure(req.params.structured,
                                                                          req.params.cache_namespace)
         self.stats.requests += 1
@@ -145,6 +163,29 @@ class ConstraintBook:
             state.end = state.consumed
         if state.matcher.is_accepting():
             state.accepting.add(state.consumed)
+
+    # -- the feature's stages ------------------------------------------------------------------------
+    def contribute(self, step: SamplingStep) -> None:
+        masks = self.masks(step.owners, [draw.position for draw in step.draws], step.pending)
+        if masks is not None:
+            step.failed.update(masks.dead)
+            step.edits.append(masks)
+
+    def resolve(self, step: SamplingStep) -> None:
+        """Each constrained draw's commit: its sampled token and the tokens its grammar forces after it
+        (those replace a later draw of the sequence still in flight)."""
+        if not self._grammars:
+            return
+        launch, commits = step.launch, step.commits
+        for i, (seq, position, token) in enumerate(zip(launch.owners, launch.positions, step.ids)):
+            if seq.request not in step.failed:
+                tokens = self.tokens(seq, position, token)
+                if len(tokens) > 1:
+                    commits[i] = TokenCommit(tokens, commits[i].logprobs,
+                                             replaces_in_flight=position < len(seq.token_ids) - 1)
+
+    def stops(self, seq: Sequence, stopping: bool) -> bool:
+        return self.on_commit(seq, stopping) if seq.request.params.structured is not None else False
 
     # -- a step's masks --------------------------------------------------------------------------
     def masks(self, owners: list[Sequence], positions: list[int],
@@ -209,17 +250,6 @@ class ConstraintBook:
         return buffer
 
     # -- committing ------------------------------------------------------------------------------
-    def commits(self, launch: Launch, ids: list[int], logprobs: dict[int, TokenLogprob],
-                failed: Mapping[Request, str]) -> list[TokenCommit]:
-        """One TokenCommit per draw of `launch`, which sampled `ids`: each sampled token with the tokens
-        its grammar forces after it (those replace a later draw of the sequence still in flight)."""
-        commits = []
-        for i, (seq, position, token) in enumerate(zip(launch.owners, launch.positions, ids)):
-            tokens = self.tokens(seq, position, token) if self._grammars and seq.request not in failed else (token,)
-            commits.append(TokenCommit(tokens, (logprobs[i],) if i in logprobs else (),
-                                       replaces_in_flight=len(tokens) > 1 and position < len(seq.token_ids) - 1))
-        return commits
-
     def tokens(self, seq: Sequence, position: int, token: int) -> tuple[int, ...]:
         """What to commit for `seq`'s draw at `position`, which sampled `token`: the token itself, and
         the tokens the grammar forces after it. With a later draw of `seq` in flight, forced tokens
@@ -240,8 +270,8 @@ class ConstraintBook:
     def draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
         """How many of `drafts` (proposed tokens after `seq`'s committed ones, as speculative decoding
         proposes them) the grammar accepts, in order; the matcher is left as it was. Not used yet: a
-        constrained sequence does not draft (scheduler/drafts.py), since each draft position's mask
-        would need the matcher advanced through the drafts before it."""
+        constrained sequence does not draft (its `allows_drafts` is False), since each draft
+        position's mask would need the matcher advanced through the drafts before it."""
         state = self._state(seq)
         if state is None or not drafts:
             return len(drafts)

@@ -12,7 +12,7 @@ Invariants:
   overflow, its memory cap) is dropped; either way its request gets CompileRefused in our words, and
   the next compile that finds no idle worker starts a fresh one;
 - a compile waits at most `compile_timeout_s` for a worker, then gets CompileBusy (the server's
-  per-client compile slots, server/compile_slots.py, keep one client from holding every worker);
+  per-client compile slots, server/pipeline/compile_slots.py, keep one client from holding every worker);
 - `close` kills every worker; a worker also exits by itself when the engine's end of its pipe closes.
 """
 
