@@ -9,13 +9,15 @@ node type that way) and create no dependency at run time.
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("radixserve",)
+PACKAGES = ("radixserve", "radixserve_bench")
 
 # module (or package prefix) -> layer; the longest matching prefix wins
 LAYER_OF = {
@@ -23,6 +25,7 @@ LAYER_OF = {
     "radixserve.config": "core",
     "radixserve.errors": "core",
     "radixserve.sampling_params": "core",
+    "radixserve.sampling_fields": "core",
     "radixserve.structured": "core",
     "radixserve.schema_objects": "core",
     "radixserve.paths": "core",
@@ -33,7 +36,7 @@ LAYER_OF = {
     "radixserve.engine": "engine",
     "radixserve.chat": "chat",
     "radixserve.server": "server",
-    "radixserve.bench": "bench",
+    "radixserve_bench": "bench",  # the top-level benchmark package beside the runtime
     "radixserve.scaleout": "scaleout",
     "radixserve": "entry",  # the package's public names, cli.py, terminal_chat.py
 }
@@ -176,41 +179,91 @@ def test_public_names_in_the_docs_still_import() -> None:
         assert name in radixserve.__all__ and hasattr(radixserve, name)
 
 
-# -- one writer of a sequence ------------------------------------------------------------------------
-# The scheduler is the only writer of a `Sequence` (its fields and its token list); core.py defines it.
-SEQUENCE_WRITERS = ("radixserve.scheduler", "radixserve.core")
-LIST_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"}
+# -- one writer of each piece of shared state -------------------------------------------------------
+# Who may change what (the test reads every module with ast; a write is an assignment, augmented
+# assignment or `del` of a field, a change to one of its lists or dicts, or, for the tree, a call of a
+# method that changes the cache):
+# - a `Sequence` and a `Request` (core.py): their fields only in scheduler/ (and core.py, which defines
+#   them). A request's `timing` and `drafts` are records of their own that the engine fills: writing a
+#   field of `req.timing` is no Request write, replacing `req.timing` is.
+# - a `RadixNode`: its fields only in cache/ (the tree writes its nodes; the scheduler, too, changes
+#   them only through the tree's methods).
+# - the `RadixTree`: its fields, and every method that changes the cache, only in scheduler/ and
+#   cache/. A public method changes the cache unless its docstring says "A query"; `match` is a query
+#   when called with split=False.
+# A field or method name no other class of the project declares (nor a built-in container, str or re)
+# counts on any receiver; a shared one (`tokens`, `insert`, `events`, ...) only on a receiver whose name
+# says what it is (`seq`, `req`, `node`, `tree`, ... below). The micro-benchmarks of the scheduler and
+# the tree build and drive them directly, as tests do (DRIVERS).
+DRIVERS = ("radixserve_bench.micro",)
+MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem"}
 # receivers that name a sequence, for the field names other classes share (token_ids, status, ...)
 SEQUENCE_RECEIVER = re.compile(r"^(seq|seqs|sequence|sequences|s|child|children|parent|fork|forks|victim|head|owner|owners"
                                r"|\w+_seqs?)$")
+BUILTIN_NAMES = {name for kind in (list, dict, set, str) for name in dir(kind)} | set(dir(re))
 
 
-def _class_fields(tree: ast.Module) -> dict[str, set[str]]:
-    """class name -> the attribute names it declares (annotations in its body) or assigns on self."""
-    fields: dict[str, set[str]] = {}
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        names = fields.setdefault(cls.name, set())
-        for node in ast.walk(cls):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                names.add(node.target.id)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                    and isinstance(node.value, ast.Name) and node.value.id == "self":
-                names.add(node.attr)
-    return fields
+@dataclass(frozen=True)
+class Guarded:
+    module: str  # where the class is defined
+    cls: str
+    writers: tuple[str, ...]  # the module prefixes that may change it
+    receiver: re.Pattern[str]  # names that say an expression is one (for names other classes share)
+    methods: bool = False  # are its cache-changing method calls writes too?
 
 
-def sequence_fields(modules: dict[str, tuple[str, bool]]) -> tuple[set[str], set[str]]:
-    """(every field of Sequence, those no other class of the project declares)."""
-    others: set[str] = set()
-    mine: set[str] = set()
-    for module, (source, _) in modules.items():
-        for cls, names in _class_fields(ast.parse(source)).items():
-            if module == "radixserve.core" and cls == "Sequence":
-                mine = names
-            else:
-                others |= names
-    assert {"token_ids", "num_computed", "block_table", "status"} <= mine
-    return mine, mine - others
+GUARDED = (
+    Guarded("radixserve.core", "Sequence", ("radixserve.scheduler", "radixserve.core"), SEQUENCE_RECEIVER),
+    Guarded("radixserve.core", "Request", ("radixserve.scheduler", "radixserve.core"),
+            re.compile(r"^(req|reqs|request|requests|\w+_req|\w+_request)$")),
+    Guarded("radixserve.cache.radix_tree", "RadixNode", ("radixserve.cache",),
+            re.compile(r"^(node|nodes|\w+_node|\w+_nodes|root|roots)$")),
+    Guarded("radixserve.cache.radix_tree", "RadixTree", ("radixserve.scheduler", "radixserve.cache"),
+            re.compile(r"^(tree|trees|radix_tree|\w+_tree)$"), methods=True),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the test reads from a guarded class's source."""
+
+    fields: set[str]
+    unique_fields: set[str]  # fields no other class declares: a write on any receiver counts
+    changing: set[str]  # public methods whose docstring does not say "A query"
+    unique_changing: set[str]
+
+
+def _members(cls: ast.ClassDef) -> tuple[set[str], dict[str, str]]:
+    """(the attribute names a class declares (annotations in its body) or assigns on self, its methods
+    and their docstrings)."""
+    fields = {node.target.id for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id == "self":
+            fields.add(node.attr)
+    methods = {f.name: ast.get_docstring(f) or "" for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return fields, methods
+
+
+def shapes(parsed: dict[str, ast.Module]) -> dict[str, Shape]:
+    """Guarded class name -> its shape, with uniqueness judged against every other class of the project."""
+    members: dict[tuple[str, str], tuple[set[str], dict[str, str]]] = {}
+    for module, tree in parsed.items():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            members[(module, cls.name)] = _members(cls)
+    out = {}
+    for g in GUARDED:
+        fields, methods = members[(g.module, g.cls)]
+        others = BUILTIN_NAMES.union(*(f | set(m) for key, (f, m) in members.items() if key != (g.module, g.cls)))
+        changing = {name for name, doc in methods.items() if g.methods and not name.startswith("_")
+                    and "A query" not in doc}
+        out[g.cls] = Shape(fields, fields - others, changing, changing - others)
+    assert {"token_ids", "num_computed", "block_table", "status"} <= out["Sequence"].fields
+    assert {"sequences", "cached_tokens", "queued_at"} <= out["Request"].fields
+    assert {"children", "blocks", "lock_count", "hold_count"} <= out["RadixNode"].fields
+    assert {"insert", "match", "hold", "release_hold", "lock", "evict", "clear"} <= out["RadixTree"].changing
+    assert not {"continuation", "nodes", "root_of", "check_integrity"} & out["RadixTree"].changing
+    return out
 
 
 def _receiver(node: ast.expr) -> str:
@@ -221,37 +274,58 @@ def _receiver(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-def sequence_writes(module: str, source: str, fields: set[str], unique: set[str]) -> list[str]:
-    """'module:line: what' for each assignment to a Sequence field and each change of a Sequence's
-    lists (token_ids.append(...), token_ids[i] = ..., del token_ids[i:], ...) in `source`."""
-    def names_a_sequence(attr: ast.Attribute) -> bool:
-        return attr.attr in unique or (attr.attr in fields and bool(SEQUENCE_RECEIVER.match(_receiver(attr.value))))
+def _is_query_match(call: ast.Call) -> bool:
+    """tree.match(tokens, split=False) (or False as its second argument): a lookup that changes nothing."""
+    split = [k.value for k in call.keywords if k.arg == "split"] + call.args[1:2]
+    return bool(split) and isinstance(split[0], ast.Constant) and split[0].value is False
+
+
+def writes_in(module: str, tree: ast.Module, guarded: Guarded, shape: Shape) -> list[str]:
+    """'module:line: what' for each write to a `guarded` object in the module (see the rules above)."""
+    def names_it(attr: ast.Attribute, unique: set[str]) -> bool:
+        return attr.attr in unique or bool(guarded.receiver.match(_receiver(attr.value)))
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         targets: list[ast.expr] = []
         if isinstance(node, (ast.Assign, ast.Delete)):
             targets = list(node.targets)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LIST_MUTATORS:
-            targets = [node.func.value]  # seq.token_ids.append(...): the list is what changes
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in MUTATORS:
+                targets = [node.func.value]  # seq.token_ids.append(...): the list is what changes
+            if node.func.attr in shape.changing and names_it(node.func, shape.unique_changing) \
+                    and not (node.func.attr == "match" and _is_query_match(node)):
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)[:80]}")
         for target in (t for group in targets for t in (group.elts if isinstance(group, ast.Tuple) else [group])):
-            while isinstance(target, ast.Subscript):  # seq.token_ids[i] = ..., del seq.token_ids[i:]
+            while isinstance(target, ast.Subscript):  # seq.token_ids[i] = ..., del node.children[t]
                 target = target.value
-            if isinstance(target, ast.Attribute) and names_a_sequence(target):
+            if isinstance(target, ast.Attribute) and target.attr in shape.fields and names_it(target, shape.unique_fields):
                 found.append(f"{module}:{node.lineno}: {ast.unparse(node)[:80]}")
     return found
 
 
-def writes_outside_the_scheduler(modules: dict[str, tuple[str, bool]]) -> list[str]:
-    fields, unique = sequence_fields(modules)
-    return [w for module, (source, _) in sorted(modules.items())
-            if not module.startswith(SEQUENCE_WRITERS) for w in sequence_writes(module, source, fields, unique)]
+@functools.cache
+def _parse(source: str) -> ast.Module:
+    """A module's syntax tree, parsed once for all the tests below (which only read it)."""
+    return ast.parse(source)
 
 
-def test_only_the_scheduler_writes_a_sequence() -> None:
-    assert writes_outside_the_scheduler(project_modules()) == []
+def writes_outside_their_writers(modules: dict[str, tuple[str, bool]], only: str | None = None) -> list[str]:
+    """Every write to a guarded object (of class `only`, or of any) outside the modules that may make it."""
+    parsed = {module: _parse(source) for module, (source, _) in modules.items()}
+    known = shapes(parsed)
+    found = []
+    for guarded in (g for g in GUARDED if only in (None, g.cls)):
+        found += [f"{w} ({guarded.cls})" for module, tree in sorted(parsed.items())
+                  if not module.startswith(guarded.writers + DRIVERS)
+                  for w in writes_in(module, tree, guarded, known[guarded.cls])]
+    return found
+
+
+def test_only_their_writers_change_sequences_requests_and_the_tree() -> None:
+    assert writes_outside_their_writers(project_modules()) == []
 
 
 @pytest.mark.parametrize("planted", [
@@ -265,9 +339,40 @@ def test_only_the_scheduler_writes_a_sequence() -> None:
 ])
 def test_a_planted_sequence_write_in_the_engine_is_caught(planted: str) -> None:
     modules = {**project_modules(), "radixserve.engine.planted": (planted, False)}
-    assert [w for w in writes_outside_the_scheduler(modules) if w.startswith("radixserve.engine.planted:")]
+    assert [w for w in writes_outside_their_writers(modules, "Sequence") if w.startswith("radixserve.engine.planted:")]
 
 
-def test_other_classes_fields_of_the_same_name_are_not_sequence_writes() -> None:
-    source = "def f(out, c):\n    out.token_ids.extend([1])\n    c.finish_reason = 'stop'\n"
-    assert writes_outside_the_scheduler({**project_modules(), "radixserve.engine.planted": (source, False)}) == []
+@pytest.mark.parametrize(("cls", "planted"), [
+    ("RadixTree", "def f(engine, tokens):\n    engine.tree.match(tokens, namespace='')\n"),  # splits: a write
+    ("RadixTree", "def f(self, node):\n    self.tree.hold(node)\n"),
+    ("RadixTree", "def f(tree, node):\n    tree.release_hold(node)\n"),
+    ("RadixTree", "def f(engine, log):\n    engine.tree.events = log\n"),
+    ("RadixTree", "def f(tree, tokens, blocks):\n    tree.insert(tokens, blocks)\n"),
+    ("RadixTree", "def f(cache, match):\n    cache.load_back(match)\n"),  # a method only the tree has: any receiver
+    ("RadixTree", "def f(engine):\n    engine.tree.roots.pop('x')\n"),
+    ("RadixNode", "def f(pin):\n    pin.node.hold_count += 1\n"),
+    ("RadixNode", "def f(match):\n    match.node.blocks.append(3)\n"),
+    ("RadixNode", "def f(node):\n    del node.children[5]\n"),
+    ("Request", "def f(req, seq):\n    req.sequences.append(seq)\n"),
+    ("Request", "def f(seq):\n    seq.request.cached_tokens = 0\n"),
+    ("Request", "def f(x):\n    x.queued_at = 0.0\n"),  # a field only Request has: any receiver
+])
+def test_a_planted_tree_or_request_write_in_the_engine_is_caught(cls: str, planted: str) -> None:
+    modules = {**project_modules(), "radixserve.engine.planted": (planted, False)}
+    assert [w for w in writes_outside_their_writers(modules, cls) if w.startswith("radixserve.engine.planted:")]
+
+
+def test_a_node_write_in_the_scheduler_is_caught() -> None:
+    """The scheduler changes the tree through its methods only: a node's fields are the tree's."""
+    modules = {**project_modules(), "radixserve.scheduler.planted": ("def f(seq):\n    seq.locked_node.lock_count = 0\n", False)}
+    assert [w for w in writes_outside_their_writers(modules, "RadixNode") if w.startswith("radixserve.scheduler.planted:")]
+
+
+def test_reads_queries_and_other_classes_fields_of_the_same_name_are_not_writes() -> None:
+    source = ("def f(out, c, edge, tree, engine, req, node, tokens):\n"
+              "    out.token_ids.extend([1])\n    c.finish_reason = 'stop'\n"  # outputs' fields, not a sequence's
+              "    edge.children[3] = edge\n    edge.tokens = []\n"  # another trie's edges (scaleout)
+              "    tree.match(tokens, split=False)\n    engine.tree.continuation(tokens, 4)\n"  # queries
+              "    tree.nodes()\n    req.timing.arrival = 1.0\n    req.drafts.add('tree', 1, 1)\n"  # the request's own records
+              "    print(node.blocks, req.sequences[0].token_ids)\n")
+    assert writes_outside_their_writers({**project_modules(), "radixserve.engine.planted": (source, False)}) == []

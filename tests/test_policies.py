@@ -44,8 +44,7 @@ def add(sched: Scheduler, tokens: list[int], max_tokens: int = 2, priority: int 
     order = next(_orders)
     req = Request(f"r{order}", tokens, SamplingParams(max_tokens=max_tokens), priority=priority, order=order)
     s = Sequence(req, 0, list(tokens), len(tokens))
-    req.sequences.append(s)
-    sched.add(s)
+    sched.add(s)  # which makes it its request's
     return s
 
 

@@ -24,9 +24,7 @@ def make(policy: str = "fcfs", num_blocks: int = 64, budget: int = 32, cache: bo
 
 def seq(tokens: list[int], order: int, priority: int = 0) -> Sequence:
     req = Request(f"r{order}", tokens, SamplingParams(max_tokens=4), priority=priority, order=order)
-    s = Sequence(req, 0, list(tokens), len(tokens))
-    req.sequences.append(s)
-    return s
+    return Sequence(req, 0, list(tokens), len(tokens))  # `Scheduler.add` makes it its request's
 
 
 def step(sched: Scheduler) -> dict[str, int]:

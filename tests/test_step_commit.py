@@ -35,8 +35,7 @@ def add(sched: Scheduler, prompt: list[int], max_tokens: int = 32, n: int = 1) -
     order = next(_orders)
     req = Request(f"r{order}", prompt, SamplingParams(max_tokens=max_tokens, n=n), order=order)
     seq = Sequence(req, 0, list(prompt), len(prompt), pending_forks=n - 1)
-    req.sequences.append(seq)
-    sched.add(seq)
+    sched.add(seq)  # which makes it its request's
     return req
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixserve.cache.radix_nodes import RadixStructure
+    from radixserve.cache.radix_tree import RadixTree
 
 
-def check_tree(tree: RadixStructure) -> None:
+def check_tree(tree: RadixTree) -> None:
     bs = tree.block_size
     nodes = tree.nodes()
     assert len(nodes) == tree.num_nodes, f"node count {tree.num_nodes} != {len(nodes)}"

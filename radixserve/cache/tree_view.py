@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from radixserve.cache.radix_nodes import RadixNode, RadixStructure
+from radixserve.cache.radix_tree import RadixNode, RadixTree
 
 HEAD_TOKENS = 12  # leading token ids of each node, for its label
 T = TypeVar("T")
@@ -47,7 +47,7 @@ class TreeView:
     namespaces: dict[str, int] = field(default_factory=dict)  # namespace -> its tokens (those shown)
 
 
-def tree_view(tree: RadixStructure | None, limit: int, include: Callable[[str], bool] | None = None) -> TreeView:
+def tree_view(tree: RadixTree | None, limit: int, include: Callable[[str], bool] | None = None) -> TreeView:
     """The `limit` nodes to show: grown from the roots of the included namespaces, always taking the
     largest subtree (by tokens, the most recently used first on a tie) next. A query."""
     if tree is None or limit <= 0:

@@ -14,7 +14,7 @@ prompt covers it: never pruned or evicted), `held` (the replica is believed to h
 finished request's tokens, or a prompt that was prefilled; never pruned) and `tick` (the last insert
 through it: the eviction order).
 
-Namespaces mirror the replica's tree (cache/radix_nodes.py): each one is its own trie under its own
+Namespaces mirror the replica's tree (cache/radix_tree.py): each one is its own trie under its own
 root, so a lookup in one namespace never sees what another cached (the router must never send a
 tenant's request somewhere because of another tenant's prefix), while `evict` and the bound see
 every namespace as one LRU picture, as the replica's pool does.
@@ -31,7 +31,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixserve.cache.radix_nodes import common_prefix_len
+from radixserve.cache.radix_tree import common_prefix_len
 
 
 @dataclass(eq=False, slots=True)

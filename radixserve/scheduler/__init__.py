@@ -1,5 +1,5 @@
-"""The continuous batcher: the only writer of a sequence and of the cache state (admission, chunk
-completion, forks, token commits, preemption, finish)."""
+"""The continuous batcher: the only writer of a sequence, of a request's scheduling fields and of the
+cache state (admission, chunk completion, forks, token commits, preemption, finish, pinned prefixes)."""
 
 from radixserve.scheduler.scheduler import Scheduler
 

@@ -37,7 +37,7 @@ def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None)
 
 def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | None,
                     held: Sequence_[RadixNode] = ()) -> None:
-    """`held`: the nodes pinned prefixes hold (engine/pins.py), each a lock and a hold on its path."""
+    """`held`: the nodes pinned prefixes hold (`Scheduler.hold_prefix`), each a lock and a hold on its path."""
     assert len({s.seq_id for s in live}) == len(live), "a sequence is queued twice"
     owners: Counter[int] = Counter()
     locks: Counter[int] = Counter()

@@ -28,27 +28,123 @@ whole pool. A lock never moves onto another sequence's copy of tokens.
 Under `cache-aware`, a sequence waiting longer than `max_wait_steps` steps goes ahead of every cache
 hit (oldest first), so hits cannot starve it.
 
-The step's results come back through `launched` and `commit` (below); the queues, their moves
-(admission, preemption, forks, finishing) and the scheduler's state are `queues.py`'s.
+A sequence moves between the queues: waiting → running (admission, forks) → waiting (preemption,
+by recompute or swap) → finished.
+
+The scheduler is the only writer of a sequence, of a request's scheduling fields (its sequences,
+cached-token counts, queue time) and of cache state: refcounts, tree insertions, splits, locks, holds
+and swap pins, a sequence's blocks, tokens, `num_computed` and status. `add` makes a new sequence
+its request's and queues it. After `schedule`, a step comes back in two calls: `launched` (the
+forward is queued: chunks count as computed, n > 1 requests fork, each draw gets a pending slot,
+`pending.py`) and `commit` (the sampled tokens are known: slots are filled, several tokens per draw
+and verified drafts included, `step_results.py`; stops and length limits finish sequences). Without
+overlap the engine makes the two calls back to back. `finish` (one sequence) and `end` (a request:
+an abort, an error) end them at any time. Pinned prefixes are commands too: `hold_prefix` keeps a
+cached prefix on the device until `release_prefix` (engine/pins.py keeps the pins' names, labels and
+budget), and `follow_cache_events` has the tree report what it drops. The engine asks; it never
+writes a sequence, a request's fields or the tree (tests/test_layering.py enforces it). Every block
+copy decided while scheduling (copy-on-write, write-back, load-back) is appended to the step's
+`Batch.copies` as it is decided, in order (eviction is explicit: see seq_cache.py).
+
+Invariants (checked by `check_integrity`, see integrity.py): a scheduled sequence owns a block for
+every position it writes this step, and the block it writes first has exactly one owner
+(copy-on-write is decided here and the copies are returned in the batch, to run before the
+forward); running + waiting hold each live sequence exactly once; every block's refcount equals the
+sequence tables and tree nodes listing it; every node's lock count equals the live sequences whose
+locked path passes through it, plus the holds on paths through it (`held_prefixes`).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.events import CacheEventLog
+from radixserve.cache.radix_tree import RadixNode, RadixTree
+from radixserve.config import EngineConfig
 from radixserve.core import Batch, BlockCopy, Request, ScheduledSeq, Sequence, SequenceStatus
 from radixserve.errors import TokenRefused
 from radixserve.scheduler import pending
-from radixserve.scheduler.queues import SequenceQueues
+from radixserve.scheduler.admission import GrowthReserve
+from radixserve.scheduler.drafts import DraftProposer
+from radixserve.scheduler.integrity import check_integrity, leaked_blocks
+from radixserve.scheduler.policy import Policy
+from radixserve.scheduler.preemption import PreemptionCosts
+from radixserve.scheduler.seq_cache import SequenceCache
 from radixserve.scheduler.step_results import Committed, Launch, StopTest, TokenCommit, append_tokens
 
 log = logging.getLogger(__name__)
 
 
-class Scheduler(SequenceQueues):
-    """Each step's plan (`schedule`) and the step's results (`launched`, `commit`)."""
+class Scheduler:
+    """The waiting and running queues and every move between them, each step's plan (`schedule`), the
+    step's results (`launched`, `commit`), and the commands that change the cache outside a step
+    (pinned prefixes, cache events)."""
+
+    def __init__(self, config: EngineConfig, pool: BlockPool, tree: RadixTree | None,
+                 clock: Callable[[], float] = time.monotonic, max_seq_len: int | None = None) -> None:
+        self.config = config
+        # the longest a sequence may grow (tokens): the engine's limit, by default the pool's size
+        self.max_seq_len = max_seq_len or pool.num_blocks * pool.block_size
+        self.clock = clock  # seconds: what aging and minimum run times are measured with
+        self.policy = Policy(config, tree, clock)
+        self.growth = GrowthReserve(config.new_token_ratio, config.new_token_ratio_min, config.new_token_ratio_decay,
+                                    pool.block_size)
+        self.pool = pool
+        self.tree = tree
+        self.block_size = pool.block_size
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        # why admission stopped ("blocks", "max_num_seqs", ...) and why sequences were preempted
+        # ("blocks", ...): per-cause counters for metrics
+        self.admission_blocked: Counter[str] = Counter()
+        self.preemptions_by_cause: Counter[str] = Counter()
+        self.swaps_out = 0
+        self.swaps_in = 0
+        self.steps = 0  # schedule() calls: the clock that waiting times are measured in
+        self.cache = SequenceCache(pool, tree)
+        self.costs = PreemptionCosts()
+        self.void_draws: set[tuple[int, int]] = set()  # (seq_id, position) of draws a commit replaced
+        # the engine sets the caps from its device; without them (unit tests), none
+        max_batch = config.speculative_max_batch if config.speculative_max_batch is not None else config.max_num_seqs
+        self.drafts = DraftProposer(tree, config.num_speculative_tokens, max_batch, self.max_seq_len,
+                                    config.speculative_max_rows)
+        self.held_prefixes: list[RadixNode] = []  # one entry per hold (`hold_prefix`), repeats included
+
+    # -- queue management ----------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """A new request's first sequence (the engine made both) becomes its request's and waits."""
+        seq.request.sequences.append(seq)
+        self._queue(seq)
+
+    def _queue(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        seq.waiting_since = self.steps  # arrival, or preemption: the wait counts from entering the queue
+        seq.running_since = None
+        if seq.request.queued_at is None:
+            seq.request.queued_at = self.clock()
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Join the running set, which is kept sorted in policy order (forks join directly: their
+        blocks are shared with the parent's)."""
+        seq.status = SequenceStatus.RUNNING
+        now = self.clock()
+        if seq.running_since is None:  # forks: they run from now on, like their parent
+            seq.running_since = now
+        bisect.insort(self.running, seq, key=lambda s: self.policy.rank(s, now))
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def waiting_in_order(self) -> list[Sequence]:
+        return self.policy.waiting_order(self.waiting, self.steps)
 
     # -- the step plan -------------------------------------------------------------------------
     def schedule(self) -> Batch:
@@ -249,6 +345,77 @@ class Scheduler(SequenceQueues):
         scheduled = {it.seq.seq_id for it in batch.items}
         return next((s for s in reversed(self.running) if s.seq_id not in scheduled), None)
 
+    # -- leaving the running set ---------------------------------------------------------------
+    def preempt(self, seq: Sequence, copies: list[BlockCopy], cause: str = "blocks") -> None:
+        """Cache what was computed, release the blocks, wait again; by swap when `preemption_mode`
+        (or, under auto, the estimated cost) says so and the host tier can hold the sequence (its
+        write-backs go to `copies`, the step's)."""
+        self.preemptions += 1
+        self.preemptions_by_cause[cause] += 1
+        if cause == "blocks":
+            self.growth.preempted()
+        self.swaps_out += self.cache.release(seq, copies if self._should_swap(seq) else None)
+        self.running.remove(seq)
+        self._queue(seq)
+
+    def _should_swap(self, seq: Sequence) -> bool:
+        if self.tree is None or self.tree.host_pool is None or self.config.preemption_mode == "recompute":
+            return False
+        if self.config.preemption_mode == "swap":
+            return True
+        computed = min(seq.num_computed, seq.num_resolved)
+        return self.costs.swap_is_cheaper(computed, -(-computed // self.block_size))
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` now (a stop, an abort, an error): drop its pending slots, cache what it computed."""
+        pending.drop_slots(seq)
+        self.cache.release(seq)
+        if seq.swapped_node is not None:  # ended while swapped out (an abort): unpin its path
+            assert self.tree is not None
+            self.tree.unpin(seq.swapped_node)
+            seq.swapped_node = None
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def unschedulable_head(self) -> Request | None:
+        """A step scheduled nothing though work remains, which the liveness rules make unreachable:
+        logged; with nothing running, the head of the queue can never fit, so it is returned (to fail)."""
+        if self.running:
+            log.error("a step scheduled none of %d running sequences", len(self.running))
+            return None
+        head = self.waiting_in_order()[0].request
+        log.error("request %s cannot be scheduled in a pool of %d blocks", head.request_id, self.pool.num_blocks)
+        return head
+
+    def end(self, req: Request, reason: str) -> None:
+        """End every unfinished sequence of `req` (an abort, an error)."""
+        for seq in req.sequences:
+            if seq.status is not SequenceStatus.FINISHED:
+                self.finish(seq, reason)
+
+    def _fork(self, parent: Sequence, noise_key: Callable[[Request, int], int]) -> list[Sequence]:
+        """n > 1: the prompt is done; the other samples join the running set sharing every block of
+        the parent (copy-on-write) and its lock."""
+        req = parent.request
+        children = []
+        for i in range(1, parent.pending_forks + 1):
+            child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens, noise_key=noise_key(req, i),
+                             num_computed=parent.num_computed, block_table=list(parent.block_table),
+                             locked_node=parent.locked_node, num_cached=parent.num_cached, admitted_once=True)
+            for b in child.block_table:
+                self.pool.incref(b)
+            if child.locked_node is not None and self.tree is not None:
+                self.tree.lock(child.locked_node)
+            req.sequences.append(child)
+            self.add_running(child)
+            children.append(child)
+        parent.pending_forks = 0
+        return children
+
     # -- after a step ---------------------------------------------------------------------------
     def launched(self, batch: Batch, failed: Iterable[Request], noise_key: Callable[[Request, int], int]) -> Launch:
         """The step's forward is queued (`failed` requests' forwards failed: they end now). Its
@@ -348,3 +515,43 @@ class Scheduler(SequenceQueues):
         seq.final_token_pending = False  # a limit the slot reached is checked again as tokens commit
         self.cache.roll_back(seq, first + kept)
         return first
+
+    # -- pinned prefixes and cache events ------------------------------------------------------
+    def hold_prefix(self, tokens: list[int], namespace: str) -> RadixNode | None:
+        """Keep the cached prefix `tokens` of `namespace` on the device until `release_prefix` (a pinned
+        prefix): the node ending at its last token, which the tree splits there if need be; None,
+        changing nothing, when the prefix is not wholly cached on the device. Changes the cache."""
+        if self.tree is None:
+            return None
+        cached = self.tree.match(tokens, split=False, namespace=namespace)
+        if cached.length < len(tokens) or cached.host_tokens:
+            return None
+        node = self.tree.match(tokens, namespace=namespace).node
+        self.tree.hold(node)
+        self.held_prefixes.append(node)
+        return node
+
+    def release_prefix(self, node: RadixNode) -> None:
+        """Give back a hold `hold_prefix` took: the prefix is an ordinary LRU entry again. Changes the cache."""
+        assert self.tree is not None
+        self.held_prefixes.remove(node)
+        self.tree.release_hold(node)
+
+    def follow_cache_events(self) -> CacheEventLog:
+        """Have the tree report every subtree it drops (for a scale-out router); idempotent. ValueError
+        when the prefix cache is off."""
+        if self.tree is None:
+            raise ValueError("the prefix cache is off: there are no cache events to follow")
+        if self.tree.events is None:
+            self.tree.events = CacheEventLog()
+        return self.tree.events
+
+    # -- introspection ---------------------------------------------------------------------------
+    def live_sequences(self) -> list[Sequence]:
+        return self.running + self.waiting
+
+    def check_integrity(self) -> None:
+        check_integrity(self.live_sequences(), self.pool, self.tree, self.held_prefixes)
+
+    def leaked_blocks(self) -> int:
+        return leaked_blocks(self.live_sequences(), self.pool, self.tree)
