@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check radixserve tests
+	$(PY) -m ruff check radixserve radixserve_bench tests
 	$(PY) -m mypy
 
 # what scripts/gpu_check.sh needs on a GPU machine without network: the pure-Python wheels it lacks

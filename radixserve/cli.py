@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_scaleout_arguments(p_serve)
 
-    # the benchmark parses its own flags (radixserve.bench.cli.main), so no other subcommand imports it:
+    # the benchmark parses its own flags (radixserve_bench.cli.main), so no other subcommand imports it:
     # a '+' prefix makes this parser take every following word, dashes included, as one pass-through
     p_bench = sub.add_parser("bench", help="benchmarks against peers (see `radixserve bench -h`)", add_help=False,
                              prefix_chars="+")
@@ -193,9 +193,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         from radixserve.server.cli import run_server
 
         return run_server(engine_config_from_args(args), args)
-    from radixserve.bench.cli import main as bench_main
+    return _run_bench(args.bench_args)
 
-    return bench_main(args.bench_args)
+
+def _run_bench(argv: list[str]) -> int:
+    """`radixserve bench ARGS...`: the benchmark is its own top-level package (radixserve_bench), imported
+    only here; an install without it gets a message, not a traceback."""
+    try:
+        from radixserve_bench.cli import main as bench_main
+    except ModuleNotFoundError as exc:
+        if exc.name != "radixserve_bench":
+            raise
+        print("radixserve bench: the benchmark package radixserve_bench is not installed; install radixserve from "
+              "its checkout with the bench extra: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    return bench_main(argv)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ filters nothing), and any integer seed is taken modulo 2**64, the generator's ra
 `seed + sample index` never overflows. A seeded sample's random numbers are a function of
 (seed + sample index, position) alone (see engine/sampler.py), so its tokens do not depend on what
 else is in the batch; an unseeded sample takes its key from the engine's generator.
+The token rules (stop_token_ids, ignore_eos, min_tokens, bad_words, allowed_token_ids) are checked
+for shape here; whether their ids are inside the vocabulary is the engine's intake to say. What each
+API calls these fields and the ranges the APIs accept are radixserve/sampling_fields.py's table.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI allows
 MAX_PREDICTION_LENGTH = 1 << 20  # a prediction's characters (or token ids)
 MAX_CACHE_NAMESPACE_LENGTH = 1024  # characters of a cache namespace (a tenant plus a cache_salt)
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 256  # stop strings a request may give, characters in each
+MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 128, 256  # bad_words a request may give, characters in each
+MAX_TOKEN_ID = 2**31 - 1  # no vocabulary is larger; ids past the model's own are the engine's to refuse
 
 
 @dataclass
@@ -45,8 +51,14 @@ class SamplingParams:
     n: int = 1  # parallel samples forked from one prompt (prompt computed once, blocks shared COW)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)  # generation ends on any of them (once min_tokens are out)
+    ignore_eos: bool = False  # the model's EOS tokens do not end generation (stop_token_ids still do)
+    # vLLM's: neither EOS nor stop_token_ids may end the reply before this many tokens (max_tokens still does)
+    min_tokens: int = 0
+    # vLLM's: each word's token sequences (as tokenized with and without a leading space) are never generated
+    bad_words: list[str] = field(default_factory=list)
+    # vLLM's: only these token ids may be sampled (None: any); ids past the vocabulary are the engine's to refuse
+    allowed_token_ids: list[int] | None = None
     # None: no logprobs; k >= 0: each generated token's logprob plus the k most likely alternatives,
     # from the model's distribution before temperature and filtering (vLLM's default "raw" mode)
     logprobs: int | None = None
@@ -118,8 +130,7 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a list of non-empty strings")
-        if not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be non-negative integers")
+        self._validate_token_rules(is_int)
         if not isinstance(self.skip_special_tokens, bool):
             raise ValueError("skip_special_tokens must be a boolean")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
@@ -138,6 +149,27 @@ class SamplingParams:
 
         if not isinstance(self.cache_namespace, str) or len(self.cache_namespace) > MAX_CACHE_NAMESPACE_LENGTH:
             raise ValueError(f"cache_namespace must be a string of at most {MAX_CACHE_NAMESPACE_LENGTH} characters")
+
+    def _validate_token_rules(self, is_int: Callable[[object], bool]) -> None:
+        """stop_token_ids, ignore_eos, min_tokens, bad_words, allowed_token_ids."""
+        def token_ids(x: object) -> bool:
+            return isinstance(x, list) and all(is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in x)
+
+        if not token_ids(self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers in [0, {MAX_TOKEN_ID}])")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
+        if not isinstance(self.bad_words, list) or len(self.bad_words) > MAX_BAD_WORDS or not all(
+                isinstance(w, str) and 0 < len(w) <= MAX_BAD_WORD_CHARS for w in self.bad_words):
+            raise ValueError(f"bad_words must be a list of at most {MAX_BAD_WORDS} non-empty strings of at most "
+                             f"{MAX_BAD_WORD_CHARS} characters")
+        allowed = self.allowed_token_ids
+        if allowed is not None and (not token_ids(allowed) or not allowed):
+            raise ValueError(f"allowed_token_ids must be None or a non-empty list of token ids (integers in "
+                             f"[0, {MAX_TOKEN_ID}])")
 
     def _validate_penalties(self, is_int: Callable[[object], bool]) -> None:
         def is_number(x: object) -> bool:

@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from radixserve.bench.returning import WORKLOAD as RETURNING
-from radixserve.bench.speculation import COMPARED
-from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
+from radixserve_bench.returning import WORKLOAD as RETURNING
+from radixserve_bench.speculation import COMPARED
+from radixserve_bench.systems import SYSTEM_DESCRIPTIONS
 
 
 def _color(system: str) -> str:

@@ -3,20 +3,23 @@
     radixserve bench [run] --workload shared-prefix|multi-turn|random|bounded-pool|returning-chats|
                                       regenerate|regenerate-sampled|edit|edit-prediction|all
                            --systems a,b --repeats N
-                           --smoke --out DIR --publish docs/bench ...
+                           --smoke --out DIR --publish docs/bench/full-run ...
     radixserve bench micro      # scheduler and radix-tree micro-benchmarks only
-    radixserve bench step       # the engine's decode step vs the memory roofline (radixserve/bench/step_bench.py)
-    radixserve bench kernels    # the Triton kernel benchmark (radixserve/bench/kernel_bench.py)
-    radixserve bench scale-out  # N Ray Serve replicas vs one: hit rates, routing (radixserve/bench/scaleout/)
-    radixserve bench structured # JSON-schema validity, grammar compile times, constrained step (bench/structured/)
+    radixserve bench step       # the engine's decode step vs the memory roofline (radixserve_bench/step_bench.py)
+    radixserve bench kernels    # the Triton kernel benchmark (radixserve_bench/kernel_bench.py)
+    radixserve bench scale-out  # N Ray Serve replicas vs one: hit rates, routing (radixserve_bench/scaleout/)
+    radixserve bench structured # JSON-schema validity, grammar compile times, constrained step (radixserve_bench/structured/)
+    radixserve bench CHECK ...  # one focused measurement the docs cite (radixserve_bench/checks/): cpu-linear,
+                                # kv-fp8, attack, tenant-probes, ... each with its own flags (`radixserve bench CHECK -h`)
 
 `run` is the default, so `radixserve bench --smoke` works; put run options after `run` if you
 name it. The run writes results.json, table.md and PNG charts to --out, prints the table, and with
---publish copies them (plus a README.md showing them) to a directory such as docs/bench. The exit
+--publish copies them (plus a README.md showing them) to a directory such as docs/bench/full-run. The exit
 status is 1 when the results are incomplete (a metric missing or not finite), whatever the ratios.
 
 `radixserve` hands every word after `bench` to `main` here, so no other subcommand imports the
-benchmark; `run` and `scale-out` first check for the bench extra's libraries (extra.py) they need.
+benchmark; `run`, `scale-out` and the checks that talk HTTP first check for the bench extra's libraries
+(extra.py) they need.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import json
 import sys
 from pathlib import Path
 
-from radixserve.bench import extra
-from radixserve.bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
-from radixserve.bench.scaleout.cli import add_scaleout_arguments
-from radixserve.bench.systems import SYSTEM_DESCRIPTIONS
-from radixserve.bench.workloads import LOAD_MODES, WORKLOADS
 from radixserve.config import KV_CACHE_DTYPES
+from radixserve_bench import extra
+from radixserve_bench.checks import CHECKS, run_check
+from radixserve_bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
+from radixserve_bench.scaleout.cli import add_scaleout_arguments
+from radixserve_bench.systems import SYSTEM_DESCRIPTIONS
+from radixserve_bench.workloads import LOAD_MODES, WORKLOADS
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,23 +73,28 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured,CHECK}")
     _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
     p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
     p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
     p_micro.add_argument("--out", default=None, help="also write micro.json here")
     p_micro.add_argument("--block-size", type=int, default=16)
     _add_step_arguments(sub.add_parser("step", help="time LLMEngine.step() decoding; ms/step, tok/s, roofline"))
-    # its options belong to kernel_bench, imported only when this subcommand runs: a '+' prefix makes
-    # this parser take every following word, dashes included, as a pass-through positional
-    p_kernels = sub.add_parser("kernels", help="Triton kernel benchmark (arguments are passed through)",
-                               add_help=False, prefix_chars="+")
-    p_kernels.add_argument("kernel_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _add_passthrough(sub, "kernels", "Triton kernel benchmark (arguments are passed through)")
     add_scaleout_arguments(sub.add_parser(
         "scale-out", help="2 Ray Serve replicas (cache-aware / power-of-two routing) vs one with twice the pool; "
                           "routing overhead"))
     _add_structured_arguments(sub.add_parser(
         "structured", help="structured output and tool calls: validity, grammar compile times, constrained step cost"))
+    for check in CHECKS.values():
+        _add_passthrough(sub, check.name, check.summary)
+
+
+def _add_passthrough(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
+    """A subcommand whose options belong to a module imported only when it runs: a '+' prefix makes its
+    parser take every following word, dashes included, as `passthrough_args`."""
+    p = sub.add_parser(name, help=summary, add_help=False, prefix_chars="+")
+    p.add_argument("passthrough_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
 def main(argv: list[str]) -> int:
@@ -97,6 +106,8 @@ def main(argv: list[str]) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     command = getattr(args, "bench_command", None) or "run"
+    if command in CHECKS:
+        return run_check(CHECKS[command], args.passthrough_args)
     refusal = extra.require("radixserve bench" if command == "run" else f"radixserve bench {command}",
                             _extra_needed(command, args))
     if refusal:
@@ -105,11 +116,11 @@ def run_bench(args: argparse.Namespace) -> int:
     if command == "micro":
         return _run_micro(args)
     if command == "kernels":
-        return _run_kernels(args.kernel_args)
+        return _run_kernels(args.passthrough_args)
     if command == "step":
         return _run_step(args)
     if command == "scale-out":
-        from radixserve.bench.scaleout.cli import run_scaleout_command
+        from radixserve_bench.scaleout.cli import run_scaleout_command
 
         return run_scaleout_command(args)
     if command == "structured":
@@ -163,14 +174,14 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth-mib", type=int, default=None, help="copy size of the bandwidth test (1024; CPU 256)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hf-forward", default=None, choices=("on", "off"),
-                   help="also time transformers' own eager decode forward of each batch (bench/hf_step.py; "
+                   help="also time transformers' own eager decode forward of each batch (radixserve_bench/hf_step.py; "
                         "default on on CPU, off on CUDA)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every number as JSON here")
 
 
 def _run_step(args: argparse.Namespace) -> int:
-    from radixserve.bench.step_bench import StepBenchOptions, run_step_bench
-    from radixserve.bench.step_table import render_table
+    from radixserve_bench.step_bench import StepBenchOptions, run_step_bench
+    from radixserve_bench.step_table import render_table
 
     options = StepBenchOptions(
         shape=args.shape, model=args.model, load_format=args.load_format, batches=args.batch, context=args.context,
@@ -212,10 +223,10 @@ def _add_structured_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_structured(args: argparse.Namespace) -> int:
-    from radixserve.bench.harness import Scenario, run_scenario
-    from radixserve.bench.structured.chart import write_charts
-    from radixserve.bench.structured.report import render
-    from radixserve.bench.structured.runner import StructuredBenchOptions, run_structured
+    from radixserve_bench.harness import Scenario, run_scenario
+    from radixserve_bench.structured.chart import write_charts
+    from radixserve_bench.structured.report import render
+    from radixserve_bench.structured.runner import StructuredBenchOptions, run_structured
 
     options = StructuredBenchOptions(
         model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, schemas=args.schemas,
@@ -230,7 +241,7 @@ def _run_structured(args: argparse.Namespace) -> int:
 
 def _run_kernels(argv: list[str]) -> int:
     try:
-        from radixserve.bench import kernel_bench
+        from radixserve_bench import kernel_bench
     except ImportError as e:
         print(f"radixserve bench kernels: the kernel benchmark is not available ({e})", file=sys.stderr)
         return 2
@@ -240,7 +251,7 @@ def _run_kernels(argv: list[str]) -> int:
 
 
 def _run_micro(args: argparse.Namespace) -> int:
-    from radixserve.bench.micro import run_micro
+    from radixserve_bench.micro import run_micro
 
     micro = run_micro(smoke=args.smoke, block_size=args.block_size)
     text = json.dumps(micro, indent=2)
@@ -252,7 +263,7 @@ def _run_micro(args: argparse.Namespace) -> int:
 
 
 def options_from_args(args: argparse.Namespace):  # -> BenchOptions, imported lazily
-    from radixserve.bench.plan import BenchOptions
+    from radixserve_bench.plan import BenchOptions
 
     workloads = WORKLOADS if args.workload == "all" else names(args.workload)
     return BenchOptions(
@@ -269,15 +280,15 @@ def options_from_args(args: argparse.Namespace):  # -> BenchOptions, imported la
 
 
 def _run(args: argparse.Namespace) -> int:
-    from radixserve.bench.harness import Scenario, run_scenario
-    from radixserve.bench.report import render
-    from radixserve.bench.runner import run_benchmark
+    from radixserve_bench.harness import Scenario, run_scenario
+    from radixserve_bench.report import render
+    from radixserve_bench.runner import run_benchmark
 
     return run_scenario(Scenario("radixserve bench", lambda a, argv: run_benchmark(options_from_args(a), argv), render,
                                  _charts), args)
 
 
 def _charts(results: dict, out: Path) -> list[str]:
-    from radixserve.bench.charts import write_charts  # matplotlib: only when charts are drawn
+    from radixserve_bench.charts import write_charts  # matplotlib: only when charts are drawn
 
     return write_charts(results, out)

@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixserve.bench.systems.base import PoolSample, System
-from radixserve.bench.workloads import Session, Workload, send_order
+from radixserve_bench.systems.base import PoolSample, System
+from radixserve_bench.workloads import Session, Workload, send_order
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The `bench` optional extra (`pip install 'radixserve[bench]'`): the libraries only the benchmark
 harness uses, and the one check that they are installed.
 
-Invariants: nothing outside radixserve.bench imports these libraries, and inside it they are imported
+Invariants: nothing outside radixserve_bench imports these libraries, and inside it they are imported
 only by the code of a subcommand that runs after `require` passed (charts, the text source, the
 scale-out HTTP client), so `radixserve serve` and `radixserve bench micro | step | kernels` run
 without the extra. pyproject.toml's `bench` extra lists the same distributions.

@@ -22,8 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.metrics import check_complete
+from radixserve_bench.flags import BenchConfigError
+from radixserve_bench.metrics import check_complete
 
 OUTPUTS = ("results.json", "table.md")
 Results = dict[str, Any]

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.step_floor import sync
+from radixserve_bench.step_floor import sync
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 

@@ -14,9 +14,9 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from radixserve.bench.belady import TraceRequest, optimal_hits
-from radixserve.bench.driver import RequestRecord, RunTrace
-from radixserve.bench.systems.base import PoolSample
+from radixserve_bench.belady import TraceRequest, optimal_hits
+from radixserve_bench.driver import RequestRecord, RunTrace
+from radixserve_bench.systems.base import PoolSample
 
 LATENCIES = ("ttft_ms", "itl_ms", "e2e_ms")
 STATS = ("mean", "p50", "p90", "p99")

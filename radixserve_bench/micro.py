@@ -43,7 +43,6 @@ def scheduler_step_cost(num_running: int, steps: int, block_size: int = 16, shar
         prompt = shared + [rng.randrange(1, 30000) for _ in range(unique_len)]
         req = Request(f"micro-{i}", prompt, params, order=i)
         seq = Sequence(req, 0, list(prompt), len(prompt))
-        req.sequences.append(seq)
         scheduler.add(seq)
     for _ in range(10 * num_running + 100):  # admit and prefill everyone
         if not scheduler.waiting and all(not s.is_prefill for s in scheduler.running):

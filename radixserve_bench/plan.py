@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from radixserve.bench.belady import TraceRequest, working_set_blocks
-from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.systems import (
+from radixserve_bench.belady import TraceRequest, working_set_blocks
+from radixserve_bench.flags import BenchConfigError
+from radixserve_bench.systems import (
     BOUNDED,
     BOUNDED_FP8,
     BOUNDED_HOST,
@@ -34,7 +34,7 @@ from radixserve.bench.systems import (
     SYSTEM_DESCRIPTIONS,
     default_systems,
 )
-from radixserve.bench.workloads import (
+from radixserve_bench.workloads import (
     DEFAULT_PARAMS,
     SMOKE_PARAMS,
     SPEC_WORKLOADS,

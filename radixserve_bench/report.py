@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.bench import returning, speculation
-from radixserve.bench.systems import REFERENCE
+from radixserve_bench import returning, speculation
+from radixserve_bench.systems import REFERENCE
 
 
 def number(x: float | None, digits: int = 1) -> str:

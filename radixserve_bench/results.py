@@ -10,10 +10,10 @@ import os
 import platform
 from typing import Any
 
-from radixserve.bench import returning, speculation
-from radixserve.bench.driver import RunTrace
-from radixserve.bench.metrics import blocks_timeline, hit_rate_timeline
-from radixserve.bench.systems import REFERENCE
+from radixserve_bench import returning, speculation
+from radixserve_bench.driver import RunTrace
+from radixserve_bench.metrics import blocks_timeline, hit_rate_timeline
+from radixserve_bench.systems import REFERENCE
 
 MAX_TIMELINE_POINTS = 400
 

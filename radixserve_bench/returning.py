@@ -17,9 +17,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from radixserve.bench.driver import RunTrace
-from radixserve.bench.metrics import percentile
-from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, REFERENCE
+from radixserve_bench.driver import RunTrace
+from radixserve_bench.metrics import percentile
+from radixserve_bench.systems import BOUNDED, BOUNDED_HOST, REFERENCE
 
 WORKLOAD = "returning-chats"
 HIT_RATE_GOAL = 0.95  # host tier / ample pool, at least

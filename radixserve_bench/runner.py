@@ -17,18 +17,18 @@ from typing import Any
 
 from tqdm import tqdm
 
-from radixserve.bench import results as results_mod
-from radixserve.bench.belady import simulate_pool, working_set_blocks
-from radixserve.bench.driver import RequestRecord, RunTrace, drive, warm_up
-from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.harness import model_facts, progress_bar
-from radixserve.bench.metrics import expected_metrics, fold_repeats, pool_metrics, run_metrics, trace_requests
-from radixserve.bench.plan import BenchOptions, Sizing, build_workloads, plan_systems, size_pools
-from radixserve.bench.returning import WORKLOAD as RETURNING
-from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
-from radixserve.bench.speculation import expected_metrics as spec_expected
-from radixserve.bench.speculation import spec_ratios, speculation_metrics
-from radixserve.bench.systems import (
+from radixserve_bench import results as results_mod
+from radixserve_bench.belady import simulate_pool, working_set_blocks
+from radixserve_bench.driver import RequestRecord, RunTrace, drive, warm_up
+from radixserve_bench.flags import BenchConfigError
+from radixserve_bench.harness import model_facts, progress_bar
+from radixserve_bench.metrics import expected_metrics, fold_repeats, pool_metrics, run_metrics, trace_requests
+from radixserve_bench.plan import BenchOptions, Sizing, build_workloads, plan_systems, size_pools
+from radixserve_bench.returning import WORKLOAD as RETURNING
+from radixserve_bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
+from radixserve_bench.speculation import expected_metrics as spec_expected
+from radixserve_bench.speculation import spec_ratios, speculation_metrics
+from radixserve_bench.systems import (
     AMPLE_HOST,
     BOUNDED,
     BOUNDED_FP8,
@@ -37,9 +37,9 @@ from radixserve.bench.systems import (
     SystemSettings,
     build_system,
 )
-from radixserve.bench.systems.hf_common import release_hf_models
-from radixserve.bench.textsource import byte_encoder
-from radixserve.bench.workloads import Workload
+from radixserve_bench.systems.hf_common import release_hf_models
+from radixserve_bench.textsource import byte_encoder
+from radixserve_bench.workloads import Workload
 
 
 def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
@@ -98,7 +98,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     results_mod.add_environment(results, o, (model_dir, model_name), spec, argv)
     results["ratios"] = results_mod.ratios(results)
     if o.micro:
-        from radixserve.bench.micro import run_micro
+        from radixserve_bench.micro import run_micro
 
         results["micro"] = run_micro(smoke=o.smoke, block_size=o.block_size)
     results["targets"] = results_mod.evaluate_targets(results)

@@ -17,9 +17,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixserve.bench.systems.base import GREEDY, Sampling
-from radixserve.bench.textsource import conversation_texts
-from radixserve.bench.workloads import EditParams, EditPredictionParams, Encode, RegenerateParams, Session, Turn
+from radixserve_bench.systems.base import GREEDY, Sampling
+from radixserve_bench.textsource import conversation_texts
+from radixserve_bench.workloads import EditParams, EditPredictionParams, Encode, RegenerateParams, Session, Turn
 
 EDIT_KINDS = ("rename", "typo", "prose")
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.bench.driver import RunTrace
-from radixserve.bench.systems import NOSPEC, PROMPT_LOOKUP, REFERENCE
-from radixserve.bench.workloads import SPEC_WORKLOADS
 from radixserve.core import DRAFT_SOURCES
+from radixserve_bench.driver import RunTrace
+from radixserve_bench.systems import NOSPEC, PROMPT_LOOKUP, REFERENCE
+from radixserve_bench.workloads import SPEC_WORKLOADS
 
 DECODE_METRICS = ("decode_tok_s_mean", "decode_tok_s_p50")
 STEP_METRICS = ("tokens_per_step",)

@@ -66,15 +66,15 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.hf_step import HFForward, hf_forward
-from radixserve.bench.step_floor import floor_ms, measure_bandwidth, sync, weight_bytes
-from radixserve.bench.step_shapes import shape_dir
 from radixserve.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.step_phases import median_ms, phase_ms
 from radixserve.model.device import resolve_device
 from radixserve.model.embedded import resolve_model
 from radixserve.sampling_params import SamplingParams
+from radixserve_bench.hf_step import HFForward, hf_forward
+from radixserve_bench.step_floor import floor_ms, measure_bandwidth, sync, weight_bytes
+from radixserve_bench.step_shapes import shape_dir
 
 SAMPLING: dict[str, tuple[float, float]] = {"greedy": (0.0, 1.0), "top-p": (0.7, 0.9)}  # (temperature, top_p)
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1)

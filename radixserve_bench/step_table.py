@@ -89,5 +89,5 @@ def _notes(result: dict[str, Any]) -> list[str]:
         notes.append(f"transformers forward: not run ({hf['skipped']})")
     elif hf.get("source"):
         notes.append(f"transformers forward: AutoModelForCausalLM ({hf['source']} weights, sdpa), one decode forward + "
-                     "argmax of the batch with a DynamicCache holding the context (bench/hf_step.py)")
+                     "argmax of the batch with a DynamicCache holding the context (radixserve_bench/hf_step.py)")
     return ["", *(f"- {n}" for n in notes)]

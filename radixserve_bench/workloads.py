@@ -37,8 +37,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixserve.bench.systems.base import GREEDY, Sampling
-from radixserve.bench.textsource import TokenStream
+from radixserve_bench.systems.base import GREEDY, Sampling
+from radixserve_bench.textsource import TokenStream
 
 SPEC_WORKLOADS = ("regenerate", "regenerate-sampled", "edit", "edit-prediction")
 WORKLOADS = ("shared-prefix", "multi-turn", "random", "bounded-pool", "returning-chats", *SPEC_WORKLOADS)
@@ -249,7 +249,7 @@ def build_workload(name: str, params: object, load: Load, encode: Encode, seed: 
     stream = TokenStream(encode, seed=seed)
     rng = random.Random(f"{name}:{seed}")
     if isinstance(params, (RegenerateParams, EditParams)):
-        from radixserve.bench.spec_workloads import edit_sessions, regenerate_sessions  # it imports this module
+        from radixserve_bench.spec_workloads import edit_sessions, regenerate_sessions  # it imports this module
 
         sessions = regenerate_sessions(params, encode, chat or encode, seed) if isinstance(params, RegenerateParams) \
             else edit_sessions(params, encode, chat or encode, seed)

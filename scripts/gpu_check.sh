@@ -14,11 +14,12 @@
 #      CUDA graphs cover one-token decodes), tests/test_gpu.py checks their equality
 #   7. the FP8 KV cache (issue 30): the 8B shape's decode step at batch 64 x 4k context with the cache
 #      in bf16 and in FP8 (`--kv-cache-dtype fp8`); tests/test_gpu.py checks the FP8 kernels' bytes
-# Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them.
+# Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
+# `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
 #
-# Works on a machine with torch, triton and transformers preinstalled and no network: the package
-# runs from the checkout (PYTHONPATH), missing pure-Python packages come as wheels in .whl/, and
-# the Llama shapes borrow the embedded model's tokenizer files from $RADIXSERVE_TOKENIZER
+# Works on a machine with torch, triton and transformers preinstalled and no network: radixserve and
+# its benchmark (radixserve_bench) run from the checkout (PYTHONPATH), missing pure-Python packages
+# come as wheels in .whl/, and the Llama shapes borrow the embedded model's tokenizer files from $RADIXSERVE_TOKENIZER
 # (default .gpu/tokenizer; `make gpu-bundle` fills .whl/ and .gpu/ on a machine with the network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,7 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   fi
   if want e2e; then
     step "end-to-end bench, llama-3.2-1b shape, random bf16 weights, vs transformers"
-    run timeout 60 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
+    run timeout 60 $RS bench random-checkpoint --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
     run timeout 240 $RS bench --model /tmp/rs-1b --device cuda --workload shared-prefix,multi-turn --repeats 1 \
         --systems radixserve,radixserve-nocache,hf-generate-batch --no-micro --no-progress --no-charts --out /tmp/rs-e2e
     cp /tmp/rs-e2e/results.json "$OUT/e2e-results.json" 2>/dev/null
@@ -67,7 +68,7 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   fi
   if want spec; then
     step "speculative decoding, llama-3.2-1b shape, random bf16 weights: regenerate and edit, on / off"
-    [ -d /tmp/rs-1b ] || run timeout 60 python3 scripts/write_random_checkpoint.py --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
+    [ -d /tmp/rs-1b ] || run timeout 60 $RS bench random-checkpoint --shape llama-3.2-1b --tokenizer "$TOKENIZER" --out /tmp/rs-1b
     run timeout 240 $RS bench --model /tmp/rs-1b --device cuda --workload regenerate,edit,edit-prediction --repeats 1 \
         --systems radixserve,radixserve-nospec,hf-prompt-lookup --no-micro --no-progress --no-charts --out /tmp/rs-spec
     cp /tmp/rs-spec/results.json "$OUT/spec-results.json" 2>/dev/null

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.bench import cli as bench_cli
-from radixserve.bench.belady import TraceRequest, optimal_hits, simulate_pool, working_set_blocks
-from radixserve.bench.driver import RequestRecord, RunTimeout, RunTrace, drive
-from radixserve.bench.metrics import CORE_METRICS, check_complete, percentile, pool_metrics, run_metrics
-from radixserve.bench.micro import radix_throughput, scheduler_step_cost
-from radixserve.bench.plan import BenchOptions, placeholder_trace, size_pools
-from radixserve.bench.results import evaluate_targets
-from radixserve.bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
-from radixserve.bench.textsource import TokenStream, byte_encoder
-from radixserve.bench.workloads import (
+from radixserve_bench import cli as bench_cli
+from radixserve_bench.belady import TraceRequest, optimal_hits, simulate_pool, working_set_blocks
+from radixserve_bench.driver import RequestRecord, RunTimeout, RunTrace, drive
+from radixserve_bench.metrics import CORE_METRICS, check_complete, percentile, pool_metrics, run_metrics
+from radixserve_bench.micro import radix_throughput, scheduler_step_cost
+from radixserve_bench.plan import BenchOptions, placeholder_trace, size_pools
+from radixserve_bench.results import evaluate_targets
+from radixserve_bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
+from radixserve_bench.textsource import TokenStream, byte_encoder
+from radixserve_bench.workloads import (
     Load,
     MultiTurnParams,
     RandomParams,
@@ -276,7 +276,7 @@ def test_run_metrics_on_a_hand_built_trace():
 
 
 def test_pool_metrics_static_reservation():
-    from radixserve.bench.systems.base import PoolSample
+    from radixserve_bench.systems.base import PoolSample
 
     recs = [_record(0, [1] * 30, [2] * 2, 0.0, [1.0, 1.4], 0, scheduled=0.0),  # 32 tokens -> 2 blocks
             _record(1, [1] * 40, [2] * 2, 0.0, [3.0, 4.0], 0, scheduled=1.5),  # 42 -> 3 blocks, after r0 ends
@@ -355,7 +355,7 @@ def test_cli_parsing_and_bad_options(capsys):
     assert o.params == {"random": {"requests": "3"}} and o.smoke
     assert p.parse_args(["run", "--repeats", "2"]).repeats == 2
     assert p.parse_args(["micro", "--smoke"]).bench_command == "micro"
-    assert p.parse_args(["kernels", "--dtype", "x", "-h"]).kernel_args == ["--dtype", "x", "-h"]
+    assert p.parse_args(["kernels", "--dtype", "x", "-h"]).passthrough_args == ["--dtype", "x", "-h"]
     for bad in (["--workload", "nope"], ["--systems", "vllm"], ["--repeats", "0"], ["--param", "random.requests"],
                 ["--pool-fraction", "0"]):
         assert bench_cli.run_bench(p.parse_args(bad)) == 2
@@ -364,11 +364,11 @@ def test_cli_parsing_and_bad_options(capsys):
 
 def test_kernels_subcommand_is_passed_through(monkeypatch):
     seen = {}
-    fake = types.ModuleType("radixserve.bench.kernel_bench")
+    fake = types.ModuleType("radixserve_bench.kernel_bench")
     fake.add_arguments = lambda parser: parser.add_argument("--iters", type=int, default=1)  # type: ignore[attr-defined]
     fake.main = lambda args: seen.setdefault("iters", args.iters) and 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "radixserve.bench.kernel_bench", fake)
-    import radixserve.bench as bench_pkg
+    monkeypatch.setitem(sys.modules, "radixserve_bench.kernel_bench", fake)
+    import radixserve_bench as bench_pkg
 
     monkeypatch.setattr(bench_pkg, "kernel_bench", fake, raising=False)
     assert bench_cli.run_bench(_parser().parse_args(["kernels", "--iters", "7"])) == 0
@@ -381,7 +381,7 @@ def test_cb_config_kwargs_follow_the_installed_transformers():
     `block_size` as a deprecated alias): the peer's settings are renamed to what the class accepts."""
     import dataclasses
 
-    from radixserve.bench.systems.hf_cb import HFContinuousBatchSystem, cb_config_kwargs, config_fields
+    from radixserve_bench.systems.hf_cb import HFContinuousBatchSystem, cb_config_kwargs, config_fields
 
     @dataclasses.dataclass
     class Config517:  # the fields of transformers 5.17's ContinuousBatchingConfig that matter here

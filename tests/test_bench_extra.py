@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from radixserve.bench.extra import BENCH_LIBRARIES, INSTALL_HINT
+from radixserve_bench.extra import BENCH_LIBRARIES, INSTALL_HINT
 
 NEVER_SERVING = ("matplotlib", "chitchat_dataset")  # named by the issue, whatever the extra's list says
 
@@ -22,7 +22,7 @@ import radixserve.server.app, radixserve.cli
 with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
     radixserve.cli.main(["serve", "--help"])
 watched = set(sys.argv[1:])
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in watched or m.startswith("radixserve.bench"))))
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in watched or m.startswith("radixserve_bench"))))
 """
 
 # the bench extra's libraries made unimportable, as in an install without the extra

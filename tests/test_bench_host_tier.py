@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.bench.belady import simulate_pool
-from radixserve.bench.driver import RequestRecord, RunTrace, drive
-from radixserve.bench.metrics import RETURNING_METRICS, check_complete, expected_metrics
-from radixserve.bench.plan import BenchOptions, make_load, placeholder_trace, plan_systems, size_pools
-from radixserve.bench.report import render
-from radixserve.bench.results import evaluate_targets
-from radixserve.bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
-from radixserve.bench.systems import BOUNDED, BOUNDED_HOST, REFERENCE, default_systems
-from radixserve.bench.textsource import byte_encoder
-from radixserve.bench.workloads import (
+from radixserve_bench.belady import simulate_pool
+from radixserve_bench.driver import RequestRecord, RunTrace, drive
+from radixserve_bench.metrics import RETURNING_METRICS, check_complete, expected_metrics
+from radixserve_bench.plan import BenchOptions, make_load, placeholder_trace, plan_systems, size_pools
+from radixserve_bench.report import render
+from radixserve_bench.results import evaluate_targets
+from radixserve_bench.returning import host_cache_mb, host_tier_ratios, kv_block_bytes, returning_metrics
+from radixserve_bench.systems import BOUNDED, BOUNDED_HOST, REFERENCE, default_systems
+from radixserve_bench.textsource import byte_encoder
+from radixserve_bench.workloads import (
     DEFAULT_PARAMS,
     Load,
     ReturningChatsParams,

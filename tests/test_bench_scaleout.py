@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.bench import cli as bench_cli
-from radixserve.bench.belady import TraceRequest, working_set_blocks
-from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.harness import Scenario, publish, readme, write_outputs
-from radixserve.bench.metrics import check_complete
-from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
-from radixserve.bench.scaleout.chart import CHART, write_charts
-from radixserve.bench.scaleout.client import ChatRecord, ChatRun, drive_chat, settled_stats
-from radixserve.bench.scaleout.plan import (
+from radixserve_bench import cli as bench_cli
+from radixserve_bench.belady import TraceRequest, working_set_blocks
+from radixserve_bench.flags import BenchConfigError
+from radixserve_bench.harness import Scenario, publish, readme, write_outputs
+from radixserve_bench.metrics import check_complete
+from radixserve_bench.scaleout import SYSTEMS, WORKLOADS
+from radixserve_bench.scaleout.chart import CHART, write_charts
+from radixserve_bench.scaleout.client import ChatRecord, ChatRun, drive_chat, settled_stats
+from radixserve_bench.scaleout.plan import (
     DEFAULT_PARAMS,
     ChatWorkload,
     ScaleOutOptions,
@@ -34,11 +34,11 @@ from radixserve.bench.scaleout.plan import (
     size_pool,
     system_specs,
 )
-from radixserve.bench.scaleout.report import evaluate_targets, hit_rate_ratios, render
-from radixserve.bench.scaleout.routing_micro import routing_overhead, run_routing_micro
-from radixserve.bench.scaleout.runner import RUN_METRICS, run_metrics
-from radixserve.bench.textsource import byte_encoder
-from radixserve.bench.workloads import MultiTurnParams, SharedPrefixParams
+from radixserve_bench.scaleout.report import evaluate_targets, hit_rate_ratios, render
+from radixserve_bench.scaleout.routing_micro import routing_overhead, run_routing_micro
+from radixserve_bench.scaleout.runner import RUN_METRICS, run_metrics
+from radixserve_bench.textsource import byte_encoder
+from radixserve_bench.workloads import MultiTurnParams, SharedPrefixParams
 
 ENCODE = byte_encoder(256)
 
@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_cli_options_and_errors(capsys):
-    from radixserve.bench.scaleout.cli import options_from_args
+    from radixserve_bench.scaleout.cli import options_from_args
 
     args = _parser().parse_args(["scale-out", "--workload", "multi-turn", "--systems", "cache-aware,one-replica",
                                  "--replicas", "3", "--routing-replicas", "2,4", "--no-cluster",

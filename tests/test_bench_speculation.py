@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve.bench.driver import RequestRecord, RunTrace, drive
-from radixserve.bench.metrics import check_complete, run_metrics
-from radixserve.bench.plan import BenchOptions, plan_systems
-from radixserve.bench.results import evaluate_targets
-from radixserve.bench.spec_workloads import EDIT_KINDS, code_snippet, edit_tasks
-from radixserve.bench.speculation import spec_ratios, speculation_metrics, target_values
-from radixserve.bench.systems import NOSPEC, PROMPT_LOOKUP, REFERENCE
-from radixserve.bench.systems.hf_generate import _StepClock
-from radixserve.bench.textsource import byte_encoder
-from radixserve.bench.workloads import (
+from radixserve_bench.driver import RequestRecord, RunTrace, drive
+from radixserve_bench.metrics import check_complete, run_metrics
+from radixserve_bench.plan import BenchOptions, plan_systems
+from radixserve_bench.results import evaluate_targets
+from radixserve_bench.spec_workloads import EDIT_KINDS, code_snippet, edit_tasks
+from radixserve_bench.speculation import spec_ratios, speculation_metrics, target_values
+from radixserve_bench.systems import NOSPEC, PROMPT_LOOKUP, REFERENCE
+from radixserve_bench.systems.hf_generate import _StepClock
+from radixserve_bench.textsource import byte_encoder
+from radixserve_bench.workloads import (
     DEFAULT_PARAMS,
     SMOKE_PARAMS,
     SPEC_WORKLOADS,

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-from radixserve.bench.step_bench import weight_bytes
-from radixserve.bench.step_shapes import SHAPES, write_shape_dir
 from radixserve.cli import main
 from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
 from radixserve.kernels.cpu_linear import packing_works
@@ -24,6 +22,8 @@ from radixserve.model.batch_inputs import BuildTime
 from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.spec import load_spec
+from radixserve_bench.step_bench import weight_bytes
+from radixserve_bench.step_shapes import SHAPES, write_shape_dir
 
 TINY: dict[str, Any] = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", hidden_size=64, intermediate_size=96,
@@ -119,7 +119,7 @@ def test_step_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_cli_shape_choices_match_the_shapes() -> None:
     import argparse
 
-    from radixserve.bench.cli import add_bench_arguments
+    from radixserve_bench.cli import add_bench_arguments
 
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
@@ -281,7 +281,7 @@ def test_step_phases_charge_each_lap_and_time_batch_building() -> None:
 
 
 def test_hf_forward_skips_a_model_transformers_cannot_build(tmp_path: Path) -> None:
-    from radixserve.bench.hf_step import hf_forward
+    from radixserve_bench.hf_step import hf_forward
 
     model_dir = write_shape_dir({**TINY, "model_type": "no-such-architecture"}, tmp_path / "odd", None)
     result = hf_forward(str(model_dir), torch.device("cpu"), torch.float32, {1: [[1, 2, 3]]}, steps=2, warmup=0)

@@ -14,11 +14,11 @@ import pytest
 from jsonschema import Draft202012Validator
 from tiny_models import tiny_chat_model_dir
 
-from radixserve.bench.structured.measure import Reply, judge, tally, validator_for
-from radixserve.bench.structured.schemas import FAMILIES, FEATURES, FORCED, STEP, all_schemas, features
-from radixserve.bench.structured.tool_defs import TOOLS
 from radixserve.cli import main
 from radixserve.structured import StructuredOutput
+from radixserve_bench.structured.measure import Reply, judge, tally, validator_for
+from radixserve_bench.structured.schemas import FAMILIES, FEATURES, FORCED, STEP, all_schemas, features
+from radixserve_bench.structured.tool_defs import TOOLS
 
 
 def test_catalog_size_kinds_and_features() -> None:

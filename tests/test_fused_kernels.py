@@ -213,7 +213,7 @@ def test_fused_kernels_compile_for_hopper():
 
 
 def test_fused_bench_rows_run_on_cpu_under_the_interpreter():
-    from radixserve.bench import kernel_bench as kb
+    from radixserve_bench import kernel_bench as kb
 
     def once(fn):
         start = time.perf_counter()

@@ -110,9 +110,9 @@ def test_bf16_graphs_equal_eager_and_stay_close_to_the_torch_backend(arch: str) 
 
 
 def test_kv_pool_is_sized_from_device_memory() -> None:
-    from radixserve.bench.step_shapes import shape_dir
     from radixserve.config import EngineConfig
     from radixserve.engine.engine import LLMEngine
+    from radixserve_bench.step_shapes import shape_dir
 
     engine = LLMEngine(EngineConfig(model=str(shape_dir("llama-3.2-1b")), load_format="dummy", device="cuda",
                                     max_num_seqs=64))

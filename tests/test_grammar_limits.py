@@ -182,8 +182,8 @@ def test_the_cache_is_bounded_by_its_grammars_estimated_memory(tiny: LLMEngine) 
 
 def test_every_bench_schema_compiles_under_the_default_limits(tiny: LLMEngine) -> None:
     # the limits bound hostile grammars, not real ones: JSONSchemaBench's kinds and our own catalogue
-    from radixserve.bench.structured import catalog_ours
-    from radixserve.bench.structured.catalog_jsb import JSB_SCHEMAS
+    from radixserve_bench.structured import catalog_ours
+    from radixserve_bench.structured.catalog_jsb import JSB_SCHEMAS
 
     ours = [x for name in dir(catalog_ours) if isinstance(lst := getattr(catalog_ours, name), list)
             for x in lst if hasattr(x, "schema")]

@@ -295,7 +295,7 @@ def test_kernels_compile_for_hopper_and_fit_shared_memory(kv_cache_dtype):
 def test_kernel_bench_without_cuda_exits_with_a_message(capsys):
     import argparse
 
-    from radixserve.bench import kernel_bench
+    from radixserve_bench import kernel_bench
 
     parser = argparse.ArgumentParser()
     kernel_bench.add_arguments(parser)
@@ -307,7 +307,7 @@ def test_kernel_bench_pipeline_runs_on_cpu_under_the_interpreter():
     """The benchmark's own code (paging, correctness, SDPA baseline, report) on tiny CPU shapes."""
     import time
 
-    from radixserve.bench import kernel_bench as kb
+    from radixserve_bench import kernel_bench as kb
 
     def once(fn):
         start = time.perf_counter()

@@ -22,9 +22,9 @@ import pytest
 from radixserve.chat.tools import FORMATS, ToolChoice
 from radixserve.core import CompletionOutput, RequestOutput, Timing, Usage
 from radixserve.server import BackgroundServer
-from radixserve.server.anthropic_reply import ReplyEvents, message_body, stop_fields
-from radixserve.server.anthropic_request import template_messages
-from radixserve.server.anthropic_tools import tool_request
+from radixserve.server.anthropic.reply import ReplyEvents, message_body, stop_fields
+from radixserve.server.anthropic.request import template_messages
+from radixserve.server.anthropic.tools import tool_request
 from radixserve.server.validation import ApiError
 
 pytest.register_assert_rewrite("server_testkit")
@@ -386,7 +386,7 @@ def test_bad_input_is_refused_in_anthropic_errors(tiny, tiny_chat_server) -> Non
         ({"messages": [{"role": "system", "content": "Be brief."}, *ASK]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}]},
          "messages[0].content[0].type"),
-        ({"extra_body": {"temperature": 1.5}}, "temperature"),
+        ({"extra_body": {"temperature": 2.5}}, "temperature"),  # [0, 2] on every API (sampling_fields.py)
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
         ({"messages": [*ASK, {"role": "assistant", "content": "It is"}]}, "prefill"),
         ({"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),

@@ -1,14 +1,15 @@
 """The smaller pieces of the OpenAI surface, through the official `openai` client against a real server
 on 127.0.0.1 (the tiny chat model): `models.retrieve`, `stream_options` only with `stream`, the seed's
-stated range, and the sampling fields every API reads in one place (server/sampling_fields.py)."""
+stated range, and the sampling fields every API reads in one place (radixserve/sampling_fields.py)."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
+from radixserve.sampling_fields import SEED_RANGE, Api, SamplingFields
 from radixserve.server import BackgroundServer
-from radixserve.server.sampling_fields import SEED_RANGE, sampling_values
+from radixserve.server.pipeline.sampling import read_sampling
 from radixserve.server.validation import ApiError
 
 pytest_plugins = ["server_testkit"]
@@ -67,12 +68,12 @@ def test_the_seed_range_is_a_signed_64_bit_integer(tiny_chat_server: BackgroundS
 ])
 def test_each_sampling_field_is_checked_in_one_place(field: str, value: object) -> None:
     with pytest.raises(ApiError) as e:
-        sampling_values({field: value})
+        read_sampling({field: value}, Api.CHAT)
     assert e.value.param == field and e.value.status == 400
 
 
-def test_sampling_values_normalise_what_they_accept() -> None:
-    got = sampling_values({"logit_bias": {"7": -100, "12": 5.5}, "presence_penalty": 0.5, "seed": -3, "stop": "x",
-                           "temperature": None, "logit_bias_extra": 1})
-    assert got == {"logit_bias": {7: -100.0, 12: 5.5}, "presence_penalty": 0.5, "seed": -3, "stop": ["x"]}
-    assert sampling_values({"logit_bias": {}}) == {}, "an empty logit_bias is no bias (clients send {})"
+def test_read_sampling_normalises_what_it_accepts() -> None:
+    got = read_sampling({"logit_bias": {"7": -100, "12": 5.5}, "presence_penalty": 0.5, "seed": -3, "stop": "x",
+                         "temperature": None, "logit_bias_extra": 1}, Api.CHAT)
+    assert got == SamplingFields(logit_bias={7: -100.0, 12: 5.5}, presence_penalty=0.5, seed=-3, stop=["x"])
+    assert read_sampling({"logit_bias": {}}, Api.CHAT) == SamplingFields(), "an empty logit_bias is no bias"

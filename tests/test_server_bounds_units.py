@@ -10,9 +10,10 @@ import tracemalloc
 import pytest
 
 from radixserve.chat.template import ChatFormatter
+from radixserve.sampling_fields import SamplingFields
 from radixserve.server.owners import Owner
-from radixserve.server.send_buffer import SendBuffer
-from radixserve.server.sessions import SessionStore
+from radixserve.server.sessions.send_buffer import SendBuffer
+from radixserve.server.sessions.store import SessionStore
 from radixserve.server.validation import ApiError, check_req, parse_json_text
 
 pytestmark = pytest.mark.slow
@@ -59,13 +60,13 @@ def test_send_buffer_counts_bytes_and_overflows_instead_of_growing() -> None:
 
 def test_session_footprint_is_close_to_its_tokens_and_text(fmt: ChatFormatter) -> None:
     store = SessionStore(fmt, max_sessions=8, ttl_s=100, max_bytes=10**9)
-    store.create("warm up the template and tokenizer caches", {}, ME)
+    store.create("warm up the template and tokenizer caches", SamplingFields(), ME)
     prompt = "Every idle session should cost about what its tokens and text weigh. " * 1500  # ~100 KB
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
-        s = store.create(prompt, {}, ME)
+        s = store.create(prompt, SamplingFields(), ME)
         gc.collect()
         grown = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(before, "filename"))
     finally:
@@ -81,14 +82,14 @@ def test_session_byte_budget(fmt: ChatFormatter) -> None:
     size = SessionStore(fmt, max_sessions=1, ttl_s=100).create("alpha " * 500, {}, ME).footprint()
     budget = int(2.5 * size)  # room for two such sessions, not three
     store = SessionStore(fmt, max_sessions=100, ttl_s=100, max_bytes=budget)
-    a = store.create("alpha " * 500, {}, ME)
-    b, c = store.create("bravo " * 500, {}, ME), store.create("delta " * 500, {}, ME)
+    a = store.create("alpha " * 500, SamplingFields(), ME)
+    b, c = store.create("bravo " * 500, SamplingFields(), ME), store.create("delta " * 500, SamplingFields(), ME)
     assert store.total_bytes <= budget and store.evicted == 1
     assert [s.id for s in store.list(ME)] == [c.id, b.id]  # the least recently used one went
     assert a.counted_bytes == 0 and store.total_bytes == b.footprint() + c.footprint()
     b.busy = c.busy = "g"  # nothing idle left to evict
     with pytest.raises(ApiError) as e:
-        store.create("hotel " * 500, {}, ME)
+        store.create("hotel " * 500, SamplingFields(), ME)
     assert e.value.status == 429 and store.total_bytes <= budget
     with pytest.raises(ApiError) as e:
         SessionStore(fmt, max_sessions=100, ttl_s=100, max_bytes=size // 2).create("alpha " * 500, {}, ME)

@@ -25,7 +25,7 @@ import torch
 
 from radixserve.model.loader import load_tokenizer
 from radixserve.server import BackgroundServer
-from radixserve.server.logprobs import TokenTexts
+from radixserve.server.pipeline.logprobs import TokenTexts
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import engine_idle, wait_until  # noqa: E402
@@ -60,7 +60,7 @@ def tiny_tokenizer() -> Any:
 
 @functools.cache
 def token_texts() -> TokenTexts:
-    """Single tokens' texts as the server shows them (server/logprobs.py, tested there)."""
+    """Single tokens' texts as the server shows them (server/pipeline/logprobs.py, tested there)."""
     return TokenTexts(tiny_tokenizer())
 
 
@@ -273,7 +273,7 @@ def error_of(client: openai.OpenAI, **fields: Any) -> openai.APIStatusError:
     ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream
-    ({"min_tokens": 3}, "min_tokens"),
+    ({"min_tokens": 5}, "min_tokens"),  # over max_tokens (4)
     ({"n": 0}, "n"),
     ({"temperature": 3}, "temperature"),
     ({"echo": "yes"}, "echo"),

@@ -404,7 +404,7 @@ def test_every_way_a_generation_ends_gives_its_slot_back(srv: BackgroundServer) 
 
 
 def test_large_prompts_are_tokenized_off_the_event_loop_with_the_same_tokens(srv: BackgroundServer) -> None:
-    from radixserve.server.prompt_worker import INLINE_CHARS
+    from radixserve.server.pipeline.prompt_worker import INLINE_CHARS
 
     worker = srv.state.prompt_worker
     assert worker is not None and srv.state.formatter is not None

@@ -24,9 +24,10 @@ import pytest
 
 from radixserve import AsyncEngine, EngineConfig
 from radixserve.chat.template import ChatFormatter
+from radixserve.sampling_fields import SamplingFields
 from radixserve.server import BackgroundServer, ServerConfig
 from radixserve.server.owners import OWNER_HEADER, Owner
-from radixserve.server.sessions import SessionStore
+from radixserve.server.sessions.store import SessionStore
 from radixserve.server.validation import ApiError
 
 pytest.register_assert_rewrite("server_testkit")
@@ -64,12 +65,12 @@ def test_a_flood_by_one_owner_evicts_its_own_sessions_first(fmt: ChatFormatter) 
     clock = FakeClock()
     store = SessionStore(fmt, max_sessions=64, ttl_s=1e6, clock=clock, owner_share=0.25)
     victim, attacker, other = Owner.of(new_secret()), Owner.of(new_secret()), Owner.of(new_secret())
-    kept = store.create(None, {}, victim)
-    others = [store.create(None, {}, other) for _ in range(20)]  # over its share (16) too, but less so
+    kept = store.create(None, SamplingFields(), victim)
+    others = [store.create(None, SamplingFields(), other) for _ in range(20)]  # over its share (16) too, but less so
     made = []
     for i in range(200):
         clock.now = i + 1.0  # the victim's session is by far the least recently used one
-        made.append(store.create(None, {}, attacker))
+        made.append(store.create(None, SamplingFields(), attacker))
     assert store.get(kept.id, victim) is kept
     assert len(store) == 64 and store.evicted == 1 + 20 + 200 - 64
     # once the store was full, each new session of the owner most over its share (the attacker) took
@@ -83,9 +84,9 @@ def test_the_most_over_its_byte_share_is_evicted_first(fmt: ChatFormatter) -> No
     size = SessionStore(fmt, max_sessions=1, ttl_s=100).create(BIG_PROMPT, {}, Owner.of(new_secret())).footprint()
     store = SessionStore(fmt, max_sessions=1000, ttl_s=100, max_bytes=10 * size, owner_share=0.25)
     victim, attacker = Owner.of(new_secret()), Owner.of(new_secret())
-    kept = store.create("0 " + BIG_PROMPT, {}, victim)  # one large session, within its 2.5-session share
+    kept = store.create("0 " + BIG_PROMPT, SamplingFields(), victim)  # one large session, within its 2.5-session share
     for i in range(30):
-        store.create(f"{i} {BIG_PROMPT}", {}, attacker)
+        store.create(f"{i} {BIG_PROMPT}", SamplingFields(), attacker)
         assert store.total_bytes <= store.max_bytes
     assert store.get(kept.id, victim) is kept and store.evicted > 0
     assert store.total_bytes == sum(s.footprint() for s in store) == sum(store.owner_usage(o)[1] for o in (victim,
@@ -95,18 +96,18 @@ def test_the_most_over_its_byte_share_is_evicted_first(fmt: ChatFormatter) -> No
 def test_an_owner_over_its_share_cannot_displace_others(fmt: ChatFormatter) -> None:
     store = SessionStore(fmt, max_sessions=8, ttl_s=100, owner_share=0.25)
     victim, attacker = Owner.of(new_secret()), Owner.of(new_secret())
-    kept = store.create(None, {}, victim)
-    mine = [store.create(None, {}, attacker) for _ in range(7)]
+    kept = store.create(None, SamplingFields(), victim)
+    mine = [store.create(None, SamplingFields(), attacker) for _ in range(7)]
     for s in mine:
         s.busy = "g"  # nothing of the attacker's own is idle
     with pytest.raises(ApiError) as e:
-        store.create(None, {}, attacker)
+        store.create(None, SamplingFields(), attacker)
     assert (e.value.code, e.value.status) == ("too_many_sessions", 429)
     assert e.value.retry_after is not None and e.value.retry_after >= 1
     assert store.get(kept.id, victim) is kept and len(store) == 8
     # an owner within its share still gets a session: from the owner most over its share, were any idle
     mine[0].busy = None
-    assert store.create(None, {}, victim) and mine[0].id not in {s.id for s in store}
+    assert store.create(None, SamplingFields(), victim) and mine[0].id not in {s.id for s in store}
     assert store.get(kept.id, victim) is kept
 
 
@@ -114,7 +115,7 @@ def test_one_owner_alone_may_use_the_whole_store(fmt: ChatFormatter) -> None:
     """The share only bites under contention: a lone owner keeps the old least-recently-used rule."""
     store = SessionStore(fmt, max_sessions=10, ttl_s=100, owner_share=0.25)
     me = Owner.of(new_secret())
-    made = [store.create(None, {}, me) for _ in range(12)]
+    made = [store.create(None, SamplingFields(), me) for _ in range(12)]
     assert len(store.list(me)) == 10 and {s.id for s in store.list(me)} == {s.id for s in made[2:]}
 
 

@@ -13,8 +13,8 @@ from radixserve.core import RequestOutput, Timing, Usage
 from radixserve.engine.stats import EngineStats
 from radixserve.server.cache_stats import cache_stats_json
 from radixserve.server.metrics import _EngineCollector
-from radixserve.server.openai_api import usage_body
-from radixserve.server.turns import usage_json
+from radixserve.server.openai_chat.shapes import usage_body
+from radixserve.server.sessions.turns import usage_json
 from radixserve.terminal_chat import _figures
 
 # the keys /v1/cache/stats had before the host tier: kept, with the same meaning

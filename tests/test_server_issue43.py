@@ -31,9 +31,10 @@ import pytest
 from radixserve import AsyncEngine, EngineConfig
 from radixserve.chat.template import ChatFormatter
 from radixserve.model.loader import load_tokenizer
-from radixserve.server import BackgroundServer, ServerConfig, prompt_worker
+from radixserve.server import BackgroundServer, ServerConfig
 from radixserve.server.owners import OWNER_HEADER
-from radixserve.server.prompt_worker import INLINE_CHARS, PromptWorker, background_work
+from radixserve.server.pipeline import prompt_worker
+from radixserve.server.pipeline.prompt_worker import INLINE_CHARS, PromptWorker, background_work
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import on_server_loop  # noqa: E402

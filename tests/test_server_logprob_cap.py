@@ -100,7 +100,7 @@ def test_unset_max_tokens_is_clamped_to_the_cap(server) -> None:  # noqa: ANN001
 
 
 def test_a_large_body_is_built_off_the_event_loop(server, monkeypatch) -> None:  # noqa: ANN001
-    from radixserve.server import openai_api
+    from radixserve.server.openai_chat import api as openai_api
 
     build = openai_api.logprobs_body
 

@@ -17,7 +17,7 @@ import pytest
 from radixserve.core import TokenLogprob
 from radixserve.model.embedded import embedded_model_dir
 from radixserve.model.loader import load_tokenizer
-from radixserve.server.logprobs import LOGPROB_FLOOR, TokenTexts, json_logprob, logprobs_body
+from radixserve.server.pipeline.logprobs import LOGPROB_FLOOR, TokenTexts, json_logprob, logprobs_body
 
 pytest.register_assert_rewrite("server_testkit")
 pytest_plugins = ["server_testkit"]

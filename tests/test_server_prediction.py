@@ -29,7 +29,7 @@ pytest.register_assert_rewrite("server_testkit")
 from server_testkit import OWNED, chat, connect, recv_frame, rest_client  # noqa: E402
 from tool_fixtures import TOOLS  # noqa: E402
 
-from radixserve.server.prompt_worker import prediction_ids  # noqa: E402
+from radixserve.server.pipeline.prompt_worker import prediction_ids  # noqa: E402
 
 pytest_plugins = ["server_testkit"]
 

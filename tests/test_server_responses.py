@@ -23,7 +23,7 @@ import pytest
 from radixserve import AsyncEngine, EngineConfig
 from radixserve.server import BackgroundServer, ServerConfig
 from radixserve.server.owners import OWNER_HEADER
-from radixserve.server.responses_store import StoredResponse
+from radixserve.server.responses.store import StoredResponse
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import TEST_OWNER, engine_idle, on_server_loop, rest_client, wait_until  # noqa: E402

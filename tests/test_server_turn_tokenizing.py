@@ -21,7 +21,7 @@ import pytest
 
 from radixserve.chat.template import Message, TurnTokens
 from radixserve.server import BackgroundServer
-from radixserve.server.prompt_worker import INLINE_CHARS
+from radixserve.server.pipeline.prompt_worker import INLINE_CHARS
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402

@@ -11,12 +11,13 @@ import pytest
 from radixserve.chat.template import FALLBACK_TEMPLATE, ChatFormatter, token_hash
 from radixserve.engine.intake import Intake, Limits
 from radixserve.errors import RequestError
-from radixserve.server.generation import api_error_from
+from radixserve.sampling_fields import SamplingFields
 from radixserve.server.hosts import host_allowed, origin_allowed, split_host
 from radixserve.server.owners import Owner, parse_secret
+from radixserve.server.pipeline.sampling import build_sampling_params, parse_sampling
+from radixserve.server.pipeline.stream import api_error_from
 from radixserve.server.request_guard import refusal
-from radixserve.server.sampling_fields import build_sampling_params, parse_sampling
-from radixserve.server.sessions import SessionStore
+from radixserve.server.sessions.store import SessionStore
 from radixserve.server.system_prompts import NONE_KEY, OTHER_KEY, SystemPromptTracker
 from radixserve.server.validation import ApiError, parse_json_text
 
@@ -133,9 +134,9 @@ class FakeClock:
 
 def test_sessions_fork_shares_exact_prefix(fmt: ChatFormatter) -> None:
     store = SessionStore(fmt, max_sessions=8, ttl_s=100)
-    s = store.create("Sys", {"temperature": 0.0}, ME)
+    s = store.create("Sys", SamplingFields(temperature=0.0), ME)
     assert fmt.tokenizer.decode(list(s.tokens)) == "<|im_start|>system\nSys<|im_end|>\n" and s.system_len == len(s.tokens)
-    from radixserve.server.sessions import Message
+    from radixserve.server.sessions.store import Message
 
     for role, text in [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d")]:
         start = len(s.tokens)
@@ -153,17 +154,17 @@ def test_sessions_fork_shares_exact_prefix(fmt: ChatFormatter) -> None:
 def test_sessions_cap_expiry_and_unknown(fmt: ChatFormatter) -> None:
     clock = FakeClock()
     store = SessionStore(fmt, max_sessions=2, ttl_s=10, clock=clock)
-    a, b = store.create(None, {}, ME), store.create(None, {}, ME)
+    a, b = store.create(None, SamplingFields(), ME), store.create(None, SamplingFields(), ME)
     clock.now = 1
     store.get(a.id, ME)  # a is now the most recently used: b goes first
-    c = store.create(None, {}, ME)
+    c = store.create(None, SamplingFields(), ME)
     assert store.evicted == 1 and {s.id for s in store.list(ME)} == {a.id, c.id}
     with pytest.raises(ApiError) as e:
         store.get(b.id, ME)
     assert (e.value.code, e.value.status) == ("unknown_session", 404)
     a.busy, c.busy = "g1", "g2"
     with pytest.raises(ApiError) as e:
-        store.create(None, {}, ME)
+        store.create(None, SamplingFields(), ME)
     assert e.value.status == 429
     a.busy = c.busy = None
     clock.now = 100
@@ -171,17 +172,17 @@ def test_sessions_cap_expiry_and_unknown(fmt: ChatFormatter) -> None:
         with pytest.raises(ApiError):
             store.get(bad, ME)
     assert store.list(ME) == [] and len(store) == 0 and store.expired == 2
-    d = store.create(None, {}, ME)
+    d = store.create(None, SamplingFields(), ME)
     store.delete(d.id, ME)
     with pytest.raises(ApiError):
         store.delete(d.id, ME)
-    assert len({store.create(None, {}, ME).id for _ in range(2)}) == 2
+    assert len({store.create(None, SamplingFields(), ME).id for _ in range(2)}) == 2
 
 
 def test_sessions_belong_to_their_owner(fmt: ChatFormatter) -> None:
     clock = FakeClock()
     store = SessionStore(fmt, max_sessions=3, ttl_s=10, clock=clock)
-    mine, theirs = store.create(None, {}, ME), store.create("S", {}, THEM)
+    mine, theirs = store.create(None, SamplingFields(), ME), store.create("S", SamplingFields(), THEM)
     assert store.list(ME) == [mine] and store.list(THEM) == [theirs] and store.list(None) == []
     assert store.get(mine.id, ME) is mine
     for owner in (THEM, None, Owner.of("owner-secret-of-me-1")):
@@ -290,12 +291,12 @@ def test_parse_sampling_takes_penalties_into_the_params() -> None:
 
 def test_sampling_defaults_clamp_to_the_context() -> None:
     s = parse_sampling({"temperature": 0, "stop": "END", "seed": 3})
-    assert s == {"temperature": 0.0, "stop": ["END"], "seed": 3}
+    assert s == SamplingFields(temperature=0.0, stop=["END"], seed=3)
     p = build_sampling_params(s, prompt_len=90, max_model_len=100, default_max_tokens=512)
     assert p.max_tokens == 10 and p.temperature == 0.0 and p.stop == ["END"] and p.seed == 3
-    assert build_sampling_params({}, prompt_len=10, max_model_len=100, default_max_tokens=None).max_tokens == 90
+    assert build_sampling_params(SamplingFields(), prompt_len=10, max_model_len=100, default_max_tokens=None).max_tokens == 90
     # a prompt that leaves no room is the engine's intake to refuse (once), as the API's context_too_long
-    full = build_sampling_params({}, prompt_len=100, max_model_len=100, default_max_tokens=5)
+    full = build_sampling_params(SamplingFields(), prompt_len=100, max_model_len=100, default_max_tokens=5)
     assert full.max_tokens == 1
     with pytest.raises(RequestError) as refused:
         Intake(None, Limits(vocab=200, max_seq_len=100)).check(list(range(100)), full)
@@ -303,10 +304,10 @@ def test_sampling_defaults_clamp_to_the_context() -> None:
     assert (err.code, err.status) == ("context_too_long", 400) and "100" in err.message
     assert build_sampling_params(parse_sampling({"min_p": 0.05}), prompt_len=1, max_model_len=9,
                                  default_max_tokens=None).min_p == 0.05
-    assert build_sampling_params({"max_tokens": 10}, prompt_len=90, max_model_len=100,
+    assert build_sampling_params(SamplingFields(max_tokens=10), prompt_len=90, max_model_len=100,
                                  default_max_tokens=None).max_tokens == 10
     with pytest.raises(ApiError) as e:
-        build_sampling_params({"max_tokens": 11}, prompt_len=90, max_model_len=100, default_max_tokens=None)
+        build_sampling_params(SamplingFields(max_tokens=11), prompt_len=90, max_model_len=100, default_max_tokens=None)
     assert e.value.code == "context_too_long" and "100" in e.value.message
 
 

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixserve.chat.template import token_hash
-from radixserve.server import ws as ws_module
+from radixserve.server.sessions import ws as ws_module
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import (  # noqa: E402

@@ -12,17 +12,20 @@ import pytest
 
 from radixserve.core import DRAFT_SOURCES, DraftCounts, Usage
 from radixserve.engine.stats import EngineStats
+from radixserve.sampling_fields import Api, SamplingFields
 from radixserve.sampling_params import MAX_PREDICTION_LENGTH
 from radixserve.server.cache_stats import cache_stats_json
-from radixserve.server.completion_request import CompletionRequest
-from radixserve.server.completions_api import _Run
-from radixserve.server.generation import SystemPromptRef
-from radixserve.server.logprobs import TokenTexts
-from radixserve.server.openai_api import usage_body
-from radixserve.server.responses_events import usage_object
-from radixserve.server.sampling_fields import build_sampling_params
-from radixserve.server.speculation_api import merged_drafts, prediction_text, speculation_json, with_prediction
-from radixserve.server.turns import usage_json
+from radixserve.server.completions.api import _Run
+from radixserve.server.completions.request import CompletionRequest
+from radixserve.server.openai_chat.shapes import usage_body
+from radixserve.server.pipeline.ask import Ask, TextPrompts
+from radixserve.server.pipeline.logprobs import TokenTexts
+from radixserve.server.pipeline.plan import Plan
+from radixserve.server.pipeline.prediction import merged_drafts, prediction_text, speculation_json, with_prediction
+from radixserve.server.pipeline.sampling import build_sampling_params
+from radixserve.server.pipeline.stream import SystemPromptRef
+from radixserve.server.responses.events import usage_object
+from radixserve.server.sessions.turns import usage_json
 from radixserve.server.validation import ApiError
 from radixserve.terminal_chat import _figures
 
@@ -47,8 +50,9 @@ def test_prediction_text_reads_openai_shapes() -> None:
     assert prediction_text({"prediction": {"type": "content", "content": parts}}) == "ab\n"
     assert prediction_text({"prediction": {"type": "content", "content": ""}}) is None  # empty: no prediction
     assert prediction_text({"prediction": {"type": "content", "content": []}}) is None
-    assert with_prediction({"temperature": 0.0}, {}) == {"temperature": 0.0}
-    assert with_prediction({}, {"prediction": {"type": "content", "content": "x"}}) == {"prediction": "x"}
+    assert with_prediction(SamplingFields(temperature=0.0), {}) == SamplingFields(temperature=0.0)
+    assert with_prediction(SamplingFields(), {"prediction": {"type": "content", "content": "x"}}) == \
+        SamplingFields(prediction="x")
 
 
 @pytest.mark.parametrize("value,param", [
@@ -72,10 +76,10 @@ def test_a_malformed_prediction_is_a_400_naming_it(value: Any, param: str) -> No
 
 
 def test_sampling_params_carry_the_prediction_ids() -> None:
-    params = build_sampling_params({"prediction": [5, 6, 7], "temperature": 0.0}, prompt_len=4, max_model_len=64,
-                                   default_max_tokens=8)
+    params = build_sampling_params(SamplingFields(prediction=[5, 6, 7], temperature=0.0), prompt_len=4,
+                                   max_model_len=64, default_max_tokens=8)
     assert params.prediction == [5, 6, 7] and params.max_tokens == 8
-    assert build_sampling_params({}, prompt_len=4, max_model_len=64, default_max_tokens=8).prediction is None
+    assert build_sampling_params(SamplingFields(), prompt_len=4, max_model_len=64, default_max_tokens=8).prediction is None
 
 
 def test_speculation_json_lists_every_source() -> None:
@@ -117,7 +121,8 @@ def test_completions_usage_sums_the_prompts_drafts() -> None:
     assert total.prediction_tokens == 30
     assert merged_drafts([None, None]) is None
     assert merged_drafts([DraftCounts(prediction_tokens=3)]) is not None  # predicted, nothing drafted
-    req = CompletionRequest("m", [], 1, False, False, False, False, None, None, SystemPromptRef.none("default"))
+    ask = Ask(Api.COMPLETIONS, TextPrompts([]), SamplingFields(), "default")
+    req = CompletionRequest("m", Plan(ask, [], SystemPromptRef.none("default")), False, [], False, None, None)
     run = _Run(req, TokenTexts(None), [], [Usage(10, 0, 4, speculation=drafts()), Usage(12, 0, 5, speculation=other)],
                [None, None])
     details = run.usage_body()["completion_tokens_details"]

@@ -1,4 +1,4 @@
-"""The structured-output request fields (server/structured_api.py), without a model: every accepted
+"""The structured-output request fields (server/pipeline/structured.py), without a model: every accepted
 shape becomes the StructuredOutput the engine compiles, with the parameter path its errors name;
 every malformed one is a 400 `invalid_field` whose `param` is that path; and an engine's
 ConstraintError reaches the client as the same 400 with the same `param`."""
@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from radixserve.errors import ConstraintError, RequestError
-from radixserve.server.compile_slots import CLIENT, CompileSlots
-from radixserve.server.generation import api_error_from
-from radixserve.server.sampling_fields import build_sampling_params
-from radixserve.server.structured_api import compile_off_loop, structured_output, with_structured
+from radixserve.sampling_fields import SamplingFields
+from radixserve.server.pipeline.compile_slots import CLIENT, CompileSlots
+from radixserve.server.pipeline.sampling import build_sampling_params
+from radixserve.server.pipeline.stream import api_error_from
+from radixserve.server.pipeline.structured import compile_off_loop, structured_output, with_structured
 from radixserve.server.validation import ApiError
 from radixserve.structured import StructuredOutput
 
@@ -118,7 +119,7 @@ def test_several_fields_at_once_are_refused_naming_them() -> None:
 
 
 def test_a_turn_carries_its_constraint_into_sampling_params() -> None:
-    sampling = {"temperature": 0.0}
+    sampling = SamplingFields(temperature=0.0)
     assert with_structured(sampling, {"content": "hi"}) is sampling
     merged = with_structured(sampling, {"response_format": {"type": "json_object"}})
     params = build_sampling_params(merged, prompt_len=4, max_model_len=64, default_max_tokens=8)

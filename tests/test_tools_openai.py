@@ -22,7 +22,7 @@ from radixserve.chat.tool_calls import ChatTools
 from radixserve.chat.tools import FORMATS, ToolChoice
 from radixserve.core import CompletionOutput
 from radixserve.server import BackgroundServer, ServerConfig
-from radixserve.server.openai_tools import ChoiceDeltas, parse_tools, reply_message, tool_request
+from radixserve.server.openai_chat.tools import ChoiceDeltas, parse_tools, reply_message, tool_request
 from radixserve.server.validation import ApiError
 
 pytest.register_assert_rewrite("server_testkit")

@@ -240,14 +240,14 @@ def test_auto_with_a_strict_tool_constrains_the_call_once_the_model_opens_it(
     steered onto it (every logit but the opener's next token set to -inf after the grammar's mask);
     what follows is the model's and the grammar's alone, and the arguments validate."""
     from radixserve.chat.tool_calls import ChatTools
-    from radixserve.engine import sampler as sampler_module
+    from radixserve.engine.grammar import book as grammar_book
 
     strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
     tools = ChatTools.of(strict, None, False, llm.formatter.tool_format)
     trigger = tools.format.trigger()
     assert trigger is not None and tools.constrain(SamplingParams()).structured is not None
     opener = llm.tokenizer.encode(trigger, add_special_tokens=False)
-    real_apply, steps = sampler_module.apply_token_bitmask, [0]
+    real_apply, steps = grammar_book.apply_token_bitmask, [0]
 
     def open_a_call(logits: Any, masks: Any) -> None:
         real_apply(logits, masks)
@@ -257,7 +257,7 @@ def test_auto_with_a_strict_tool_constrains_the_call_once_the_model_opens_it(
             logits[:, opener[steps[0]]] = kept
         steps[0] += 1
 
-    monkeypatch.setattr(sampler_module, "apply_token_bitmask", open_a_call)
+    monkeypatch.setattr(grammar_book, "apply_token_bitmask", open_a_call)
     out = llm.chat([{"role": "user", "content": "Weather in Oslo?"}], SamplingParams(max_tokens=120, temperature=0),
                    tools=strict, tool_choice="auto", parallel_tool_calls=False)[0].outputs[0]
     assert isinstance(out, ToolCallOutput) and steps[0] > len(opener)

@@ -1,6 +1,6 @@
 """`ChatSession`: an offline multi-turn conversation over `LLM`, kept as exact token ids.
 
-The same scheme as the server's sessions (server/sessions.py, server/turns.py): the next prompt is
+The same scheme as the server's sessions (server/sessions/store.py, server/sessions/turns.py): the next prompt is
 the previous prompt + the reply's exact generated token ids + the template's end-of-turn tokens +
 the new user message's tokens + the generation prompt, all from `ChatFormatter`; the history is never
 re-tokenized. So turn k's prompt starts with turn k-1's prompt and reply exactly, and the prefix

@@ -2,7 +2,7 @@
 call asks of tools, resolved once (`ChatTools`), and outputs with the calls a reply made
 (`ToolCallOutput`: a CompletionOutput with `content` and `tool_calls`).
 
-The same rules as the server's OpenAI endpoint (server/openai_tools.py): tools are rendered into the
+The same rules as the server's OpenAI endpoint (server/openai_chat/tools.py): tools are rendered into the
 prompt unless tool_choice is "none"; `required` and a named function constrain the reply with the
 format's grammar (SamplingParams.structured), so the call parses and its arguments validate; a reply
 with calls has finish_reason "tool_calls"; without parallel calls only the first call is kept; a call

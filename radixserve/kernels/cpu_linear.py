@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 # oneDNN picks its blocked layout for an expected row count; 16 ran fastest on every shape from
-# 1 to 512 rows on the reference machine (docs/bench/issue-31)
+# 1 to 512 rows on the reference machine (docs/bench/cpu-step)
 _LAYOUT_ROWS = 16
 # With that layout one row takes a GEMV path of its own: slower than four rows, and rounding
 # differently from every row count >= 2, which all agree bit for bit. Fewer rows are padded to this

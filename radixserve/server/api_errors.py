@@ -23,8 +23,8 @@ from typing import Any
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 
-from radixserve.server.generation import api_error_from
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.pipeline.stream import api_error_from
 from radixserve.server.validation import ApiError
 
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",

@@ -28,25 +28,30 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from radixserve.chat.template import ChatFormatter
-from radixserve.server import anthropic_api, completions_api, openai_api, pins_api, responses_api, rest, tree_api
+from radixserve.server import pins_api, tree_api
 from radixserve.server.admission import ReleaseSlotsMiddleware
+from radixserve.server.anthropic import api as anthropic_api
 from radixserve.server.api_errors import api_error_handler, error_response
 from radixserve.server.auth import needs_key, request_key
 from radixserve.server.cache_views import cache_stats, metrics
 from radixserve.server.callers import SCOPE_KEY, UNAUTHORIZED, resolve_caller
-from radixserve.server.compile_slots import CLIENT
+from radixserve.server.completions import api as completions_api
 from radixserve.server.config import ServerConfig
 from radixserve.server.http_util import InternalErrorMiddleware
 from radixserve.server.log_filters import install as quiet_client_faults
 from radixserve.server.metrics import ServerMetrics
-from radixserve.server.openai_tools import server_format
-from radixserve.server.prompt_worker import PromptWorker
+from radixserve.server.openai_chat import api as openai_api
+from radixserve.server.openai_chat.tools import server_format
+from radixserve.server.pipeline.compile_slots import CLIENT
+from radixserve.server.pipeline.prompt_worker import PromptWorker
 from radixserve.server.replica_header import ReplicaHeaderMiddleware
 from radixserve.server.request_guard import RequestGuardMiddleware
-from radixserve.server.sessions import SessionStore
+from radixserve.server.responses import api as responses_api
+from radixserve.server.sessions import rest
+from radixserve.server.sessions.store import SessionStore
+from radixserve.server.sessions.ws import chat_websocket
 from radixserve.server.state import EngineFactory, ServerState
 from radixserve.server.validation import ApiError
-from radixserve.server.ws import chat_websocket
 
 log = logging.getLogger("radixserve.server")
 STEP_METRICS_S = 1.0  # how often the step histograms take in the engine's steps (and at every read)
@@ -57,7 +62,7 @@ async def load_engine(state: ServerState) -> None:
         engine = await asyncio.to_thread(state.engine_factory)
         await engine.start()
         if engine.tokenizer is not None:
-            # tool calls look as --tool-call-parser says, else as the chat template implies (server/openai_tools.py);
+            # tool calls look as --tool-call-parser says, else as the chat template implies (server/openai_chat/tools.py);
             # their parameters' objects are open or closed as the engine compiles JSON schemas (--open-json-objects)
             grammars = engine.intake.grammars
             fmt = server_format(engine.tokenizer, state.config.tool_call_parser,

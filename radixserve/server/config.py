@@ -50,7 +50,7 @@ class ServerConfig:
     max_sessions: int = 1024
     max_session_bytes_total: int = 256 * 2**20  # all sessions' tokens (4 B each) + text; LRU idle ones go
     session_ttl_s: float = 3600.0  # idle time after which a session expires
-    # Fairness (sessions.py, rate_limit.py): each owner's share of max_sessions and of max_session_bytes_total;
+    # Fairness (sessions/store.py, rate_limit.py): each owner's share of max_sessions and of max_session_bytes_total;
     # when the store is full the owner most over its share loses its least recently used idle session first
     owner_share: float = 0.25
     session_create_rate: float = 20.0  # session creations (and forks) a second per client address; 0 -> no limit
@@ -62,7 +62,7 @@ class ServerConfig:
     default_top_p: float = 0.95
     max_n: int = 16  # OpenAI `n` at most
     # OpenAI logprob entries per request, n × max_tokens × (top_logprobs + 1): about 80 bytes of JSON
-    # each, so the default bounds a body near 10 MiB (server/logprobs.py)
+    # each, so the default bounds a body near 10 MiB (server/pipeline/logprobs.py)
     max_logprob_entries: int = 131072
     system_prompt_labels: int = 10  # Prometheus label values for system prompts besides "none"/"other"
     shutdown_grace_s: float = 5.0  # in-flight generations get this long to finish before they are aborted
@@ -85,7 +85,7 @@ class ServerConfig:
     # engine's compile workers, so one client's slow grammars cannot hold every worker
     max_compiles_per_client: int = 1
     # how tool calls look in the model's text (chat/tools/ FORMATS: hermes, llama3, mistral, ...); None -> the
-    # format the chat template implies (server/openai_tools.py)
+    # format the chat template implies (server/openai_chat/tools.py)
     tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:

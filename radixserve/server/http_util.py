@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import suppress
 from typing import Any, TypeVar
 
@@ -25,9 +25,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import error_response
-from radixserve.server.generation import api_error_from
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.pipeline.stream import api_error_from
 from radixserve.server.validation import ApiError, parse_json_text, require_object
 
 T = TypeVar("T")
@@ -83,6 +84,33 @@ async def until_done_or_gone(receive: Receive, work: Coroutine[Any, Any, T]) -> 
     if task.cancelled():
         raise ClientGone
     return task.result()
+
+
+async def reply_unless_gone(receive: Receive, work: Coroutine[Any, Any, Response]) -> Response:
+    """`work`'s response, or 499 when the client left first (then `work` was cancelled, which aborted
+    its engine requests: nobody reads the reply)."""
+    try:
+        return await until_done_or_gone(receive, work)
+    except ClientGone:
+        return Response(status_code=499)
+
+
+async def respond(receive: Receive, stream: bool, events: Callable[[], Response],
+                  whole: Callable[[], Coroutine[Any, Any, Response]]) -> Response:
+    """The streamed reply (`events`: its response, which closes the generation when the client goes)
+    or the whole one, built unless the client leaves first (`reply_unless_gone`)."""
+    if stream:
+        return events()
+    return await reply_unless_gone(receive, whole())
+
+
+async def generation_body(request: Request) -> dict[str, Any]:
+    """The JSON body of a request that generates, bounded by --max-message-bytes, then a generation
+    slot held for it (429/503 over a cap: admission.py): both before anything is tokenized."""
+    config = request.app.state.server.config
+    body = await read_json_object(request, config.max_message_bytes)
+    hold_generation(request, request.app.state.server.generations, config)
+    return body
 
 
 class EventStream(Response):

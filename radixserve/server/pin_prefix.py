@@ -21,7 +21,7 @@ from jinja2.exceptions import TemplateError
 
 from radixserve.chat.template import Message
 from radixserve.chat.tools import ToolSpec
-from radixserve.server.prompt_worker import PromptWorker
+from radixserve.server.pipeline.prompt_worker import PromptWorker
 
 _PROBES = ("a", "b")  # two user messages with different first tokens
 

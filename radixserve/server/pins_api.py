@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radixserve.engine.client import EngineClient, PinError, PinInfo
-from radixserve.server.cache_control import TENANT_SHARE
+from radixserve.server.anthropic.cache_control import TENANT_SHARE
 from radixserve.server.callers import caller_of, require_admin, sees_previews
 from radixserve.server.http_util import read_json_object
 from radixserve.server.pin_book import PinBook, PinRecord

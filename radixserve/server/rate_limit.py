@@ -1,7 +1,7 @@
 """Per-client rate limit of session creation (REST create and fork, WebSocket session.create) and of
 stored responses (POST /v1/responses with `store`), which take places in the same store.
 
-Owner shares (sessions.py) stop one owner from evicting others, but owner secrets cost nothing to
+Owner shares (sessions/store.py) stop one owner from evicting others, but owner secrets cost nothing to
 mint; this bounds how fast one client address can create sessions at all, whatever secrets it uses.
 
 A token bucket per client address: `burst` creations at once, refilled at `rate` a second; rate 0

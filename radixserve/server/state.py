@@ -17,15 +17,15 @@ from radixserve.chat.template import ChatFormatter
 from radixserve.engine.client import EngineClient
 from radixserve.engine.stats import EngineStats
 from radixserve.server.admission import GenerationLimits
-from radixserve.server.compile_slots import CompileSlots
 from radixserve.server.config import ServerConfig
 from radixserve.server.connections import ConnectionGuard
-from radixserve.server.logprobs import TokenTexts
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.pin_book import PinBook
-from radixserve.server.prompt_worker import PromptWorker
+from radixserve.server.pipeline.compile_slots import CompileSlots
+from radixserve.server.pipeline.logprobs import TokenTexts
+from radixserve.server.pipeline.prompt_worker import PromptWorker
 from radixserve.server.rate_limit import CreationRateLimiter
-from radixserve.server.sessions import SessionStore
+from radixserve.server.sessions.store import SessionStore
 from radixserve.server.validation import ApiError
 
 EngineFactory = Callable[[], EngineClient]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from radixserve.bench.scaleout import SYSTEMS
+from radixserve_bench.scaleout import SYSTEMS
 
 CHART = "scale_out.png"
 

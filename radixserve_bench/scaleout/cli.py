@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from radixserve.bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
-from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
 from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP
+from radixserve_bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
+from radixserve_bench.scaleout import SYSTEMS, WORKLOADS
 
 
 def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def add_scaleout_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace):  # -> ScaleOutOptions, imported lazily
-    from radixserve.bench.scaleout.plan import ScaleOutOptions
+    from radixserve_bench.scaleout.plan import ScaleOutOptions
 
     return ScaleOutOptions(
         workloads=args.workload, systems=args.systems, replicas=args.replicas, repeats=args.repeats,
@@ -56,10 +56,10 @@ def options_from_args(args: argparse.Namespace):  # -> ScaleOutOptions, imported
 
 
 def run_scaleout_command(args: argparse.Namespace) -> int:
-    from radixserve.bench.harness import Scenario, run_scenario
-    from radixserve.bench.scaleout.chart import write_charts
-    from radixserve.bench.scaleout.report import render
-    from radixserve.bench.scaleout.runner import run_scaleout
+    from radixserve_bench.harness import Scenario, run_scenario
+    from radixserve_bench.scaleout.chart import write_charts
+    from radixserve_bench.scaleout.report import render
+    from radixserve_bench.scaleout.runner import run_scaleout
 
     return run_scenario(Scenario("radixserve bench scale-out", lambda a, argv: run_scaleout(options_from_args(a), argv),
                                  render, write_charts, docs_anchor="radixserve-bench-scale-out"), args)

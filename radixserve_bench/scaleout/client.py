@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from radixserve.bench.scaleout.plan import ChatSession, ChatWorkload
+from radixserve_bench.scaleout.plan import ChatSession, ChatWorkload
 
 REPLICA_HEADER = "x-radixserve-replica"
 

@@ -24,12 +24,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from radixserve.bench.belady import TraceRequest, block_chain, working_set_blocks
-from radixserve.bench.plan import RunOptions
-from radixserve.bench.scaleout import SYSTEMS, WORKLOADS
-from radixserve.bench.textsource import TokenStream
-from radixserve.bench.workloads import Load, MultiTurnParams, SharedPrefixParams, build_workload
 from radixserve.scaleout.routing import DEFAULT_MAX_LOAD_GAP
+from radixserve_bench.belady import TraceRequest, block_chain, working_set_blocks
+from radixserve_bench.plan import RunOptions
+from radixserve_bench.scaleout import SYSTEMS, WORKLOADS
+from radixserve_bench.textsource import TokenStream
+from radixserve_bench.workloads import Load, MultiTurnParams, SharedPrefixParams, build_workload
 
 Message = dict[str, str]
 Render = Callable[[list[Message]], list[int]]  # chat messages -> prompt token ids (the server's template)

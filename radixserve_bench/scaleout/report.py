@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.bench.report import number, target_lines
-from radixserve.bench.results import Target
-from radixserve.bench.scaleout import HIT_RATE_GOAL, REFERENCE, ROUTING_US_GOAL
 from radixserve.scaleout.routing import REASONS
+from radixserve_bench.report import number, target_lines
+from radixserve_bench.results import Target
+from radixserve_bench.scaleout import HIT_RATE_GOAL, REFERENCE, ROUTING_US_GOAL
 
 
 def _median(results: dict[str, Any], workload: str, system: str) -> dict[str, float] | None:

@@ -17,8 +17,8 @@ import statistics
 import time
 from typing import Any
 
-from radixserve.bench.metrics import percentile
 from radixserve.scaleout.routing import REASONS, RoutingTable
+from radixserve_bench.metrics import percentile
 
 VOCAB = 49152
 _TOKENS = list(range(VOCAB))  # shared int objects: a million-token index stores pointers, not new ints

@@ -18,13 +18,15 @@ from typing import Any
 
 import httpx
 
-from radixserve.bench import results as results_mod
-from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.harness import model_facts, progress_bar
-from radixserve.bench.metrics import fold_repeats
-from radixserve.bench.scaleout import SCENARIO
-from radixserve.bench.scaleout.client import ChatRun, drive_chat, model_name, settled_stats
-from radixserve.bench.scaleout.plan import (
+from radixserve.config import EngineConfig
+from radixserve.scaleout.routing import REASONS
+from radixserve_bench import results as results_mod
+from radixserve_bench.flags import BenchConfigError
+from radixserve_bench.harness import model_facts, progress_bar
+from radixserve_bench.metrics import fold_repeats
+from radixserve_bench.scaleout import SCENARIO
+from radixserve_bench.scaleout.client import ChatRun, drive_chat, model_name, settled_stats
+from radixserve_bench.scaleout.plan import (
     ChatWorkload,
     ScaleOutOptions,
     Sizing,
@@ -35,10 +37,8 @@ from radixserve.bench.scaleout.plan import (
     system_specs,
     workload_params,
 )
-from radixserve.bench.scaleout.report import evaluate_targets, hit_rate_ratios
-from radixserve.bench.scaleout.routing_micro import run_routing_micro
-from radixserve.config import EngineConfig
-from radixserve.scaleout.routing import REASONS
+from radixserve_bench.scaleout.report import evaluate_targets, hit_rate_ratios
+from radixserve_bench.scaleout.routing_micro import run_routing_micro
 
 RUN_METRICS = ("requests", "duration_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s",
                "prompt_tokens", "cached_tokens", "hit_rate", "client_hit_rate", "max_replica_share",

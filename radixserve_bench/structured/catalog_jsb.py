@@ -8,7 +8,7 @@ have them.
 
 from __future__ import annotations
 
-from radixserve.bench.structured.schemas import BenchSchema, arr, b, e, i, n, obj, s, string_map
+from radixserve_bench.structured.schemas import BenchSchema, arr, b, e, i, n, obj, s, string_map
 
 _DNS = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|Mi|Gi|Ki)?$"

@@ -9,7 +9,7 @@ counted apart as "length", never as valid or invalid).
 
 from __future__ import annotations
 
-from radixserve.bench.structured.schemas import FORCED, BenchSchema, arr, b, e, i, n, obj, s, string_map
+from radixserve_bench.structured.schemas import FORCED, BenchSchema, arr, b, e, i, n, obj, s, string_map
 
 _DATE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 _EMAIL = r"^[a-z0-9._]{1,20}@[a-z0-9]{1,15}\.(com|org|net|io)$"

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.bench.metrics import percentile
 from radixserve.core import StepInfo
 from radixserve.engine.engine import LLMEngine
 from radixserve.sampling_params import SamplingParams
+from radixserve_bench.metrics import percentile
 
 VERDICTS = ("valid", "invalid", "length", "error")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.bench.results import Target
+from radixserve_bench.results import Target
 
 FAILURES_SHOWN = 12
 

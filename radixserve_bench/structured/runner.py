@@ -21,15 +21,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.bench import results as results_mod
-from radixserve.bench.flags import BenchConfigError
-from radixserve.bench.structured import SCENARIO
-from radixserve.bench.structured.measure import StepLog
-from radixserve.bench.structured.schemas import FORCED, STEP, BenchSchema, all_schemas
-from radixserve.bench.structured.timing import StepTest, compile_times, forced_steps, step_cost
-from radixserve.bench.structured.tool_defs import TOOLS, BenchTool
-from radixserve.bench.structured.validity import Sampling, schema_validity, tool_validity
 from radixserve.structured import StructuredOutput
+from radixserve_bench import results as results_mod
+from radixserve_bench.flags import BenchConfigError
+from radixserve_bench.structured import SCENARIO
+from radixserve_bench.structured.measure import StepLog
+from radixserve_bench.structured.schemas import FORCED, STEP, BenchSchema, all_schemas
+from radixserve_bench.structured.timing import StepTest, compile_times, forced_steps, step_cost
+from radixserve_bench.structured.tool_defs import TOOLS, BenchTool
+from radixserve_bench.structured.validity import Sampling, schema_validity, tool_validity
 
 SYSTEM = "radixserve"
 # the headline figures: check_complete fails the run when one is missing or not finite
@@ -67,7 +67,7 @@ def pick_schemas(o: StructuredBenchOptions) -> list[BenchSchema]:
         known = {s.name: s for s in catalog}
         unknown = [n for n in o.schemas if n not in known]
         if unknown:
-            raise BenchConfigError(f"unknown schema(s) {', '.join(unknown)}; see radixserve/bench/structured/catalog_*.py")
+            raise BenchConfigError(f"unknown schema(s) {', '.join(unknown)}; see radixserve_bench/structured/catalog_*.py")
         catalog = [known[n] for n in o.schemas]
     return catalog[:o.max_schemas] if o.max_schemas else catalog
 
@@ -183,7 +183,7 @@ def run_structured(o: StructuredBenchOptions, argv: list[str] | None = None) -> 
     results["results"] = {SCENARIO: {SYSTEM: {"expected_metrics": list(HEADLINE), "median": headline(results)}}}
     results_mod.add_environment(results, o, model, spec, argv)
     results["versions"].update(llguidance=results_mod.version("llguidance"), jsonschema=results_mod.version("jsonschema"))
-    from radixserve.bench.structured.report import evaluate_targets
+    from radixserve_bench.structured.report import evaluate_targets
 
     results["targets"] = evaluate_targets(results)
     return results

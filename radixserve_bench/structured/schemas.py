@@ -156,7 +156,7 @@ STEP = BenchSchema(
 
 def all_schemas() -> list[BenchSchema]:
     """The validity set: our schemas, then JSONSchemaBench's kinds (FORCED is among ours)."""
-    from radixserve.bench.structured.catalog_jsb import JSB_SCHEMAS
-    from radixserve.bench.structured.catalog_ours import OUR_SCHEMAS
+    from radixserve_bench.structured.catalog_jsb import JSB_SCHEMAS
+    from radixserve_bench.structured.catalog_ours import OUR_SCHEMAS
 
     return [*OUR_SCHEMAS, *JSB_SCHEMAS]

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.bench.structured.measure import Job, StepLog, run_jobs, spread_ms
 from radixserve.engine.engine import LLMEngine
 from radixserve.errors import ConstraintError
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured import StructuredOutput
+from radixserve_bench.structured.measure import Job, StepLog, run_jobs, spread_ms
 
 
 def compile_times(engine: LLMEngine, constraints: dict[str, StructuredOutput], cached_repeats: int) -> dict[str, Any]:

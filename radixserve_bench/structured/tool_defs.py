@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.bench.structured.schemas import Schema, arr, b, e, i, n, obj, s
+from radixserve_bench.structured.schemas import Schema, arr, b, e, i, n, obj, s
 
 _DATE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 

@@ -16,13 +16,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.bench.structured.measure import Job, Reply, Verdict, judge, run_jobs, tally, validator_for
-from radixserve.bench.structured.schemas import BenchSchema
-from radixserve.bench.structured.tool_defs import BenchTool
 from radixserve.chat.tool_calls import ToolLike
 from radixserve.engine.llm import LLM
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured import StructuredOutput
+from radixserve_bench.structured.measure import Job, Reply, Verdict, judge, run_jobs, tally, validator_for
+from radixserve_bench.structured.schemas import BenchSchema
+from radixserve_bench.structured.tool_defs import BenchTool
 
 SHOWN_TEXT = 300  # characters of a failed reply kept in the results
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from radixserve.bench.systems.base import System
 from radixserve.config import EngineConfig
+from radixserve_bench.systems.base import System
 
 SYSTEM_DESCRIPTIONS = {
     "radixserve": "radixserve, prefix cache on, ample pool",
@@ -71,7 +71,7 @@ def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_siz
     """A fresh system object (HF peers share their loaded weights across runs, see hf_common).
     `host_cache_mb` is radixserve's host tier (0: off)."""
     if name.startswith("radixserve"):
-        from radixserve.bench.systems.radix import RadixServeSystem
+        from radixserve_bench.systems.radix import RadixServeSystem
 
         config = EngineConfig(
             model=s.model_dir, block_size=s.block_size, num_blocks=num_blocks,
@@ -87,16 +87,16 @@ def build_system(name: str, s: SystemSettings, num_blocks: int, static_batch_siz
             config = dataclasses.replace(config, num_speculative_tokens=draft_tokens)
         return RadixServeSystem(name, SYSTEM_DESCRIPTIONS[name], config)
     if name == "hf-generate":
-        from radixserve.bench.systems.hf_generate import HFStaticBatchSystem
+        from radixserve_bench.systems.hf_generate import HFStaticBatchSystem
 
         return HFStaticBatchSystem(name, s.model_dir, s.device, s.dtype, max_batch_size=static_batch_size)
     if name == PROMPT_LOOKUP:
-        from radixserve.bench.systems.hf_generate import HFStaticBatchSystem
+        from radixserve_bench.systems.hf_generate import HFStaticBatchSystem
 
         return HFStaticBatchSystem(name, s.model_dir, s.device, s.dtype, max_batch_size=1,
                                    prompt_lookup_tokens=s.prompt_lookup_tokens)
     if name == "hf-generate-batch":
-        from radixserve.bench.systems.hf_cb import HFContinuousBatchSystem
+        from radixserve_bench.systems.hf_cb import HFContinuousBatchSystem
 
         return HFContinuousBatchSystem(name, s.model_dir, s.device, s.dtype, block_size=s.block_size,
                                        num_blocks=num_blocks, max_batch_tokens=s.max_num_batched_tokens,

@@ -22,8 +22,8 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from radixserve.bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
-from radixserve.bench.systems.hf_common import shared_hf_model
+from radixserve_bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
+from radixserve_bench.systems.hf_common import shared_hf_model
 
 # our setting -> its field names across transformers versions, preferred first
 CB_CONFIG_ALIASES: dict[str, tuple[str, ...]] = {"page_size": ("page_size", "block_size")}

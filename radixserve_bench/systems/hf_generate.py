@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
-from radixserve.bench.systems.hf_common import eos_ids, shared_hf_model
+from radixserve_bench.systems.base import GREEDY, Completion, Sampling, System, SystemInfo
+from radixserve_bench.systems.hf_common import eos_ids, shared_hf_model
 
 
 @dataclass

@@ -20,10 +20,10 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from radixserve.bench.systems.base import GREEDY, Completion, PoolSample, Sampling, System, SystemInfo
 from radixserve.config import EngineConfig
 from radixserve.core import DRAFT_SOURCES, StepInfo
 from radixserve.sampling_params import SamplingParams
+from radixserve_bench.systems.base import GREEDY, Completion, PoolSample, Sampling, System, SystemInfo
 
 HOST_COUNTERS = ("host_blocks_total", "host_cached_tokens", "written_back_blocks", "write_back_s", "loaded_blocks",
                  "load_s", "host_dropped_blocks", "swaps_out", "swaps_in")

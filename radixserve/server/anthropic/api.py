@@ -1,15 +1,15 @@
 """The Anthropic Messages API: POST /v1/messages (streaming and not) and POST /v1/messages/count_tokens,
 for Anthropic's clients (`anthropic.Anthropic(base_url=..., api_key=...)`).
 
-Stateless, as the OpenAI chat endpoint (openai_api.py): each request renders its whole conversation
+Stateless, as the OpenAI chat endpoint (openai_chat/): each request renders its whole conversation
 with the chat template and the radix cache serves every prefix seen before, which the reply's usage
-reports as `cache_read_input_tokens`. The request side (fields, messages, tools) is
-anthropic_request.py's, the reply side (content blocks, stop_reason, usage, stream events)
-anthropic_reply.py's; errors on these paths are in Anthropic's shape (api_errors.py).
+reports as `cache_read_input_tokens`. The request side (fields, messages, tools) is request.py's (an
+Ask, planned by server/pipeline/), the reply side (content blocks, stop_reason, usage, stream
+events) reply.py's; errors on these paths are in Anthropic's shape (api_errors.py).
 
 Guards, as the chat endpoint's: the API key (Bearer or x-api-key) and Host/Origin by middleware, the
 generation caps (`hold_generation`: 429/503) before anything is tokenized, the prompt limit and
-shutdown (`admit_prompt`), the engine's check of the request before a response starts (so a refusal
+shutdown (`plan.admit_prompt`), the engine's check of the request before a response starts (so a refusal
 is a JSON error, never an opened stream), and the client going away aborts the engine request,
 streaming or not. An error after the stream started is an `event: error` with Anthropic's body.
 
@@ -29,52 +29,42 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radixserve.core import CompletionOutput, RequestOutput
-from radixserve.server.admission import hold_generation
-from radixserve.server.anthropic_reply import ReplyEvents, aborted, message_body, sse_event
-from radixserve.server.anthropic_request import MessagesRequest, parse_messages_request, render_conversation
+from radixserve.server.anthropic.cache_control import keep_marked_system
+from radixserve.server.anthropic.reply import ReplyEvents, aborted, message_body, sse_event
+from radixserve.server.anthropic.request import MessagesRequest, conversation_ask, parse_messages_request
 from radixserve.server.api_errors import anthropic_stream_error
-from radixserve.server.cache_control import keep_marked_system
 from radixserve.server.callers import caller_of
-from radixserve.server.generation import stream_request
-from radixserve.server.http_util import ClientGone, EventStream, read_json_object, until_done_or_gone
-from radixserve.server.prompt_worker import background_work
+from radixserve.server.http_util import EventStream, generation_body, respond
+from radixserve.server.pipeline.plan import tokenize
+from radixserve.server.pipeline.prompt_worker import background_work
 from radixserve.server.state import ServerState
-
-API = "anthropic"  # the `api` label of the server's request metrics
 
 
 async def create_message(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    # refusals raise here, before any response starts: a JSON error with its status, never a stream
-    body = await read_json_object(request, state.config.max_message_bytes)
-    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    body = await generation_body(request)  # refusals raise here: a JSON error, never an opened stream
     req = await parse_messages_request(state, body, caller_of(request))
     created = await keep_marked_system(state, body, caller_of(request), req)  # cache_control: a pin
     mid = f"msg_{uuid.uuid4().hex}"
-    if req.stream:
-        return EventStream(_events(state, req, mid, created))
-    try:
-        return await until_done_or_gone(request.receive, _message(state, req, mid, created))
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads it; the engine request was aborted
+    return await respond(request.receive, req.plan.ask.stream, lambda: EventStream(_events(state, req, mid, created)),
+                         lambda: _message(state, req, mid, created))
 
 
 async def count_tokens(request: Request) -> Response:
     """{"input_tokens": N}: the length of the prompt the same /v1/messages request would have."""
     state: ServerState = request.app.state.server
-    body = await read_json_object(request, state.config.max_message_bytes)
-    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    body = await generation_body(request)  # counting tokenizes as much as a generation
+    _, ask = conversation_ask(state, body, caller_of(request))
     with background_work():
-        conversation = await render_conversation(state, body, caller_of(request).tenant)
-    return JSONResponse({"input_tokens": len(conversation.prompt)})
+        tokenized = await tokenize(state, ask)
+    return JSONResponse({"input_tokens": len(tokenized.prompts[0])})
 
 
 async def _message(state: ServerState, req: MessagesRequest, mid: str, created: int) -> Response:
     texts: list[str] = []
     final: CompletionOutput | None = None
     last: RequestOutput | None = None
-    conv = req.conversation
-    async with aclosing(stream_request(state, req.checked, conv.system, API)) as outputs:
+    async with aclosing(req.plan.stream(state)) as outputs:
         async for out in outputs:
             last = out
             for o in out.outputs:
@@ -82,14 +72,13 @@ async def _message(state: ServerState, req: MessagesRequest, mid: str, created: 
                 final = o if o.finish_reason else final
     if last is None or final is None:
         raise aborted()
-    return JSONResponse(message_body(mid, conv.model, conv.tools, "".join(texts), final, last.usage, created))
+    return JSONResponse(message_body(mid, req.model, req.plan.ask.tools, "".join(texts), final, last.usage, created))
 
 
 async def _events(state: ServerState, req: MessagesRequest, mid: str, created: int) -> AsyncGenerator[str, None]:
-    conv = req.conversation
-    events = ReplyEvents(mid, conv.model, conv.tools, created=created)
+    events = ReplyEvents(mid, req.model, req.plan.ask.tools, created=created)
     try:
-        async with aclosing(stream_request(state, req.checked, conv.system, API)) as outputs:
+        async with aclosing(req.plan.stream(state)) as outputs:
             async for out in outputs:
                 for event in events.of(out):
                     yield event

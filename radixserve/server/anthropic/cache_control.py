@@ -9,7 +9,7 @@ pin budget, and all tenants' together TOTAL_SHARE (the rest stays the operator's
 its quota, or past the budget, is served without a pin and without an error. The radix cache still
 caches every prefix, marked or not; the mark only protects it from eviction.
 
-Usage (anthropic_reply.py), as docs/pins.md and Anthropic's cache count it: the request that made
+Usage (reply.py), as docs/pins.md and Anthropic's cache count it: the request that made
 the pin reports the pin's tokens as `cache_creation_input_tokens` (written to the pinned cache for
 it, also where an unmarked request had happened to cache them before), and the rest of what the
 cache served as `cache_read_input_tokens`; every other request reports 0 created.
@@ -26,10 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 from radixserve.engine.pins import PinInfo
-from radixserve.server.anthropic_request import MessagesRequest
+from radixserve.server.anthropic.request import MessagesRequest
 from radixserve.server.pin_book import PinRecord
 from radixserve.server.pin_prefix import chat_prefix
 from radixserve.server.pin_target import PinTarget
+from radixserve.server.pipeline.ask import ChatPrompt
 from radixserve.server.state import ServerState
 from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError
@@ -74,9 +75,11 @@ async def keep_marked_system(state: ServerState, body: dict[str, Any], caller: C
     """Pin the system prompt of a request whose system blocks carry cache_control (see the module
     docstring): the pin's tokens when this request made it (0 when it was pinned before, or is not pinned)."""
     ttl = requested_ttl(body.get("system"))
-    engine, messages, chat_tools = state.require_engine(), req.conversation.messages, req.conversation.tools
+    engine, chat_tools = state.require_engine(), req.plan.ask.tools
+    assert isinstance(req.plan.ask.prompt, ChatPrompt)
+    messages = req.plan.ask.prompt.messages
     tools = chat_tools.template_tools() if chat_tools is not None else None
-    namespace = req.checked.params.cache_namespace
+    namespace = req.plan.params.cache_namespace
     if ttl is None or not messages or messages[0]["role"] != "system":
         return 0
     try:

@@ -1,8 +1,9 @@
-"""The Anthropic Messages API's request side: a /v1/messages or /v1/messages/count_tokens body into
-the chat template's messages and tools (`render_conversation`, shared by both, so count_tokens counts
-exactly the prompt a message would have) and, for a message, its sampling and the engine's check
-(`parse_messages_request`). Every field is checked before anything is tokenized; a bad one is a 400
-naming it (`messages[1].content[0].type`, `tool_choice.name`, ...).
+"""The Anthropic Messages API's request side: a /v1/messages or /v1/messages/count_tokens body read
+into an `Ask` (server/pipeline/ask.py) of the chat template's messages and tools
+(`conversation_ask`, shared by both, so count_tokens counts exactly the prompt a message would have)
+and, for a message, its sampling, planned by the one pipeline (`parse_messages_request`). Every
+field is checked before anything is tokenized; a bad one is a 400 naming it
+(`messages[1].content[0].type`, `tool_choice.name`, ...).
 
 Mapping (invariants):
 - `system` (a string or text blocks) is the leading system message; `cache_control` on a system block
@@ -14,10 +15,13 @@ Mapping (invariants):
   content: a string or text blocks; `is_error` marks the text "Error: "); an assistant turn's
   `tool_use` blocks become its `tool_calls` (`input` as JSON text, ids kept). Blocks this text-only
   server cannot read (image, document, thinking, ...) are refused, never dropped.
-- `tools` and `tool_choice` become ChatTools (anthropic_tools.py).
-- Sampling: `max_tokens` is required (as Anthropic requires); `temperature` is in [0, 1] (Anthropic's
-  range); `top_p`, `top_k`, `stop_sequences` are read by sampling_fields, and so are the extensions
-  the other endpoints take (`min_p`, `seed`, the penalties, `logit_bias`); `thinking` may only be
+- `tools` and `tool_choice` become ChatTools (tools.py).
+- Sampling: the table's fields (radixserve/sampling_fields.py) under this API's names, with the
+  other endpoints' ranges: `max_tokens` (required, as Anthropic requires), `temperature` (in [0, 2]
+  like every API here, wider than Anthropic's own [0, 1]), `top_p`, `top_k`, `stop_sequences`, and as
+  extensions every other row (`min_p`, `seed`, the penalties, `logit_bias`, `min_tokens`, `bad_words`,
+  `allowed_token_ids`, `stop_token_ids`, and `ignore_eos`: the reply then ends only at `max_tokens` or
+  a stop, its stop_reason "max_tokens" or "stop_sequence"); unknown fields are ignored; `thinking` may only be
   `{"type": "disabled"}`; `metadata` is ignored; `cache_salt` (vLLM's field, sent through the SDKs'
   `extra_body`) narrows the cached prefixes the request may hit within its tenant (callers.py).
   `output_config.format` (`{"type": "json_schema", "schema"}`) constrains the reply to the schema
@@ -27,86 +31,56 @@ Mapping (invariants):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from radixserve.chat.template import Message
-from radixserve.chat.tool_calls import ChatTools
 from radixserve.chat.tools import ToolCall
-from radixserve.engine.intake import ValidatedRequest
-from radixserve.server.anthropic_tools import tool_request
-from radixserve.server.callers import cache_salt_of, namespace_for
-from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request
-from radixserve.server.openai_tools import tool_constraint
-from radixserve.server.sampling_fields import PENALTY_KEYS, build_sampling_params, sampling_values
+from radixserve.sampling_fields import Api, SamplingFields
+from radixserve.server.anthropic.tools import tool_request
+from radixserve.server.callers import cache_salt_of
+from radixserve.server.pipeline.ask import Ask, ChatPrompt
+from radixserve.server.pipeline.plan import Plan, plan
+from radixserve.server.pipeline.sampling import read_sampling
 from radixserve.server.state import ServerState
-from radixserve.server.structured_api import compile_off_loop
 from radixserve.server.tenants import Caller
-from radixserve.server.validation import ApiError, get_bool, get_float, get_int, get_str, refuse_unsupported
+from radixserve.server.validation import ApiError, get_bool, get_str, refuse_unsupported
 from radixserve.structured import StructuredOutput
 
-# Anthropic's sampling fields, then the extensions every other endpoint takes (sampling_fields.py)
-SAMPLING = ("temperature", "top_p", "top_k", "stop_sequences", "min_p", "seed", *PENALTY_KEYS)
 UNSUPPORTED = {"mcp_servers": None, "container": None}  # features refused rather than ignored
 BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}  # the blocks each role may send
 
 
 @dataclass(frozen=True)
-class Conversation:
-    """A request's conversation as the engine sees it: template messages, tools, prompt tokens."""
-
-    model: str
-    messages: list[Message]
-    tools: ChatTools | None
-    prompt: list[int]
-    system: SystemPromptRef
-
-
-@dataclass(frozen=True)
 class MessagesRequest:
-    conversation: Conversation
-    stream: bool
-    checked: ValidatedRequest  # what the engine's intake made of it
+    model: str
+    plan: Plan
 
 
 async def parse_messages_request(state: ServerState, body: dict[str, Any], caller: Caller) -> MessagesRequest:
-    engine = state.require_engine()
-    namespace = namespace_for(caller, cache_salt_of(body), state.config)  # `cache_salt`: the SDKs' extra_body
-    max_tokens = get_int(body, "max_tokens", minimum=1)
-    if max_tokens is None:
+    sampling = read_sampling(body, Api.ANTHROPIC)
+    if sampling.max_tokens is None:
         raise ApiError("missing_field", "missing required field 'max_tokens'", param="max_tokens")
     _refuse_thinking(body.get("thinking"))
     stream = get_bool(body, "stream")
-    sampling = _sampling(body)
-    structured = _output_format(body.get("output_config"))
-    conv = await render_conversation(state, body, caller.tenant)  # the checks above first: a bad field costs no tokenizing
-    admit_prompt(state, len(conv.prompt))
-    tools = conv.tools
-    sampling.update(max_tokens=max_tokens, structured=tool_constraint(tools, structured),
-                    skip_special_tokens=not (tools is not None and tools.keeps_special_tokens))
-    params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(conv.prompt),
-                                   max_model_len=engine.max_model_len, default_max_tokens=None)
-    params.cache_namespace = namespace
-    await compile_off_loop(state, params.structured, namespace)  # a forced call's grammar: compiled off the loop
-    checked = check_request(engine, conv.prompt, params, 0)
-    return MessagesRequest(conv, stream, checked)
+    sampling = replace(sampling, structured=_output_format(body.get("output_config")))
+    model, ask = conversation_ask(state, body, caller)  # the checks above first: a bad field costs no tokenizing
+    return MessagesRequest(model, await plan(state, replace(ask, sampling=sampling, stream=stream)))
 
 
-async def render_conversation(state: ServerState, body: dict[str, Any], tenant: str) -> Conversation:
-    """`model`, `system`, `messages`, `tools`, `tool_choice` of a body, checked, and the prompt they make
-    (its system prompt counted as `tenant`'s)."""
+def conversation_ask(state: ServerState, body: dict[str, Any], caller: Caller) -> tuple[str, Ask]:
+    """`model`, `system`, `messages`, `tools`, `tool_choice` and `cache_salt` (vLLM's, the SDKs'
+    extra_body) of a body, checked, as an Ask without sampling fields (count_tokens tokenizes just
+    this, so it counts exactly the prompt a message would have)."""
     formatter, _ = state.require_chat()
+    cache_salt = cache_salt_of(body)
     model = get_str(body, "model")
     assert model is not None
     state.require_model(model)
     refuse_unsupported(body, UNSUPPORTED)
     tools = tool_request(body, formatter.tool_format)
-    messages = template_messages(body)
-    template_tools = tools.template_tools() if tools is not None else None
-    prompt, system_tokens = await state.require_prompts().chat_tokens(messages, template_tools)  # large: off the loop
-    first_system = messages[0]["content"] if messages[0]["role"] == "system" else None
-    system = SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len, tenant)
-    return Conversation(model, messages, tools, prompt, system)
+    return model, Ask(Api.ANTHROPIC, ChatPrompt(template_messages(body)), SamplingFields(), caller.tenant,
+                      cache_salt, tools)
 
 
 def _refuse_thinking(thinking: Any) -> None:
@@ -114,15 +88,6 @@ def _refuse_thinking(thinking: Any) -> None:
         return
     raise ApiError("unsupported", "extended thinking is not supported by this server; send no 'thinking' or "
                    "{\"type\": \"disabled\"}", param="thinking")
-
-
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    # Anthropic's temperature range is [0, 1], narrower than the OpenAI [0, 2] sampling_values checks
-    get_float(body, "temperature", 0.0, 1.0)
-    stops = body.get("stop_sequences")
-    if stops is not None and not isinstance(stops, list):
-        raise ApiError("invalid_field", "'stop_sequences' must be a list of strings", param="stop_sequences")
-    return sampling_values({k: body[k] for k in SAMPLING if k in body}, stop_name="stop_sequences")
 
 
 def _output_format(config: Any) -> StructuredOutput | None:

@@ -1,5 +1,5 @@
 """The Anthropic Messages API's tools: `tools` ({name, description?, input_schema}) and `tool_choice`
-as the engine's ChatTools, which the OpenAI endpoint's tool calling runs on (server/openai_tools.py:
+as the engine's ChatTools, which the OpenAI endpoint's tool calling runs on (server/openai_chat/tools.py:
 the same checks of a function, the same formats, constraints and parser).
 
 Mapping (invariants): `auto` → auto, `any` → required, `tool` → named (its `name` must be among the
@@ -15,7 +15,7 @@ from typing import Any
 
 from radixserve.chat.tool_calls import ChatTools
 from radixserve.chat.tools import ToolCallFormat, ToolChoice, ToolSpec
-from radixserve.server.openai_tools import MAX_TOOLS, function_spec, unique_tools
+from radixserve.server.openai_chat.tools import MAX_TOOLS, function_spec, unique_tools
 from radixserve.server.validation import ApiError
 
 TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}

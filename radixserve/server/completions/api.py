@@ -1,13 +1,14 @@
 """OpenAI's legacy POST /v1/completions, as vLLM serves it: a prompt (or several) continued as plain
 text, no chat template.
 
-Parsing and checks are completion_request.py's; this module runs a parsed request and shapes its
-replies. Each prompt is its own engine request, all running at once; prompt p's sample s is choice
-p × n + s (vLLM's order). A choice's `text` is the echoed prompt (with `echo`) then the generated
-text; its `logprobs` the legacy object (server/completion_logprobs.py), the echoed prompt's tokens
-first; `prompt_logprobs` (vLLM's, when asked) the prompt's. `usage` sums the prompts, each counted
-once whatever n, their drafts too (completion_tokens_details, as chat's). With max_tokens 0 (only
-with echo) the engine runs one token, which is dropped: `completion_tokens` 0, `finish_reason` "length".
+Parsing and planning are request.py's (onto the one pipeline, server/pipeline/); this module runs a
+parsed request and shapes its replies. Each prompt is its own engine request, all running at once;
+prompt p's sample s is choice p × n + s (vLLM's order). A choice's `text` is the echoed prompt (with
+`echo`) then the generated text; its `logprobs` the legacy object (server/completions/logprobs.py),
+the echoed prompt's tokens first; `prompt_logprobs` (vLLM's, when asked) the prompt's. `usage` sums
+the prompts, each counted once whatever n, their drafts too (completion_tokens_details, as chat's).
+With max_tokens 0 (only with echo) the engine runs one token, which is dropped: `completion_tokens`
+0, `finish_reason` "length".
 
 Streaming: `text_completion` chunks, one choice each; a choice's first chunk starts with its echoed
 prompt (text and logprobs); a chunk whose tokens have no text yet (held back: a partial UTF-8
@@ -36,23 +37,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from radixserve.core import CompletionOutput, RequestOutput, TokenLogprob, Usage
-from radixserve.server.admission import hold_generation
 from radixserve.server.api_errors import openai_stream_error
-from radixserve.server.auth import priority_bounds, request_key
-from radixserve.server.callers import caller_of
-from radixserve.server.completion_logprobs import (
+from radixserve.server.completions.logprobs import (
     Entry,
     LegacyLogprobs,
     generated_items,
     prompt_items,
     prompt_logprobs_body,
 )
-from radixserve.server.completion_request import CompletionRequest, Prompt, parse_completion_request
-from radixserve.server.generation import stream_request
-from radixserve.server.http_util import ClientGone, EventStream, dumps, read_json_object, sse, until_done_or_gone
-from radixserve.server.logprobs import OFFLOAD_ENTRIES, TokenTexts
-from radixserve.server.openai_api import usage_dict
-from radixserve.server.speculation_api import merged_drafts, prediction_counts
+from radixserve.server.completions.request import CompletionRequest, parse_completion_request
+from radixserve.server.http_util import EventStream, dumps, respond, sse
+from radixserve.server.openai_chat.shapes import usage_dict
+from radixserve.server.pipeline.logprobs import OFFLOAD_ENTRIES, TokenTexts
+from radixserve.server.pipeline.prediction import merged_drafts, prediction_counts
 from radixserve.server.state import ServerState
 
 
@@ -81,8 +78,8 @@ class _Run:
     @classmethod
     def of(cls, req: CompletionRequest, texts: TokenTexts) -> _Run:
         k = req.logprobs
-        choices = [_Choice(None if k is None else LegacyLogprobs(texts, k)) for _ in range(len(req.prompts) * req.n)]
-        return cls(req, texts, choices, [Usage() for _ in req.prompts], [None] * len(req.prompts))
+        choices = [_Choice(None if k is None else LegacyLogprobs(texts, k)) for _ in range(len(req.plan.prompts) * req.n)]
+        return cls(req, texts, choices, [Usage() for _ in req.plan.prompts], [None] * len(req.plan.prompts))
 
     def take(self, p: int, out: RequestOutput) -> list[tuple[int, str, list[Entry], str | None]]:
         """Record prompt p's output; (choice index, new text, new entries, finish reason) per choice it moved."""
@@ -98,9 +95,9 @@ class _Run:
             if not choice.started and (o.token_ids or o.finish_reason):
                 choice.started = True
                 if self.req.echo:
-                    prompt = self.req.prompts[p]
-                    text = prompt.text + text
-                    items = (prompt_items(prompt.tokens, self.prompt_lps[p]) if choice.logprobs is not None else []) + items
+                    text = self.req.echo_texts[p] + text
+                    items = (prompt_items(self.req.plan.prompts[p].tokens, self.prompt_lps[p])
+                             if choice.logprobs is not None else []) + items
             reason = self._finish(o.finish_reason)
             choice.text.append(text)
             choice.items.extend(items)
@@ -128,23 +125,14 @@ class _Run:
 
     def prompt_logprobs(self, p: int) -> list[Any] | None:
         k = self.req.prompt_logprobs
-        return None if k is None else prompt_logprobs_body(self.req.prompts[p].tokens, self.prompt_lps[p], k, self.texts)
+        return None if k is None else prompt_logprobs_body(self.req.plan.prompts[p].tokens, self.prompt_lps[p], k, self.texts)
 
 
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    # refusals raise here, before any response starts: a JSON error with its status, never a stream
-    body = await read_json_object(request, state.config.max_message_bytes)
-    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
-    req = await parse_completion_request(state, body, priority_bounds(request_key(request.headers), state.config),
-                                         caller_of(request))
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    if req.stream:
-        return EventStream(_stream_chunks(state, req, rid, created))
-    try:
-        return await until_done_or_gone(request.receive, _completion(state, req, rid, created))
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads it; the engine requests were aborted
+    req = await parse_completion_request(state, request)  # refusals raise here: a JSON error, never a stream
+    return await respond(request.receive, req.plan.ask.stream, lambda: EventStream(_stream_chunks(state, req)),
+                         lambda: _completion(state, req))
 
 
 async def _outputs(state: ServerState, req: CompletionRequest) -> AsyncGenerator[tuple[int, RequestOutput], None]:
@@ -152,9 +140,9 @@ async def _outputs(state: ServerState, req: CompletionRequest) -> AsyncGenerator
     error, raised here) cancels the prompts still running, which aborts their engine requests."""
     queue: asyncio.Queue[tuple[int, RequestOutput] | Exception | None] = asyncio.Queue()
 
-    async def pump(p: int, prompt: Prompt) -> None:
+    async def pump(p: int) -> None:
         try:
-            async with aclosing(stream_request(state, prompt.checked, req.system, "completions")) as outputs:
+            async with aclosing(req.plan.stream(state, p)) as outputs:
                 async for out in outputs:
                     queue.put_nowait((p, out))
         except Exception as e:  # the consumer raises it, and the others are cancelled
@@ -162,7 +150,7 @@ async def _outputs(state: ServerState, req: CompletionRequest) -> AsyncGenerator
         else:
             queue.put_nowait(None)
 
-    tasks = [asyncio.ensure_future(pump(p, prompt)) for p, prompt in enumerate(req.prompts)]
+    tasks = [asyncio.ensure_future(pump(p)) for p in range(len(req.plan.prompts))]
     try:
         running = len(tasks)
         while running:
@@ -181,7 +169,8 @@ async def _outputs(state: ServerState, req: CompletionRequest) -> AsyncGenerator
                 await task
 
 
-async def _completion(state: ServerState, req: CompletionRequest, rid: str, created: int) -> Response:
+async def _completion(state: ServerState, req: CompletionRequest) -> Response:
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     run = _Run.of(req, state.token_texts())
     async with aclosing(_outputs(state, req)) as outputs:
         async for p, out in outputs:
@@ -192,7 +181,7 @@ async def _completion(state: ServerState, req: CompletionRequest, rid: str, crea
                     "logprobs": c.logprobs.body(c.items) if c.logprobs is not None else None,
                     "finish_reason": c.finish_reason or "abort"} for i, c in enumerate(run.choices)]
         if req.prompt_logprobs is not None:  # vLLM's extension: each choice carries its prompt's
-            lists = [run.prompt_logprobs(p) for p in range(len(req.prompts))]
+            lists = [run.prompt_logprobs(p) for p in range(len(req.plan.prompts))]
             for i, choice in enumerate(choices):
                 choice["prompt_logprobs"] = lists[i // req.n]
         return dumps({"id": rid, "object": "text_completion", "created": created, "model": req.model,
@@ -200,16 +189,17 @@ async def _completion(state: ServerState, req: CompletionRequest, rid: str, crea
 
     # many logprobs make megabytes of JSON: built in a worker thread, off the event loop (as chat's)
     large = sum(len(c.items) for c in run.choices) * ((req.logprobs or 0) + 1) > OFFLOAD_ENTRIES \
-        or req.prompt_logprobs is not None and sum(len(p.tokens) for p in req.prompts) > OFFLOAD_ENTRIES
+        or req.prompt_logprobs is not None and sum(len(p.tokens) for p in req.plan.prompts) > OFFLOAD_ENTRIES
     return Response(await asyncio.to_thread(render) if large else render(), media_type="application/json")
 
 
-async def _stream_chunks(state: ServerState, req: CompletionRequest, rid: str,
-                         created: int) -> AsyncGenerator[str, None]:
+async def _stream_chunks(state: ServerState, req: CompletionRequest) -> AsyncGenerator[str, None]:
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
     def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
                                 "choices": choices}
-        if req.include_usage:
+        if req.plan.ask.include_usage:
             body["usage"] = usage
         return sse(body)
 
@@ -226,7 +216,7 @@ async def _stream_chunks(state: ServerState, req: CompletionRequest, rid: str,
         finished = True
     except Exception as e:  # the stream has started: the error is an event, then [DONE]
         yield sse(openai_stream_error(e, state.metrics))
-    if req.include_usage and finished:
+    if req.plan.ask.include_usage and finished:
         yield chunk([], run.usage_body())
     yield "data: [DONE]\n\n"
 

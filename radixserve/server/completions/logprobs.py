@@ -34,7 +34,7 @@ from typing import Any
 
 from radixserve.core import TokenLogprob
 from radixserve.sampling_params import MAX_LOGPROBS
-from radixserve.server.logprobs import TokenTexts, json_logprob
+from radixserve.server.pipeline.logprobs import TokenTexts, json_logprob
 from radixserve.server.validation import ApiError, get_int
 
 Entry = tuple[int, TokenLogprob | None]  # a token id and its logprob record (None: a prompt's first token)

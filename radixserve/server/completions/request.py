@@ -1,14 +1,15 @@
-"""A POST /v1/completions body made into a CompletionRequest: every field checked, every prompt
-tokenized, admitted and checked by the engine, all before any response starts (a refusal is a JSON
-error, never an opened stream).
+"""A POST /v1/completions body read into an `Ask` of TextPrompts and planned (server/pipeline/):
+every field checked, every prompt tokenized, admitted and checked by the engine, all before any
+response starts (a refusal is a JSON error, never an opened stream).
 
 `prompt` is a string, a list of strings, a list of token ids or a list of such lists (at most
 MAX_PROMPTS prompts); each runs as its own engine request with the same sampling parameters. Fields
 read: `model` (the served one, else 404), `max_tokens` (default 16, OpenAI's and vLLM's for this
 endpoint; 0 only with `echo`), `n` (best_of only equal to it), `stream`, `stream_options`, `echo`,
 `logprobs` (0..5, OpenAI's limit for the legacy field), vLLM's `prompt_logprobs` (0..20, not with
-stream), `priority`, `ignore_eos`, `skip_special_tokens`, every sampling field of sampling_fields.py,
-the structured-output fields of structured_api.py, and `prediction` (speculation_api.py: OpenAI's
+stream), `priority`, `skip_special_tokens`, every sampling field of the table (radixserve/sampling_fields.py:
+`ignore_eos`, `min_tokens`, `bad_words`, `stop_token_ids`, `allowed_token_ids` among them),
+the structured-output fields of pipeline/structured.py, and `prediction` (pipeline/prediction.py: OpenAI's
 chat shape; every prompt drafts from the same prediction). `user` and other unknown fields are ignored;
 UNSUPPORTED fields asking for something this server cannot do are a 400 naming them.
 
@@ -21,19 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from starlette.requests import Request
+
 from radixserve.engine.client import EngineClient
-from radixserve.engine.intake import ValidatedRequest
-from radixserve.sampling_params import SamplingParams
-from radixserve.server.callers import cache_salt_of, namespace_for
-from radixserve.server.completion_logprobs import prompt_logprobs_field
-from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request
-from radixserve.server.logprobs import cap_logprob_entries, entries
-from radixserve.server.openai_api import stream_include_usage
-from radixserve.server.sampling_fields import build_sampling_params, sampling_values
-from radixserve.server.speculation_api import tokenize_prediction, with_prediction
+from radixserve.sampling_fields import Api
+from radixserve.server.auth import priority_bounds, request_key
+from radixserve.server.callers import cache_salt_of, caller_of
+from radixserve.server.completions.logprobs import prompt_logprobs_field
+from radixserve.server.http_util import generation_body
+from radixserve.server.openai_chat.shapes import stream_include_usage
+from radixserve.server.pipeline.ask import Ask, LogprobBudget, TextPrompts
+from radixserve.server.pipeline.plan import Plan, plan
+from radixserve.server.pipeline.prediction import with_prediction
+from radixserve.server.pipeline.sampling import read_sampling
+from radixserve.server.pipeline.structured import structured_output
 from radixserve.server.state import ServerState
-from radixserve.server.structured_api import compile_off_loop, structured_output
-from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, is_int, refuse_unsupported
 
 LEGACY_MAX_LOGPROBS = 5  # OpenAI's bound on the legacy `logprobs` (vLLM allows 20: prompt_logprobs does here)
@@ -41,32 +44,25 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for this endpoint (clampe
 MAX_PROMPTS = 64  # prompts in one request: each is an engine request
 # vLLM's extras this server cannot honour, each with the value that asks for nothing (accepted); another is a 400
 UNSUPPORTED: dict[str, Any] = {
-    "suffix": "", "min_tokens": 0, "use_beam_search": False, "include_stop_str_in_output": False,
-    "stop_token_ids": [], "bad_words": [], "allowed_token_ids": None, "truncate_prompt_tokens": None,
+    "suffix": "", "use_beam_search": False, "include_stop_str_in_output": False, "truncate_prompt_tokens": None,
     "logits_processors": None, "prompt_embeds": None, "return_tokens_as_token_ids": False,
 }
 _SHAPE = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 
 
 @dataclass
-class Prompt:
-    tokens: list[int]
-    text: str  # what `echo` shows: the string as sent, or the token ids decoded ("" without echo)
-    checked: ValidatedRequest  # what the engine's intake made of it
-
-
-@dataclass
 class CompletionRequest:
     model: str
-    prompts: list[Prompt]
-    n: int  # choices per prompt
-    stream: bool
-    include_usage: bool
+    plan: Plan  # one planned prompt per prompt of `prompt`, all with the same sampling
     echo: bool
+    echo_texts: list[str]  # per prompt, what `echo` shows: the string as sent, or the ids decoded ("" without echo)
     echo_only: bool  # max_tokens 0: the engine runs one token, which the reply leaves out
     logprobs: int | None  # the legacy field's k; None: not asked
     prompt_logprobs: int | None  # vLLM's field as asked (an echo with logprobs asks the engine, not this)
-    system: SystemPromptRef  # none (a plain-text prompt has no system prompt), counted as the caller's tenant's
+
+    @property
+    def n(self) -> int:
+        return self.plan.ask.n
 
 
 def parse_prompts(value: Any) -> list[str | list[int]]:
@@ -92,81 +88,45 @@ def parse_prompts(value: Any) -> list[str | list[int]]:
     return items
 
 
-async def parse_completion_request(state: ServerState, body: dict[str, Any], priority_bounds: tuple[int, int],
-                                   caller: Caller) -> CompletionRequest:
-    engine = state.require_engine()
+async def parse_completion_request(state: ServerState, request: Request) -> CompletionRequest:
+    body = await generation_body(request)  # with its generation slot, before any tokenizing
+    caller = caller_of(request)
     model = get_str(body, "model")
     assert model is not None
     state.require_model(model)
     refuse_unsupported(body, UNSUPPORTED)
-    namespace = namespace_for(caller, cache_salt_of(body), state.config)  # the caller's tenant, its cache_salt
-    stream = get_bool(body, "stream")
-    include_usage = stream_include_usage(body, stream)
-    echo = get_bool(body, "echo")
+    stream, echo = get_bool(body, "stream"), get_bool(body, "echo")
     n = get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1
     best_of = get_int(body, "best_of", minimum=1)
     if best_of is not None and best_of != n:
         raise ApiError("unsupported", f"'best_of' must equal 'n' ({n}) when given: every sample generated is "
                        "returned", param="best_of")
-    max_tokens = get_int(body, "max_tokens", minimum=0)
-    if max_tokens == 0 and not echo:
+    # 0 only with echo: the prompt alone (the engine still runs one token, which the reply drops)
+    echo_only = body.get("max_tokens") == 0 and is_int(body["max_tokens"])
+    if echo_only and not echo:
         raise ApiError("invalid_field", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone)",
                        param="max_tokens")
     top = get_int(body, "logprobs", minimum=0, maximum=LEGACY_MAX_LOGPROBS)
     prompt_top = prompt_logprobs_field(body, stream)
     echo_top = top if echo else None  # an echoed prompt's tokens get the legacy logprobs too
     asked = [k for k in (echo_top, prompt_top) if k is not None]
-    sampling = with_prediction({**sampling_values(body), "logprobs": top, "structured": structured_output(body),
-                                "prompt_logprobs": max(asked) if asked else None,
-                                "skip_special_tokens": get_bool(body, "skip_special_tokens", True)}, body)
-    if max_tokens is not None:
-        sampling["max_tokens"] = max(max_tokens, 1)  # 0: the engine needs one; the reply drops it
-    ignore_eos, priority = get_bool(body, "ignore_eos"), get_priority(body, priority_bounds)
-    raw = parse_prompts(body.get("prompt"))
-    tokens = [await _tokens(state, engine, item) for item in raw]
-    for t in tokens:
-        admit_prompt(state, len(t))
-    sampling = await tokenize_prediction(state, sampling)  # once, for every prompt
-    # bounded before anything runs: each choice repeats its prompt's lists, then its generated tokens'
-    prompt_len = sum(len(t) for t in tokens)
-    cap_logprob_entries(n * len(tokens), max_tokens or DEFAULT_MAX_TOKENS, None if max_tokens == 0 else top,
-                        state.config.max_logprob_entries, spent=n * (entries(prompt_len, echo_top)
-                                                                      + entries(prompt_len, prompt_top)),
-                        param="logprobs", prompt_param="logprobs" if prompt_top is None else "prompt_logprobs")
-    await compile_off_loop(state, sampling["structured"], namespace)  # the checks below then find it compiled
-    prompts = []
-    for i, (item, t) in enumerate(zip(raw, tokens)):
-        params = build_sampling_params({k: v for k, v in sampling.items() if v is not None}, prompt_len=len(t),
-                                       max_model_len=engine.max_model_len, default_max_tokens=DEFAULT_MAX_TOKENS,
-                                       n=n)
-        params = replace(params, ignore_eos=ignore_eos, cache_namespace=namespace)
-        checked = _check(engine, t, params, priority, i if len(tokens) > 1 else None)
-        text = "" if not echo else item if isinstance(item, str) else _decode(engine, t)
-        prompts.append(Prompt(t, text, checked))
-    return CompletionRequest(model, prompts, n, stream, include_usage, echo, max_tokens == 0, top, prompt_top,
-                             SystemPromptRef.none(caller.tenant))
-
-
-async def _tokens(state: ServerState, engine: EngineClient, item: str | list[int]) -> list[int]:
-    if not isinstance(item, str):
-        return item
-    if engine.tokenizer is None:
-        raise ApiError("unsupported", "this model has no tokenizer: send the prompt as token ids", param="prompt")
-    return await state.require_prompts().encode(item)  # a long one off the event loop
-
-
-def _check(engine: EngineClient, tokens: list[int], params: SamplingParams, priority: int,
-           index: int | None) -> ValidatedRequest:
-    """The engine's check of one prompt. A refusal that names no field (a FieldError does: a logit_bias
-    id past the vocabulary) is of the prompt, so it names `prompt` (and which one, of several)."""
-    try:
-        return check_request(engine, tokens, params, priority)
-    except ApiError as e:
-        if e.param is None:
-            e.param = "prompt"
-            if index is not None:
-                e.message = f"prompt[{index}]: {e.message}"
-        raise
+    sampling = with_prediction(replace(
+        read_sampling({**body, "max_tokens": 1} if echo_only else body, Api.COMPLETIONS), logprobs=top,
+        structured=structured_output(body), prompt_logprobs=max(asked) if asked else None,
+        skip_special_tokens=get_bool(body, "skip_special_tokens", True)), body)
+    # each choice repeats its prompt's lists (echoed, vLLM's), then its generated tokens'
+    budget = LogprobBudget(None if echo_only else top, (echo_top, prompt_top), per_choice=True, param="logprobs",
+                           prompt_param="logprobs" if prompt_top is None else "prompt_logprobs")
+    items = parse_prompts(body.get("prompt"))
+    priority = get_priority(body, priority_bounds(request_key(request.headers), state.config))
+    ask = Ask(Api.COMPLETIONS, TextPrompts(items), sampling, caller.tenant, cache_salt_of(body), n=n, priority=priority,
+              logprobs=budget, default_max_tokens=DEFAULT_MAX_TOKENS, stream=stream,
+              include_usage=stream_include_usage(body, stream), refusal_param="prompt")
+    planned = await plan(state, ask)
+    engine = state.require_engine()
+    echo_texts = [("" if not echo else item if isinstance(item, str) else _decode(engine, p.tokens))
+                  for item, p in zip(items, planned.prompts)]
+    return CompletionRequest(model, planned, echo, echo_texts, echo_only, top, prompt_top)
 
 
 def _decode(engine: EngineClient, tokens: list[int]) -> str:

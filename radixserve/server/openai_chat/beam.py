@@ -7,11 +7,13 @@ that power; `max_tokens` / `max_completion_tokens` as usual. The search equals t
 `generate(num_beams=beam_width, do_sample=False, early_stopping=True)` (engine/beam_search.py).
 
 Beam search is deterministic and whole-sequence, so what cannot apply is refused with a 400 rather
-than ignored: `temperature` > 0, `top_p` < 1, `top_k` > 0, `min_p` > 0, `logprobs`, `stop` strings,
-and `stream` (the beams are only known at the end, as with vLLM, which does not stream them either);
-so are penalties and `logit_bias` other than neutral (beams are scored by the model's raw
-log-probabilities, which a penalty would have to rewrite for every beam).
-`seed` is accepted and has no effect. Nothing here touches the engine except through the driver.
+than ignored: the sampling fields the table (radixserve/sampling_fields.py) marks as excluded by
+beam search, at any value but their neutral one (`temperature` > 0, `top_p` < 1, `top_k` > 0,
+`min_p` > 0, `stop` strings, penalties and `logit_bias`, which would rewrite the raw log-probabilities
+beams are ranked by, and the token masks `min_tokens`, `bad_words`, `allowed_token_ids`), and
+`logprobs` and `stream` (the beams are only known at the end, as with vLLM, which does not stream
+them either). `ignore_eos` and `stop_token_ids` end beams as they end samples; `seed` is accepted
+and has no effect. Nothing here touches the engine except through the driver.
 """
 
 from __future__ import annotations
@@ -22,18 +24,16 @@ from typing import Any
 
 from radixserve.core import Placement
 from radixserve.engine.beam_search import MAX_BEAM_WIDTH, BeamSearchOutput, BeamSearchParams
-from radixserve.server.generation import SystemPromptRef, api_error_from, record_system_prompt
+from radixserve.sampling_fields import Api, Feature, SamplingFields
+from radixserve.sampling_params import SamplingParams
+from radixserve.server.pipeline.sampling import refuse_with
+from radixserve.server.pipeline.stream import SystemPromptRef, api_error_from, record_system_prompt
 from radixserve.server.replica_header import note_replica
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, get_bool, get_float, get_int
 
 MAX_LENGTH_PENALTY = 10.0
-# sampling fields and their neutral values: set to anything else, they are refused with beam search
-_NOT_WITH_BEAMS = (("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
 _CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
-# penalties and logit_bias with their neutral values: beams are ranked by the model's own log-probabilities
-_PENALTIES: tuple[tuple[str, object], ...] = (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                                              ("repetition_penalty", 1.0), ("logit_bias", {}))
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,17 @@ class BeamAsk:
     beam_width: int
     length_penalty: float
 
-    def params(self, max_tokens: int, cache_namespace: str) -> BeamSearchParams:
-        """`cache_namespace`: the request's (every step's requests read and write it)."""
-        return BeamSearchParams(beam_width=self.beam_width, max_tokens=max_tokens, length_penalty=self.length_penalty,
-                                cache_namespace=cache_namespace)
+    def params(self, sampling: SamplingParams, cache_namespace: str) -> BeamSearchParams:
+        """`sampling`: the request's (its max_tokens and what ends a beam); `cache_namespace`: the
+        request's (every step's requests read and write it)."""
+        return BeamSearchParams(beam_width=self.beam_width, max_tokens=sampling.max_tokens,
+                                length_penalty=self.length_penalty, ignore_eos=sampling.ignore_eos,
+                                stop_token_ids=list(sampling.stop_token_ids), cache_namespace=cache_namespace)
 
 
-def beam_fields(body: dict[str, Any]) -> BeamAsk | None:
-    """The beam-search fields of a chat completion body; None unless `use_beam_search` is true."""
+def beam_fields(body: dict[str, Any], sampling: SamplingFields) -> BeamAsk | None:
+    """The beam-search fields of a chat completion body (`sampling`: its sampling fields, read);
+    None unless `use_beam_search` is true."""
     if not get_bool(body, "use_beam_search"):
         for name in ("beam_width", "length_penalty"):
             if body.get(name) is not None:
@@ -62,19 +65,10 @@ def beam_fields(body: dict[str, Any]) -> BeamAsk | None:
     elif n > width:
         raise ApiError("invalid_field", f"'n' ({n}) must not exceed 'beam_width' ({width})", param="n")
     penalty = get_float(body, "length_penalty", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
-    for name, neutral in _NOT_WITH_BEAMS:
-        value = body.get(name)
-        if value is not None and value != neutral:
-            raise ApiError("invalid_field", f"beam search is deterministic: {name!r} must be {neutral} or absent "
-                           f"with 'use_beam_search', got {value!r}", param=name)
-    for name in ("logprobs", "stop", "stream", "tools", *_CONSTRAINTS):
+    refuse_with(Feature.BEAM_SEARCH, sampling, Api.CHAT)
+    for name in ("logprobs", "stream", "tools", *_CONSTRAINTS):
         if body.get(name):
             raise ApiError("invalid_field", f"{name!r} is not supported with 'use_beam_search'", param=name)
-    for name, off in _PENALTIES:
-        value = body.get(name)
-        if value is not None and value != off:
-            raise ApiError("invalid_field", f"{name!r} is not supported with 'use_beam_search' (beams are ranked by "
-                           f"the model's own log-probabilities), got {value!r}", param=name)
     if body.get("prompt_logprobs") is not None:  # the search's steps are requests of their own
         raise ApiError("invalid_field", "'prompt_logprobs' is not supported with 'use_beam_search'",
                        param="prompt_logprobs")

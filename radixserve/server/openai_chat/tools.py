@@ -1,6 +1,6 @@
 """OpenAI tool calling on the server: the request's `tools`, `tool_choice`, `parallel_tool_calls`
 and tool history messages in; `message.tool_calls` and streamed `delta.tool_calls` fragments out.
-The chat endpoint (openai_api.py), sessions (turns.py) and the WebSocket/REST frames share it.
+The chat endpoint (api.py), sessions (sessions/turns.py) and the WebSocket/REST frames share it.
 
 Owns the API shape only. What a call looks like in text (Hermes `<tool_call>`, Llama JSON, Mistral
 `[TOOL_CALLS]`), how it is parsed and constrained is the model's tool-call format
@@ -43,7 +43,6 @@ from radixserve.chat.tools import (
 )
 from radixserve.core import CompletionOutput
 from radixserve.server.validation import ApiError, get_bool
-from radixserve.structured import StructuredOutput
 
 NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's function names, and MCP's namespaced ones
 MAX_TOOLS = 128  # OpenAI's own cap on `tools`
@@ -58,19 +57,6 @@ def server_format(tokenizer: Any, override: str | None, open_objects: bool = Fal
     schemas have them (--open-json-objects)."""
     template = getattr(tokenizer, "chat_template", None)
     return tool_format(template if isinstance(template, str) else None, override, tokenizer, open_objects)
-
-
-def tool_constraint(tools: ChatTools | None, structured: StructuredOutput | None,
-                    param: str = "tool_choice") -> StructuredOutput | None:
-    """The request's output constraint with its tool choice's added: `structured` when the choice asks
-    none; both asking one is a 400 (they would contradict each other)."""
-    c = tools.constraint() if tools is not None else None
-    if tools is None or c is None:
-        return structured
-    if structured is not None:
-        raise ApiError("invalid_field", f"{structured.field!r} cannot be combined with a {tools.choice.mode!r} "
-                       "tool_choice or strict tools: both constrain the reply", param=param)
-    return c
 
 
 # -- request side ----------------------------------------------------------------------------

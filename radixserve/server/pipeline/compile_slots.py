@@ -4,7 +4,7 @@ slow grammars queue behind each other, never in front of another client's.
 
 Owns `CompileSlots` (the compiles in flight per client address) and `CLIENT`, the address of the
 connection a request came on, set by the API middleware (app.ApiKeyMiddleware) for every HTTP request
-and WebSocket, so each API's compile (structured_api.compile_off_loop) finds its client without being
+and WebSocket, so each API's compile (structured.compile_off_loop) finds its client without being
 handed it.
 
 Invariants: a client over its slots gets 429 `rate_limited` with `retry_after`, before any work; a

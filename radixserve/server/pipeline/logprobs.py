@@ -17,7 +17,7 @@ this module turns them into the OpenAI shape {"content": [{"token", "logprob", "
 A body holds n × completion tokens × (top_logprobs + 1) entries of about 80 bytes of JSON each, so a
 request's logprobs are bounded before it runs (`cap_logprob_entries`, --max-logprob-entries): one
 small request must not make the server build hundreds of megabytes; prompt logprobs (vLLM's
-`prompt_logprobs`, an echoed prompt's: server/completion_logprobs.py) count too, prompt tokens × (k + 1)
+`prompt_logprobs`, an echoed prompt's: server/completions/logprobs.py) count too, prompt tokens × (k + 1)
 per list the body carries. Bodies over OFFLOAD_ENTRIES are built off the event loop by the caller
 (`entries` counts them).
 """

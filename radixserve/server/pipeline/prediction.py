@@ -23,9 +23,11 @@ WebSocket `done` frames, session replies and the Responses API carry it too.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from radixserve.core import DRAFT_SOURCES, DraftCounts, Usage
+from radixserve.sampling_fields import SamplingFields
 from radixserve.sampling_params import MAX_PREDICTION_LENGTH
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError
@@ -70,17 +72,17 @@ def _content(content: Any) -> str:
     return "".join(texts)
 
 
-def with_prediction(sampling: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    """A sampling dict plus `body`'s prediction text under "prediction" (tokenized later by
-    `tokenize_prediction`); unchanged when the body sends none."""
+def with_prediction(sampling: SamplingFields, body: dict[str, Any]) -> SamplingFields:
+    """`sampling` plus `body`'s prediction text (tokenized later by `tokenize_prediction`); unchanged
+    when the body sends none."""
     text = prediction_text(body)
-    return sampling if text is None else {**sampling, FIELD: text}
+    return sampling if text is None else replace(sampling, prediction=text)
 
 
-async def tokenize_prediction(state: ServerState, sampling: dict[str, Any]) -> dict[str, Any]:
+async def tokenize_prediction(state: ServerState, sampling: SamplingFields) -> SamplingFields:
     """`sampling` with its prediction text made token ids (what build_sampling_params passes on);
     refused when it has more tokens than the model's context."""
-    text = sampling.get(FIELD)
+    text = sampling.prediction
     if not isinstance(text, str):
         return sampling
     engine = state.require_engine()
@@ -91,7 +93,7 @@ async def tokenize_prediction(state: ServerState, sampling: dict[str, Any]) -> d
     if len(ids) > engine.max_model_len:
         raise ApiError("invalid_field", f"'{FIELD}' is {len(ids)} tokens, longer than the model's context of "
                        f"{engine.max_model_len} tokens (no reply can be that long)", param=FIELD)
-    return {**sampling, FIELD: ids or None}
+    return replace(sampling, prediction=ids or None)
 
 
 def speculation_json(drafts: DraftCounts | None) -> dict[str, Any]:

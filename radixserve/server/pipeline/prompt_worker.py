@@ -50,7 +50,7 @@ INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokeniz
 GENERATION, BACKGROUND = 0, 1  # a job's rank in the queue: lower goes first
 T = TypeVar("T")
 # the rank of the work the current task submits; a context variable so that code shared by a
-# generation and by count_tokens (anthropic_request.render_conversation) need not pass it along
+# generation and by count_tokens (plan.tokenize) need not pass it along
 _RANK: ContextVar[int] = ContextVar("radixserve_prompt_rank", default=GENERATION)
 
 
@@ -140,7 +140,7 @@ class PromptWorker:
         return await self._off_loop(tokenize, self._own.tokenizer, text)
 
     async def encode_prediction(self, text: str) -> list[int]:
-        """A prediction's token ids (speculation_api.py): the text alone, no special tokens added and
+        """A prediction's token ids (prediction.py): the text alone, no special tokens added and
         special-token text split as plain text, as the engine's intake tokenizes a text prediction."""
         if self.closed or len(text) <= INLINE_CHARS:
             return prediction_ids(self.formatter.tokenizer, text)

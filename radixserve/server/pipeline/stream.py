@@ -1,13 +1,13 @@
-"""One engine request as the server runs it: the engine's check, request-id bookkeeping, error
-mapping and metrics.
+"""The pipeline's last step: a request the engine checked (plan.py), streamed from the engine, with
+request-id bookkeeping, error mapping and metrics.
 
-A request is checked once, by the engine's intake (`check_request`, before any response starts, so
-a refusal is a plain error response and never an opened stream); the server's own checks are of its
+A request is checked once, by the engine's intake (in plan.admit, before any response starts, so a
+refusal is a plain error response and never an opened stream); the server's own checks are of its
 API's fields and limits, never the engine's again. Every generation the server starts then goes
 through `stream_request` with what that check returned, so (a) engine errors become ApiErrors,
 (b) the request is always closed — a consumer that stops iterating aborts it and the engine frees its
 blocks — and (c) latency histograms and the per-system-prompt counters are recorded exactly once per
-request.
+request, under the API's metrics label (`METRIC_LABELS`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, cast
 
 from radixserve.chat.template import token_hash
 from radixserve.core import Placement, RequestOutput, Usage
-from radixserve.engine.client import EngineClient
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.errors import BusyError, EngineStoppedError, RequestError, RequestFailedError
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_fields import Api
 from radixserve.server.replica_header import note_replica
 from radixserve.server.system_prompts import NONE_KEY
 from radixserve.server.validation import ApiError
@@ -33,6 +32,9 @@ if TYPE_CHECKING:
     from radixserve.server.state import ServerState
 
 log = logging.getLogger("radixserve.server")
+# the `api` label of the server's request metrics, per API (the dashboards' names, older than Api's)
+METRIC_LABELS = {Api.CHAT: "openai", Api.COMPLETIONS: "completions", Api.RESPONSES: "responses",
+                 Api.ANTHROPIC: "anthropic", Api.SESSION: "session"}
 PREVIEW_CHARS = 80
 
 
@@ -79,32 +81,15 @@ def api_error_from(exc: BaseException) -> ApiError:
     return ApiError("internal", f"internal error; see the server log (request id {error_id})", 500)
 
 
-def admit_prompt(state: ServerState, prompt_len: int) -> None:
-    """Refusals that must come before any response starts (so streams never open for them)."""
-    limit = state.config.max_prompt_tokens
-    if limit is not None and prompt_len > limit:
-        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens exceeds the server's limit of "
-                       f"{limit} prompt tokens (--max-prompt-tokens)")
-    refuse_if_draining(state)
-
-
 def refuse_if_draining(state: ServerState) -> None:
     if state.draining:
         raise ApiError("unavailable", "the server is shutting down", 503)
 
 
-def check_request(engine: EngineClient, prompt: list[int], params: SamplingParams, priority: int) -> ValidatedRequest:
-    """The engine's one check of a request (engine/intake.py), its refusal as the API's error."""
-    try:
-        return engine.intake.check(prompt, params, priority)
-    except RequestError as e:
-        raise api_error_from(e) from None
-
-
 async def stream_request(state: ServerState, request: ValidatedRequest, system: SystemPromptRef, api: str,
                          request_id: str | None = None, cancelled: Callable[[], bool] | None = None,
                          affinity: str | None = None) -> AsyncGenerator[RequestOutput, None]:
-    """Yield the engine's incremental outputs for one request `check_request` accepted; raises
+    """Yield the engine's incremental outputs for one request the engine's check accepted (plan.admit); raises
     ApiError for refused requests. `cancelled`: see AsyncEngine.generate_validated (a cancel that came
     before the request reached the engine); `affinity`: a key (the chat session's id) whose requests a
     multi-replica engine keeps on one replica."""

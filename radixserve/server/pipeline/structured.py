@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import RequestError
-from radixserve.server.compile_slots import CLIENT
-from radixserve.server.generation import api_error_from
+from radixserve.sampling_fields import SamplingFields
+from radixserve.server.pipeline.compile_slots import CLIENT
+from radixserve.server.pipeline.stream import api_error_from
 from radixserve.server.validation import ApiError, parse_json_text
 from radixserve.structured import StructuredOutput
 
@@ -56,11 +58,11 @@ def structured_output(body: dict[str, Any]) -> StructuredOutput | None:
     return asked[0][1] if asked else None
 
 
-def with_structured(sampling: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    """A WebSocket/REST turn's sampling dict plus the body's constraint under "structured" (read by
-    validation.build_sampling_params); unchanged when the body asks for none."""
+def with_structured(sampling: SamplingFields, body: dict[str, Any]) -> SamplingFields:
+    """A WebSocket/REST turn's sampling plus the body's constraint (read by
+    sampling_fields.build_sampling_params); unchanged when the body asks for none."""
     structured = structured_output(body)
-    return sampling if structured is None else {**sampling, "structured": structured}
+    return sampling if structured is None else replace(sampling, structured=structured)
 
 
 async def compile_off_loop(state: ServerState, structured: StructuredOutput | None, namespace: str) -> None:

@@ -1,14 +1,15 @@
 """OpenAI's Responses API: POST /v1/responses (streaming and not), GET and DELETE /v1/responses/{id}.
 
-A request is read by responses_input, its prompt built from the conversation it continues and its
-response kept by responses_store (the exact-token and ownership rules are there), its bodies and
-events made by responses_events. The guards are the chat endpoint's, in the same order: the API key
-(middleware), a generation slot (`hold_generation`) before any tokenizing, `admit_prompt`, the
-engine's one check of the request, then, for a response to keep, one creation charged to the client
-address (rate_limit.py, as a session create is: owner secrets are free to mint, and each stored
-response takes a place in the store that sessions compete for) and its room in the store — every
-refusal a JSON error before any response starts. A client that disconnects, streaming or not, aborts the
-engine request, and the response is not kept.
+A request is read by input.py, its prompt built from the conversation it continues and its response
+kept by store.py (the exact-token and ownership rules are there), its bodies and events made by
+events.py; the prompt is planned by the one pipeline (server/pipeline/). The guards are the chat
+endpoint's, in the same order: the API key (middleware), a generation slot (`hold_generation`)
+before any tokenizing, the prompt limit (`plan.admit_prompt`), the engine's one check of the
+request, then, for a response to keep, one creation charged to the client address (rate_limit.py, as
+a session create is: owner secrets are free to mint, and each stored response takes a place in the
+store that sessions compete for) and its room in the store — every refusal a JSON error before any
+response starts. A client that disconnects, streaming or not, aborts the engine request, and the
+response is not kept.
 
 Invariant: a ResponseRun settles exactly once — its reply stored (completed / incomplete) or its
 entry removed (failed, aborted, or never started because the client left first) — so no stored
@@ -29,15 +30,16 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from radixserve.core import RequestOutput
-from radixserve.engine.intake import ValidatedRequest
-from radixserve.server.admission import client_of, hold_generation
+from radixserve.sampling_fields import Api
+from radixserve.server.admission import client_of
 from radixserve.server.auth import priority_bounds, request_key
-from radixserve.server.callers import caller_of, namespace_for
-from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
-from radixserve.server.http_util import ClientGone, EventStream, read_json_object, until_done_or_gone
-from radixserve.server.responses_events import ResponseHead, response_events
-from radixserve.server.responses_input import ResponsesAsk, parse_ask
-from radixserve.server.responses_store import (
+from radixserve.server.callers import caller_of
+from radixserve.server.http_util import EventStream, generation_body, reply_unless_gone
+from radixserve.server.pipeline.ask import Ask, TokenPrompt
+from radixserve.server.pipeline.plan import Plan, plan
+from radixserve.server.responses.events import ResponseHead, response_events
+from radixserve.server.responses.input import ResponsesAsk, parse_ask
+from radixserve.server.responses.store import (
     Prompt,
     StoredResponse,
     build_prompt,
@@ -48,7 +50,6 @@ from radixserve.server.responses_store import (
     previous_response,
     response_owner,
 )
-from radixserve.server.sampling_fields import build_sampling_params
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError
 
@@ -60,8 +61,7 @@ class ResponseRun:
     state: ServerState
     head: ResponseHead
     prompt: Prompt
-    request: ValidatedRequest
-    system: SystemPromptRef
+    plan: Plan  # its one prompt, checked by the engine
     entry: StoredResponse | None  # None with store: false
     generated: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -73,8 +73,7 @@ class ResponseRun:
     async def deltas(self) -> AsyncGenerator[str, None]:
         """The reply's text as the engine hands it out; the run is settled when this ends, however."""
         try:
-            async with aclosing(stream_request(self.state, self.request, self.system, "responses",
-                                               self.head.id)) as outputs:
+            async with aclosing(self.plan.stream(self.state, request_id=self.head.id)) as outputs:
                 async for out in outputs:
                     self.last = out
                     for o in out.outputs[:1]:
@@ -96,7 +95,7 @@ class ResponseRun:
         self.body = self.head.body("incomplete" if self.finish == "length" else "completed", text, self.last.usage)
         if self.entry is not None:  # should this fail, the run is still unsettled: the entry goes
             formatter, store = self.state.require_chat()
-            end_ids = tuple(self.state.require_engine().eos_token_ids) + tuple(self.request.params.stop_token_ids)
+            end_ids = tuple(self.state.require_engine().eos_token_ids) + tuple(self.plan.params.stop_token_ids)
             close_entry(store, formatter, self.entry, self.prompt, self.generated, end_ids, text, self.finish,
                         self.body)
         self.settled = True
@@ -115,30 +114,21 @@ class ResponseRun:
 
 async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> ResponseRun:
     """The checked generation and, to keep, its entry in the store; refusals raise before anything starts."""
-    formatter, store = state.require_chat()
-    engine = state.require_engine()
+    _, store = state.require_chat()
     caller = caller_of(request)
     owner = response_owner(request.headers, caller)
     previous = previous_response(store, ask, owner)
     prompt = await build_prompt(state, ask, previous)  # long histories are tokenized off the event loop
-    tokens = prompt.tokens()
-    admit_prompt(state, len(tokens))
-    try:
-        params = build_sampling_params(ask.sampling, prompt_len=len(tokens), max_model_len=engine.max_model_len,
-                                       default_max_tokens=None)
-    except ApiError as e:
-        e.param = "max_output_tokens" if e.param == "max_tokens" else e.param  # this API's name for it
-        raise
-    params.cache_namespace = namespace_for(caller, ask.cache_salt, state.config)
-    checked = check_request(engine, tokens, params, ask.priority)
+    planned = await plan(state, Ask(Api.RESPONSES, TokenPrompt(prompt.tokens(), prompt.head[:prompt.system_len],
+                                                               ask.instructions),
+                                    ask.sampling, caller.tenant, ask.cache_salt, priority=ask.priority))
+    params = planned.params
     head = ResponseHead(new_id("resp"), new_id("msg"), int(time.time()), ask, params.temperature, params.top_p)
-    system = SystemPromptRef.of(prompt.head[:prompt.system_len], ask.instructions, formatter.implicit_prefix_len,
-                                caller.tenant)
     entry = None
     if ask.store:
         state.limit_creation(client_of(request))  # after every check: a refused body costs no allowance
         entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant)
-    return ResponseRun(state, head, prompt, checked, system, entry)
+    return ResponseRun(state, head, prompt, planned, entry)
 
 
 class _ResponseStream(EventStream):
@@ -157,17 +147,14 @@ class _ResponseStream(EventStream):
 
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body = await read_json_object(request, state.config.max_message_bytes)
-    hold_generation(request, state.generations, state.config)  # 429/503 over a cap, before tokenizing
+    body = await generation_body(request)
     state.require_chat()
     ask = parse_ask(body, state, priority_bounds(request_key(request.headers), state.config))
     run = await prepare(state, request, ask)
     if ask.stream:
         return _ResponseStream(run)
     try:
-        return await until_done_or_gone(request.receive, _whole(run))
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads it; the engine request was aborted
+        return await reply_unless_gone(request.receive, _whole(run))
     finally:
         run.settle()
 
@@ -189,7 +176,7 @@ async def response_item(request: Request) -> Response:
                                                                                      caller_of(request)))
     if request.method == "GET":
         return JSONResponse(found.body)
-    store.remove(found)  # a generation in flight still answers its client, unkept (responses_store.py)
+    store.remove(found)  # a generation in flight still answers its client, unkept (store.py)
     return JSONResponse({"id": found.id, "object": "response", "deleted": True})
 
 

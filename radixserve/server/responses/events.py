@@ -29,8 +29,8 @@ from radixserve.core import Usage
 from radixserve.server.api_errors import report_error
 from radixserve.server.http_util import sse
 from radixserve.server.metrics import ServerMetrics
-from radixserve.server.responses_input import ResponsesAsk
-from radixserve.server.speculation_api import speculation_json
+from radixserve.server.pipeline.prediction import speculation_json
+from radixserve.server.responses.input import ResponsesAsk
 from radixserve.server.validation import ApiError
 
 
@@ -74,7 +74,7 @@ class ResponseHead:
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "background": False, "error": _failure(error) if error is not None else None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": a.instructions, "max_output_tokens": a.sampling.get("max_tokens"),
+            "instructions": a.instructions, "max_output_tokens": a.sampling.max_tokens,
             "metadata": a.metadata, "model": a.model,
             "output": [] if text is None else [self.item("incomplete" if incomplete else "completed", text)],
             "parallel_tool_calls": a.parallel_tool_calls, "previous_response_id": a.previous_id,

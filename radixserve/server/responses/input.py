@@ -4,9 +4,11 @@ Owns the Responses API's request fields. `input` is a string (one user message) 
 of message items, `{"role", "content"}` with or without `"type": "message"`, whose content is a
 string or a list of `input_text` / `output_text` parts (an assistant item the client sends back as
 history carries `output_text`); roles as the chat endpoint takes them (`developer` is a system
-message). `instructions` is this request's system message. Sampling fields go through
-sampling_fields.sampling_values, so each is checked once wherever it arrives; `max_output_tokens`
-is the reply's max_tokens.
+message). `instructions` is this request's system message. Sampling fields are the table's
+(radixserve/sampling_fields.py) under this API's names, so each is checked once wherever it arrives:
+OpenAI's `temperature`, `top_p` and `max_output_tokens` (the reply's max_tokens), and as vLLM-style
+extensions every other row (`top_k`, `seed`, penalties, `stop`, `min_tokens`, `bad_words`,
+`allowed_token_ids`, `stop_token_ids`, `ignore_eos`, ...).
 
 Invariant: a field this server cannot honour is a 400 naming it, never silently ignored — tools,
 tool_choice other than none/auto, reasoning with an effort, background, conversation, prompt
@@ -21,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.sampling_fields import Api, SamplingFields
 from radixserve.server.callers import cache_salt_of
-from radixserve.server.openai_api import ROLES
-from radixserve.server.sampling_fields import sampling_values
+from radixserve.server.openai_chat.shapes import ROLES
+from radixserve.server.pipeline.sampling import read_sampling
 from radixserve.server.state import ServerState
-from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, refuse_unsupported
+from radixserve.server.validation import ApiError, get_bool, get_priority, get_str, refuse_unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
@@ -40,7 +43,7 @@ class ResponsesAsk:
     previous_id: str | None
     store: bool
     stream: bool
-    sampling: dict[str, Any]  # sampling_values, plus max_tokens when max_output_tokens is set
+    sampling: SamplingFields
     priority: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
     tool_choice: str = "auto"  # echoed; with no tools "auto" and "none" both mean a text reply
@@ -55,8 +58,7 @@ def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[i
     _refuse_unsupported(body)
     if "input" not in body or body["input"] is None:
         raise ApiError("missing_field", "missing required field 'input'", param="input")
-    max_tokens = get_int(body, "max_output_tokens", minimum=1)
-    sampling = sampling_values(body) | ({"max_tokens": max_tokens} if max_tokens is not None else {})
+    sampling = read_sampling(body, Api.RESPONSES)
     return ResponsesAsk(
         model=model, inputs=input_messages(body["input"]),
         instructions=get_str(body, "instructions", required=False, allow_empty=True),

@@ -1,5 +1,5 @@
 """Stored responses of /v1/responses: each one's whole conversation as the exact token ids the model
-saw and produced, kept in the chat SessionStore (sessions.py) so they share its accounting.
+saw and produced, kept in the chat SessionStore (sessions/store.py) so they share its accounting.
 
 A StoredResponse is a Session: `tokens` is its conversation closed the way the chat template closes
 an assistant turn (the instructions' system message, the inputs of every request in its chain,
@@ -21,7 +21,7 @@ Budget: stored responses are SessionStore entries — one count (--max-sessions)
 with the chat sessions; the session endpoints never see them (SessionStore.find looks up one kind).
 Creating one is charged to the client address's session creation rate (rate_limit.py), so minting
 a fresh owner secret per request cannot flood the store past everyone's shares faster than creating
-sessions could (responses_api.prepare).
+sessions could (api.prepare).
 
 Ownership: the `X-Session-Owner` secret when the client sends one, else the caller's API key
 (Bearer) when it sends one, else one anonymous owner, for whom the unguessable id (192 bits) alone
@@ -48,11 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.chat.template import ChatFormatter, TurnTokens
+from radixserve.sampling_fields import SamplingFields
 from radixserve.server.auth import request_key
 from radixserve.server.callers import tenant_bound
 from radixserve.server.owners import Owner, secret_from_headers
-from radixserve.server.responses_input import ResponsesAsk
-from radixserve.server.sessions import Message, Session, SessionStore, token_array
+from radixserve.server.responses.input import ResponsesAsk
+from radixserve.server.sessions.store import Message, Session, SessionStore, token_array
 from radixserve.server.state import ServerState
 from radixserve.server.tenants import Caller
 from radixserve.server.validation import ApiError
@@ -141,7 +142,7 @@ async def build_prompt(state: ServerState, ask: ResponsesAsk, previous: StoredRe
 def open_entry(store: SessionStore, response_id: str, owner: Owner, instructions: str | None, prompt: Prompt,
                body: dict[str, Any], tenant: str) -> StoredResponse:
     """Insert the response (busy, `body` in progress) before it generates; 429/413 when it cannot fit."""
-    entry = StoredResponse(id=response_id, system_prompt=instructions, sampling={}, created=time.time(),
+    entry = StoredResponse(id=response_id, system_prompt=instructions, sampling=SamplingFields(), created=time.time(),
                            last_used=store.clock(), owner=owner.digest, tokens=token_array(prompt.head + prompt.turn.user),
                            system_len=prompt.system_len, messages=prompt.messages, busy=response_id, body=body,
                            tenant=tenant)

@@ -3,7 +3,7 @@
 POST /v1/sessions/{id}/messages answers with one JSON object, or with `stream: true` an event stream
 whose events are shaped like the WebSocket frames (start, delta, tool_call, done, error). A message is
 a user message (`content`) or, with tools, the results of the last reply's calls (`tool_results`;
-session_tools.py). Every endpoint acts
+sessions/tools.py). Every endpoint acts
 only on the caller's sessions, named by the X-Session-Owner header (see owners.py) under the caller's
 tenant (a session of another tenant is unknown, even with its owner secret: callers.session_owner).
 `cache_salt` on create is kept for every turn of the session; one on a message applies to that turn.
@@ -25,14 +25,14 @@ from radixserve.server.auth import priority_bounds, request_key
 from radixserve.server.callers import cache_salt_of, caller_of, session_owner
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, secret_from_headers
-from radixserve.server.sampling_fields import parse_sampling
-from radixserve.server.session_tools import session_tools
-from radixserve.server.sessions import Message
-from radixserve.server.speculation_api import with_prediction
+from radixserve.server.pipeline.prediction import with_prediction
+from radixserve.server.pipeline.sampling import parse_sampling
+from radixserve.server.pipeline.structured import with_structured
+from radixserve.server.sessions.store import Message
+from radixserve.server.sessions.tools import session_tools
+from radixserve.server.sessions.turns import SessionTurn
 from radixserve.server.state import ServerState
-from radixserve.server.structured_api import with_structured
 from radixserve.server.tenants import Caller
-from radixserve.server.turns import SessionTurn
 from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str
 
 

@@ -9,7 +9,7 @@ get, list, delete and fork take the caller's Owner and treat a session of anothe
 caller without one) exactly as an unknown one, without touching it (it neither moves in the LRU
 order nor lives longer). A fork belongs to the parent's owner, who is the caller.
 
-Tool calling (session_tools.py): a session's `tools` are rendered into its first tokens with the
+Tool calling (tools.py): a session's `tools` are rendered into its first tokens with the
 system prompt and kept with it (forks share them); an assistant message may carry `tool_calls` (its
 tokens are the ones the model generated, calls included) and `tool` messages carry the results the
 client sent, rendered as the template renders them. Consecutive tool results are appended as one
@@ -44,7 +44,7 @@ secret names a different owner under another tenant and a session of another ten
 the caller like any other owner's, listing included. A session keeps its `tenant` and `cache_salt`
 (every turn's cache namespace derives from them); a fork inherits both.
 
-Stored responses (/v1/responses, responses_store.py) are entries of this store too, a Session
+Stored responses (/v1/responses, responses/store.py) are entries of this store too, a Session
 subclass: one count, byte budget, owner shares, LRU and TTL for both. An entry is found only as its
 own kind (`find`), so a session id is unknown to the Responses API and a response id to the session
 endpoints; `len` counts both. Both are charged to the same per-client creation rate (rate_limit.py).
@@ -64,6 +64,7 @@ from typing import Any, TypeVar
 
 from radixserve.chat.template import ChatFormatter
 from radixserve.chat.tools import ToolSpec
+from radixserve.sampling_fields import SamplingFields
 from radixserve.server.owners import NOBODY, Owner
 from radixserve.server.tenants import DEFAULT_TENANT
 from radixserve.server.validation import ApiError
@@ -71,7 +72,7 @@ from radixserve.server.validation import ApiError
 PREVIEW_CHARS = 80
 TOKEN_BYTES = 4
 MESSAGE_OVERHEAD_BYTES = 256  # a Message object, its usage/timing dicts and list slot, roughly
-SPECULATION_BYTES = 1024  # a reply's usage.speculation: five small dicts (server/speculation_api.py), roughly
+SPECULATION_BYTES = 1024  # a reply's usage.speculation: five small dicts (server/pipeline/prediction.py), roughly
 RoomCheck = Callable[[int], None]  # raises when a prompt of that many tokens could not be served
 RETRY_AFTER_S = 5  # a refused create may retry once generations end or the client deletes sessions
 S = TypeVar("S", bound="Session")
@@ -120,7 +121,7 @@ class Message:
 class Session:
     id: str
     system_prompt: str | None
-    sampling: dict[str, Any]
+    sampling: SamplingFields  # its turns' defaults; a turn's own fields override them
     created: float  # wall clock, for display
     last_used: float  # monotonic, for expiry
     owner: bytes  # Owner.digest of the creator's secret; never sent to clients
@@ -156,7 +157,7 @@ class Session:
                 "num_messages": len(self.messages), "preview": self.preview(), "busy": self.busy is not None}
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "system_prompt": self.system_prompt, "sampling": dict(self.sampling),
+        return {"id": self.id, "system_prompt": self.system_prompt, "sampling": self.sampling.to_json(),
                 "created": self.created, "messages": [m.to_json() for m in self.messages],
                 "num_tokens": len(self.tokens), "busy": self.busy is not None,
                 "tools": [t.openai_dict() for t in self.tools]}
@@ -182,7 +183,7 @@ class SessionStore:
         """Every session, whoever owns it (accounting and tests; clients list through `list`)."""
         return iter(list(self._sessions.values()))
 
-    def create(self, system_prompt: str | None, sampling: dict[str, Any], owner: Owner,
+    def create(self, system_prompt: str | None, sampling: SamplingFields, owner: Owner,
                room: RoomCheck | None = None, tools: tuple[ToolSpec, ...] = (), tenant: str = DEFAULT_TENANT,
                cache_salt: str | None = None) -> Session:
         """A new session; `room` is given the shortest prompt it could ever send (system prompt and
@@ -203,8 +204,8 @@ class SessionStore:
         s.tokens = token_array(self.formatter.system_tokens(s.template_messages(), s.template_tools()))
         s.system_len = len(s.tokens)
 
-    def _new(self, system_prompt: str | None, sampling: dict[str, Any], owner: Owner) -> Session:
-        return Session(id=secrets.token_urlsafe(18), system_prompt=system_prompt, sampling=dict(sampling),
+    def _new(self, system_prompt: str | None, sampling: SamplingFields, owner: Owner) -> Session:
+        return Session(id=secrets.token_urlsafe(18), system_prompt=system_prompt, sampling=sampling,
                        created=time.time(), last_used=self.clock(), owner=owner.digest)
 
     def insert(self, s: S) -> S:

@@ -18,8 +18,8 @@ from typing import Any
 
 from radixserve.chat.tool_calls import ChatTools
 from radixserve.chat.tools import ContentDelta, ToolChoice, ToolSpec, ToolStream
-from radixserve.server.openai_tools import finish_with_calls, tool_request
-from radixserve.server.sessions import Session
+from radixserve.server.openai_chat.tools import finish_with_calls, tool_request
+from radixserve.server.sessions.store import Session
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, get_str
 

@@ -11,7 +11,7 @@ busy or changed meanwhile (another turn ended, so the history that was tokenized
 session's) is 409 session_busy. A refused turn leaves the session unchanged.
 
 A turn's input is a user message or, with tools, the results of the last reply's calls; its reply
-is read for calls as it streams (session_tools.py): `delta` events carry its content, `tool_call`
+is read for calls as it streams (sessions/tools.py): `delta` events carry its content, `tool_call`
 events the calls' fragments, and `done` the whole calls, which the session keeps with the reply.
 
 Its events are `start`, `delta`s, `tool_call`s and `done` (the WebSocket frames, minus transport details).
@@ -33,28 +33,27 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing, suppress
+from dataclasses import replace
 from typing import Any
 
 from radixserve.chat.template import TurnTokens
-from radixserve.chat.tool_calls import ChatTools
 from radixserve.core import RequestOutput
+from radixserve.sampling_fields import Api, SamplingFields
 from radixserve.server.callers import cache_salt_of
-from radixserve.server.generation import SystemPromptRef, admit_prompt, check_request, stream_request
-from radixserve.server.openai_tools import tool_constraint
 from radixserve.server.owners import Owner
-from radixserve.server.sampling_fields import build_sampling_params
-from radixserve.server.session_tools import ReplyCalls, turn_inputs, turn_tools
-from radixserve.server.sessions import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
-from radixserve.server.speculation_api import speculation_json, tokenize_prediction
+from radixserve.server.pipeline.ask import Ask, TokenPrompt
+from radixserve.server.pipeline.plan import Plan, admit, prepare
+from radixserve.server.pipeline.prediction import speculation_json
+from radixserve.server.pipeline.stream import SystemPromptRef
+from radixserve.server.sessions.store import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
+from radixserve.server.sessions.tools import ReplyCalls, turn_inputs, turn_tools
 from radixserve.server.state import ServerState
-from radixserve.server.structured_api import compile_off_loop
-from radixserve.server.tenants import cache_namespace
 from radixserve.server.validation import ApiError
 
 
 def usage_json(out: RequestOutput) -> dict[str, Any]:
     """A turn's usage: prompt, cache and completion figures, and what speculative decoding drafted
-    and kept (`speculation`, server/speculation_api.py)."""
+    and kept (`speculation`, server/pipeline/prediction.py)."""
     u = out.usage
     return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
             "host_cached_tokens": u.host_cached_tokens, "completion_tokens": u.completion_tokens,
@@ -78,7 +77,7 @@ def unanswered_usage(prompt_tokens: int) -> tuple[dict[str, Any], dict[str, floa
 class SessionTurn:
     @classmethod
     async def prepare(cls, state: ServerState, session_id: str, owner: Owner | None, content: str | None,
-                      sampling: dict[str, Any], gen_id: str, priority: int = 0,
+                      sampling: SamplingFields, gen_id: str, priority: int = 0,
                       body: dict[str, Any] | None = None) -> SessionTurn:
         """The caller's session's next turn, committed (ApiError when refused; the session is then unchanged).
         `content` is the user message; None when `body` (the frame or request body, read for its tool
@@ -89,28 +88,24 @@ class SessionTurn:
         check_free(session)  # a busy session costs no tokenizing
         tools = turn_tools(state, body or {}, session)
         inputs = turn_inputs({**(body or {}), "content": content} if content is not None else body or {}, session)
-        if tools is not None:  # a required/named choice constrains the reply to a call
-            sampling = {**sampling, "structured": tool_constraint(tools, sampling.get("structured")),
-                        "skip_special_tokens": not tools.keeps_special_tokens}
-        namespace = cache_namespace(session.tenant, salt if salt is not None else session.cache_salt,
-                                    state.config.cache_sharing)  # as the check's (below) will be
-        await compile_off_loop(state, sampling.get("structured"), namespace)  # the check finds it compiled
-        sampling = await tokenize_prediction(state, sampling)  # the frame's prediction text, as token ids
+        # the prompt is built in the constructor, after the tokenizing below (admit takes its tokens)
+        ask = Ask(Api.SESSION, TokenPrompt([]), sampling, session.tenant,
+                  salt if salt is not None else session.cache_salt, tools, priority=priority,
+                  default_max_tokens=state.config.default_max_tokens)
+        ask = await prepare(state, ask)  # a forced call's constraint, the prediction's tokens, compiled off the loop
         history = session.template_messages()
         rendered = list(tools.tools) if tools is not None and tools.tools else session.template_tools()
         # a first turn may bring the session its tools: they head its tokens, rendered with the system prompt
         start = formatter.system_tokens(history, rendered) if tuple(rendered or ()) != session.tools else None
         turn = await state.require_prompts().append_messages(history, inputs, rendered)
         # the await may have let the session go (404 here) or move on; the constructor checks the rest
-        return cls(state, store.get(session_id, owner), inputs, sampling, gen_id, priority, history, turn,
-                   tools, start, salt)
+        return cls(state, store.get(session_id, owner), inputs, ask, gen_id, history, turn, start)
 
-    def __init__(self, state: ServerState, session: Session, inputs: list[dict[str, Any]], sampling: dict[str, Any],
-                 gen_id: str, priority: int, history: list[dict[str, Any]], turn: TurnTokens,
-                 tools: ChatTools | None = None, start: list[int] | None = None, cache_salt: str | None = None) -> None:
-        """Use `prepare`: `turn` is what `history` + `inputs` tokenize to, checked against the session here;
-        `start`: the session's first tokens with the turn's tools, when they bring the session its tools;
-        `cache_salt`: the turn's own (None: the session's)."""
+    def __init__(self, state: ServerState, session: Session, inputs: list[dict[str, Any]], ask: Ask, gen_id: str,
+                 history: list[dict[str, Any]], turn: TurnTokens, start: list[int] | None = None) -> None:
+        """Use `prepare`: `ask` is the turn's, prepared; `turn` is what `history` + `inputs` tokenize to,
+        checked against the session here; `start`: the session's first tokens with the turn's tools,
+        when they bring the session its tools."""
         formatter, store = state.require_chat()
         engine = state.require_engine()
         check_free(session)
@@ -125,18 +120,20 @@ class SessionTurn:
                            409)
         head = start if start is not None else session.tokens.tolist()
         prompt = head + turn.user + turn.generation_prompt  # the engine takes a list
-        admit_prompt(state, len(prompt))
         cfg = state.config
-        merged = {"temperature": cfg.default_temperature, "top_p": cfg.default_top_p, **session.sampling, **sampling}
-        params = build_sampling_params(merged, prompt_len=len(prompt), max_model_len=engine.max_model_len,
-                                       default_max_tokens=cfg.default_max_tokens)
-        salt = cache_salt if cache_salt is not None else session.cache_salt
-        params.cache_namespace = cache_namespace(session.tenant, salt, cfg.cache_sharing)
-        self.request = check_request(engine, prompt, params, priority)
-        self.system = SystemPromptRef.of(session.tokens[:session.system_len], session.system_prompt,
-                                         formatter.implicit_prefix_len, session.tenant)
-        self.end_ids = tuple(engine.eos_token_ids) + tuple(params.stop_token_ids)
-        span = (len(head), len(head) + len(turn.user))  # consecutive tool results share one span (sessions.py)
+        defaults = SamplingFields(temperature=cfg.default_temperature, top_p=cfg.default_top_p)
+        # the turn's fields, else the session's, else the server's
+        ask = replace(ask, sampling=ask.sampling.with_defaults(session.sampling.with_defaults(defaults)),
+                      prompt=TokenPrompt(prompt, session.tokens[:session.system_len], session.system_prompt))
+        planned = admit(state, ask, prompt)  # no await from here to the commit below
+        assert planned.checked is not None
+        self.request = planned.checked
+        system = SystemPromptRef.of(session.tokens[:session.system_len], session.system_prompt,
+                                    formatter.implicit_prefix_len, session.tenant)
+        self.plan = Plan(ask, [planned], system)
+        self.end_ids = tuple(engine.eos_token_ids) + tuple(planned.params.stop_token_ids)
+        tools = ask.tools
+        span = (len(head), len(head) + len(turn.user))  # consecutive tool results share one span (store.py)
         messages = [Message(m["role"], m["content"], *span, tool_call_id=m.get("tool_call_id")) for m in inputs]
         added_tokens = len(head) + len(turn.user) - len(session.tokens)
         store.make_room(sum(m.size() + MESSAGE_OVERHEAD_BYTES for m in messages) + TOKEN_BYTES * added_tokens,
@@ -170,8 +167,8 @@ class SessionTurn:
         base = {"gen_id": self.gen_id, "session_id": self.session.id}
         finish: str | None = None
         try:
-            stream = stream_request(self.state, self.request, self.system, "session", self.request_id,
-                                    cancelled=lambda: self.cancelled, affinity=self.session.id)
+            stream = self.plan.stream(self.state, request_id=self.request_id, cancelled=lambda: self.cancelled,
+                                      affinity=self.session.id)
             async with aclosing(stream) as outputs:
                 async for out in outputs:
                     if self.last is None:

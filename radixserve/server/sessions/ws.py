@@ -5,9 +5,9 @@ connection stays usable); each chat runs as its own task; one writer task owns t
 side so frames from concurrent generations never interleave mid-frame. A disconnect cancels every
 generation of the connection (the engine aborts them and frees their blocks) before the handler
 returns; a turn already committed to its session is recorded there as a reply with finish_reason
-"abort" (possibly empty), whether the disconnect came before its first token or after (turns.py).
+"abort" (possibly empty), whether the disconnect came before its first token or after (sessions/turns.py).
 A chat frame is validated in the reader (a refusal is an error frame with its gen_id); its
-message is then tokenized in the generation's task (off the event loop when large: turns.py), and
+message is then tokenized in the generation's task (off the event loop when large: sessions/turns.py), and
 that task is already a generation of the connection: it counts against the per-connection limit and
 its gen_id, a `cancel` makes it end like any cancelled generation (`done`, finish_reason "abort"),
 a disconnect ends it before anything is committed, and its slot is released exactly once.
@@ -38,13 +38,13 @@ from radixserve.server.auth import priority_bounds
 from radixserve.server.callers import OPEN_CALLER, resolve_caller, session_owner, set_caller
 from radixserve.server.http_util import dumps
 from radixserve.server.owners import secret_from_frame
-from radixserve.server.rest import create_session
-from radixserve.server.sampling_fields import parse_sampling
-from radixserve.server.send_buffer import SendBuffer
-from radixserve.server.speculation_api import with_prediction
+from radixserve.server.pipeline.prediction import with_prediction
+from radixserve.server.pipeline.sampling import parse_sampling
+from radixserve.server.pipeline.structured import with_structured
+from radixserve.server.sessions.rest import create_session
+from radixserve.server.sessions.send_buffer import SendBuffer
+from radixserve.server.sessions.turns import SessionTurn, check_free
 from radixserve.server.state import ServerState
-from radixserve.server.structured_api import with_structured
-from radixserve.server.turns import SessionTurn, check_free
 from radixserve.server.validation import (
     ApiError,
     check_req,

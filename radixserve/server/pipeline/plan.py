@@ -1,0 +1,219 @@
+"""The one path from an `Ask` to checked engine requests: plan → admit (this module) → stream (stream.py).
+
+`plan(state, ask)` runs, in this order, for every API:
+1. tokenize the prompt (a chat prompt through the template with its tools, text through the
+   tokenizer; long ones on the PromptWorker, off the event loop) and refuse one over
+   --max-prompt-tokens or while the server drains (`admit_prompt`), before anything costly;
+2. bound the reply's logprob entries (--max-logprob-entries); an unset max_tokens defaults to what fits;
+3. the prediction's text becomes token ids (off the loop when long); before all of these,
+   `with_tools` joined a forced tool call's constraint to the structured output (both: a 400);
+4. compile the structured output on a worker thread under the client's compile slots
+   (structured.compile_off_loop), so the engine's check finds it compiled and never compiles on the loop;
+5. `admit` each prompt: SamplingParams built from the typed SamplingFields (build_sampling_params,
+   the cache namespace of the Ask's tenant and salt set) and the engine's one check (its intake).
+
+A session turn runs the same steps in two halves around the session's own tokenizing, because its
+check and its commit to the session must not be separated by an await (sessions/turns.py): `prepare`
+(tools, prediction, compile) first, `admit` in the turn's constructor.
+
+Invariants: every refusal is an ApiError raised before any response starts (a JSON error, never an
+opened stream); a field is named as the Ask's API names it; nothing here depends on which API the
+Ask came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass, replace
+
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.core import RequestOutput
+from radixserve.engine.intake import ValidatedRequest
+from radixserve.errors import RequestError
+from radixserve.sampling_params import SamplingParams
+from radixserve.server.pipeline.ask import Ask, TextPrompts, TokenPrompt
+from radixserve.server.pipeline.logprobs import cap_logprob_entries, entries
+from radixserve.server.pipeline.prediction import tokenize_prediction
+from radixserve.server.pipeline.sampling import build_sampling_params
+from radixserve.server.pipeline.stream import (
+    METRIC_LABELS,
+    SystemPromptRef,
+    api_error_from,
+    refuse_if_draining,
+    stream_request,
+)
+from radixserve.server.pipeline.structured import compile_off_loop
+from radixserve.server.state import ServerState
+from radixserve.server.tenants import cache_namespace
+from radixserve.server.validation import ApiError
+from radixserve.structured import StructuredOutput
+
+
+@dataclass
+class Planned:
+    """One prompt of an Ask, ready for the engine."""
+
+    tokens: list[int]
+    params: SamplingParams
+    checked: ValidatedRequest | None  # the engine's check; None when the Ask skips it (a beam search)
+
+
+@dataclass
+class Plan:
+    ask: Ask
+    prompts: list[Planned]  # one per prompt (several only for TextPrompts)
+    system: SystemPromptRef  # the system prompt the tenant figures count it under
+
+    @property
+    def params(self) -> SamplingParams:
+        """The SamplingParams every prompt shares (they differ only in the max_tokens clamped to each)."""
+        return self.prompts[0].params
+
+    @property
+    def tokens(self) -> list[int]:
+        """The (first) prompt's tokens."""
+        return self.prompts[0].tokens
+
+    def stream(self, state: ServerState, index: int = 0, request_id: str | None = None,
+               cancelled: Callable[[], bool] | None = None,
+               affinity: str | None = None) -> AsyncGenerator[RequestOutput, None]:
+        """Prompt `index`'s engine outputs (stream.stream_request: closed however it ends, recorded
+        once under the Ask's API)."""
+        checked = self.prompts[index].checked
+        assert checked is not None, "a beam search is run by its driver, not streamed"
+        return stream_request(state, checked, self.system, METRIC_LABELS[self.ask.api], request_id, cancelled,
+                              affinity)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    prompts: list[list[int]]
+    system: SystemPromptRef
+
+
+async def plan(state: ServerState, ask: Ask) -> Plan:
+    """The Ask's prompts tokenized, admitted, bounded, compiled and checked by the engine."""
+    ask = with_tools(ask)  # a contradiction of tool choice and structured output costs no tokenizing
+    tokenized = await tokenize(state, ask)
+    for tokens in tokenized.prompts:
+        admit_prompt(state, len(tokens))
+    default_max_tokens = logprob_budget(state, ask, tokenized.prompts)
+    ask = replace(ask, sampling=await tokenize_prediction(state, ask.sampling))
+    await compile_structured(state, ask)  # the checks below then find it compiled
+    several = len(tokenized.prompts) > 1
+    prompts = [admit(state, ask, tokens, default_max_tokens, index=i if several else None)
+               for i, tokens in enumerate(tokenized.prompts)]
+    return Plan(ask, prompts, tokenized.system)
+
+
+async def tokenize(state: ServerState, ask: Ask) -> Tokenized:
+    """The Ask's prompt(s) as token ids, and its system prompt as the tenant figures count it."""
+    source = ask.prompt
+    if isinstance(source, TokenPrompt):
+        formatter, _ = state.require_chat()
+        return Tokenized([source.tokens], SystemPromptRef.of(source.system_tokens, source.system_text,
+                                                             formatter.implicit_prefix_len, ask.tenant))
+    if isinstance(source, TextPrompts):
+        return Tokenized([await _text_tokens(state, item) for item in source.items], SystemPromptRef.none(ask.tenant))
+    formatter, _ = state.require_chat()
+    template_tools = ask.tools.template_tools() if ask.tools is not None else None
+    prompt, system_tokens = await state.require_prompts().chat_tokens(source.messages, template_tools)
+    first_system = next((m["content"] for m in source.messages if m["role"] == "system"), None)
+    return Tokenized([prompt], SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len,
+                                                  ask.tenant))
+
+
+async def _text_tokens(state: ServerState, item: str | list[int]) -> list[int]:
+    if not isinstance(item, str):
+        return item
+    if state.require_engine().tokenizer is None:
+        raise ApiError("unsupported", "this model has no tokenizer: send the prompt as token ids", param="prompt")
+    return await state.require_prompts().encode(item)  # a long one off the event loop
+
+
+def admit_prompt(state: ServerState, prompt_len: int) -> None:
+    """Refusals that must come before any response starts (so streams never open for them)."""
+    limit = state.config.max_prompt_tokens
+    if limit is not None and prompt_len > limit:
+        raise ApiError("context_too_long", f"prompt of {prompt_len} tokens exceeds the server's limit of "
+                       f"{limit} prompt tokens (--max-prompt-tokens)")
+    refuse_if_draining(state)
+
+
+def logprob_budget(state: ServerState, ask: Ask, prompts: Sequence[list[int]]) -> int | None:
+    """Refuse a reply with more logprob entries than --max-logprob-entries; the max_tokens an unset
+    one defaults to (what fits the bound, else the Ask's default)."""
+    budget = ask.logprobs
+    prompt_len = sum(len(tokens) for tokens in prompts)
+    spent = sum(entries(prompt_len, k) for k in budget.prompt_lists) * (ask.n if budget.per_choice else 1)
+    fits = cap_logprob_entries(ask.n * len(prompts), ask.sampling.max_tokens or ask.default_max_tokens, budget.top,
+                               state.config.max_logprob_entries, spent=spent, param=budget.param,
+                               prompt_param=budget.prompt_param)
+    return fits if fits is not None else ask.default_max_tokens
+
+
+async def prepare(state: ServerState, ask: Ask) -> Ask:
+    """What a session turn does before its prompt exists: `with_tools`, the prediction's text made
+    token ids, the structured output compiled off the loop."""
+    ask = with_tools(ask)
+    ask = replace(ask, sampling=await tokenize_prediction(state, ask.sampling))
+    await compile_structured(state, ask)
+    return ask
+
+
+def with_tools(ask: Ask) -> Ask:
+    """The Ask with its tools' effect on sampling: a forced call's constraint joined to the structured
+    output (both: a 400), special tokens kept when the tool format reads them. Apply once."""
+    tools = ask.tools
+    if tools is None:
+        return ask
+    return replace(ask, sampling=replace(ask.sampling, structured=tool_constraint(tools, ask.sampling.structured),
+                                         skip_special_tokens=not tools.keeps_special_tokens))
+
+
+def tool_constraint(tools: ChatTools | None, structured: StructuredOutput | None,
+                    param: str = "tool_choice") -> StructuredOutput | None:
+    """The request's output constraint with its tool choice's added: `structured` when the choice asks
+    none; both asking one is a 400 (they would contradict each other)."""
+    c = tools.constraint() if tools is not None else None
+    if tools is None or c is None:
+        return structured
+    if structured is not None:
+        raise ApiError("invalid_field", f"{structured.field!r} cannot be combined with a {tools.choice.mode!r} "
+                       "tool_choice or strict tools: both constrain the reply", param=param)
+    return c
+
+
+def namespace(state: ServerState, ask: Ask) -> str:
+    """SamplingParams.cache_namespace of the Ask: its tenant's, narrowed by its cache_salt."""
+    return cache_namespace(ask.tenant, ask.cache_salt, state.config.cache_sharing)
+
+
+async def compile_structured(state: ServerState, ask: Ask) -> None:
+    """The Ask's structured output compiled off the event loop (a no-op when none or cached)."""
+    await compile_off_loop(state, ask.sampling.structured, namespace(state, ask))
+
+
+def admit(state: ServerState, ask: Ask, tokens: list[int], default_max_tokens: int | None = None,
+          index: int | None = None) -> Planned:
+    """One prompt's SamplingParams and the engine's check of it (synchronous: a session commits its
+    turn right after, with no await between). `default_max_tokens`: an unset max_tokens' (else the
+    Ask's); `index`: which of several prompts, for the refusal's message."""
+    admit_prompt(state, len(tokens))
+    engine = state.require_engine()
+    params = build_sampling_params(ask.sampling, prompt_len=len(tokens), max_model_len=engine.max_model_len,
+                                   default_max_tokens=default_max_tokens if default_max_tokens is not None
+                                   else ask.default_max_tokens, n=ask.n, api=ask.api)
+    params.cache_namespace = namespace(state, ask)
+    if not ask.engine_checks:
+        return Planned(tokens, params, None)
+    try:
+        checked = engine.intake.check(tokens, params, ask.priority)
+    except RequestError as e:
+        error = api_error_from(e)
+        if error.param is None and ask.refusal_param is not None:  # a refusal of the prompt itself
+            error.param = ask.refusal_param
+            if index is not None:
+                error.message = f"{ask.refusal_param}[{index}]: {error.message}"
+        raise error from None
+    return Planned(tokens, params, checked)

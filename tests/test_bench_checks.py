@@ -1,0 +1,72 @@
+"""The focused measurements under `radixserve bench` (radixserve_bench/checks/): every check in the table
+is a subcommand with its own flags and help, one that lacks a library says which and exits 2, and the
+report-only checks reproduce their tables from results files."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from radixserve_bench import cli as bench_cli
+from radixserve_bench.checks import CHECKS, Check, refusal, run_check
+from radixserve_bench.checks.greedy_agreement import leading_agreement
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixserve bench")
+    bench_cli.add_bench_arguments(p)
+    return p
+
+
+def test_every_check_is_a_subcommand_listed_in_the_help() -> None:
+    help_text = _parser().format_help()
+    for name in CHECKS:
+        assert f"    {name}" in help_text, name
+    args = _parser().parse_args(["attack", "--rounds", "3", "-h"])
+    assert args.bench_command == "attack" and args.passthrough_args == ["--rounds", "3", "-h"]
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS.values() if refusal(c) is None], ids=lambda c: c.name)
+def test_each_check_parses_its_own_flags(check: Check, capsys: pytest.CaptureFixture[str]) -> None:
+    module = importlib.import_module(f"radixserve_bench.checks.{check.module}")
+    assert module.__doc__ and callable(module.run)
+    with pytest.raises(SystemExit) as exited:
+        run_check(check, ["--help"])
+    assert exited.value.code == 0
+    assert f"usage: radixserve bench {check.name}" in capsys.readouterr().out
+
+
+def test_a_check_without_its_library_names_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = Check("needs-something", "host_tier_fits", "a check needing a library no one installs",
+                    elsewhere=("radixserve_no_such_library",))
+    monkeypatch.setitem(CHECKS, missing.name, missing)
+    assert bench_cli.run_bench(_parser().parse_args(["needs-something"])) == 2
+    err = capsys.readouterr().err
+    assert "radixserve bench needs-something needs radixserve_no_such_library" in err
+    assert "pip install radixserve_no_such_library" in err
+
+
+def _bench_results(tok_s: dict[tuple[str, str], float]) -> dict[str, object]:
+    results: dict[str, dict[str, object]] = {}
+    for (workload, system), value in tok_s.items():
+        results.setdefault(workload, {})[system] = {"median": {"total_tokens_per_s": value}}
+    return {"results": results}
+
+
+def test_host_tier_fits_renders_the_ratio_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "before-1.json").write_text(json.dumps(_bench_results({("multi-turn", "radixserve"): 1000.0})))
+    (tmp_path / "after-1.json").write_text(json.dumps(_bench_results({("multi-turn", "radixserve"): 990.0,
+                                                                       ("multi-turn", "radixserve-host"): 1010.0})))
+    assert bench_cli.main(["host-tier-fits", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | multi-turn | 1,000 | 990 | 1,010 | 0.990 | 1.010 | 1.020 |" in out
+    assert "Lowest ratio to `before`: 0.990" in out and "radixserve bench host-tier-fits" in out
+
+
+def test_leading_agreement_counts_the_shared_head() -> None:
+    assert leading_agreement([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert leading_agreement([7], [8]) == 0 and leading_agreement([1, 2], [1, 2, 3]) == 2
