@@ -134,7 +134,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: `radixserve chat | generate | serve | bench` (docs/cli.md is rendered from it)."""
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -165,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="benchmarks against peers (see `radixserve bench -h`)", add_help=False,
                              prefix_chars="+")
     p_bench.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
     except (FileNotFoundError, ValueError, EmbeddedModelMissingError) as exc:  # user errors: no traceback

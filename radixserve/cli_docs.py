@@ -3,9 +3,8 @@
     python -m radixserve.cli_docs            # rewrite docs/cli.md
     python -m radixserve.cli_docs --check    # exit 1 if docs/cli.md differs from what this renders
 
-The parsers are taken from the real entry points, not rebuilt here: `radixserve.cli.main` and the
-benchmark's `main` are called with `ArgumentParser.parse_args` replaced by a trap that hands back
-the parser it was called on, so nothing runs. The benchmark is imported lazily; where it cannot be
+The parsers are the entry points' own (`radixserve.cli.build_parser`, `radixserve_bench.cli.build_parser`,
+and each pass-through check's `add_arguments`). The benchmark is imported lazily; where it cannot be
 imported the page says so instead of listing its flags. tests/test_cli_docs.py keeps the page current.
 """
 
@@ -14,40 +13,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "cli.md"
 REGENERATE = "python -m radixserve.cli_docs"
-# where the benchmark's command line may live (the first importable wins): its own package
-# `radixserve_bench` (the `bench` extra), or inside the runtime package as it was before
-BENCH_MODULES = ("radixserve_bench.cli", "radixserve.bench.cli")
-KERNEL_BENCH_MODULES = ("radixserve_bench.kernel_bench", "radixserve.bench.kernel_bench")
-
-
-class _Parsed(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        super().__init__(parser.prog)
-        self.parser = parser
-
-
-def capture_parser(main: Callable[..., Any], argv: list[str]) -> argparse.ArgumentParser:
-    """The parser `main(argv)` builds, stopped at its first `parse_args` call."""
-    original = argparse.ArgumentParser.parse_args
-
-    def trap(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        raise _Parsed(self)
-
-    argparse.ArgumentParser.parse_args = trap  # type: ignore[method-assign]
-    try:
-        main(argv)
-    except _Parsed as parsed:
-        return parsed.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    raise RuntimeError(f"{main.__module__}.main never parsed its arguments")
+BENCH_PACKAGE = "radixserve_bench"  # the benchmark's own package, installed from the checkout
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -140,14 +112,12 @@ def render_command(name: str, parser: argparse.ArgumentParser, summary: str, see
         lines.append("")
 
 
-def _first_importable(modules: tuple[str, ...]) -> tuple[Any, str]:
-    errors = []
-    for module in modules:
-        try:
-            return importlib.import_module(module), ""
-        except ImportError as e:
-            errors.append(f"{module}: {e}")
-    return None, "; ".join(errors)
+def _importable(module: str) -> tuple[Any, str]:
+    """The module, or None and why it could not be imported here."""
+    try:
+        return importlib.import_module(module), ""
+    except ImportError as e:
+        return None, f"{module}: {e}"
 
 
 def _is_passthrough(parser: argparse.ArgumentParser) -> bool:
@@ -155,20 +125,18 @@ def _is_passthrough(parser: argparse.ArgumentParser) -> bool:
     return any(a.nargs == argparse.REMAINDER and a.help is argparse.SUPPRESS for a in parser._actions)
 
 
-def _passthrough_parser(package: str, name: str) -> tuple[argparse.ArgumentParser | None, str]:
-    """The parser of a pass-through subcommand: the kernel benchmark, or a check of `package.checks`
-    (each module has `add_arguments(parser)`)."""
+def _passthrough_parser(name: str) -> tuple[argparse.ArgumentParser | None, str]:
+    """The parser of a pass-through subcommand: the kernel benchmark, or one of the checks (each
+    module has `add_arguments(parser)`)."""
     if name == "kernels":
-        modules = tuple(m for m in KERNEL_BENCH_MODULES if m.startswith(package + "."))
+        module_name = f"{BENCH_PACKAGE}.kernel_bench"
     else:
-        try:
-            checks = importlib.import_module(f"{package}.checks").CHECKS
-        except (ImportError, AttributeError) as e:
-            return None, str(e)
-        if name not in checks:
-            return None, f"{name} is not in {package}.checks"
-        modules = (f"{package}.checks.{checks[name].module}",)
-    module, why = _first_importable(modules)
+        from radixserve_bench.checks import CHECKS
+
+        if name not in CHECKS:
+            return None, f"{name} is not in {BENCH_PACKAGE}.checks"
+        module_name = f"{BENCH_PACKAGE}.checks.{CHECKS[name].module}"
+    module, why = _importable(module_name)
     if module is None:
         return None, why
     parser = argparse.ArgumentParser(prog=f"radixserve bench {name}")
@@ -177,9 +145,9 @@ def _passthrough_parser(package: str, name: str) -> tuple[argparse.ArgumentParse
 
 
 def render() -> str:
-    from radixserve.cli import main as cli_main
+    from radixserve.cli import build_parser
 
-    top = capture_parser(cli_main, [])
+    top = build_parser()
     commands = _subparsers(top)
     summaries = _subcommand_help(top)
     lines = [
@@ -197,19 +165,18 @@ def render() -> str:
     seen: dict[tuple[str, ...], str] = {}
     for name in ("serve", "chat", "generate"):
         render_command(f"radixserve {name}", commands[name], summaries.get(name, ""), seen, body)
-    bench, why = _first_importable(BENCH_MODULES)
+    bench, why = _importable(f"{BENCH_PACKAGE}.cli")
     if bench is None:
         body += ["## `radixserve bench`", "",
                  f"Not listed: the benchmark's command line could not be imported here ({_cell(why)}).", ""]
     else:
-        bench_top = capture_parser(bench.main, [])
+        bench_top = bench.build_parser()
         bench_summaries = _subcommand_help(bench_top)
         render_command("radixserve bench", bench_top, "`run` is the default subcommand: `radixserve bench` takes "
                        "the flags of `radixserve bench run`", seen, body)
-        package = bench.__name__.rpartition(".")[0]
         for name, sub in _subparsers(bench_top).items():
             if _is_passthrough(sub):  # its flags belong to a module imported only when it runs
-                own, why = _passthrough_parser(package, name)
+                own, why = _passthrough_parser(name)
                 if own is None:
                     body += [f"## `radixserve bench {name}`", "",
                              f"Its flags are not listed: its module could not be imported here ({_cell(why)}).", ""]

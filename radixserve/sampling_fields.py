@@ -23,7 +23,7 @@ refuse), allowed_token_ids non-empty (nothing could be sampled); ignore_eos a bo
 
 Invariants: a field that is absent, null, or an empty list/object where empty means "none" (stop,
 logit_bias, bad_words, stop_token_ids) reads as None, never as a value; every row's name is a
-`SamplingFields` attribute, and every name in PASSED a SamplingParams one (tests/test_sampling_table.py).
+`SamplingFields` attribute, and every name in PASSED a SamplingParams one (tests/server/test_sampling_table.py).
 """
 
 from __future__ import annotations

@@ -97,11 +97,16 @@ def _add_passthrough(sub: argparse._SubParsersAction, name: str, summary: str) -
     p.add_argument("passthrough_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
-def main(argv: list[str]) -> int:
-    """`radixserve bench ARGS...`: parse ARGS here, then run."""
+def build_parser() -> argparse.ArgumentParser:
+    """`radixserve bench`'s command line (docs/cli.md is rendered from it)."""
     parser = argparse.ArgumentParser(prog="radixserve bench")
     add_bench_arguments(parser)
-    return run_bench(parser.parse_args(argv))
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """`radixserve bench ARGS...`: parse ARGS here, then run."""
+    return run_bench(build_parser().parse_args(argv))
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -105,7 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("radixserve bench kernels needs a CUDA GPU (torch.cuda.is_available() is False); the kernels' "
-              "CPU checks are `pytest tests/test_kernels.py` (Triton interpreter) and `python -m radixserve.kernels.aot_check`",
+              "CPU checks are `pytest tests/kernels/test_kernels.py` (Triton interpreter)"
+              " and `python -m radixserve.kernels.aot_check`",
               file=sys.stderr)
         return 2
     import triton.testing

@@ -6,14 +6,14 @@
 #   3. `radixserve bench step` on random-weight Llama-3.2-1B and Llama-3.1-8B shapes, graphs on/off,
 #      overlap on/off, greedy and top-p side by side, with the roofline fraction, device time and the
 #      host time the device waited for
-#   4. greedy equality on the GPU (tests/test_gpu.py): fp32 vs transformers, bf16 Triton vs torch backend
+#   4. greedy equality on the GPU (tests/engine/test_gpu.py): fp32 vs transformers, bf16 Triton vs torch backend
 #   5. an end-to-end `radixserve bench` on the 1B shape (random bf16 weights written here) against
 #      transformers
 #   6. speculative decoding on the 1B shape: the regenerate and edit workloads with speculation on and
 #      off (`radixserve-nospec`) and transformers' prompt lookup; verification steps run eager (the
-#      CUDA graphs cover one-token decodes), tests/test_gpu.py checks their equality
+#      CUDA graphs cover one-token decodes), tests/engine/test_gpu.py checks their equality
 #   7. the FP8 KV cache (issue 30): the 8B shape's decode step at batch 64 x 4k context with the cache
-#      in bf16 and in FP8 (`--kv-cache-dtype fp8`); tests/test_gpu.py checks the FP8 kernels' bytes
+#      in bf16 and in FP8 (`--kv-cache-dtype fp8`); tests/engine/test_gpu.py checks the FP8 kernels' bytes
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
 # `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
 #
@@ -56,7 +56,7 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   fi
   if want equality; then
     step "greedy equality on the GPU"
-    run timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+    run timeout 180 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py
   fi
   if want e2e; then
     step "end-to-end bench, llama-3.2-1b shape, random bf16 weights, vs transformers"

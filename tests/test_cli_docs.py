@@ -16,26 +16,11 @@ def test_cli_doc_is_current() -> None:
 
 
 def test_every_flag_of_serve_is_listed() -> None:
-    """The page lists each option string of `radixserve serve`, read from the same parser `main` builds."""
-    from radixserve.cli import main
+    """The page lists each option string of `radixserve serve`, read from the parser `main` parses with."""
+    from radixserve.cli import build_parser
 
-    serve = cli_docs._subparsers(cli_docs.capture_parser(main, []))["serve"]
+    serve = cli_docs._subparsers(build_parser())["serve"]
     flags = {s for a in serve._actions for s in a.option_strings if a.help is not argparse.SUPPRESS} - {"-h", "--help"}
     assert len(flags) > 60
     text = cli_docs.render()
     assert not [f for f in flags if f"`{f}" not in text]
-
-
-def test_capture_runs_nothing_and_restores_parse_args() -> None:
-    ran = []
-
-    def main(argv: list[str]) -> int:
-        parser = argparse.ArgumentParser(prog="x")
-        parser.add_argument("--flag")
-        parser.parse_args(argv)
-        ran.append(True)
-        return 0
-
-    original = argparse.ArgumentParser.parse_args
-    parser = cli_docs.capture_parser(main, [])
-    assert parser.prog == "x" and not ran and argparse.ArgumentParser.parse_args is original

@@ -18,7 +18,7 @@ This module decides when a step may take it (the extension itself is built and l
 Other steps, and every step under `--enforce-eager`, run the Python layers.
 
 Invariant: both paths give the same hidden states and cache writes bit for bit, in fp32 and bf16
-(tests/test_cpu_compiled_step.py checks with `torch.equal`), so a token's result does not depend on
+(tests/model/test_cpu_compiled_step.py checks with `torch.equal`), so a token's result does not depend on
 which path its step took, and greedy output stays transformers' token for token.
 """
 

@@ -71,7 +71,7 @@ class DraftProposer:
         self.kept_rate = 0.0  # the fraction of recent draft tokens kept, every sequence's (see the docstring)
         self.vetoes: tuple[DraftVeto, ...] = ()
         # each request's verdict, taken once: a veto is the engine's code, which a step must not call
-        # per sequence (tests/test_step_crossings.py), and a request's params never change
+        # per sequence (tests/engine/test_step_crossings.py), and a request's params never change
         self._vetoed: WeakKeyDictionary[Request, bool] = WeakKeyDictionary()
 
     def forbid_drafts(self, vetoes: Iterable[DraftVeto]) -> None:

@@ -57,7 +57,7 @@ def render_page(folder: Path) -> str:
     for result in steps:
         out += [render_table(result).replace("## decode step", "### decode step"), ""]
     out += ["## Kernels (`radixserve bench kernels`)", "", "```", section(kernels_log, "kernel benchmark"), "```", "",
-            "## Greedy equality on the GPU (`tests/test_gpu.py`)", "",
+            "## Greedy equality on the GPU (`tests/engine/test_gpu.py`)", "",
             "fp32 tiny models of every architecture vs transformers, CUDA graphs on and off, through cold/warm",
             "cache, mid-block hits, preemption and forks; bf16 graphs vs eager (identical) and vs the torch",
             "backend; the KV pool sized from device memory.", "",

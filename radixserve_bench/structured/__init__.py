@@ -13,7 +13,7 @@
     chart.py         structured.png
 
 Invariants: every figure is measured on the run (nothing is typed in); the catalog's schemas are all
-valid Draft 2020-12 schemas (tests/test_bench_structured.py checks them and the features they cover).
+valid Draft 2020-12 schemas (tests/bench/test_bench_structured.py checks them and the features they cover).
 """
 
 SCENARIO = "structured"

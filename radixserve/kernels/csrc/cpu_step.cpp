@@ -11,7 +11,7 @@
 // that path calls too (cpu_kernels.h: BlockedLinear's and the torch backend's in-place attention);
 // reductions and transcendentals are the very ATen operators it calls, with the same arguments; the
 // residual add, the norm's scaling and rotary are loops doing its elementwise arithmetic with its
-// rounding (below). A change to one is a change to both; tests/test_cpu_compiled_step.py compares
+// rounding (below). A change to one is a change to both; tests/model/test_cpu_compiled_step.py compares
 // them with torch.equal in fp32 and bf16.
 
 #include <ATen/ATen.h>

@@ -10,11 +10,11 @@ import ast
 import asyncio
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_bench import FakeSystem  # noqa: E402
 
 from radixserve_bench.driver import RequestRecord, RunTrace, drive
 from radixserve_bench.metrics import check_complete, run_metrics
@@ -37,9 +37,6 @@ from radixserve_bench.workloads import (
     build_workload,
     with_overrides,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_bench import FakeSystem  # noqa: E402
 
 ENCODE = byte_encoder(512)
 

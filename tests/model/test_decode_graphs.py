@@ -2,7 +2,7 @@
 sizing rule and the dummy load format, on CPU.
 
 The padded path must be invisible: greedy tokens equal the unpadded eager path and transformers
-(tests/test_engine.py runs both paths), and padding rows must never write a block the pool owns.
+(tests/engine/test_engine.py runs both paths), and padding rows must never write a block the pool owns.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fused decode-path kernels (add_rms_norm, rotary_qk_, silu_and_mul) against their torch references.
 
-Runs under TRITON_INTERPRET=1 on CPU tensors (set by conftest.py), like tests/test_kernels.py. The
+Runs under TRITON_INTERPRET=1 on CPU tensors (set by conftest.py), like tests/kernels/test_kernels.py. The
 kernels promise the references' rounding step by step, so the comparisons are in ulps, not
 tolerances. Rotary and the residual sum are bit-exact in every dtype. SiLU is bit-exact but for rare
 one-ulp differences (exp's last bit). RMSNorm's mean square is an fp32 sum in another order than
@@ -26,7 +26,7 @@ import torch
 from radixserve import kernels
 from radixserve.kernels.reference import add_rms_norm_reference, rotary_qk_reference_, silu_and_mul_reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 RARE = 1e-3  # fp16/bf16: most elements that may differ from the reference at all (RMSNorm, SiLU)
 

@@ -109,7 +109,7 @@ def test_proposals_try_the_tree_then_the_prediction_then_lookup_within_the_limit
     assert draft is not None and draft.tokens == [4]
     assert drafts.propose(seq_of([1, 2, 3], 2), budget=2) is not None
     penalised = seq_of([1, 2, 3], 2, SamplingParams(max_tokens=64, presence_penalty=1.0))
-    assert drafts.eligible(penalised)  # no veto yet: the engine hands its features' (tests/test_logits_features.py)
+    assert drafts.eligible(penalised)  # no veto yet: the engine hands its features' (tests/engine/test_logits_features.py)
     drafts.forbid_drafts([lambda params: params.has_penalties])
     assert not drafts.eligible(penalised) and drafts.eligible(seq_of([1, 2, 3], 2))
     assert not DraftProposer(tree, 0, 8, 64).eligible(seq_of([1, 2, 3], 2))

@@ -9,7 +9,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEP_METHODS = ("step", "_launch", "_resolve")
 MAX_STEP_LINES, MAX_ATTRIBUTES = 50, 15
 

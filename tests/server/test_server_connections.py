@@ -36,7 +36,7 @@ from radixserve.server.owners import OWNER_HEADER
 
 SERVER_FD_LIMIT = 1024  # the descriptor limit of the report
 HOSTILE = 1024  # as many as the descriptor limit, as in the report: silent, slowloris and partial-body connections, a third each
-# the defaults the server must protect itself with (tests/test_server_connections.py checks they are the defaults)
+# the defaults the server must protect itself with (tests/server/test_server_connections.py checks they are the defaults)
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
 CLOSE_SLACK_S = 4.0  # scheduling slack on a loaded machine, on top of a timeout

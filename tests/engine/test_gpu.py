@@ -2,8 +2,8 @@
 
 fp32: the engine on CUDA (Triton attention, fused kernels, CUDA graphs on and off, overlap
 scheduling on and off) equals transformers token for token on the tiny models of every
-architecture, through the cache paths of tests/test_engine.py and the host tier's of
-tests/test_host_tier.py. bf16: the Triton path with graphs
+architecture, through the cache paths of tests/engine/test_engine.py and the host tier's of
+tests/engine/test_host_tier.py. bf16: the Triton path with graphs
 equals the torch backend's eager path. Sampling on the device: a seeded request is the same alone
 and in a mixed batch with overlap on and off, and the full-sort path's frequencies follow the
 filtered distribution. FP8 KV cache: the kernels write the torch format's bytes and read them as the

@@ -14,7 +14,6 @@ import statistics
 import sys
 import time
 import types
-from pathlib import Path
 
 import pytest
 
@@ -36,7 +35,6 @@ from radixserve_bench.workloads import (
     with_overrides,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
 ENCODE = byte_encoder(512)
 
 

@@ -31,7 +31,7 @@ from radixserve.kernels.reference import (
     store_kv_reference,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

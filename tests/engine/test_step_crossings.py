@@ -22,7 +22,7 @@ from radixserve import SamplingParams
 from radixserve.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "radixserve"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "radixserve"
 COMPONENTS = ("engine", "scheduler", "cache", "model")
 
 

@@ -83,7 +83,7 @@ def test_every_kind_compiles_once_then_comes_from_the_cache(compiler: GrammarCom
 
 
 def test_schema_key_order_is_part_of_the_key() -> None:
-    # the order of a schema's properties is the order a reply writes them in (tests/test_grammar_limits.py)
+    # the order of a schema's properties is the order a reply writes them in (tests/engine/test_grammar_limits.py)
     a = StructuredOutput(json={"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}})
     b = StructuredOutput(json={"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"})
     assert a.key != b.key

@@ -105,7 +105,7 @@ def output(usage: Usage) -> RequestOutput:
 def test_usage_carries_host_cached_tokens() -> None:
     out = output(Usage(prompt_tokens=120, cached_tokens=96, completion_tokens=8, host_cached_tokens=64))
     body = usage_body(out)
-    assert body.pop("completion_tokens_details")["accepted_prediction_tokens"] == 0  # tests/test_server_prediction.py
+    assert body.pop("completion_tokens_details")["accepted_prediction_tokens"] == 0  # tests/server/test_server_prediction.py
     assert body == {"prompt_tokens": 120, "completion_tokens": 8, "total_tokens": 128,
                     "prompt_tokens_details": {"cached_tokens": 96, "host_cached_tokens": 64}}
     turn = usage_json(out)

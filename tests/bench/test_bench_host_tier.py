@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from test_bench import FakeSystem  # noqa: E402
 
 from radixserve_bench.belady import simulate_pool
 from radixserve_bench.driver import RequestRecord, RunTrace, drive
@@ -29,9 +28,6 @@ from radixserve_bench.workloads import (
     default_load,
     send_order,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_bench import FakeSystem  # noqa: E402
 
 ENCODE = byte_encoder(512)
 RC = "returning-chats"
