@@ -124,6 +124,11 @@ def test_no_module_imports_upward() -> None:
     ("radixserve.engine.synthetic", "from radixserve.server import app\n"),
     ("radixserve.core", "from radixserve.cache.radix_tree import RadixNode\n"),  # at run time, not type-only
     ("radixserve.scheduler.synthetic", "def f():\n    from ..engine import LLMEngine\n"),  # relative, nested
+    ("radixserve.chat.synthetic", "from radixserve.engine import LLM\n"),  # chat sits below the engine
+    ("radixserve.chat.synthetic", "from radixserve.server.app import build_app\n"),
+    ("radixserve.kernels.synthetic", "from radixserve.model.attention import AttentionMetadata\n"),
+    ("radixserve.model.synthetic", "from radixserve.chat.template import ChatFormatter\n"),  # model knows no chat
+    ("radixserve.engine.synthetic", "import radixserve_bench.micro\n"),  # the runtime never imports the bench
 ])
 def test_an_upward_import_is_caught(module: str, source: str) -> None:
     modules = {**project_modules(), module: (source, False)}  # a synthetic module, or one rewritten

@@ -5,7 +5,7 @@
 lm-eval is not a radixserve dependency (it pulls in datasets, evaluate, scikit-learn, ...): install it
 in a venv of its own and name its `lm_eval` executable:
 
-    python -m venv /tmp/lme && /tmp/lme/bin/pip install torch "lm-eval[api]" transformers
+    python -m venv /tmp/lme && /tmp/lme/bin/pip install torch "lm-eval[api]" transformers accelerate
     radixserve bench lm-eval --lm-eval /tmp/lme/bin/lm_eval --publish docs/bench/api-clients
 
 The task is written at run time (no model hub, no dataset download): `QUESTIONS` below, four choices
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -112,7 +113,7 @@ def run_lm_eval(lm_eval: str, model: str, args: str, tasks: Path, out: Path) -> 
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--lm-eval", required=True, help="the lm_eval executable (a venv with lm-eval[api] installed)")
+    ap.add_argument("--lm-eval", required=True, help="the lm_eval executable (a venv with lm-eval[api] and accelerate)")
     ap.add_argument("--model", default=None, help="HF model directory (default: the embedded SmolLM2)")
     ap.add_argument("--tolerance", type=float, default=1e-3)
     ap.add_argument("--publish", type=Path, default=None, help="write lm_eval.md and lm_eval.json into this folder")
@@ -157,7 +158,7 @@ def report(api: dict[tuple[int, int], tuple[float, bool]], hf: dict[tuple[int, i
         "# lm-evaluation-harness: local-completions against radixserve vs lm-eval's hf backend",
         "",
         f"Task: {len(QUESTIONS)} four-choice questions ({len(api)} log-likelihood requests), float32, CPU.",
-        "Command: `radixserve bench lm-eval --lm-eval /tmp/lme/bin/lm_eval --publish docs/bench/api-clients`",
+        f"Command: `radixserve {shlex.join(sys.argv[1:])}`",
         "",
         "| | value |",
         "|---|---|",
