@@ -3,7 +3,9 @@
 Emitted text is always a prefix of the final text: a delta never ends in a split UTF-8 character
 (decoding "\ufffd" at the tail holds it back), and when stop strings are set the last
 `len(longest stop) - 1` characters are held back until they cannot start a stop string; the stop
-string that matched (the earliest in the text, the first listed on a tie) is `stop_match`. Special
+string that matched (the earliest in the text, the first listed on a tie) is `stop_match`. Text added
+while stops are not checked (the reply is shorter than its `min_tokens`) can never be matched: a stop
+string counts only if it ends after that text, as in vLLM. Special
 tokens are left out of the text unless `skip_special_tokens` is False; `hidden_ids` (the model's
 end-of-sequence tokens) are left out always.
 """
@@ -27,14 +29,16 @@ class IncrementalDetokenizer:
         self._read = 0
         self.stopped = False
         self.stop_match: str | None = None  # the stop string that ended the text, once `stopped`
+        self._exempt = 0  # characters of `text` added while stops were not checked
 
     def _decode(self, ids: list[int]) -> str:
         if not self.skip_special_tokens and self.hidden_ids:
             ids = [i for i in ids if i not in self.hidden_ids]
         return str(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens))
 
-    def add(self, token_ids: list[int]) -> None:
-        """Take new tokens; afterwards `stopped` says whether a stop string appeared."""
+    def add(self, token_ids: list[int], check_stops: bool = True) -> None:
+        """Take new tokens; afterwards `stopped` says whether a stop string appeared (never while
+        `check_stops` is False)."""
         if self.tokenizer is None:
             return
         self.ids.extend(token_ids)
@@ -43,9 +47,12 @@ class IncrementalDetokenizer:
         if len(now) > len(before) and not now.endswith("\ufffd"):
             self.text += now[len(before):]
             self._prefix, self._read = self._read, len(self.ids)
-        if self.stop:
+        if not check_stops:
+            self._exempt = len(self.text)
+        elif self.stop:
             start = max(0, self.emitted - self.holdback - 1)
-            hits = [(i, k) for k, i in enumerate(self.text.find(s, start) for s in self.stop) if i >= 0]
+            hits = [(i, k) for k, i in enumerate(self.text.find(s, max(start, self._exempt - len(s) + 1))
+                                                 for s in self.stop) if i >= 0]
             if hits:
                 at, k = min(hits)
                 self.text = self.text[:at]

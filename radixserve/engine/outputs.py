@@ -35,8 +35,8 @@ class OutputTracker:
     def add_token(self, seq: Sequence, token: int) -> bool:
         """Detokenize a newly resolved token; True when a stop string has appeared."""
         detok = self._detok[seq.seq_id]
-        detok.add([token])
         params = seq.request.params
+        detok.add([token], check_stops=len(detok.ids) + 1 >= params.min_tokens)  # min_tokens holds stop strings too
         # EOS goes first, as in vLLM: a stop id that is also the model's EOS reports no stop_reason
         if token in params.stop_token_ids and (params.ignore_eos or token not in self.eos_token_ids):
             self._stop_ids.setdefault(seq.seq_id, token)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # the most decoding sequences a step drafts for, by device, when --speculative-max-batch is not given:
 # above it a step's forward stops being memory-bound, so the drafts' positions cost what they save.
-# CPU (2 cores, the embedded model, scripts/spec_batch_cap.py): drafts still gain 1.58x at 32 decoding
+# CPU (2 cores, the embedded model, radixserve bench spec-batch-cap): drafts still gain 1.58x at 32 decoding
 # sequences and lose at 64 (0.89x). CUDA: not measured yet; 32 by the same token count per step.
 DEFAULT_MAX_BATCH = {"cpu": 32, "cuda": 32}
 

@@ -95,6 +95,28 @@ def test_min_tokens_holds_eos_and_stop_ids_back(overlap: bool) -> None:
     assert (got, reason) == ([eos] * 4, "length")
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_min_tokens_holds_stop_strings_back(overlap: bool) -> None:
+    """A stop string counts only once the reply has min_tokens tokens, and only where it ends after the
+    text those tokens made before (vLLM's rule): " fox" wins every draw, stop "fox" ends the reply at
+    the first token without min_tokens, at the third with min_tokens 3."""
+    e = engine(overlap=overlap)
+    fox = e.tokenizer.encode(" fox", add_special_tokens=False)
+    assert len(fox) == 1
+    texts = {}
+    for min_tokens in (0, 3):
+        rid = e.add_request(PROMPT, greedy(logit_bias={fox[0]: 100.0}, stop=["fox"], min_tokens=min_tokens))
+        text, tokens, reason = "", 0, None
+        while e.has_unfinished():
+            for out in e.step():
+                if out.request_id == rid:
+                    text, tokens, reason = text + out.outputs[0].text, tokens + len(out.outputs[0].token_ids), \
+                        out.outputs[0].finish_reason
+        texts[min_tokens] = (text, tokens, reason)
+    assert texts[0] == (" ", 1, "stop")
+    assert texts[3] == (" fox fox ", 3, "stop")
+
+
 def test_the_intake_refuses_ids_outside_the_vocabulary_naming_the_field() -> None:
     e = engine()
     vocab = e.spec.vocab_size
