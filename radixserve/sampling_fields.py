@@ -122,16 +122,18 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """A JSON integer (a bool is not one, though Python says so)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x: object) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)  # type: ignore[arg-type]
+def is_number(x: object) -> bool:
+    """A finite JSON number."""
+    return (is_int(x) or isinstance(x, float)) and math.isfinite(x)  # type: ignore[arg-type]
 
 
 def _read_float(f: SamplingField, v: Any, param: str) -> float:
-    if not _is_number(v):
+    if not is_number(v):
         raise FieldError(param, f"{param!r} must be a finite number")
     if not f.in_range(v):
         raise FieldError(param, f"{param!r} must be in {f.range_text()}, got {v}")
@@ -139,7 +141,7 @@ def _read_float(f: SamplingField, v: Any, param: str) -> float:
 
 
 def _read_int(f: SamplingField, v: Any, param: str) -> int:
-    if not _is_int(v):
+    if not is_int(v):
         raise FieldError(param, f"{param!r} must be an integer, got {type(v).__name__}")
     if not f.in_range(v):
         raise FieldError(param, f"{param!r} must be in {f.range_text()}, got {v}")
@@ -171,7 +173,7 @@ def _read_words(f: SamplingField, v: Any, param: str) -> list[str] | None:
 
 
 def _read_token_ids(f: SamplingField, v: Any, param: str) -> list[int] | None:
-    if not isinstance(v, list) or not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in v):
+    if not isinstance(v, list) or not all(is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in v):
         raise FieldError(param, f"{param!r} must be a list of token ids (integers in [0, {MAX_TOKEN_ID}])")
     if not v and not f.may_be_empty:
         raise FieldError(param, f"{param!r} must not be empty")
@@ -188,7 +190,7 @@ def _read_logit_bias(f: SamplingField, v: Any, param: str) -> dict[int, float] |
     for key, bias in v.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= _TOKEN_ID_DIGITS):
             raise FieldError(param, f"{param!r} keys must be token ids (non-negative integers), got {key!r}")
-        if not _is_number(bias) or not low <= bias <= high:
+        if not is_number(bias) or not low <= bias <= high:
             raise FieldError(param, f"{param}[{key!r}] must be a number in [{low:g}, {high:g}], got {bias!r}")
         out[int(key)] = float(bias)
     return out or None

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from radixserve.engine.intake import PRIORITY_LIMIT
+from radixserve.sampling_fields import is_int, is_number
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 256
@@ -119,14 +120,6 @@ def _finite_float(literal: str) -> float:
     if not math.isfinite(value):  # 1e999 parses to inf, which no strict JSON writer could send back
         raise _NonFinite(literal)
     return value
-
-
-def is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def is_number(x: object) -> bool:
-    return (is_int(x) or isinstance(x, float)) and math.isfinite(x)  # type: ignore[arg-type]
 
 
 def require_object(x: Any, what: str = "body") -> dict[str, Any]:
