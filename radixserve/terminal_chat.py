@@ -79,9 +79,9 @@ def run_chat(config: EngineConfig, args: argparse.Namespace) -> int:
         start = time.monotonic()
         generated, out = _stream(engine, prompt, params, echo=True)
         messages.append({"role": "user", "content": text})
-        closing = fmt.close_assistant(messages, generated, tuple(engine.eos_token_ids))
+        closed = fmt.closed_reply(messages, generated, tuple(engine.eos_token_ids))
         messages.append({"role": "assistant", "content": fmt.decode(generated)})
-        tokens = prompt + generated + closing
+        tokens = prompt + closed
         print(f"\n{_figures(out)} ({time.monotonic() - start:.1f} s)", flush=True)
 
 

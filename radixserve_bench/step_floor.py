@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.decoder import CausalLM
 
 
 def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
@@ -28,7 +28,7 @@ def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> fl
     return 2 * nbytes / statistics.median(times[1:])
 
 
-def weight_bytes(model: LlamaForCausalLM, batch: int) -> int:
+def weight_bytes(model: CausalLM, batch: int) -> int:
     """Bytes of weights one decode step of `batch` sequences reads: every parameter once (a tied
     embedding counts once: the LM head reads all of it), but an untied input embedding only the
     `batch` rows its lookup reads."""

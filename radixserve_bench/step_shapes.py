@@ -1,12 +1,24 @@
-"""The model shapes `radixserve bench step` can run without their weights (step_bench.py): the real
-config.json of Llama 3.2 1B and Llama 3.1 8B, written into a directory under the cache with the
-embedded model's tokenizer, for the engine to load with `load_format="dummy"`."""
+"""Real model shapes without their weights.
+
+`SHAPES`: what `radixserve bench step` runs (step_bench.py): the real config.json of Llama 3.2 1B and
+Llama 3.1 8B, written into a directory under the cache with the embedded model's tokenizer, for the
+engine to load with `load_format="dummy"`.
+
+`FAMILY_SHAPES`: one published checkpoint per model family `radixserve bench random-checkpoint --family`
+writes (checks/random_checkpoint.py): the fields of its config.json that set its shapes and quirks
+(layer sizes, heads, head_dim, experts, windows, rope settings, vocabulary, special token ids, the
+family's scalings and softcaps); the rest are the family's config class's defaults. Per-layer patterns
+a config class derives from the layer count (Gemma's and gpt-oss's alternating windows, OLMo 3's 3:1,
+SmolLM3's rope-less fourth layers) are left to it: the checkpoints' config.json files spell out the same.
+Invariant: every architecture of radixserve/model/families.py has one (tests/bench/test_random_family_serve.py).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +61,105 @@ def shape_dir(name: str) -> Path:
     except EmbeddedModelMissingError:
         tokenizer_dir = None  # the engine then takes token ids and detokenizes nothing
     return write_shape_dir(SHAPES[name], cache_root() / "shapes" / name, tokenizer_dir)
+
+
+@dataclass(frozen=True)
+class FamilyShape:
+    """A family's published checkpoint: `config` goes to `AutoConfig.for_model(model_type, **config)`."""
+
+    model_type: str
+    source: str  # the Hugging Face repository whose config.json this is
+    config: dict[str, Any]
+
+
+FAMILY_SHAPES: dict[str, FamilyShape] = {
+    "llama": FamilyShape("llama", "meta-llama/Llama-3.1-8B", {
+        k: v for k, v in SHAPES["llama-3.1-8b"].items() if k not in ("model_type", "torch_dtype")}),
+    "qwen2": FamilyShape("qwen2", "Qwen/Qwen2.5-7B-Instruct", dict(
+        architectures=["Qwen2ForCausalLM"], hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, bos_token_id=151643,
+        eos_token_id=151645)),
+    "qwen3": FamilyShape("qwen3", "Qwen/Qwen3-8B", dict(
+        architectures=["Qwen3ForCausalLM"], hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        bos_token_id=151643, eos_token_id=151645)),
+    "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
+        architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "gemma2": FamilyShape("gemma2", "google/gemma-2-9b-it", dict(
+        architectures=["Gemma2ForCausalLM"], hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, vocab_size=256000,
+        max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096,
+        query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh", bos_token_id=2, eos_token_id=[1, 107], pad_token_id=0)),
+    "gemma3": FamilyShape("gemma3_text", "google/gemma-3-1b-it", dict(
+        architectures=["Gemma3ForCausalLM"], hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling=None, sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256,
+        attn_logit_softcapping=None, final_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh",
+        bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)),
+    "gpt-oss": FamilyShape("gpt_oss", "openai/gpt-oss-20b", dict(
+        architectures=["GptOssForCausalLM"], hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+        vocab_size=201088, max_position_embeddings=131072, rms_norm_eps=1e-5, sliding_window=128,
+        attention_bias=True, swiglu_limit=7.0, rope_theta=150000.0,
+        rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                          original_max_position_embeddings=4096, truncate=False),
+        tie_word_embeddings=False, eos_token_id=200002, pad_token_id=199999)),
+    "qwen3-moe": FamilyShape("qwen3_moe", "Qwen/Qwen3-30B-A3B", dict(
+        architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        bos_token_id=151643, eos_token_id=151645)),
+    "mixtral": FamilyShape("mixtral", "mistralai/Mixtral-8x7B-Instruct-v0.1", dict(
+        architectures=["MixtralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+        vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        sliding_window=None, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "phi3": FamilyShape("phi3", "microsoft/Phi-3-mini-4k-instruct", dict(
+        architectures=["Phi3ForCausalLM"], hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096,
+        original_max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+        sliding_window=2047, tie_word_embeddings=False, bos_token_id=1, eos_token_id=32000, pad_token_id=32000)),
+    "olmo2": FamilyShape("olmo2", "allenai/OLMo-2-1124-7B-Instruct", dict(
+        architectures=["Olmo2ForCausalLM"], hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=100352, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=100257,
+        eos_token_id=100257, pad_token_id=100277)),
+    "olmo3": FamilyShape("olmo3", "allenai/Olmo-3-7B-Instruct", dict(
+        architectures=["Olmo3ForCausalLM"], hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=100278, max_position_embeddings=65536,
+        rms_norm_eps=1e-6, sliding_window=4096, rope_theta=500000.0,
+        rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=8192, beta_fast=32.0,
+                          beta_slow=1.0, attention_factor=1.2079441541679836),
+        tie_word_embeddings=False, eos_token_id=100257, pad_token_id=100277)),
+    "smollm3": FamilyShape("smollm3", "HuggingFaceTB/SmolLM3-3B", dict(
+        architectures=["SmolLM3ForCausalLM"], hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=4, vocab_size=128256, max_position_embeddings=65536,
+        rms_norm_eps=1e-6, rope_theta=5000000.0, no_rope_layer_interval=4, use_sliding_window=False,
+        tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128012, pad_token_id=128004)),
+    "glm4": FamilyShape("glm4", "THUDM/GLM-4-9B-0414", dict(
+        architectures=["Glm4ForCausalLM"], hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, vocab_size=151552,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.5,
+        attention_bias=True, tie_word_embeddings=False, eos_token_id=[151329, 151336, 151338],
+        pad_token_id=151329)),
+    "glm": FamilyShape("glm", "THUDM/glm-4-9b-chat-hf", dict(
+        architectures=["GlmForCausalLM"], hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, vocab_size=151552,
+        max_position_embeddings=131072, rms_norm_eps=1.5625e-07, rope_theta=10000.0, partial_rotary_factor=0.5,
+        attention_bias=True, tie_word_embeddings=False, eos_token_id=[151329, 151336, 151338],
+        pad_token_id=151329)),
+    "granite": FamilyShape("granite", "ibm-granite/granite-3.3-8b-instruct", dict(
+        architectures=["GraniteForCausalLM"], hidden_size=4096, intermediate_size=12800, num_hidden_layers=40,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=49159, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=10000000.0, embedding_multiplier=12.0, attention_multiplier=0.0078125,
+        residual_multiplier=0.22, logits_scaling=16.0, tie_word_embeddings=True, bos_token_id=0,
+        eos_token_id=0, pad_token_id=0)),
+}

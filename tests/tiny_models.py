@@ -73,8 +73,62 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         rope_parameters=dict(rope_type="default", rope_theta=10000.0),
     ),
 }
+TINY_WINDOW = 8  # the newer families' sliding window: every test prompt crosses it
 
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral"}
+# The families beyond Llama's shape: each config exercises what sets the family apart.
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma2": dict(
+        architectures=["Gemma2ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=TINY_WINDOW, query_pre_attn_scalar=24,
+        attn_logit_softcapping=5.0, final_logit_softcapping=40.0, eos_token_id=2, tie_word_embeddings=True,
+    ),
+    "gemma3": dict(
+        architectures=["Gemma3ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        sliding_window=TINY_WINDOW, query_pre_attn_scalar=24, eos_token_id=2, tie_word_embeddings=True,
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
+    ),
+    "gpt_oss": dict(
+        architectures=["GptOssForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=TINY_WINDOW, eos_token_id=2,
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                             original_max_position_embeddings=64, truncate=False),
+    ),
+    "qwen3_moe": dict(
+        architectures=["Qwen3MoeForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
+        eos_token_id=2,
+    ),
+    "mixtral": dict(
+        architectures=["MixtralForCausalLM"], num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=TINY_WINDOW * 2, eos_token_id=2,
+    ),
+    "phi3": dict(
+        architectures=["Phi3ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5), eos_token_id=2,
+    ),
+    "olmo2": dict(architectures=["Olmo2ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                  eos_token_id=2),
+    "olmo3": dict(architectures=["Olmo3ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                  layer_types=["sliding_attention", "full_attention"], sliding_window=TINY_WINDOW, eos_token_id=2),
+    "smollm3": dict(architectures=["SmolLM3ForCausalLM"], num_attention_heads=4, num_key_value_heads=2,
+                    no_rope_layers=[1, 0], pad_token_id=0, eos_token_id=2),
+    "glm4": dict(architectures=["Glm4ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 attention_bias=True, pad_token_id=0, eos_token_id=2),
+    "glm": dict(architectures=["GlmForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                attention_bias=True, pad_token_id=0, eos_token_id=2),
+    "granite": dict(architectures=["GraniteForCausalLM"], num_attention_heads=4, num_key_value_heads=2,
+                    embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0,
+                    pad_token_id=0, eos_token_id=2),
+}
+TINY_CONFIGS.update(FAMILY_CONFIGS)
+
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
+                "gemma3": "gemma3_text", "gpt_oss": "gpt_oss", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
+                "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
+                "granite": "granite"}
 
 
 @functools.cache
@@ -91,7 +145,7 @@ def tiny_model_dir(arch: str) -> Path:
         raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(TINY_CONFIGS)}")
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(_MODEL_TYPES[arch], **_COMMON, **TINY_CONFIGS[arch])
+    config = AutoConfig.for_model(_MODEL_TYPES[arch], **{**_COMMON, **TINY_CONFIGS[arch]})
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -101,7 +155,9 @@ def tiny_model_dir(arch: str) -> Path:
             elif "norm" in name:
                 param.uniform_(0.5, 1.5)
             elif "embed_tokens" in name or "lm_head" in name:
-                param.mul_(4.0)  # logits spread ~4x wider: greedy choices far from ties
+                # logits spread ~4x wider: greedy choices far from ties (Gemma already scales its
+                # embeddings by sqrt(hidden), and wider still would leave sampling one choice)
+                param.mul_(0.5 if arch.startswith("gemma") else 4.0)
     out = _workdir() / arch
     model.save_pretrained(out)
     return out
@@ -148,5 +204,137 @@ def tiny_chat_model_dir(arch: str = "llama") -> Path:
     shutil.copytree(tiny_model_dir(arch), out)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
                                    chat_template=TINY_CHAT_TEMPLATE)
+    fast.save_pretrained(out)
+    return out
+
+
+# Chat templates of thinking models, written for the tests after the shapes of Qwen3's and gpt-oss's (not
+# copies): what the reasoning parsers, template variables and tool formats must cope with.
+_QWEN3_SYSTEM = (
+    "{%- if tools -%}{{ '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' -%}"
+    "{{ messages[0].content + '\\n\\n' }}{%- endif -%}"
+    "{{ '# Tools\\n\\nYou may call functions. Their signatures are in <tools></tools>:\\n<tools>' }}"
+    "{%- for t in tools -%}{{ '\\n' + (t | tojson) }}{%- endfor -%}"
+    "{{ '\\n</tools>\\n\\nFor each call write <tool_call>\\n{\"name\": <name>, \"arguments\": <args>}\\n</tool_call>"
+    "<|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' -%}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+)
+# {keep}: which assistant turns show their reasoning; {opening}: what the generation prompt adds
+_QWEN3_BODY = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' and loop.first -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- set r = m.reasoning_content if m.reasoning_content is defined and m.reasoning_content else '' -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- if {keep} -%}{{ '<think>\\n' + r.strip('\\n') + '\\n</think>\\n\\n' }}{%- endif -%}"
+    "{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] -%}"
+    "{{ '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson)"
+    " + '}\\n</tool_call>' }}{%- endfor -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{opening}{%- endif -%}"
+)
+_QWEN3_KEEPS = {
+    # as Qwen3: only the turns after the last user message keep their <think> (the last one always)
+    "qwen3": "loop.index0 > ns.last_user and (loop.last or r)",
+    # as templates that keep every turn's reasoning when the client sends it back (Qwen3.5's, GLM's)
+    "qwen3_keep": "r or (loop.index0 > ns.last_user and loop.last)",
+    # the generation prompt opens the thinking (Qwen3-Thinking, Qwen3.5): replies start inside it
+    "qwen3_opened": "loop.index0 > ns.last_user and (loop.last or r)",
+}
+_QWEN3_OPENINGS = {
+    "qwen3": "{%- if enable_thinking is defined and not enable_thinking -%}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif -%}",
+    "qwen3_keep": "{%- if enable_thinking is defined and not enable_thinking -%}{{ '<think>\\n\\n</think>\\n\\n' }}"
+                  "{%- endif -%}",
+    "qwen3_opened": "{%- if enable_thinking is defined and not enable_thinking -%}{{ '<think>\\n\\n</think>\\n\\n' }}"
+                    "{%- else -%}{{ '<think>\\n' }}{%- endif -%}",
+}
+# harmony: a system message with the reasoning effort, a developer message with the instructions and tools,
+# replies in the final channel, calls as commentary messages to functions.NAME, results from them
+HARMONY_TEMPLATE = (
+    "{{ '<|start|>system<|message|>You are a tiny test model.\\nReasoning: ' + (reasoning_effort | default('medium'))"
+    " + '\\n# Valid channels: analysis, commentary, final.<|end|>' }}"
+    "{%- set first = messages[0].content if messages and messages[0].role == 'system' else '' -%}"
+    "{%- if first or tools -%}{{ '<|start|>developer<|message|>' }}"
+    "{%- if first -%}{{ '# Instructions\\n' + first + '\\n' }}{%- endif -%}"
+    "{%- if tools -%}{{ '# Tools\\nnamespace functions {\\n' }}{%- for t in tools -%}"
+    "{{ '// ' + t.function.description + '\\ntype ' + t.function.name + ' = (_: ' + (t.function.parameters | tojson)"
+    " + ') => any;\\n' }}{%- endfor -%}{{ '}' }}{%- endif -%}{{ '<|end|>' }}{%- endif -%}"
+    "{%- set ns = namespace(last_user=-1, callee='') -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' and loop.first -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- if m.reasoning_content is defined and m.reasoning_content and loop.index0 > ns.last_user -%}"
+    "{{ '<|start|>assistant<|channel|>analysis<|message|>' + m.reasoning_content + '<|end|>' }}{%- endif -%}"
+    "{%- if m.tool_calls -%}{%- for c in m.tool_calls -%}{%- set ns.callee = c.function.name -%}"
+    "{{ '<|start|>assistant<|channel|>commentary to=functions.' + c.function.name + ' <|constrain|>json<|message|>'"
+    " + (c.function.arguments | tojson) + '<|call|>' }}{%- endfor -%}"
+    "{%- else -%}{{ '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|end|>' }}{%- endif -%}"
+    "{%- elif m.role == 'tool' -%}"
+    "{{ '<|start|>functions.' + ns.callee + ' to=assistant<|channel|>commentary<|message|>' + m.content + '<|end|>' }}"
+    "{%- else -%}{{ '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|start|>assistant' }}{%- endif -%}"
+)
+HARMONY_MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>")
+_REASONING_CORPUS = [
+    "<think>\nThe user asks about the weather. I should look it up.\n</think>\n\nIt is sunny in Paris.",
+    "analysis commentary final to=functions.get_weather json Reasoning: medium",
+    '{"city": "Paris"} {"location": "Rome"}',
+]
+
+
+def reasoning_chat_template(kind: str) -> str:
+    """The test template of `kind`: "qwen3", "qwen3_keep", "qwen3_opened" or "harmony"."""
+    if kind == "harmony":
+        return HARMONY_TEMPLATE
+    body = _QWEN3_BODY.replace("{keep}", _QWEN3_KEEPS[kind]).replace("{opening}", _QWEN3_OPENINGS[kind])
+    return _QWEN3_SYSTEM + body
+
+
+@functools.cache
+def tiny_reasoning_model_dir(kind: str) -> Path:
+    """The tiny llama checkpoint with a tokenizer and chat template of a thinking model. Qwen3-like kinds
+    have `<think>` and `</think>` as added tokens (not special, as Qwen3's) and end turns with <|im_end|>,
+    their one end-of-sequence token (id 2); "harmony" has gpt-oss's markers as special tokens, and ends
+    replies with <|return|> (id 2) or <|call|> (id 3), its end-of-sequence tokens. The context is 4096
+    tokens."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    harmony = kind == "harmony"
+    specials = (["<pad>", "<s>", "<|return|>", "<|call|>", *HARMONY_MARKERS] if harmony
+                else ["<pad>", "<s>", "<|im_end|>", "</s>", "<|im_start|>"])
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB - 12, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((_TINY_CORPUS + _REASONING_CORPUS) * 4, trainer)
+    if not harmony:
+        tok.add_tokens([AddedToken("<think>", special=False, normalized=False),
+                        AddedToken("</think>", special=False, normalized=False)])
+    out = _workdir() / f"reasoning-{kind}"
+    shutil.copytree(tiny_model_dir("llama"), out)
+    config = json.loads((out / "config.json").read_text())
+    config["eos_token_id"] = [2, 3] if harmony else 2
+    config["max_position_embeddings"] = 4 * TINY_CONTEXT  # room for Anthropic's least thinking budget (1024)
+    (out / "config.json").write_text(json.dumps(config))
+    extra: dict[str, Any] = {"extra_special_tokens": list(HARMONY_MARKERS)} if harmony else {}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>",
+                                   eos_token="<|return|>" if harmony else "<|im_end|>",
+                                   chat_template=reasoning_chat_template(kind), **extra)
     fast.save_pretrained(out)
     return out

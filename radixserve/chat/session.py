@@ -81,8 +81,7 @@ class ChatSession:
         reply = out.outputs[0]
         history = self.messages + inputs
         end_ids = tuple(self.llm.engine.eos_token_ids) + tuple(params.stop_token_ids)
-        closing = self.formatter.close_assistant(history, reply.token_ids, end_ids, self._rendered)
-        self.token_ids = prompt + reply.token_ids + closing
+        self.token_ids = prompt + self.formatter.closed_reply(history, reply.token_ids, end_ids, self._rendered)
         if tools is None:
             self.messages = history + [{"role": "assistant", "content": reply.text}]
             return out

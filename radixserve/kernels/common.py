@@ -7,15 +7,21 @@ Invariants the kernels rely on, enforced here before any launch:
 - Hq is a multiple of Hkv;
 - every tensor is on a CUDA device, or Triton runs in its interpreter (TRITON_INTERPRET=1 set before
   triton was imported), in which case CPU tensors are fine and their index values are also checked
-  (free on CPU; on CUDA that would cost a host sync per layer, so there the engine is trusted).
+  (free on CPU; on CUDA that would cost a host sync per layer, so there the engine is trusted);
+- an attention variant (`AttentionVariant`: sliding window >= 1, softcap > 0, sinks [Hq] contiguous
+  floats on q's device) is checked here too; `scores_log2` is the one place both kernels turn q.k
+  products into (soft-capped) base-2 logits.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from radixserve.kernels import fp8_format
 
@@ -27,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - triton ships with the Linux x86
         "use --attention-backend torch elsewhere"
     ) from exc
 
+LOG2E = 1.4426950408889634
+LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)  # the same, for use inside kernels
 MIN_BLOCK_SIZE = 16
 # set only by kernels.aot_check while a stand-in driver compiles for a GPU this machine lacks
 COMPILE_ONLY = False
@@ -191,3 +199,61 @@ def launch_with_fallback(
 
 def scheduling_kwargs(kernel: object, cfg: LaunchConfig) -> dict[str, int]:
     return {} if is_interpreted(kernel) else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """What a layer's attention adds to plain causal softmax; the same for every layer of one kind.
+
+    `window`: the query at position p sees keys p - window < j <= p (None: all j <= p). `softcap`:
+    scores s become softcap * tanh(s / softcap) before masking. `sinks`: the layer has a learned logit
+    per q head that joins each softmax's denominator with no value (the tensor itself is per layer
+    and passed at launch). Part of a plan: layers that differ here need plans of their own.
+    """
+
+    window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+    def constants(self) -> dict[str, bool]:
+        return {"HAS_WINDOW": self.window is not None, "SOFTCAP": self.softcap is not None, "SINKS": self.sinks}
+
+    def scalars(self, scale: float) -> tuple[float, float, int]:
+        """(score_scale, cap_log2, window) as `scores_log2` and the kernels take them."""
+        window = 0 if self.window is None else self.window
+        if self.softcap is None:
+            return scale * LOG2E, 0.0, window
+        # tanh(x) is computed as 1 - 2 / (2^(2 x log2 e) + 1), x = scale q.k / softcap
+        return 2.0 * LOG2E * scale / self.softcap, self.softcap * LOG2E, window
+
+
+def check_variant(
+    q: torch.Tensor, window: int | None, sinks: torch.Tensor | None, softcap: float | None
+) -> AttentionVariant:
+    """Validate the optional attention features against q [N, Hq, D]."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 1 <= window < 2**31):
+        raise ValueError(f"window must be an int in [1, 2^31), got {window!r}")
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a finite number > 0, got {softcap!r}")
+    if sinks is not None:
+        check_sinks(sinks, q)
+    return AttentionVariant(window, None if softcap is None else float(softcap), sinks is not None)
+
+
+def check_sinks(sinks: torch.Tensor, q: torch.Tensor) -> None:
+    if sinks.dim() != 1 or sinks.shape[0] != q.shape[1] or sinks.stride(0) != 1:
+        raise ValueError(f"sinks must be a contiguous [Hq={q.shape[1]}] vector, got shape {tuple(sinks.shape)}")
+    if sinks.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"sinks dtype {sinks.dtype} unsupported; use float16, bfloat16 or float32")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device}, q on {q.device}")
+
+
+@triton.jit
+def scores_log2(qk, score_scale, cap_log2, SOFTCAP: tl.constexpr):
+    """Raw q.k products -> base-2 logits, soft-capped when SOFTCAP (arguments from AttentionVariant.scalars)."""
+    if SOFTCAP:
+        # tanh through exp2, which the GPU and the interpreter both have; it saturates to +-1 cleanly
+        # (2^x overflowing to inf gives 1, underflowing to 0 gives -1)
+        return (1.0 - 2.0 / (tl.exp2(qk * score_scale) + 1.0)) * cap_log2
+    return qk * score_scale

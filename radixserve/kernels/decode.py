@@ -9,6 +9,13 @@ rows are dequantized as they are loaded (radixserve/kernels/fp8.py). Online soft
 program writes the output directly; otherwise it writes its normalized partial output and
 log-sum-exp, and `_merge_kernel` (grid (B, Hq)) combines the S partials with weights
 exp2(lse_s - max lse). Empty splits (short sequences) write lse = -inf and are ignored.
+
+Variants (common.AttentionVariant): with a sliding window the query (position len - 1) sees keys
+from lo = max(0, len - window) on, and a row's S splits share [lo rounded down to BLOCK_N, len)
+instead of [0, len): keys below never load and a decode costs the window's length, not the
+context's. A softcap caps the scores before masking (common.scores_log2). Sinks join the
+denominator exactly once: as the running max and sum's starting point when S == 1, otherwise in
+the merge (the partials stay plain softmaxes over their keys).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.common import (
+    LOG2E_C,
+    AttentionVariant,
     LaunchConfig,
     check_block_table,
     check_cache_pair,
@@ -31,6 +40,7 @@ from radixserve.kernels.common import (
     check_out,
     check_query,
     check_table_covers,
+    check_variant,
     dot_precision,
     head_dim_pad,
     is_fp8_cache,
@@ -38,19 +48,19 @@ from radixserve.kernels.common import (
     launch_with_fallback,
     next_pow2,
     scheduling_kwargs,
+    scores_log2,
     should_check_values,
     upcast_in_kernel,
 )
 from radixserve.kernels.fp8 import dequantize_rows
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr,
+    score_scale, cap_log2, window,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -59,6 +69,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -66,10 +77,15 @@ def _decode_split_kernel(
     num_q_heads = tl.num_programs(1) * GROUP
 
     seq_len = tl.load(seq_lens_ptr + seq)
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)  # the first key the query sees
+    else:
+        lo = 0
+    base = lo // BLOCK_N * BLOCK_N
     # plain integer ceil-divisions: tl.cdiv is a jit helper, slow to call under the interpreter
-    per_split = (seq_len + NUM_SPLITS - 1) // NUM_SPLITS
+    per_split = (seq_len - base + NUM_SPLITS - 1) // NUM_SPLITS
     chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    start = split * chunk
+    start = base + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     groups = tl.arange(0, GROUP_PAD)
@@ -84,13 +100,22 @@ def _decode_split_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    if SINKS and NUM_SPLITS == 1:
+        # the sink as the first term of the online softmax: max = sink, sum = 2^(sink - max) = 1
+        m_i = tl.load(sinks_ptr + heads, mask=head_mask, other=0.0).to(tl.float32) * LOG2E_C
+        l_i = tl.full([GROUP_PAD], 1.0, tl.float32)
+    else:
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     table_row = block_table_ptr + seq * stride_tb
+    # every tile holds a key the query sees (the first one holds lo), so no row's max stays -inf
     for tile_start in range(start, end, BLOCK_N):
         tokens = tile_start + tl.arange(0, BLOCK_N)
-        token_mask = tokens < end
+        if HAS_WINDOW:
+            token_mask = (tokens < end) & (tokens >= lo)
+        else:
+            token_mask = tokens < end
         page = tl.load(table_row + (tokens // PAGE_SIZE) * stride_tn, mask=token_mask, other=0).to(tl.int64)
         in_page = tokens % PAGE_SIZE
         kv_mask = token_mask[:, None] & dim_mask[None, :]
@@ -100,7 +125,7 @@ def _decode_split_kernel(
             k = dequantize_rows(k, k_rows, token_mask[:, None], HEAD_DIM).to(q.dtype)
         if UPCAST:
             k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        scores = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), score_scale, cap_log2, SOFTCAP)
         scores = tl.where(token_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -133,9 +158,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _merge_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr,
     stride_ob, stride_oh, stride_od,
     HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -145,12 +171,17 @@ def _merge_kernel(
     lse = tl.load(part_lse_ptr + row0 + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
     has_keys = lse > float("-inf")
     top = tl.max(lse, 0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E_C
+        top = tl.maximum(top, sink)
     weight = tl.where(has_keys, tl.exp2(lse - top), 0.0)
     part = tl.load(
         part_out_ptr + (row0 + splits)[:, None] * DIM_PAD + dims[None, :],
         mask=has_keys[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
     )
     total = tl.sum(weight, 0)
+    if SINKS:
+        total += tl.exp2(sink - top)  # once per head: the sink is in no partial
     merged = tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(
         out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od,
@@ -201,17 +232,21 @@ class DecodeLaunch:
     splits_for: Callable[[LaunchConfig], int]
     configs: tuple[LaunchConfig, ...]
     key: tuple
-    scale_log2: float
+    scalars: tuple[float, float, int]  # AttentionVariant.scalars
     constants: dict
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-        seq_lens: torch.Tensor, out: torch.Tensor | None = None,
+        seq_lens: torch.Tensor, out: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`sinks` [Hq]: this layer's, given exactly when the plan was made with sinks."""
+        if (sinks is not None) != self.constants["SINKS"]:
+            raise ValueError("sinks must be given exactly when the plan was made with sinks")
         out = torch.empty_like(q) if out is None else out
         if self.batch == 0:
             return out
         dim_pad = self.constants["DIM_PAD"]
+        sinks_arg = out if sinks is None else sinks  # unused by the kernels without SINKS
 
         def launch(cfg: LaunchConfig) -> None:
             splits = self.splits_for(cfg)
@@ -221,17 +256,17 @@ class DecodeLaunch:
             else:
                 part_out = part_lse = out  # unused by the kernel when NUM_SPLITS == 1
             _decode_split_kernel[(self.batch, self.num_kv_heads, splits)](
-                q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
-                self.scale_log2,
+                q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse, sinks_arg,
+                *self.scalars,
                 *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
                 BLOCK_N=cfg.block_n, NUM_SPLITS=splits, **self.constants,
                 **scheduling_kwargs(_decode_split_kernel, cfg),
             )
             if splits > 1:
                 _merge_kernel[(self.batch, self.num_q_heads)](
-                    part_out, part_lse, out, *out.stride(),
+                    part_out, part_lse, out, sinks_arg, *out.stride(),
                     HEAD_DIM=self.constants["HEAD_DIM"], DIM_PAD=dim_pad, NUM_SPLITS=splits,
-                    SPLITS_PAD=next_pow2(splits),
+                    SPLITS_PAD=next_pow2(splits), SINKS=self.constants["SINKS"],
                 )
 
         launch_with_fallback(launch, list(self.configs), self.key)
@@ -249,11 +284,16 @@ def plan_decode(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     config: LaunchConfig | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> DecodeLaunch:
     """Validate a decode launch and fix its parameters (see `paged_decode_attention` for the arguments).
 
-    The split count depends only on the batch size, the kv heads and `max_seq_len`, all host values,
-    so a plan made with a fixed bound is replayable inside a CUDA graph whatever the live lengths.
+    The split count depends only on the batch size, the kv heads, `max_seq_len` and the window, all
+    host values, so a plan made with a fixed bound is replayable inside a CUDA graph whatever the
+    live lengths (each row divides its own span among the splits at run time). `sinks` here only
+    says that launches bring a sinks tensor and checks it; each launch passes its layer's.
     """
     num_blocks, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
     group = check_query(q, k_cache, num_kv_heads, head_dim)
@@ -261,6 +301,7 @@ def plan_decode(
     check_int_vector("seq_lens", seq_lens, batch, torch.int32)
     check_block_table(block_table, batch, num_blocks)
     check_device(_decode_split_kernel, q, k_cache, v_cache, block_table, seq_lens)
+    variant = check_variant(q, window, sinks, softcap)
     if should_check_values(seq_lens):
         check_table_covers(block_table, seq_lens, block_size, num_blocks)
         if batch and int(seq_lens.min()) < 1:
@@ -275,16 +316,24 @@ def plan_decode(
     constants = {
         "GROUP": group, "GROUP_PAD": max(16, next_pow2(group)), "HEAD_DIM": head_dim, "DIM_PAD": head_dim_pad(head_dim),
         "PAGE_SIZE": block_size, "UPCAST": upcast_in_kernel(_decode_split_kernel, q.dtype),
-        "DOT_PRECISION": dot_precision(q.dtype), "KV_FP8": is_fp8_cache(k_cache),
+        "DOT_PRECISION": dot_precision(q.dtype), "KV_FP8": is_fp8_cache(k_cache), **variant.constants(),
     }
     device, bound = q.device, max_seq_len
 
     def splits_for(cfg: LaunchConfig) -> int:
-        return num_splits or auto_num_splits(batch, num_kv_heads, bound, cfg.block_n, device)
+        return num_splits or auto_num_splits(batch, num_kv_heads, window_span(bound, variant, cfg.block_n),
+                                             cfg.block_n, device)
 
     configs = (config,) if config else tuple(decode_configs(q.dtype, head_dim, interpreted))
-    return DecodeLaunch(batch, q.shape[1], num_kv_heads, splits_for, configs,
-                        ("decode", q.dtype, is_fp8_cache(k_cache), head_dim, q.device, config), scale * LOG2E, constants)
+    key = ("decode", q.dtype, is_fp8_cache(k_cache), head_dim, q.device, config, tuple(variant.constants().values()))
+    return DecodeLaunch(batch, q.shape[1], num_kv_heads, splits_for, configs, key, variant.scalars(scale), constants)
+
+
+def window_span(max_seq_len: int, variant: AttentionVariant, block_n: int) -> int:
+    """The most keys one row's splits share: its window's, from the BLOCK_N tile holding its first key."""
+    if variant.window is None:
+        return max_seq_len
+    return min(max_seq_len, variant.window + block_n - 1)
 
 
 def paged_decode_attention(
@@ -299,13 +348,18 @@ def paged_decode_attention(
     num_splits: int | None = None,
     config: LaunchConfig | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D], one token per sequence -> out [B, Hq, D].
 
     seq_lens [B] int32 counts the current token, whose K/V must already be in the cache.
     `max_seq_len` (a host bound on seq_lens), `num_splits` and `config` (tile override) only tune
     the launch; by default the bound is the block table's capacity, so no device sync is needed.
+    `window`, `sinks` [Hq] and `softcap`: the attention variants of common.AttentionVariant, with
+    reference.paged_decode_attention_reference's semantics.
     """
     plan = plan_decode(q, k_cache, v_cache, block_table, seq_lens, scale, max_seq_len=max_seq_len,
-                       num_splits=num_splits, config=config)
-    return plan(q, k_cache, v_cache, block_table, seq_lens, check_out(out, q))
+                       num_splits=num_splits, config=config, window=window, sinks=sinks, softcap=softcap)
+    return plan(q, k_cache, v_cache, block_table, seq_lens, check_out(out, q), sinks)

@@ -2,7 +2,8 @@
 
 Same signatures and semantics as the Triton entry points. Attention math runs in fp32 with an
 explicit softmax, one sequence at a time, reading K/V through the block table exactly as the kernels
-must; results are cast back to q's dtype. Slots < 0 in `store_kv_reference` are skipped (padding).
+must; results are cast back to q's dtype. The attention variants (sliding `window`, gpt-oss `sinks`,
+Gemma 2 `softcap`) are written out as formulas in `_attend`. Slots < 0 in `store_kv_reference` are skipped (padding).
 
 The fused-kernel references (`add_rms_norm_reference`, `rotary_qk_reference_`, `silu_and_mul_reference`)
 are the model's own torch code for those steps, written out here because kernels never import radixserve:
@@ -33,15 +34,34 @@ def gather_sequence(cache: torch.Tensor, block_row: torch.Tensor, length: int) -
     return cache[blocks, pos % block_size]
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, q_pos: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [n, Hq, D] at absolute positions q_pos attends causally to keys/vals [S, Hkv, D]; fp32 result."""
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, q_pos: torch.Tensor, scale: float,
+    window: int | None = None, sinks: torch.Tensor | None = None, softcap: float | None = None,
+) -> torch.Tensor:
+    """q [n, Hq, D] at absolute positions q_pos attends causally to keys/vals [S, Hkv, D]; fp32 result.
+
+    For query i of head h and key j: s = scale * q.k, then s <- softcap * tanh(s / softcap) with a softcap;
+    key j is visible when j <= q_pos[i], and also q_pos[i] - window < j with a window; then
+    out = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sinks[h] - m)) over visible j, m the largest
+    of the visible s_j and sinks[h] (the sink term is absent without sinks: a plain softmax).
+    """
     group = q.shape[1] // keys.shape[1]
     k = keys.float().repeat_interleave(group, dim=1)  # [S, Hq, D]
     v = vals.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,shd->hns", q.float(), k) * scale
-    visible = torch.arange(keys.shape[0], device=q.device)[None, :] <= q_pos[:, None]  # [n, S]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    key_pos = torch.arange(keys.shape[0], device=q.device)[None, :]
+    visible = key_pos <= q_pos[:, None]  # [n, S]
+    if window is not None:
+        visible &= key_pos > q_pos[:, None] - window
     scores = scores.masked_fill(~visible[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        # the sink is one more logit with no value: it joins the softmax and is dropped after
+        sink = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     return torch.einsum("hns,shd->nhd", probs, v)
 
 
@@ -53,6 +73,10 @@ def paged_extend_attention_reference(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     out = torch.empty_like(q)
     starts = cu_seqlens_q.tolist()
@@ -64,7 +88,7 @@ def paged_extend_attention_reference(
         keys = gather_sequence(k_cache, block_table[b], total)
         vals = gather_sequence(v_cache, block_table[b], total)
         q_pos = torch.arange(total - n, total, device=q.device)
-        out[lo:hi] = _attend(q[lo:hi], keys, vals, q_pos, scale).to(q.dtype)
+        out[lo:hi] = _attend(q[lo:hi], keys, vals, q_pos, scale, window, sinks, softcap).to(q.dtype)
     return out
 
 
@@ -75,9 +99,14 @@ def paged_decode_attention_reference(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_extend_attention_reference(q, k_cache, v_cache, block_table, cu, seq_lens, scale)
+    return paged_extend_attention_reference(q, k_cache, v_cache, block_table, cu, seq_lens, scale, window=window,
+                                            sinks=sinks, softcap=softcap)
 
 
 def add_rms_norm_reference(

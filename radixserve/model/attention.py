@@ -6,6 +6,13 @@ mixed, in sequence order). Each backend first writes the step's new K/V into the
 sequence's whole prefix through the block table, causally. Backends never allocate or free blocks:
 the engine guarantees that every slot written belongs to a block owned by exactly one sequence
 (copy-on-write happens before the forward).
+
+A layer's attention may differ from plain causal softmax attention in three ways, passed per call
+(transformers' semantics): `window` (sliding-window attention: the query at position p sees the
+keys j with p - window < j <= p), `sinks` (gpt-oss: one logit per q head that joins each softmax's
+denominator with no value attached) and `softcap` (Gemma 2: each score s = scale * q.k becomes
+softcap * tanh(s / softcap) before masking and softmax). They combine with each other and with GQA,
+chunked prefill, mixed batches and every cache dtype.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,  # keys a query sees, itself included; None: every earlier key
+        sinks: torch.Tensor | None = None,  # [Hq]: a sink logit per q head
+        softcap: float | None = None,  # scores capped to (-softcap, softcap) by tanh
     ) -> torch.Tensor:  # [T, Hq, D]
         ...
 
@@ -64,6 +75,12 @@ class AttentionBackend(Protocol):
 # rows with at most this many new tokens (decodes, verifications of drafts, the tail of a prompt)
 # share one padded SDPA call per layer; longer prefill chunks run one call each
 SHORT_QUERY = 16
+# a long row under a window runs in pieces of this many queries (or the window, if larger), each
+# over the keys its own queries see: a long prompt's cost grows with the window, not the prompt
+WINDOW_PIECE = 256
+# explicit attention (sinks or a softcap, which SDPA has not) holds at most about this many fp32
+# scores at once: a long row runs in pieces of queries that fit
+EXPLICIT_SCORES = 1 << 24
 
 
 class TorchAttentionBackend:
@@ -80,6 +97,11 @@ class TorchAttentionBackend:
     rows over a cache the kernel reads (`reads_in_place`) run `radixserve::paged_attention` instead,
     which reads the keys and values where they lie, without a gathered copy or SDPA's setup; the
     compiled step calls the same kernel, so both paths agree bit for bit.
+
+    Variants (`window`, `sinks`, `softcap`): a window is a tighter mask for SDPA, and the gathers
+    skip the blocks wholly before the first key a row (or a piece of a long row) sees; the short
+    rows' plan is made once per step and window. SDPA has no sinks or softcap: where either is set,
+    the attention is computed explicitly in fp32 (`_attend`).
     """
 
     name = "torch"
@@ -88,7 +110,9 @@ class TorchAttentionBackend:
         self._buffers = _GatherBuffers()
         self.cpu_kernel = cpu_kernel
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, *, window=None, sinks=None, softcap=None):
+        if window is not None and window < 1 or softcap is not None and softcap <= 0:
+            raise ValueError(f"window {window} and softcap {softcap}: positive, or None for none")
         flat_k = k_cache.view(-1, *k_cache.shape[2:])
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
         # index_copy_/index_select are several times faster than advanced indexing on CPU
@@ -97,57 +121,113 @@ class TorchAttentionBackend:
         out = torch.empty_like(q)
         if self.cpu_kernel and reads_in_place(k_cache):
             torch.ops.radixserve.paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens_host,
-                                                 meta.query_lens, scale, SHORT_QUERY, out)
+                                                 meta.query_lens, scale, SHORT_QUERY, out, window or 0, sinks,
+                                                 softcap or 0.0)
             if all(n <= SHORT_QUERY for n in meta.query_lens):
                 return out
-        elif (plan := self.short_plan(meta, k_cache.shape[1], q.device)) is not None:
-            self._short(q, k_cache, v_cache, plan, scale, out)
-            if plan.num_rows == meta.num_seqs:
-                return out
+        else:
+            if window is not None and window >= meta.max_seq_len:  # it hides no key: share the full plan
+                window = None
+            if (plan := self.short_plan(meta, k_cache.shape[1], q.device, window)) is not None:
+                self._short(q, k_cache, v_cache, plan, scale, out, sinks, softcap)
+                if plan.num_rows == meta.num_seqs:
+                    return out
         starts = meta.cu_seqlens_q.tolist()
         for b, n in enumerate(meta.query_lens):
-            if n <= SHORT_QUERY:
-                continue
-            total = meta.seq_lens_host[b]
-            # [S, Hkv, D]; SDPA shares each kv head across its q heads
-            blocks = block_indices(meta.block_table[b:b + 1], total, k_cache.shape[1])
-            keys, vals = (self._buffers.read(i, cache, blocks, 1, total, q.dtype)[0]
-                          for i, cache in enumerate((k_cache, v_cache)))
-            qs = q[starts[b] : starts[b] + n].transpose(0, 1)
-            if total == n:  # no cached prefix: plain causal, which SDPA runs without a mask tensor
-                mask, causal = None, True
-            else:  # query i sits at position total - n + i and sees keys 0..that position
-                q_pos = torch.arange(total - n, total, device=q.device)
-                mask, causal = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None], False
-            # with a batch dimension SDPA takes its flash kernel on CPU; without one, the math path (2x slower)
-            o = torch.nn.functional.scaled_dot_product_attention(
-                qs[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None], attn_mask=mask, is_causal=causal,
-                scale=scale, enable_gqa=True,
-            )
-            out[starts[b] : starts[b] + n] = o[0].transpose(0, 1)
+            if n > SHORT_QUERY:
+                self._long(q[starts[b] : starts[b] + n], k_cache, v_cache, meta, b, scale, window, sinks, softcap,
+                           out[starts[b] : starts[b] + n])
         return out
 
     @staticmethod
-    def short_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _ShortPlan | None:
-        """The step's short rows' plan (None without any), the same for every layer: made by the first."""
-        if "torch_short" not in meta.plans:
+    def short_plan(meta: AttentionMetadata, block_size: int, device: torch.device,
+                   window: int | None = None) -> _ShortPlan | None:
+        """The step's short rows' plan under `window` (None without any short row), the same for every
+        layer with that window: made by the first."""
+        key = "torch_short" if window is None else f"torch_short/{window}"
+        if key not in meta.plans:
             short = [b for b, n in enumerate(meta.query_lens) if n <= SHORT_QUERY]
-            meta.plans["torch_short"] = _ShortPlan.of(meta, short, block_size, device) if short else None
-        return meta.plans["torch_short"]
+            meta.plans[key] = _ShortPlan.of(meta, short, block_size, device, window) if short else None
+        return meta.plans[key]
 
-    def _short(self, q, k_cache, v_cache, plan, scale, out):
+    def _short(self, q, k_cache, v_cache, plan, scale, out, sinks=None, softcap=None):
         keys, vals = (self._buffers.read(i, cache, plan.blocks, plan.num_rows, plan.max_len, q.dtype)
                       for i, cache in enumerate((k_cache, v_cache)))
         rows, width = plan.num_rows, plan.max_query
         qs = q if plan.tokens is None else q.index_select(0, plan.tokens)
         qs = qs.view(rows, width, *q.shape[1:]).transpose(1, 2)  # [R, Hq, width, D]
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qs, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=plan.mask, scale=scale, enable_gqa=True,
-        ).transpose(1, 2).reshape(rows * width, *q.shape[1:])
+        o = _attend(qs, keys.transpose(1, 2), vals.transpose(1, 2), plan.mask, scale, sinks, softcap)
+        o = o.transpose(1, 2).reshape(rows * width, *q.shape[1:])
         if plan.tokens is None:
             out.copy_(o)
         else:
             out.index_copy_(0, plan.targets, o.index_select(0, plan.real))
+
+    def _long(self, q, k_cache, v_cache, meta, b, scale, window, sinks, softcap, out):
+        """Row b's n new tokens q [n, Hq, D] into out: in one SDPA call, or under a window or in
+        explicit attention in pieces of queries, each over the keys from the first its first query sees."""
+        n, total, block_size = q.shape[0], meta.seq_lens_host[b], k_cache.shape[1]
+        if window is not None and window >= total:
+            window = None
+        explicit = sinks is not None or softcap is not None
+        piece = n if window is None else min(n, max(window, WINDOW_PIECE))
+        if explicit:
+            keys_bound = total if window is None else min(total, window + piece)
+            piece = min(piece, max(SHORT_QUERY, EXPLICIT_SCORES // (q.shape[1] * keys_bound)))
+        for first in range(0, n, piece):
+            count = min(piece, n - first)
+            start = total - n + first  # the position of the piece's first query
+            end = start + count  # its keys are those below end ...
+            skip = 0 if window is None else max(0, start + 1 - window) // block_size  # ... in blocks from skip on
+            blocks = meta.block_table[b, skip : -(-end // block_size)].long()
+            # [S, Hkv, D]; SDPA shares each kv head across its q heads
+            keys, vals = (self._buffers.read(i, cache, blocks, 1, end - skip * block_size, q.dtype)[0]
+                          for i, cache in enumerate((k_cache, v_cache)))
+            mask = None
+            if start > 0 or window is not None or explicit:  # else plain causal, which SDPA runs without a mask tensor
+                q_pos = torch.arange(start, end, device=q.device)
+                mask = _visible(q_pos, torch.arange(skip * block_size, end, device=q.device), window)
+            qs = q[first : first + count].transpose(0, 1)
+            # with a batch dimension SDPA takes its flash kernel on CPU; without one, the math path (2x slower)
+            o = _attend(qs[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None], mask, scale, sinks, softcap)
+            out[first : first + count] = o[0].transpose(0, 1)
+
+
+def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[..., Q, K]: whether the query at q_pos [..., Q] sees the key at key_pos [..., K] (causal, and
+    inside the window)."""
+    keys, queries = key_pos[..., None, :], q_pos[..., :, None]
+    seen = keys <= queries
+    return seen if window is None else seen & (keys > queries - window)
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, scale: float,
+            sinks: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
+    """Attention of q [B, Hq, Q, D] over keys and vals [B, Hkv, K, D] (q head h reads kv head
+    h // (Hq / Hkv)) where mask [B or 1, 1, Q, K] is true (None: causal, Q == K), in q's dtype:
+    SDPA, or without it where there are sinks or a softcap: fp32 scores (capped), masked, a softmax
+    whose denominator has each head's e^sink too, fp32 products. Every query sees some key."""
+    if sinks is None and softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, keys, vals, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
+    assert mask is not None, "explicit attention takes a mask"
+    batch, heads, queries, dim = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    grouped = q.float().reshape(batch, kv_heads, heads // kv_heads * queries, dim)  # a kv head's q heads together
+    scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).view(batch, heads, queries, length) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, -math.inf)
+    top = scores.amax(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.float().view(1, heads, 1, 1)
+        top = torch.maximum(top, sink)
+    weights = torch.exp(scores - top)
+    total = weights.sum(-1, keepdim=True)
+    if sinks is not None:
+        total = total + torch.exp(sink - top)
+    weights = (weights / total).view(batch, kv_heads, -1, length)
+    return torch.matmul(weights, vals.float()).view(batch, heads, queries, dim).to(q.dtype)
 
 
 # what `radixserve::paged_attention` reads: a cache of plain fp32 or bf16 values on CPU, head_dim a
@@ -163,14 +243,17 @@ def reads_in_place(cache: torch.Tensor) -> bool:
 
 @dataclass
 class _ShortPlan:
-    """What every layer's attention over the step's short rows reads, made once per step.
+    """What every layer's attention over the step's short rows reads, made once per step and window.
 
     Row b of R has n_b new tokens (at most `max_query`) ending its L_b tokens; its queries sit in
-    slots b * max_query + i. `blocks`: the blocks to gather, row by row (`block_indices` of the
-    block-table rows, a row's entries past its own blocks replaced by its first block, so masked
-    keys are its own and never another sequence's or the scratch block's). `mask` [R, 1, max_query,
-    max_len]: query i of row b sees keys 0..L_b - n_b + i; a padding slot (i >= n_b) sees its row's
-    keys and its output is dropped. `tokens`: the q row each slot reads (a padding slot its row's
+    slots b * max_query + i. Under a window W a row skips its first s_b blocks, those wholly before
+    the first key its first query sees (position L_b - n_b + 1 - W); without one s_b = 0. `blocks`:
+    the blocks to gather, row by row (the block-table row's blocks from s_b on, the entries past its
+    own blocks replaced by its first gathered block, so masked keys are its own and never another
+    sequence's or the scratch block's); gathered key k of row b is its token s_b * block_size + k.
+    `mask` [R, 1, max_query, max_len]: query i of row b, at position p = L_b - n_b + i, sees the keys
+    at positions up to p (and above p - W); a padding slot (i >= n_b) sees what the row's last query
+    sees and its output is dropped. `tokens`: the q row each slot reads (a padding slot its row's
     last token), None when the slots are exactly q's rows in order; `real`: the slots that are not
     padding, and `targets` the q rows they answer. The mask is there even when every row has one
     length: SDPA rounds differently without one, and a row's result should not depend on its
@@ -186,20 +269,24 @@ class _ShortPlan:
     targets: torch.Tensor
 
     @classmethod
-    def of(cls, meta: AttentionMetadata, rows: list[int], block_size: int, device: torch.device) -> _ShortPlan:
+    def of(cls, meta: AttentionMetadata, rows: list[int], block_size: int, device: torch.device,
+           window: int | None = None) -> _ShortPlan:
         lens = [meta.seq_lens_host[b] for b in rows]
         news = [meta.query_lens[b] for b in rows]
-        max_len, width = max(lens), max(news)
+        skips = [0 if window is None else max(0, n - new + 1 - window) // block_size for n, new in zip(lens, news)]
+        max_len, width = max(n - s * block_size for n, s in zip(lens, skips)), max(news)
         every = len(rows) == meta.num_seqs
-        table = (meta.block_table if every else meta.block_table[rows])[:, : -(-max_len // block_size)]
-        lens_t = torch.tensor(lens, device=device)
-        own = torch.arange(table.shape[1], device=device)[None, :] < (lens_t[:, None] + block_size - 1) // block_size
-        table = torch.where(own, table, table[:, :1])
+        table = meta.block_table if every else meta.block_table[rows]
+        skips_t, lens_t = torch.tensor(skips, device=device), torch.tensor(lens, device=device)
+        count = (lens_t + block_size - 1) // block_size - skips_t  # the blocks each row gathers
+        entry = torch.arange(-(-max_len // block_size), device=device)[None, :]
+        table = table.gather(1, skips_t[:, None] + torch.where(entry < count[:, None], entry, 0))
         slot = torch.arange(width, device=device)
         news_t = torch.tensor(news, device=device)
         last_seen = (lens_t - news_t)[:, None] + slot[None, :]  # [R, width]: the last key each query sees
         last_seen = torch.minimum(last_seen, lens_t[:, None] - 1)
-        mask = (torch.arange(max_len, device=device)[None, None, :] <= last_seen[:, :, None])[:, None]
+        key_pos = skips_t[:, None] * block_size + torch.arange(max_len, device=device)[None, :]  # [R, max_len]
+        mask = _visible(last_seen, key_pos, window)[:, None]
         real = (slot[None, :] < news_t[:, None]).reshape(-1).nonzero().squeeze(1)
         if every and all(n == width for n in news):
             tokens = None

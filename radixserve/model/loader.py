@@ -9,14 +9,16 @@ few that are derivable (rotary inv_freq) or redundant (lm_head of a tied model).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from radixserve.model.llama import LlamaForCausalLM
-from radixserve.model.spec import ModelSpec, load_spec
+from radixserve.model.decoder import CausalLM
+from radixserve.model.spec import CheckpointLayout, ModelSpec, load_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 _LAYER_PREFIX = "model.layers."
@@ -24,17 +26,17 @@ _LAYER_PREFIX = "model.layers."
 
 def load_model(
     path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto"
-) -> tuple[LlamaForCausalLM, ModelSpec]:
+) -> tuple[CausalLM, ModelSpec]:
     """Build the model of `path`'s config.json. load_format "auto" fills it from the checkpoint;
     "dummy" fills it with seeded random weights of the same shapes (speed tests need no checkpoint)."""
     root = Path(path)
     spec = load_spec(root)  # raises for a missing directory, config.json or an unsupported architecture
     if load_format == "dummy":
-        model = LlamaForCausalLM(spec, dtype, device)
+        model = CausalLM(spec, dtype, device)
         fill_dummy_weights(model)
     elif load_format == "auto":
         files = weight_files(root)
-        model = LlamaForCausalLM(spec, dtype, device)
+        model = CausalLM(spec, dtype, device)
         _load_weights(model, files)
     else:
         raise ValueError(f"unknown load_format {load_format!r}; choose auto or dummy")
@@ -43,13 +45,13 @@ def load_model(
 
 
 @torch.no_grad()
-def fill_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+def fill_dummy_weights(model: CausalLM, seed: int = 0) -> None:
     """Seeded random weights: norms at 1, everything else N(0, 0.02) as an initialised model has
     (small enough that activations stay finite through any depth)."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            param.fill_(0.0 if model.spec.norm_style == "gemma" else 1.0)  # gemma stores w - 1
         else:
             param.copy_(torch.randn(param.shape, generator=generator, device=param.device, dtype=torch.float32)
                         .mul_(0.02).to(param.dtype))
@@ -76,26 +78,109 @@ def weight_files(root: Path) -> list[Path]:
     return files
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: `param`'s expert `expert` (stacked MoE weights), rows
+    [first_row, first_row + rows) when packed, after `convert` (a layout change, e.g. gpt-oss's
+    interleaved, transposed experts)."""
+
+    param: str
+    first_row: int = 0
+    rows: int | None = None
+    expert: int | None = None
+    convert: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
+    """Every tensor the checkpoint must hold, by its name there, and where it goes: the strict
+    loader's whole contract (each used exactly once, none missing, none left over)."""
+    spec, layout = model.spec, model.spec.checkpoint
+    norm_names = dict(layout.norm_names)
+    targets: dict[str, Target] = {}
+    for name, _ in model.named_parameters():
+        if not name.startswith(_LAYER_PREFIX):
+            targets[name] = Target(name)
+            continue
+        index, _, rest = name[len(_LAYER_PREFIX):].partition(".")
+        layer = f"{_LAYER_PREFIX}{index}."
+        module, _, leaf = rest.rpartition(".")
+        mlp = spec.layers[int(index)].mlp
+        if module == "self_attn.qkv_proj" and not layout.fused_qkv:
+            q, kv = spec.q_size, spec.kv_size
+            for hf, first, rows in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
+                targets[f"{layer}self_attn.{hf}.{leaf}"] = Target(name, first, rows)
+        elif module == "mlp.gate_up_proj" and not layout.fused_gate_up:
+            inter = mlp.intermediate_size
+            targets[f"{layer}mlp.gate_proj.{leaf}"] = Target(name, 0, inter)
+            targets[f"{layer}mlp.up_proj.{leaf}"] = Target(name, inter, inter)
+        elif rest.startswith("mlp.") and mlp.is_moe:
+            targets.update(_expert_targets(name, layer, rest, mlp.num_experts, mlp.intermediate_size, layout))
+        elif module in norm_names:
+            targets[f"{layer}{norm_names[module]}.{leaf}"] = Target(name)
+        else:
+            targets[name] = Target(name)
+    return targets
+
+
+def _expert_targets(name: str, layer: str, rest: str, experts: int, inter: int,
+                    layout: CheckpointLayout) -> dict[str, Target]:
+    prefix = f"{layer}{layout.mlp_name}."
+    if rest.startswith("mlp.router."):
+        return {f"{prefix}{layout.router_name}.{rest.rpartition('.')[2]}": Target(name)}
+    piece = rest.removeprefix("mlp.")
+    if layout.experts == "stacked_interleaved":  # gpt-oss: [E, in, out] with gate and up columns interleaved
+        stacked = {"gate_up": ("gate_up_proj", _deinterleave_transposed), "gate_up_bias": ("gate_up_proj_bias",
+                   _deinterleave), "down": ("down_proj", _transposed), "down_bias": ("down_proj_bias", None)}
+        hf, convert = stacked[piece]
+        return {f"{prefix}experts.{hf}": Target(name, convert=convert)}
+    gate, up, down = ("w1", "w3", "w2") if layout.experts == "w1w3w2" else ("gate_proj", "up_proj", "down_proj")
+    out: dict[str, Target] = {}
+    for e in range(experts):
+        if piece == "gate_up":
+            out[f"{prefix}experts.{e}.{gate}.weight"] = Target(name, 0, inter, expert=e)
+            out[f"{prefix}experts.{e}.{up}.weight"] = Target(name, inter, inter, expert=e)
+        elif piece == "down":
+            out[f"{prefix}experts.{e}.{down}.weight"] = Target(name, expert=e)
+        else:
+            raise ValueError(f"{layout.experts} experts have no {piece}")
+    return out
+
+
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] with gate, up alternating -> [..., 2I] gate columns then up columns."""
+    return torch.cat((t[..., ::2], t[..., 1::2]), dim=-1)
+
+
+def _deinterleave_transposed(t: torch.Tensor) -> torch.Tensor:
+    return _deinterleave(t).transpose(-1, -2)
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-1, -2)
+
+
 @torch.no_grad()
-def _load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
+def _load_weights(model: CausalLM, files: list[Path]) -> None:
     params = dict(model.named_parameters())
-    packed = model.packed_shards()
-    expected = _expected_names(params, packed)
+    targets = checkpoint_targets(model)
     loaded: set[str] = set()
     unexpected: list[str] = []
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as shard:
             for name in shard.keys():  # noqa: SIM118 - a safetensors handle, not a dict
-                target = _target(name, packed)
-                if target is None or target[0] not in params:
+                target = targets.get(name)
+                if target is None:
                     if not _ignorable(name, model.spec):
                         unexpected.append(name)
                     continue
-                param_name, first_row, rows = target
-                dest: torch.Tensor = params[param_name]
-                if rows is not None:
-                    dest = dest.narrow(0, first_row, rows)
+                dest: torch.Tensor = params[target.param]
+                if target.expert is not None:
+                    dest = dest[target.expert]
+                if target.rows is not None:
+                    dest = dest.narrow(0, target.first_row, target.rows)
                 tensor = shard.get_tensor(name)
+                if target.convert is not None:
+                    tensor = target.convert(tensor)
                 if tuple(tensor.shape) != tuple(dest.shape):
                     raise ValueError(
                         f"{file.name}: tensor {name} has shape {tuple(tensor.shape)}, "
@@ -104,32 +189,10 @@ def _load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
                 dest.copy_(tensor)
                 loaded.add(name)
     if unexpected:
-        raise ValueError(f"checkpoint has tensors this architecture does not use: {_few(unexpected)}")
-    missing = sorted(expected - loaded)
+        raise ValueError(f"checkpoint has tensors this architecture does not use: {_few(sorted(unexpected))}")
+    missing = sorted(set(targets) - loaded)
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors: {_few(missing)}")
-
-
-def _target(name: str, packed: dict[str, tuple[str, int, int]]) -> tuple[str, int, int | None] | None:
-    """Our parameter for HF tensor `name`, with the row range it fills when packed."""
-    if not name.startswith(_LAYER_PREFIX):
-        return name, 0, None
-    index, _, rest = name[len(_LAYER_PREFIX) :].partition(".")
-    module, _, leaf = rest.rpartition(".")
-    if module in packed:
-        ours, first_row, rows = packed[module]
-        return f"{_LAYER_PREFIX}{index}.{ours}.{leaf}", first_row, rows
-    return name, 0, None
-
-
-def _expected_names(params: dict[str, Any], packed: dict[str, tuple[str, int, int]]) -> set[str]:
-    names = set()
-    for name in params:
-        hf_names = [
-            name.replace(f".{ours}.", f".{hf}.") for hf, (ours, _, _) in packed.items() if f".{ours}." in name
-        ]
-        names.update(hf_names or [name])
-    return names
 
 
 def _ignorable(name: str, spec: ModelSpec) -> bool:

@@ -1,52 +1,140 @@
-"""ModelSpec: the shape of a supported decoder, derived once from a HF config and then read-only.
+"""ModelSpec: what a supported decoder is, layer by layer, derived once from a HF config and then read-only.
 
-Owns which architectures we run and how their config quirks map onto one Llama-shaped model:
-Qwen2 has q/k/v biases, Qwen3 normalises q and k per head, Mistral (and Qwen with sliding layers)
-limit attention to a window. Invariants: num_heads is a multiple of num_kv_heads; the MLP is SwiGLU;
-`max_position_embeddings` is the *usable* context: with a sliding window smaller than the config's
-context it is capped to the window, because within the window sliding attention equals full causal
-attention, so every position we ever compute is exact (beyond it our backends would be wrong).
+A model is an embedding, `layers` (each an `AttentionSpec`, an `MlpSpec` and where its norms sit)
+and a final norm and head. Which architectures we run and how each family's config maps onto these
+descriptions is `families.py`; how its checkpoint names map onto our parameters is `CheckpointLayout`.
+
+Invariants: num_heads is a multiple of num_kv_heads; every layer shares the model's head shape;
+`max_position_embeddings` is the usable context: the config's, except where a rope scheme is only
+exact below its pretraining context (longrope), where it is capped to that. A sliding window does not
+cap it: the backends attend to the window at every position.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from radixserve.model.rope import RopeParams
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+QK_NORMS = ("none", "per_head", "whole")  # whole: one norm over all heads' q (OLMo 2), not per head
+NORM_PLACEMENTS = ("pre", "sandwich", "post")
+NORM_STYLES = ("llama", "gemma", "fp32_weight")
+ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    rope: RopeParams | None  # None: no position embedding in this layer (NoPE)
+    scale: float  # multiplies q·k
+    window: int | None = None  # sliding window: a query at p sees keys p - window < j <= p
+    qk_norm: str = "none"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    sinks: bool = False  # a learned logit per head joins the softmax (gpt-oss)
+    softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2)
+
+    def __post_init__(self) -> None:
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm {self.qk_norm!r}; supported: {', '.join(QK_NORMS)}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"sliding window must be >= 1, got {self.window}")
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    intermediate_size: int
+    activation: str = "silu"  # kernels.moe.ACTIVATIONS: silu (SwiGLU), gelu_tanh (GeGLU), clamped_swiglu
+    bias: bool = False
+    num_experts: int = 0  # 0: a dense MLP
+    top_k: int = 0
+    routing: str = "softmax_topk"  # softmax over all experts then top-k, or top-k logits then softmax
+    normalize_topk: bool = False  # softmax_topk: rescale the k weights to sum to 1
+    router_bias: bool = False
+    swiglu_alpha: float = 1.702  # clamped_swiglu only
+    swiglu_limit: float = 7.0
+
+    def __post_init__(self) -> None:
+        from radixserve.kernels.moe import ACTIVATIONS
+
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"MLP activation {self.activation!r}; supported: {', '.join(ACTIVATIONS)}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"router {self.routing!r}; supported: {', '.join(ROUTINGS)}")
+        if self.num_experts and not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be in [1, num_experts {self.num_experts}]")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    attention: AttentionSpec
+    mlp: MlpSpec
+    norms: str = "pre"  # pre: Llama; sandwich: pre and post norms around each block (Gemma, GLM-4); post: OLMo 2
+
+    def __post_init__(self) -> None:
+        if self.norms not in NORM_PLACEMENTS:
+            raise ValueError(f"norm placement {self.norms!r}; supported: {', '.join(NORM_PLACEMENTS)}")
+
+    @property
+    def llama_shaped(self) -> bool:
+        """Pre-norm, SwiGLU, rotate-half rope over whole heads, no window/sinks/softcap: the compiled CPU step's layer."""
+        a, m = self.attention, self.mlp
+        return (self.norms == "pre" and not m.is_moe and m.activation == "silu" and a.qk_norm == "none"
+                and a.rope is not None and a.rope.rotary_dim is None and not a.rope.interleaved
+                and not a.sinks and a.softcap is None)
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How a family's checkpoint names and stores what our modules hold."""
+
+    fused_qkv: bool = False  # one self_attn.qkv_proj (Phi-3)
+    fused_gate_up: bool = False  # one mlp.gate_up_proj (Phi-3, GLM)
+    mlp_name: str = "mlp"  # Mixtral: block_sparse_moe
+    router_name: str = "gate"  # gpt-oss: router
+    experts: str = "per_expert"  # per_expert (gate/up/down_proj), w1w3w2 (Mixtral), stacked_interleaved (gpt-oss)
+    norm_names: tuple[tuple[str, str], ...] = ()  # (ours, the checkpoint's) where they differ
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     architecture: str
     hidden_size: int
-    num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int
     vocab_size: int
     rms_norm_eps: float
     tie_word_embeddings: bool
-    attention_bias: bool  # bias on q/k/v projections
-    o_proj_bias: bool
-    mlp_bias: bool
-    qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
     max_position_embeddings: int  # usable context length, see the module docstring
     eos_token_ids: tuple[int, ...]
-    rope: RopeParams
+    layers: tuple[LayerSpec, ...]
     bos_token_id: int | None = None
-    sliding_window: int | None = None  # the config's window, None when attention is full
+    norm_style: str = "llama"  # llama: w * x.to(dtype); gemma: x * (1 + w) in fp32; fp32_weight: (w * x) in fp32
+    embedding_scale: float | None = None  # embeddings are multiplied by it (Gemma: sqrt(hidden); Granite)
+    embedding_scale_in_dtype: bool = False  # Gemma rounds the scale to the model dtype first
+    residual_scale: float | None = None  # each block's output is multiplied by it before the add (Granite)
+    logit_divisor: float | None = None  # logits are divided by it (Granite's logits_scaling)
+    final_softcap: float | None = None  # logits become c * tanh(logits / c) (Gemma 2)
+    checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
 
     def __post_init__(self) -> None:
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if min(self.hidden_size, self.num_layers, self.head_dim, self.vocab_size, self.max_position_embeddings) < 1:
             raise ValueError("model dimensions must be positive")
+        if self.norm_style not in NORM_STYLES:
+            raise ValueError(f"norm style {self.norm_style!r}; supported: {', '.join(NORM_STYLES)}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
 
     @property
     def q_size(self) -> int:
@@ -56,102 +144,33 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def intermediate_size(self) -> int:
+        """The first layer's MLP width (an expert's, in an MoE layer)."""
+        return self.layers[0].mlp.intermediate_size
+
+    @property
+    def rope(self) -> RopeParams | None:
+        """The first rotary layer's settings (per-layer ones: `layers[i].attention.rope`)."""
+        return next((layer.attention.rope for layer in self.layers if layer.attention.rope), None)
+
+    @property
+    def llama_shaped(self) -> bool:
+        return (all(layer.llama_shaped for layer in self.layers) and self.norm_style == "llama"
+                and self.embedding_scale is None and self.residual_scale is None)
+
     @classmethod
     def from_hf_config(cls, config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpec:
         """Build from a transformers PretrainedConfig (or anything with the same attributes)."""
-        arch = supported_architecture(getattr(config, "architectures", None), getattr(config, "model_type", None))
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"only SwiGLU (hidden_act 'silu') MLPs are supported, config has {act!r}")
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias, o_bias = {
-            "Qwen2ForCausalLM": (True, False),  # Qwen2 hard-wires q/k/v biases, none on o_proj
-            "MistralForCausalLM": (False, False),
-        }.get(arch, (bias, bias))
-        window = _sliding_window(config, arch)
-        context = int(config.max_position_embeddings)
-        eos = _int_list(getattr(config, "eos_token_id", None)) + list(extra_eos_token_ids)
-        return cls(
-            architecture=arch,
-            hidden_size=int(config.hidden_size),
-            num_layers=int(config.num_hidden_layers),
-            num_heads=int(heads),
-            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-            head_dim=int(head_dim),
-            intermediate_size=int(config.intermediate_size),
-            vocab_size=int(config.vocab_size),
-            rms_norm_eps=float(config.rms_norm_eps),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            attention_bias=qkv_bias,
-            o_proj_bias=o_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            max_position_embeddings=min(context, window) if window else context,
-            eos_token_ids=tuple(dict.fromkeys(eos)),
-            rope=rope_params_from_config(config),
-            bos_token_id=getattr(config, "bos_token_id", None),
-            sliding_window=window,
-        )
+        from radixserve.model.families import describe
 
-
-# Configs written without `architectures` (e.g. converted from GGUF) still name their model_type.
-_ARCHITECTURE_OF_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
-
-
-def supported_architecture(architectures: Any, model_type: Any = None) -> str:
-    """The first supported name in a config's `architectures`, else a ValueError naming ours."""
-    for name in architectures or ():
-        if name in SUPPORTED_ARCHITECTURES:
-            return name
-    if not architectures and model_type in _ARCHITECTURE_OF_MODEL_TYPE:
-        return _ARCHITECTURE_OF_MODEL_TYPE[model_type]
-    named = repr(architectures) if architectures else f"model_type {model_type!r}" if model_type else "(none named)"
-    raise ValueError(f"unsupported model architecture {named}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-
-
-def rope_params_from_config(config: Any) -> RopeParams:
-    """RoPE settings from transformers 5 `rope_parameters` or the older `rope_theta`/`rope_scaling`."""
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and params:
-        if all(isinstance(v, dict) for v in params.values()):
-            raise ValueError("per-layer-type rope_parameters are not supported")
-        raw = dict(params)
-    else:
-        raw = dict(getattr(config, "rope_scaling", None) or {})
-        raw.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    rope_type = raw.get("rope_type") or raw.get("type") or "default"
-    if float(raw.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        raise ValueError("partial rotary embeddings are not supported")
-    if rope_type == "default":
-        return RopeParams(theta=float(raw["rope_theta"]))
-    try:
-        if rope_type == "linear":
-            return RopeParams(theta=float(raw["rope_theta"]), rope_type="linear", factor=float(raw["factor"]))
-        if rope_type == "llama3":
-            return RopeParams(
-                theta=float(raw["rope_theta"]),
-                rope_type="llama3",
-                factor=float(raw["factor"]),
-                low_freq_factor=float(raw["low_freq_factor"]),
-                high_freq_factor=float(raw["high_freq_factor"]),
-                original_max_position_embeddings=int(
-                    raw.get("original_max_position_embeddings") or config.max_position_embeddings
-                ),
-            )
-    except KeyError as missing:
-        raise ValueError(f"{rope_type} rope settings lack {missing}") from None
-    return RopeParams(rope_type=rope_type)  # raises: names the supported rope types
+        return describe(config, extra_eos_token_ids)
 
 
 def load_spec(path: str | Path) -> ModelSpec:
     """Read a HF model directory's config.json (+ generation_config.json) without touching the network."""
+    from radixserve.model.families import supported_architecture
+
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory {str(root)!r} does not exist or is not a directory")
@@ -178,24 +197,12 @@ def _generation_eos(root: Path) -> list[int]:
     if not gen_file.is_file():
         return []
     try:
-        return _int_list(json.loads(gen_file.read_text()).get("eos_token_id"))
+        return int_list(json.loads(gen_file.read_text()).get("eos_token_id"))
     except (OSError, ValueError, AttributeError) as err:
         raise ValueError(f"cannot read {gen_file}: {err}") from None
 
 
-def _sliding_window(config: Any, arch: str) -> int | None:
-    window = getattr(config, "sliding_window", None)
-    if not window:
-        return None
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-        # Qwen configs carry a window that only applies to layers marked sliding.
-        layer_types = getattr(config, "layer_types", None) or ()
-        if "sliding_attention" not in layer_types:
-            return None
-    return int(window)
-
-
-def _int_list(value: Any) -> list[int]:
+def int_list(value: Any) -> list[int]:
     if value is None:
         return []
     if isinstance(value, int):

@@ -7,6 +7,10 @@ parameters fixed once per step (the first layer makes the plans, kept on the ste
 layer then only launches. Host-side lengths from the metadata size the launches, so no device sync
 happens here, and a decode plan sized by `meta.max_seq_len` replays inside a CUDA graph. Runs on
 CUDA, or on CPU under the Triton interpreter (tests); anything else gets a clear error from the kernels.
+
+Layers may differ in sliding window, softcap and whether they have attention sinks, so attention plans
+are keyed by those: each kind of layer plans once per step. The sinks tensor is a layer's own and
+goes to the launch, never into a plan.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         plans = meta.plans
         if "store" not in plans:
@@ -48,14 +56,21 @@ class TritonAttentionBackend:
         query = q if q.dtype == k_cache.dtype or is_packed(k_cache) else q.to(k_cache.dtype)
         if meta.num_seqs == 0:
             return torch.empty_like(q)
+        # scale too: it is baked into the plan, and nothing says every layer's is the same
+        variant = f"scale={scale},window={window},softcap={softcap},sinks={sinks is not None}"
         if meta.all_decode:
-            if "decode" not in plans:
-                plans["decode"] = self._plan_decode(query, k_cache, v_cache, meta.block_table, meta.seq_lens, scale,
-                                                    max_seq_len=meta.max_seq_len)
-            out = plans["decode"](query, k_cache, v_cache, meta.block_table, meta.seq_lens)
+            key = f"decode:{variant}"
+            if key not in plans:
+                plans[key] = self._plan_decode(query, k_cache, v_cache, meta.block_table, meta.seq_lens, scale,
+                                               max_seq_len=meta.max_seq_len, window=window, sinks=sinks,
+                                               softcap=softcap)
+            out = plans[key](query, k_cache, v_cache, meta.block_table, meta.seq_lens, sinks=sinks)
         else:
-            if "extend" not in plans:
-                plans["extend"] = self._plan_extend(query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q,
-                                                    meta.seq_lens, scale, max_query_len=max(meta.query_lens))
-            out = plans["extend"](query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens)
+            key = f"extend:{variant}"
+            if key not in plans:
+                plans[key] = self._plan_extend(query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q,
+                                               meta.seq_lens, scale, max_query_len=max(meta.query_lens),
+                                               window=window, sinks=sinks, softcap=softcap)
+            out = plans[key](query, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
+                             sinks=sinks)
         return out if out.dtype == q.dtype else out.to(q.dtype)

@@ -77,6 +77,9 @@ async def load_engine(state: ServerState) -> None:
         await pins_api.pin_at_start(state, engine)  # --pin FILE: before any request is served
         state.model_name = state.config.served_model_name or engine.model_name
         state.engine = engine
+    except (ValueError, FileNotFoundError) as e:  # the model directory or a config value we refuse: one line
+        log.error("loading the model failed: %s", e)
+        state.load_error = f"loading the model failed: {e}"
     except Exception as e:  # reported by /health and by `radixserve serve`
         log.exception("loading the model failed")
         state.load_error = f"loading the model failed: {e}"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
+from radixserve.chat.reasoning import REASONING_PARSERS
 from radixserve.chat.tools import FORMATS
 from radixserve.config import EngineConfig
 from radixserve.server.config import DEFAULT_WEB_DIR, ServerConfig
@@ -119,8 +122,23 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                         "429 with Retry-After (default %(default)s)")
     g.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
                    help="how tool calls look in the model's text: hermes (<tool_call>{...}</tool_call>), "
-                        "llama3_json (Llama 3.1+ JSON calls) or mistral ([TOOL_CALLS]) (default: the format the "
-                        "model's chat template implies, hermes when it shows none)")
+                        "llama3_json (Llama 3.1+ JSON calls), mistral ([TOOL_CALLS]) or harmony (gpt-oss's "
+                        "commentary-channel messages to functions.NAME) (default: the format the model's chat "
+                        "template implies, hermes when it shows none)")
+    g.add_argument("--reasoning-parser", default=d.reasoning_parser, choices=REASONING_PARSERS,
+                   help="how replies of thinking models split into reasoning (reasoning_content, Responses "
+                        "reasoning items, Anthropic thinking blocks) and answer: qwen3 (<think>...</think>, the "
+                        "reply may start inside it), deepseek_r1 (the reply starts inside <think>), gpt_oss "
+                        "(harmony's analysis and final channels), none (the thinking stays in the text); auto "
+                        "tells it from the chat template (default %(default)s)")
+    g.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="a JSON object of chat-template variables every chat request renders with, under the "
+                        "request's own chat_template_kwargs, e.g. '{\"enable_thinking\": false}' (default: none)")
+    g.add_argument("--keep-reasoning-in-history", action="store_true",
+                   help="pass the reasoning of earlier assistant turns that clients send back (reasoning_content, "
+                        "Responses reasoning items, Anthropic thinking blocks) to the chat template as "
+                        "reasoning_content, so templates that render it keep the cached prefix of the previous "
+                        "turn; by default it is left out (docs/bench/reasoning.md)")
 
 
 def _int_pair(text: str, flag: str) -> tuple[int, int]:
@@ -129,6 +147,18 @@ def _int_pair(text: str, flag: str) -> tuple[int, int]:
     except ValueError:
         raise SystemExit(f"{flag} takes two integers LOW,HIGH, got {text!r}") from None
     return low, high
+
+
+def _json_object(text: str | None, flag: str) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise SystemExit(f"{flag} takes a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"{flag} takes a JSON object, got {text!r}")
+    return value
 
 
 def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
@@ -158,6 +188,9 @@ def server_config_from_args(a: argparse.Namespace) -> ServerConfig:
         keep_alive_timeout_s=a.keep_alive_timeout, max_concurrent_generations=a.max_concurrent_generations,
         max_generations_per_client=a.max_generations_per_client,
         max_compiles_per_client=a.max_compiles_per_client, tool_call_parser=a.tool_call_parser,
+        reasoning_parser=a.reasoning_parser,
+        chat_template_kwargs=_json_object(a.chat_template_kwargs, "--chat-template-kwargs"),
+        keep_reasoning_in_history=a.keep_reasoning_in_history,
     )
 
 

@@ -7,8 +7,10 @@ Engine knobs live in radixserve.config.EngineConfig; this holds only what the se
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from radixserve.engine.intake import PRIORITY_LIMIT
 from radixserve.server.hosts import split_host
@@ -87,6 +89,15 @@ class ServerConfig:
     # how tool calls look in the model's text (chat/tools/ FORMATS: hermes, llama3, mistral, ...); None -> the
     # format the chat template implies (server/openai_chat/tools.py)
     tool_call_parser: str | None = None
+    # how replies of thinking models are split into reasoning and answer (chat/reasoning.py REASONING_PARSERS):
+    # "auto" tells it from the chat template, "none" leaves the thinking inline
+    reasoning_parser: str = "auto"
+    # template variables every chat-shaped request renders with, under its own `chat_template_kwargs`
+    # (e.g. {"enable_thinking": false}; server/pipeline/reasoning.py)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # stateless APIs pass prior assistant turns' reasoning, as clients send it back, to the template as
+    # `reasoning_content` (templates that keep it then leave the cached prefix intact); else it is left out
+    keep_reasoning_in_history: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -141,6 +152,21 @@ class ServerConfig:
 
             if self.tool_call_parser not in FORMATS:
                 raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {self.tool_call_parser!r}")
+        from radixserve.chat.reasoning import REASONING_PARSERS
+        from radixserve.chat.template import RESERVED_VARIABLES
+
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {list(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
+        if not isinstance(self.chat_template_kwargs, dict) or not all(isinstance(k, str) and k
+                                                                      for k in self.chat_template_kwargs):
+            raise ValueError("chat_template_kwargs must be a JSON object with non-empty keys")
+        try:  # JSON values only: they are template text, and a replica elsewhere gets them as JSON
+            json.dumps(self.chat_template_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"chat_template_kwargs must hold JSON values only: {e}") from None
+        reserved = sorted(RESERVED_VARIABLES & set(self.chat_template_kwargs))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}: the server passes them itself")
         for h in self.allowed_hosts:
             if h != "*" and split_host(h) is None:
                 raise ValueError(f"allowed_hosts entries are host names like example.com or example.com:8000 "

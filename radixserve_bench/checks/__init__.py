@@ -35,6 +35,7 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("cpu-linear", "cpu_linear", "CPU: one matmul, the C++ kernel vs oneDNN, on the embedded model's shapes"),
     Check("cpu-attention", "cpu_attention", "CPU: decode attention, the C++ paged kernel vs gather + SDPA"),
     Check("cpu-prefill", "cpu_prefill", "CPU: a prompt's prefill with the C++ kernels vs oneDNN (--enforce-eager)"),
+    Check("moe", "moe", "routed experts of one MoE layer: batch 1 vs its active-bytes floor, batch 16 vs transformers"),
     Check("cpu-dtype", "cpu_dtype", "CPU: greedy answers in bf16 vs fp32, token by token"),
     Check("kv-fp8", "kv_fp8", "greedy answers with an FP8 KV cache vs the model's dtype, free-running and teacher-forced"),
     Check("spec-batch-cap", "spec_batch_cap", "decode tok/s with speculation on and off, batch by batch"),
@@ -51,7 +52,7 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("grammar-backends", "grammar_backends", "llguidance vs xgrammar on the structured bench's schemas",
           elsewhere=("xgrammar",)),
     Check("host-tier-fits", "host_tier_fits", "the host tier's no-regression table from `radixserve bench` results"),
-    Check("random-checkpoint", "random_checkpoint", "write a random-weight checkpoint of a Llama shape (GPU check)"),
+    Check("random-checkpoint", "random_checkpoint", "write a random-weight checkpoint of a model family (tiny or real shapes, with a chat template) or a Llama shape"),
     Check("gpu-results", "gpu_results", "render docs/gpu-results.md from what scripts/gpu_check.sh wrote"),
 )}
 

@@ -20,7 +20,7 @@ from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
 from radixserve.kernels.cpu_linear import packing_works
 from radixserve.model.batch_inputs import BuildTime
 from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
-from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.decoder import CausalLM
 from radixserve.model.spec import load_spec
 from radixserve_bench.step_bench import weight_bytes
 from radixserve_bench.step_shapes import SHAPES, write_shape_dir
@@ -63,7 +63,7 @@ def test_shapes_are_the_real_configs(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tied", [True, False])
 def test_weight_bytes_rule(tied: bool, tmp_path: Path) -> None:
     config = {**TINY, "tie_word_embeddings": tied, "vocab_size": 300}
-    model = LlamaForCausalLM(load_spec(write_shape_dir(config, tmp_path, None)), torch.float32, "cpu")
+    model = CausalLM(load_spec(write_shape_dir(config, tmp_path, None)), torch.float32, "cpu")
     for batch in (1, 7):
         assert weight_bytes(model, batch) == expected_weight_bytes(config, batch)
 

@@ -18,10 +18,11 @@ from safetensors.torch import load_file, save_file
 from tiny_models import MISTRAL_WINDOW, TINY_CONFIGS, TINY_VOCAB, hf_model, tiny_model_dir
 
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
+from radixserve.model.families import SUPPORTED_ARCHITECTURES, rope_params_from_config
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model, load_tokenizer
 from radixserve.model.rope import RopeParams, inv_frequencies
-from radixserve.model.spec import SUPPORTED_ARCHITECTURES, load_spec, rope_params_from_config
+from radixserve.model.spec import load_spec
 
 ARCHS = sorted(TINY_CONFIGS)
 CPU = torch.device("cpu")
@@ -162,19 +163,24 @@ def test_spec_reads_each_config(tiny):
     config = json.loads((path / "config.json").read_text())
     assert spec.architecture == config["architectures"][0]
     assert spec.head_dim == (config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-    assert spec.attention_bias == (arch in ("qwen2", "llama"))
-    assert spec.qk_norm == (arch == "qwen3")
+    bias = {"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(arch, config.get("attention_bias"))
+    assert all(layer.attention.qkv_bias == bool(bias) for layer in spec.layers)
+    qk_norm = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head", "olmo2": "whole", "olmo3": "whole"}
+    assert all(layer.attention.qk_norm == qk_norm.get(arch, "none") for layer in spec.layers)
+    windows = [config.get("sliding_window") if kind == "sliding_attention" else None
+               for kind in config.get("layer_types") or ["sliding_attention" if arch in ("mistral", "mixtral") else
+                                                         "full_attention"] * spec.num_layers]
+    assert [layer.attention.window for layer in spec.layers] == windows
     assert spec.tie_word_embeddings == bool(config.get("tie_word_embeddings"))
     eos = config["eos_token_id"]
     assert spec.eos_token_ids == tuple(eos if isinstance(eos, list) else [eos])
-    window = config.get("sliding_window")
-    assert spec.max_position_embeddings == min(config["max_position_embeddings"], window or 10**9)
+    assert spec.max_position_embeddings == config["max_position_embeddings"]
 
 
-def test_mistral_context_is_capped_to_its_sliding_window():
+def test_mistral_window_applies_to_every_layer_without_capping_the_context():
     spec = load_spec(tiny_model_dir("mistral"))
-    assert spec.sliding_window == MISTRAL_WINDOW
-    assert spec.max_position_embeddings == MISTRAL_WINDOW
+    assert [layer.attention.window for layer in spec.layers] == [MISTRAL_WINDOW] * spec.num_layers
+    assert spec.max_position_embeddings > MISTRAL_WINDOW
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
@@ -257,14 +263,15 @@ def test_llama3_rope_matches_transformers(head_dim, original_context):
     plain = inv_frequencies(head_dim, RopeParams(theta=500000.0))
     assert not torch.allclose(got, plain), "the scaling must change some frequencies at this context"
     # Older configs spell the same thing as rope_theta + rope_scaling {"type": ...}.
-    legacy = SimpleNamespace(rope_theta=500000.0, max_position_embeddings=original_context,
+    legacy = SimpleNamespace(rope_theta=500000.0, max_position_embeddings=original_context, head_dim=head_dim,
                              rope_scaling=dict(scaling, type=scaling.pop("rope_type")))
     assert rope_params_from_config(legacy) == params
 
 
 def test_unknown_rope_type_is_refused():
-    config = SimpleNamespace(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
-    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
+    config = SimpleNamespace(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0},
+                             hidden_size=64, num_attention_heads=4)
+    with pytest.raises(ValueError, match="unsupported rope_type 'dynamic'"):
         rope_params_from_config(config)
 
 

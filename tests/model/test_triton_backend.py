@@ -151,3 +151,24 @@ def test_launches_are_planned_once_per_step_not_per_layer(monkeypatch) -> None:
     assert llm.engine.spec.num_layers > 1
     assert calls["store"] == len(steps) == 4  # one prefill step, three decode steps
     assert calls["extend"] == 1 and calls["decode"] == 3
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gpt_oss"])
+def test_triton_engine_runs_windows_sinks_and_softcaps_like_transformers(arch: str) -> None:
+    """The families whose layers differ (sliding and full, per-layer rope, softcaps, sinks) on the
+    Triton kernels and fused ops, greedy, token for token with transformers; prompts cross the window."""
+    from tiny_models import hf_model, tiny_model_dir
+
+    from radixserve import LLM, SamplingParams
+
+    def reference(prompt: list[int]) -> list[int]:
+        out = hf_model(tiny_model_dir(arch)).generate(torch.tensor([prompt]), max_new_tokens=6, min_new_tokens=6,
+                                                      do_sample=False, eos_token_id=None, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(4, 500, (n,), generator=g).tolist() for n in (21, 13)]
+    llm = LLM(model=str(tiny_model_dir(arch)), attention_backend="triton", device="cpu", dtype="float32",
+              block_size=16, num_blocks=32, max_num_batched_tokens=16)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == [reference(p) for p in prompts]

@@ -1,13 +1,15 @@
 // Renders one conversation: user and assistant turns, the live streaming turn, and each assistant
 // turn's cache figures (prompt tokens, cached tokens and %, the part loaded back from the host-memory
 // tier when there is one, TTFT, tokens/s, output tokens and, when speculative decoding drafted for
-// it, how many of them were accepted drafts and from which sources), an assistant's tool calls and
-// the tool results answering them, and JSON replies pretty-printed (tools_view.js). Message objects
+// it, how many of them were accepted drafts and from which sources), a thinking model's reasoning in a
+// collapsible block above the answer (thinking_view.js), an assistant's tool calls and the tool
+// results answering them, and JSON replies pretty-printed (tools_view.js). Message objects
 // are plain data owned by the chat controller; this module keeps a WeakMap from message to its
 // element so a streamed delta re-renders only its own bubble.
 
 import { icon } from "./icons.js";
 import { renderMarkdown } from "./markdown.js";
+import { hasReasoning, stillThinking, thinkingView } from "./thinking_view.js";
 import { asJson, jsonBlock, toolCallsView, toolResultView } from "./tools_view.js";
 import { fmtInt, fmtMs, fmtPct, fmtRate, h } from "./ui.js";
 
@@ -87,14 +89,15 @@ function draftedChip(usage) {
 function bodyFor(msg, handlers) {
   const body = h("div", { className: "msg-body" });
   if (msg.role === "assistant") {
+    if (hasReasoning(msg)) body.append(thinkingView(msg));
     // a finished reply that is one JSON document (structured output) is shown pretty-printed
     if (msg.content) body.append(!msg.streaming && asJson(msg.content) !== undefined ? jsonBlock(msg.content) : renderMarkdown(msg.content));
     if (msg.tool_calls && msg.tool_calls.length) {
       const state = handlers.toolState ? handlers.toolState(msg) : { answered: new Set(), answer: null };
       body.append(toolCallsView(msg, state.answered, state.answer));
     }
-    if (msg.streaming) {
-      if (!msg.content) {
+    if (msg.streaming && !stillThinking(msg)) { // while it thinks, the caret is in the Thinking block
+      if (!msg.content && !hasReasoning(msg)) {
         body.append(h("span", { className: "msg-pending", textContent: msg.start ? "Thinking…" : "Waiting for the server…" }));
       }
       body.append(h("span", { className: "cursor", attrs: { "aria-hidden": "true" } }));
@@ -160,11 +163,19 @@ export function renderConversation(container, messages, handlers, empty, { opene
   container.scrollTop = pinned ? container.scrollHeight : top;
 }
 
-/** Re-render one message in place (if it is on screen), keeping the view pinned to the bottom. */
+/**
+ * Re-render one message in place (if it is on screen), keeping the view pinned to the bottom, and the
+ * keyboard focus on its Thinking toggle when it was there.
+ */
 export function updateMessage(container, msg, handlers) {
   const old = nodes.get(msg);
   if (!old || !old.isConnected) return;
   const pinned = isPinned(container);
-  old.replaceWith(build(msg, handlers));
+  const focused = document.activeElement;
+  const keepFocus = focused && old.contains(focused) && focused.matches(".thinking-summary");
+  const fresh = build(msg, handlers);
+  old.replaceWith(fresh);
+  const summary = keepFocus ? fresh.querySelector(".thinking-summary") : null;
+  if (summary) summary.focus({ preventScroll: true });
   if (pinned) container.scrollTop = container.scrollHeight;
 }

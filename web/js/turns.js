@@ -1,6 +1,6 @@
 // Chat turns: sending a message (or the results of the last reply's tool calls), the generation's
-// WebSocket frames (start, delta, tool_call, done, error), stopping it, and reconciling with the
-// server when a turn fails. Invariants: at most one generation
+// WebSocket frames (start, delta — text, or a thinking model's `reasoning` — tool_call, done, error),
+// stopping it, and reconciling with the server when a turn fails. Invariants: at most one generation
 // per session (the server's rule too); a generation's assistant message is `streaming` from the
 // moment it is sent until its `done`, its `error`, or the connection drops — then it always ends
 // visibly, in the message itself. Deltas are rendered at most once per animation frame.
@@ -141,6 +141,8 @@ export class Turns {
           return;
         }
         gen.msg.content += f.text;
+        // a thinking model's reasoning comes as deltas with an empty text and the piece in `reasoning`
+        if (typeof f.reasoning === "string") gen.msg.reasoning_content = (gen.msg.reasoning_content || "") + f.reasoning;
         this.queueRender(gen);
         return;
       case "tool_call": {
@@ -200,6 +202,7 @@ export class Turns {
       msg.usage = done.usage;
       msg.timing = done.timing;
       if (Array.isArray(done.tool_calls)) msg.tool_calls = done.tool_calls; // the parsed calls, whole
+      if (typeof done.reasoning_content === "string") msg.reasoning_content = done.reasoning_content; // as kept
       if (Number.isInteger(done.message_index)) {
         msg.index = done.message_index;
         gen.inputs.forEach((m, j) => (m.index = done.message_index - gen.inputs.length + j));
@@ -212,7 +215,8 @@ export class Turns {
       const u = done.usage || {};
       const calls = (msg.tool_calls || []).map((c) => `calls ${c.function.name}`).join(", ");
       const said = [msg.content.slice(0, ANNOUNCE_CHARS), calls].filter(Boolean).join(" — ");
-      announce(`Assistant: ${said} — ${u.cached_tokens ?? 0} of ${u.prompt_tokens ?? 0} prompt tokens cached.`);
+      const thought = Number.isInteger(u.reasoning_tokens) && u.reasoning_tokens > 0 ? ` (after thinking for ${u.reasoning_tokens} tokens)` : "";
+      announce(`Assistant${thought}: ${said} — ${u.cached_tokens ?? 0} of ${u.prompt_tokens ?? 0} prompt tokens cached.`);
     } else {
       msg.error = error;
       announce(`Reply failed: ${error}`);

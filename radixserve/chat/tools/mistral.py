@@ -32,7 +32,7 @@ class MistralFormat(ToolCallFormat):
     def read(self, c: Cursor) -> Reading:
         # a reply decoded without special tokens has lost its [TOOL_CALLS]: a leading list of calls still is one
         if (yield from c.skip_ws()) and c.text[c.pos] == "[":
-            yield from self.block(c, "", self._list(c))
+            yield from self.block(c, "", c.call_list())
         while (opener := (yield from c.content_until((TOOL_CALLS,)))) is not None:
             yield from self.block(c, opener, self._calls(c))
 
@@ -40,22 +40,8 @@ class MistralFormat(ToolCallFormat):
         if not (yield from c.skip_ws()):
             return False
         if c.text[c.pos] == "[":
-            return (yield from self._list(c))
+            return (yield from c.call_list())
         return (yield from self._named_call(c))
-
-    def _list(self, c: Cursor) -> Waiting:
-        c.pos += 1
-        while True:
-            if not (yield from c.skip_ws()) or c.text[c.pos] != "{" or not (yield from c.call_object()):
-                return False
-            if not (yield from c.skip_ws()):
-                return True  # an unclosed list: the calls in it stand
-            if c.text[c.pos] == "]":
-                c.pos += 1
-                return True
-            if c.text[c.pos] != ",":
-                return True
-            c.pos += 1
 
     def _named_call(self, c: Cursor) -> Waiting:
         """`name[ARGS]{...}` or `name[CALL_ID]id[ARGS]{...}`."""

@@ -161,6 +161,23 @@ class Cursor:
                 return False
             yield
 
+    def call_list(self) -> Waiting:
+        """A JSON list of call objects at pos (text[pos] is "["), as Mistral's and Granite's calls are
+        written. A list the reply never closed, or one that goes on with anything but another call,
+        keeps the calls read so far."""
+        self.pos += 1
+        while True:
+            if not (yield from self.skip_ws()) or self.text[self.pos] != "{" or not (yield from self.call_object()):
+                return False
+            if not (yield from self.skip_ws()):
+                return True
+            if self.text[self.pos] == "]":
+                self.pos += 1
+                return True
+            if self.text[self.pos] != ",":
+                return True
+            self.pos += 1
+
     def _whole_call(self, start: int, end: int) -> bool:
         """A call object whose keys are not in the streamable order: one delta once it is whole."""
         try:

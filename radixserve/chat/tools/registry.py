@@ -1,9 +1,10 @@
 """The tool-call formats by name, and which one a model speaks, told from its chat template.
 
 Invariants: a flag value (`--tool-call-parser`) always wins and an unknown one is an error naming the
-choices; without one, the template's own tool-call markup decides, and a template with none (the embedded
-SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then teaches the model. Every format closes the
-objects of tool parameters unless asked for open ones (`open_objects`, --open-json-objects).
+choices; without one, the template's own tool-call markup decides (harmony's channel markers: gpt-oss),
+and a template with none (the embedded SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then
+teaches the model. Every format closes the objects of tool parameters unless asked for open ones
+(`open_objects`, --open-json-objects).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import re
 from typing import Any
 
 from radixserve.chat.tools.base import ToolCallFormat
+from radixserve.chat.tools.harmony import CHANNEL, MESSAGE, HarmonyFormat
 from radixserve.chat.tools.hermes import HermesFormat
 from radixserve.chat.tools.llama3 import Llama3JsonFormat
 from radixserve.chat.tools.mistral import MistralFormat
 
-FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat())}
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(),
+                                                          HarmonyFormat())}
 
 # Llama 3.1's template hands results back in "ipython" turns and asks for {"name": ..., "parameters": ...}
 _LLAMA3_JSON = re.compile(r"ipython|\"parameters\"|'parameters'|<\|python_tag\|>")
@@ -41,6 +44,8 @@ def tool_format(chat_template: str | None, override: str | None = None, tokenize
 
 
 def _from_template(template: str) -> ToolCallFormat:
+    if CHANNEL in template and MESSAGE in template:  # gpt-oss's harmony: its tools are TypeScript, its calls messages
+        return FORMATS["harmony"]
     if "[TOOL_CALLS]" in template:
         return MistralFormat(args_syntax="[ARGS]" in template)
     if "<tool_call>" in template:

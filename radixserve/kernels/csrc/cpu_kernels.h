@@ -145,11 +145,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
 // Attention of the short rows (at most `max_query` new tokens) of a step, read in place from the
 // paged cache [blocks, block_size, kv_heads, head_dim] through `block_table` [rows, width]: row b's
 // new tokens are q's rows from sum(query_lens[:b]) on, the last of its seq_lens[b] tokens, and query
-// i of n sees keys 0 .. seq_lens[b] - n + i. Writes those rows of `out` [T, heads, head_dim]; rows
-// with more new tokens are left alone. A row's result depends on its own query, keys and values
-// only (keys are split into fixed partitions of the row's own length, merged in order).
+// i of n sees keys 0 .. seq_lens[b] - n + i (with a `window` > 0, only the last `window` of them).
+// Scores are scale * q.k, then softcap * tanh(score / softcap) where softcap > 0; `sinks` (one
+// logit per q head) add e^sink to each softmax's denominator. Writes those rows of `out` [T, heads,
+// head_dim]; rows with more new tokens are left alone. A row's result depends on its own query, keys
+// and values only (keys are split into fixed partitions of their positions, merged in order), and
+// keys outside every window of a row are never read.
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_table, at::IntArrayRef seq_lens, at::IntArrayRef query_lens,
-                     double scale, int64_t max_query, const at::Tensor& out);
+                     double scale, int64_t max_query, const at::Tensor& out, int64_t window,
+                     const std::optional<at::Tensor>& sinks, double softcap);
 
 }  // namespace radixserve

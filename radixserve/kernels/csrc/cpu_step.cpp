@@ -122,25 +122,35 @@ struct ShortRows {  // the step's rows: every one short (CpuStep checks)
   at::IntArrayRef seq_lens, query_lens;
 };
 
+struct Variant {  // a layer's attention as the Python layers pass it: scale, window (0: none), sinks, softcap (0: none)
+  double scale;
+  int64_t window;
+  std::optional<Tensor> sinks;
+  double softcap;
+};
+
 // TorchAttentionBackend.forward over a cache it reads in place: store the step's keys and values,
 // then radixserve::paged_attention over every row
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
-              const ShortRows& s, double scale) {
+              const ShortRows& s, const Variant& variant) {
   const int64_t kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
   k_cache.view({-1, kv_heads, head_dim}).index_copy_(0, s.slot_mapping, k.to(k_cache.scalar_type()));
   v_cache.view({-1, kv_heads, head_dim}).index_copy_(0, s.slot_mapping, v.to(v_cache.scalar_type()));
   Tensor out = at::empty_like(q);
-  radixserve::paged_attention(q, k_cache, v_cache, s.block_table, s.seq_lens, s.query_lens, scale,
-                              std::numeric_limits<int64_t>::max(), out);
+  radixserve::paged_attention(q, k_cache, v_cache, s.block_table, s.seq_lens, s.query_lens, variant.scale,
+                              std::numeric_limits<int64_t>::max(), out, variant.window, variant.sinks,
+                              variant.softcap);
   return out;
 }
 
-// shape: num_heads, num_kv_heads, head_dim, intermediate size
+// shape: num_heads, num_kv_heads, head_dim, intermediate size; scales, windows, sinks, softcaps: each
+// layer's attention (radixserve::paged_attention's arguments)
 Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& cos, const Tensor& signed_sin,
                   at::TensorList weights, const c10::List<std::optional<Tensor>>& biases, const Tensor& final_norm,
                   at::TensorList k_caches, at::TensorList v_caches, const Tensor& slot_mapping,
                   const Tensor& block_table, at::IntArrayRef seq_lens, at::IntArrayRef query_lens,
-                  at::IntArrayRef shape, double eps, double scale) {
+                  at::IntArrayRef shape, double eps, at::ArrayRef<double> scales, at::IntArrayRef windows,
+                  const c10::List<std::optional<Tensor>>& sinks, at::ArrayRef<double> softcaps) {
   TORCH_CHECK(shape.size() == 4, "short_step: shape is num_heads, num_kv_heads, head_dim, intermediate size");
   TORCH_CHECK(input_ids.device().is_cpu() && embed.device().is_cpu(), "short_step: CPU tensors");
   const int64_t layers = static_cast<int64_t>(k_caches.size());
@@ -148,6 +158,9 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
                   static_cast<int64_t>(biases.size()) == kBiasesPerLayer * layers &&
                   static_cast<int64_t>(v_caches.size()) == layers,
               "short_step: weights, biases and caches do not match the layer count");
+  TORCH_CHECK(static_cast<int64_t>(scales.size()) == layers && static_cast<int64_t>(windows.size()) == layers &&
+                  static_cast<int64_t>(sinks.size()) == layers && static_cast<int64_t>(softcaps.size()) == layers,
+              "short_step: one scale, window, sinks and softcap per layer");
   const int64_t heads = shape[0], kv_heads = shape[1], head_dim = shape[2], intermediate = shape[3];
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, hidden = embed.size(1);
   const ShortRows rows{slot_mapping, block_table, seq_lens, query_lens};
@@ -168,7 +181,7 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
     Tensor q = rotate(qkv[0].reshape({tokens_in_step, heads, head_dim}), cos, signed_sin);
     Tensor k = rotate(qkv[1].reshape({tokens_in_step, kv_heads, head_dim}), cos, signed_sin);
     Tensor v = qkv[2].reshape({tokens_in_step, kv_heads, head_dim}).contiguous();
-    Tensor attended = attend(q, k, v, k_caches[l], v_caches[l], rows, scale);
+    Tensor attended = attend(q, k, v, k_caches[l], v_caches[l], rows, {scales[l], windows[l], sinks.get(l), softcaps[l]});
     h = linear(attended.reshape({tokens_in_step, q_size}), w[2], bias(1), hidden);
     h = norm(h, w[3]);
     auto gate_up = linear(h, w[4], bias(2), 2 * intermediate).chunk(2, -1);
@@ -182,6 +195,7 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
 TORCH_LIBRARY(radixserve, m) {
   m.def("short_step(Tensor input_ids, Tensor embed, Tensor cos, Tensor signed_sin, Tensor[] weights, "
         "Tensor?[] biases, Tensor final_norm, Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, "
-        "Tensor block_table, int[] seq_lens, int[] query_lens, int[] shape, float eps, float scale) -> Tensor",
+        "Tensor block_table, int[] seq_lens, int[] query_lens, int[] shape, float eps, float[] scales, int[] windows, "
+        "Tensor?[] sinks, float[] softcaps) -> Tensor",
         short_step);
 }

@@ -11,6 +11,13 @@
 // partitions of a row are then merged in order. Which keys form a partition depends on nothing but
 // their positions, so a row's result never depends on the other rows of the step or on the thread
 // count.
+//
+// Attention variants, per call (a layer's): a sliding window (query at position p sees keys
+// p - window < j <= p) makes the row's tasks start at the partition holding its first query's
+// first key, so a decode costs the window, not the context; a partition's pass scores only the keys
+// some query of the pass sees. Logit softcapping (s <- softcap * tanh(s / softcap)) applies to each
+// score before the softmax. Attention sinks (one logit per q head) add e^(sink - m) to the merged
+// denominator, m the maximum over the row's partitions and the sink, with no value weighed.
 
 #include "cpu_kernels.h"
 
@@ -69,12 +76,15 @@ inline Lanes exp_lanes(Lanes x) {
   return x;
 }
 
-struct Layout {  // where a step's rows, queries and cache lie
+struct Layout {  // where a step's rows, queries and cache lie, and the layer's attention variant
   const float* q;  // [T, heads, head_dim] as fp32
   int64_t heads, group, head_dim;
   const int32_t* table;
   int64_t table_stride, block_size;
   int64_t block_stride, token_stride, head_stride;  // of the caches, in elements
+  int64_t window;      // keys a query sees, itself included; 0: every earlier key
+  float softcap;       // 0: none
+  const float* sinks;  // [heads] as fp32, or null
 };
 
 struct Task {
@@ -89,7 +99,9 @@ constexpr int kHeadsTogether = std::max(1, std::min(4, kVectorRegisters / 2 / (V
 
 // One task: for each query i and q head of the kv head, the partition's maximum score, the sum of
 // its exponentials and the values they weigh, into `partial` [queries * group][V * 16 + 2]. A query
-// head's figures are the same whichever heads share its pass: a key it does not see weighs exactly 0.
+// head's figures are the same whichever heads share its pass, and whichever key the task starts at
+// (a row's first task starts at the row's first key in its window): a key it does not see weighs
+// exactly 0, and its exponentials are summed from its own first key on.
 template <int V, typename T>
 void attend_partition(const Layout& at, const Task& task, const T* k_cache, const T* v_cache, double scale,
                       float* partial) {
@@ -115,19 +127,25 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
   const int64_t query_heads = task.queries * at.group;
   for (int64_t first = 0; first < query_heads; first += N) {
     Lanes query[N][V];
-    int64_t seen[N];
-    int64_t most = 0;
+    int64_t from[N], seen[N];  // the keys [from, seen) of the task that query head n sees
+    int64_t least = keys, most = 0;
     for (int n = 0; n < N; ++n) {  // past the last query head, repeat it (its results are dropped)
       const int64_t index = std::min(first + n, query_heads - 1), i = index / at.group;
       const int64_t head = task.kv_head * at.group + index % at.group;
-      // query i sits at position length - queries + i and sees keys up to it
-      seen[n] = std::clamp(task.length - task.queries + i + 1 - task.first_key, int64_t{0}, keys);
-      most = std::max(most, seen[n]);
+      // query i sits at position length - queries + i and sees keys up to it (and in its window)
+      const int64_t position = task.length - task.queries + i;
+      seen[n] = std::clamp(position + 1 - task.first_key, int64_t{0}, keys);
+      from[n] = at.window > 0 ? std::clamp(position + 1 - at.window - task.first_key, int64_t{0}, seen[n]) : 0;
+      if (from[n] < seen[n]) {
+        least = std::min(least, from[n]);
+        most = std::max(most, seen[n]);
+      }
       for (int c = 0; c < V; ++c) {
         query[n][c] = load_lanes(at.q + ((task.first_token + i) * at.heads + head) * at.head_dim + c * kLanes);
       }
     }
-    for (int64_t j = 0; j < most; ++j) {
+    least = std::min(least, most);
+    for (int64_t j = least; j < most; ++j) {
       Lanes key[V];
       for (int c = 0; c < V; ++c) key[c] = load_lanes(key_at[j] + c * kLanes);
       for (int n = 0; n < N; ++n) {
@@ -136,13 +154,19 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
         score_rows[n * keys + j] = sum_lanes(dot) * static_cast<float>(scale);
       }
     }
+    if (at.softcap > 0) {
+      for (int n = 0; n < N; ++n) {
+        float* scores = score_rows.data() + n * keys;
+        for (int64_t j = from[n]; j < seen[n]; ++j) scores[j] = at.softcap * std::tanh(scores[j] / at.softcap);
+      }
+    }
     float maximum[N], total[N];
     for (int n = 0; n < N; ++n) {
       float* scores = score_rows.data() + n * keys;
       maximum[n] = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < seen[n]; ++j) maximum[n] = std::max(maximum[n], scores[j]);
+      for (int64_t j = from[n]; j < seen[n]; ++j) maximum[n] = std::max(maximum[n], scores[j]);
       Lanes sum = {};
-      for (int64_t j = 0; j < seen[n]; j += kLanes) {
+      for (int64_t j = from[n]; j < seen[n]; j += kLanes) {
         Lanes chunk = broadcast(-std::numeric_limits<float>::infinity());
         const int64_t count = std::min(kLanes, seen[n] - j);
         std::memcpy(&chunk, scores + j, count * sizeof(float));
@@ -151,10 +175,15 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
         sum = sum + chunk;
       }
       total[n] = sum_lanes(sum);
-      std::fill(scores + seen[n], scores + most, 0.0f);
+      if (from[n] < seen[n]) {
+        std::fill(scores + least, scores + from[n], 0.0f);
+        std::fill(scores + seen[n], scores + most, 0.0f);
+      } else {
+        std::fill(scores + least, scores + most, 0.0f);
+      }
     }
     Lanes acc[N][V] = {};
-    for (int64_t j = 0; j < most; ++j) {
+    for (int64_t j = least; j < most; ++j) {
       Lanes value[V];
       for (int c = 0; c < V; ++c) value[c] = load_lanes(value_at[j] + c * kLanes);
       for (int n = 0; n < N; ++n) {
@@ -171,7 +200,8 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
   }
 }
 
-// merge each (row, kv head)'s partitions, tasks first_task[u] .. first_task[u + 1], in order
+// merge each (row, kv head)'s partitions, tasks first_task[u] .. first_task[u + 1], in order, and
+// the head's sink where there are sinks
 template <typename Out>
 void merge(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
            const std::vector<int64_t>& offsets, const float* partials, int64_t dim, Out* out) {
@@ -181,10 +211,12 @@ void merge(const Layout& at, const std::vector<Task>& tasks, const std::vector<i
     for (int64_t u = begin; u < end; ++u) {
       const Task& first = tasks[first_task[u]];
       for (int64_t q = 0; q < first.queries * at.group; ++q) {
+        const int64_t token = first.first_token + q / at.group, head = first.kv_head * at.group + q % at.group;
         float maximum = -std::numeric_limits<float>::infinity();
         for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
           maximum = std::max(maximum, partials[offsets[t] + q * (dim + 2) + dim]);
         }
+        if (at.sinks != nullptr) maximum = std::max(maximum, at.sinks[head]);
         std::fill(merged.begin(), merged.end(), 0.0f);
         float total = 0.0f;
         for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
@@ -194,7 +226,7 @@ void merge(const Layout& at, const std::vector<Task>& tasks, const std::vector<i
           total += weight * part[dim + 1];
           for (int64_t d = 0; d < dim; ++d) merged[d] += weight * part[d];
         }
-        const int64_t token = first.first_token + q / at.group, head = first.kv_head * at.group + q % at.group;
+        if (at.sinks != nullptr) total += std::exp(at.sinks[head] - maximum);  // weighs no value
         Out* to = out + (token * at.heads + head) * dim;
         for (int64_t d = 0; d < dim; ++d) to[d] = static_cast<Out>(merged[d] / total);
       }
@@ -240,7 +272,7 @@ void dispatch_dim(const Layout& at, const std::vector<Task>& tasks, const std::v
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
                      at::IntArrayRef seq_lens, at::IntArrayRef query_lens, double scale, int64_t max_query,
-                     const Tensor& out) {
+                     const Tensor& out, int64_t window, const std::optional<Tensor>& sinks, double softcap) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
               "paged_attention: q [T, heads, dim] and caches [blocks, block_size, kv_heads, dim] alike");
@@ -259,11 +291,18 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   TORCH_CHECK(kv_heads > 0 && k_cache.size(1) > 0 && k_cache.size(3) == head_dim && heads % kv_heads == 0 &&
                   head_dim % kLanes == 0,
               "paged_attention: head_dim a multiple of 16, heads a multiple of kv_heads, blocks of at least one token");
+  TORCH_CHECK(window >= 0 && softcap >= 0, "paged_attention: window and softcap are 0 (none) or positive");
+  TORCH_CHECK(!sinks || (sinks->dim() == 1 && sinks->size(0) == heads && sinks->device().is_cpu() &&
+                         at::isFloatingType(sinks->scalar_type())),
+              "paged_attention: sinks are one float per q head, on the CPU");
   const Tensor queries = q.to(at::kFloat).contiguous();
   const Tensor table = block_table.contiguous();
+  const Tensor sink_logits = sinks ? sinks->to(at::kFloat).contiguous() : Tensor();
   const Layout layout{queries.const_data_ptr<float>(), heads, heads / kv_heads, head_dim,
                       table.const_data_ptr<int32_t>(), table.stride(0), k_cache.size(1),
-                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
+                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                      window, static_cast<float>(softcap),
+                      sinks ? sink_logits.const_data_ptr<float>() : nullptr};
   std::vector<Task> tasks;
   std::vector<int64_t> first_task;
   int64_t token = 0;
@@ -279,11 +318,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                   k_cache.size(0));
     }
     if (queries_of_row <= max_query) {
+      // the first key the row's first query sees: partitions wholly before it are never read
+      const int64_t first_seen = window > 0 ? std::max<int64_t>(0, length - queries_of_row + 1 - window) : 0;
       for (int64_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
         first_task.push_back(static_cast<int64_t>(tasks.size()));
-        for (int64_t key = 0; key < length; key += kPartition) {
-          tasks.push_back({static_cast<int64_t>(b), kv_head, key, std::min(length, key + kPartition), token,
-                           queries_of_row, length});
+        for (int64_t key = first_seen / kPartition * kPartition; key < length; key += kPartition) {
+          tasks.push_back({static_cast<int64_t>(b), kv_head, std::max(key, first_seen),
+                           std::min(length, key + kPartition), token, queries_of_row, length});
         }
       }
     }
@@ -305,6 +346,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, int[] seq_lens, "
-        "int[] query_lens, float scale, int max_query, Tensor(a!) out) -> ()",
+        "int[] query_lens, float scale, int max_query, Tensor(a!) out, int window=0, Tensor? sinks=None, "
+        "float softcap=0.0) -> ()",
         radixserve::paged_attention);
 }

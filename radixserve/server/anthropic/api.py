@@ -61,22 +61,24 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def _message(state: ServerState, req: MessagesRequest, mid: str, created: int) -> Response:
-    texts: list[str] = []
+    reader = req.plan.reader(tools=False)  # its reasoning and answer; the answer's calls are read whole
     final: CompletionOutput | None = None
     last: RequestOutput | None = None
     async with aclosing(req.plan.stream(state)) as outputs:
         async for out in outputs:
             last = out
             for o in out.outputs:
-                texts.append(o.text)
+                reader.feed(o.text, len(o.token_ids))
                 final = o if o.finish_reason else final
     if last is None or final is None:
         raise aborted()
-    return JSONResponse(message_body(mid, req.model, req.plan.ask.tools, "".join(texts), final, last.usage, created))
+    reader.finish()
+    return JSONResponse(message_body(mid, req.model, req.plan.ask.tools, reader.answer_text, final, last.usage,
+                                     created, reader.reasoning_text))
 
 
 async def _events(state: ServerState, req: MessagesRequest, mid: str, created: int) -> AsyncGenerator[str, None]:
-    events = ReplyEvents(mid, req.model, req.plan.ask.tools, created=created)
+    events = ReplyEvents(mid, req.model, req.plan.ask.tools, created=created, reader=req.plan.reader())
     try:
         async with aclosing(req.plan.stream(state)) as outputs:
             async for out in outputs:

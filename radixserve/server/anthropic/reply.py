@@ -11,7 +11,12 @@ Invariants:
   string that matched (the engine's CompletionOutput.stop_reason); "tool_use" for a reply that called
   a tool and ended on its own; else "end_turn". A generation the server aborted (shutdown) is an
   error, never a message.
-- Blocks: without active tools, one text block holding the text as generated (none for an empty
+- Thinking: a reply's reasoning (a thinking model's, chat/reasoning.py) is a `thinking` block
+  before the rest, whole; streamed, a thinking block opens where the reasoning does and its
+  `thinking_delta` pieces join to its text. `signature` is always "": the server signs nothing, and
+  thinking blocks sent back are not checked. Thinking blocks come whenever the model thought, whether
+  or not the request enabled `thinking` (disabling it asks the template for a reply without).
+- Blocks: without active tools, one text block holding the answer as generated (none for an empty
   reply). With tools the format's parser reads the reply: text blocks hold the text outside calls
   (surrounding whitespace dropped), tool_use blocks the calls (id "toolu_…", `input` the arguments'
   JSON value); without parallel calls only the first call is kept. Whole, the text comes first, then
@@ -29,8 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.chat.reasoning import ReasoningDelta, ReplyPiece, ReplyStream
 from radixserve.chat.tool_calls import ChatTools
-from radixserve.chat.tools import ContentDelta, ReplyDelta, ToolStream, arguments_object
+from radixserve.chat.tools import ContentDelta, arguments_object
 from radixserve.core import CompletionOutput, RequestOutput, Usage
 from radixserve.server.http_util import dumps
 from radixserve.server.validation import ApiError
@@ -72,14 +78,20 @@ def message(mid: str, model: str, content: list[dict[str, Any]], stop: tuple[str
             "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage_body(usage, created)}
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def message_body(mid: str, model: str, tools: ChatTools | None, text: str, final: CompletionOutput,
-                 usage: Usage, created: int = 0) -> dict[str, Any]:
-    """The whole reply: `text` is everything generated, `final` the output that finished it."""
+                 usage: Usage, created: int = 0, reasoning: str = "") -> dict[str, Any]:
+    """The whole reply: `text` is its answer (everything generated but its `reasoning`), `final` the
+    output that finished it."""
+    thought = [thinking_block(reasoning)] if reasoning else []
     if tools is None or not tools.active:
-        return message(mid, model, [{"type": "text", "text": text}] if text else [], stop_fields(final, False), usage,
-                       created)
+        return message(mid, model, thought + ([{"type": "text", "text": text}] if text else []),
+                       stop_fields(final, False), usage, created)
     parsed = tools.parse(text, cut=final.finish_reason == "length")
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": parsed.content}] if parsed.content else []
+    blocks: list[dict[str, Any]] = thought + ([{"type": "text", "text": parsed.content}] if parsed.content else [])
     blocks += [{"type": "tool_use", "id": toolu_id(c.id), "name": c.name, "input": arguments_object(c.arguments)}
                for c in parsed.calls]
     return message(mid, model, blocks, stop_fields(final, bool(parsed.calls)), usage, created)
@@ -97,18 +109,20 @@ class ReplyEvents:
     mid: str
     model: str
     tools: ChatTools | None
-    parser: ToolStream | None = field(init=False)
     started: bool = False
     blocks: int = 0  # blocks started so far; the open one is the last
-    open_kind: str | None = None  # "text" | "tool_use" while a block is open
+    open_kind: str | None = None  # "thinking" | "text" | "tool_use" while a block is open
     called: bool = False
     stopped: bool = False  # message_stop went out
     keep_call: bool = True  # whether the call being streamed is kept (not without parallel calls, after the first)
     created: int = 0  # prompt tokens a cache_control pin prefilled for this request (usage_body)
+    reader: ReplyStream | None = None  # reads the reply (Plan.reader); None: `tools` alone
+    parser: ReplyStream = field(init=False)
 
     def __post_init__(self) -> None:
         active = self.tools is not None and self.tools.active
-        self.parser = self.tools.format.stream() if self.tools is not None and active else None
+        self.parser = self.reader if self.reader is not None else ReplyStream(
+            None, self.tools.format.stream() if self.tools is not None and active else None)
 
     def of(self, out: RequestOutput) -> list[str]:
         events: list[str] = []
@@ -128,13 +142,16 @@ class ReplyEvents:
                 self.stopped = True
         return events
 
-    def _deltas(self, o: CompletionOutput) -> list[ReplyDelta]:
-        if self.parser is None:
-            return [ContentDelta(o.text)] if o.text else []
-        items = self.parser.feed(o.text) if o.text else []
+    def _deltas(self, o: CompletionOutput) -> list[ReplyPiece]:
+        items = self.parser.feed(o.text, len(o.token_ids))
         return items + self.parser.finish(cut=o.finish_reason == "length") if o.finish_reason else items
 
-    def _delta(self, d: ReplyDelta) -> list[str]:
+    def _delta(self, d: ReplyPiece) -> list[str]:
+        if isinstance(d, ReasoningDelta):
+            if not d.text:
+                return []
+            events = [] if self.open_kind == "thinking" else self._open(thinking_block(""))
+            return events + [self._block_delta({"type": "thinking_delta", "thinking": d.text})]
         if isinstance(d, ContentDelta):
             if not d.text:
                 return []

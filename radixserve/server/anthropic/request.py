@@ -13,19 +13,27 @@ Mapping (invariants):
   merges them) and end with a `user` turn: a trailing assistant turn (a prefill) is refused.
 - A user turn's `tool_result` blocks become `tool` messages, in order, before the turn's text (their
   content: a string or text blocks; `is_error` marks the text "Error: "); an assistant turn's
-  `tool_use` blocks become its `tool_calls` (`input` as JSON text, ids kept). Blocks this text-only
-  server cannot read (image, document, thinking, ...) are refused, never dropped.
+  `tool_use` blocks become its `tool_calls` (`input` as JSON text, ids kept). An assistant turn's
+  `thinking` blocks (its earlier reasoning; their `signature` is not checked) become its
+  `reasoning_content` under --keep-reasoning-in-history and are left out otherwise, and
+  `redacted_thinking` blocks are left out (there is nothing to read in them). Blocks this text-only
+  server cannot read (image, document, ...) are refused, never dropped.
 - `tools` and `tool_choice` become ChatTools (tools.py).
 - Sampling: the table's fields (radixserve/sampling_fields.py) under this API's names, with the
   other endpoints' ranges: `max_tokens` (required, as Anthropic requires), `temperature` (in [0, 2]
   like every API here, wider than Anthropic's own [0, 1]), `top_p`, `top_k`, `stop_sequences`, and as
   extensions every other row (`min_p`, `seed`, the penalties, `logit_bias`, `min_tokens`, `bad_words`,
   `allowed_token_ids`, `stop_token_ids`, and `ignore_eos`: the reply then ends only at `max_tokens` or
-  a stop, its stop_reason "max_tokens" or "stop_sequence"); unknown fields are ignored; `thinking` may only be
-  `{"type": "disabled"}`; `metadata` is ignored; `cache_salt` (vLLM's field, sent through the SDKs'
-  `extra_body`) narrows the cached prefixes the request may hit within its tenant (callers.py).
+  a stop, its stop_reason "max_tokens" or "stop_sequence"); unknown fields are ignored; `metadata` is
+  ignored; `cache_salt` (vLLM's field, sent through the SDKs' `extra_body`) narrows the cached prefixes
+  the request may hit within its tenant (callers.py).
   `output_config.format` (`{"type": "json_schema", "schema"}`) constrains the reply to the schema
-  (structured output; not with a forced tool choice); `output_config.effort` is a hint, ignored.
+  (structured output; not with a forced tool choice).
+- Thinking (template variables, pipeline/reasoning.py; in count_tokens too, which counts the same
+  prompt): `thinking` `{"type": "enabled", "budget_tokens"}` (at least 1024 and below `max_tokens`, as
+  Anthropic asks; not enforced: the model thinks as long as it does) sets `enable_thinking` true,
+  `{"type": "disabled"}` false; `output_config.effort` ("low", "medium", "high") becomes
+  `reasoning_effort`; `chat_template_kwargs` (vLLM's field, through `extra_body`) adds variables.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from radixserve.server.anthropic.tools import tool_request
 from radixserve.server.callers import cache_salt_of
 from radixserve.server.pipeline.ask import Ask, ChatPrompt
 from radixserve.server.pipeline.plan import Plan, plan
+from radixserve.server.pipeline.reasoning import reasoning_of, template_variables
 from radixserve.server.pipeline.sampling import read_sampling
 from radixserve.server.state import ServerState
 from radixserve.server.tenants import Caller
@@ -48,7 +57,10 @@ from radixserve.server.validation import ApiError, get_bool, get_str, refuse_uns
 from radixserve.structured import StructuredOutput
 
 UNSUPPORTED = {"mcp_servers": None, "container": None}  # features refused rather than ignored
-BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}  # the blocks each role may send
+# the blocks each role may send
+BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
+MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
+EFFORTS = ("low", "medium", "high")  # output_config.effort values a template may read as reasoning_effort
 
 
 @dataclass(frozen=True)
@@ -61,7 +73,7 @@ async def parse_messages_request(state: ServerState, body: dict[str, Any], calle
     sampling = read_sampling(body, Api.ANTHROPIC)
     if sampling.max_tokens is None:
         raise ApiError("missing_field", "missing required field 'max_tokens'", param="max_tokens")
-    _refuse_thinking(body.get("thinking"))
+    thinking_variables(body.get("thinking"), sampling.max_tokens)  # the budget against max_tokens, first
     stream = get_bool(body, "stream")
     sampling = replace(sampling, structured=_output_format(body.get("output_config")))
     model, ask = conversation_ask(state, body, caller)  # the checks above first: a bad field costs no tokenizing
@@ -79,15 +91,34 @@ def conversation_ask(state: ServerState, body: dict[str, Any], caller: Caller) -
     state.require_model(model)
     refuse_unsupported(body, UNSUPPORTED)
     tools = tool_request(body, formatter.tool_format)
-    return model, Ask(Api.ANTHROPIC, ChatPrompt(template_messages(body)), SamplingFields(), caller.tenant,
-                      cache_salt, tools)
+    config = body.get("output_config")
+    effort = config.get("effort") if isinstance(config, dict) else None
+    mapped = {**thinking_variables(body.get("thinking")),
+              **({"reasoning_effort": effort} if effort in EFFORTS else {})}
+    variables = template_variables(state, body.get("chat_template_kwargs"), mapped)
+    messages = template_messages(body, state.config.keep_reasoning_in_history)
+    return model, Ask(Api.ANTHROPIC, ChatPrompt(messages), SamplingFields(), caller.tenant, cache_salt, tools,
+                      variables=variables, reasoning=reasoning_of(state))
 
 
-def _refuse_thinking(thinking: Any) -> None:
-    if thinking is None or (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
-        return
-    raise ApiError("unsupported", "extended thinking is not supported by this server; send no 'thinking' or "
-                   "{\"type\": \"disabled\"}", param="thinking")
+def thinking_variables(thinking: Any, max_tokens: int | None = None) -> dict[str, Any]:
+    """`thinking` as template variables; a 400 naming it for a shape Anthropic would refuse too."""
+    if thinking is None:
+        return {}
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return {"enable_thinking": False}
+    if kind != "enabled":
+        raise ApiError("invalid_field", "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or "
+                       "{\"type\": \"disabled\"}", param="thinking")
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_THINKING_BUDGET:
+        raise ApiError("invalid_field", f"'thinking.budget_tokens' must be an integer of at least {MIN_THINKING_BUDGET}",
+                       param="thinking.budget_tokens")
+    if max_tokens is not None and budget >= max_tokens:
+        raise ApiError("invalid_field", "'thinking.budget_tokens' must be less than 'max_tokens'",
+                       param="thinking.budget_tokens")
+    return {"enable_thinking": True}
 
 
 def _output_format(config: Any) -> StructuredOutput | None:
@@ -107,9 +138,10 @@ def _output_format(config: Any) -> StructuredOutput | None:
 
 # -- conversation ------------------------------------------------------------------------------
 
-def template_messages(body: dict[str, Any]) -> list[Message]:
-    """`system` and `messages` as the chat template's messages (OpenAI's roles and tool shapes)."""
-    return _system(body.get("system")) + _messages(body.get("messages"))
+def template_messages(body: dict[str, Any], keep_reasoning: bool = False) -> list[Message]:
+    """`system` and `messages` as the chat template's messages (OpenAI's roles and tool shapes);
+    `keep_reasoning`: assistant turns' thinking blocks as their `reasoning_content`."""
+    return _system(body.get("system")) + _messages(body.get("messages"), keep_reasoning)
 
 
 def _system(raw: Any) -> list[Message]:
@@ -120,7 +152,7 @@ def _system(raw: Any) -> list[Message]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _messages(raw: Any) -> list[Message]:
+def _messages(raw: Any, keep_reasoning: bool) -> list[Message]:
     if raw is None:
         raise ApiError("missing_field", "missing required field 'messages'", param="messages")
     if not isinstance(raw, list) or not raw:
@@ -136,7 +168,8 @@ def _messages(raw: Any) -> list[Message]:
                            "prompt is the top-level 'system' field)", param=f"{where}.role")
         if "content" not in m or m["content"] is None:
             raise ApiError("missing_field", f"{where}.content is required", param=f"{where}.content")
-        turn = _user_turn(m["content"], where) if role == "user" else [_assistant_turn(m["content"], where)]
+        turn = _user_turn(m["content"], where) if role == "user" \
+            else [_assistant_turn(m["content"], where, keep_reasoning)]
         _check_results_answer_calls(turn, out, where)
         out += turn
     if raw[-1].get("role") != "user":
@@ -169,13 +202,22 @@ def _user_turn(content: Any, where: str) -> list[Message]:
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
 
-def _assistant_turn(content: Any, where: str) -> Message:
+def _assistant_turn(content: Any, where: str, keep_reasoning: bool) -> Message:
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for k, b in _blocks(content, where, "assistant"):
         at = f"{where}.content[{k}]"
         if b["type"] == "text":
             texts.append(_text(b, at))
+            continue
+        if b["type"] == "redacted_thinking":
+            continue
+        if b["type"] == "thinking":
+            if not isinstance(b.get("thinking"), str):
+                raise ApiError("invalid_field", f"{at} must be {{\"type\": \"thinking\", \"thinking\": str, "
+                               "\"signature\": str}", param=f"{at}.thinking")
+            thoughts.append(b["thinking"])
             continue
         call_id, name, args = b.get("id"), b.get("name"), b.get("input")
         if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name \
@@ -183,9 +225,10 @@ def _assistant_turn(content: Any, where: str) -> Message:
             raise ApiError("invalid_field", f"{at} must be {{\"type\": \"tool_use\", \"id\": str, \"name\": str, "
                            "\"input\": object}", param=at)
         calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False), call_id).openai_dict())
+    thought = {"reasoning_content": "".join(thoughts)} if keep_reasoning and "".join(thoughts) else {}
     if not calls:
-        return {"role": "assistant", "content": "".join(texts)}
-    return {"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}
+        return {"role": "assistant", "content": "".join(texts), **thought}
+    return {"role": "assistant", "content": "".join(texts) or None, **thought, "tool_calls": calls}
 
 
 def _tool_result(b: dict[str, Any], at: str) -> Message:

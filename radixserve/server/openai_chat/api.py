@@ -17,6 +17,12 @@ reports OpenAI's accepted_prediction_tokens / rejected_prediction_tokens and the
 `speculation` (what was drafted and accepted, by source) on every reply
 (server/pipeline/prediction.py).
 
+Thinking models (chat/reasoning.py, read by Plan.reader): a reply's reasoning is the message's
+`reasoning_content` (null when it wrote none; absent for models without a reasoning format) and,
+streamed, `delta.reasoning_content` pieces, as vLLM, SGLang and DeepSeek send them; its answer is
+`content`, read for tool calls. usage.completion_tokens_details.reasoning_tokens counts the tokens
+generated inside the reasoning, over all choices.
+
 `logprobs` / `top_logprobs` (server/pipeline/logprobs.py builds the bodies): a choice's logprobs list every
 token it generated, one entry per completion token, from the raw model distribution. A stream
 chunk's logprobs list the tokens the engine handed out with that chunk's delta; when tokens came
@@ -75,7 +81,7 @@ def _chunk_logprobs(state: ServerState, req: ChatRequest, o: CompletionOutput) -
 async def _completion(state: ServerState, req: ChatRequest) -> Response:
     rid, created = new_id(), int(time.time())
     n = req.plan.params.n
-    texts: list[list[str]] = [[] for _ in range(n)]
+    readers = [req.plan.reader(tools=False) for _ in range(n)]  # each reply's reasoning and answer
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     last: RequestOutput | None = None
@@ -85,15 +91,19 @@ async def _completion(state: ServerState, req: ChatRequest) -> Response:
             last = out
             prompt_lps = out.prompt_logprobs if out.prompt_logprobs is not None else prompt_lps
             for o in out.outputs:
-                texts[o.index].append(o.text)
+                readers[o.index].feed(o.text, len(o.token_ids))
                 lps[o.index].extend(o.logprobs or ())
                 finish[o.index] = o.finish_reason or finish[o.index]
     assert last is not None
-    usage = usage_body(last)
+    for reader in readers:
+        reader.finish()
+    usage = usage_body(last, sum(r.reasoning_tokens for r in readers))
+    thinks = req.plan.ask.reasoning is not None  # then each message has reasoning_content
 
     def render() -> bytes:
         tools = req.plan.ask.tools  # a reply's calls become message.tool_calls
-        replies = [reply_message(tools, "".join(texts[i]), finish[i] or "abort") for i in range(n)]
+        replies = [reply_message(tools, readers[i].answer_text, finish[i] or "abort",
+                                 readers[i].reasoning_text if thinks else None) for i in range(n)]
         choices = [{"index": i, "message": message, "logprobs": _choice_logprobs(state, req, lps[i]),
                     "finish_reason": reason} for i, (message, reason) in enumerate(replies)]
         body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
@@ -139,7 +149,7 @@ async def _stream_chunks(state: ServerState, req: ChatRequest) -> AsyncGenerator
                 for o in out.outputs:
                     if o.index not in started:
                         started.add(o.index)
-                        deltas[o.index] = ChoiceDeltas(req.plan.ask.tools)
+                        deltas[o.index] = ChoiceDeltas(req.plan.ask.tools, req.plan.reader())
                         yield chunk([{"index": o.index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}])
                     # tokens without text still get a chunk when logprobs were asked (their entries, on the first)
@@ -152,7 +162,7 @@ async def _stream_chunks(state: ServerState, req: ChatRequest) -> AsyncGenerator
     except Exception as e:  # the stream has started: the error is an event, then [DONE]
         yield sse(openai_stream_error(e, state.metrics))
     if req.plan.ask.include_usage and last is not None:
-        yield chunk([], usage_body(last))
+        yield chunk([], usage_body(last, sum(d.reasoning_tokens for d in deltas.values())))
     yield "data: [DONE]\n\n"
 
 

@@ -6,8 +6,11 @@ under chat's names (radixserve/sampling_fields.py), `n` (1..--max-n), `stream`, 
 `logprobs` / `top_logprobs` (0..20, only with logprobs true, as OpenAI and vLLM require), vLLM's
 `prompt_logprobs` (not with stream), `priority`, `cache_salt`, `tools` / `tool_choice` /
 `parallel_tool_calls`, the structured-output fields (pipeline/structured.py), `prediction`
-(pipeline/prediction.py) and `use_beam_search` with its fields (beam.py). Unknown fields are ignored;
-`audio` is refused rather than ignored.
+(pipeline/prediction.py), `use_beam_search` with its fields (beam.py), and for thinking models
+`reasoning_effort` and vLLM's `chat_template_kwargs` (template variables, pipeline/reasoning.py) and
+an assistant message's `reasoning_content` (or `reasoning`: its earlier thinking, passed to the
+template under --keep-reasoning-in-history). Unknown fields are ignored; `audio` is refused rather
+than ignored.
 
 Invariant: every refusal is an ApiError naming the field, raised before any response starts.
 """
@@ -32,6 +35,7 @@ from radixserve.server.openai_chat.tools import history_message, tool_request
 from radixserve.server.pipeline.ask import Ask, ChatPrompt, LogprobBudget
 from radixserve.server.pipeline.plan import Plan, namespace, plan
 from radixserve.server.pipeline.prediction import with_prediction
+from radixserve.server.pipeline.reasoning import history_reasoning, reasoning_of, template_variables, variables_for_effort
 from radixserve.server.pipeline.sampling import read_sampling
 from radixserve.server.pipeline.structured import structured_output
 from radixserve.server.state import ServerState
@@ -63,11 +67,14 @@ async def parse_chat_request(state: ServerState, request: Request) -> ChatReques
     beam = beam_fields(body, sampling)
     if beam is not None and tools is not None and tools.active:  # beams are never parsed for calls
         raise ApiError("invalid_field", "tools are not supported with use_beam_search", param="tools")
-    ask = Ask(Api.CHAT, ChatPrompt(_messages(body)), sampling, caller.tenant, cache_salt_of(body), tools,
+    variables = template_variables(state, body.get("chat_template_kwargs"),
+                                   variables_for_effort(body.get("reasoning_effort"), "reasoning_effort"))
+    ask = Ask(Api.CHAT, ChatPrompt(_messages(state, body)), sampling, caller.tenant, cache_salt_of(body), tools,
               n=beam.n if beam is not None else get_int(body, "n", minimum=1, maximum=state.config.max_n) or 1,
               priority=get_priority(body, priority_bounds(request_key(request.headers), state.config)),
               logprobs=LogprobBudget(top, (sampling.prompt_logprobs,)), stream=stream,
-              include_usage=stream_include_usage(body, stream), engine_checks=beam is None)
+              include_usage=stream_include_usage(body, stream), engine_checks=beam is None, variables=variables,
+              reasoning=reasoning_of(state) if beam is None else None)  # beams' text is not read
     try:
         planned = await plan(state, ask)
     except ApiError as e:  # the alias the body used, when it used the other one
@@ -102,7 +109,7 @@ def _content_text(content: Any, i: int) -> str:
                    param=f"messages[{i}].content")
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(state: ServerState, body: dict[str, Any]) -> list[dict[str, Any]]:
     raw = body.get("messages")
     if raw is None:
         raise ApiError("missing_field", "missing required field 'messages'", param="messages")
@@ -114,12 +121,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise ApiError("invalid_field", f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = m.get("role")
         if role == "tool" or m.get("tool_calls"):  # tool calling's history (tools.py)
-            out.append(history_message(m, i, _content_text))
-            continue
-        if role not in ROLES:
-            raise ApiError("invalid_field", f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}",
-                           param=f"messages[{i}].role")
-        if "content" not in m or m["content"] is None:
-            raise ApiError("missing_field", f"messages[{i}].content is required", param=f"messages[{i}].content")
-        out.append({"role": ROLES[role], "content": _content_text(m["content"], i)})
+            message = history_message(m, i, _content_text)
+        else:
+            if role not in ROLES:
+                raise ApiError("invalid_field", f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}",
+                               param=f"messages[{i}].role")
+            if "content" not in m or m["content"] is None:
+                raise ApiError("missing_field", f"messages[{i}].content is required", param=f"messages[{i}].content")
+            message = {"role": ROLES[role], "content": _content_text(m["content"], i)}
+        if role == "assistant":  # its earlier thinking, as clients send it back (vLLM's name, then the newer one)
+            key = "reasoning_content" if m.get("reasoning_content") is not None else "reasoning"
+            message = history_reasoning(state, message, m.get(key), f"messages[{i}].{key}")
+        out.append(message)
     return out

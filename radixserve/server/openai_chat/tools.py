@@ -30,15 +30,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from radixserve.chat.reasoning import ReasoningDelta, ReplyPiece, ReplyStream
 from radixserve.chat.tool_calls import ChatTools
 from radixserve.chat.tools import (
     ContentDelta,
-    ReplyDelta,
     ToolCall,
     ToolCallFormat,
     ToolChoice,
     ToolSpec,
-    ToolStream,
     tool_format,
 )
 from radixserve.core import CompletionOutput
@@ -212,37 +211,48 @@ def finish_with_calls(finish: str, called: bool) -> str:
     return "tool_calls" if called and finish == "stop" else finish
 
 
-def reply_message(tools: ChatTools | None, text: str, finish: str) -> tuple[dict[str, Any], str]:
-    """A whole choice's `message` and `finish_reason`. With tools the content is the parser's (text
-    outside calls, its ends' whitespace dropped), as the streamed deltas give it."""
+def reply_message(tools: ChatTools | None, text: str, finish: str,
+                  reasoning: str | None = None) -> tuple[dict[str, Any], str]:
+    """A whole choice's `message` and `finish_reason`: `text` is its answer (the reply without its
+    reasoning), `reasoning` its reasoning (None: the model has no reasoning format, so the message has no
+    `reasoning_content`; "" for a reply without reasoning, null in the message). With tools the content
+    is the parser's (text outside calls, its ends' whitespace dropped), as the streamed deltas give it."""
+    thought = {} if reasoning is None else {"reasoning_content": reasoning or None}
     if tools is None or not tools.active:
-        return {"role": "assistant", "content": text}, finish
+        return {"role": "assistant", "content": text, **thought}, finish
     parsed = tools.parse(text, cut=finish == "length")
     if not parsed.calls:
-        return {"role": "assistant", "content": parsed.content}, finish
-    return ({"role": "assistant", "content": parsed.content or None,
+        return {"role": "assistant", "content": parsed.content, **thought}, finish
+    return ({"role": "assistant", "content": parsed.content or None, **thought,
              "tool_calls": [call_json(c) for c in parsed.calls]}, finish_with_calls(finish, True))
 
 
 class ChoiceDeltas:
-    """The `delta`s of one streamed choice: its text as content, or, with tools, split by the
-    format's stream parser into content and `tool_calls` fragments."""
+    """The `delta`s of one streamed choice: its reasoning as `reasoning_content` (with a reasoning
+    format), its answer as content or, with tools, split by the format's stream parser into content
+    and `tool_calls` fragments. `reader` reads the reply (Plan.reader); without one, `tools` alone."""
 
-    def __init__(self, tools: ChatTools | None) -> None:
+    def __init__(self, tools: ChatTools | None, reader: ReplyStream | None = None) -> None:
         self.parallel = tools.parallel if tools is not None else True
-        self.stream: ToolStream | None = tools.format.stream() if tools is not None and tools.active else None
-        self.called = False
+        active = tools is not None and tools.active
+        self.reader = reader if reader is not None else ReplyStream(None, tools.format.stream() if active and tools
+                                                                     else None)
+
+    @property
+    def called(self) -> bool:
+        return self.reader.called
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.reader.reasoning_tokens
 
     def of(self, o: CompletionOutput, with_logprobs: bool) -> list[dict[str, Any]]:
         """The deltas of one engine output (its finish included: text the parser held back comes out).
         Tokens without any delta still get an empty content delta when logprobs were asked (their entries)."""
-        if self.stream is None:
-            out = [{"content": o.text}] if o.text else []
-        else:
-            items = self.stream.feed(o.text) if o.text else []
-            if o.finish_reason:
-                items += self.stream.finish(cut=o.finish_reason == "length")
-            out = self._fragments(items)
+        items = self.reader.feed(o.text, len(o.token_ids))
+        if o.finish_reason:
+            items += self.reader.finish(cut=o.finish_reason == "length")
+        out = self._fragments(items)
         if not out and o.token_ids and with_logprobs:
             out = [{"content": ""}]
         return out
@@ -250,16 +260,17 @@ class ChoiceDeltas:
     def finish_reason(self, finish: str) -> str:
         return finish_with_calls(finish, self.called)
 
-    def _fragments(self, items: list[ReplyDelta]) -> list[dict[str, Any]]:
+    def _fragments(self, items: list[ReplyPiece]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for d in items:
-            if isinstance(d, ContentDelta):
+            if isinstance(d, ContentDelta | ReasoningDelta):
+                key = "content" if isinstance(d, ContentDelta) else "reasoning_content"
                 if not d.text:
                     continue
-                if out and "content" in out[-1]:  # one chunk for adjacent text
-                    out[-1]["content"] += d.text
+                if out and key in out[-1]:  # one chunk for adjacent text
+                    out[-1][key] += d.text
                 else:
-                    out.append({"content": d.text})
+                    out.append({key: d.text})
                 continue
             if d.index > 0 and not self.parallel:
                 continue
@@ -270,5 +281,4 @@ class ChoiceDeltas:
             fn["arguments"] = d.arguments
             frag["function"] = fn
             out.append({"tool_calls": [frag]})
-            self.called = True
         return out

@@ -10,7 +10,8 @@
 - The pieces each step uses: sampling.py (SamplingFields read and made SamplingParams),
   structured.py (structured-output fields, `compile_off_loop`), compile_slots.py, prediction.py
   (`prediction` and the speculation figures), logprobs.py (logprob bodies and caps),
-  prompt_worker.py (tokenizing off the event loop).
+  prompt_worker.py (tokenizing off the event loop), reasoning.py (template variables, earlier reasoning
+  sent back, the served model's reasoning format; a reply is read by `Plan.reader`).
 
 Invariant: no module here depends on which API a request came from, and no API re-implements a step.
 """

@@ -12,14 +12,18 @@ What it asks to generate from is one of three prompt kinds:
 
 Invariants: `sampling` holds every sampling field the body set (the table's, the structured-output
 constraint, a prediction as text until the pipeline tokenizes it) and nothing the body did not set;
-the cache namespace is made from `tenant` and `cache_salt` by the pipeline alone.
+the cache namespace is made from `tenant` and `cache_salt` by the pipeline alone. `variables` are
+the template variables a ChatPrompt renders with, already merged and checked (pipeline/reasoning.py);
+`reasoning` is the model's reasoning format, with which its replies are read (None: as text).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from radixserve.chat.reasoning import ReasoningFormat
 from radixserve.chat.template import Message
 from radixserve.chat.tool_calls import ChatTools
 from radixserve.sampling_fields import Api, SamplingFields
@@ -76,3 +80,5 @@ class Ask:
     include_usage: bool = False  # stream_options.include_usage
     engine_checks: bool = True  # False: a beam search, whose driver checks each step's requests itself
     refusal_param: str | None = None  # what an engine refusal naming no field is about ("prompt")
+    variables: dict[str, Any] = field(default_factory=dict)  # template variables of a ChatPrompt
+    reasoning: ReasoningFormat | None = None  # how the replies' reasoning is told from their answers

@@ -18,7 +18,10 @@ check and its commit to the session must not be separated by an await (sessions/
 
 Invariants: every refusal is an ApiError raised before any response starts (a JSON error, never an
 opened stream); a field is named as the Ask's API names it; nothing here depends on which API the
-Ask came from.
+Ask came from. A reply is read by `Plan.reader` for every API alike: its reasoning (the Ask's
+reasoning format, from where its prompt left it: `Planned.opened`), then its answer, for tool calls
+when tools are active; replies are decoded with special tokens kept when either reads markers that
+are special tokens (`with_tools`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 
+from radixserve.chat.reasoning import ReplyStream
 from radixserve.chat.tool_calls import ChatTools
 from radixserve.core import RequestOutput
 from radixserve.engine.intake import ValidatedRequest
@@ -56,6 +60,7 @@ class Planned:
     tokens: list[int]
     params: SamplingParams
     checked: ValidatedRequest | None  # the engine's check; None when the Ask skips it (a beam search)
+    opened: bool = False  # the prompt leaves the reply inside the reasoning (its template opened it)
 
 
 @dataclass
@@ -83,6 +88,24 @@ class Plan:
         assert checked is not None, "a beam search is run by its driver, not streamed"
         return stream_request(state, checked, self.system, METRIC_LABELS[self.ask.api], request_id, cancelled,
                               affinity)
+
+    def reader(self, index: int = 0, tools: bool = True) -> ReplyStream:
+        """A reader of one reply to prompt `index`: its reasoning with the Ask's reasoning format, then its
+        answer, read for tool calls when `tools` and the Ask's tools are active (else as text)."""
+        ask, fmt = self.ask, self.ask.reasoning
+        reasoning = fmt.stream(self.prompts[index].opened, fully_constrained(ask)) if fmt is not None else None
+        calls = ask.tools.format.stream() if tools and ask.tools is not None and ask.tools.active else None
+        return ReplyStream(reasoning, calls)
+
+
+def fully_constrained(ask: Ask) -> bool:
+    """Whether a grammar writes the reply from its first token (a JSON schema, a forced call; not the free
+    text of `auto` with strict tools, which a call ends)."""
+    structured = ask.sampling.structured
+    tools = ask.tools
+    lazy = tools is not None and tools.active and tools.choice.mode == "auto" and structured is not None \
+        and structured.field == "tools"
+    return structured is not None and not lazy
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ async def tokenize(state: ServerState, ask: Ask) -> Tokenized:
         return Tokenized([await _text_tokens(state, item) for item in source.items], SystemPromptRef.none(ask.tenant))
     formatter, _ = state.require_chat()
     template_tools = ask.tools.template_tools() if ask.tools is not None else None
-    prompt, system_tokens = await state.require_prompts().chat_tokens(source.messages, template_tools)
+    prompt, system_tokens = await state.require_prompts().chat_tokens(source.messages, template_tools, ask.variables)
     first_system = next((m["content"] for m in source.messages if m["role"] == "system"), None)
     return Tokenized([prompt], SystemPromptRef.of(system_tokens, first_system, formatter.implicit_prefix_len,
                                                   ask.tenant))
@@ -163,12 +186,14 @@ async def prepare(state: ServerState, ask: Ask) -> Ask:
 
 def with_tools(ask: Ask) -> Ask:
     """The Ask with its tools' effect on sampling: a forced call's constraint joined to the structured
-    output (both: a 400), special tokens kept when the tool format reads them. Apply once."""
+    output (both: a 400), special tokens kept when the tool format or the reasoning format reads them.
+    Apply once."""
     tools = ask.tools
+    keep = ask.reasoning is not None and ask.reasoning.needs_special_tokens
     if tools is None:
-        return ask
+        return replace(ask, sampling=replace(ask.sampling, skip_special_tokens=False)) if keep else ask
     return replace(ask, sampling=replace(ask.sampling, structured=tool_constraint(tools, ask.sampling.structured),
-                                         skip_special_tokens=not tools.keeps_special_tokens))
+                                         skip_special_tokens=not (keep or tools.keeps_special_tokens)))
 
 
 def tool_constraint(tools: ChatTools | None, structured: StructuredOutput | None,
@@ -205,8 +230,11 @@ def admit(state: ServerState, ask: Ask, tokens: list[int], default_max_tokens: i
                                    default_max_tokens=default_max_tokens if default_max_tokens is not None
                                    else ask.default_max_tokens, n=ask.n, api=ask.api)
     params.cache_namespace = namespace(state, ask)
+    opened = False
+    if ask.reasoning is not None and state.formatter is not None:
+        opened = ask.reasoning.opens_in(state.formatter.prompt_tail(tokens))
     if not ask.engine_checks:
-        return Planned(tokens, params, None)
+        return Planned(tokens, params, None, opened)
     try:
         checked = engine.intake.check(tokens, params, ask.priority)
     except RequestError as e:
@@ -216,4 +244,4 @@ def admit(state: ServerState, ask: Ask, tokens: list[int], default_max_tokens: i
             if index is not None:
                 error.message = f"{ask.refusal_param}[{index}]: {error.message}"
         raise error from None
-    return Planned(tokens, params, checked)
+    return Planned(tokens, params, checked, opened)

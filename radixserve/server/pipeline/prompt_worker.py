@@ -42,7 +42,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from radixserve.chat.template import ChatFormatter, Message, TurnTokens
+from radixserve.chat.template import ChatFormatter, Message, TurnTokens, Variables
 from radixserve.chat.tools import ToolSpec
 from radixserve.engine.intake import prediction_ids, tokenize
 
@@ -111,26 +111,31 @@ class PromptWorker:
             else:
                 job.future.set_result(result)
 
-    async def chat_tokens(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> tuple[list[int], list[int]]:
+    async def chat_tokens(self, messages: list[Message], tools: list[ToolSpec] | None = None,
+                          variables: Variables | None = None) -> tuple[list[int], list[int]]:
         """(the whole prompt ending in the generation prompt, the leading system messages' tokens);
-        `tools` are rendered as the template renders them (the tool definitions count as characters too)."""
+        `tools` are rendered as the template renders them (the tool definitions count as characters too),
+        with the template `variables`."""
         chars = _chars(messages) + sum(len(t.description) + len(str(t.parameters)) for t in tools or ())
+        args = (messages, tools, variables) if variables else (messages, tools)
         if self.closed or chars <= INLINE_CHARS:
-            return _chat_tokens(self.formatter, messages, tools)
-        return await self._off_loop(_chat_tokens, self._own, messages, tools)
+            return _chat_tokens(self.formatter, *args)
+        return await self._off_loop(_chat_tokens, self._own, *args)
 
     async def append_messages(self, history: list[Message], messages: list[Message],
-                              tools: list[ToolSpec] | None = None) -> TurnTokens:
+                              tools: list[ToolSpec] | None = None, variables: Variables | None = None) -> TurnTokens:
         """ChatFormatter.append_messages: rendering `history` costs as much as the new messages, so both count."""
         if self.closed or _chars(history) + _chars(messages) <= INLINE_CHARS:
-            return _append(self.formatter, history, messages, tools)
-        return await self._off_loop(_append, self._own, history, messages, tools)
+            return _append(self.formatter, history, messages, tools, variables)
+        return await self._off_loop(_append, self._own, history, messages, tools, variables)
 
-    async def system_tokens(self, messages: list[Message]) -> list[int]:
-        """ChatFormatter.system_tokens (a Responses request's instructions, which may be long)."""
-        if self.closed or _chars(messages) <= INLINE_CHARS:
-            return self.formatter.system_tokens(messages)
-        return await self._off_loop(self._own.system_tokens, messages)
+    async def system_tokens(self, messages: list[Message], variables: Variables | None = None,
+                            tools: list[ToolSpec] | None = None) -> list[int]:
+        """ChatFormatter.system_tokens (a Responses request's instructions and tools, which may be long)."""
+        chars = _chars(messages) + sum(len(t.description) + len(str(t.parameters)) for t in tools or ())
+        if self.closed or chars <= INLINE_CHARS:
+            return self.formatter.system_tokens(messages, tools, variables)
+        return await self._off_loop(_system_tokens, self._own, messages, variables, tools)
 
     async def encode(self, text: str) -> list[int]:
         """A plain-text prompt's token ids, exactly as the engine's intake tokenizes a string (BOS
@@ -155,19 +160,29 @@ class PromptWorker:
             job.future.cancel()
 
 
-def _chat_tokens(formatter: ChatFormatter, messages: list[Message],
-                 tools: list[ToolSpec] | None) -> tuple[list[int], list[int]]:
-    return formatter.prompt_tokens(messages, tools), formatter.system_tokens(messages, tools)
+def _chat_tokens(formatter: ChatFormatter, messages: list[Message], tools: list[ToolSpec] | None,
+                 variables: Variables | None = None) -> tuple[list[int], list[int]]:
+    return (formatter.prompt_tokens(messages, tools, variables),
+            formatter.system_tokens(messages, tools, variables))
+
+
+def _system_tokens(formatter: ChatFormatter, messages: list[Message], variables: Variables | None,
+                   tools: list[ToolSpec] | None) -> list[int]:
+    return formatter.system_tokens(messages, tools, variables)
 
 
 def _append(formatter: ChatFormatter, history: list[Message], messages: list[Message],
-            tools: list[ToolSpec] | None) -> TurnTokens:
+            tools: list[ToolSpec] | None, variables: Variables | None = None) -> TurnTokens:
     """A plain user message (no tools) takes append_user, the path plain chat always took."""
     if tools is None and len(messages) == 1 and messages[0]["role"] == "user":
+        if variables:
+            return formatter.append_user(history, messages[0]["content"], variables=variables)
         return formatter.append_user(history, messages[0]["content"])
-    return formatter.append_messages(history, messages, tools)
+    return formatter.append_messages(history, messages, tools, variables)
 
 
 def _chars(messages: list[Message]) -> int:
-    """Characters to render: contents (an assistant's may be None beside its tool calls) and call arguments."""
-    return sum(len(m.get("content") or "") + sum(len(str(c)) for c in m.get("tool_calls") or ()) for m in messages)
+    """Characters to render: contents (an assistant's may be None beside its tool calls), earlier
+    reasoning and call arguments."""
+    return sum(len(m.get("content") or "") + len(m.get("reasoning_content") or "")
+               + sum(len(str(c)) for c in m.get("tool_calls") or ()) for m in messages)

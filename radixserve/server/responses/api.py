@@ -29,6 +29,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from radixserve.chat.reasoning import ReasoningDelta, ReplyPiece
+from radixserve.chat.tools import ToolCallDelta
 from radixserve.core import RequestOutput
 from radixserve.sampling_fields import Api
 from radixserve.server.admission import client_of
@@ -37,7 +39,8 @@ from radixserve.server.callers import caller_of
 from radixserve.server.http_util import EventStream, generation_body, reply_unless_gone
 from radixserve.server.pipeline.ask import Ask, TokenPrompt
 from radixserve.server.pipeline.plan import Plan, plan
-from radixserve.server.responses.events import ResponseHead, response_events
+from radixserve.server.pipeline.reasoning import reasoning_of
+from radixserve.server.responses.events import ItemText, OutputItems, ResponseHead, response_events
 from radixserve.server.responses.input import ResponsesAsk, parse_ask
 from radixserve.server.responses.store import (
     Prompt,
@@ -64,14 +67,19 @@ class ResponseRun:
     plan: Plan  # its one prompt, checked by the engine
     entry: StoredResponse | None  # None with store: false
     generated: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
     finish: str | None = None
     last: RequestOutput | None = None
     body: dict[str, Any] | None = None  # the response object, once complete
     settled: bool = False
+    items: OutputItems = field(init=False)  # the reply's output items, as its text arrives
 
-    async def deltas(self) -> AsyncGenerator[str, None]:
-        """The reply's text as the engine hands it out; the run is settled when this ends, however."""
+    def __post_init__(self) -> None:
+        self.items = OutputItems(self.head.item_id)
+        self.reader = self.plan.reader()  # its reasoning, then its answer read for calls
+
+    async def deltas(self) -> AsyncGenerator[ItemText, None]:
+        """The reply's text as the engine hands it out, each piece with the output item it went to; the
+        run is settled when this ends, however."""
         try:
             async with aclosing(self.plan.stream(self.state, request_id=self.head.id)) as outputs:
                 async for out in outputs:
@@ -79,9 +87,12 @@ class ResponseRun:
                     for o in out.outputs[:1]:
                         self.generated += o.token_ids
                         self.finish = o.finish_reason or self.finish
-                        if o.text:
-                            self.texts.append(o.text)
-                            yield o.text
+                        pieces = self.reader.feed(o.text, len(o.token_ids))
+                        if o.finish_reason:
+                            pieces += self.reader.finish(cut=o.finish_reason == "length")
+                        for piece in pieces:
+                            if (added := self._item(piece)) is not None:
+                                yield added
             if self.last is None or self.finish in (None, "abort"):  # the client is still here: the server aborted it
                 raise ApiError("unavailable", "the generation was aborted (the server is shutting down)", 503)
         except BaseException:
@@ -89,15 +100,30 @@ class ResponseRun:
             raise
         self._complete()
 
+    def _item(self, piece: ReplyPiece) -> ItemText | None:
+        """Where a piece of the reply goes: a reasoning or message item, or a call's (the first call only
+        without parallel calls)."""
+        if isinstance(piece, ToolCallDelta):
+            tools = self.plan.ask.tools
+            if piece.index > 0 and tools is not None and not tools.parallel:
+                return None
+            if piece.id is not None:
+                return self.items.call(piece.id, piece.name or "", piece.arguments)
+            return self.items.add("function_call", piece.arguments)
+        return self.items.add("reasoning" if isinstance(piece, ReasoningDelta) else "message", piece.text)
+
     def _complete(self) -> None:
         assert self.last is not None and self.finish is not None
-        text = "".join(self.texts)
-        self.body = self.head.body("incomplete" if self.finish == "length" else "completed", text, self.last.usage)
+        self.body = self.head.body("incomplete" if self.finish == "length" else "completed", self.items,
+                                   self.last.usage, reasoning_tokens=self.reader.reasoning_tokens)
         if self.entry is not None:  # should this fail, the run is still unsettled: the entry goes
             formatter, store = self.state.require_chat()
             end_ids = tuple(self.state.require_engine().eos_token_ids) + tuple(self.plan.params.stop_token_ids)
-            close_entry(store, formatter, self.entry, self.prompt, self.generated, end_ids, text, self.finish,
-                        self.body)
+            reasoning = self.reader.reasoning_text if self.plan.ask.reasoning is not None else None
+            calls = self.items.chat_calls()
+            finish = "tool_calls" if calls and self.finish == "stop" else self.finish
+            close_entry(store, formatter, self.entry, self.prompt, self.generated, end_ids, self.items.content,
+                        finish, self.body, reasoning, calls)
         self.settled = True
 
     def settle(self) -> None:
@@ -121,13 +147,15 @@ async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> Re
     prompt = await build_prompt(state, ask, previous)  # long histories are tokenized off the event loop
     planned = await plan(state, Ask(Api.RESPONSES, TokenPrompt(prompt.tokens(), prompt.head[:prompt.system_len],
                                                                ask.instructions),
-                                    ask.sampling, caller.tenant, ask.cache_salt, priority=ask.priority))
+                                    ask.sampling, caller.tenant, ask.cache_salt, ask.tools, priority=ask.priority,
+                                    variables=ask.variables, reasoning=reasoning_of(state)))
     params = planned.params
     head = ResponseHead(new_id("resp"), new_id("msg"), int(time.time()), ask, params.temperature, params.top_p)
     entry = None
     if ask.store:
         state.limit_creation(client_of(request))  # after every check: a refused body costs no allowance
-        entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant)
+        entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant,
+                           ask.variables, tuple(ask.tools.template_tools() or ()) if ask.tools is not None else ())
     return ResponseRun(state, head, prompt, planned, entry)
 
 

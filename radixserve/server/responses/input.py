@@ -1,21 +1,34 @@
 """A POST /v1/responses body read into `ResponsesAsk`: what to generate from, how, and what to keep.
 
 Owns the Responses API's request fields. `input` is a string (one user message) or a non-empty list
-of message items, `{"role", "content"}` with or without `"type": "message"`, whose content is a
-string or a list of `input_text` / `output_text` parts (an assistant item the client sends back as
-history carries `output_text`); roles as the chat endpoint takes them (`developer` is a system
-message). `instructions` is this request's system message. Sampling fields are the table's
-(radixserve/sampling_fields.py) under this API's names, so each is checked once wherever it arrives:
-OpenAI's `temperature`, `top_p` and `max_output_tokens` (the reply's max_tokens), and as vLLM-style
-extensions every other row (`top_k`, `seed`, penalties, `stop`, `min_tokens`, `bad_words`,
-`allowed_token_ids`, `stop_token_ids`, `ignore_eos`, ...).
+of items: message items, `{"role", "content"}` with or without `"type": "message"`, whose content is
+a string or a list of `input_text` / `output_text` parts (an assistant item the client sends back as
+history carries `output_text`), roles as the chat endpoint takes them (`developer` is a system
+message); and what a previous response's output held, sent back as history: a `function_call` item
+is a call of the assistant message it follows (or of an assistant turn of its own), a
+`function_call_output` item the `tool` message answering it, and a `reasoning` item the thinking of
+the assistant message or call after it: its `content` (reasoning_text parts, else its summary's text)
+reaches the template as that message's `reasoning_content` under --keep-reasoning-in-history and is
+left out otherwise. `instructions` is this request's system message. `reasoning.effort` becomes the
+template variable `reasoning_effort` (gpt-oss's template reads it; "none" also sets `enable_thinking`
+false), `reasoning.summary` is accepted (no summaries are written: reasoning items carry the reasoning
+itself in `content`), and `chat_template_kwargs` (vLLM's extension) adds template variables
+(pipeline/reasoning.py). `tools` are function tools in the Responses shape (`{"type": "function",
+"name", "description", "parameters", "strict"}`), `tool_choice` "auto", "none", "required" or
+`{"type": "function", "name"}`, and `parallel_tool_calls`; they become the engine's ChatTools, which
+chat completions' tool calling runs on (the model's call format, its constraints and parser).
+Sampling fields are the table's (radixserve/sampling_fields.py) under this API's names, so each is
+checked once wherever it arrives: OpenAI's `temperature`, `top_p` and `max_output_tokens` (the reply's
+max_tokens), and as vLLM-style extensions every other row (`top_k`, `seed`, penalties, `stop`,
+`min_tokens`, `bad_words`, `allowed_token_ids`, `stop_token_ids`, `ignore_eos`, ...).
 
-Invariant: a field this server cannot honour is a 400 naming it, never silently ignored — tools,
-tool_choice other than none/auto, reasoning with an effort, background, conversation, prompt
-templates, include, a non-text text.format, truncation "auto", top_logprobs, non-text content and
-item types other than messages. Fields that change nothing here (user, service_tier,
-prompt_cache_key, safety_identifier, stream_options, max_tool_calls) are accepted and ignored, and
-so are unknown ones, as the chat endpoint does.
+Invariant: a field this server cannot honour is a 400 naming it, never silently ignored — tools other
+than functions (OpenAI's hosted tools), background, conversation, prompt templates, include (but
+"reasoning.encrypted_content", which asks for nothing this server has: its reasoning items are not
+encrypted), a non-text text.format, truncation "auto", top_logprobs, non-text content and other item
+types. Fields that change nothing here (user, service_tier, prompt_cache_key, safety_identifier,
+stream_options, max_tool_calls) are accepted and ignored, and so are unknown ones, as the chat
+endpoint does.
 """
 
 from __future__ import annotations
@@ -23,14 +36,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tools import ToolCallFormat, ToolChoice, ToolSpec
 from radixserve.sampling_fields import Api, SamplingFields
 from radixserve.server.callers import cache_salt_of
 from radixserve.server.openai_chat.shapes import ROLES
+from radixserve.server.openai_chat.tools import MAX_TOOLS, function_spec, unique_tools
+from radixserve.server.pipeline.reasoning import history_reasoning, template_variables, variables_for_effort
 from radixserve.server.pipeline.sampling import read_sampling
 from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError, get_bool, get_priority, get_str, refuse_unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
+SUMMARIES = ("auto", "concise", "detailed")  # reasoning.summary: accepted, no summary is written
+INCLUDABLE = ("reasoning.encrypted_content",)  # `include` values that ask for nothing this server has
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 REFUSED = ("background", "conversation", "prompt")  # refused when set (not null / false)
 
@@ -38,7 +57,7 @@ REFUSED = ("background", "conversation", "prompt")  # refused when set (not null
 @dataclass
 class ResponsesAsk:
     model: str
-    inputs: list[dict[str, str]]  # the new messages, as the chat template takes them
+    inputs: list[dict[str, Any]]  # the new messages, as the chat template takes them
     instructions: str | None
     previous_id: str | None
     store: bool
@@ -46,9 +65,13 @@ class ResponsesAsk:
     sampling: SamplingFields
     priority: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
-    tool_choice: str = "auto"  # echoed; with no tools "auto" and "none" both mean a text reply
-    parallel_tool_calls: bool = True  # echoed; nothing to call
+    tool_choice: Any = "auto"  # echoed as sent
+    parallel_tool_calls: bool = True  # echoed
+    tools: ChatTools | None = None  # the function tools offered and how the reply may call them
     cache_salt: str | None = None  # narrows the cache it may hit within its tenant (callers.py)
+    variables: dict[str, Any] = field(default_factory=dict)  # the template's (pipeline/reasoning.py)
+    effort: str | None = None  # reasoning.effort and .summary, echoed
+    summary: str | None = None
 
 
 def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[int, int]) -> ResponsesAsk:
@@ -59,14 +82,21 @@ def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[i
     if "input" not in body or body["input"] is None:
         raise ApiError("missing_field", "missing required field 'input'", param="input")
     sampling = read_sampling(body, Api.RESPONSES)
+    reasoning = body.get("reasoning") or {}
+    formatter, _ = state.require_chat()
+    parallel = get_bool(body, "parallel_tool_calls", default=True)
     return ResponsesAsk(
-        model=model, inputs=input_messages(body["input"]),
+        model=model, inputs=input_messages(body["input"], state),
         instructions=get_str(body, "instructions", required=False, allow_empty=True),
         previous_id=get_str(body, "previous_response_id", required=False),
         store=get_bool(body, "store", default=True), stream=get_bool(body, "stream"), sampling=sampling,
         priority=get_priority(body, priority_bounds), metadata=metadata(body.get("metadata")),
-        tool_choice=_tool_choice(body.get("tool_choice")),
-        parallel_tool_calls=get_bool(body, "parallel_tool_calls", default=True), cache_salt=cache_salt_of(body))
+        tool_choice=body.get("tool_choice") if body.get("tool_choice") is not None else "auto",
+        tools=tool_request(body.get("tools"), body.get("tool_choice"), parallel, formatter.tool_format),
+        parallel_tool_calls=parallel, cache_salt=cache_salt_of(body),
+        variables=template_variables(state, body.get("chat_template_kwargs"),
+                                     variables_for_effort(reasoning.get("effort"), "reasoning.effort")),
+        effort=reasoning.get("effort"), summary=reasoning.get("summary"))
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -74,14 +104,15 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise ApiError("unsupported", f"{what} is not supported by this server", param=param)
 
     refuse_unsupported(body, dict.fromkeys(REFUSED, False))
-    if body.get("tools"):  # an empty list offers nothing: accepted
-        refuse("tools", "tool calling on /v1/responses ('tools')")
-    if body.get("include"):
-        refuse("include", "'include'")
+    include = body.get("include")
+    if include and (not isinstance(include, list) or any(x not in INCLUDABLE for x in include)):
+        refuse("include", f"'include' other than {list(INCLUDABLE)}")
     reasoning = body.get("reasoning")
-    if reasoning is not None and (not isinstance(reasoning, dict) or reasoning.get("effort") not in (None, "none")
-                                  or reasoning.get("summary") is not None):
-        refuse("reasoning", "'reasoning' (this model has no reasoning effort to set)")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise ApiError("invalid_field", "'reasoning' must be an object {\"effort\", \"summary\"}", param="reasoning")
+    if reasoning is not None and reasoning.get("summary") not in (None, *SUMMARIES):
+        raise ApiError("invalid_field", f"'reasoning.summary' must be one of {', '.join(SUMMARIES)}",
+                       param="reasoning.summary")
     text = body.get("text")
     if text is not None:
         fmt = text.get("format") if isinstance(text, dict) else "?"
@@ -95,35 +126,131 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         refuse("top_logprobs", "'top_logprobs'")
 
 
-def _tool_choice(value: Any) -> str:
-    if value is None:
-        return "auto"
-    if value in ("auto", "none"):
-        return str(value)
-    raise ApiError("unsupported", "tool_choice other than \"auto\" or \"none\" is not supported by this server "
-                   "(it offers no tools)", param="tool_choice")
+def tool_request(raw_tools: Any, raw_choice: Any, parallel: bool, fmt: ToolCallFormat) -> ChatTools | None:
+    """`tools` and `tool_choice` as ChatTools; None when no tools are offered (then only "auto" and "none"
+    may be chosen)."""
+    specs: list[ToolSpec] = []
+    if raw_tools is not None:
+        if not isinstance(raw_tools, list) or len(raw_tools) > MAX_TOOLS:
+            raise ApiError("invalid_field", f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
+        for i, t in enumerate(raw_tools):
+            where = f"tools[{i}]"
+            if not isinstance(t, dict):
+                raise ApiError("invalid_field", f"{where} must be a function tool {{\"type\": \"function\", "
+                               "\"name\", \"parameters\"}", param=where)
+            if t.get("type") != "function":
+                raise ApiError("unsupported", f"{where}.type {t.get('type')!r}: only function tools are supported "
+                               "by this server", param=f"{where}.type")
+            specs.append(function_spec(t, where))
+        unique_tools(specs, "tools")
+    choice = _tool_choice(raw_choice, specs)
+    return ChatTools(tuple(specs), choice, parallel, fmt) if specs else None
 
 
-def input_messages(raw: Any) -> list[dict[str, str]]:
-    """`input` as chat-template messages."""
+def _tool_choice(value: Any, tools: list[ToolSpec]) -> ToolChoice:
+    if value is None or value == "auto":
+        return ToolChoice("auto" if tools else "none")
+    if value == "none":
+        return ToolChoice("none")
+    if value == "required":
+        if not tools:
+            raise ApiError("invalid_field", "tool_choice \"required\" needs at least one tool in 'tools'",
+                           param="tool_choice")
+        return ToolChoice("required")
+    if isinstance(value, dict) and value.get("type") == "function":
+        name = value.get("name")
+        if not isinstance(name, str) or name not in {t.name for t in tools}:
+            given = ", ".join(t.name for t in tools) or "no tools"
+            raise ApiError("invalid_field", f"'tool_choice.name' must name one of the tools ({given}), got {name!r}",
+                           param="tool_choice.name")
+        return ToolChoice("named", name)
+    raise ApiError("unsupported", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": "
+                   "\"function\", \"name\"} on this server", param="tool_choice")
+
+
+def input_messages(raw: Any, state: ServerState) -> list[dict[str, Any]]:
+    """`input` as chat-template messages (see the module docstring)."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise ApiError("invalid_field", "'input' must be a string or a non-empty list of message items", param="input")
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
+    thought: tuple[str, str] | None = None  # a reasoning item waiting for its assistant turn, and where it was
+    calls_join = False  # a function_call item now joins the last message (an assistant's, or its calls)
     for i, item in enumerate(raw):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ApiError("invalid_field", f"{where} must be an object", param=where)
-        if item.get("type", "message") != "message":
-            raise ApiError("unsupported", f"{where}.type {item.get('type')!r} is not supported by this server "
-                           "(only message items)", param=f"{where}.type")
-        role = item.get("role")
-        if role not in ROLES:
-            raise ApiError("invalid_field", f"{where}.role must be one of {sorted(ROLES)}, got {role!r}",
-                           param=f"{where}.role")
-        out.append({"role": ROLES[role], "content": _content(item.get("content"), f"{where}.content")})
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            text = _reasoning_text(item, where)
+            thought = (thought[0] + text if thought is not None else text, where)
+            calls_join = False
+            continue
+        if kind == "function_call":
+            call = _function_call(item, where)
+            if calls_join and thought is None:
+                out[-1] = {**out[-1], "tool_calls": [*(out[-1].get("tool_calls") or ()), call]}
+                continue
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+                raise ApiError("invalid_field", f"{where}.call_id must be the call_id of the function_call it "
+                               "answers", param=f"{where}.call_id")
+            message = {"role": "tool", "tool_call_id": item["call_id"],
+                       "content": _output(item.get("output"), f"{where}.output")}
+        elif kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise ApiError("invalid_field", f"{where}.role must be one of {sorted(ROLES)}, got {role!r}",
+                               param=f"{where}.role")
+            message = {"role": ROLES[role], "content": _content(item.get("content"), f"{where}.content")}
+        else:
+            raise ApiError("unsupported", f"{where}.type {kind!r} is not supported by this server (message, "
+                           "reasoning, function_call and function_call_output items)", param=f"{where}.type")
+        if thought is not None:
+            if message["role"] != "assistant":
+                raise ApiError("invalid_field", f"{thought[1]}: a reasoning item must come before the assistant "
+                               "message or call it belongs to", param=thought[1])
+            message = history_reasoning(state, message, thought[0], thought[1])
+            thought = None
+        calls_join = message["role"] == "assistant"
+        out.append(message)
+    if thought is not None:
+        raise ApiError("invalid_field", f"{thought[1]}: a reasoning item must come before the assistant message or "
+                       "call it belongs to", param=thought[1])
     return out
+
+
+def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A function_call item as a template message's call (OpenAI's chat shape)."""
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name \
+            or not isinstance(arguments, str):
+        raise ApiError("invalid_field", f"{where} must be {{\"type\": \"function_call\", \"call_id\": str, "
+                       "\"name\": str, \"arguments\": str}", param=where)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _output(output: Any, where: str) -> str:
+    """A function_call_output's `output`: a string or input_text parts."""
+    if isinstance(output, str):
+        return output
+    return _content(output, where)
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's text: its reasoning_text parts, else its summary's summary_text parts."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts is None or parts == []:
+            continue
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == kind
+                                                  and isinstance(p.get("text"), str) for p in parts):
+            raise ApiError("invalid_field", f"{where}.{key} must be a list of {{\"type\": \"{kind}\", \"text\"}} "
+                           "parts", param=f"{where}.{key}")
+        return "".join(p["text"] for p in parts)
+    return ""
 
 
 def _content(content: Any, where: str) -> str:

@@ -12,9 +12,12 @@ cache on all of them: the sessions' rule. Each stored response holds its own cop
 O(k²) token ids, all of them counted in the byte budget.
 
 Instructions: as OpenAI does, a request's `instructions` are its own and not carried over from the
-previous response. When they differ from those the stored conversation was rendered with, its
-history is rendered again after the new system message (the replies re-tokenized from their text),
-so the cache misses from the system prompt on.
+previous response. When they differ from those the stored conversation was rendered with, or its
+template variables do (`chat_template_kwargs`, `reasoning.effort`: gpt-oss writes the effort into
+its system message), or its tools (templates render them with the system prompt), its history is
+rendered again after the new system message (the replies
+re-tokenized from their text, their reasoning as `reasoning_content`), so the cache misses from the
+system prompt on. A reply's reasoning stays in the stored tokens as generated either way.
 
 Budget: stored responses are SessionStore entries — one count (--max-sessions), one byte budget
 (--max-session-bytes-total), the owner shares, LRU eviction of idle entries and the TTL, together
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.chat.template import ChatFormatter, TurnTokens
+from radixserve.chat.tools import ToolSpec
 from radixserve.sampling_fields import SamplingFields
 from radixserve.server.auth import request_key
 from radixserve.server.callers import tenant_bound
@@ -124,39 +128,62 @@ class Prompt:
 
 async def build_prompt(state: ServerState, ask: ResponsesAsk, previous: StoredResponse | None) -> Prompt:
     prompts = state.require_prompts()
-    if previous is not None and previous.system_prompt == ask.instructions:
+    tools = ask.tools.template_tools() if ask.tools is not None else None  # rendered with the instructions
+    if previous is not None and previous.system_prompt == ask.instructions and previous.template_vars == ask.variables \
+            and previous.tools == tuple(tools or ()):
         # the exact tokens the model saw and produced: only the new input is tokenized
         head, system_len, kept = previous.tokens.tolist(), previous.system_len, list(previous.messages)
         history, added = previous.template_messages(), ask.inputs
-    else:  # a first response, or new instructions: everything after the system message is rendered again
+    else:  # a first response, or new instructions, variables or tools: all after the system message is rendered again
         history = [{"role": "system", "content": ask.instructions}] if ask.instructions is not None else []
-        head = await prompts.system_tokens(history)
+        head = await prompts.system_tokens(history, ask.variables, tools)
         system_len, kept = len(head), []
         added = [m.template() for m in previous.messages] + ask.inputs if previous is not None else ask.inputs
-    turn = await prompts.append_messages(history, added)
+    _check_results(history + added, len(history) + len(added) - len(ask.inputs))
+    turn = await prompts.append_messages(history, added, tools, ask.variables)
     span = (len(head), len(head) + len(turn.user))
-    messages = kept + [Message(m["role"], m["content"], *span) for m in added]
+    messages = kept + [Message(m["role"], m["content"] or "", *span, tool_calls=m.get("tool_calls"),
+                               tool_call_id=m.get("tool_call_id"), reasoning=m.get("reasoning_content"))
+                       for m in added]
     return Prompt(head, system_len, turn, messages, history + added)
 
 
+def _check_results(conversation: list[dict[str, Any]], first_input: int) -> None:
+    """Each function_call_output of the request answers a call made before it (in the input or the
+    conversation it continues): a result the model never asked for would be rendered as if it had."""
+    called: set[str] = set()
+    for k, m in enumerate(conversation):
+        called |= {c["id"] for c in m.get("tool_calls") or ()}
+        if m["role"] == "tool" and k >= first_input and m["tool_call_id"] not in called:
+            raise ApiError("invalid_field", f"input: a function_call_output answers call_id {m['tool_call_id']!r}, "
+                           "which no function_call before it made", param="input")
+
+
 def open_entry(store: SessionStore, response_id: str, owner: Owner, instructions: str | None, prompt: Prompt,
-               body: dict[str, Any], tenant: str) -> StoredResponse:
-    """Insert the response (busy, `body` in progress) before it generates; 429/413 when it cannot fit."""
+               body: dict[str, Any], tenant: str, variables: dict[str, Any] | None = None,
+               tools: tuple[ToolSpec, ...] = ()) -> StoredResponse:
+    """Insert the response (busy, `body` in progress) before it generates; 429/413 when it cannot fit.
+    `variables` and `tools`: the template variables and tools its prompt was rendered with."""
     entry = StoredResponse(id=response_id, system_prompt=instructions, sampling=SamplingFields(), created=time.time(),
                            last_used=store.clock(), owner=owner.digest, tokens=token_array(prompt.head + prompt.turn.user),
                            system_len=prompt.system_len, messages=prompt.messages, busy=response_id, body=body,
-                           tenant=tenant)
+                           tenant=tenant, template_vars=dict(variables or {}), tools=tools)
     return store.insert(entry)
 
 
 def close_entry(store: SessionStore, formatter: ChatFormatter, entry: StoredResponse, prompt: Prompt,
                 generated: list[int], end_ids: tuple[int, ...], text: str, finish_reason: str,
-                body: dict[str, Any]) -> None:
-    """The reply appended as the template closes an assistant turn (the tokens a follow-up starts from)."""
-    closing = formatter.close_assistant(prompt.history, generated, end_ids)
+                body: dict[str, Any], reasoning: str | None = None,
+                tool_calls: list[dict[str, Any]] | None = None) -> None:
+    """The reply appended as the template closes an assistant turn (the tokens a follow-up starts from);
+    `text` is its answer, `reasoning` its reasoning (None: the model writes none), `tool_calls` the calls
+    it made (OpenAI's chat shape)."""
+    closed = formatter.closed_reply(prompt.history, generated, end_ids, list(entry.tools) or None,
+                                    entry.template_vars)
     start = len(entry.tokens)
-    entry.tokens.extend(prompt.turn.generation_prompt + generated + closing)
-    entry.messages.append(Message("assistant", text, start, len(entry.tokens), finish_reason))
+    entry.tokens.extend(prompt.turn.generation_prompt + closed)
+    entry.messages.append(Message("assistant", text, start, len(entry.tokens), finish_reason,
+                                  tool_calls=tool_calls or None, reasoning=reasoning or None))
     entry.body, entry.busy = body, None
     store.touch(entry)
     store.account(entry)

@@ -7,6 +7,11 @@ sessions/tools.py). Every endpoint acts
 only on the caller's sessions, named by the X-Session-Owner header (see owners.py) under the caller's
 tenant (a session of another tenant is unknown, even with its owner secret: callers.session_owner).
 `cache_salt` on create is kept for every turn of the session; one on a message applies to that turn.
+So is `chat_template_kwargs` (template variables, merged over the operator's --chat-template-kwargs:
+pipeline/reasoning.py): on create it renders the session's first tokens and every turn, on a message
+it is merged over the session's for that turn. A thinking model's reply carries its reasoning as the
+message's `reasoning_content` (streamed: `delta` events whose `reasoning` holds a piece of it, with an
+empty `text`) and its usage `reasoning_tokens`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from radixserve.server.callers import cache_salt_of, caller_of, session_owner
 from radixserve.server.http_util import ClientGone, EventStream, read_json_object, sse, until_done_or_gone
 from radixserve.server.owners import Owner, mint_secret, secret_from_headers
 from radixserve.server.pipeline.prediction import with_prediction
+from radixserve.server.pipeline.reasoning import template_variables
 from radixserve.server.pipeline.sampling import parse_sampling
 from radixserve.server.pipeline.structured import with_structured
 from radixserve.server.sessions.store import Message
@@ -54,6 +60,7 @@ def create_session(state: ServerState, body: dict[str, Any], secret: str | None,
     salt = cache_salt_of(body)
     sampling = parse_sampling(body.get("sampling"))
     tools = session_tools(state, body)  # rendered into its first tokens, with the system prompt
+    variables = template_variables(state, body.get("chat_template_kwargs"))  # ... and with these
 
     def room(shortest_prompt: int) -> None:
         if shortest_prompt >= context or (cap is not None and shortest_prompt > cap):
@@ -66,7 +73,8 @@ def create_session(state: ServerState, body: dict[str, Any], secret: str | None,
     secret = secret if secret is not None else mint_secret()
     owner = session_owner(secret, caller)
     assert owner is not None
-    session = store.create(system_prompt, sampling, owner, room, tools, tenant=caller.tenant, cache_salt=salt)
+    session = store.create(system_prompt, sampling, owner, room, tools, tenant=caller.tenant, cache_salt=salt,
+                           template_vars=variables)
     return {**session.to_json(), "owner": secret}
 
 
@@ -140,10 +148,12 @@ async def post_message(request: Request) -> Response:
 
 
 def message_body(message: Message) -> dict[str, Any]:
-    """A reply as POST .../messages returns it: OpenAI's assistant message (content null when it only calls)."""
+    """A reply as POST .../messages returns it: OpenAI's assistant message (content null when it only calls;
+    `reasoning_content` when the model thinks)."""
+    thought = {"reasoning_content": message.reasoning} if message.reasoning is not None else {}
     if message.tool_calls:
-        return {"role": "assistant", "content": message.content or None, "tool_calls": message.tool_calls}
-    return {"role": "assistant", "content": message.content}
+        return {"role": "assistant", "content": message.content or None, **thought, "tool_calls": message.tool_calls}
+    return {"role": "assistant", "content": message.content, **thought}
 
 
 async def _last_event(turn: SessionTurn) -> dict[str, Any]:

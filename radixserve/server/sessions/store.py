@@ -9,6 +9,12 @@ get, list, delete and fork take the caller's Owner and treat a session of anothe
 caller without one) exactly as an unknown one, without touching it (it neither moves in the LRU
 order nor lives longer). A fork belongs to the parent's owner, who is the caller.
 
+Reasoning: an assistant message keeps the reasoning its reply wrote (`reasoning`, shown as
+`reasoning_content`; its tokens are in `tokens` as generated) and gives it to the template as
+`reasoning_content`, so the template sees what the tokens hold. A session's `template_vars` (its
+`chat_template_kwargs`, merged over the operator's) rendered its first tokens and render every turn
+(a turn may add its own).
+
 Tool calling (tools.py): a session's `tools` are rendered into its first tokens with the
 system prompt and kept with it (forks share them); an assistant message may carry `tool_calls` (its
 tokens are the ones the model generated, calls included) and `tool` messages carry the results the
@@ -93,9 +99,12 @@ class Message:
     timing: dict[str, float] | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, OpenAI's shape
     tool_call_id: str | None = None  # the call a tool message answers
+    reasoning: str | None = None  # an assistant reply's reasoning (thinking models)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
         for name in ("tool_calls", "tool_call_id", "usage", "timing", "finish_reason"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -103,18 +112,20 @@ class Message:
 
     def template(self) -> dict[str, Any]:
         """This message as the chat template takes it."""
+        thought = {"reasoning_content": self.reasoning} if self.reasoning else {}
         if self.tool_calls:
-            return {"role": self.role, "content": self.content or None, "tool_calls": self.tool_calls}
+            return {"role": self.role, "content": self.content or None, **thought, "tool_calls": self.tool_calls}
         if self.tool_call_id is not None:
             return {"role": self.role, "tool_call_id": self.tool_call_id, "content": self.content}
-        return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": self.content, **thought}
 
     def size(self) -> int:
         """Bytes this message holds beyond MESSAGE_OVERHEAD_BYTES: its text, its calls as their JSON would
         be, and its usage's speculation figures."""
         calls = sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) + 64 for c in self.tool_calls or ())
         drafts = SPECULATION_BYTES if self.usage is not None and "speculation" in self.usage else 0
-        return sys.getsizeof(self.content) + calls + drafts
+        thought = sys.getsizeof(self.reasoning) if self.reasoning is not None else 0
+        return sys.getsizeof(self.content) + calls + drafts + thought
 
 
 @dataclass
@@ -133,10 +144,12 @@ class Session:
     tools: tuple[ToolSpec, ...] = ()  # rendered into tokens[:system_len]; fixed once the session has messages
     tenant: str = DEFAULT_TENANT  # the tenant of the key that created it (its owner is bound to it too)
     cache_salt: str | None = None  # its turns' cache_salt (tenants.cache_namespace), unless a turn names its own
+    template_vars: dict[str, Any] = field(default_factory=dict)  # rendered its first tokens; every turn's too
 
     def footprint(self) -> int:
         """Approximate bytes this session holds: its tokens, its texts and per-message overhead."""
         text = sys.getsizeof(self.system_prompt) if self.system_prompt is not None else 0
+        text += len(repr(self.template_vars)) if self.template_vars else 0
         return (TOKEN_BYTES * len(self.tokens) + text
                 + sum(len(str(t.parameters)) + len(t.description) for t in self.tools)
                 + sum(m.size() + MESSAGE_OVERHEAD_BYTES for m in self.messages))
@@ -185,23 +198,24 @@ class SessionStore:
 
     def create(self, system_prompt: str | None, sampling: SamplingFields, owner: Owner,
                room: RoomCheck | None = None, tools: tuple[ToolSpec, ...] = (), tenant: str = DEFAULT_TENANT,
-               cache_salt: str | None = None) -> Session:
+               cache_salt: str | None = None, template_vars: dict[str, Any] | None = None) -> Session:
         """A new session; `room` is given the shortest prompt it could ever send (system prompt and
         tools + a one-token message + the generation prompt) and raises if that cannot be served."""
         s = self._new(system_prompt, sampling, owner)
-        s.tools, s.tenant, s.cache_salt = tools, tenant, cache_salt
+        s.tools, s.tenant, s.cache_salt, s.template_vars = tools, tenant, cache_salt, dict(template_vars or {})
         if system_prompt is not None or tools:
             self.render_start(s)
             if room is not None:
                 turn = self.formatter.append_messages(s.template_messages(), [{"role": "user", "content": "x"}],
-                                                      s.template_tools())
+                                                      s.template_tools(), s.template_vars)
                 room(s.system_len + len(turn.user) + len(turn.generation_prompt))
         return self.insert(s)
 
     def render_start(self, s: Session) -> None:
         """Set the tokens of a session without messages: its system prompt and tools as rendered."""
         assert not s.messages
-        s.tokens = token_array(self.formatter.system_tokens(s.template_messages(), s.template_tools()))
+        s.tokens = token_array(self.formatter.system_tokens(s.template_messages(), s.template_tools(),
+                                                            s.template_vars))
         s.system_len = len(s.tokens)
 
     def _new(self, system_prompt: str | None, sampling: SamplingFields, owner: Owner) -> Session:
@@ -334,6 +348,7 @@ class SessionStore:
         child = self._new(parent.system_prompt, parent.sampling, Owner(parent.owner))  # the caller's
         child.tokens, child.system_len, child.tools = parent.tokens[:cut], parent.system_len, parent.tools
         child.tenant, child.cache_salt = parent.tenant, parent.cache_salt  # its cached prefix is the parent's
+        child.template_vars = parent.template_vars  # rendered its first tokens; never changed in place
         child.messages = [dataclasses.replace(m) for m in parent.messages[:at_message]]  # texts are shared
         return self.insert(child)  # may evict the parent when the cap is 1
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.chat.reasoning import ReasoningDelta, ReplyStream
 from radixserve.chat.tool_calls import ChatTools
-from radixserve.chat.tools import ContentDelta, ToolChoice, ToolSpec, ToolStream
+from radixserve.chat.tools import ContentDelta, ToolChoice, ToolSpec
 from radixserve.server.openai_chat.tools import finish_with_calls, tool_request
 from radixserve.server.sessions.store import Session
 from radixserve.server.state import ServerState
@@ -95,32 +96,50 @@ def unanswered_calls(session: Session) -> list[str]:
 
 @dataclass
 class ReplyCalls:
-    """One turn's reply read for calls as it streams: content deltas become `delta` events, call
-    fragments `tool_call` events; the reply kept is what those events said (content, and calls with
-    the ids the client was given), so a client answers the calls it saw."""
+    """One turn's reply read for calls (and, for a thinking model, its reasoning) as it streams: content
+    deltas become `delta` events, reasoning pieces `delta` events with an empty `text` and the piece as
+    `reasoning`, call fragments `tool_call` events; the reply kept is what those events said (content,
+    reasoning, and calls with the ids the client was given), so a client answers the calls it saw.
+    `reader` reads the reply (Plan.reader); without one, `tools` alone."""
 
     tools: ChatTools | None
     gen_id: str
     content: list[str] = field(default_factory=list)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    _stream: ToolStream | None = None
+    reader: ReplyStream | None = None
+    _ended: bool = False
 
     def __post_init__(self) -> None:
-        if self.tools is not None and self.tools.active:
-            self._stream = self.tools.format.stream()
+        if self.reader is None:
+            active = self.tools is not None and self.tools.active
+            self.reader = ReplyStream(None, self.tools.format.stream() if active and self.tools is not None else None)
 
-    def events(self, text: str, final: bool, cut: bool = False) -> list[dict[str, Any]]:
-        """The events of the reply's next text (`final`: its end; `cut`: by max_tokens, so the call it
-        was cut in is not content)."""
-        if self._stream is None:
-            self.content.append(text)
-            return [{"type": "delta", "gen_id": self.gen_id, "text": text}] if text else []
-        items = self._stream.feed(text) if text else []
+    @property
+    def reasoning(self) -> str:
+        assert self.reader is not None
+        return self.reader.reasoning_text
+
+    @property
+    def reasoning_tokens(self) -> int:
+        assert self.reader is not None
+        return self.reader.reasoning_tokens
+
+    def events(self, text: str, final: bool, cut: bool = False, tokens: int = 0) -> list[dict[str, Any]]:
+        """The events of the reply's next text (`tokens` of them; `final`: its end; `cut`: by max_tokens, so
+        the call it was cut in is not content). Nothing after the end."""
+        assert self.reader is not None
+        if self._ended:
+            return []
+        items = self.reader.feed(text, tokens)
         if final:
-            items += self._stream.finish(cut)
+            self._ended = True
+            items += self.reader.finish(cut)
         out: list[dict[str, Any]] = []
         for d in items:
-            if isinstance(d, ContentDelta):
+            if isinstance(d, ReasoningDelta):
+                if d.text:
+                    out.append({"type": "delta", "gen_id": self.gen_id, "text": "", "reasoning": d.text})
+            elif isinstance(d, ContentDelta):
                 if d.text:
                     self.content.append(d.text)
                     out.append({"type": "delta", "gen_id": self.gen_id, "text": d.text})

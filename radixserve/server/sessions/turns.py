@@ -27,6 +27,12 @@ turn is not yet recorded.
 
 Its cache namespace is the session's tenant's, with the turn's `cache_salt` when it sends one, else
 the session's (tenants.cache_namespace): every turn of a session hits what the turns before it cached.
+
+Thinking models: the turn renders with the session's template variables and its own
+`chat_template_kwargs` over them; its reply's reasoning streams as `delta` events carrying
+`reasoning` (sessions/tools.py) and is kept on the reply's message, with `reasoning_tokens` in its
+usage. The reasoning's tokens stay in the session's tokens as generated, so the next turn's prompt
+still starts with everything this one computed, whatever the template does to earlier turns.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from radixserve.server.owners import Owner
 from radixserve.server.pipeline.ask import Ask, TokenPrompt
 from radixserve.server.pipeline.plan import Plan, admit, prepare
 from radixserve.server.pipeline.prediction import speculation_json
+from radixserve.server.pipeline.reasoning import reasoning_of, template_variables
 from radixserve.server.pipeline.stream import SystemPromptRef
 from radixserve.server.sessions.store import MESSAGE_OVERHEAD_BYTES, TOKEN_BYTES, Message, Session, token_array
 from radixserve.server.sessions.tools import ReplyCalls, turn_inputs, turn_tools
@@ -51,12 +58,14 @@ from radixserve.server.state import ServerState
 from radixserve.server.validation import ApiError
 
 
-def usage_json(out: RequestOutput) -> dict[str, Any]:
+def usage_json(out: RequestOutput, reasoning_tokens: int | None = None) -> dict[str, Any]:
     """A turn's usage: prompt, cache and completion figures, and what speculative decoding drafted
-    and kept (`speculation`, server/pipeline/prediction.py)."""
+    and kept (`speculation`, server/pipeline/prediction.py); a thinking model's turn also the tokens
+    generated inside its reasoning (`reasoning_tokens`)."""
     u = out.usage
+    thought = {"reasoning_tokens": reasoning_tokens} if reasoning_tokens is not None else {}
     return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
-            "host_cached_tokens": u.host_cached_tokens, "completion_tokens": u.completion_tokens,
+            "host_cached_tokens": u.host_cached_tokens, "completion_tokens": u.completion_tokens, **thought,
             "speculation": speculation_json(u.speculation)}
 
 
@@ -88,16 +97,21 @@ class SessionTurn:
         check_free(session)  # a busy session costs no tokenizing
         tools = turn_tools(state, body or {}, session)
         inputs = turn_inputs({**(body or {}), "content": content} if content is not None else body or {}, session)
+        own = (body or {}).get("chat_template_kwargs")  # this turn's, over the session's
+        variables = template_variables(state, own, base=session.template_vars) if own is not None \
+            else session.template_vars
         # the prompt is built in the constructor, after the tokenizing below (admit takes its tokens)
         ask = Ask(Api.SESSION, TokenPrompt([]), sampling, session.tenant,
                   salt if salt is not None else session.cache_salt, tools, priority=priority,
-                  default_max_tokens=state.config.default_max_tokens)
+                  default_max_tokens=state.config.default_max_tokens, variables=variables,
+                  reasoning=reasoning_of(state))
         ask = await prepare(state, ask)  # a forced call's constraint, the prediction's tokens, compiled off the loop
         history = session.template_messages()
         rendered = list(tools.tools) if tools is not None and tools.tools else session.template_tools()
         # a first turn may bring the session its tools: they head its tokens, rendered with the system prompt
-        start = formatter.system_tokens(history, rendered) if tuple(rendered or ()) != session.tools else None
-        turn = await state.require_prompts().append_messages(history, inputs, rendered)
+        start = formatter.system_tokens(history, rendered, session.template_vars) \
+            if tuple(rendered or ()) != session.tools else None
+        turn = await state.require_prompts().append_messages(history, inputs, rendered, variables)
         # the await may have let the session go (404 here) or move on; the constructor checks the rest
         return cls(state, store.get(session_id, owner), inputs, ask, gen_id, history, turn, start)
 
@@ -145,7 +159,8 @@ class SessionTurn:
         session.tokens.extend(turn.user)
         session.messages.extend(messages)
         self.inputs = len(messages)
-        self.reply = ReplyCalls(tools, gen_id)
+        self.reply = ReplyCalls(tools, gen_id, reader=self.plan.reader())
+        self.variables = ask.variables
         session.busy = gen_id
         store.account(session)
         store.touch(session)
@@ -179,7 +194,7 @@ class SessionTurn:
                     for o in out.outputs[:1]:
                         self.generated += o.token_ids
                         for ev in self.reply.events(o.text, o.finish_reason is not None,  # content, call pieces
-                                                    o.finish_reason == "length"):
+                                                    o.finish_reason == "length", len(o.token_ids)):
                             yield ev
                         finish = o.finish_reason or finish
         except Exception:  # refused or failed: the caller reports the error (rolled back if nothing came)
@@ -190,9 +205,12 @@ class SessionTurn:
             raise
         index = self._end(finish or "abort")
         assert self.last is not None and index is not None
-        calls = self.session.messages[index].tool_calls
+        reply = self.session.messages[index]
+        calls = reply.tool_calls
+        thought = {"reasoning_content": reply.reasoning} if reply.reasoning is not None else {}
         yield {"type": "done", **base, "finish_reason": self.finish_reason, "message_index": index,
-               **({"tool_calls": calls} if calls else {}), "usage": usage_json(self.last),
+               **({"tool_calls": calls} if calls else {}), **thought,
+               "usage": reply.usage if reply.usage is not None else usage_json(self.last),
                "timing": timing_json(self.last)}
 
     def _end(self, finish_reason: str, aborted: bool = False) -> int | None:
@@ -220,15 +238,19 @@ class SessionTurn:
                 store.account(s)
             return None
         assert self.state.formatter is not None
-        closing = self.state.formatter.close_assistant(self.history, self.generated, self.end_ids, s.template_tools())
+        closed = self.state.formatter.closed_reply(self.history, self.generated, self.end_ids, s.template_tools(),
+                                                   self.variables)
         start = len(s.tokens)
-        s.tokens.extend(self.gen_prompt + self.generated + closing)
+        s.tokens.extend(self.gen_prompt + closed)
         self.reply.events("", True)  # an aborted reply's held-back text (its events are not sent)
         content, calls, self.finish_reason = self.reply.reply(finish_reason)
-        usage, timing = ((usage_json(self.last), timing_json(self.last)) if self.last is not None
+        thinks = self.plan.ask.reasoning is not None
+        usage, timing = ((usage_json(self.last, self.reply.reasoning_tokens if thinks else None),
+                          timing_json(self.last)) if self.last is not None
                          else unanswered_usage(len(self.request.token_ids)))
         s.messages.append(Message("assistant", content, start, len(s.tokens), self.finish_reason,
-                                  usage, timing, tool_calls=calls or None))
+                                  usage, timing, tool_calls=calls or None,
+                                  reasoning=self.reply.reasoning if thinks else None))
         if store is not None:
             store.account(s)
             with suppress(ApiError):  # over budget with only busy sessions left: the next create sheds it

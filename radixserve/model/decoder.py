@@ -1,0 +1,243 @@
+"""The decoder of every supported family over a paged KV cache, in plain torch, built layer by layer
+from a `ModelSpec`.
+
+One forward call runs one flattened batch of T new tokens from many sequences; attention, including
+writing the new K/V into the cache, is delegated to an AttentionBackend with each layer's window,
+sinks and softcap. q/k/v and gate/up projections are each packed into one matmul (the loader fills
+them from however the checkpoint stores them, `loader.checkpoint_targets`). Pre-norm layers (Llama's
+placement) carry the residual to the next layer's fused add + norm; sandwich (Gemma, GLM-4) and post
+(OLMo 2) layers add their residual themselves. Construction allocates weights without initialising
+them: a model is only meaningful after the loader has filled every parameter (it checks that it did).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixserve.kernels.moe import GatedActivation
+from radixserve.model.attention import AttentionBackend, AttentionMetadata
+from radixserve.model.kv_cache import KVCache
+from radixserve.model.moe import MoE
+from radixserve.model.ops import ModelOps, TorchOps, rms_norm
+from radixserve.model.rope import RopeParams, RotaryEmbedding
+from radixserve.model.spec import LayerSpec, MlpSpec, ModelSpec
+
+TORCH_OPS = TorchOps()
+
+
+class RMSNorm(nn.Module):
+    """Holds a norm's weight and eps; `style` is the checkpoint's rounding (spec.NORM_STYLES). The
+    ops apply a Llama-style norm fused with the residual add on the hot path."""
+
+    def __init__(self, dim: int, eps: float, style: str = "llama") -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+        self.style = style
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.style == "llama":
+            return rms_norm(x, self.weight, self.eps)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.style == "gemma":  # the checkpoint stores w - 1
+            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        return (self.weight * x32).to(x.dtype)
+
+
+def rope_key(spec: ModelSpec, params: RopeParams) -> str:
+    """One rotary table per distinct setting, named by its first appearance: layers sharing it share
+    its cos/sin per step."""
+    distinct = list(dict.fromkeys(layer.attention.rope for layer in spec.layers if layer.attention.rope))
+    return f"rope{distinct.index(params)}"
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_spec: LayerSpec, layer: int) -> None:
+        super().__init__()
+        a = layer_spec.attention
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = spec.q_size, spec.kv_size
+        self.scale, self.window, self.softcap = a.scale, a.window, a.softcap
+        self.rope = None if a.rope is None else rope_key(spec, a.rope)
+        self.qk_norm = a.qk_norm
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=a.o_bias)
+        q_dim, k_dim = (self.q_size, self.kv_size) if a.qk_norm == "whole" else (self.head_dim, self.head_dim)
+        norms = a.qk_norm != "none"
+        self.q_norm = RMSNorm(q_dim, spec.rms_norm_eps, spec.norm_style) if norms else None
+        self.k_norm = RMSNorm(k_dim, spec.rms_norm_eps, spec.norm_style) if norms else None
+        self.sinks = nn.Parameter(torch.empty(spec.num_heads)) if a.sinks else None
+
+    def forward(self, x: torch.Tensor, ropes: dict[str, tuple[RotaryEmbedding, Any]], kv_cache: KVCache,
+                meta: AttentionMetadata, backend: AttentionBackend, ops: ModelOps) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "whole":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            rotary, prepared = ropes[self.rope]
+            if rotary.plain:
+                q, k = ops.rotary(q, k, prepared)
+            else:
+                q, k = rotary.rotate(q, *prepared), rotary.rotate(k, *prepared)
+        out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
+                              window=self.window, sinks=self.sinks, softcap=self.softcap)
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, mlp: MlpSpec) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * mlp.intermediate_size, bias=mlp.bias)
+        self.down_proj = nn.Linear(mlp.intermediate_size, spec.hidden_size, bias=mlp.bias)
+        self.activation = GatedActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+
+    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        h = ops.silu_and_mul(gate_up) if self.activation.kind == "silu" else self.activation(gate_up)
+        return self.down_proj(h)
+
+
+class DecoderLayer(nn.Module):
+    """Norms by placement: pre has input_layernorm and post_attention_layernorm (before the MLP);
+    sandwich adds post_attention_layernorm after attention and pre/post_feedforward_layernorm around
+    the MLP; post has only post_attention_layernorm and post_feedforward_layernorm, on the blocks' outputs."""
+
+    def __init__(self, spec: ModelSpec, layer: int) -> None:
+        super().__init__()
+        layer_spec = spec.layers[layer]
+        self.placement = layer_spec.norms
+        self.residual_scale = spec.residual_scale
+        dim, eps, style = spec.hidden_size, spec.rms_norm_eps, spec.norm_style
+        if self.placement != "post":
+            self.input_layernorm = RMSNorm(dim, eps, style)
+        self.self_attn = Attention(spec, layer_spec, layer)
+        self.post_attention_layernorm = RMSNorm(dim, eps, style)
+        if self.placement == "sandwich":
+            self.pre_feedforward_layernorm = RMSNorm(dim, eps, style)
+        if self.placement != "pre":
+            self.post_feedforward_layernorm = RMSNorm(dim, eps, style)
+        self.mlp: nn.Module = MoE(spec, layer_spec.mlp) if layer_spec.mlp.is_moe else MLP(spec, layer_spec.mlp)
+        self.fused_norms = self.placement == "pre" and style == "llama"
+
+    def forward(self, x, residual, ropes, kv_cache, meta, backend, ops) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(x, residual) -> (output, residual): pre-norm layers return the MLP output and the residual
+        stream before it (the next layer's norm adds them); the others return the sum and None."""
+        if self.placement == "pre":
+            h, residual = self._norm(self.input_layernorm, x, residual, ops)
+            h = self._scaled(self.self_attn(h, ropes, kv_cache, meta, backend, ops))
+            h, residual = self._norm(self.post_attention_layernorm, h, residual, ops)
+            return self._scaled(self.mlp(h, ops)), residual
+        if residual is not None:  # after a pre-norm layer (a family mixing placements does not exist, but be exact)
+            x = x + residual
+        if self.placement == "sandwich":
+            h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ropes, kv_cache, meta, backend,
+                                                             ops))
+            x = x + self._scaled(h)
+            h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), ops))
+            return x + self._scaled(h), None
+        h = self.post_attention_layernorm(self.self_attn(x, ropes, kv_cache, meta, backend, ops))
+        x = x + self._scaled(h)
+        return x + self._scaled(self.post_feedforward_layernorm(self.mlp(x, ops))), None
+
+    def _norm(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
+              ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused_norms:
+            return ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        total = x if residual is None else x + residual
+        return norm(total), total
+
+    def _scaled(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.residual_scale is None else h * self.residual_scale
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_style)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.spec = spec
+        # Built on the meta device then materialised uninitialised: random init would only be overwritten.
+        with torch.device("meta"):
+            self.model = DecoderModel(spec)
+            tied = spec.tie_word_embeddings
+            # a Linear, or after `cpu_linear.pack_for_cpu` a PackedLinear (a tied model's too)
+            self.lm_head: nn.Module | None = None if tied else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.to(dtype)
+        self.to_empty(device=device)
+        self.requires_grad_(False)
+        ropes = {rope_key(spec, layer.attention.rope): layer.attention.rope for layer in spec.layers if layer.attention.rope}
+        self.rotaries = nn.ModuleDict({key: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, params, device)
+                                       for key, params in ropes.items()})
+
+    @property
+    def rotary(self) -> RotaryEmbedding:
+        """The one rotary table of a model whose layers share it (the compiled CPU step's)."""
+        if len(self.rotaries) != 1:
+            raise ValueError(f"the model has {len(self.rotaries)} rotary settings, not one")
+        return next(iter(self.rotaries.values()))  # type: ignore[return-value]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64: absolute position of each token in its sequence
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        ops: ModelOps | None = None,
+    ) -> torch.Tensor:  # [T, hidden] final-normed hidden states
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must be [T]")
+        ops = ops or TORCH_OPS
+        x = self.embed(input_ids)
+        ropes = {}  # shared by every layer of one setting
+        for key, rotary in self.rotaries.items():
+            assert isinstance(rotary, RotaryEmbedding)
+            prepare = ops.prepare_rotary if rotary.plain else TORCH_OPS.prepare_rotary
+            ropes[key] = (rotary, prepare(rotary, positions, x.dtype))
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, ropes, kv_cache, meta, backend, ops)
+        norm = self.model.norm
+        if residual is not None and self.spec.norm_style == "llama":
+            return ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
+        return norm(x if residual is None else x + residual)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        scale = self.spec.embedding_scale
+        if scale is None:
+            return x
+        if self.spec.embedding_scale_in_dtype:  # Gemma multiplies by sqrt(hidden) rounded to the weights' dtype
+            return x * torch.tensor(scale, dtype=torch.float32).to(x.dtype)
+        return x * scale
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32 (callers pass only the rows they sample from)."""
+        if self.lm_head is None:
+            logits = nn.functional.linear(hidden, self.model.embed_tokens.weight)
+        else:
+            logits = self.lm_head(hidden)
+        if self.spec.logit_divisor is not None:
+            logits = logits / self.spec.logit_divisor
+        if self.spec.final_softcap is not None:
+            cap = self.spec.final_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

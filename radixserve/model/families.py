@@ -1,0 +1,268 @@
+"""The registry of model families: which HF `architectures` we run and how each one's config
+becomes a per-layer `ModelSpec`.
+
+One `Family` per architecture name: the config reader shared by all (`describe`) asks the family
+for its quirks (norm placement, q/k norms, biases, MLP kind, which layers slide, embedding and
+logit scaling, checkpoint layout). Invariant: a config value we do not implement is refused here,
+at start, with one line naming the field and what is supported; nothing reaches the model half
+understood.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from radixserve.model.rope import RopeParams
+from radixserve.model.spec import AttentionSpec, CheckpointLayout, LayerSpec, MlpSpec, ModelSpec, int_list
+
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family's quirks; `describe` reads everything else from the config the same way for all."""
+
+    model_type: str
+    norms: str = "pre"
+    norm_style: str = "llama"
+    qk_norm: str = "none"
+    qkv_bias: bool | None = None  # None: the config's attention_bias
+    o_bias: bool | None = None  # None: the config's attention_bias
+    sinks: bool = False
+    window_everywhere: bool = False  # a config sliding_window applies to every layer (no layer_types)
+    interleaved_rope: bool = False
+    embedding_scale: Callable[[Any], float | None] = lambda config: None
+    moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
+    checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
+    extra: Callable[[Any, dict[str, Any]], None] = lambda config, fields: None  # the family's own ModelSpec fields
+
+
+def _gemma_scale(config: Any) -> float:
+    return float(config.hidden_size) ** 0.5
+
+
+def _gemma_extra(config: Any, fields: dict[str, Any]) -> None:
+    fields["embedding_scale_in_dtype"] = True
+    fields["final_softcap"] = getattr(config, "final_logit_softcapping", None)
+    if getattr(config, "use_bidirectional_attention", None):
+        raise ValueError(f"use_bidirectional_attention {config.use_bidirectional_attention!r} is not supported "
+                         "(text generation is causal); supported: null")
+
+
+def _granite_extra(config: Any, fields: dict[str, Any]) -> None:
+    fields["residual_scale"] = float(config.residual_multiplier)
+    fields["logit_divisor"] = float(config.logits_scaling)
+
+
+def _qwen3_moe(config: Any, layer: int) -> MlpSpec | None:
+    sparse_step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    if layer in (getattr(config, "mlp_only_layers", None) or ()) or (layer + 1) % sparse_step:
+        return None
+    return MlpSpec(int(config.moe_intermediate_size), _activation(config), num_experts=int(config.num_experts),
+                   top_k=int(config.num_experts_per_tok), normalize_topk=bool(config.norm_topk_prob))
+
+
+def _mixtral_moe(config: Any, layer: int) -> MlpSpec:
+    return MlpSpec(int(config.intermediate_size), _activation(config), num_experts=int(config.num_local_experts),
+                   top_k=int(config.num_experts_per_tok), normalize_topk=True)
+
+
+def _gpt_oss_moe(config: Any, layer: int) -> MlpSpec:
+    return MlpSpec(int(config.intermediate_size), "clamped_swiglu", bias=True,
+                   num_experts=int(config.num_local_experts), top_k=int(config.num_experts_per_tok),
+                   routing="topk_softmax", router_bias=True, swiglu_alpha=float(getattr(config, "swiglu_alpha", 1.702)),
+                   swiglu_limit=float(config.swiglu_limit))
+
+
+_GEMMA = dict(norms="sandwich", norm_style="gemma", embedding_scale=_gemma_scale, extra=_gemma_extra)
+_GLM_NORMS = (("post_attention_layernorm", "post_self_attn_layernorm"),
+              ("pre_feedforward_layernorm", "post_attention_layernorm"),
+              ("post_feedforward_layernorm", "post_mlp_layernorm"))
+
+FAMILIES: dict[str, Family] = {
+    "LlamaForCausalLM": Family("llama"),
+    "MistralForCausalLM": Family("mistral", qkv_bias=False, o_bias=False, window_everywhere=True),
+    "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, o_bias=False),  # Qwen2 hard-wires q/k/v biases
+    "Qwen3ForCausalLM": Family("qwen3", qk_norm="per_head"),
+    "SmolLM3ForCausalLM": Family("smollm3"),
+    "GraniteForCausalLM": Family("granite", embedding_scale=lambda c: float(c.embedding_multiplier),
+                                 extra=_granite_extra),
+    "Phi3ForCausalLM": Family("phi3", qkv_bias=False, o_bias=False, window_everywhere=True,
+                              checkpoint=CheckpointLayout(fused_qkv=True, fused_gate_up=True)),
+    "Olmo2ForCausalLM": Family("olmo2", norms="post", norm_style="fp32_weight", qk_norm="whole"),
+    "Olmo3ForCausalLM": Family("olmo3", norms="post", norm_style="fp32_weight", qk_norm="whole"),
+    "GlmForCausalLM": Family("glm", o_bias=False, interleaved_rope=True,
+                             checkpoint=CheckpointLayout(fused_gate_up=True)),
+    "Glm4ForCausalLM": Family("glm4", norms="sandwich", o_bias=False, interleaved_rope=True,
+                              checkpoint=CheckpointLayout(fused_gate_up=True, norm_names=_GLM_NORMS)),
+    "Gemma2ForCausalLM": Family("gemma2", **_GEMMA),  # type: ignore[arg-type]
+    "Gemma3ForCausalLM": Family("gemma3_text", qk_norm="per_head", **_GEMMA),  # type: ignore[arg-type]
+    "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm="per_head", moe=_qwen3_moe),
+    "MixtralForCausalLM": Family("mixtral", qkv_bias=False, o_bias=False, window_everywhere=True, moe=_mixtral_moe,
+                                 checkpoint=CheckpointLayout(mlp_name="block_sparse_moe", experts="w1w3w2")),
+    "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
+                                checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+# Configs written without `architectures` (e.g. converted from GGUF) still name their model_type.
+_ARCHITECTURE_OF_MODEL_TYPE = {family.model_type: name for name, family in FAMILIES.items()}
+_GEMMA3_CONDITIONAL = "Gemma3ForConditionalGeneration"
+
+
+def supported_architecture(architectures: Any, model_type: Any = None) -> str:
+    """The first supported name in a config's `architectures`, else a ValueError naming ours."""
+    for name in architectures or ():
+        if name in FAMILIES:
+            return name
+    if not architectures and model_type in _ARCHITECTURE_OF_MODEL_TYPE:
+        return _ARCHITECTURE_OF_MODEL_TYPE[model_type]
+    named = repr(architectures) if architectures else f"model_type {model_type!r}" if model_type else "(none named)"
+    hint = " (the text model of a Gemma 3 checkpoint is Gemma3ForCausalLM)" if _GEMMA3_CONDITIONAL in (
+        architectures or ()) else ""
+    raise ValueError(f"unsupported model architecture {named}{hint}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpec:
+    """The ModelSpec of a transformers config of a supported architecture."""
+    arch = supported_architecture(getattr(config, "architectures", None), getattr(config, "model_type", None))
+    family = FAMILIES[arch]
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    bias = bool(getattr(config, "attention_bias", False))
+    layer_types = _layer_types(config, family)
+    no_rope = int_list(getattr(config, "no_rope_layers", None))  # SmolLM3: 1 = rotary, 0 = none
+    context = int(config.max_position_embeddings)
+    layers = []
+    for i, kind in enumerate(layer_types):
+        rope = None if no_rope and not no_rope[i] else _rope(config, kind, head_dim, family)
+        if rope is not None and rope.rope_type == "longrope":
+            # transformers switches longrope's frequencies with the batch's length, which cached keys
+            # cannot follow; below the pretraining context its short frequencies are exact
+            context = min(context, rope.original_max_position_embeddings)
+        attention = AttentionSpec(
+            rope=rope,
+            scale=_attention_scale(config, head_dim),
+            window=int(config.sliding_window) if kind == "sliding_attention" else None,
+            qk_norm=family.qk_norm,
+            qkv_bias=bias if family.qkv_bias is None else family.qkv_bias,
+            o_bias=bias if family.o_bias is None else family.o_bias,
+            sinks=family.sinks,
+            softcap=getattr(config, "attn_logit_softcapping", None),
+        )
+        mlp = family.moe(config, i) or MlpSpec(int(config.intermediate_size), _activation(config),
+                                               bias=bool(getattr(config, "mlp_bias", False)))
+        layers.append(LayerSpec(attention, mlp, family.norms))
+    eos = int_list(getattr(config, "eos_token_id", None)) + list(extra_eos_token_ids)
+    fields: dict[str, Any] = {}
+    family.extra(config, fields)
+    return ModelSpec(
+        architecture=arch,
+        hidden_size=int(config.hidden_size),
+        num_heads=heads,
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=head_dim,
+        vocab_size=int(config.vocab_size),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", None) or 1e-6),
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        max_position_embeddings=context,
+        eos_token_ids=tuple(dict.fromkeys(eos)),
+        layers=tuple(layers),
+        bos_token_id=getattr(config, "bos_token_id", None),
+        norm_style=family.norm_style,
+        embedding_scale=family.embedding_scale(config),
+        checkpoint=family.checkpoint,
+        **fields,
+    )
+
+
+def _layer_types(config: Any, family: Family) -> list[str]:
+    count = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    types = list(getattr(config, "layer_types", None) or ())
+    if not types:
+        sliding = bool(window) and family.window_everywhere
+        types = ["sliding_attention" if sliding else "full_attention"] * count
+    if len(types) != count:
+        raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {count}")
+    for kind in types:
+        if kind not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"layer_types {kind!r} is not supported (hybrid and chunked layers are not yet); "
+                             "supported: full_attention, sliding_attention")
+    if "sliding_attention" in types and not window:
+        raise ValueError("layer_types names sliding_attention layers but sliding_window is not set")
+    return types
+
+
+def _activation(config: Any) -> str:
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act {name!r} is not supported; supported: {', '.join(sorted(_ACTIVATIONS))}")
+    return _ACTIVATIONS[name]
+
+
+def _attention_scale(config: Any, head_dim: int) -> float:
+    if getattr(config, "attention_multiplier", None) is not None:  # Granite
+        return float(config.attention_multiplier)
+    if getattr(config, "query_pre_attn_scalar", None) is not None:  # Gemma
+        return float(config.query_pre_attn_scalar) ** -0.5
+    return head_dim**-0.5
+
+
+def _rope(config: Any, layer_type: str, head_dim: int, family: Family) -> RopeParams:
+    """A layer's rotary settings from transformers 5 `rope_parameters` (per layer type where nested)
+    or the older `rope_theta` / `rope_scaling`."""
+    params = getattr(config, "rope_parameters", None)
+    nested = isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values())
+    if nested:
+        assert isinstance(params, dict)
+        if layer_type not in params:
+            raise ValueError(f"rope_parameters has no entry for {layer_type!r} layers")
+        raw = dict(params[layer_type])
+    elif isinstance(params, dict) and params:
+        raw = dict(params)
+    else:
+        raw = dict(getattr(config, "rope_scaling", None) or {})
+        raw.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope_type = raw.get("rope_type") or raw.get("type") or "default"
+    partial = float(raw.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", 1.0) or 1.0)
+    rotary_dim = int(head_dim * partial)
+    shape = dict(rotary_dim=None if rotary_dim == head_dim else rotary_dim, interleaved=family.interleaved_rope)
+    theta = float(raw.get("rope_theta", 10000.0))
+    try:
+        if rope_type == "default":
+            return RopeParams(theta=theta, **shape)  # type: ignore[arg-type]
+        if rope_type == "linear":
+            return RopeParams(theta=theta, rope_type="linear", factor=float(raw["factor"]), **shape)  # type: ignore[arg-type]
+        if rope_type == "llama3":
+            return RopeParams(
+                theta=theta, rope_type="llama3", factor=float(raw["factor"]),
+                low_freq_factor=float(raw["low_freq_factor"]), high_freq_factor=float(raw["high_freq_factor"]),
+                original_max_position_embeddings=int(
+                    raw.get("original_max_position_embeddings") or config.max_position_embeddings),
+                **shape,  # type: ignore[arg-type]
+            )
+    except KeyError as missing:
+        raise ValueError(f"{rope_type} rope settings lack {missing}") from None
+    if rope_type in ("yarn", "longrope", "proportional"):
+        return _precomputed_rope(config, rope_type, layer_type if nested else None, raw, theta, shape)
+    return RopeParams(rope_type=rope_type)  # raises: names the supported rope types
+
+
+def _precomputed_rope(config: Any, rope_type: str, layer_type: str | None, raw: dict[str, Any], theta: float,
+                      shape: dict[str, Any]) -> RopeParams:
+    """yarn / longrope / proportional frequencies exactly as transformers computes them for this config."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
+    original = raw.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+    return replace(RopeParams(theta=theta, rope_type=rope_type, frequencies=tuple(inv_freq.float().tolist()),
+                              attention_scaling=float(scaling), **shape),
+                   original_max_position_embeddings=int(original or config.max_position_embeddings))
+
+
+def rope_params_from_config(config: Any, layer_type: str = "full_attention") -> RopeParams:
+    """The rotary settings of a layer of `layer_type` in a plain (rotate-half) family's config."""
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    return _rope(config, layer_type, head_dim, FAMILIES["LlamaForCausalLM"])

@@ -1,0 +1,51 @@
+"""A mixture-of-experts MLP: a router picks each token's top-k experts and their weights; the experts'
+arithmetic is `kernels.moe.routed_experts`.
+
+Routing follows the family (`MlpSpec.routing`): softmax over every expert then the top k (Qwen3-MoE,
+Mixtral; rescaled to sum to 1 where `normalize_topk`), or the top-k logits then a softmax over them
+(gpt-oss, whose router has a bias). Expert weights are stacked as `ExpertWeights` lays them out,
+whatever the checkpoint's layout (the loader converts). Invariant: a token's routing and result
+depend on that token alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixserve.kernels.moe import ExpertWeights, GatedActivation, routed_experts
+from radixserve.model.spec import MlpSpec, ModelSpec
+
+
+class MoE(nn.Module):
+    def __init__(self, spec: ModelSpec, mlp: MlpSpec) -> None:
+        super().__init__()
+        hidden, inter, experts = spec.hidden_size, mlp.intermediate_size, mlp.num_experts
+        self.top_k, self.routing, self.normalize_topk = mlp.top_k, mlp.routing, mlp.normalize_topk
+        self.router = nn.Linear(hidden, experts, bias=mlp.router_bias)
+        self.gate_up = nn.Parameter(torch.empty(experts, 2 * inter, hidden))
+        self.down = nn.Parameter(torch.empty(experts, hidden, inter))
+        self.gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if mlp.bias else None
+        self.down_bias = nn.Parameter(torch.empty(experts, hidden)) if mlp.bias else None
+        self.activation = GatedActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_ids [T, k] int64, topk_weights [T, k] float32) of each token."""
+        logits = self.router(x)
+        if self.routing == "topk_softmax":
+            top, ids = torch.topk(logits, self.top_k, dim=-1)
+            return ids, torch.softmax(top.float(), dim=-1)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights
+
+    def experts(self) -> ExpertWeights:
+        return ExpertWeights(self.gate_up, self.down, self.gate_up_bias, self.down_bias)
+
+    def forward(self, x: torch.Tensor, ops: Any = None) -> torch.Tensor:
+        ids, weights = self.route(x)
+        return routed_experts(x, ids, weights, self.experts(), self.activation)
