@@ -14,6 +14,10 @@
 #      CUDA graphs cover one-token decodes), tests/engine/test_gpu.py checks their equality
 #   7. the FP8 KV cache (issue 30): the 8B shape's decode step at batch 64 x 4k context with the cache
 #      in bf16 and in FP8 (`--kv-cache-dtype fp8`); tests/engine/test_gpu.py checks the FP8 kernels' bytes
+#   8. sliding windows (issue 45): a Gemma-3-1B-shaped decode step at 32k context, as published (5 sliding
+#      layers of 512 to 1 full) and with every layer full, at batch 1 and 16
+#   9. mixture-of-experts (issue 45): the fused Triton MoE at batch 1 and 64 against the active experts'
+#      bytes (`radixserve bench check moe`), and a Qwen3-30B-A3B-shaped decode step (layers cut to fit)
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
 # `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
 #
@@ -34,7 +38,7 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
 RS="python3 -m radixserve"
-PARTS=${PARTS:-"kernels step equality e2e spec fp8"}  # a subset runs only those parts
+PARTS=${PARTS:-"kernels step equality e2e spec fp8 window moe"}  # a subset runs only those parts
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $* ==="; }
@@ -80,6 +84,24 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
       run timeout 240 $RS bench step --shape llama-3.1-8b --batch 64 --context 4096 --sampling greedy --steps 16 \
           --kv-cache-dtype "$kv" --json "$OUT/step-8b-kv-$kv.json"
     done
+  fi
+  if want window; then
+    step "sliding windows: gemma-3-1b shape at 32k context, published layer types vs every layer full"
+    run timeout 120 $RS bench random-checkpoint --family gemma3 --size real --tokenizer "$TOKENIZER" --out /tmp/rs-gemma3
+    mkdir -p /tmp/rs-gemma3-full && cp /tmp/rs-gemma3/*.json /tmp/rs-gemma3-full/ 2>/dev/null
+    python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['layer_types'] = ['full_attention'] * len(c['layer_types']); json.dump(c, open(p, 'w'))" /tmp/rs-gemma3-full/config.json
+    for variant in gemma3 gemma3-full; do
+      run timeout 240 $RS bench step --model "/tmp/rs-$variant" --load-format dummy --batch 1,16 --context 32768 \
+          --sampling greedy --steps 16 --graphs on --json "$OUT/step-window-$variant.json"
+    done
+  fi
+  if want moe; then
+    step "mixture-of-experts: fused Triton MoE against the active bytes, and a qwen3-moe shaped decode step"
+    run timeout 180 $RS bench check moe --device cuda --json "$OUT/moe-kernel.json"
+    run timeout 120 $RS bench random-checkpoint --family qwen3-moe --size real --max-gb 20 --tokenizer "$TOKENIZER" \
+        --out /tmp/rs-qwen3-moe
+    run timeout 240 $RS bench step --model /tmp/rs-qwen3-moe --load-format dummy --batch 1,64 --context 2048 \
+        --sampling greedy --steps 16 --graphs on --json "$OUT/step-moe.json"
   fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIRECTORY = Path(__file__).with_name("csrc")
 # the .cpp files are compiled; the header, which they include, is part of the source text all the same
-SOURCES = ("cpu_kernels.h", "cpu_step.cpp", "linear.cpp", "paged_attention.cpp")
+SOURCES = ("cpu_kernels.h", "cpu_step.cpp", "linear.cpp", "moe.cpp", "paged_attention.cpp")
 EXTENSION = "radixserve_cpu"
 # -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. haswell or x86-64 to
 # test the AVX2 or SSE path on a wider machine); -ffp-contract=off: cpu_step.cpp's

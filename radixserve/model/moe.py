@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.kernels.moe import ExpertWeights, GatedActivation, routed_experts
+from radixserve.kernels.moe import ExpertWeights, GatedActivation, PackedExperts, prepare, routed_experts
 from radixserve.model.spec import MlpSpec, ModelSpec
 
 
@@ -30,6 +30,7 @@ class MoE(nn.Module):
         self.gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if mlp.bias else None
         self.down_bias = nn.Parameter(torch.empty(experts, hidden)) if mlp.bias else None
         self.activation = GatedActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+        self.packed: ExpertWeights | PackedExperts | None = None  # `pack` makes it once the weights are loaded
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids [T, k] int64, topk_weights [T, k] float32) of each token."""
@@ -46,6 +47,17 @@ class MoE(nn.Module):
     def experts(self) -> ExpertWeights:
         return ExpertWeights(self.gate_up, self.down, self.gate_up_bias, self.down_bias)
 
+    def pack(self, use_cpu_kernel: bool) -> None:
+        """The experts in the layout `routed_experts` runs fastest on this device (on CPU the C++
+        kernel's tiles, which read only routed experts and keep a token's result independent of its
+        batch), made once after loading. Where that is a copy the stacked parameters are dropped: the
+        packed tensors hold the weights from then on."""
+        self.packed = prepare(self.experts(), self.gate_up.device, use_cpu_kernel=use_cpu_kernel)
+        if isinstance(self.packed, PackedExperts):
+            self.register_parameter("gate_up", None)
+            self.register_parameter("down", None)
+            self.gate_up_bias = self.down_bias = None
+
     def forward(self, x: torch.Tensor, ops: Any = None) -> torch.Tensor:
         ids, weights = self.route(x)
-        return routed_experts(x, ids, weights, self.experts(), self.activation)
+        return routed_experts(x, ids, weights, self.packed or self.experts(), self.activation)

@@ -37,6 +37,7 @@ from radixserve.model.host_kv import HostKVCache
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
+from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ class ModelRunner:
             configure_cpu_threads(cpu_threads)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format)
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
+        for module in self.model.modules():
+            if isinstance(module, MoE):
+                module.pack(use_cpu_kernel=cpu_kernels)
         self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
         self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs

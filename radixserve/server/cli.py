@@ -122,8 +122,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                         "429 with Retry-After (default %(default)s)")
     g.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
                    help="how tool calls look in the model's text: hermes (<tool_call>{...}</tool_call>), "
-                        "llama3_json (Llama 3.1+ JSON calls), mistral ([TOOL_CALLS]) or harmony (gpt-oss's "
-                        "commentary-channel messages to functions.NAME) (default: the format the model's chat "
+                        "llama3_json (Llama 3.1+ JSON calls), mistral ([TOOL_CALLS]), harmony (gpt-oss's "
+                        "commentary-channel messages to functions.NAME), granite (<|tool_call|>[...]), phi4_mini "
+                        "(<|tool_call|>[...]<|/tool_call|>), glm4 (<tool_call>NAME and <arg_key>/<arg_value> pairs) "
+                        "or pythonic ([f(a=1), g()]) (default: the format the model's chat "
                         "template implies, hermes when it shows none)")
     g.add_argument("--reasoning-parser", default=d.reasoning_parser, choices=REASONING_PARSERS,
                    help="how replies of thinking models split into reasoning (reasoning_content, Responses "

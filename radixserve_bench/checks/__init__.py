@@ -52,7 +52,7 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("grammar-backends", "grammar_backends", "llguidance vs xgrammar on the structured bench's schemas",
           elsewhere=("xgrammar",)),
     Check("host-tier-fits", "host_tier_fits", "the host tier's no-regression table from `radixserve bench` results"),
-    Check("random-checkpoint", "random_checkpoint", "write a random-weight checkpoint of a model family (tiny or real shapes, with a chat template) or a Llama shape"),
+    Check("random-checkpoint", "random_checkpoint", "write a random-weight checkpoint of a model family or shape"),
     Check("gpu-results", "gpu_results", "render docs/gpu-results.md from what scripts/gpu_check.sh wrote"),
 )}
 

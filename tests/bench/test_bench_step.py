@@ -19,8 +19,8 @@ from radixserve.cli import main
 from radixserve.engine.step_phases import FORWARD, SCHEDULE, WAIT, StepPhases
 from radixserve.kernels.cpu_linear import packing_works
 from radixserve.model.batch_inputs import BuildTime
-from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
 from radixserve.model.decoder import CausalLM
+from radixserve.model.embedded import EmbeddedModelMissingError, embedded_model_dir
 from radixserve.model.spec import load_spec
 from radixserve_bench.step_bench import weight_bytes
 from radixserve_bench.step_shapes import SHAPES, write_shape_dir

@@ -161,7 +161,7 @@ def test_format_chosen_from_the_template_or_the_flag() -> None:
     assert isinstance(newer, MistralFormat) and newer.args_syntax
     assert tool_format("[TOOL_CALLS]", override="hermes").name == "hermes"
     with pytest.raises(ValueError, match="hermes, llama3_json, mistral"):
-        tool_format(None, override="pythonic")
+        tool_format(None, override="nope")
     assert not HERMES.needs_special_tokens and not LLAMA.needs_special_tokens
 
 

@@ -374,7 +374,7 @@ STEP_ROWS = [(300, 1), (129, 1), (140, 4), (60, 1), (200, 16)]  # past Mistral's
 @no_compiler
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("arch", "variants"), [
-    ("mistral", None),  # its own window of 128 on every layer
+    ("mistral", None),  # its own window (tiny_models.MISTRAL_WINDOW) on every layer
     ("llama", [dict(window=20, sinks=_sinks(4, seed=2), softcap=4.0), dict()]),  # a window layer, a full one
     ("llama", [dict(sinks=_sinks(4, seed=3)), dict(window=7, softcap=2.0)]),
 ])

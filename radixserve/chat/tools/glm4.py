@@ -20,10 +20,12 @@ the closing tag after the pairs ends the call there, as a missing closing tag: w
 The tags are added tokens of GLM's tokenizers; replies are decoded with special tokens kept
 (`needs_special_tokens`) so a tokenizer that makes them special does not drop them.
 
-Constraints write the arguments as pairs (argument_rules.py): the declared keys in schema order, each
-value as the property's schema types it: a plain string bare (any text that does not read as JSON) or
-JSON-quoted, a string enum as its bare values, anything else as its JSON. So a forced call parses and
-its arguments validate against the tool's parameters, within what argument_rules.py enforces.
+Constraints write the arguments as pairs (keyed_arguments.py): the declared keys in schema order, each
+value as the property's schema types it: a plain string bare (any text that does not read as JSON, nor
+holds the closing tag) or JSON-quoted, a string enum as its bare values, anything else as its JSON. So a
+forced call parses and its arguments validate against the tool's parameters, within what
+keyed_arguments.py enforces, with one gap: a JSON value whose strings hold the text `</arg_value>` is
+admitted and would not read back.
 """
 
 from __future__ import annotations
@@ -34,13 +36,21 @@ import re
 from collections.abc import Generator
 from typing import Any
 
-from radixserve.chat.tools.argument_rules import Argument, arguments_of, is_plain_string, string_choices, value_json, \
-    with_argument_rules
-from radixserve.chat.tools.base import Reading, ToolCallFormat
+from radixserve.chat.tools.base import Reading
 from radixserve.chat.tools.grammar import CallShape, literal
+from radixserve.chat.tools.keyed_arguments import (
+    Argument,
+    ArgumentsObject,
+    KeyedArgumentsFormat,
+    arguments_dict,
+    arguments_of,
+    is_plain,
+    no_constant,
+    string_choices,
+    value_json,
+)
 from radixserve.chat.tools.reader import Cursor, Waiting
-from radixserve.chat.tools.types import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
-from radixserve.structured import StructuredOutput
+from radixserve.chat.tools.types import ToolCall, ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -54,7 +64,7 @@ _LITERALS = r"(true|false|null)\s*"
 def glm_value(text: str) -> Any:
     """An <arg_value>'s text as the value it stands for."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=no_constant)
     except ValueError:
         return text
 
@@ -67,12 +77,8 @@ def glm_value_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 @dataclasses.dataclass(frozen=True)
-class Glm4Format(ToolCallFormat):
+class Glm4Format(KeyedArgumentsFormat):
     name: str = "glm4"
     needs_special_tokens: bool = True
     markers: tuple[str, ...] = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
@@ -93,9 +99,7 @@ class Glm4Format(ToolCallFormat):
         ended = c.pos == len(c.text)  # the reply ended right after the name
         if not name or (ended and c.cut) or not (ended or c.text[c.pos].isspace() or c.text[c.pos] == "<"):
             return False
-        index = c.open_call(name, "")
-        record = c.records[-1]
-        pieces = 0
+        arguments = ArgumentsObject.open(c, name)
         ok = True
         while True:
             mark = c.pos
@@ -116,27 +120,19 @@ class Glm4Format(ToolCallFormat):
             if pair is None:
                 ok = False
                 break
-            piece = ("{" if pieces == 0 else ", ") + pair
-            c.out.append(ToolCallDelta(index, None, None, piece))
-            record.arguments += piece
-            pieces += 1
+            arguments.add(*pair)
         if ok:
-            end = "}" if pieces else "{}"
-            c.out.append(ToolCallDelta(index, None, None, end))
-            record.arguments += end
-        c.settle(record, start, ok)
+            arguments.close()
+        c.settle(arguments.record, start, ok)
         return True
 
-    def _pair(self, c: Cursor) -> Generator[None, None, str | None]:
-        """After <arg_key>: the pair as JSON object members (`"key": value`); None when it is broken."""
+    def _pair(self, c: Cursor) -> Generator[None, None, tuple[str, Any] | None]:
+        """After <arg_key>: the pair's key and value; None when it is broken."""
         key = yield from _until(c, KEY_END)
         if key is None or not (yield from c.skip_ws()) or not (yield from c.accept(VALUE)):
             return None
         value = yield from _until(c, VALUE_END)
-        if value is None:
-            return None
-        return json.dumps(key.strip(), ensure_ascii=False) + ": " + json.dumps(glm_value(value), ensure_ascii=False,
-                                                                               separators=(", ", ": "))
+        return None if value is None else (key.strip(), glm_value(value))
 
     # ---- constraining
     def shape(self) -> CallShape:
@@ -145,25 +141,17 @@ class Glm4Format(ToolCallFormat):
     def trigger(self) -> str:
         return OPEN
 
-    def constraint(self, tools: list[ToolSpec], choice: ToolChoice, parallel: bool) -> StructuredOutput | None:
-        made = super().constraint(tools, choice, parallel)
-        if made is None or choice.mode == "auto":  # auto: lazy_grammar has put the pairs in already
-            return made
-        return dataclasses.replace(made, grammar=self._pairs(str(made.grammar), choice.offered(tools)))
-
     def lazy_grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
-        return self._pairs(super().lazy_grammar(tools, parallel), tools)
+        return self.with_argument_rules(super().lazy_grammar(tools, parallel), tools)
 
-    def _pairs(self, grammar: str, tools: list[ToolSpec]) -> str:
-        return with_argument_rules(grammar, tools, self._argument_rules)
-
-    def _argument_rules(self, i: int, tool: ToolSpec) -> list[str]:
+    def argument_rules(self, i: int, tool: ToolSpec) -> list[str]:
         arguments = arguments_of(tool.parameters)
-        body = " ".join(f"pair_{i}_{j}" + ("" if a.required else "?") for j, a in enumerate(arguments))
-        lines = [f"args_{i}: {body or chr(34) * 2}"]
+        body = " ".join(f"pair_{i}_{j}" + ("" if a.required else "?") for j, a in enumerate(arguments)) or '""'
+        newline = literal("\n", self.special_ids)
+        lines = [f"args_{i}: {body}"]
         for j, argument in enumerate(arguments):
             opening = literal(f"{KEY}{argument.key}{KEY_END}\n{VALUE}", self.special_ids)
-            lines.append(f"pair_{i}_{j}: {opening} value_{i}_{j} {literal(chr(10), self.special_ids)}")
+            lines.append(f"pair_{i}_{j}: {opening} value_{i}_{j} {newline}")
             lines += self._value_rules(f"value_{i}_{j}", argument)
         return lines
 
@@ -176,15 +164,15 @@ class Glm4Format(ToolCallFormat):
             alternatives = " | ".join(literal(glm_value_text(v), self.special_ids) for v in choices)
             return [f"{rule}: ({alternatives}) {close}"]
         lines = [f"{rule}_json: {value_json(schema, self.open_objects)}"]
-        if not is_plain_string(schema):
+        if not is_plain(schema, "string"):
             return [f"{rule}: {rule}_json {close}", *lines]
         # a bare string, or a JSON-quoted one (what a bare one cannot be: "-5", " x", "true")
-        if VALUE_END in self.special_ids:
+        end = re.escape(VALUE_END).replace("/", "\\/")
+        if VALUE_END in self.special_ids:  # the closing tag is a token: the text may not spell it either
             bare = rule.upper() + "_BARE"
-            lines += [f"{bare}: /{_BARE_FIRST}(.|\\n)*/ & ~/{_LITERALS}/"]
+            lines += [f"{bare}: /{_BARE_FIRST}(.|\\n)*/ & ~/{_LITERALS}/ & ~/(.|\\n)*{end}(.|\\n)*/"]
             return [f"{rule}: {bare}? {close} | {rule}_json {close}", *lines]
         # the closing tag is text: a lexeme that ends at its first occurrence
-        end = re.escape(VALUE_END).replace("/", "\\/")
         lines += [f"{rule}_bare[lazy]: /({_BARE_FIRST}(.|\\n)*)?{end}/ & ~/{_LITERALS}{end}/"]
         return [f"{rule}: {rule}_bare | {rule}_json {close}", *lines]
 
@@ -200,22 +188,19 @@ class Glm4Format(ToolCallFormat):
 
 
 def _call_text(call: ToolCall) -> str:
-    try:
-        arguments = json.loads(call.arguments)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):  # not an object: shown as sent, for the model to see what it was
+    arguments = arguments_dict(call.arguments)
+    if arguments is None:  # not an object: shown as sent, for the model to see what it was
         return f"{OPEN}{call.name}\n{call.arguments}\n{CLOSE}"
     pairs = "".join(f"{KEY}{k}{KEY_END}\n{VALUE}{glm_value_text(v)}{VALUE_END}\n" for k, v in arguments.items())
     return f"{OPEN}{call.name}\n{pairs}{CLOSE}"
 
 
 def _until(c: Cursor, marker: str) -> Generator[None, None, str | None]:
-    """The text up to `marker`, which is consumed; None when the reply ends first."""
+    """The text up to `marker`, which is consumed; None when the reply ends first (all of it consumed)."""
     start = scan = c.pos
     while (at := c.text.find(marker, scan)) < 0:
         if c.final:
-            c.starved = True
+            c.pos, c.starved = len(c.text), True
             return None
         scan = max(start, len(c.text) - len(marker) + 1)
         yield

@@ -55,7 +55,8 @@ class GraniteFormat(ToolCallFormat):
         return TOOL_CALL
 
     def call_syntax(self) -> str:
-        return (f'To call functions, write {TOOL_CALL} and then a JSON list of calls{" and " + self.closing if self.closing else ""}: '
+        closed = f" and {self.closing}" if self.closing else ""
+        return (f"To call functions, write {TOOL_CALL} and then a JSON list of calls{closed}: "
                 f'{TOOL_CALL}[{{"name": <function-name>, "arguments": <arguments-object>}}, ...]{self.closing}')
 
     def render_calls(self, calls: list[ToolCall]) -> str:

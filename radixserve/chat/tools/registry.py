@@ -1,10 +1,12 @@
 """The tool-call formats by name, and which one a model speaks, told from its chat template.
 
 Invariants: a flag value (`--tool-call-parser`) always wins and an unknown one is an error naming the
-choices; without one, the template's own tool-call markup decides (harmony's channel markers: gpt-oss),
-and a template with none (the embedded SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then
-teaches the model. Every format closes the objects of tool parameters unless asked for open ones
-(`open_objects`, --open-json-objects).
+choices; without one, the template's own tool-call markup decides (harmony's channel markers: gpt-oss;
+GLM's <arg_key>; Granite's <|tool_call|> in <|start_of_role|> turns; Phi-4-mini's <|tool|> list), and a
+template with none (the embedded SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then
+teaches the model. `pythonic` is never told from a template (none announces Python-call replies
+reliably): only the flag names it. Every format closes the objects of tool parameters unless asked for
+open ones (`open_objects`, --open-json-objects).
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ import re
 from typing import Any
 
 from radixserve.chat.tools.base import ToolCallFormat
+from radixserve.chat.tools.glm4 import KEY, Glm4Format
+from radixserve.chat.tools.granite import PHI4_MINI, PHI_CLOSE, TOOL_CALL, GraniteFormat
 from radixserve.chat.tools.harmony import CHANNEL, MESSAGE, HarmonyFormat
 from radixserve.chat.tools.hermes import HermesFormat
 from radixserve.chat.tools.llama3 import Llama3JsonFormat
 from radixserve.chat.tools.mistral import MistralFormat
+from radixserve.chat.tools.pythonic import PythonicFormat
 
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(),
-                                                          HarmonyFormat())}
+                                                          HarmonyFormat(), GraniteFormat(), PHI4_MINI, Glm4Format(),
+                                                          PythonicFormat())}
 
 # Llama 3.1's template hands results back in "ipython" turns and asks for {"name": ..., "parameters": ...}
 _LLAMA3_JSON = re.compile(r"ipython|\"parameters\"|'parameters'|<\|python_tag\|>")
@@ -48,6 +54,13 @@ def _from_template(template: str) -> ToolCallFormat:
         return FORMATS["harmony"]
     if "[TOOL_CALLS]" in template:
         return MistralFormat(args_syntax="[ARGS]" in template)
+    if KEY in template:  # GLM-4.5's calls are <tool_call> blocks too, of key/value tags
+        return FORMATS["glm4"]
+    if TOOL_CALL in template and "<|start_of_role|>" in template:
+        return FORMATS["granite"]
+    # Phi-4-mini's template lists the tools in <|tool|> tags; a template that writes calls closes them
+    if "<|tool|>" in template or (TOOL_CALL in template and PHI_CLOSE in template):
+        return FORMATS["phi4_mini"]
     if "<tool_call>" in template:
         return FORMATS["hermes"]
     if "<|python_tag|>" in template or ("tools" in template and _LLAMA3_JSON.search(template)):
