@@ -97,7 +97,7 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   fi
   if want moe; then
     step "mixture-of-experts: fused Triton MoE against the active bytes, and a qwen3-moe shaped decode step"
-    run timeout 180 $RS bench check moe --device cuda --json "$OUT/moe-kernel.json"
+    run timeout 180 $RS bench moe --experts 128 --top-k 8 --batches 1 64 --dtypes bfloat16 --json "$OUT/moe-kernel.json"
     run timeout 120 $RS bench random-checkpoint --family qwen3-moe --size real --max-gb 20 --tokenizer "$TOKENIZER" \
         --out /tmp/rs-qwen3-moe
     run timeout 240 $RS bench step --model /tmp/rs-qwen3-moe --load-format dummy --batch 1,64 --context 2048 \
