@@ -1,9 +1,11 @@
 """radixserve's C++ extension for the CPU: building it once and loading it.
 
-The extension (`csrc/`) holds two things the CPU path runs: the matmul kernel every projection and
-the LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLinear`), and the
-compiled step that runs every decoder layer of a short-row step in one call
-(`radixserve::short_step`, `csrc/cpu_step.cpp`; `cpu_step.CpuStep`).
+The extension (`csrc/`) holds what the CPU path runs: the matmul kernel every projection and the
+LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLinear`), the paged
+attention of short rows (`radixserve::paged_attention`, windows, sinks and softcaps included), the
+routed experts of a mixture-of-experts layer (`radixserve::moe_experts`, `csrc/moe.cpp`;
+`kernels/moe.py`), and the compiled step that runs every decoder layer of a short-row step in one
+call (`radixserve::short_step`, `csrc/cpu_step.cpp`; `cpu_step.CpuStep`).
 
 It is built with the system's C++ compiler for this machine's CPU (`-march=native`: the kernels'
 16 lanes become one AVX-512 vector, two AVX2 ones or four NEON or SSE ones), once per source text,
