@@ -415,9 +415,9 @@ def test_large_prompts_are_tokenized_off_the_event_loop_with_the_same_tokens(srv
     threads: list[str] = []
     original = worker._own.prompt_tokens
 
-    def spy(msgs: Any, tools: Any = None) -> list[int]:
+    def spy(msgs: Any, tools: Any = None, variables: Any = None) -> list[int]:
         threads.append(threading.current_thread().name)
-        return original(msgs, tools)
+        return original(msgs, tools, variables)
 
     worker._own.prompt_tokens = spy  # type: ignore[method-assign]
     try:

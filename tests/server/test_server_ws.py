@@ -251,13 +251,13 @@ def test_disconnect_aborts_records_the_turn_and_frees_blocks(chat_server, monkey
     watched: list[Any] = []  # the Session, once created
     busy_while_recording: list[str | None] = []
     formatter = chat_server.state.formatter
-    close_assistant = formatter.close_assistant
+    closed_reply = formatter.closed_reply
 
     def recording_close(*args: Any, **kwargs: Any) -> Any:  # event-loop thread: the reply is being recorded
         busy_while_recording.append(watched[0].busy if watched else "no session")
-        return close_assistant(*args, **kwargs)
+        return closed_reply(*args, **kwargs)
 
-    monkeypatch.setattr(formatter, "close_assistant", recording_close)
+    monkeypatch.setattr(formatter, "closed_reply", recording_close)
 
     def queued() -> bool:
         st = chat_server.engine.stats()
