@@ -9,7 +9,8 @@ constraint came from, and every error about it names that path.
 
 A `grammar` is Lark as llguidance reads it (a GBNF grammar, told by its `::=` rules, is converted);
 its `%json {...}` inline schemas and lazy (triggered) rules are what tool calling builds on
-(chat/tools/). A constraint covers the generated tokens only, never the prompt.
+(chat/tools/), a `json` / `json_object` final answer beside tools included (one grammar of the answer or
+calls: chat/tool_calls.py). A constraint covers the generated tokens only, never the prompt.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@
     radixserve bench kernels    # the Triton kernel benchmark (radixserve_bench/kernel_bench.py)
     radixserve bench scale-out  # N Ray Serve replicas vs one: hit rates, routing (radixserve_bench/scaleout/)
     radixserve bench structured # JSON-schema validity, grammar compile times, constrained step (radixserve_bench/structured/)
+    radixserve bench agent      # agent tool loops on chat / Responses / Messages: cache hits, TTFT (radixserve_bench/agents/)
     radixserve bench CHECK ...  # one focused measurement the docs cite (radixserve_bench/checks/): cpu-linear,
                                 # kv-fp8, attack, tenant-probes, ... each with its own flags (`radixserve bench CHECK -h`)
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from radixserve.config import KV_CACHE_DTYPES
 from radixserve_bench import extra
+from radixserve_bench.agents.cli import add_agent_arguments
 from radixserve_bench.checks import CHECKS, run_check
 from radixserve_bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
 from radixserve_bench.scaleout.cli import add_scaleout_arguments
@@ -73,7 +75,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured,CHECK}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured,agent,CHECK}")
     _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
     p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
     p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
@@ -86,6 +88,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                           "routing overhead"))
     _add_structured_arguments(sub.add_parser(
         "structured", help="structured output and tool calls: validity, grammar compile times, constrained step cost"))
+    add_agent_arguments(sub.add_parser(
+        "agent", help="agent tool loops on chat, Responses and Messages: per-turn cache hits and TTFT, cache on vs off; "
+                      "the scheduler's step with 64 loops in flight"))
     for check in CHECKS.values():
         _add_passthrough(sub, check.name, check.summary)
 
@@ -130,6 +135,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_scaleout_command(args)
     if command == "structured":
         return _run_structured(args)
+    if command == "agent":
+        from radixserve_bench.agents.cli import run_agent_command
+
+        return run_agent_command(args)
     return _run(args)
 
 
@@ -137,6 +146,8 @@ def _extra_needed(command: str, args: argparse.Namespace) -> tuple[str, ...]:
     """The bench extra's libraries (import names) that `command` run with `args` imports."""
     if command == "structured":
         return () if args.no_charts else ("matplotlib",)
+    if command == "agent":  # its client talks HTTP; its tool outputs are the text source's
+        return ("httpx", "chitchat_dataset", *(() if args.no_charts else ("matplotlib",)))
     if command not in ("run", "scale-out"):
         return ()
     charts = () if args.no_charts else ("matplotlib",)

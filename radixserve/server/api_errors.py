@@ -5,7 +5,9 @@ every HTTP endpoint so one client-side parser fits them all, except under the An
 (/v1/messages*), whose clients parse Anthropic's {"type": "error", "error": {"type", "message"}}: the
 path a response answers picks the shape (`error_response`'s `path`), so every refusal on those paths
 (the API key, the Host/Origin guard, the generation caps, a too-large body, a 500) is in Anthropic's.
-Also the JSON error response; the app's exception handler for ApiError; and the error payloads of the
+An error may carry Anthropic's machine-readable `error.details` (`DetailedApiError`: an `error_code`
+Anthropic's clients act on, such as the SDK's fallback from server-held threads); the OpenAI shape
+leaves them out. Also the JSON error response; the app's exception handler for ApiError; and the error payloads of the
 streams (the WebSocket `error` frame, the session SSE `error` event, the OpenAI and Anthropic SSE
 errors). Every one of them goes through `report_error`, so each error a client is told about counts
 once in the api_errors metric.
@@ -31,10 +33,21 @@ _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_
                 409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
-# Anthropic's error types; 413 is its `request_too_large`, 503 (a cap, loading, shutdown) its overloaded_error
+# Anthropic's error types; 413 is its `request_too_large`, 503 (a cap, loading, shutdown) its overloaded_error,
+# a timeout (408, 504) its timeout_error; any other 4xx is an invalid_request_error, any other 5xx an api_error
 _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+                    408: "timeout_error", 409: "conflict_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error", 504: "timeout_error"}
 ANTHROPIC_PREFIX = "/v1/messages"
+
+
+class DetailedApiError(ApiError):
+    """An ApiError whose Anthropic body also carries `error.details` ({"error_code": ..., ...})."""
+
+    def __init__(self, code: str, message: str, details: Mapping[str, Any], status: int = 400,
+                 param: str | None = None) -> None:
+        super().__init__(code, message, status, param=param)
+        self.details = dict(details)
 
 
 def speaks_anthropic(path: str | None) -> bool:
@@ -45,7 +58,8 @@ def speaks_anthropic(path: str | None) -> bool:
 def anthropic_error_body(e: ApiError) -> dict[str, Any]:
     """Anthropic's error body; also the payload of its stream's `error` event."""
     kind = _ANTHROPIC_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": e.message}}
+    details = {"details": e.details} if isinstance(e, DetailedApiError) else {}
+    return {"type": "error", "error": {"type": kind, "message": e.message, **details}}
 
 
 def error_body(e: ApiError) -> dict[str, Any]:

@@ -23,7 +23,8 @@ Invariants:
   complete the time is the app's (a generation may run long); an idle keep-alive connection is
   closed by uvicorn after `timeout_keep_alive`.
 - Refusals and timeouts are decided on the event loop with O(1) work per connection; the JSON bodies
-  are the server's error format (api_errors.error_body).
+  are the server's error format (api_errors.error_body; Anthropic's shape for a body timing out under
+  /v1/messages).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from radixserve.server.api_errors import error_body
+from radixserve.server.api_errors import anthropic_error_body, error_body, speaks_anthropic
 from radixserve.server.validation import ApiError
 
 try:
@@ -53,8 +54,9 @@ LINGER_S, LINGER_MAX = 1.0, 16  # a refused connection reads its request this lo
 HEAD, BODY, BUSY = "head", "body", "busy"
 
 
-def _canned(status: int, reason: str, error: ApiError, extra: str = "") -> bytes:
-    body = json.dumps(error_body(error)).encode()
+def _canned(status: int, reason: str, error: ApiError, extra: str = "", path: str | None = None) -> bytes:
+    """A whole HTTP response of `error`, in the shape of the API `path` is under (OpenAI's when unknown)."""
+    body = json.dumps(anthropic_error_body(error) if speaks_anthropic(path) else error_body(error)).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"{extra}connection: close\r\n\r\n")
     return head.encode("latin-1") + body
@@ -271,7 +273,8 @@ class GuardedHTTPProtocol(_UvicornHTTP):
         # the app's request (BODY) sees a disconnect; a 408 only where no response has begun
         if phase == HEAD or not self.cycle.response_started:
             error = ApiError("request_timeout", f"the {what} did not arrive within {timeout:g} s", 408)
-            self.transport.write(_canned(408, "Request Timeout", error))
+            path = self.cycle.scope.get("path") if phase == BODY and self.cycle is not None else None
+            self.transport.write(_canned(408, "Request Timeout", error, path=path))
         self.transport.close()
 
 

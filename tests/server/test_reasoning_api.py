@@ -332,7 +332,7 @@ def test_responses_chain_and_reasoning_items(reasoning_servers: Servers, replies
     ({"reasoning": {"summary": "short"}}, "reasoning.summary"),
     ({"reasoning": "high"}, "reasoning"),
     ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["file_search_call.results"]}, "include"),
 ])
 def test_responses_refusals(reasoning_servers: Servers, body: dict[str, Any], param: str) -> None:
     r = responses(reasoning_servers("qwen3"), **body)

@@ -268,6 +268,8 @@ def test_silent_trickling_and_partial_requests_get_408_and_are_closed(srv: Backg
         "slowloris": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
         "partial body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                          b"content-length: 1000\r\n\r\n{\"model\":"),
+        "partial anthropic body": (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                                   b"content-length: 1000\r\n\r\n{\"model\":"),
     }
     internal = srv.state.metrics.api_errors.labels("internal")
     internal_before = internal._value.get()
@@ -278,7 +280,11 @@ def test_silent_trickling_and_partial_requests_get_408_and_are_closed(srv: Backg
             got = _closed_within(s, 5.0)
             took = time.monotonic() - started
             assert got.startswith(b"HTTP/1.1 408"), (kind, got[:300])
-            assert json.loads(got.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout", kind
+            error = json.loads(got.partition(b"\r\n\r\n")[2])
+            if "anthropic" in kind:  # the Messages API's own shape, which its SDK reads
+                assert error["type"] == "error" and error["error"]["type"] == "timeout_error", error
+            else:
+                assert error["error"]["code"] == "request_timeout", kind
             assert 0.8 <= took <= 3.0, (kind, took)
     wait_for(lambda: srv.server.config.http_protocol_class.guard.open == set())  # type: ignore[attr-defined]
     assert internal._value.get() == internal_before  # a body that timed out is the client's fault, not an error

@@ -8,10 +8,18 @@ A format reads a reply with one generator (`read`) over a `Cursor`; `parse` runs
 drops the call it was cut in from both (reader.py); a stream has sent that call's fragments if its header
 was whole.
 
+Constraining: `constraint` is a tool choice's own grammar (calls forced from the first token under
+`required` / a named function; under `auto` free text whose calls are constrained once opened, where the
+format can, for strict tools); `answer_or_calls` is the grammar of `auto` beside a JSON final answer
+(`ChatTools.constraint`, chat/tool_calls.py, decides which applies): calls from the first token,
+exactly as `forced_grammar` writes them, or the answer's JSON, never text before either. A format whose
+calls could read like an answer narrows the answer (`answer_schema`: llama3_json's).
+
 Invariants: a format is immutable; `for_tokenizer` returns a copy that knows which of its markers are
 single tokens (ids for the grammars), nothing else changes; `open_objects` (--open-json-objects) leaves
-the objects of tool parameters open in its grammars (closed otherwise). `needs_special_tokens` says the
-server must decode replies with special tokens kept, or the parser would never see the markers.
+the objects of tool parameters, and of a final answer's schema, open in its grammars (closed otherwise),
+as the engine compiles the `json` constraints. `needs_special_tokens` says the server must decode
+replies with special tokens kept, or the parser would never see the markers.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from radixserve.chat.tools.grammar import CallShape, calls_grammar, lazy_calls_grammar
+from radixserve.chat.tools.grammar import CallShape, answer_or_calls_grammar, calls_grammar, lazy_calls_grammar
 from radixserve.chat.tools.reader import Cursor, Waiting
 from radixserve.chat.tools.types import ParsedReply, ReplyDelta, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from radixserve.structured import StructuredOutput
@@ -121,8 +129,31 @@ class ToolCallFormat(ABC):
                 return None
             return StructuredOutput(grammar=self.lazy_grammar(offered, parallel), field="tools")
         field = "tool_choice" if choice.mode == "named" else "tools"
-        return StructuredOutput(grammar=calls_grammar(self.shape(), offered, parallel and choice.mode != "named",
-                                                      self.special_ids, self.open_objects), field=field)
+        return StructuredOutput(grammar=self.forced_grammar(offered, parallel and choice.mode != "named"), field=field)
+
+    def forced_grammar(self, tools: list[ToolSpec], parallel: bool, start: str = "start",
+                       json_aligned: bool = False) -> str:
+        """One call of any of `tools` (one or more when `parallel`) from the first token, the whole being
+        the rule `start` (grammar.calls_grammar's arguments)."""
+        return calls_grammar(self.shape(), tools, parallel, self.special_ids, self.open_objects, start, json_aligned)
+
+    def answer_or_calls(self, tools: list[ToolSpec], parallel: bool, answer: StructuredOutput) -> str:
+        """Either one or more calls of `tools` (one without `parallel`) as `forced_grammar` writes them, or a
+        final answer matching `answer` (a `json` or `json_object` constraint)."""
+        schema, closed = self.answer_schema(answer)
+        calls = self.forced_grammar(tools, parallel, start="calls", json_aligned=True)
+        return answer_or_calls_grammar(calls, schema, closed)
+
+    def answer_schema(self, answer: StructuredOutput) -> tuple[dict[str, Any], bool]:
+        """The JSON schema of a final answer beside calls, and whether its objects are closed: as the engine
+        compiles `answer` alone (engine/grammar/compiler.py: `json_object` is any object, never closed)."""
+        if answer.kind == "json_object":
+            return {"type": "object"}, False
+        if answer.kind != "json" or not isinstance(answer.json, (dict, bool)):
+            raise ValueError(f"{answer.field}: only a JSON schema or json_object answers beside calls")
+        if answer.json is False:
+            raise ValueError(f"{answer.field}: the schema false admits no answer")
+        return ({} if answer.json is True else answer.json), not self.open_objects
 
     def lazy_grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         trigger = self.trigger()

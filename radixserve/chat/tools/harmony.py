@@ -11,9 +11,17 @@ reply's raw text is read: every message whose header names no function is conten
 Every marker is a special token of gpt-oss's tokenizer, so replies are decoded with special tokens kept
 (`needs_special_tokens`). A forced call (`required`, a named function) is constrained from the first token
 to one call in the first form, without its `<|call|>`: that is an end-of-sequence token, which a grammar
-may not name (the reply ends where the grammar does, with one). `auto` is never constrained, strict tools
-or not: a reply that may think first writes markers (`<|end|>`, `<|start|>`) a free-text grammar cannot
-admit, so calls are parsed, not enforced.
+may not name (the reply ends where the grammar does, with one). `auto` alone is never constrained, strict
+tools or not: a reply that may think first writes markers (`<|end|>`, `<|start|>`) a free-text grammar
+cannot admit, so calls are parsed, not enforced.
+
+`auto` beside a JSON final answer (response_format, text.format; `answer_or_calls`, the base's) is
+constrained from the first token, as that answer alone is: either calls in the forced form (a
+commentary-channel message to `functions.NAME`) or the answer's bare JSON, with no channel header,
+exactly what the JSON constraint writes for gpt-oss without tools. The two part at the first token
+(`<|channel|>` or the JSON's first character); neither thinks first (analysis), as no constrained reply
+does. The gpt_oss reasoning parser passes the bare JSON through as answer text, and this format reads
+it as content (it holds no header), so the answer is content and the calls are calls.
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ class HarmonyFormat(ToolCallFormat):
 
     def constraint(self, tools: list[ToolSpec], choice: ToolChoice, parallel: bool) -> StructuredOutput | None:
         if choice.mode == "auto":
-            return None  # see the module docstring
+            return None  # see the module docstring (beside a final answer: answer_or_calls)
         return super().constraint(tools, choice, parallel)
 
     def call_syntax(self) -> str:

@@ -10,7 +10,9 @@ them, every required one present, none twice, no undeclared one (even when the s
 --open-json-objects admits those: leaving them out is always allowed); each value is what the format's
 rule for that property's schema admits, so it validates against it. What a fixed sequence of keys
 cannot express is not enforced: top-level combinators (`anyOf`, `oneOf`, `allOf`, `not`, `if`),
-`minProperties`/`maxProperties`, `dependentRequired`, `patternProperties`.
+`minProperties`/`maxProperties`, `dependentRequired`, `patternProperties`. Every grammar of calls a
+format builds (`forced_grammar`: forced calls, the calls beside a final answer; its lazy grammar) has
+these rules.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from typing import Any
 from radixserve.chat.tools.base import ToolCallFormat
 from radixserve.chat.tools.grammar import arguments_rule
 from radixserve.chat.tools.reader import Cursor, Record
-from radixserve.chat.tools.types import ToolCallDelta, ToolChoice, ToolSpec
-from radixserve.structured import StructuredOutput
+from radixserve.chat.tools.types import ToolCallDelta, ToolSpec
 
 _ARGS_RULE = re.compile(r"^args_(\d+): %json .*$", re.MULTILINE)
 # keywords that say nothing about which values are valid
@@ -134,11 +135,9 @@ class KeyedArgumentsFormat(ToolCallFormat):
     def argument_rules(self, i: int, tool: ToolSpec) -> list[str]:
         """The rule `args_i` of `tool`'s arguments (the first line) and the rules it names."""
 
-    def constraint(self, tools: list[ToolSpec], choice: ToolChoice, parallel: bool) -> StructuredOutput | None:
-        made = super().constraint(tools, choice, parallel)
-        if made is None or choice.mode == "auto":  # auto: lazy_grammar has put the arguments in already
-            return made
-        return dataclasses.replace(made, grammar=self.with_argument_rules(str(made.grammar), choice.offered(tools)))
+    def forced_grammar(self, tools: list[ToolSpec], parallel: bool, start: str = "start",
+                       json_aligned: bool = False) -> str:
+        return self.with_argument_rules(super().forced_grammar(tools, parallel, start, json_aligned), tools)
 
     def with_argument_rules(self, grammar: str, tools: list[ToolSpec]) -> str:
         """`grammar` (grammar.py's, where `args_i: %json ...` is tool i's arguments) with each of those

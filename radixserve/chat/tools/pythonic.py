@@ -34,7 +34,7 @@ from collections.abc import Generator
 from typing import Any
 
 from radixserve.chat.tools.base import Reading
-from radixserve.chat.tools.grammar import CallShape, calls_grammar, literal
+from radixserve.chat.tools.grammar import CallShape, literal
 from radixserve.chat.tools.keyed_arguments import (
     ArgumentsObject,
     KeyedArgumentsFormat,
@@ -186,9 +186,8 @@ class PythonicFormat(KeyedArgumentsFormat):
 
     def lazy_grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         """Free text that does not start with "[", or calls from the first token."""
-        calls = calls_grammar(self.shape(), tools, parallel, self.special_ids,
-                              self.open_objects).replace("start:", "calls:", 1)
-        return self.with_argument_rules(f"%llguidance {{}}\nstart: PROSE | calls\n{_PROSE}\n{calls}", tools)
+        calls = self.forced_grammar(tools, parallel, start="calls")
+        return f"%llguidance {{}}\nstart: PROSE | calls\n{_PROSE}\n{calls}"
 
     def argument_rules(self, i: int, tool: ToolSpec) -> list[str]:
         """`args_i`: the declared properties as `key=value`, ", " between those present."""

@@ -1,5 +1,6 @@
 """Anthropic's `cache_control` on /v1/messages: a system block marked `{"type": "ephemeral"}` asks
-for the system prompt to stay cached, which here means a pin (pin_book.py) of the tokens every chat
+for the system prompt (`system`, with any leading system messages of `messages` joined to it:
+request.py) to stay cached, which here means a pin (pin_book.py) of the tokens every chat
 with that system prompt (and those tools) begins with, in the request's own cache namespace, for
 the block's time to live: 5 minutes, or an hour with `"ttl": "1h"` (Anthropic's two), pushed out by
 every request that asks again. Past it the pin is released and the prefix is an ordinary LRU entry.

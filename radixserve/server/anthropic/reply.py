@@ -7,15 +7,19 @@ Invariants:
   wrote for this very request (cache_control.py; 0 otherwise: every prompt is cached without being
   asked) and `cache_read_input_tokens` the rest; the three add up to the prompt's length, what
   count_tokens answers. `output_tokens` are the generated tokens.
-- stop_reason: "max_tokens" for a reply cut by max_tokens; "stop_sequence", with `stop_sequence` the
-  string that matched (the engine's CompletionOutput.stop_reason); "tool_use" for a reply that called
-  a tool and ended on its own; else "end_turn". A generation the server aborted (shutdown) is an
-  error, never a message.
+- stop_reason: "max_tokens" for a reply cut by the caller's max_tokens; "model_context_window_exceeded"
+  for one cut where the context ran out (a max_tokens past the context is clamped to the room left,
+  pipeline/sampling.py, and the reply stopped at that clamp: `clamped`); "stop_sequence", with
+  `stop_sequence` the string that matched (the engine's CompletionOutput.stop_reason); "tool_use" for
+  a reply that called a tool and ended on its own; else "end_turn". A generation the server aborted
+  (shutdown) is an error, never a message.
 - Thinking: a reply's reasoning (a thinking model's, chat/reasoning.py) is a `thinking` block
   before the rest, whole; streamed, a thinking block opens where the reasoning does and its
   `thinking_delta` pieces join to its text. `signature` is always "": the server signs nothing, and
   thinking blocks sent back are not checked. Thinking blocks come whenever the model thought, whether
-  or not the request enabled `thinking` (disabling it asks the template for a reply without).
+  or not the request enabled `thinking` (disabling it asks the template for a reply without). With
+  `thinking.display` "omitted" (`show_thinking` false) the blocks keep their place but carry no text:
+  streamed, a thinking block opens and closes without `thinking_delta` events.
 - Blocks: without active tools, one text block holding the answer as generated (none for an empty
   reply). With tools the format's parser reads the reply: text blocks hold the text outside calls
   (surrounding whitespace dropped), tool_use blocks the calls (id "toolu_…", `input` the arguments'
@@ -23,10 +27,14 @@ Invariants:
   the calls (ChatTools.parse); streamed, the blocks come in the order they were generated. A call the
   reply was cut in (stop_reason "max_tokens") is in no block, whole; streamed, its tool_use block went
   out before the cut.
-- Stream: `message_start` once, on the engine's first output (which knows the cache hit); per block
-  `content_block_start`, its deltas, `content_block_stop`, one block open at a time, indexes 0, 1, ...;
-  then `message_delta` (stop_reason, stop_sequence, the final usage) and `message_stop`. A block's
-  `text_delta` pieces join to its text, a tool_use block's `input_json_delta` pieces to its input's JSON.
+- Stream: `message_start` once, then a `ping` (as Anthropic sends); per block `content_block_start`,
+  its deltas, `content_block_stop`, one block open at a time, indexes 0, 1, ...; then `message_delta`
+  (stop_reason, stop_sequence, the final usage) and `message_stop`. A block's `text_delta` pieces join
+  to its text, a tool_use block's `input_json_delta` pieces to its input's JSON. `message_start` goes
+  out on the engine's first output, whose usage knows the cache hit, unless the stream has been quiet
+  for a while before it (a long prefill: `heartbeat`), when it goes out with the usage known so far
+  (the whole prompt as input_tokens); either way `message_delta` carries the final usage, which
+  clients take over the start's. While quiet, a `ping` goes out at each heartbeat (api.py paces them).
 """
 
 from __future__ import annotations
@@ -53,10 +61,11 @@ def usage_body(u: Usage, created: int = 0) -> dict[str, int]:
             "cache_read_input_tokens": u.cached_tokens - created, "output_tokens": u.completion_tokens}
 
 
-def stop_fields(o: CompletionOutput, called: bool) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished reply."""
+def stop_fields(o: CompletionOutput, called: bool, clamped: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished reply; `clamped`: its max_tokens was cut to the
+    context's room (below the caller's), so a reply cut by length ran out of context."""
     if o.finish_reason == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if clamped else "max_tokens"), None
     if o.finish_reason == "error":  # Anthropic has no stop_reason for a reply that broke its format
         raise ApiError("generation_failed", "the reply could not be completed within its output format or tool "
                        "schema (see docs/structured_output.md)", 500)
@@ -83,18 +92,19 @@ def thinking_block(text: str) -> dict[str, Any]:
 
 
 def message_body(mid: str, model: str, tools: ChatTools | None, text: str, final: CompletionOutput,
-                 usage: Usage, created: int = 0, reasoning: str = "") -> dict[str, Any]:
+                 usage: Usage, created: int = 0, reasoning: str = "", clamped: bool = False,
+                 show_thinking: bool = True) -> dict[str, Any]:
     """The whole reply: `text` is its answer (everything generated but its `reasoning`), `final` the
-    output that finished it."""
-    thought = [thinking_block(reasoning)] if reasoning else []
+    output that finished it; `clamped` and `show_thinking`: see the module docstring."""
+    thought = [thinking_block(reasoning if show_thinking else "")] if reasoning else []
     if tools is None or not tools.active:
         return message(mid, model, thought + ([{"type": "text", "text": text}] if text else []),
-                       stop_fields(final, False), usage, created)
+                       stop_fields(final, False, clamped), usage, created)
     parsed = tools.parse(text, cut=final.finish_reason == "length")
     blocks: list[dict[str, Any]] = thought + ([{"type": "text", "text": parsed.content}] if parsed.content else [])
     blocks += [{"type": "tool_use", "id": toolu_id(c.id), "name": c.name, "input": arguments_object(c.arguments)}
                for c in parsed.calls]
-    return message(mid, model, blocks, stop_fields(final, bool(parsed.calls)), usage, created)
+    return message(mid, model, blocks, stop_fields(final, bool(parsed.calls), clamped), usage, created)
 
 
 def sse_event(name: str, body: dict[str, Any]) -> str:
@@ -117,6 +127,8 @@ class ReplyEvents:
     keep_call: bool = True  # whether the call being streamed is kept (not without parallel calls, after the first)
     created: int = 0  # prompt tokens a cache_control pin prefilled for this request (usage_body)
     reader: ReplyStream | None = None  # reads the reply (Plan.reader); None: `tools` alone
+    clamped: bool = False  # max_tokens was clamped to the context's room (stop_fields)
+    show_thinking: bool = True  # False: thinking blocks without their text (`thinking.display` "omitted")
     parser: ReplyStream = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,22 +137,33 @@ class ReplyEvents:
             None, self.tools.format.stream() if self.tools is not None and active else None)
 
     def of(self, out: RequestOutput) -> list[str]:
-        events: list[str] = []
-        if not self.started:
-            self.started = True
-            start = message(self.mid, self.model, [], (None, None), out.usage, self.created)
-            events.append(sse_event("message_start", {"message": start}))
+        events = self._start(out.usage)
         for o in out.outputs:
             for d in self._deltas(o):
                 events += self._delta(d)
             if o.finish_reason:
                 events += self._close()
-                reason, sequence = stop_fields(o, self.called)
+                reason, sequence = stop_fields(o, self.called, self.clamped)
                 events.append(sse_event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                                           "usage": usage_body(out.usage, self.created)}))
                 events.append(sse_event("message_stop", {}))
                 self.stopped = True
         return events
+
+    def heartbeat(self, prompt_tokens: int) -> list[str]:
+        """The events of a quiet interval: a `ping`, after `message_start` (whose usage so far is the
+        `prompt_tokens`, none known to be cached yet) if it has not gone out; none after the end."""
+        if self.stopped:
+            return []
+        return self._start(Usage(prompt_tokens=prompt_tokens)) or [sse_event("ping", {})]
+
+    def _start(self, usage: Usage) -> list[str]:
+        """`message_start` and the ping after it, once."""
+        if self.started:
+            return []
+        self.started = True
+        start = message(self.mid, self.model, [], (None, None), usage, self.created)
+        return [sse_event("message_start", {"message": start}), sse_event("ping", {})]
 
     def _deltas(self, o: CompletionOutput) -> list[ReplyPiece]:
         items = self.parser.feed(o.text, len(o.token_ids))
@@ -151,6 +174,8 @@ class ReplyEvents:
             if not d.text:
                 return []
             events = [] if self.open_kind == "thinking" else self._open(thinking_block(""))
+            if not self.show_thinking:
+                return events
             return events + [self._block_delta({"type": "thinking_delta", "thinking": d.text})]
         if isinstance(d, ContentDelta):
             if not d.text:

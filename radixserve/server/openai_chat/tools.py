@@ -13,7 +13,9 @@ Invariants:
   parsed, each choice of `n` on its own.
 - `required` and a named function carry the format's constraint (`SamplingParams.structured`), so
   the call parses and its arguments validate; `auto` carries one only where the format gives one
-  (a function with `strict: true`: constrained once a call opens).
+  (a function with `strict: true`: constrained once a call opens), or beside a JSON `response_format`:
+  then the reply is that answer or calls, from its first token (chat/tool_calls.py says how every
+  tool choice joins a structured output; pipeline/plan.py applies it for every API).
 - A reply with calls has `finish_reason` "tool_calls" (when it ended normally) and `content` null
   unless the model also wrote text; with `parallel_tool_calls: false` only the first call is kept,
   streamed or not, so both agree (and the constraint of `required` / named allows only one call).

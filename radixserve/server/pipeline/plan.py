@@ -6,7 +6,9 @@
    --max-prompt-tokens or while the server drains (`admit_prompt`), before anything costly;
 2. bound the reply's logprob entries (--max-logprob-entries); an unset max_tokens defaults to what fits;
 3. the prediction's text becomes token ids (off the loop when long); before all of these,
-   `with_tools` joined a forced tool call's constraint to the structured output (both: a 400);
+   `with_tools` joined the tool choice's constraint to the structured output (ChatTools.constraint:
+   under `auto` a JSON answer or calls, under a forced call the call; a regex, choice or grammar
+   beside active tools is a 400 naming its field);
 4. compile the structured output on a worker thread under the client's compile slots
    (structured.compile_off_loop), so the engine's check finds it compiled and never compiles on the loop;
 5. `admit` each prompt: SamplingParams built from the typed SamplingFields (build_sampling_params,
@@ -30,7 +32,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from radixserve.chat.reasoning import ReplyStream
-from radixserve.chat.tool_calls import ChatTools
+from radixserve.chat.tool_calls import ChatTools, ConstraintConflict
 from radixserve.core import RequestOutput
 from radixserve.engine.intake import ValidatedRequest
 from radixserve.errors import RequestError
@@ -99,10 +101,11 @@ class Plan:
 
 
 def fully_constrained(ask: Ask) -> bool:
-    """Whether a grammar writes the reply from its first token (a JSON schema, a forced call; not the free
-    text of `auto` with strict tools, which a call ends)."""
+    """Whether a grammar writes the reply from its first token (a JSON schema, a forced call, a JSON answer
+    or calls; not the free text of `auto` with strict tools, which a call ends)."""
     structured = ask.sampling.structured
     tools = ask.tools
+    # only the tools' own lazy grammar is named "tools" under auto (an answer beside calls names both)
     lazy = tools is not None and tools.active and tools.choice.mode == "auto" and structured is not None \
         and structured.field == "tools"
     return structured is not None and not lazy
@@ -185,9 +188,9 @@ async def prepare(state: ServerState, ask: Ask) -> Ask:
 
 
 def with_tools(ask: Ask) -> Ask:
-    """The Ask with its tools' effect on sampling: a forced call's constraint joined to the structured
-    output (both: a 400), special tokens kept when the tool format or the reasoning format reads them.
-    Apply once."""
+    """The Ask with its tools' effect on sampling: the tool choice's constraint joined to the structured
+    output (`tool_constraint`), special tokens kept when the tool format or the reasoning format reads
+    them. Apply once."""
     tools = ask.tools
     keep = ask.reasoning is not None and ask.reasoning.needs_special_tokens
     if tools is None:
@@ -197,16 +200,17 @@ def with_tools(ask: Ask) -> Ask:
 
 
 def tool_constraint(tools: ChatTools | None, structured: StructuredOutput | None,
-                    param: str = "tool_choice") -> StructuredOutput | None:
-    """The request's output constraint with its tool choice's added: `structured` when the choice asks
-    none; both asking one is a 400 (they would contradict each other)."""
-    c = tools.constraint() if tools is not None else None
-    if tools is None or c is None:
+                    param: str | None = None) -> StructuredOutput | None:
+    """The request's output constraint with its tool choice's joined (ChatTools.constraint, as the offline
+    API joins them): under `auto` a JSON schema / json_object answer or calls, under a forced call the
+    call. A structured output that cannot join (a regex, choice or grammar beside active tools) is a 400
+    naming `param`, else its own field."""
+    if tools is None:
         return structured
-    if structured is not None:
-        raise ApiError("invalid_field", f"{structured.field!r} cannot be combined with a {tools.choice.mode!r} "
-                       "tool_choice or strict tools: both constrain the reply", param=param)
-    return c
+    try:
+        return tools.constraint(structured)
+    except ConstraintConflict as e:
+        raise ApiError("invalid_field", str(e), param=param or e.field) from None
 
 
 def namespace(state: ServerState, ask: Ask) -> str:

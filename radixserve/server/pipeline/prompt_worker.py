@@ -26,6 +26,9 @@ Invariants:
 - A job whose caller has gone (its awaiting task cancelled) before it starts is skipped.
 - `close()` stops the thread after the job it is running, cancelling those still waiting; work
   submitted after that runs inline.
+- A conversation the chat template raises on (its `raise_exception`: roles that must alternate, a
+  system message where it takes none) is the client's: a 400 ApiError coded TEMPLATE_REFUSED naming
+  `messages`, on every path that renders, never a 500.
 """
 
 from __future__ import annotations
@@ -42,9 +45,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from jinja2.exceptions import TemplateError
+
 from radixserve.chat.template import ChatFormatter, Message, TurnTokens, Variables
 from radixserve.chat.tools import ToolSpec
 from radixserve.engine.intake import prediction_ids, tokenize
+from radixserve.server.validation import ApiError
 
 INLINE_CHARS = 8192  # about 2k tokens, ~3 ms: below this the event loop tokenizes itself
 GENERATION, BACKGROUND = 0, 1  # a job's rank in the queue: lower goes first
@@ -160,17 +166,34 @@ class PromptWorker:
             job.future.cancel()
 
 
+TEMPLATE_REFUSED = "template_refused"  # the ApiError code of a conversation the chat template raises on
+
+
+def _rendering(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn`, its template's refusal raised as the client's 400 (see the module docstring)."""
+    def render(*args: Any) -> T:
+        try:
+            return fn(*args)
+        except TemplateError as e:
+            raise ApiError(TEMPLATE_REFUSED, f"this model's chat template refuses the conversation: {e}",
+                           param="messages") from None
+    return render
+
+
+@_rendering
 def _chat_tokens(formatter: ChatFormatter, messages: list[Message], tools: list[ToolSpec] | None,
                  variables: Variables | None = None) -> tuple[list[int], list[int]]:
     return (formatter.prompt_tokens(messages, tools, variables),
             formatter.system_tokens(messages, tools, variables))
 
 
+@_rendering
 def _system_tokens(formatter: ChatFormatter, messages: list[Message], variables: Variables | None,
                    tools: list[ToolSpec] | None) -> list[int]:
     return formatter.system_tokens(messages, tools, variables)
 
 
+@_rendering
 def _append(formatter: ChatFormatter, history: list[Message], messages: list[Message],
             tools: list[ToolSpec] | None, variables: Variables | None = None) -> TurnTokens:
     """A plain user message (no tools) takes append_user, the path plain chat always took."""

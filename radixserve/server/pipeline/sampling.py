@@ -8,6 +8,11 @@ OpenAI, Responses or Anthropic body, a session's or a turn's `sampling` object),
 one check and one error wherever it arrives. `build_sampling_params` turns SamplingFields into
 SamplingParams, clamping an unset max_tokens to the context left; a SamplingParams refusal (a
 min_tokens above max_tokens) names the field by the API's name too.
+
+An explicit max_tokens past the context left is refused (as vLLM does), except on the APIs in
+`CLAMPS_MAX_TOKENS`, whose clients expect it clamped to the room left: Anthropic's Messages, whose
+reply then ends with stop_reason "model_context_window_exceeded" when it stops at that clamp
+(anthropic/reply.py tells it from the caller's max_tokens).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from radixserve.server.validation import ApiError
 # a session's or a turn's `sampling` object: exactly these
 SAMPLING_KEYS = api_names(Api.SESSION)
 _PARAMS_FIELDS = {f.name for f in fields(SamplingParams)}
+# APIs whose explicit max_tokens past the context left is clamped to it rather than refused
+CLAMPS_MAX_TOKENS = frozenset({Api.ANTHROPIC})
 
 
 def read_sampling(obj: Mapping[str, Any], api: Api) -> SamplingFields:
@@ -57,13 +64,15 @@ def parse_sampling(x: Any, name: str = "sampling") -> SamplingFields:
 def build_sampling_params(sampling: SamplingFields, *, prompt_len: int, max_model_len: int,
                           default_max_tokens: int | None, n: int = 1, api: Api = Api.CHAT) -> SamplingParams:
     """SamplingParams for one request. An unset max_tokens is clamped to what the context has left;
-    an explicit one that does not fit is refused, naming the limit (as vLLM does). A prompt that
-    leaves no room at all is the engine's to refuse (engine/intake.py), so it gets max_tokens 1 here.
-    Refusals name the field as `api` names it."""
+    an explicit one that does not fit is refused, naming the limit (as vLLM does), or on an API of
+    CLAMPS_MAX_TOKENS clamped too. A prompt that leaves no room at all is the engine's to refuse
+    (engine/intake.py), so it gets max_tokens 1 here. Refusals name the field as `api` names it."""
     max_tokens = sampling.max_tokens
     room = max_model_len - prompt_len
     if max_tokens is None:
         max_tokens = max(1, room if default_max_tokens is None else min(default_max_tokens, room))
+    elif max_tokens > room and api in CLAMPS_MAX_TOKENS:
+        max_tokens = max(1, room)
     elif max_tokens > room:
         raise ApiError("context_too_long", f"prompt of {prompt_len} tokens + max_tokens {max_tokens} exceeds the "
                        f"model's context length of {max_model_len} tokens", param=api_name(api, "max_tokens"))

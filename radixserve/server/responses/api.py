@@ -1,27 +1,26 @@
-"""OpenAI's Responses API: POST /v1/responses (streaming and not), GET and DELETE /v1/responses/{id}.
+"""OpenAI's Responses API: POST /v1/responses (streaming and not, in the foreground or the
+background), GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel.
 
-A request is read by input.py, its prompt built from the conversation it continues and its response
-kept by store.py (the exact-token and ownership rules are there), its bodies and events made by
-events.py; the prompt is planned by the one pipeline (server/pipeline/). The guards are the chat
-endpoint's, in the same order: the API key (middleware), a generation slot (`hold_generation`)
-before any tokenizing, the prompt limit (`plan.admit_prompt`), the engine's one check of the
-request, then, for a response to keep, one creation charged to the client address (rate_limit.py, as
-a session create is: owner secrets are free to mint, and each stored response takes a place in the
-store that sessions compete for) and its room in the store — every refusal a JSON error before any
-response starts. A client that disconnects, streaming or not, aborts the engine request, and the
-response is not kept.
+A request is read by input.py and run by run.py (its prompt built from the conversation it continues
+and its response kept by store.py — the exact-token, truncation and ownership rules are there — its
+bodies and events made by events.py); the prompt is planned by the one pipeline (server/pipeline/).
+The guards are the chat endpoint's, in the same order: the API key (middleware), a generation slot
+(`hold_generation`) before any tokenizing, the prompt limit (`plan.admit_prompt`), the engine's one
+check of the request, then, for a response to keep, one creation charged to the client address and
+its room in the store — every refusal a JSON error before any response starts. A foreground client
+that disconnects, streaming or not, aborts the engine request, and the response is not kept; a
+background response (background.py) runs on without its client, holding its slot, until it ends or
+is cancelled (the cancel route's rules are background.py's). GET `?stream=true&starting_after=N`
+follows a running background stream's events again; any other stored response cannot be streamed
+again (400).
 
-Invariant: a ResponseRun settles exactly once — its reply stored (completed / incomplete) or its
-entry removed (failed, aborted, or never started because the client left first) — so no stored
-response stays busy.
+Invariant: a ResponseRun settles exactly once (run.py), so no stored response stays busy.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncGenerator
+import asyncio
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -29,134 +28,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from radixserve.chat.reasoning import ReasoningDelta, ReplyPiece
-from radixserve.chat.tools import ToolCallDelta
-from radixserve.core import RequestOutput
-from radixserve.sampling_fields import Api
-from radixserve.server.admission import client_of
 from radixserve.server.auth import priority_bounds, request_key
 from radixserve.server.callers import caller_of
-from radixserve.server.http_util import EventStream, generation_body, reply_unless_gone
-from radixserve.server.pipeline.ask import Ask, TokenPrompt
-from radixserve.server.pipeline.plan import Plan, plan
-from radixserve.server.pipeline.reasoning import reasoning_of
-from radixserve.server.responses.events import ItemText, OutputItems, ResponseHead, response_events
-from radixserve.server.responses.input import ResponsesAsk, parse_ask
-from radixserve.server.responses.store import (
-    Prompt,
-    StoredResponse,
-    build_prompt,
-    close_entry,
-    find_response,
-    new_id,
-    open_entry,
-    previous_response,
-    response_owner,
-)
+from radixserve.server.http_util import EventStream, dumps, generation_body, reply_unless_gone
+from radixserve.server.pipeline.logprobs import OFFLOAD_ENTRIES
+from radixserve.server.responses.background import BackgroundRun, cancel_response, launch
+from radixserve.server.responses.events import logprob_entries, response_events
+from radixserve.server.responses.input import parse_ask
+from radixserve.server.responses.run import ResponseRun, prepare
+from radixserve.server.responses.store import StoredResponse, find_response, response_owner
 from radixserve.server.state import ServerState
-from radixserve.server.validation import ApiError
-
-
-@dataclass
-class ResponseRun:
-    """One response's generation: its checked engine request, its stored entry and what it produced."""
-
-    state: ServerState
-    head: ResponseHead
-    prompt: Prompt
-    plan: Plan  # its one prompt, checked by the engine
-    entry: StoredResponse | None  # None with store: false
-    generated: list[int] = field(default_factory=list)
-    finish: str | None = None
-    last: RequestOutput | None = None
-    body: dict[str, Any] | None = None  # the response object, once complete
-    settled: bool = False
-    items: OutputItems = field(init=False)  # the reply's output items, as its text arrives
-
-    def __post_init__(self) -> None:
-        self.items = OutputItems(self.head.item_id)
-        self.reader = self.plan.reader()  # its reasoning, then its answer read for calls
-
-    async def deltas(self) -> AsyncGenerator[ItemText, None]:
-        """The reply's text as the engine hands it out, each piece with the output item it went to; the
-        run is settled when this ends, however."""
-        try:
-            async with aclosing(self.plan.stream(self.state, request_id=self.head.id)) as outputs:
-                async for out in outputs:
-                    self.last = out
-                    for o in out.outputs[:1]:
-                        self.generated += o.token_ids
-                        self.finish = o.finish_reason or self.finish
-                        pieces = self.reader.feed(o.text, len(o.token_ids))
-                        if o.finish_reason:
-                            pieces += self.reader.finish(cut=o.finish_reason == "length")
-                        for piece in pieces:
-                            if (added := self._item(piece)) is not None:
-                                yield added
-            if self.last is None or self.finish in (None, "abort"):  # the client is still here: the server aborted it
-                raise ApiError("unavailable", "the generation was aborted (the server is shutting down)", 503)
-        except BaseException:
-            self.settle()
-            raise
-        self._complete()
-
-    def _item(self, piece: ReplyPiece) -> ItemText | None:
-        """Where a piece of the reply goes: a reasoning or message item, or a call's (the first call only
-        without parallel calls)."""
-        if isinstance(piece, ToolCallDelta):
-            tools = self.plan.ask.tools
-            if piece.index > 0 and tools is not None and not tools.parallel:
-                return None
-            if piece.id is not None:
-                return self.items.call(piece.id, piece.name or "", piece.arguments)
-            return self.items.add("function_call", piece.arguments)
-        return self.items.add("reasoning" if isinstance(piece, ReasoningDelta) else "message", piece.text)
-
-    def _complete(self) -> None:
-        assert self.last is not None and self.finish is not None
-        self.body = self.head.body("incomplete" if self.finish == "length" else "completed", self.items,
-                                   self.last.usage, reasoning_tokens=self.reader.reasoning_tokens)
-        if self.entry is not None:  # should this fail, the run is still unsettled: the entry goes
-            formatter, store = self.state.require_chat()
-            end_ids = tuple(self.state.require_engine().eos_token_ids) + tuple(self.plan.params.stop_token_ids)
-            reasoning = self.reader.reasoning_text if self.plan.ask.reasoning is not None else None
-            calls = self.items.chat_calls()
-            finish = "tool_calls" if calls and self.finish == "stop" else self.finish
-            close_entry(store, formatter, self.entry, self.prompt, self.generated, end_ids, self.items.content,
-                        finish, self.body, reasoning, calls)
-        self.settled = True
-
-    def settle(self) -> None:
-        """Unless it completed: the response is not kept. Idempotent."""
-        if not self.settled:
-            self.settled = True
-            if self.entry is not None and self.state.sessions is not None:
-                self.state.sessions.remove(self.entry)
-
-    def final(self) -> dict[str, Any]:
-        assert self.body is not None, "read after the deltas ended"
-        return self.body
-
-
-async def prepare(state: ServerState, request: Request, ask: ResponsesAsk) -> ResponseRun:
-    """The checked generation and, to keep, its entry in the store; refusals raise before anything starts."""
-    _, store = state.require_chat()
-    caller = caller_of(request)
-    owner = response_owner(request.headers, caller)
-    previous = previous_response(store, ask, owner)
-    prompt = await build_prompt(state, ask, previous)  # long histories are tokenized off the event loop
-    planned = await plan(state, Ask(Api.RESPONSES, TokenPrompt(prompt.tokens(), prompt.head[:prompt.system_len],
-                                                               ask.instructions),
-                                    ask.sampling, caller.tenant, ask.cache_salt, ask.tools, priority=ask.priority,
-                                    variables=ask.variables, reasoning=reasoning_of(state)))
-    params = planned.params
-    head = ResponseHead(new_id("resp"), new_id("msg"), int(time.time()), ask, params.temperature, params.top_p)
-    entry = None
-    if ask.store:
-        state.limit_creation(client_of(request))  # after every check: a refused body costs no allowance
-        entry = open_entry(store, head.id, owner, ask.instructions, prompt, head.body("in_progress"), caller.tenant,
-                           ask.variables, tuple(ask.tools.template_tools() or ()) if ask.tools is not None else ())
-    return ResponseRun(state, head, prompt, planned, entry)
+from radixserve.server.validation import ApiError, get_int
 
 
 class _ResponseStream(EventStream):
@@ -179,6 +61,12 @@ async def create_response(request: Request) -> Response:
     state.require_chat()
     ask = parse_ask(body, state, priority_bounds(request_key(request.headers), state.config))
     run = await prepare(state, request, ask)
+    if ask.background:
+        background = launch(run, request.scope)
+        if background.log is not None:
+            return EventStream(background.log.follow())
+        assert run.entry is not None
+        return JSONResponse(run.entry.body)  # queued: the task has not run yet
     if ask.stream:
         return _ResponseStream(run)
     try:
@@ -191,24 +79,63 @@ async def _whole(run: ResponseRun) -> Response:
     async with aclosing(run.deltas()) as deltas:
         async for _ in deltas:
             pass
-    return JSONResponse(run.final())
+    return await _json(run.final())
+
+
+async def _json(body: dict[str, Any]) -> Response:
+    """A response object; built off the event loop when its logprobs make megabytes of JSON (as the chat
+    endpoint builds its large bodies)."""
+    if logprob_entries(body["output"]) <= OFFLOAD_ENTRIES:
+        return JSONResponse(body)
+    return Response(await asyncio.to_thread(lambda: dumps(body).encode("utf-8")), media_type="application/json")
+
+
+def _found(request: Request) -> StoredResponse:
+    state: ServerState = request.app.state.server
+    _, store = state.require_chat()
+    return find_response(store, request.path_params["response_id"], response_owner(request.headers,
+                                                                                   caller_of(request)))
 
 
 async def response_item(request: Request) -> Response:
     state: ServerState = request.app.state.server
     _, store = state.require_chat()
-    if request.query_params.get("stream") not in (None, "false"):
-        raise ApiError("unsupported", "streaming a stored response again is not supported by this server",
-                       param="stream")
-    found = find_response(store, request.path_params["response_id"], response_owner(request.headers,
-                                                                                     caller_of(request)))
+    stream = request.query_params.get("stream") not in (None, "false")
+    found = _found(request)
     if request.method == "GET":
-        return JSONResponse(found.body)
-    store.remove(found)  # a generation in flight still answers its client, unkept (store.py)
+        return _replayed(request, found) if stream else await _json(found.body)
+    if found.background is not None:  # nobody would read what it goes on writing
+        await found.background.cancel()
+    store.remove(found)  # a foreground generation in flight still answers its client, unkept (store.py)
     return JSONResponse({"id": found.id, "object": "response", "deleted": True})
+
+
+def _replayed(request: Request, found: StoredResponse) -> Response:
+    """A running background stream's events again, after `starting_after` (its sequence number)."""
+    run = found.background
+    log = run.log if isinstance(run, BackgroundRun) and run.running else None
+    if log is None:
+        raise ApiError("unsupported", "only a background response created with stream: true can be streamed "
+                       "again, and only while it runs", param="stream")
+    after = get_int({"starting_after": _int_or_text(request.query_params.get("starting_after"))}, "starting_after",
+                    minimum=-1)
+    return EventStream(log.follow(after + 1 if after is not None else 0))
+
+
+def _int_or_text(value: str | None) -> int | str | None:
+    """A query parameter as the integer it spells, else as sent (then refused as not an integer)."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return value
+
+
+async def cancel(request: Request) -> Response:
+    return await _json(await cancel_response(_found(request)))
 
 
 ROUTES = [
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/v1/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
 ]

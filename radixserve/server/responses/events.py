@@ -11,8 +11,15 @@ one item per run — `usage` with `input_tokens_details.cached_tokens` (the pref
 the chat endpoint, and so is `output_tokens_details.speculation`, what speculative decoding drafted
 and kept; `output_tokens_details.reasoning_tokens` counts the tokens generated inside the
 reasoning) and `status` "completed", or "incomplete" with `incomplete_details.reason`
-"max_output_tokens" when the reply stopped at its length limit (then its last item is incomplete).
-An empty reply has one empty message item.
+"max_output_tokens" when the reply stopped at its length limit (then its last item is incomplete);
+a background response (background.py) is "queued" until it starts, "in_progress" while it runs, and
+ends "failed" (with `error`) or "cancelled" (with what it wrote until then) besides. An empty reply
+has one empty message item. The request's `text` (its format), `background`, `truncation`,
+`max_tool_calls` and `top_logprobs` are echoed. With `include: ["message.output_text.logprobs"]`
+each output_text part's `logprobs` lists its tokens (OpenAI's shape, pipeline/logprobs.py's entries:
+token, logprob, bytes, top_logprobs), else it is empty: the tokens an engine output carried go with
+the answer text that output wrote (tokens that wrote none yet, held back, go with the next answer
+text; those of reasoning, calls and the end token with none).
 
 A call the reply makes (tools offered, server/responses/input.py) is a `function_call` item in the
 order it came (`call_id` the engine's call id, `arguments` its JSON text as the model wrote it).
@@ -20,23 +27,28 @@ order it came (`call_id` the engine's call id, `arguments` its JSON text as the 
 A stream is SSE with `event: <type>` and `data:` lines, as OpenAI sends them; every event carries
 `type` and `sequence_number` (0, 1, ... in order): response.created, response.in_progress, then per
 output item response.output_item.added, response.content_part.added, its text deltas
-(response.reasoning_text.delta for a reasoning item, response.output_text.delta for a message; one
-per piece the engine hands out), response.reasoning_text.done / response.output_text.done,
+(response.reasoning_text.delta for a reasoning item, response.output_text.delta for a message, its
+`logprobs` the piece's tokens' when asked; one per piece the engine hands out),
+response.reasoning_text.done / response.output_text.done (with the part's logprobs),
 response.content_part.done, response.output_item.done (a function_call item: added, its
 response.function_call_arguments.delta pieces and .done, done); then response.completed or
 response.incomplete. An item's closing events are cut from the final response object (the last
 item's) or from the item as it stands once the next one opens (the text goes only to the newest
-item), so the stream and the non-streamed body (and GET) agree. An error after the stream started
+item), so the stream and the non-streamed body (and GET) agree; events that carry many logprobs (an
+item's closing ones) are built off the event loop, as the chat endpoint's large bodies are. An
+error after the stream started
 ends it with an `error` event and a `response.failed` carrying the error; a client that goes away
 closes the deltas, which aborts the engine request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from radixserve.chat.tools import ToolSpec
@@ -44,6 +56,7 @@ from radixserve.core import Usage
 from radixserve.server.api_errors import report_error
 from radixserve.server.http_util import sse
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.pipeline.logprobs import OFFLOAD_ENTRIES
 from radixserve.server.pipeline.prediction import speculation_json
 from radixserve.server.responses.input import ResponsesAsk
 from radixserve.server.validation import ApiError
@@ -72,8 +85,8 @@ def _tool_json(t: ToolSpec) -> dict[str, Any]:
             "strict": t.strict}
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def reasoning_part(text: str) -> dict[str, Any]:
@@ -90,6 +103,7 @@ class OutputItem:
     text: str = ""
     call_id: str = ""  # a function_call's
     name: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # a message's tokens', when asked
 
     def json(self, status: str, whole: bool = True) -> dict[str, Any]:
         """The item; without its text part (a call: its arguments) when not `whole`, as output_item.added
@@ -101,7 +115,7 @@ class OutputItem:
             return {"type": "function_call", "id": self.id, "call_id": self.call_id, "name": self.name,
                     "arguments": self.text if whole else "", "status": status}
         return {"type": "message", "id": self.id, "status": status, "role": "assistant",
-                "content": [text_part(self.text)] if whole else []}
+                "content": [text_part(self.text, self.logprobs)] if whole else []}
 
     def chat_call(self) -> dict[str, Any]:
         """A function_call as a chat message's call (what a stored response keeps)."""
@@ -119,6 +133,7 @@ class ItemText:
     item: OutputItem
     new: bool
     text: str
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # its tokens' (a message's, when asked)
 
 
 @dataclass
@@ -129,8 +144,9 @@ class OutputItems:
     message_id: str
     items: list[OutputItem] = field(default_factory=list)
 
-    def add(self, kind: str, text: str) -> ItemText | None:
-        """Text of a reasoning or message item, or the next piece of the arguments of the call last opened."""
+    def add(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> ItemText | None:
+        """Text of a reasoning or message item (a message's with its tokens' `logprobs`), or the next piece
+        of the arguments of the call last opened."""
         if not text:
             return None
         new = not self.items or self.items[-1].kind != kind
@@ -141,7 +157,8 @@ class OutputItems:
             self.items.append(OutputItem(kind, item_id))
         item = self.items[-1]
         item.text += text
-        return ItemText(len(self.items) - 1, item, new, text)
+        item.logprobs += logprobs or ()
+        return ItemText(len(self.items) - 1, item, new, text, logprobs or [])
 
     def call(self, call_id: str, name: str, arguments: str) -> ItemText:
         """A new function_call item (with the first piece of its arguments)."""
@@ -155,6 +172,11 @@ class OutputItems:
 
     def chat_calls(self) -> list[dict[str, Any]]:
         return [i.chat_call() for i in self.items if i.kind == "function_call"]
+
+    @property
+    def calls(self) -> int:
+        """The function_call items so far."""
+        return sum(i.kind == "function_call" for i in self.items)
 
     def output(self, status: str) -> list[dict[str, Any]]:
         """The items as a finished response holds them (the last one `status`, the others completed)."""
@@ -175,20 +197,23 @@ class ResponseHead:
 
     def body(self, status: str, output: OutputItems | None = None, usage: Usage | None = None,
              error: ApiError | None = None, reasoning_tokens: int = 0) -> dict[str, Any]:
-        """The response object: `output` None until the reply is whole (in progress, failed)."""
+        """The response object: `output` empty until the reply is whole (queued, in progress, failed);
+        a cancelled one's is what it wrote until then (its last item incomplete)."""
         a, incomplete = self.ask, status == "incomplete"
+        last = "incomplete" if status in ("incomplete", "cancelled") else "completed"
+        cut = output is None or (status == "cancelled" and not output.items)
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-            "background": False, "error": _failure(error) if error is not None else None,
+            "background": a.background, "error": _failure(error) if error is not None else None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": a.instructions, "max_output_tokens": a.sampling.max_tokens,
-            "metadata": a.metadata, "model": a.model,
-            "output": [] if output is None else output.output("incomplete" if incomplete else "completed"),
+            "max_tool_calls": a.max_tool_calls, "metadata": a.metadata, "model": a.model,
+            "output": [] if cut or output is None else output.output(last),
             "parallel_tool_calls": a.parallel_tool_calls, "previous_response_id": a.previous_id,
             "reasoning": {"effort": a.effort, "summary": a.summary}, "store": a.store,
-            "temperature": self.temperature, "text": {"format": {"type": "text"}}, "tool_choice": a.tool_choice,
-            "tools": [_tool_json(t) for t in a.tools.tools] if a.tools is not None else [], "top_p": self.top_p,
-            "truncation": "disabled",
+            "temperature": self.temperature, "text": a.text, "tool_choice": a.tool_choice,
+            "tools": [_tool_json(t) for t in a.tools.tools] if a.tools is not None else [],
+            "top_logprobs": a.top_logprobs, "top_p": self.top_p, "truncation": a.truncation,
             "usage": usage_object(usage, reasoning_tokens) if usage is not None else None, "user": None,
         }
 
@@ -218,7 +243,8 @@ async def response_events(head: ResponseHead, deltas: AsyncGenerator[ItemText, N
             async for piece in pieces:
                 if piece.new:
                     if opened is not None:
-                        for event in _closing(ev, opened.index, opened.item.json("completed")):
+                        done = opened.item.json("completed")
+                        for event in await _built(partial(_closing, ev, opened.index, done), [done]):
                             yield event
                     opened = piece
                     yield ev("response.output_item.added", output_index=piece.index,
@@ -233,7 +259,7 @@ async def response_events(head: ResponseHead, deltas: AsyncGenerator[ItemText, N
                     continue
                 kind = "reasoning_text" if piece.item.kind == "reasoning" else "output_text"
                 yield ev(f"response.{kind}.delta", **_where(piece.index, piece.item.id), delta=piece.text,
-                         **({"logprobs": []} if kind == "output_text" else {}))
+                         **({"logprobs": piece.logprobs} if kind == "output_text" else {}))
     except Exception as e:  # the stream has started: the error is its last events
         err = report_error(e, metrics)
         yield ev("error", code=err.code, message=err.message, param=err.param)
@@ -246,9 +272,22 @@ async def response_events(head: ResponseHead, deltas: AsyncGenerator[ItemText, N
         yield ev("response.output_item.added", output_index=last, item={**item, "status": "in_progress",
                                                                         "content": []})
         yield ev("response.content_part.added", **_where(last, item["id"]), part=text_part(""))
-    for event in _closing(ev, last, body["output"][last]):
+    ending = "response.completed" if body["status"] == "completed" else "response.incomplete"
+    for event in await _built(lambda: [*_closing(ev, last, body["output"][last]), ev(ending, response=body)],
+                              body["output"]):
         yield event
-    yield ev("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
+
+
+def logprob_entries(output: list[dict[str, Any]]) -> int:
+    """The logprob entries (a token's, and each of its alternatives) that output items' parts hold."""
+    return sum(1 + len(lp["top_logprobs"]) for item in output if item["type"] == "message"
+               for part in item["content"] for lp in part["logprobs"])
+
+
+async def _built(make: Callable[[], list[str]], output: list[dict[str, Any]]) -> list[str]:
+    """Events that carry `output` items: built off the event loop when their logprobs make megabytes of
+    JSON (as the chat endpoint builds its large bodies), so no other client waits on one stream."""
+    return await asyncio.to_thread(make) if logprob_entries(output) > OFFLOAD_ENTRIES else make()
 
 
 def _where(index: int, item_id: str) -> dict[str, Any]:
@@ -264,6 +303,6 @@ def _closing(ev: _Numbered, index: int, item: dict[str, Any]) -> list[str]:
     part = item["content"][0]
     where = _where(index, item["id"])
     text_done = ev("response.reasoning_text.done", **where, text=part["text"]) if item["type"] == "reasoning" \
-        else ev("response.output_text.done", **where, text=part["text"], logprobs=[])
+        else ev("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])
     return [text_done, ev("response.content_part.done", **where, part=part),
             ev("response.output_item.done", output_index=index, item=item)]

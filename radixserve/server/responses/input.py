@@ -9,49 +9,72 @@ is a call of the assistant message it follows (or of an assistant turn of its ow
 `function_call_output` item the `tool` message answering it, and a `reasoning` item the thinking of
 the assistant message or call after it: its `content` (reasoning_text parts, else its summary's text)
 reaches the template as that message's `reasoning_content` under --keep-reasoning-in-history and is
-left out otherwise. `instructions` is this request's system message. `reasoning.effort` becomes the
-template variable `reasoning_effort` (gpt-oss's template reads it; "none" also sets `enable_thinking`
-false), `reasoning.summary` is accepted (no summaries are written: reasoning items carry the reasoning
-itself in `content`), and `chat_template_kwargs` (vLLM's extension) adds template variables
+left out otherwise; one without text (no content, an empty summary) is skipped wherever it stands.
+`instructions` is this request's system message. `reasoning.effort` becomes the template variable
+`reasoning_effort` (gpt-oss's template reads it; "none" also sets `enable_thinking` false),
+`reasoning.summary` is accepted (no summaries are written: reasoning items carry the reasoning itself
+in `content`), and `chat_template_kwargs` (vLLM's extension) adds template variables
 (pipeline/reasoning.py). `tools` are function tools in the Responses shape (`{"type": "function",
 "name", "description", "parameters", "strict"}`), `tool_choice` "auto", "none", "required" or
-`{"type": "function", "name"}`, and `parallel_tool_calls`; they become the engine's ChatTools, which
-chat completions' tool calling runs on (the model's call format, its constraints and parser).
+`{"type": "function", "name"}`, `parallel_tool_calls`, and `max_tool_calls` (at most that many
+function_call items in the response: later calls are dropped as without parallel calls, one allowed
+call constrains a forced reply to one, none is tool_choice "none"); they become the engine's
+ChatTools, which chat completions' tool calling runs on (the model's call format, its constraints and
+parser).
+
+`text.format` `{"type": "json_schema", "name", "schema", "strict", "description"}` or `{"type":
+"json_object"}` is the reply's structured output, read by the chat endpoint's `response_format`
+reader (pipeline/structured.py: the same checks; errors and the constraint name `text.format...`),
+and joins the tools' constraint in the pipeline (plan.with_tools); `text` is echoed in the response.
+`include: ["message.output_text.logprobs"]` asks each output_text part (and each streamed text delta)
+for its tokens' logprobs, with `top_logprobs` (0..20) alternatives each, bounded by
+--max-logprob-entries like the chat endpoint's; `top_logprobs` alone is echoed and asks nothing.
+`background: true` (with `store`, as OpenAI requires) runs the generation without its client
+(background.py); `truncation` "auto" drops the oldest turns of a conversation that does not fit the
+context (store.build_prompt), "disabled" (the default) refuses it.
 Sampling fields are the table's (radixserve/sampling_fields.py) under this API's names, so each is
 checked once wherever it arrives: OpenAI's `temperature`, `top_p` and `max_output_tokens` (the reply's
 max_tokens), and as vLLM-style extensions every other row (`top_k`, `seed`, penalties, `stop`,
 `min_tokens`, `bad_words`, `allowed_token_ids`, `stop_token_ids`, `ignore_eos`, ...).
 
 Invariant: a field this server cannot honour is a 400 naming it, never silently ignored — tools other
-than functions (OpenAI's hosted tools), background, conversation, prompt templates, include (but
-"reasoning.encrypted_content", which asks for nothing this server has: its reasoning items are not
-encrypted), a non-text text.format, truncation "auto", top_logprobs, non-text content and other item
-types. Fields that change nothing here (user, service_tier, prompt_cache_key, safety_identifier,
-stream_options, max_tool_calls) are accepted and ignored, and so are unknown ones, as the chat
-endpoint does.
+than functions (OpenAI's hosted tools), conversation, prompt templates, include values other than
+"message.output_text.logprobs" and "reasoning.encrypted_content" (which asks for nothing this server
+has: its reasoning items are not encrypted), a text.format other than text / json_object /
+json_schema, text.verbosity other than "medium", non-text content and other item types. Fields that
+change nothing here (user, service_tier, prompt_cache_key, safety_identifier, stream_options) are
+accepted and ignored, and so are unknown ones, as the chat endpoint does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixserve.chat.tool_calls import ChatTools
 from radixserve.chat.tools import ToolCallFormat, ToolChoice, ToolSpec
 from radixserve.sampling_fields import Api, SamplingFields
+from radixserve.sampling_params import MAX_LOGPROBS
 from radixserve.server.callers import cache_salt_of
 from radixserve.server.openai_chat.shapes import ROLES
 from radixserve.server.openai_chat.tools import MAX_TOOLS, function_spec, unique_tools
 from radixserve.server.pipeline.reasoning import history_reasoning, template_variables, variables_for_effort
 from radixserve.server.pipeline.sampling import read_sampling
+from radixserve.server.pipeline.structured import structured_output
 from radixserve.server.state import ServerState
-from radixserve.server.validation import ApiError, get_bool, get_priority, get_str, refuse_unsupported
+from radixserve.server.validation import ApiError, get_bool, get_int, get_priority, get_str, refuse_unsupported
+from radixserve.structured import StructuredOutput
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 SUMMARIES = ("auto", "concise", "detailed")  # reasoning.summary: accepted, no summary is written
-INCLUDABLE = ("reasoning.encrypted_content",)  # `include` values that ask for nothing this server has
+LOGPROBS = "message.output_text.logprobs"
+# `include` values: the output text's logprobs, and one that asks for nothing this server has
+INCLUDABLE = (LOGPROBS, "reasoning.encrypted_content")
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
-REFUSED = ("background", "conversation", "prompt")  # refused when set (not null / false)
+REFUSED = ("conversation", "prompt")  # refused when set (not null / false)
+TRUNCATIONS = ("auto", "disabled")
+SCHEMA_FORMAT_KEYS = ("name", "schema", "strict", "description")  # a json_schema text.format's, as echoed
+PLAIN_TEXT: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}  # `text` unset, as echoed
 
 
 @dataclass
@@ -72,6 +95,11 @@ class ResponsesAsk:
     variables: dict[str, Any] = field(default_factory=dict)  # the template's (pipeline/reasoning.py)
     effort: str | None = None  # reasoning.effort and .summary, echoed
     summary: str | None = None
+    text: dict[str, Any] = field(default_factory=lambda: dict(PLAIN_TEXT))  # `text`, echoed (its format normalized)
+    top_logprobs: int | None = None  # echoed; the logprobs asked are sampling.logprobs (None: not included)
+    max_tool_calls: int | None = None  # at most this many function_call items (None: no bound); echoed
+    background: bool = False  # run without the client (background.py); only with store
+    truncation: str = "disabled"  # "auto": drop the oldest turns that do not fit the context (store.py)
 
 
 def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[int, int]) -> ResponsesAsk:
@@ -81,22 +109,35 @@ def parse_ask(body: dict[str, Any], state: ServerState, priority_bounds: tuple[i
     _refuse_unsupported(body)
     if "input" not in body or body["input"] is None:
         raise ApiError("missing_field", "missing required field 'input'", param="input")
-    sampling = read_sampling(body, Api.RESPONSES)
+    structured, text = text_format(body.get("text"))
+    top = get_int(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    sampling = replace(read_sampling(body, Api.RESPONSES), structured=structured,
+                       logprobs=(top or 0) if LOGPROBS in (body.get("include") or ()) else None)
     reasoning = body.get("reasoning") or {}
     formatter, _ = state.require_chat()
     parallel = get_bool(body, "parallel_tool_calls", default=True)
+    max_calls = get_int(body, "max_tool_calls", minimum=0)
+    store, background = get_bool(body, "store", default=True), get_bool(body, "background")
+    if background and not store:  # a background response is polled by its id: it must be kept
+        raise ApiError("invalid_field", "background: true requires store: true (a background response is "
+                       "retrieved by its id)", param="background")
+    truncation = body.get("truncation") if body.get("truncation") is not None else "disabled"
+    if truncation not in TRUNCATIONS:
+        raise ApiError("invalid_field", f"'truncation' must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}",
+                       param="truncation")
     return ResponsesAsk(
         model=model, inputs=input_messages(body["input"], state),
         instructions=get_str(body, "instructions", required=False, allow_empty=True),
         previous_id=get_str(body, "previous_response_id", required=False),
-        store=get_bool(body, "store", default=True), stream=get_bool(body, "stream"), sampling=sampling,
+        store=store, stream=get_bool(body, "stream"), sampling=sampling,
         priority=get_priority(body, priority_bounds), metadata=metadata(body.get("metadata")),
         tool_choice=body.get("tool_choice") if body.get("tool_choice") is not None else "auto",
-        tools=tool_request(body.get("tools"), body.get("tool_choice"), parallel, formatter.tool_format),
+        tools=tool_request(body.get("tools"), body.get("tool_choice"), parallel, formatter.tool_format, max_calls),
         parallel_tool_calls=parallel, cache_salt=cache_salt_of(body),
         variables=template_variables(state, body.get("chat_template_kwargs"),
                                      variables_for_effort(reasoning.get("effort"), "reasoning.effort")),
-        effort=reasoning.get("effort"), summary=reasoning.get("summary"))
+        effort=reasoning.get("effort"), summary=reasoning.get("summary"), text=text, top_logprobs=top,
+        max_tool_calls=max_calls, background=background, truncation=truncation)
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -105,7 +146,9 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
     refuse_unsupported(body, dict.fromkeys(REFUSED, False))
     include = body.get("include")
-    if include and (not isinstance(include, list) or any(x not in INCLUDABLE for x in include)):
+    if include is not None and not (isinstance(include, list) and all(isinstance(x, str) for x in include)):
+        raise ApiError("invalid_field", "'include' must be a list of strings", param="include")
+    if include and any(x not in INCLUDABLE for x in include):
         refuse("include", f"'include' other than {list(INCLUDABLE)}")
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
@@ -113,22 +156,50 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     if reasoning is not None and reasoning.get("summary") not in (None, *SUMMARIES):
         raise ApiError("invalid_field", f"'reasoning.summary' must be one of {', '.join(SUMMARIES)}",
                        param="reasoning.summary")
-    text = body.get("text")
-    if text is not None:
-        fmt = text.get("format") if isinstance(text, dict) else "?"
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            refuse("text.format", "a text.format other than {\"type\": \"text\"}")
-        if text.get("verbosity") not in (None, "medium"):
-            refuse("text.verbosity", "'text.verbosity'")
-    if body.get("truncation") not in (None, "disabled"):
-        refuse("truncation", "truncation other than \"disabled\"")
-    if body.get("top_logprobs") not in (None, 0):
-        refuse("top_logprobs", "'top_logprobs'")
 
 
-def tool_request(raw_tools: Any, raw_choice: Any, parallel: bool, fmt: ToolCallFormat) -> ChatTools | None:
+def text_format(text: Any) -> tuple[StructuredOutput | None, dict[str, Any]]:
+    """`text` as the reply's structured output (None: free text) and the `text` object the response echoes.
+    The format is read by the chat endpoint's `response_format` reader: Responses' flat json_schema is
+    its nested one without the `json_schema` level, so its refusals and the constraint's field are
+    renamed to the path this body used."""
+    if text is None:
+        return None, dict(PLAIN_TEXT)
+    if not isinstance(text, dict):
+        raise ApiError("invalid_field", "'text' must be an object {\"format\", \"verbosity\"}", param="text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise ApiError("unsupported", "'text.verbosity' other than \"medium\" is not supported by this server",
+                       param="text.verbosity")
+    fmt = text.get("format")
+    if fmt is None:
+        return None, dict(PLAIN_TEXT)
+    if not isinstance(fmt, dict):
+        raise ApiError("invalid_field", "'text.format' must be an object with a 'type'", param="text.format")
+    kind = fmt.get("type")
+    spec = {k: fmt[k] for k in SCHEMA_FORMAT_KEYS if fmt.get(k) is not None}
+    nested = {"type": kind, "json_schema": spec} if kind == "json_schema" else {"type": kind}
+    try:
+        structured = structured_output({"response_format": nested})
+    except ApiError as e:
+        e.message, e.param = _text_path(e.message), _text_path(e.param)
+        raise
+    echo = {"type": kind, **spec, "strict": fmt.get("strict")} if kind == "json_schema" else {"type": kind}
+    out = replace(structured, field=_text_path(structured.field)) if structured is not None else None
+    return out, {"format": echo, "verbosity": "medium"}
+
+
+def _text_path(path: Any) -> Any:
+    """A `response_format` path of the chat endpoint's reader as this API names it."""
+    if not isinstance(path, str):
+        return path
+    return path.replace("response_format.json_schema", "text.format").replace("response_format", "text.format")
+
+
+def tool_request(raw_tools: Any, raw_choice: Any, parallel: bool, fmt: ToolCallFormat,
+                 max_calls: int | None = None) -> ChatTools | None:
     """`tools` and `tool_choice` as ChatTools; None when no tools are offered (then only "auto" and "none"
-    may be chosen)."""
+    may be chosen). `max_calls` (max_tool_calls): one is a single call (not parallel), none is "none"
+    (a 400 with a choice that forces a call)."""
     specs: list[ToolSpec] = []
     if raw_tools is not None:
         if not isinstance(raw_tools, list) or len(raw_tools) > MAX_TOOLS:
@@ -144,7 +215,13 @@ def tool_request(raw_tools: Any, raw_choice: Any, parallel: bool, fmt: ToolCallF
             specs.append(function_spec(t, where))
         unique_tools(specs, "tools")
     choice = _tool_choice(raw_choice, specs)
-    return ChatTools(tuple(specs), choice, parallel, fmt) if specs else None
+    if max_calls == 0 and specs:
+        if choice.mode in ("required", "named"):
+            raise ApiError("invalid_field", f"max_tool_calls 0 allows no call, which tool_choice {choice.mode!r} "
+                           "requires", param="max_tool_calls")
+        choice = ToolChoice("none")
+    single = max_calls is not None and max_calls <= 1  # a forced reply's grammar then writes one call
+    return ChatTools(tuple(specs), choice, parallel and not single, fmt) if specs else None
 
 
 def _tool_choice(value: Any, tools: list[ToolSpec]) -> ToolChoice:
@@ -184,6 +261,8 @@ def input_messages(raw: Any, state: ServerState) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "reasoning":
             text = _reasoning_text(item, where)
+            if not text:  # nothing to replay (as a client sends back an item it got without content): skipped
+                continue
             thought = (thought[0] + text if thought is not None else text, where)
             calls_join = False
             continue
