@@ -55,7 +55,9 @@ def tiny_chat_server() -> Iterator[BackgroundServer]:
     from tiny_models import tiny_chat_model_dir
 
     model = str(tiny_chat_model_dir("llama"))
-    config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.5)
+    # a label per system prompt, as chat_server has: whichever tests ran first must not fold a later
+    # test's prompt into "other"
+    config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.5, system_prompt_labels=1000)
     with BackgroundServer(lambda: AsyncEngine(EngineConfig(model=model, num_blocks=512)), config) as srv:
         yield srv
 
