@@ -50,6 +50,7 @@ from radixserve.server.validation import ApiError
 pytest.register_assert_rewrite("server_testkit", "reasoning_kit")
 from reasoning_kit import Replies  # noqa: E402
 from server_testkit import on_server_loop  # noqa: E402
+from test_server_anthropic import _sse  # noqa: E402
 from tool_fixtures import SCHEMAS, TOOLS  # noqa: E402
 
 pytest_plugins = ["server_testkit", "reasoning_kit"]
@@ -112,16 +113,6 @@ def test_paced_ticks_while_the_source_is_quiet() -> None:
     got, closed = asyncio.run(run())
     assert got[:3] == [None, None, None] and [g for g in got if g is not None] == [1, 2] and got[-1] is None
     assert closed  # closing the pacing closed the source: a stream's engine request is aborted with it
-
-
-def _sse(text: str) -> list[dict[str, Any]]:
-    out = []
-    for raw in text.strip().split("\n\n"):
-        head, data = raw.split("\n")
-        body = json.loads(data.removeprefix("data: "))
-        assert head == f"event: {body['type']}"
-        out.append(body)
-    return out
 
 
 def test_stream_starts_with_a_ping_and_beats_while_quiet() -> None:
