@@ -1,7 +1,8 @@
 """radixserve's C++ extension for the CPU: building it once and loading it.
 
 The extension (`csrc/`) holds what the CPU path runs: the matmul kernel every projection and the
-LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLinear`), the paged
+LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLinear`, and on a GGUF
+file's quantized blocks `ggml_quants.QuantizedLinear`, decoded by `csrc/ggml_formats.h`), the paged
 attention of short rows (`radixserve::paged_attention`, windows, sinks and softcaps included), the
 routed experts of a mixture-of-experts layer (`radixserve::moe_experts`, `csrc/moe.cpp`;
 `kernels/moe.py`), and the compiled step that runs every decoder layer of a short-row step in one
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIRECTORY = Path(__file__).with_name("csrc")
 # the .cpp files are compiled; the header, which they include, is part of the source text all the same
-SOURCES = ("cpu_kernels.h", "cpu_step.cpp", "linear.cpp", "moe.cpp", "paged_attention.cpp")
+SOURCES = ("cpu_kernels.h", "ggml_formats.h", "cpu_step.cpp", "linear.cpp", "moe.cpp", "paged_attention.cpp")
 EXTENSION = "radixserve_cpu"
 # -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. haswell or x86-64 to
 # test the AVX2 or SSE path on a wider machine); -ffp-contract=off: cpu_step.cpp's

@@ -10,7 +10,8 @@ a bit.
 
 This module decides when a step may take it (the extension itself is built and loaded by
 `cpu_extension`):
-- the model's projections run the extension's kernel (`cpu_linear.BlockedLinear`), the attention
+- the model's projections run the extension's kernel (`cpu_linear.BlockedLinear`, or a GGUF file's
+  quantized blocks, `ggml_quants.QuantizedLinear`), the attention
   backend is torch's with the extension's in-place attention (`attention.reads_in_place`: a cache
   of fp32 or bf16 values, not FP8), the hot-path ops are `TorchOps`, and the architecture has no
   q/k norm (Qwen3's);
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 
 from radixserve.kernels.cpu_linear import BlockedLinear
+from radixserve.kernels.ggml_quants import QuantizedLinear
 from radixserve.model.attention import SHORT_QUERY, AttentionMetadata, TorchAttentionBackend, reads_in_place
 from radixserve.model.decoder import MLP, CausalLM, DecoderLayer
 from radixserve.model.kv_cache import KVCache
@@ -41,6 +43,9 @@ from radixserve.model.kv_fp8 import is_packed
 from radixserve.model.ops import ModelOps
 
 log = logging.getLogger(__name__)
+
+# the projections `radixserve::linear` runs: fp32/bf16 blocks, or a GGUF file's quantized blocks
+KERNEL_LINEARS = (BlockedLinear, QuantizedLinear)
 
 
 def unsupported(model: CausalLM, kv_cache: KVCache, backend: object, ops: ModelOps) -> str | None:
@@ -55,7 +60,7 @@ def unsupported(model: CausalLM, kv_cache: KVCache, backend: object, ops: ModelO
         return f"the attention kernel does not read this cache ({kv_cache.data.dtype}, head_dim {model.spec.head_dim})"
     if not model.spec.llama_shaped:
         return f"{model.spec.architecture}'s layers are not Llama's (pre-norm, SwiGLU, whole-head rotary, no q/k norm)"
-    if not all(isinstance(m, BlockedLinear) for layer in decoder_layers(model) for m in _linears(layer)):
+    if not all(isinstance(m, KERNEL_LINEARS) for layer in decoder_layers(model) for m in _linears(layer)):
         return "the weights are not in the C++ kernel's layout"
     return None
 
@@ -101,7 +106,7 @@ class CpuStep:
         self.weights: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
         for layer in decoder_layers(model):
-            packed = [m for m in _linears(layer) if isinstance(m, BlockedLinear)]
+            packed = [m for m in _linears(layer) if isinstance(m, KERNEL_LINEARS)]
             assert len(packed) == 4, "unsupported() first"
             qkv, o, gate_up, down = packed
             self.weights += [layer.input_layernorm.weight, qkv.weight, o.weight,
@@ -124,7 +129,8 @@ class CpuStep:
         if any(n > SHORT_QUERY for n in meta.query_lens):
             return None
         embed = self.model.model.embed_tokens.weight
-        cos, signed_sin = self.model.rotary.cos_sin(positions, embed.dtype)
+        # the activations' dtype: a GGUF model's embedding is a packed uint8 buffer
+        cos, signed_sin = self.model.rotary.cos_sin(positions, self.model.model.norm.weight.dtype)
         return torch.ops.radixserve.short_step(
             input_ids, embed, cos, signed_sin, self.weights, self.biases, self.model.model.norm.weight,
             self.k_caches, self.v_caches, meta.slot_mapping, meta.block_table, meta.seq_lens_host, meta.query_lens,

@@ -95,6 +95,49 @@ def test_the_compiled_step_is_the_python_layers_bit_for_bit(arch: str, dtype: to
     assert torch.equal(cache.data.nan_to_num(), python_cache.data.nan_to_num())
 
 
+def _quantized(arch: str, type_name: str):
+    """A tiny model whose projections and embedding are GGUF blocks of `type_name` (gguf's quantizer),
+    as a GGUF file's model holds them."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, pack_ggml
+
+    cpu_extension.load_extension()
+    model, spec = load_model(tiny_model_dir(arch), torch.float32, torch.device("cpu"))
+
+    def packed(weight: torch.Tensor) -> torch.Tensor:
+        return pack_ggml([(type_name, quantize(weight.detach().numpy(), GGMLQuantizationType[type_name]))],
+                         weight.shape[1])
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, QuantizedLinear(packed(child.weight), child.out_features, child.in_features,
+                                                      child.bias))
+    embed = model.model.embed_tokens.weight
+    model.model.embed_tokens = QuantizedEmbedding(packed(embed), *embed.shape)
+    return model, spec
+
+
+@pytest.mark.parametrize("arch,type_name", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("mistral", "Q4_0")])
+@pytest.mark.parametrize("rows", MIXES[1:4])
+def test_the_compiled_step_runs_gguf_blocks_as_the_python_layers_do(arch: str, type_name: str,
+                                                                     rows: list[tuple[int, int]]) -> None:
+    model, spec = _quantized(arch, type_name)
+    cache, meta, ids, positions = _step(rows, spec, torch.float32, seed=len(rows))
+    python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
+    python_cache.data.copy_(cache.data)
+    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
+    assert step is not None
+    with torch.inference_mode():
+        got = step.forward(ids, positions, meta())
+        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), TorchOps())
+    assert got is not None and got.dtype == torch.float32 and got.isfinite().all()
+    assert torch.equal(got, want)
+    assert torch.equal(cache.data.nan_to_num(), python_cache.data.nan_to_num())
+
+
 def test_a_long_row_leaves_the_step_to_the_python_layers() -> None:
     model, spec = _packed("llama")
     cache, meta, ids, positions = _step([(37, 1), (40, 20)], spec, torch.float32, seed=3)

@@ -135,12 +135,17 @@ inline void store_lanes(float* to, const Lanes& v) {
 // weight's dtype (fp32 or bf16).
 at::Tensor pack_linear(const at::Tensor& weight);
 
-// x [rows, in] @ W^T + bias -> [rows, out_features] in x's dtype, W packed by `pack_linear`. Every
+// x [rows, in] @ W^T + bias -> [rows, out_features] in x's dtype, W packed by `pack_linear` (fp32,
+// bf16) or by ggml_quants.pack_ggml (uint8: GGUF blocks, decoded in registers, ggml_formats.h). Every
 // output element is one fp32 chain of multiply-adds (fused where the CPU can) over the inputs in
 // ascending order, plus the bias, rounded once to x's dtype: the same for a row whatever the row count, so a row's result
 // never depends on what else ran in its step.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                   int64_t out_features);
+
+// Rows `rows` of a weight packed by pack_ggml, dequantized: fp32 [len(rows), in] (a quantized
+// embedding's lookups; the whole matrix for tests)
+at::Tensor ggml_rows(const at::Tensor& packed, const at::Tensor& rows);
 
 // Attention of the short rows (at most `max_query` new tokens) of a step, read in place from the
 // paged cache [blocks, block_size, kv_heads, head_dim] through `block_table` [rows, width]: row b's

@@ -162,10 +162,12 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
                   static_cast<int64_t>(sinks.size()) == layers && static_cast<int64_t>(softcaps.size()) == layers,
               "short_step: one scale, window, sinks and softcap per layer");
   const int64_t heads = shape[0], kv_heads = shape[1], head_dim = shape[2], intermediate = shape[3];
-  const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, hidden = embed.size(1);
+  const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, hidden = final_norm.numel();
   const ShortRows rows{slot_mapping, block_table, seq_lens, query_lens};
 
-  Tensor x = at::embedding(embed, input_ids);
+  // a GGUF model's embedding is packed (uint8) like its projections: looked up row by row
+  Tensor x = embed.scalar_type() == at::kByte ? radixserve::ggml_rows(embed, input_ids.reshape(-1))
+                                              : at::embedding(embed, input_ids);
   const int64_t tokens_in_step = x.size(0);
   std::optional<Tensor> residual;
   auto norm = [&](const Tensor& h, const Tensor& weight) {

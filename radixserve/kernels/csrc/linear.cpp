@@ -13,11 +13,13 @@
 // is the same whatever the row count (one sequence alone, sixteen decoding, a 512-token prefill chunk).
 
 #include "cpu_kernels.h"
+#include "ggml_formats.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace radixserve {
 namespace {
@@ -93,6 +95,165 @@ void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t 
   });
 }
 
+// A packed GGUF weight (ggml_quants.py writes it): one uint8 buffer, int64 words first: a header
+// {kQuantizedMagic, blocks, in, 0}, then {byte offset, format} per block of 16 outputs, then the
+// blocks' tiles (ggml_formats.h). Blocks may differ in format: a fused projection packs its parts as
+// the file ships them (a Q4_K_M file's q and k in Q4_K, v in Q6_K).
+constexpr int64_t kQuantizedMagic = 0x31515352;  // "RSQ1"
+constexpr int64_t kHeaderWords = 4;
+
+struct QuantizedWeight {
+  const uint8_t* base;
+  const int64_t* table;  // {offset, format} per block
+  int64_t blocks, in;
+};
+
+// The weight's header and table, every block checked to lie within the buffer in a known format
+// whose group divides the inputs: a damaged buffer is refused here, never read out of bounds
+QuantizedWeight read_quantized(const Tensor& packed) {
+  TORCH_CHECK(packed.dim() == 1 && packed.is_contiguous() && packed.device().is_cpu(),
+              "a packed GGUF weight is a contiguous 1-D uint8 CPU tensor (ggml_quants.pack_ggml)");
+  const int64_t size = packed.numel();
+  TORCH_CHECK(size >= kHeaderWords * 8, "packed GGUF weight: too short for its header");
+  const auto* base = packed.const_data_ptr<uint8_t>();
+  int64_t header[kHeaderWords];
+  std::memcpy(header, base, sizeof header);
+  TORCH_CHECK(header[0] == kQuantizedMagic, "packed GGUF weight: bad magic (not written by pack_ggml)");
+  const int64_t blocks = header[1], in = header[2];
+  TORCH_CHECK(blocks > 0 && in > 0 && (kHeaderWords + 2 * blocks) * 8 <= size, "packed GGUF weight: bad header");
+  const auto* table = reinterpret_cast<const int64_t*>(base) + kHeaderWords;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t group = 0, tile_bytes = 0;
+    TORCH_CHECK(ggml::describe(table[2 * b + 1], group, tile_bytes), "packed GGUF weight: block ", b,
+                " has unknown format ", table[2 * b + 1]);
+    TORCH_CHECK(in % group == 0, "packed GGUF weight: ", in, " inputs are not whole groups of ", group);
+    const int64_t offset = table[2 * b];
+    TORCH_CHECK(offset >= (kHeaderWords + 2 * blocks) * 8 && offset + in / group * tile_bytes <= size,
+                "packed GGUF weight: block ", b, " lies outside the buffer");
+  }
+  return {base, table, blocks, in};
+}
+
+// out[r][b * 16 + j] = bias + sum over k ascending of x[r][k] * w_b[k][j] for Rows rows and Blocks
+// blocks of one format, the weights decoded column by column in registers: Rows <= kTileRows
+// (decode, verification). Blocks > 1 gives a row several independent chains of multiply-adds, so
+// one row is not held to one multiply-add per latency.
+template <int Rows, int Blocks, typename F>
+void quantized_tile(const uint8_t* const* block, int64_t groups, const float* x, int64_t in, const float* bias,
+                    float* out, int64_t out_stride) {
+  Lanes acc[Rows][Blocks] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t s = 0; s < F::kGroup / 32; ++s) {
+      typename F::Segment segment[Blocks];
+      for (int b = 0; b < Blocks; ++b) segment[b] = F::segment(block[b] + g * F::kTileBytes, s);
+      const float* segment_x = x + g * F::kGroup + s * 32;
+      for (int64_t j = 0; j < 32; ++j) {
+        Lanes w[Blocks];
+        for (int b = 0; b < Blocks; ++b) w[b] = F::column(segment[b], j);
+        for (int r = 0; r < Rows; ++r) {
+          const float value = segment_x[r * in + j];
+          for (int b = 0; b < Blocks; ++b) acc[r][b] = fused_multiply_add(value, w[b], acc[r][b]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int b = 0; b < Blocks; ++b) {
+      store_lanes(out + r * out_stride + b * kLanes,
+                  bias ? acc[r][b] + load_lanes(bias + b * kLanes) : acc[r][b]);
+    }
+  }
+}
+
+// Blocks per register tile: accumulators, weights and a broadcast input within the vector registers
+constexpr int kQuantizedBlocks = kVectorRegisters == 32 ? 4 : 2;
+
+template <int Rows, int Blocks, typename F>
+void quantized_tiles(const uint8_t* const* block, int64_t groups, const float* x, int64_t in, const float* bias,
+                     float* out, int64_t out_stride) {
+  // more rows, fewer blocks per tile: the accumulators stay within the registers
+  constexpr int kPerTile = Rows <= 2 || Blocks == 1 ? Blocks : Blocks / 2;
+  for (int b = 0; b < Blocks; b += kPerTile) {
+    quantized_tile<Rows, kPerTile, F>(block + b, groups, x, in, bias ? bias + b * kLanes : nullptr, out + b * kLanes,
+                                      out_stride);
+  }
+}
+
+template <int Blocks, typename F>
+void quantized_tile_rows(int64_t rows, const uint8_t* const* block, int64_t groups, const float* x, int64_t in,
+                         const float* bias, float* out, int64_t out_stride) {
+  switch (rows) {  // at most kTileRows
+    case 1: return quantized_tiles<1, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+    case 2: return quantized_tiles<2, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+    case 3: return quantized_tiles<3, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+    case 4: return quantized_tiles<4, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+    case 5: return quantized_tiles<5, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+    default: return quantized_tiles<kTileRows, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+  }
+}
+
+// One block's weights as pack_linear lays out an fp32 block: [in][16]
+template <typename F>
+void dequantize_block(const uint8_t* block, int64_t groups, float* to) {
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t s = 0; s < F::kGroup / 32; ++s) {
+      const typename F::Segment segment = F::segment(block + g * F::kTileBytes, s);
+      float* segment_to = to + (g * F::kGroup + s * 32) * kLanes;
+      for (int64_t j = 0; j < 32; ++j) store_lanes(segment_to + j * kLanes, F::column(segment, j));
+    }
+  }
+}
+
+// Threads split the blocks, each streaming a contiguous share of the weight. A chunk of rows that fits
+// one register tile decodes the weights in registers; more rows decode each block once per chunk into
+// a buffer that the fp32 tiles then read, so prefill pays the decoding once per 48 rows. Either way
+// an output is the fp32 kernel's chain over the same weights: the same bits for a row whatever the
+// row count, and the same bits as `linear` over the dequantized weight packed by pack_linear.
+void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, const float* bias, float* out) {
+  const int64_t in = w.in, out_stride = w.blocks * kLanes;
+  at::parallel_for(0, w.blocks, 1, [&](int64_t first, int64_t end) {
+    std::vector<float> decoded;
+    for (int64_t chunk = 0; chunk < rows; chunk += kChunkRows) {
+      const int64_t chunk_rows = std::min(rows, chunk + kChunkRows) - chunk;
+      for (int64_t b = first; b < end;) {
+        const int64_t format = w.table[2 * b + 1];
+        // blocks of one format, side by side in one register tile where the range holds them
+        int64_t count = 1;
+        while (count < kQuantizedBlocks && b + count < end && w.table[2 * (b + count) + 1] == format) ++count;
+        if (chunk_rows > kTileRows) count = 1;
+        const uint8_t* blocks[kQuantizedBlocks];
+        for (int64_t i = 0; i < count; ++i) blocks[i] = w.base + w.table[2 * (b + i)];
+        const float* tile_bias = bias ? bias + b * kLanes : nullptr;
+        float* tile_out = out + chunk * out_stride + b * kLanes;
+        ggml::with_format(format, [&](auto decoder) {
+          using F = decltype(decoder);
+          const int64_t groups = in / F::kGroup;
+          if (chunk_rows <= kTileRows) {
+            if (count == kQuantizedBlocks) {
+              quantized_tile_rows<kQuantizedBlocks, F>(chunk_rows, blocks, groups, x + chunk * in, in, tile_bias,
+                                                       tile_out, out_stride);
+            } else {
+              for (int64_t i = 0; i < count; ++i) {
+                quantized_tile_rows<1, F>(chunk_rows, blocks + i, groups, x + chunk * in, in,
+                                          tile_bias ? tile_bias + i * kLanes : nullptr, tile_out + i * kLanes,
+                                          out_stride);
+              }
+            }
+            return;
+          }
+          decoded.resize(in * kLanes);
+          dequantize_block<F>(blocks[0], groups, decoded.data());
+          for (int64_t r = 0; r < chunk_rows; r += kTileRows) {
+            tile_rows<1>(std::min(kTileRows, chunk_rows - r), decoded.data(), in * kLanes, x + (chunk + r) * in, in,
+                         tile_bias, tile_out + r * out_stride, out_stride);
+          }
+        });
+        b += count;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 Tensor pack_linear(const Tensor& weight) {
@@ -106,14 +267,23 @@ Tensor pack_linear(const Tensor& weight) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias, int64_t out_features) {
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kLanes && x.size(1) == packed.size(1),
-              "linear: x [rows, in] and a weight packed by pack_linear [blocks, in, 16], got ", x.sizes(), " and ",
-              packed.sizes());
-  TORCH_CHECK(packed.is_contiguous() && (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16),
-              "linear: a contiguous fp32 or bf16 packed weight");
+  const bool quantized = packed.scalar_type() == at::kByte;
+  std::optional<QuantizedWeight> gguf;
+  int64_t in = 0, blocks = 0;
+  if (quantized) {
+    gguf = read_quantized(packed);
+    in = gguf->in, blocks = gguf->blocks;
+  } else {
+    TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kLanes && packed.is_contiguous() &&
+                    (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16),
+                "linear: a contiguous fp32 or bf16 weight packed by pack_linear [blocks, in, 16], or a uint8 "
+                "GGUF weight packed by pack_ggml; got ", packed.scalar_type(), " ", packed.sizes());
+    in = packed.size(1), blocks = packed.size(0);
+  }
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == in, "linear: x [rows, ", in, "], got ", x.sizes());
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && (!bias || bias->device().is_cpu()),
               "linear: CPU tensors");
-  const int64_t rows = x.size(0), in = x.size(1), blocks = packed.size(0), width = blocks * kLanes;
+  const int64_t rows = x.size(0), width = blocks * kLanes;
   TORCH_CHECK(0 < out_features && out_features <= width && out_features > width - kLanes,
               "linear: ", out_features, " outputs do not match ", blocks, " packed blocks");
   const Tensor inputs = x.to(at::kFloat).contiguous();
@@ -131,15 +301,46 @@ Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>
   Tensor out = at::empty({rows, width}, x.options().dtype(at::kFloat));
   if (rows > 0) {
     const float* b = biases ? biases->const_data_ptr<float>() : nullptr;
-    if (packed.scalar_type() == at::kFloat) {
-      multiply(packed.const_data_ptr<float>(), blocks, inputs.const_data_ptr<float>(), rows, in, b,
-               out.mutable_data_ptr<float>());
+    const float* inputs_data = inputs.const_data_ptr<float>();
+    if (quantized) {
+      multiply_quantized(*gguf, inputs_data, rows, b, out.mutable_data_ptr<float>());
+    } else if (packed.scalar_type() == at::kFloat) {
+      multiply(packed.const_data_ptr<float>(), blocks, inputs_data, rows, in, b, out.mutable_data_ptr<float>());
     } else {
-      multiply(reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()), blocks,
-               inputs.const_data_ptr<float>(), rows, in, b, out.mutable_data_ptr<float>());
+      multiply(reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()), blocks, inputs_data, rows,
+               in, b, out.mutable_data_ptr<float>());
     }
   }
   return direct ? out : out.narrow(1, 0, out_features).to(x.scalar_type()).contiguous();
+}
+
+Tensor ggml_rows(const Tensor& packed, const Tensor& rows) {
+  const QuantizedWeight w = read_quantized(packed);
+  TORCH_CHECK(rows.dim() == 1 && rows.device().is_cpu(), "ggml_rows: a 1-D CPU tensor of row indices");
+  const Tensor ids = rows.to(at::kLong).contiguous();
+  const int64_t n = ids.numel(), in = w.in;
+  const int64_t* id = ids.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(0 <= id[i] && id[i] < w.blocks * kLanes, "ggml_rows: row ", id[i], " is outside the weight");
+  }
+  Tensor out = at::empty({n, in}, rows.options().dtype(at::kFloat));
+  float* to = out.mutable_data_ptr<float>();
+  at::parallel_for(0, n, 1, [&](int64_t first, int64_t end) {
+    std::vector<float> decoded(in * kLanes);
+    int64_t held = -1;  // the block `decoded` holds: consecutive rows of one block decode it once
+    for (int64_t i = first; i < end; ++i) {
+      const int64_t b = id[i] / kLanes, lane = id[i] % kLanes;
+      if (b != held) {
+        ggml::with_format(w.table[2 * b + 1], [&](auto format) {
+          using F = decltype(format);
+          dequantize_block<F>(w.base + w.table[2 * b], in / F::kGroup, decoded.data());
+        });
+        held = b;
+      }
+      for (int64_t k = 0; k < in; ++k) to[i * in + k] = decoded[k * kLanes + lane];
+    }
+  });
+  return out;
 }
 
 }  // namespace radixserve
@@ -147,4 +348,5 @@ Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("pack_linear(Tensor weight) -> Tensor", radixserve::pack_linear);
   m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor", radixserve::linear);
+  m.def("ggml_rows(Tensor packed, Tensor rows) -> Tensor", radixserve::ggml_rows);
 }

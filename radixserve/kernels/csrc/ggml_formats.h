@@ -1,0 +1,269 @@
+// llama.cpp's weight formats (GGUF's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) as the CPU matmul reads them:
+// each format's tile layout and the decoder that turns a tile back into weights, one input column
+// (16 outputs' weights, one Lanes) at a time.
+//
+// A packed weight is a block of 16 outputs at a time (like pack_linear's fp32 blocks), each block a
+// run of tiles, one per group of the format's inputs (32, or a 256-input super-block for the K types).
+// A tile holds the 16 outputs' GGUF blocks for that group interleaved, so that one 16-byte load
+// gives a column's quants for all 16 outputs; the scales come first, the quants after, in the bit
+// order the GGUF block uses (ggml_quants.py writes them; the byte offsets are listed per format below).
+//
+// Invariant: `column` produces the weights gguf.quants.dequantize produces, bit for bit: every product of a scale and a quant is exact
+// in fp32 (an fp16 scale has 11 significant bits, a 6-bit sub-scale and a 4- or 5-bit quant add at
+// most 11 more), so where the reference multiplies and then adds (rounding once, since the product is
+// exact) a fused multiply-add rounds identically; Q6_K's second product can round, and is rounded
+// as the reference rounds it, as a separate multiply.
+#pragma once
+
+#include "cpu_kernels.h"
+
+#include <c10/util/Half.h>
+
+namespace radixserve {
+namespace ggml {
+
+// GGUF's type codes (gguf.GGMLQuantizationType), as a packed weight names each block's format
+enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+inline Native to_native(NativeInt v) { return __builtin_convertvector(v, Native); }
+
+// 16 bytes, one per output, widened to int32 lanes (sign-extended where Signed). Written with the
+// CPU's widening loads: compilers lower __builtin_convertvector of a byte vector to one scalar insert
+// per byte (10x slower here)
+template <bool Signed>
+inline void load_bytes(const uint8_t* from, NativeInt (&out)[kParts]) {
+#if defined(__AVX512F__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from));
+  out[0] = bits_as<NativeInt>(Signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+#elif defined(__AVX2__)
+  for (int p = 0; p < kParts; ++p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from + p * 8));
+    out[p] = bits_as<NativeInt>(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+  }
+#else
+  for (int p = 0; p < kParts; ++p) {
+    for (int64_t i = 0; i < kNativeFloats; ++i) {
+      const uint8_t byte = from[p * kNativeFloats + i];
+      out[p][i] = Signed ? static_cast<int32_t>(static_cast<int8_t>(byte)) : static_cast<int32_t>(byte);
+    }
+  }
+#endif
+}
+
+inline Lanes signed_bytes(const uint8_t* from) {
+  NativeInt ints[kParts];
+  load_bytes<true>(from, ints);
+  Lanes v;
+  for (int p = 0; p < kParts; ++p) v.part[p] = to_native(ints[p]);
+  return v;
+}
+
+inline Lanes unsigned_bytes(const uint8_t* from) {
+  NativeInt ints[kParts];
+  load_bytes<false>(from, ints);
+  Lanes v;
+  for (int p = 0; p < kParts; ++p) v.part[p] = to_native(ints[p]);
+  return v;
+}
+
+// 16 fp16 values (exactly widened)
+inline Lanes halves(const uint8_t* from) {
+  Lanes v;
+#if defined(__AVX512F__)
+  v.part[0] = bits_as<Native>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from))));
+#elif defined(__AVX__) && defined(__F16C__)
+  for (int p = 0; p < kParts; ++p) {
+    v.part[p] = bits_as<Native>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + p * 16))));
+  }
+#else
+  float values[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, from + 2 * i, sizeof bits);
+    values[i] = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  }
+  v = load_lanes(values);
+#endif
+  return v;
+}
+
+inline Lanes multiply(const Lanes& a, const Lanes& b) {
+  Lanes out;
+  for (int p = 0; p < kParts; ++p) out.part[p] = a.part[p] * b.part[p];
+  return out;
+}
+
+inline Lanes negate(const Lanes& a) {
+  Lanes out;
+  for (int p = 0; p < kParts; ++p) out.part[p] = -a.part[p];
+  return out;
+}
+
+// the quants of one column: low or high nibbles of 16 bytes, optionally with a fifth/sixth bit from
+// `high_bits` (shifted right by `shift`, masked by `mask`, moved up by 4) and an offset subtracted
+template <bool High>
+inline void nibbles(const uint8_t* from, NativeInt (&out)[kParts]) {
+  load_bytes<false>(from, out);
+  for (int p = 0; p < kParts; ++p) out[p] = High ? out[p] >> 4 : out[p] & 15;
+}
+
+inline void add_high_bits(const uint8_t* from, int shift, int mask, NativeInt (&q)[kParts]) {
+  NativeInt bits[kParts];
+  load_bytes<false>(from, bits);
+  for (int p = 0; p < kParts; ++p) q[p] |= ((bits[p] >> shift) & mask) << 4;
+}
+
+inline Lanes as_lanes(const NativeInt (&q)[kParts], int offset = 0) {
+  Lanes v;
+  for (int p = 0; p < kParts; ++p) v.part[p] = to_native(q[p] - offset);
+  return v;
+}
+
+// Each format decodes a tile a segment of 32 columns at a time: `segment` reads the segment's scales
+// (and where its quants lie), `column` decodes its column j (0..31): the 16 outputs' weights of input
+// group_start + 32 * s + j. Kernels interleave several blocks' segments, so a format is plain data
+// and two inline functions, not a loop of its own.
+
+// Q4_0: 32 inputs; d fp16[16] @0, qs[16 columns j][16] @32 (low nibble: input j, high: j + 16).
+// w = d * (q - 8)
+struct Q4_0 {
+  static constexpr int64_t kGroup = 32, kTileBytes = 32 + 256;
+  struct Segment {
+    Lanes d;
+    const uint8_t* qs;
+  };
+  static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), tile + 32}; }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    if (j < 16) nibbles<false>(s.qs + j * 16, q); else nibbles<true>(s.qs + (j - 16) * 16, q);
+    return multiply(s.d, as_lanes(q, 8));
+  }
+};
+
+// Q4_1: 32 inputs; d fp16[16] @0, m fp16[16] @32, qs[16][16] @64 as Q4_0's. w = d * q + m
+struct Q4_1 {
+  static constexpr int64_t kGroup = 32, kTileBytes = 64 + 256;
+  struct Segment {
+    Lanes d, m;
+    const uint8_t* qs;
+  };
+  static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), halves(tile + 32), tile + 64}; }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    if (j < 16) nibbles<false>(s.qs + j * 16, q); else nibbles<true>(s.qs + (j - 16) * 16, q);
+    return fused_multiply_add(s.d, as_lanes(q), s.m);
+  }
+};
+
+// Q8_0: 32 inputs; d fp16[16] @0, q int8[32 columns][16] @32. w = q * d
+struct Q8_0 {
+  static constexpr int64_t kGroup = 32, kTileBytes = 32 + 512;
+  struct Segment {
+    Lanes d;
+    const uint8_t* qs;
+  };
+  static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), tile + 32}; }
+  static Lanes column(const Segment& s, int64_t j) { return multiply(signed_bytes(s.qs + j * 16), s.d); }
+};
+
+// Q4_K: 256 inputs in 8 sub-blocks (segments) of 32; d fp16[16] @0, dmin fp16[16] @32, scale
+// u8[8][16] @64, min u8[8][16] @192 (the 6-bit values GGUF packs in 12 bytes, unpacked), qs[128][16]
+// @320: column c * 32 + l holds input c * 64 + l in its low nibble and c * 64 + 32 + l in its high one.
+// w = (d * scale) * q - dmin * min
+struct Q4_K {
+  static constexpr int64_t kGroup = 256, kTileBytes = 320 + 128 * 16;
+  struct Segment {
+    Lanes scale, negative_min;
+    const uint8_t* qs;
+    bool high;
+  };
+  static Segment k_segment(const uint8_t* tile, int64_t s, const uint8_t* qs) {
+    return {multiply(halves(tile), unsigned_bytes(tile + 64 + s * 16)),
+            negate(multiply(halves(tile + 32), unsigned_bytes(tile + 192 + s * 16))), qs + (s / 2) * 32 * 16,
+            s % 2 == 1};
+  }
+  static Segment segment(const uint8_t* tile, int64_t s) { return k_segment(tile, s, tile + 320); }
+  static void quants(const Segment& s, int64_t j, NativeInt (&q)[kParts]) {
+    if (s.high) nibbles<true>(s.qs + j * 16, q); else nibbles<false>(s.qs + j * 16, q);
+  }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    quants(s, j, q);
+    return fused_multiply_add(s.scale, as_lanes(q), s.negative_min);
+  }
+};
+
+// Q5_K: Q4_K's layout with qh[32][16] @320 (bit s of column j is input 32 * s + j's fifth bit) and
+// qs @832
+struct Q5_K {
+  static constexpr int64_t kGroup = 256, kTileBytes = 320 + 32 * 16 + 128 * 16;
+  struct Segment {
+    Q4_K::Segment low;
+    const uint8_t* qh;
+    int shift;
+  };
+  static Segment segment(const uint8_t* tile, int64_t s) {
+    return {Q4_K::k_segment(tile, s, tile + 832), tile + 320, static_cast<int>(s)};
+  }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    Q4_K::quants(s.low, j, q);
+    add_high_bits(s.qh + j * 16, s.shift, 1, q);
+    return fused_multiply_add(s.low.scale, as_lanes(q), s.low.negative_min);
+  }
+};
+
+// Q6_K: 256 inputs in 16 sub-blocks of 16 (a segment holds two); d fp16[16] @0, scale int8[16][16]
+// @32, qh[64][16] @288 (column c * 32 + l, bits 2t..2t+1: input c * 128 + t * 32 + l's two high bits),
+// ql[128][16] @1312 (column c * 64 + l: input c * 128 + l in the low nibble, c * 128 + 64 + l in the
+// high one). w = (d * scale) * (q - 32), two roundings as the reference has them
+struct Q6_K {
+  static constexpr int64_t kGroup = 256, kTileBytes = 32 + 256 + 64 * 16 + 128 * 16;
+  struct Segment {
+    Lanes scale[2];
+    const uint8_t *ql, *qh;
+    bool high;
+    int shift;
+  };
+  static Segment segment(const uint8_t* tile, int64_t s) {
+    const int64_t c = s / 4, t = s % 4;
+    const Lanes d = halves(tile);
+    return {{multiply(d, signed_bytes(tile + 32 + (2 * s) * 16)), multiply(d, signed_bytes(tile + 32 + (2 * s + 1) * 16))},
+            tile + 1312 + (c * 64 + (t % 2) * 32) * 16, tile + 288 + c * 32 * 16, t >= 2, static_cast<int>(2 * t)};
+  }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    if (s.high) nibbles<true>(s.ql + j * 16, q); else nibbles<false>(s.ql + j * 16, q);
+    add_high_bits(s.qh + j * 16, s.shift, 3, q);
+    return multiply(s.scale[j / 16], as_lanes(q, 32));
+  }
+};
+
+// The tile size and group of a format code; false for a code this file does not know
+inline bool describe(int64_t format, int64_t& group, int64_t& tile_bytes) {
+  switch (format) {
+    case kQ4_0: group = Q4_0::kGroup; tile_bytes = Q4_0::kTileBytes; return true;
+    case kQ4_1: group = Q4_1::kGroup; tile_bytes = Q4_1::kTileBytes; return true;
+    case kQ8_0: group = Q8_0::kGroup; tile_bytes = Q8_0::kTileBytes; return true;
+    case kQ4_K: group = Q4_K::kGroup; tile_bytes = Q4_K::kTileBytes; return true;
+    case kQ5_K: group = Q5_K::kGroup; tile_bytes = Q5_K::kTileBytes; return true;
+    case kQ6_K: group = Q6_K::kGroup; tile_bytes = Q6_K::kTileBytes; return true;
+    default: return false;
+  }
+}
+
+// Calls f(Format{}) with the decoder of `format` (checked by `describe` first)
+template <typename F>
+inline void with_format(int64_t format, F&& f) {
+  switch (format) {
+    case kQ4_0: return f(Q4_0{});
+    case kQ4_1: return f(Q4_1{});
+    case kQ8_0: return f(Q8_0{});
+    case kQ4_K: return f(Q4_K{});
+    case kQ5_K: return f(Q5_K{});
+    default: return f(Q6_K{});
+  }
+}
+
+}  // namespace ggml
+}  // namespace radixserve
