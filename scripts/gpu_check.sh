@@ -18,6 +18,9 @@
 #      layers of 512 to 1 full) and with every layer full, at batch 1 and 16
 #   9. mixture-of-experts (issue 45): the fused Triton MoE at batch 1 and 64 against the active experts'
 #      bytes (`radixserve bench check moe`), and a Qwen3-30B-A3B-shaped decode step (layers cut to fit)
+#  10. quantized weights (issue 47): the FP8 and int4 dequantize-GEMM kernels against their references on
+#      CUDA, and their decode GEMMs of the 8B shapes at batch 1 and 64 against the roofline of their weight
+#      bytes, beside torch's bf16 linear (scripts/quant_gemm_check.py, well under a minute)
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
 # `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
 #
@@ -38,7 +41,7 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
 RS="python3 -m radixserve"
-PARTS=${PARTS:-"kernels step equality e2e spec fp8 window moe"}  # a subset runs only those parts
+PARTS=${PARTS:-"kernels step equality e2e spec fp8 window moe quant"}  # a subset runs only those parts
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $* ==="; }
@@ -102,6 +105,10 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
         --out /tmp/rs-qwen3-moe
     run timeout 240 $RS bench step --model /tmp/rs-qwen3-moe --load-format dummy --batch 1,64 --context 2048 \
         --sampling greedy --steps 16 --graphs on --json "$OUT/step-moe.json"
+  fi
+  if want quant; then
+    step "quantized weights: FP8 / int4 dequantize-GEMM correctness, 8B decode GEMMs vs the weight-bytes roofline"
+    run timeout 120 python3 scripts/quant_gemm_check.py --json "$OUT/quant-gemm.json"
   fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from radixserve.kernels.moe import ExpertWeights, GatedActivation, PackedExperts, prepare, routed_experts
+from radixserve.kernels.mxfp4_format import Mxfp4Experts
 from radixserve.model.spec import MlpSpec, ModelSpec
 
 
@@ -30,7 +31,8 @@ class MoE(nn.Module):
         self.gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if mlp.bias else None
         self.down_bias = nn.Parameter(torch.empty(experts, hidden)) if mlp.bias else None
         self.activation = GatedActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
-        self.packed: ExpertWeights | PackedExperts | None = None  # `pack` makes it once the weights are loaded
+        # `pack` makes it once the weights are loaded; the loader sets MXFP4 experts the GPU runs as they are
+        self.packed: ExpertWeights | PackedExperts | Mxfp4Experts | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids [T, k] int64, topk_weights [T, k] float32) of each token."""
@@ -51,7 +53,9 @@ class MoE(nn.Module):
         """The experts in the layout `routed_experts` runs fastest on this device (on CPU the C++
         kernel's tiles, which read only routed experts and keep a token's result independent of its
         batch), made once after loading. Where that is a copy the stacked parameters are dropped: the
-        packed tensors hold the weights from then on."""
+        packed tensors hold the weights from then on. MXFP4 experts are already in their kernels' layout."""
+        if isinstance(self.packed, Mxfp4Experts):
+            return
         self.packed = prepare(self.experts(), self.gate_up.device, use_cpu_kernel=use_cpu_kernel)
         if isinstance(self.packed, PackedExperts):
             self.register_parameter("gate_up", None)
@@ -60,4 +64,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, ops: Any = None) -> torch.Tensor:
         ids, weights = self.route(x)
+        if isinstance(self.packed, Mxfp4Experts):
+            from radixserve.kernels.fused_moe_mxfp4 import fused_experts_mxfp4  # imports triton: CUDA only
+
+            return fused_experts_mxfp4(x, ids, weights, self.packed, self.activation)
         return routed_experts(x, ids, weights, self.packed or self.experts(), self.activation)

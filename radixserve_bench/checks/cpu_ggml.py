@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
             x = torch.randn(count, inp, generator=generator)
             for kind, weights in kinds.items():
                 seconds = best_seconds(lambda m, x: m(x), weights[:4] if count == 512 else weights, x)
-                read = weights[0].weight.numel() * weights[0].weight.element_size()
+                packed = weights[0].weight
+                assert isinstance(packed, torch.Tensor)
+                read = packed.numel() * packed.element_size()
                 row: dict[str, Any] = {"shape": name, "out": out, "in": inp, "rows": count, "weights": kind,
                                        "us": seconds * 1e6, "bytes": read}
                 if count < 512:
