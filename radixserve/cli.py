@@ -15,7 +15,8 @@ from radixserve.model.embedded import EmbeddedModelMissingError
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="HF model directory (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None,
+                   help="HF model directory or llama.cpp GGUF file (default: embedded SmolLM2-135M-Instruct)")
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
     g.add_argument("--kv-cache-memory-mb", type=float, default=None,
                    help="KV block pool budget in MiB (default: 256 on CPU; on CUDA what --gpu-memory-utilization leaves)")
@@ -68,7 +69,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
                    help="attention implementation (default %(default)s: triton on CUDA, torch otherwise)")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "float16", "bfloat16"],
-                   help="weights/KV dtype (default %(default)s: fp32 on CPU, bf16 on CUDA)")
+                   help="weights/KV dtype (default %(default)s: fp32 on CPU, bf16 on CUDA; a GGUF model, the "
+                        "default one included, keeps its quantized weights on CPU unless a dtype or --enforce-eager is given)")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPES,
                    help="KV cache storage: auto (the model's dtype) or fp8 (e4m3 with a scale per token and "
                         "head: 1.94x the cached tokens of bf16 per GB, 3.88x fp32's; default %(default)s; see "

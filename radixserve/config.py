@@ -18,7 +18,7 @@ DEFAULT_CPU_KV_MB = 256.0
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # HF model directory; None -> the embedded SmolLM2-135M-Instruct
+    model: str | None = None  # HF model directory or GGUF file; None -> the embedded SmolLM2-135M-Instruct
     block_size: int = 16  # tokens per physical KV block
     # KV pool budget; num_blocks derives from it unless set. None: 256 MB on CPU, and on CUDA
     # gpu_memory_utilization of the device minus weights, activations and CUDA graphs

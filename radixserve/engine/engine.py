@@ -123,7 +123,7 @@ class InFlight:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         started = time.perf_counter()
-        model_dir, model_name = resolve_model(config.model)
+        model_dir, model_name = resolve_model(config.model, config.dtype, config.device, config.enforce_eager)
         self.runner = ModelRunner(model_dir, config.dtype, config.device, config.attention_backend,
                                   config.block_size, config.load_format, config.enforce_eager, config.cpu_threads,
                                   config.kv_cache_dtype)

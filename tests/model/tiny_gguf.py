@@ -1,0 +1,174 @@
+"""Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
+
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3), its tensors in the GGUF
+types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
+(262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights
+are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
+Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
+fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the
+converter permutes them (pairs of a head's halves interleaved); qwen2/qwen3 rows are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+HIDDEN = 256  # the K-quants' block: every input width is a multiple of it
+INTERMEDIATE = 512
+LAYERS = 2
+# (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
+# config default, 128, so the tiny qwen3 has heads of 128
+HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1)}
+CONTEXT = 512
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+EOS_ID = 2
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_MERGES = ("Ġ t", "h e", "Ġt he", "Ġ a", "i n", "e r")
+
+
+@dataclass(frozen=True)
+class TinyGGUF:
+    """What to write: the architecture, each tensor kind's GGUF type (by the GGUF name's last part,
+    e.g. "attn_q"; `types_by_layer` overrides one layer's), whether the LM head is tied."""
+
+    arch: str = "llama"
+    types: dict[str, str] = field(default_factory=dict)
+    types_by_layer: dict[tuple[int, str], str] = field(default_factory=dict)
+    tied: bool = True
+    seed: int = 0
+    extra_vectors: tuple[tuple[str, int], ...] = ()  # (name, length): F32 tensors beyond the model's
+
+    def type_of(self, layer: int | None, kind: str) -> str:
+        if layer is not None and (layer, kind) in self.types_by_layer:
+            return self.types_by_layer[(layer, kind)]
+        return self.types.get(kind, "F32" if kind.endswith(("norm", "bias")) else "Q8_0")
+
+
+def byte_tokens() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (what a byte-level BPE vocabulary holds)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def vocabulary() -> list[str]:
+    return list(SPECIALS) + byte_tokens() + ["".join(m.split()) for m in _MERGES]
+
+
+def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
+    rng = np.random.default_rng(spec.seed)
+    tokens = vocabulary()
+    vocab = len(tokens)
+    heads, kv_heads = HEADS.get(spec.arch, (4, 2))
+    head_dim = HIDDEN // heads
+    writer = gguf.GGUFWriter(str(path), spec.arch)
+    writer.add_name(f"tiny-{spec.arch}")
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTERMEDIATE)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    if spec.arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    else:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (vocab - len(SPECIALS)))
+    writer.add_token_merges(list(_MERGES))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_pad_token_id(EOS_ID)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    def add(name: str, layer: int | None, kind: str, rows: int, cols: int, scale: float = 0.08,
+            heads: int | None = None) -> None:
+        qtype = spec.type_of(layer, kind)
+        if cols == 0:  # a vector: a norm (near 1) or a bias
+            values = (1.0 + 0.1 * rng.standard_normal(rows) if kind.endswith("norm")
+                      else 0.05 * rng.standard_normal(rows)).astype(np.float32)
+            writer.add_tensor(name, values if qtype == "F32" else gguf.quants.quantize(values, QType[qtype]),
+                              raw_dtype=QType[qtype])
+            return
+        data = _matrix(rng, QType[qtype], rows, cols, scale)
+        if heads is not None and spec.arch == "llama":
+            data = data[llama_permutation(rows, heads)]
+        writer.add_tensor(name, data, raw_dtype=QType[qtype])
+
+    add("token_embd.weight", None, "token_embd", vocab, HIDDEN, scale=0.5)
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
+        add(b + "attn_q.weight", i, "attn_q", heads * head_dim, HIDDEN, heads=heads)
+        add(b + "attn_k.weight", i, "attn_k", kv_heads * head_dim, HIDDEN, heads=kv_heads)
+        add(b + "attn_v.weight", i, "attn_v", kv_heads * head_dim, HIDDEN)
+        if spec.arch == "qwen2":
+            add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
+            add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
+            add(b + "attn_v.bias", i, "attn_v.bias", kv_heads * head_dim, 0)
+        if spec.arch == "qwen3":
+            add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
+            add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
+        add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
+        add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
+        add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
+        add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)
+        add(b + "ffn_down.weight", i, "ffn_down", HIDDEN, INTERMEDIATE)
+    add("output_norm.weight", None, "output_norm", HIDDEN, 0)
+    if not spec.tied:
+        add("output.weight", None, "output", vocab, HIDDEN, scale=0.5)
+    for name, length in spec.extra_vectors:
+        writer.add_tensor(name, np.ones(length, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def llama_permutation(rows: int, heads: int) -> np.ndarray:
+    """The HF row each stored row holds (the converter's permutation): stored row (h, j, i) holds HF
+    row (h, i, j), h the head, i the half of the head and j the index in that half."""
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, 2, half).swapaxes(1, 2).reshape(-1)
+
+
+# bytes per 256 values, where the fp16 super-block scales sit (offset, count), and the largest
+# |value| per unit of d (scale bits times quant bits), which sizes d
+_K_BLOCKS = {
+    "Q4_K": (144, (0, 2), 63 * 15),
+    "Q5_K": (176, (0, 2), 63 * 31),
+    "Q6_K": (210, (208, 1), 128 * 32),
+    "Q2_K": (84, (80, 2), 15 * 3),
+}
+
+
+def _matrix(rng: np.random.Generator, qtype: QType, rows: int, cols: int, scale: float) -> np.ndarray:
+    if qtype.name in _K_BLOCKS:
+        size, (offset, count), reach = _K_BLOCKS[qtype.name]
+        blocks = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+        # d (and dmin) small enough that a value stays within a few times `scale`
+        d = (rng.uniform(0.3, 1.0, size=(rows, cols // 256, count)) * 4 * scale / reach).astype(np.float16)
+        blocks[:, :, offset:offset + 2 * count] = d.view(np.uint8)
+        return blocks.reshape(rows, -1)
+    values = (scale * rng.standard_normal((rows, cols))).astype(np.float32)
+    return values if qtype == QType.F32 else gguf.quants.quantize(values, qtype)
