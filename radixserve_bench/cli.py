@@ -10,6 +10,7 @@
     radixserve bench scale-out  # N Ray Serve replicas vs one: hit rates, routing (radixserve_bench/scaleout/)
     radixserve bench structured # JSON-schema validity, grammar compile times, constrained step (radixserve_bench/structured/)
     radixserve bench agent      # agent tool loops on chat / Responses / Messages: cache hits, TTFT (radixserve_bench/agents/)
+    radixserve bench peers      # radixserve beside llama.cpp's llama-server and vLLM CPU (`make peers`; radixserve_bench/peers/)
     radixserve bench CHECK ...  # one focused measurement the docs cite (radixserve_bench/checks/): cpu-linear,
                                 # kv-fp8, attack, tenant-probes, ... each with its own flags (`radixserve bench CHECK -h`)
 
@@ -35,6 +36,7 @@ from radixserve_bench import extra
 from radixserve_bench.agents.cli import add_agent_arguments
 from radixserve_bench.checks import CHECKS, run_check
 from radixserve_bench.flags import add_model_arguments, add_output_arguments, add_param_argument, ints, names, parse_params
+from radixserve_bench.peers.cli import add_peers_arguments
 from radixserve_bench.scaleout.cli import add_scaleout_arguments
 from radixserve_bench.systems import SYSTEM_DESCRIPTIONS
 from radixserve_bench.workloads import LOAD_MODES, WORKLOADS
@@ -75,7 +77,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser)
-    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured,agent,CHECK}")
+    sub = parser.add_subparsers(dest="bench_command", metavar="{run,micro,step,kernels,scale-out,structured,agent,peers,CHECK}")
     _add_run_arguments(sub.add_parser("run", help="run workloads against systems (the default)"))
     p_micro = sub.add_parser("micro", help="scheduler and radix-tree micro-benchmarks (no model)")
     p_micro.add_argument("--smoke", action="store_true", help="few steps, short prompts")
@@ -91,6 +93,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_agent_arguments(sub.add_parser(
         "agent", help="agent tool loops on chat, Responses and Messages: per-turn cache hits and TTFT, cache on vs off; "
                       "the scheduler's step with 64 loops in flight"))
+    add_peers_arguments(sub.add_parser(
+        "peers", help="radixserve beside llama.cpp's llama-server and vLLM CPU (built by `make peers`): "
+                      "batch-1 decode, a shared system prompt, multi-turn; tok/s, TTFT, equal greedy replies"))
     for check in CHECKS.values():
         _add_passthrough(sub, check.name, check.summary)
 
@@ -139,6 +144,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from radixserve_bench.agents.cli import run_agent_command
 
         return run_agent_command(args)
+    if command == "peers":
+        from radixserve_bench.peers.cli import run_peers_command
+
+        return run_peers_command(args)
     return _run(args)
 
 
@@ -147,6 +156,8 @@ def _extra_needed(command: str, args: argparse.Namespace) -> tuple[str, ...]:
     if command == "structured":
         return () if args.no_charts else ("matplotlib",)
     if command == "agent":  # its client talks HTTP; its tool outputs are the text source's
+        return ("httpx", "chitchat_dataset", *(() if args.no_charts else ("matplotlib",)))
+    if command == "peers":  # its client talks HTTP; its prompts are the text source's
         return ("httpx", "chitchat_dataset", *(() if args.no_charts else ("matplotlib",)))
     if command not in ("run", "scale-out"):
         return ()

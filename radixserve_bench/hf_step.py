@@ -55,9 +55,15 @@ def load_hf(model_dir: str, device: torch.device, dtype: torch.dtype) -> tuple[A
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    model: Any
     hf_logging.disable_progress_bar()
+    if Path(model_dir).is_file():  # a GGUF: transformers dequantizes it (slow, but once per bench)
+        gguf = Path(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
+                                                     attn_implementation="sdpa")
+        return model.to(device).eval(), "checkpoint"
     if any(p.suffix in WEIGHT_SUFFIXES for p in Path(model_dir).iterdir()):
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
         return model.to(device).eval(), "checkpoint"
     config = AutoConfig.from_pretrained(model_dir)
     with device:  # random init where it runs: fast on a GPU, no host copy of an 8B model

@@ -34,8 +34,11 @@ def weight_bytes(model: CausalLM, batch: int) -> int:
     `batch` rows its lookup reads."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # shared (tied) params once
     embed = model.model.embed_tokens.weight
-    if model.lm_head is not None:  # untied: the lookup reads `batch` rows only
-        total -= (embed.shape[0] - batch) * embed.shape[1] * embed.element_size()
+    head = getattr(model.lm_head, "weight", None)
+    if model.lm_head is not None and head is not embed:  # untied: the lookup reads `batch` rows only
+        # by share of the rows: a GGUF model's embedding is a packed byte buffer, not a matrix
+        vocab = model.spec.vocab_size
+        total -= (vocab - batch) * (embed.numel() * embed.element_size()) // vocab
     return total
 
 

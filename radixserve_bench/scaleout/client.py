@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +46,29 @@ class ChatRun:
     records: tuple[ChatRecord, ...]
 
 
+async def run_turns(w: ChatWorkload, send: Callable[[ChatSession, int], Awaitable[None]], timeout_s: float) -> None:
+    """`send(session, turn)` for every turn of `w`: `w.concurrency` clients take them from one queue in
+    send order, and a turn waits for its conversation's previous one (the module docstring's loop)."""
+    queue: deque[tuple[ChatSession, int]] = deque(w.order())
+    done = {(s.session_id, k): asyncio.Event() for s, k in queue}
+
+    async def worker() -> None:
+        while queue:
+            s, k = queue.popleft()
+            if k:
+                await done[(s.session_id, k - 1)].wait()
+            await send(s, k)
+            done[(s.session_id, k)].set()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(min(w.concurrency, len(queue))))), timeout_s)
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"{w.name}: the run exceeded {timeout_s:.0f} s") from None
+
+
 async def drive_chat(client: httpx.AsyncClient, w: ChatWorkload, model: str, timeout_s: float,
                      on_record: Callable[[ChatRecord], None] | None = None) -> ChatRun:
-    queue: deque[tuple[ChatSession, int]] = deque(w.order())
     replies: dict[str, list[str]] = {s.session_id: [] for s in w.sessions}
-    done = {(s.session_id, k): asyncio.Event() for s, k in queue}
     records: list[ChatRecord] = []
     start = time.monotonic()
 
@@ -71,18 +89,7 @@ async def drive_chat(client: httpx.AsyncClient, w: ChatWorkload, model: str, tim
         if on_record is not None:
             on_record(record)
 
-    async def worker() -> None:
-        while queue:
-            s, k = queue.popleft()
-            if k:
-                await done[(s.session_id, k - 1)].wait()
-            await send(s, k)
-            done[(s.session_id, k)].set()
-
-    try:
-        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(min(w.concurrency, len(queue))))), timeout_s)
-    except asyncio.TimeoutError:
-        raise RuntimeError(f"{w.name}: the run exceeded {timeout_s:.0f} s") from None
+    await run_turns(w, send, timeout_s)
     duration = time.monotonic() - start
     if len(records) != w.num_requests:
         raise RuntimeError(f"{w.name}: {len(records)} of {w.num_requests} requests recorded")
