@@ -167,6 +167,7 @@ void quantized_tile(const uint8_t* const* block, int64_t groups, const float* x,
 
 // Blocks per register tile: accumulators, weights and a broadcast input within the vector registers
 constexpr int kQuantizedBlocks = kVectorRegisters == 32 ? 4 : 2;
+static_assert(kTileBlocks <= kQuantizedBlocks, "many rows take up to kTileBlocks blocks of one format");
 
 template <int Rows, int Blocks, typename F>
 void quantized_tiles(const uint8_t* const* block, int64_t groups, const float* x, int64_t in, const float* bias,
@@ -206,7 +207,8 @@ void dequantize_block(const uint8_t* block, int64_t groups, float* to) {
 
 // Threads split the blocks, each streaming a contiguous share of the weight. A chunk of rows that fits
 // one register tile decodes the weights in registers; more rows decode each block once per chunk into
-// a buffer that the fp32 tiles then read, so prefill pays the decoding once per 48 rows. Either way
+// a buffer that the fp32 tiles (kTileBlocks blocks wide) then read, so prefill pays the decoding once
+// per 48 rows. Either way
 // an output is the fp32 kernel's chain over the same weights: the same bits for a row whatever the
 // row count, and the same bits as `linear` over the dequantized weight packed by pack_linear.
 void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, const float* bias, float* out) {
@@ -218,9 +220,10 @@ void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, 
       for (int64_t b = first; b < end;) {
         const int64_t format = w.table[2 * b + 1];
         // blocks of one format, side by side in one register tile where the range holds them
+        // (decoded into a buffer for many rows: as many blocks as the fp32 tiles take)
+        const int64_t most = chunk_rows > kTileRows ? kTileBlocks : kQuantizedBlocks;
         int64_t count = 1;
-        while (count < kQuantizedBlocks && b + count < end && w.table[2 * (b + count) + 1] == format) ++count;
-        if (chunk_rows > kTileRows) count = 1;
+        while (count < most && b + count < end && w.table[2 * (b + count) + 1] == format) ++count;
         const uint8_t* blocks[kQuantizedBlocks];
         for (int64_t i = 0; i < count; ++i) blocks[i] = w.base + w.table[2 * (b + i)];
         const float* tile_bias = bias ? bias + b * kLanes : nullptr;
@@ -241,11 +244,17 @@ void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, 
             }
             return;
           }
-          decoded.resize(in * kLanes);
-          dequantize_block<F>(blocks[0], groups, decoded.data());
+          decoded.resize(kTileBlocks * in * kLanes);
+          for (int64_t i = 0; i < count; ++i) dequantize_block<F>(blocks[i], groups, decoded.data() + i * in * kLanes);
           for (int64_t r = 0; r < chunk_rows; r += kTileRows) {
-            tile_rows<1>(std::min(kTileRows, chunk_rows - r), decoded.data(), in * kLanes, x + (chunk + r) * in, in,
-                         tile_bias, tile_out + r * out_stride, out_stride);
+            const int64_t n = std::min(kTileRows, chunk_rows - r);
+            if (count == kTileBlocks) {
+              tile_rows<kTileBlocks>(n, decoded.data(), in * kLanes, x + (chunk + r) * in, in, tile_bias,
+                                     tile_out + r * out_stride, out_stride);
+            } else {
+              tile_rows<1>(n, decoded.data(), in * kLanes, x + (chunk + r) * in, in, tile_bias, tile_out + r * out_stride,
+                           out_stride);
+            }
           }
         });
         b += count;
