@@ -44,6 +44,23 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _gated_activation(acc_gate, acc_up, alpha, limit, DTYPE: tl.constexpr, ACTIVATION: tl.constexpr,
+                      UPCAST: tl.constexpr):
+    """act(gate) * up of fp32 accumulators, as the model dtype: the projections round to it before the
+    activation, as the reference's do (fp32 values of DTYPE, returned as DTYPE)."""
+    gate, up = _round(acc_gate, DTYPE, UPCAST), _round(acc_up, DTYPE, UPCAST)
+    if ACTIVATION == 0:  # silu
+        value = gate * _sigmoid(gate) * up
+    elif ACTIVATION == 1:  # gelu_tanh: 0.5 g (1 + tanh z) = g sigmoid(2z), without 1 + tanh's cancellation
+        value = gate * _sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up  # 2 sqrt(2/pi)
+    else:  # clamped_swiglu (gpt-oss)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        value = gate * _sigmoid(alpha * gate) * (up + 1.0)
+    return _round(value, DTYPE, UPCAST).to(DTYPE)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, bias_ptr, act_ptr, sorted_pairs_ptr, block_expert_ptr,
     num_pairs, num_experts, alpha, limit,
@@ -81,19 +98,8 @@ def _gate_up_kernel(
         bias_row = bias_ptr + expert * stride_be
         acc_gate += tl.load(bias_row + cols * stride_bn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         acc_up += tl.load(bias_row + (cols + INTER) * stride_bn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    # the projections round to the model dtype before the activation, as the reference's do
-    dtype = act_ptr.dtype.element_ty
-    gate, up = _round(acc_gate, dtype, UPCAST), _round(acc_up, dtype, UPCAST)
-    if ACTIVATION == 0:  # silu
-        value = gate * _sigmoid(gate) * up
-    elif ACTIVATION == 1:  # gelu_tanh: 0.5 g (1 + tanh z) = g sigmoid(2z), without 1 + tanh's cancellation
-        value = gate * _sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up  # 2 sqrt(2/pi)
-    else:  # clamped_swiglu (gpt-oss)
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        value = gate * _sigmoid(alpha * gate) * (up + 1.0)
-    tl.store(act_ptr + pairs[:, None] * stride_ap + cols[None, :] * stride_ai, _round(value, dtype, UPCAST).to(dtype),
-             mask=valid[:, None] & col_mask[None, :])
+    value = _gated_activation(acc_gate, acc_up, alpha, limit, act_ptr.dtype.element_ty, ACTIVATION, UPCAST)
+    tl.store(act_ptr + pairs[:, None] * stride_ap + cols[None, :] * stride_ai, value, mask=valid[:, None] & col_mask[None, :])
 
 
 @triton.jit

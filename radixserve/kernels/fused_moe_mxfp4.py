@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.common import check_device, dot_precision, is_interpreted, upcast_in_kernel
-from radixserve.kernels.fused import _round
 from radixserve.kernels.fused_moe import (
     BLOCK_K,
     BLOCK_M,
@@ -27,8 +26,8 @@ from radixserve.kernels.fused_moe import (
     NUM_STAGES,
     NUM_WARPS,
     SUM_BLOCK,
+    _gated_activation,
     _route,
-    _sigmoid,
     _sum_pairs_kernel,
 )
 from radixserve.kernels.moe import ACTIVATION_CODES, GatedActivation
@@ -87,19 +86,8 @@ def _gate_up_mxfp4_kernel(
         bias_row = bias_ptr + expert * stride_biase
         acc_gate += tl.load(bias_row + cols * stride_biasn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         acc_up += tl.load(bias_row + (cols + INTER) * stride_biasn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    # the projections round to the model dtype before the activation, as fused_moe's and the reference's do
-    dtype = act_ptr.dtype.element_ty
-    gate, up = _round(acc_gate, dtype, UPCAST), _round(acc_up, dtype, UPCAST)
-    if ACTIVATION == 0:  # silu
-        value = gate * _sigmoid(gate) * up
-    elif ACTIVATION == 1:  # gelu_tanh, as fused_moe writes it
-        value = gate * _sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up
-    else:  # clamped_swiglu (gpt-oss)
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        value = gate * _sigmoid(alpha * gate) * (up + 1.0)
-    tl.store(act_ptr + pairs[:, None] * stride_ap + cols[None, :] * stride_ai, _round(value, dtype, UPCAST).to(dtype),
-             mask=valid[:, None] & col_mask[None, :])
+    value = _gated_activation(acc_gate, acc_up, alpha, limit, act_ptr.dtype.element_ty, ACTIVATION, UPCAST)
+    tl.store(act_ptr + pairs[:, None] * stride_ap + cols[None, :] * stride_ai, value, mask=valid[:, None] & col_mask[None, :])
 
 
 @triton.jit

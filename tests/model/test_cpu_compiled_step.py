@@ -82,6 +82,10 @@ def test_the_compiled_step_is_the_python_layers_bit_for_bit(arch: str, dtype: to
     """The same hidden states and the same cache afterwards (every layer stored its K/V at the step's
     slots, nothing else written), with biases (llama, qwen2), a tied head (qwen2), GQA 2:1 and 4:1."""
     model, spec = _packed(arch, dtype)
+    _assert_the_step_is_the_python_layers(model, spec, rows, dtype)
+
+
+def _assert_the_step_is_the_python_layers(model, spec, rows: list[tuple[int, int]], dtype: torch.dtype) -> None:
     cache, meta, ids, positions = _step(rows, spec, dtype, seed=len(rows))
     python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
     python_cache.data.copy_(cache.data)
@@ -125,17 +129,7 @@ def _quantized(arch: str, type_name: str):
 def test_the_compiled_step_runs_gguf_blocks_as_the_python_layers_do(arch: str, type_name: str,
                                                                      rows: list[tuple[int, int]]) -> None:
     model, spec = _quantized(arch, type_name)
-    cache, meta, ids, positions = _step(rows, spec, torch.float32, seed=len(rows))
-    python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
-    python_cache.data.copy_(cache.data)
-    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
-    assert step is not None
-    with torch.inference_mode():
-        got = step.forward(ids, positions, meta())
-        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), TorchOps())
-    assert got is not None and got.dtype == torch.float32 and got.isfinite().all()
-    assert torch.equal(got, want)
-    assert torch.equal(cache.data.nan_to_num(), python_cache.data.nan_to_num())
+    _assert_the_step_is_the_python_layers(model, spec, rows, torch.float32)
 
 
 def test_a_long_row_leaves_the_step_to_the_python_layers() -> None:
