@@ -184,17 +184,23 @@ def ws_upgrade_headers(host: str, origin: str | None = None) -> dict[str, str]:
 def write_tiny_chat_model(root: Path, tokenizer_dir: Path, max_positions: int = 2048) -> Path:
     """A random-weight two-layer Llama with the embedded model's vocabulary and tokenizer: loads in
     about a second, for tests that need a second server but no meaningful text. `max_positions` is
-    its context length (a long one costs only a larger RoPE table)."""
+    its context length (a long one costs only a larger RoPE table). `tokenizer_dir` may also be a
+    GGUF file (the embedded default served as shipped), whose tokenizer is written out."""
     import shutil
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from radixserve.model.loader import load_tokenizer
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=49152, max_position_embeddings=max_positions, bos_token_id=1,
                       eos_token_id=2, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(root)
+    if tokenizer_dir.is_file():
+        load_tokenizer(tokenizer_dir).save_pretrained(root)
+        return root
     for f in tokenizer_dir.iterdir():
         if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
             shutil.copy(f, root / f.name)

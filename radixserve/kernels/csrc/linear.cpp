@@ -289,7 +289,7 @@ Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>
                 "GGUF weight packed by pack_ggml; got ", packed.scalar_type(), " ", packed.sizes());
     in = packed.size(1), blocks = packed.size(0);
   }
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == in, "linear: x [rows, ", in, "], got ", x.sizes());
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == in, "linear: x [rows, in] with in = ", in, ", got ", x.sizes());
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && (!bias || bias->device().is_cpu()),
               "linear: CPU tensors");
   const int64_t rows = x.size(0), width = blocks * kLanes;
