@@ -208,9 +208,9 @@ void dequantize_block(const uint8_t* block, int64_t groups, float* to) {
 // Threads split the blocks, each streaming a contiguous share of the weight. A chunk of rows that fits
 // one register tile decodes the weights in registers; more rows decode each block once per chunk into
 // a buffer that the fp32 tiles (kTileBlocks blocks wide) then read, so prefill pays the decoding once
-// per 48 rows. Either way
-// an output is the fp32 kernel's chain over the same weights: the same bits for a row whatever the
-// row count, and the same bits as `linear` over the dequantized weight packed by pack_linear.
+// per 48 rows. Either way an output is the fp32 kernel's chain over the same weights: the same bits
+// for a row whatever the row count, and the same bits as `linear` over the dequantized weight packed
+// by pack_linear.
 void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, const float* bias, float* out) {
   const int64_t in = w.in, out_stride = w.blocks * kLanes;
   at::parallel_for(0, w.blocks, 1, [&](int64_t first, int64_t end) {
