@@ -8,11 +8,12 @@
 // gives a column's quants for all 16 outputs; the scales come first, the quants after, in the bit
 // order the GGUF block uses (ggml_quants.py writes them; the byte offsets are listed per format below).
 //
-// Invariant: `column` produces the weights gguf.quants.dequantize produces, bit for bit: every product of a scale and a quant is exact
-// in fp32 (an fp16 scale has 11 significant bits, a 6-bit sub-scale and a 4- or 5-bit quant add at
-// most 11 more), so where the reference multiplies and then adds (rounding once, since the product is
-// exact) a fused multiply-add rounds identically; Q6_K's second product can round, and is rounded
-// as the reference rounds it, as a separate multiply.
+// Invariant: `column` produces the weights gguf.quants.dequantize produces, bit for bit. Every product
+// of a scale and a quant is exact in fp32 (an fp16 scale has 11 significant bits; a 6-bit sub-scale
+// and a 4- or 5-bit quant, or an 8-bit quant, add at most 11 more), so where the reference multiplies
+// and then adds (rounding once, since the product is exact) a fused multiply-add rounds identically.
+// Q6_K's second product (an 8-bit sub-scale, then a 6-bit quant) can round, and is rounded as the
+// reference rounds it, as a separate multiply.
 #pragma once
 
 #include "cpu_kernels.h"
