@@ -51,22 +51,6 @@ inline void load_bytes(const uint8_t* from, NativeInt (&out)[kParts]) {
 #endif
 }
 
-inline Lanes signed_bytes(const uint8_t* from) {
-  NativeInt ints[kParts];
-  load_bytes<true>(from, ints);
-  Lanes v;
-  for (int p = 0; p < kParts; ++p) v.part[p] = to_native(ints[p]);
-  return v;
-}
-
-inline Lanes unsigned_bytes(const uint8_t* from) {
-  NativeInt ints[kParts];
-  load_bytes<false>(from, ints);
-  Lanes v;
-  for (int p = 0; p < kParts; ++p) v.part[p] = to_native(ints[p]);
-  return v;
-}
-
 // 16 fp16 values (exactly widened)
 inline Lanes halves(const uint8_t* from) {
   Lanes v;
@@ -120,6 +104,14 @@ inline Lanes as_lanes(const NativeInt (&q)[kParts], int offset = 0) {
   return v;
 }
 
+// 16 bytes, one per output, as fp32 lanes (sign-extended where Signed)
+template <bool Signed>
+inline Lanes byte_lanes(const uint8_t* from) {
+  NativeInt ints[kParts];
+  load_bytes<Signed>(from, ints);
+  return as_lanes(ints);
+}
+
 // Each format decodes a tile a segment of 32 columns at a time: `segment` reads the segment's scales
 // (and where its quants lie), `column` decodes its column j (0..31): the 16 outputs' weights of input
 // group_start + 32 * s + j. Kernels interleave several blocks' segments, so a format is plain data
@@ -164,7 +156,7 @@ struct Q8_0 {
     const uint8_t* qs;
   };
   static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), tile + 32}; }
-  static Lanes column(const Segment& s, int64_t j) { return multiply(signed_bytes(s.qs + j * 16), s.d); }
+  static Lanes column(const Segment& s, int64_t j) { return multiply(byte_lanes<true>(s.qs + j * 16), s.d); }
 };
 
 // Q4_K: 256 inputs in 8 sub-blocks (segments) of 32; d fp16[16] @0, dmin fp16[16] @32, scale
@@ -179,8 +171,8 @@ struct Q4_K {
     bool high;
   };
   static Segment k_segment(const uint8_t* tile, int64_t s, const uint8_t* qs) {
-    return {multiply(halves(tile), unsigned_bytes(tile + 64 + s * 16)),
-            negate(multiply(halves(tile + 32), unsigned_bytes(tile + 192 + s * 16))), qs + (s / 2) * 32 * 16,
+    return {multiply(halves(tile), byte_lanes<false>(tile + 64 + s * 16)),
+            negate(multiply(halves(tile + 32), byte_lanes<false>(tile + 192 + s * 16))), qs + (s / 2) * 32 * 16,
             s % 2 == 1};
   }
   static Segment segment(const uint8_t* tile, int64_t s) { return k_segment(tile, s, tile + 320); }
@@ -229,7 +221,8 @@ struct Q6_K {
   static Segment segment(const uint8_t* tile, int64_t s) {
     const int64_t c = s / 4, t = s % 4;
     const Lanes d = halves(tile);
-    return {{multiply(d, signed_bytes(tile + 32 + (2 * s) * 16)), multiply(d, signed_bytes(tile + 32 + (2 * s + 1) * 16))},
+    const uint8_t* scales = tile + 32 + 2 * s * 16;
+    return {{multiply(d, byte_lanes<true>(scales)), multiply(d, byte_lanes<true>(scales + 16))},
             tile + 1312 + (c * 64 + (t % 2) * 32) * 16, tile + 288 + c * 32 * 16, t >= 2, static_cast<int>(2 * t)};
   }
   static Lanes column(const Segment& s, int64_t j) {
