@@ -8,7 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixserve.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, LOAD_FORMATS, POLICIES, PREEMPTION_MODES, EngineConfig
+from radixserve.config import (
+    ATTENTION_BACKENDS,
+    KV_CACHE_DTYPES,
+    LOAD_FORMATS,
+    POLICIES,
+    PREEMPTION_MODES,
+    QUANTIZED_ACTIVATIONS,
+    EngineConfig,
+)
 from radixserve.model.embedded import EmbeddedModelMissingError
 
 
@@ -34,6 +42,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="prepare the next step while the device runs this one (default on CUDA, off on CPU)")
     o.add_argument("--no-overlap", dest="overlap", action="store_const", const=False,
                    help="run each step to the end before preparing the next (debugging, equality tests)")
+    g.add_argument("--quantized-activations", choices=QUANTIZED_ACTIVATIONS, default=d.quantized_activations,
+                   help="CPU, a GGUF's quantized weights: int8 quantizes each row of inputs to 8 bits per block "
+                        "of 32 for integer dot products, as llama.cpp does; float32 computes exactly what the "
+                        "dequantized model (--dtype float32) computes, slower (default %(default)s)")
     g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
                    help="auto: the checkpoint's weights | dummy: random weights of its shapes, for speed tests")
     g.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size in blocks (overrides memory)")
@@ -123,6 +135,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         new_token_ratio=a.new_token_ratio,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, device=a.device,
+        quantized_activations=a.quantized_activations,
         seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager, overlap=a.overlap,
         cpu_threads=a.cpu_threads,

@@ -13,6 +13,7 @@ PREEMPTION_MODES = ("auto", "swap", "recompute")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8")  # the model's dtype, or FP8 rows (docs/kv_fp8.md)
+QUANTIZED_ACTIVATIONS = ("int8", "float32")  # how GGUF weights take their inputs (kernels/ggml_quants.ACTIVATIONS)
 DEFAULT_CPU_KV_MB = 256.0
 
 
@@ -50,6 +51,10 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto (triton on CUDA, torch otherwise) | triton | torch
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (e4m3 with a scale per token and head)
+    # a GGUF's quantized weights in the CPU kernels (docs/quantized.md): int8 quantizes each row of inputs
+    # to 8 bits per block of 32 for integer dot products, as llama.cpp does; float32 multiplies the
+    # decoded weights in fp32, computing exactly what the dequantized model (--dtype float32) computes
+    quantized_activations: str = "int8"
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     # every step eager: no CUDA graphs (CUDA) and no padded static-buffer decode path (model/decode_graphs.py)
@@ -107,6 +112,9 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(f"quantized_activations (--quantized-activations) must be one of "
+                             f"{', '.join(QUANTIZED_ACTIVATIONS)}, got {self.quantized_activations!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads (--cpu-threads) must be >= 1, got {self.cpu_threads}")
         if self.max_wait_steps < 1:

@@ -105,6 +105,7 @@ class StepBenchOptions:
     device: str = "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # auto | fp8 (docs/kv_fp8.md)
+    quantized_activations: str = "int8"  # a GGUF's quantized weights on CPU: int8 | float32 (docs/quantized.md)
     block_size: int = 16
     max_num_seqs: int | None = None  # None: the largest batch
     max_num_batched_tokens: int | None = None  # None: max(8192, largest batch)
@@ -263,7 +264,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     for graphs, overlap, drafting in [(g, v, sp) for g in o.graphs for v in o.overlap for sp in o.speculation]:
         config = EngineConfig(
             model=model_dir, device=o.device, dtype=o.dtype, kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size,
-            seed=o.seed,
+            quantized_activations=o.quantized_activations, seed=o.seed,
             enforce_eager=graphs == "off", overlap=overlap == "on", load_format=load_format,
             num_speculative_tokens=o.num_speculative_tokens if drafting == "on" else 0,
             max_num_seqs=o.max_num_seqs or max(batches),

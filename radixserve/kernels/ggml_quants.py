@@ -2,20 +2,26 @@
 
 A GGUF tensor stores each row as blocks of 32 (or 256) inputs, each block a scale or two and packed
 quants. `pack_ggml` regroups a weight's rows 16 at a time, as the fp32 kernel groups outputs, and
-interleaves the 16 rows' blocks so that a column's quants for all 16 outputs are one 16-byte load
-(`csrc/ggml_formats.h` lists each format's tile); the kernel (`radixserve::linear` on a uint8
-weight) decodes a column into 16 fp32 weights in registers and runs the fp32 kernel's chain over
-them. Nothing is dequantized in memory: the packed weight holds the file's bytes (the K types'
-12-byte sub-scale field unpacked to 16 bytes: 2% more).
+interleaves the 16 rows' blocks: each quant byte column of the 16 rows as quads, four adjacent
+columns of one row in one 32-bit lane (`csrc/ggml_formats.h` lists each format's tile). Nothing is
+dequantized in memory: the packed weight holds the file's bytes (the K types' 12-byte sub-scale
+field unpacked to 16 bytes: 2% more). The header says how the kernel (`radixserve::linear` on a
+uint8 weight) takes its inputs, `activations`:
+- "int8" (the default, llama.cpp's way): each row of inputs quantized to 8 bits per block of 32
+  (scale fp16(max|x| / 127)), integer dot products of four quants at a time (VNNI where the CPU has
+  it), then one fp32 multiply and add per sub-block;
+- "float32": each column decoded to 16 fp32 weights in registers and the fp32 kernel's chain run
+  over them, so the model computes exactly what its dequantized fp32 copy computes.
 
 Invariants:
 - a packed weight decodes, bit for bit, to what `gguf.quants.dequantize` gives for the file's rows,
-  so `linear` over it equals `linear` over that dequantized matrix packed by `pack_linear`, bit for
-  bit, whatever the row or thread count (tests/kernels/test_ggml_linear.py);
+  so with float32 activations `linear` over it equals `linear` over that dequantized matrix packed
+  by `pack_linear`, bit for bit (tests/kernels/test_ggml_linear.py);
+- with int8 activations `linear` equals the numpy emulation in tests/kernels/ggml_blocks.py bit for
+  bit (tests/kernels/test_ggml_int8.py);
+- either way a row's result is the same whatever the row or thread count;
 - a fused projection may pack parts of different formats (rows of each part stay whole; every part
-  but the last holds a multiple of 16 rows, or shares the next part's format);
-- activations stay fp32 (llama.cpp quantizes them to 8 bits per block for integer dot products; this
-  kernel does not, so a GGUF model here computes what its dequantized fp32 copy computes).
+  but the last holds a multiple of 16 rows, or shares the next part's format).
 """
 
 from __future__ import annotations
@@ -35,15 +41,19 @@ LANES = 16  # outputs per packed block, as the fp32 kernel's blocks
 _MAGIC = 0x31515352  # "RSQ1": the header csrc/linear.cpp checks
 _HEADER_WORDS = 4
 _ALIGN = 64
+# how a packed weight's kernel takes its inputs, in the header's code order (csrc/linear.cpp):
+# fp32 multiply-adds over the decoded weights, or 8-bit quantized rows and integer dot products
+ACTIVATIONS: tuple[str, ...] = ("float32", "int8")
 
 
 @dataclass(frozen=True)
 class GgmlFormat:
     """One GGUF block type: its code, the inputs per block, the bytes per file block and per packed
     tile (16 rows' blocks interleaved, csrc/ggml_formats.h), and the file block's fields in the
-    tile's order as (start, width, kind): "half" keeps a row's fp16 value together, "columns" lays
-    each byte column out across the 16 rows, "scales" unpacks the K types' 12 bytes of 6-bit
-    sub-scales and mins into 8 + 8 byte columns."""
+    tile's order as (start, width, kind): "half" keeps a row's fp16 value together, "lanes" lays
+    each byte column out across the 16 rows, "columns" (quants) does so four columns at a time, each
+    row's four bytes together, "scales" unpacks the K types' 12 bytes of 6-bit sub-scales and mins
+    into 8 + 8 byte columns."""
 
     name: str
     code: int
@@ -63,7 +73,7 @@ FORMATS: dict[str, GgmlFormat] = {f.name: f for f in (
     GgmlFormat("Q5_K", 13, 256, 176, 2880,
                ((0, 2, "half"), (2, 2, "half"), (4, 12, "scales"), (16, 32, "columns"), (48, 128, "columns"))),
     GgmlFormat("Q6_K", 14, 256, 210, 3360,
-               ((208, 2, "half"), (192, 16, "columns"), (128, 64, "columns"), (0, 128, "columns"))),
+               ((208, 2, "half"), (192, 16, "lanes"), (128, 64, "columns"), (0, 128, "columns"))),
 )}
 SUPPORTED_TYPES: tuple[str, ...] = tuple(FORMATS)
 
@@ -78,8 +88,11 @@ def _tile(fmt: GgmlFormat, blocks: np.ndarray) -> np.ndarray:
         field = blocks[..., start:start + width]
         if kind == "half":  # [rb, 16, g, 2] -> [rb, g, 16 * 2]
             pieces.append(field.transpose(0, 2, 1, 3).reshape(row_blocks, groups, LANES * width))
-        elif kind == "columns":  # [rb, 16, g, w] -> [rb, g, w * 16]
+        elif kind == "lanes":  # [rb, 16, g, w] -> [rb, g, w, 16]: a byte per row, read as 16 lanes
             pieces.append(field.transpose(0, 2, 3, 1).reshape(row_blocks, groups, width * LANES))
+        elif kind == "columns":  # quants as quads: [rb, 16, g, w / 4, 4] -> [rb, g, w / 4, 16, 4]
+            quads = field.reshape(row_blocks, LANES, groups, width // 4, 4)
+            pieces.append(quads.transpose(0, 2, 3, 1, 4).reshape(row_blocks, groups, width * LANES))
         else:  # the K types' packed 6-bit sub-scales and mins, unpacked: scale[8][16] then min[8][16]
             scales, mins = Q4_K.get_scale_min(np.ascontiguousarray(field).reshape(-1, width))
             for unpacked in (scales, mins):
@@ -116,9 +129,12 @@ def _runs(parts: Sequence[tuple[str, np.ndarray]], in_features: int) -> list[tup
     return runs
 
 
-def pack_ggml(parts: Sequence[tuple[str, np.ndarray]], in_features: int) -> torch.Tensor:
+def pack_ggml(parts: Sequence[tuple[str, np.ndarray]], in_features: int, activations: str = "int8") -> torch.Tensor:
     """The kernel's packed uint8 buffer for a weight whose rows are `parts` in order, each (GGUF type
-    name, the file's bytes [rows, row_bytes]); the last block's missing rows are zero weights."""
+    name, the file's bytes [rows, row_bytes]); the last block's missing rows are zero weights.
+    `activations` ("int8" or "float32", ACTIVATIONS) is how the kernel meets inputs with it."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations {activations!r}: choose {' or '.join(ACTIVATIONS)}")
     runs = _runs(parts, in_features)
     tiles, formats = [], []
     for fmt, raw in runs:
@@ -133,11 +149,17 @@ def pack_ggml(parts: Sequence[tuple[str, np.ndarray]], in_features: int) -> torc
     data_start = -(-(_HEADER_WORDS + 2 * count) * 8 // _ALIGN) * _ALIGN
     sizes = np.array([t.shape[1] for t in tiles for _ in range(len(t))], dtype=np.int64)
     offsets = data_start + np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    words = np.concatenate([[_MAGIC, count, in_features, 0], np.stack([offsets, formats], axis=1).ravel()])
+    header = [_MAGIC, count, in_features, ACTIVATIONS.index(activations)]
+    words = np.concatenate([header, np.stack([offsets, formats], axis=1).ravel()])
     buffer = np.zeros(data_start + int(sizes.sum()), dtype=np.uint8)
     buffer[:len(words) * 8] = words.astype("<i8").view(np.uint8)
     buffer[data_start:] = np.concatenate([t.ravel() for t in tiles])
     return torch.from_numpy(buffer)
+
+
+def packed_activations(packed: torch.Tensor) -> str:
+    """How a packed weight's kernel takes its inputs: "int8" or "float32"."""
+    return ACTIVATIONS[int(packed[24:32].view(torch.int64))]
 
 
 def packed_types(packed: torch.Tensor) -> dict[str, int]:
@@ -166,8 +188,9 @@ def _as_parameter(packed: torch.Tensor) -> nn.Parameter:
 
 
 class QuantizedLinear(nn.Module):
-    """y = x W^T + b with W a packed GGUF weight (`pack_ggml`), computed in fp32 by the C++ kernel;
-    x is [rows, in_features], each row's result the same whatever the row count."""
+    """y = x W^T + b with W a packed GGUF weight (`pack_ggml`) by the C++ kernel, its inputs taken as
+    the weight's header says (int8 or float32 activations); x is [rows, in_features], each row's
+    result the same whatever the row count."""
 
     def __init__(self, packed: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None = None) -> None:

@@ -243,11 +243,12 @@ def load_gguf_spec(path: str | Path) -> ModelSpec:
 
 
 def load_gguf_model(path: str | Path, dtype: torch.dtype, device: torch.device, keep_quantized: bool,
-                    load_format: str = "auto") -> tuple[CausalLM, ModelSpec]:
+                    load_format: str = "auto", activations: str = "int8") -> tuple[CausalLM, ModelSpec]:
     """The model of a GGUF file: with `keep_quantized` (no dtype was asked for), its quantized
-    tensors as they are where the device and kernels run them (`serves_quantized`), else every
-    tensor dequantized into `dtype` parameters. load_format "dummy" fills the file's shapes with
-    seeded random weights instead."""
+    tensors as they are where the device and kernels run them (`serves_quantized`), taking
+    `activations` inputs ("int8" or "float32", ggml_quants.ACTIVATIONS), else every tensor
+    dequantized into `dtype` parameters. load_format "dummy" fills the file's shapes with seeded
+    random weights instead."""
     from radixserve.model.loader import fill_dummy_weights
 
     file = GGUFFile(path)  # refuses a file we cannot serve before anything is built or loaded
@@ -258,7 +259,7 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype, device: torch.device, 
         fill_dummy_weights(model)
         how = "random weights of its shapes (--load-format dummy)"
     elif load_format == "auto":
-        how = _how(_fill(model, file, quantized), file, dtype)
+        how = _how(_fill(model, file, quantized, activations), file, dtype, activations)
     else:
         raise ValueError(f"unknown load_format {load_format!r}; choose auto or dummy")
     model.eval()
@@ -267,19 +268,20 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype, device: torch.device, 
     return model, spec
 
 
-def _how(kept: int, file: GGUFFile, dtype: torch.dtype) -> str:
+def _how(kept: int, file: GGUFFile, dtype: torch.dtype, activations: str) -> str:
     """How the weights run, for the one log line: kept = GGUF-quantized tensors served as they are."""
     quantized = sum(t.quantized for t in file.tensors.values())
     name, counts = str(dtype).removeprefix("torch."), file.type_counts()
     if quantized and kept == quantized:
-        return f"served as shipped ({counts})"
+        return f"served as shipped ({counts}; {activations} activations)"
     if kept:
-        return f"served as shipped but {quantized - kept} quantized tensors dequantized to {name} ({counts})"
+        return (f"served as shipped ({activations} activations) but {quantized - kept} quantized tensors "
+                f"dequantized to {name} ({counts})")
     return f"dequantized to {name} ({counts})" if quantized else f"loaded as {name} ({counts})"
 
 
 @torch.no_grad()
-def _fill(model: CausalLM, file: GGUFFile, quantized: bool) -> int:
+def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) -> int:
     """Fill every parameter from the file; returns how many GGUF tensors stayed quantized."""
     from radixserve.model.loader import Target, checkpoint_targets
 
@@ -319,7 +321,7 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool) -> int:
     # biases (and every float tensor) are in place before the quantized modules take them over
     kept = 0
     for module, parts in kept_modules.items():
-        kept += _swap_quantized(model, file, module, parts)
+        kept += _swap_quantized(model, file, module, parts, activations)
     return kept
 
 
@@ -335,7 +337,8 @@ def _dequantized(file: GGUFFile, tensor: GGUFTensor, spec: ModelSpec) -> torch.T
     return torch.from_numpy(values if values.flags.writeable else values.copy())  # F32 comes back as the file's map
 
 
-def _swap_quantized(model: CausalLM, file: GGUFFile, name: str, parts: list[tuple[Any, GGUFTensor]]) -> int:
+def _swap_quantized(model: CausalLM, file: GGUFFile, name: str, parts: list[tuple[Any, GGUFTensor]],
+                    activations: str) -> int:
     """Replace module `name` by its quantized form over the parts' bytes; returns the tensors kept."""
     from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, pack_ggml
 
@@ -352,7 +355,7 @@ def _swap_quantized(model: CausalLM, file: GGUFFile, name: str, parts: list[tupl
         raise ValueError(f"{file.path.name}: tensors {', '.join(t.name for _, t in parts)} hold {rows} x "
                          f"{sorted(shapes)}, the metadata implies {out_features} x {in_features}")
     try:
-        packed = pack_ggml([(t.type_name, file.rows(t, spec)) for _, t in parts], in_features)
+        packed = pack_ggml([(t.type_name, file.rows(t, spec)) for _, t in parts], in_features, activations)
     except ValueError as err:  # a layout the kernel cannot pack (e.g. a fused part of odd rows): dequantize it
         log.info("%s stays dequantized: %s", name, err)
         weight = torch.cat([_dequantized(file, t, spec) for _, t in parts])

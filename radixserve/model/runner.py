@@ -71,7 +71,7 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int,
                  load_format: str = "auto", enforce_eager: bool = False, cpu_threads: int | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
+                 kv_cache_dtype: str = "auto", quantized_activations: str = "int8") -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu":
@@ -79,7 +79,8 @@ class ModelRunner:
         # a GGUF keeps its quantized weights unless a dtype was asked for (then they are dequantized to
         # it) or every step is eager (no C++ kernel runs)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format,
-                                           keep_quantized=dtype == "auto" and not enforce_eager)
+                                           keep_quantized=dtype == "auto" and not enforce_eager,
+                                           quantized_activations=quantized_activations)
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
         for module in self.model.modules():
             if isinstance(module, MoE):

@@ -9,6 +9,7 @@ server on a free port (port 0), waits until the model is loaded, and always stop
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import socket
@@ -169,6 +170,10 @@ def serve_forever(engine_factory: EngineFactory, config: ServerConfig) -> int:
             print(f"radixserve: {state.load_error}", file=sys.stderr, flush=True)
             server.should_exit = True
             return
+        # everything loading allocated (the model, tokenizer and transformers' modules: ~450k objects,
+        # a 265 ms full collection on the embedded model) lives as long as the server: kept out of the
+        # collector, so a collection while serving walks only what requests allocated
+        gc.freeze()
         url = url_for(config.host, server.bound_port)
         ui = " (web UI at /)" if config.web_dir is not None and (config.web_dir / "index.html").is_file() else ""
         print(f"radixserve: serving {state.model_name} at {url}{ui}; OpenAI API at {url}/v1", flush=True)

@@ -21,10 +21,9 @@ from radixserve.sampling_params import SamplingParams
 from radixserve_bench.checks.greedy_agreement import QUESTIONS, leading_agreement
 
 
-def answers(dtype: str | None, max_tokens: int) -> list[list[int]]:
-    """Speed is `radixserve bench step --dtype`'s to measure, alone; this only compares tokens.
-    dtype None: the engine's default (the embedded GGUF served as shipped, on CPU)."""
-    llm = LLM(num_speculative_tokens=0) if dtype is None else LLM(dtype=dtype, num_speculative_tokens=0)
+def answers(dtype: str, max_tokens: int) -> list[list[int]]:
+    """Speed is `radixserve bench step --dtype`'s to measure, alone; this only compares tokens."""
+    llm = LLM(dtype=dtype, num_speculative_tokens=0)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params)
     return [list(o.outputs[0].token_ids) for o in outs]

@@ -1,5 +1,6 @@
 """One CPU matmul on GGUF blocks at a time: the C++ kernel on each quantized format (Q4_0, Q4_1,
-Q8_0, Q4_K, Q5_K, Q6_K) against the same kernel on fp32 weights, on the embedded model's shapes, as
+Q8_0, Q4_K, Q5_K, Q6_K), with int8 and with fp32 activations, against the same kernel on fp32
+weights, on the embedded model's shapes, as
 micro-timings that guide the kernel's design (claims about a model's decode come from `radixserve
 bench step` and `bench peers`).
 
@@ -23,14 +24,14 @@ import torch
 
 from radixserve.kernels.cpu_extension import load_extension
 from radixserve.kernels.cpu_linear import BlockedLinear
-from radixserve.kernels.ggml_quants import FORMATS, SUPPORTED_TYPES, QuantizedLinear, pack_ggml
+from radixserve.kernels.ggml_quants import ACTIVATIONS, FORMATS, SUPPORTED_TYPES, QuantizedLinear, pack_ggml
 from radixserve_bench.checks.cpu_linear import ROTATION_BYTES, SHAPES, best_seconds
 from radixserve_bench.checks.micro_result import write_result
 
 ROW_COUNTS = (1, 4, 16, 512)
 
 
-def random_packed(type_name: str, out: int, inp: int, rng: np.random.Generator) -> torch.Tensor:
+def random_packed(type_name: str, out: int, inp: int, rng: np.random.Generator, activations: str) -> torch.Tensor:
     """A packed weight of random quants with small finite fp16 scales."""
     fmt = FORMATS[type_name]
     blocks = rng.integers(0, 256, size=(out, inp // fmt.group, fmt.block_bytes), dtype=np.uint8)
@@ -38,12 +39,14 @@ def random_packed(type_name: str, out: int, inp: int, rng: np.random.Generator) 
         if kind == "half":
             scales = rng.uniform(-0.02, 0.02, size=blocks.shape[:2]).astype(np.float16)
             blocks[..., start:start + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
-    return pack_ggml([(type_name, blocks.reshape(out, -1))], inp)
+    return pack_ggml([(type_name, blocks.reshape(out, -1))], inp, activations)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     parser.add_argument("--types", default=",".join(SUPPORTED_TYPES), help="GGUF types to time (comma-separated)")
+    parser.add_argument("--activations", default="int8,float32",
+                        help=f"how the quantized kernels take their inputs ({', '.join(ACTIVATIONS)}; comma-separated)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,23 +56,26 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for name, (out, inp) in SHAPES.items():
         copies = max(2, ROTATION_BYTES // (out * inp * 4))
-        kinds: dict[str, list[torch.nn.Module]] = {
-            "fp32": [BlockedLinear(torch.randn(out, inp, generator=generator), None) for _ in range(copies)]}
+        kinds: dict[tuple[str, str], list[torch.nn.Module]] = {
+            ("fp32", "float32"): [BlockedLinear(torch.randn(out, inp, generator=generator), None)
+                                  for _ in range(copies)]}
         for type_name in args.types.split(","):
-            if inp % FORMATS[type_name].group == 0:
-                kinds[type_name] = [QuantizedLinear(random_packed(type_name, out, inp, rng), out, inp)
-                                    for _ in range(copies)]
+            for activations in args.activations.split(","):
+                if inp % FORMATS[type_name].group == 0:
+                    kinds[type_name, activations] = [
+                        QuantizedLinear(random_packed(type_name, out, inp, rng, activations), out, inp)
+                        for _ in range(copies)]
         for count in ROW_COUNTS:
             if count == 512 and name == "lm_head":
                 continue  # a prefill chunk's logits are never all taken
             x = torch.randn(count, inp, generator=generator)
-            for kind, weights in kinds.items():
+            for (kind, activations), weights in kinds.items():
                 seconds = best_seconds(lambda m, x: m(x), weights[:4] if count == 512 else weights, x)
                 packed = weights[0].weight
                 assert isinstance(packed, torch.Tensor)
                 read = packed.numel() * packed.element_size()
                 row: dict[str, Any] = {"shape": name, "out": out, "in": inp, "rows": count, "weights": kind,
-                                       "us": seconds * 1e6, "bytes": read}
+                                       "activations": activations, "us": seconds * 1e6, "bytes": read}
                 if count < 512:
                     row["Gweights_per_s"] = out * inp / seconds / 1e9
                     row["GBps"] = read / seconds / 1e9

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 import torch
+from ggml_blocks import random_blocks, reference
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import quantize
 
 from radixserve.kernels import cpu_extension
 from radixserve.kernels.ggml_quants import (
@@ -34,23 +34,6 @@ def _extension() -> None:
     cpu_extension.load_extension()
 
 
-def random_blocks(name: str, rows: int, in_features: int, seed: int) -> np.ndarray:
-    """A GGUF tensor's bytes [rows, row_bytes] of random quants, with finite fp16 scales (random
-    bytes in a scale field would be NaN or huge about one time in thirty)."""
-    fmt = FORMATS[name]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows, in_features // fmt.group, fmt.block_bytes), dtype=np.uint8)
-    for start, _, kind in fmt.fields:
-        if kind == "half":
-            scales = rng.uniform(-0.02, 0.02, size=blocks.shape[:2]).astype(np.float16)
-            blocks[..., start:start + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
-    return blocks.reshape(rows, -1)
-
-
-def reference(name: str, raw: np.ndarray, in_features: int) -> torch.Tensor:
-    return torch.from_numpy(dequantize(raw, GGMLQuantizationType[name]).reshape(len(raw), in_features).copy())
-
-
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return torch.ops.radixserve.linear(x, torch.ops.radixserve.pack_linear(weight), bias, weight.shape[0])
 
@@ -70,7 +53,7 @@ def test_linear_is_the_fp32_kernel_on_the_dequantized_weight_whatever_the_rows(n
     in_features, out_features = 3 * FORMATS[name].group, 83
     raw = random_blocks(name, out_features, in_features, seed=2)
     weight = reference(name, raw, in_features)
-    packed = pack_ggml([(name, raw)], in_features)
+    packed = pack_ggml([(name, raw)], in_features, activations="float32")
     bias = torch.randn(out_features, generator=torch.Generator().manual_seed(3))
     x = torch.randn(max(ROW_COUNTS), in_features, generator=torch.Generator().manual_seed(4))
     before = torch.get_num_threads()
@@ -95,7 +78,7 @@ def test_a_fused_weight_packs_parts_of_different_formats() -> None:
     in_features = 256
     parts = [("Q4_K", random_blocks("Q4_K", 32, in_features, 5)), ("Q4_K", random_blocks("Q4_K", 16, in_features, 6)),
              ("Q6_K", random_blocks("Q6_K", 16, in_features, 7)), ("Q8_0", random_blocks("Q8_0", 9, in_features, 8))]
-    packed = pack_ggml(parts, in_features)
+    packed = pack_ggml(parts, in_features, activations="float32")
     weight = torch.cat([reference(name, raw, in_features) for name, raw in parts])
     assert packed_types(packed) == {"Q4_K": 3, "Q6_K": 1, "Q8_0": 1}
     assert torch.equal(dequantize_packed(packed, 73), weight)
@@ -110,7 +93,7 @@ def test_weights_quantized_by_gguf_compute_close_to_the_originals(name: str) -> 
     g = torch.Generator().manual_seed(10)
     weight = torch.randn(40, 96, generator=g) * 0.05
     raw = quantize(weight.numpy(), GGMLQuantizationType[name])
-    linear = QuantizedLinear(pack_ggml([(name, raw)], 96), 40, 96)
+    linear = QuantizedLinear(pack_ggml([(name, raw)], 96, activations="float32"), 40, 96)
     x = torch.randn(3, 2, 96, generator=g)
     got = linear(x)
     assert got.shape == (3, 2, 40)

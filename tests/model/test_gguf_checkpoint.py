@@ -21,7 +21,7 @@ import torch
 from tiny_gguf import TinyGGUF, write_tiny_gguf
 
 from radixserve import LLM, SamplingParams
-from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, kernels_available
+from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, kernels_available, packed_activations
 from radixserve.model import embedded, gguf_checkpoint
 from radixserve.model.gguf_checkpoint import GGUFFile
 from radixserve.model.loader import load_model
@@ -79,7 +79,7 @@ def _quantized_modules(llm: LLM) -> list[torch.nn.Module]:
 def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str, Path], arch: str,
                                                                  tokenizer_cache: None) -> None:
     path = files[arch]
-    kept = LLM(str(path), kv_cache_memory_mb=16)
+    kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
     assert kept.engine.model_name == f"tiny-{arch}"
     quantized = _quantized_modules(kept)
     if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
@@ -102,6 +102,30 @@ def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str
                           min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
         assert tokens == ref
     assert len({t for tokens in got for t in tokens}) > 2  # not a model stuck repeating one token
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", sorted(FILES))
+def test_int8_activations_by_default_follow_transformers_teacher_forced(files: dict[str, Path], arch: str,
+                                                                        tokenizer_cache: None) -> None:
+    """The default, as llama.cpp computes: each linear's inputs quantized to 8 bits per block of 32
+    (kernel bits: tests/kernels/test_ggml_int8.py). Its greedy tokens are transformers' argmax at
+    nearly every position of its own output, teacher-forced."""
+    path = files[arch]
+    llm = LLM(str(path), kv_cache_memory_mb=16)
+    if llm.engine.config.enforce_eager:
+        pytest.skip("the suite's eager mode runs no C++ kernel")
+    modules = _quantized_modules(llm)
+    assert {packed_activations(m.weight) for m in modules if isinstance(m, QuantizedLinear)} == {"int8"}
+    hf = _hf(path)
+    agree = total = 0
+    for prompt, tokens in zip(PROMPTS, _greedy(llm)):
+        ids = llm.tokenizer(prompt).input_ids
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
+        agree += sum(int(a == b) for a, b in zip(logits.argmax(-1).tolist(), tokens))
+        total += len(tokens)
+    assert agree >= 0.75 * total  # 22-24 of 24 on these files; a broken path agrees by chance only
 
 
 @pytest.mark.parametrize("arch", sorted(FILES))
@@ -222,7 +246,8 @@ def test_embedded_default_serves_its_gguf_quantized(caplog: pytest.LogCaptureFix
     assert model.lm_head is not None and model.lm_head.weight is model.model.embed_tokens.weight
     assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in model.parameters())  # no fp32 matrix
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("weights: ")]
-    assert len(said) == 1 and said[0].startswith(f"weights: {shipped.name} served as shipped (Q4_1 x210, F32 x61, Q8_0 x1), ")
+    shipped_as = f"weights: {shipped.name} served as shipped (Q4_1 x210, F32 x61, Q8_0 x1; int8 activations), "
+    assert len(said) == 1 and said[0].startswith(shipped_as)
     megabytes = int(said[0].rsplit(", ", 1)[1].removesuffix(" MB"))
     assert abs(megabytes - shipped.stat().st_size / 1e6) < 0.05 * megabytes  # the file's bytes, held once
     assert _greedy(llm)[0]  # it runs

@@ -136,10 +136,12 @@ inline void store_lanes(float* to, const Lanes& v) {
 at::Tensor pack_linear(const at::Tensor& weight);
 
 // x [rows, in] @ W^T + bias -> [rows, out_features] in x's dtype, W packed by `pack_linear` (fp32,
-// bf16) or by ggml_quants.pack_ggml (uint8: GGUF blocks, decoded in registers, ggml_formats.h). Every
+// bf16) or by ggml_quants.pack_ggml (uint8: GGUF blocks decoded in registers, ggml_formats.h). Every
 // output element is one fp32 chain of multiply-adds (fused where the CPU can) over the inputs in
-// ascending order, plus the bias, rounded once to x's dtype: the same for a row whatever the row count, so a row's result
-// never depends on what else ran in its step.
+// ascending order, plus the bias, rounded once to x's dtype; a GGUF weight packed for int8
+// activations instead sums exact integer dot products of the row's 8-bit inputs per sub-block, then
+// one fp32 multiply and add per sub-block (linear.cpp). Either way a row's result is the same
+// whatever the row count, so it never depends on what else ran in its step.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                   int64_t out_features);
 

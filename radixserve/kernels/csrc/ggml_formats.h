@@ -4,9 +4,13 @@
 //
 // A packed weight is a block of 16 outputs at a time (like pack_linear's fp32 blocks), each block a
 // run of tiles, one per group of the format's inputs (32, or a 256-input super-block for the K types).
-// A tile holds the 16 outputs' GGUF blocks for that group interleaved, so that one 16-byte load
-// gives a column's quants for all 16 outputs; the scales come first, the quants after, in the bit
-// order the GGUF block uses (ggml_quants.py writes them; the byte offsets are listed per format below).
+// A tile holds the 16 outputs' GGUF blocks for that group interleaved; the scales come first, as
+// [field column][16 outputs] bytes, the quants after, as quads: [column / 4][16 outputs][column % 4],
+// so one 64-byte load holds four adjacent columns of all 16 outputs, each output's four bytes one
+// 32-bit lane. The fp32 path takes a column out of a quad (a shift and a mask per lane); the int8
+// path multiplies a quad's four bytes by four 8-bit inputs per lane at once (`dot4`). The quants keep
+// the bit order of the GGUF block (ggml_quants.py writes them; the byte offsets are listed per format
+// below, in columns).
 //
 // Invariant: `column` produces the weights gguf.quants.dequantize produces, bit for bit. Every product
 // of a scale and a quant is exact in fp32 (an fp16 scale has 11 significant bits; a 6-bit sub-scale
@@ -28,9 +32,9 @@ enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13,
 
 inline Native to_native(NativeInt v) { return __builtin_convertvector(v, Native); }
 
-// 16 bytes, one per output, widened to int32 lanes (sign-extended where Signed). Written with the
-// CPU's widening loads: compilers lower __builtin_convertvector of a byte vector to one scalar insert
-// per byte (10x slower here)
+// 16 bytes, one per output (a [column][16] scale field), widened to int32 lanes (sign-extended
+// where Signed). Written with the CPU's widening loads: compilers lower __builtin_convertvector of a
+// byte vector to one scalar insert per byte (10x slower here)
 template <bool Signed>
 inline void load_bytes(const uint8_t* from, NativeInt (&out)[kParts]) {
 #if defined(__AVX512F__)
@@ -49,6 +53,21 @@ inline void load_bytes(const uint8_t* from, NativeInt (&out)[kParts]) {
     }
   }
 #endif
+}
+
+// Quad u of a quant field: 16 outputs' four bytes (columns 4u .. 4u + 3), one output per 32-bit lane
+inline void load_quad(const uint8_t* field, int64_t u, NativeInt (&out)[kParts]) {
+  for (int p = 0; p < kParts; ++p) std::memcpy(&out[p], field + u * 64 + p * kNativeFloats * 4, sizeof(NativeInt));
+}
+
+// Column j of a quant field, one byte per output widened to int32 lanes (sign-extended where Signed)
+template <bool Signed>
+inline void load_column(const uint8_t* field, int64_t j, NativeInt (&out)[kParts]) {
+  load_quad(field, j / 4, out);
+  const int up = static_cast<int>(24 - 8 * (j % 4));
+  for (int p = 0; p < kParts; ++p) {
+    out[p] = Signed ? (out[p] << up) >> 24 : bits_as<NativeInt>(bits_as<NativeBits>(out[p] << up) >> 24);
+  }
 }
 
 // 16 fp16 values (exactly widened)
@@ -84,18 +103,36 @@ inline Lanes negate(const Lanes& a) {
   return out;
 }
 
-// the quants of one column: low or high nibbles of 16 bytes, optionally with a fifth/sixth bit from
-// `high_bits` (shifted right by `shift`, masked by `mask`, moved up by 4) and an offset subtracted
+// The fp32 path's quants of column j: the low or high nibbles of a quant field's column, and a fifth
+// or sixth bit from another field's column (shifted right by `shift`, masked by `mask`, moved up by 4)
 template <bool High>
-inline void nibbles(const uint8_t* from, NativeInt (&out)[kParts]) {
-  load_bytes<false>(from, out);
+inline void nibbles(const uint8_t* field, int64_t j, NativeInt (&out)[kParts]) {
+  load_column<false>(field, j, out);
   for (int p = 0; p < kParts; ++p) out[p] = High ? out[p] >> 4 : out[p] & 15;
 }
 
-inline void add_high_bits(const uint8_t* from, int shift, int mask, NativeInt (&q)[kParts]) {
+inline void add_high_bits(const uint8_t* field, int64_t j, int shift, int mask, NativeInt (&q)[kParts]) {
   NativeInt bits[kParts];
-  load_bytes<false>(from, bits);
+  load_column<false>(field, j, bits);
   for (int p = 0; p < kParts; ++p) q[p] |= ((bits[p] >> shift) & mask) << 4;
+}
+
+// The int8 path's quads: four unsigned quants per lane, one per byte. `quad_nibbles` takes the low
+// or high nibble of each byte; `add_quad_high_bits` ORs in bits (byte >> shift) & mask, moved up by 4
+constexpr int32_t kEveryByte = 0x01010101;
+
+template <bool High>
+inline void quad_nibbles(const uint8_t* field, int64_t u, NativeInt (&q)[kParts]) {
+  load_quad(field, u, q);
+  for (int p = 0; p < kParts; ++p) q[p] = (High ? bits_as<NativeInt>(bits_as<NativeBits>(q[p]) >> 4) : q[p]) & (15 * kEveryByte);
+}
+
+inline void add_quad_high_bits(const uint8_t* field, int64_t u, int shift, int mask, NativeInt (&q)[kParts]) {
+  NativeInt bits[kParts];
+  load_quad(field, u, bits);
+  for (int p = 0; p < kParts; ++p) {
+    q[p] |= (bits_as<NativeInt>(bits_as<NativeBits>(bits[p]) >> shift) & (mask * kEveryByte)) << 4;
+  }
 }
 
 inline Lanes as_lanes(const NativeInt (&q)[kParts], int offset = 0) {
@@ -112,15 +149,21 @@ inline Lanes byte_lanes(const uint8_t* from) {
   return as_lanes(ints);
 }
 
-// Each format decodes a tile a segment of 32 columns at a time: `segment` reads the segment's scales
-// (and where its quants lie), `column` decodes its column j (0..31): the 16 outputs' weights of input
-// group_start + 32 * s + j. Kernels interleave several blocks' segments, so a format is plain data
-// and two inline functions, not a loop of its own.
+// Each format decodes a tile a segment of 32 inputs at a time: `segment` reads the segment's scales
+// (and where its quants lie). The fp32 path's `column` decodes its column j (0..31): the 16 outputs'
+// weights of input group_start + 32 * s + j. The int8 path's `quad` gives inputs 4u .. 4u + 3's
+// unsigned quants (u = 0..7) and the segment's weights are
+//   w = scale(s, half) * (quant - kOffset) + minimum(s)
+// with `half` the 16-input half for Q6_K's two sub-scales (kHalves = 2), else 0, and the minimum
+// zero where kHasMinimum is false. Kernels interleave several blocks' segments, so a format is plain
+// data and inline functions, not a loop of its own.
 
-// Q4_0: 32 inputs; d fp16[16] @0, qs[16 columns j][16] @32 (low nibble: input j, high: j + 16).
-// w = d * (q - 8)
+// Q4_0: 32 inputs; d fp16[16] @0, qs[16 columns][16] @32 (column j: input j in the low nibble, j + 16
+// in the high one). w = d * (q - 8)
 struct Q4_0 {
   static constexpr int64_t kGroup = 32, kTileBytes = 32 + 256;
+  static constexpr int kOffset = 8, kHalves = 1;
+  static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes d;
     const uint8_t* qs;
@@ -128,14 +171,21 @@ struct Q4_0 {
   static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), tile + 32}; }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (j < 16) nibbles<false>(s.qs + j * 16, q); else nibbles<true>(s.qs + (j - 16) * 16, q);
+    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
     return multiply(s.d, as_lanes(q, 8));
   }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    if (u < 4) quad_nibbles<false>(s.qs, u, q); else quad_nibbles<true>(s.qs, u - 4, q);
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.d; }
+  static Lanes minimum(const Segment&) { return zero_lanes(); }
 };
 
 // Q4_1: 32 inputs; d fp16[16] @0, m fp16[16] @32, qs[16][16] @64 as Q4_0's. w = d * q + m
 struct Q4_1 {
   static constexpr int64_t kGroup = 32, kTileBytes = 64 + 256;
+  static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr bool kHasMinimum = true;
   struct Segment {
     Lanes d, m;
     const uint8_t* qs;
@@ -143,31 +193,49 @@ struct Q4_1 {
   static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), halves(tile + 32), tile + 64}; }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (j < 16) nibbles<false>(s.qs + j * 16, q); else nibbles<true>(s.qs + (j - 16) * 16, q);
+    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
     return fused_multiply_add(s.d, as_lanes(q), s.m);
   }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) { Q4_0::quad({s.d, s.qs}, u, q); }
+  static const Lanes& scale(const Segment& s, int) { return s.d; }
+  static Lanes minimum(const Segment& s) { return s.m; }
 };
 
-// Q8_0: 32 inputs; d fp16[16] @0, q int8[32 columns][16] @32. w = q * d
+// Q8_0: 32 inputs; d fp16[16] @0, q int8[32 columns][16] @32. w = q * d (the int8 path reads q + 128,
+// the sign bit flipped, as an unsigned quant)
 struct Q8_0 {
   static constexpr int64_t kGroup = 32, kTileBytes = 32 + 512;
+  static constexpr int kOffset = 128, kHalves = 1;
+  static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes d;
     const uint8_t* qs;
   };
   static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), tile + 32}; }
-  static Lanes column(const Segment& s, int64_t j) { return multiply(byte_lanes<true>(s.qs + j * 16), s.d); }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    load_column<true>(s.qs, j, q);
+    return multiply(as_lanes(q), s.d);
+  }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    load_quad(s.qs, u, q);
+    for (int p = 0; p < kParts; ++p) q[p] ^= 0x80 * kEveryByte;
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.d; }
+  static Lanes minimum(const Segment&) { return zero_lanes(); }
 };
 
 // Q4_K: 256 inputs in 8 sub-blocks (segments) of 32; d fp16[16] @0, dmin fp16[16] @32, scale
-// u8[8][16] @64, min u8[8][16] @192 (the 6-bit values GGUF packs in 12 bytes, unpacked), qs[128][16]
-// @320: column c * 32 + l holds input c * 64 + l in its low nibble and c * 64 + 32 + l in its high one.
-// w = (d * scale) * q - dmin * min
+// u8[8][16] @64, min u8[8][16] @192 (the 6-bit values GGUF packs in 12 bytes, unpacked), qs[128
+// columns][16] @320: column c * 32 + l holds input c * 64 + l in its low nibble and c * 64 + 32 + l
+// in its high one. w = (d * scale) * q - dmin * min
 struct Q4_K {
   static constexpr int64_t kGroup = 256, kTileBytes = 320 + 128 * 16;
+  static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr bool kHasMinimum = true;
   struct Segment {
     Lanes scale, negative_min;
-    const uint8_t* qs;
+    const uint8_t* qs;  // the segment's 32 columns (a multiple of 4 columns: whole quads)
     bool high;
   };
   static Segment k_segment(const uint8_t* tile, int64_t s, const uint8_t* qs) {
@@ -177,19 +245,26 @@ struct Q4_K {
   }
   static Segment segment(const uint8_t* tile, int64_t s) { return k_segment(tile, s, tile + 320); }
   static void quants(const Segment& s, int64_t j, NativeInt (&q)[kParts]) {
-    if (s.high) nibbles<true>(s.qs + j * 16, q); else nibbles<false>(s.qs + j * 16, q);
+    if (s.high) nibbles<true>(s.qs, j, q); else nibbles<false>(s.qs, j, q);
   }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
     quants(s, j, q);
     return fused_multiply_add(s.scale, as_lanes(q), s.negative_min);
   }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    if (s.high) quad_nibbles<true>(s.qs, u, q); else quad_nibbles<false>(s.qs, u, q);
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.scale; }
+  static Lanes minimum(const Segment& s) { return s.negative_min; }
 };
 
-// Q5_K: Q4_K's layout with qh[32][16] @320 (bit s of column j is input 32 * s + j's fifth bit) and
-// qs @832
+// Q5_K: Q4_K's layout with qh[32 columns][16] @320 (bit s of column j is input 32 * s + j's fifth
+// bit) and qs @832
 struct Q5_K {
   static constexpr int64_t kGroup = 256, kTileBytes = 320 + 32 * 16 + 128 * 16;
+  static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr bool kHasMinimum = true;
   struct Segment {
     Q4_K::Segment low;
     const uint8_t* qh;
@@ -201,17 +276,26 @@ struct Q5_K {
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
     Q4_K::quants(s.low, j, q);
-    add_high_bits(s.qh + j * 16, s.shift, 1, q);
+    add_high_bits(s.qh, j, s.shift, 1, q);
     return fused_multiply_add(s.low.scale, as_lanes(q), s.low.negative_min);
   }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    Q4_K::quad(s.low, u, q);
+    add_quad_high_bits(s.qh, u, s.shift, 1, q);
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.low.scale; }
+  static Lanes minimum(const Segment& s) { return s.low.negative_min; }
 };
 
 // Q6_K: 256 inputs in 16 sub-blocks of 16 (a segment holds two); d fp16[16] @0, scale int8[16][16]
-// @32, qh[64][16] @288 (column c * 32 + l, bits 2t..2t+1: input c * 128 + t * 32 + l's two high bits),
-// ql[128][16] @1312 (column c * 64 + l: input c * 128 + l in the low nibble, c * 128 + 64 + l in the
-// high one). w = (d * scale) * (q - 32), two roundings as the reference has them
+// @32, qh[64 columns][16] @288 (column c * 32 + l, bits 2t..2t+1: input c * 128 + t * 32 + l's two
+// high bits), ql[128 columns][16] @1312 (column c * 64 + l: input c * 128 + l in the low nibble,
+// c * 128 + 64 + l in the high one). w = (d * scale) * (q - 32), two roundings as the reference has
+// them
 struct Q6_K {
   static constexpr int64_t kGroup = 256, kTileBytes = 32 + 256 + 64 * 16 + 128 * 16;
+  static constexpr int kOffset = 32, kHalves = 2;
+  static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes scale[2];
     const uint8_t *ql, *qh;
@@ -227,10 +311,16 @@ struct Q6_K {
   }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (s.high) nibbles<true>(s.ql + j * 16, q); else nibbles<false>(s.ql + j * 16, q);
-    add_high_bits(s.qh + j * 16, s.shift, 3, q);
+    if (s.high) nibbles<true>(s.ql, j, q); else nibbles<false>(s.ql, j, q);
+    add_high_bits(s.qh, j, s.shift, 3, q);
     return multiply(s.scale[j / 16], as_lanes(q, 32));
   }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    if (s.high) quad_nibbles<true>(s.ql, u, q); else quad_nibbles<false>(s.ql, u, q);
+    add_quad_high_bits(s.qh, u, s.shift, 3, q);
+  }
+  static const Lanes& scale(const Segment& s, int half) { return s.scale[half]; }
+  static Lanes minimum(const Segment&) { return zero_lanes(); }
 };
 
 // The tile size and group of a format code; false for a code this file does not know

@@ -7,10 +7,17 @@
 // many rows (prefill) it is register-tiled (AVX-512: 6 rows x 32 outputs, 12 accumulators) and runs
 // at oneDNN's speed (docs/cpu.md).
 //
+// GGUF weights (ggml_formats.h) run either way their header says: decoded to fp32 in registers and
+// multiplied as fp32 weights are, or (int8 activations, llama.cpp's way) with each row's inputs
+// rounded to 8 bits per block of 32 and integer dot products, four quants per 32-bit lane at a time
+// (AVX-512 VNNI's vpdpbusd: 64 multiply-adds per instruction, against 16 for an fp32 FMA).
+//
 // Invariant: every output element is one fp32 chain of multiply-adds (fused where the CPU can) over
-// the input columns in ascending order, then + bias, rounded once to the output dtype. Tiling changes
-// which elements are computed together, never an element's order of operations, so a row's result
-// is the same whatever the row count (one sequence alone, sixteen decoding, a 512-token prefill chunk).
+// the input columns in ascending order, then + bias, rounded once to the output dtype (int8
+// activations: one chain of exact integer sums per sub-block, each scaled and added in fp32 in
+// ascending order). Tiling changes which elements are computed together, never an element's order of
+// operations, so a row's result is the same whatever the row count (one sequence alone, sixteen
+// decoding, a 512-token prefill chunk).
 
 #include "cpu_kernels.h"
 #include "ggml_formats.h"
@@ -19,6 +26,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace radixserve {
@@ -96,16 +104,21 @@ void multiply(const W* w, int64_t blocks, const float* x, int64_t rows, int64_t 
 }
 
 // A packed GGUF weight (ggml_quants.py writes it): one uint8 buffer, int64 words first: a header
-// {kQuantizedMagic, blocks, in, 0}, then {byte offset, format} per block of 16 outputs, then the
-// blocks' tiles (ggml_formats.h). Blocks may differ in format: a fused projection packs its parts as
-// the file ships them (a Q4_K_M file's q and k in Q4_K, v in Q6_K).
+// {kQuantizedMagic, blocks, in, activations}, then {byte offset, format} per block of 16 outputs,
+// then the blocks' tiles (ggml_formats.h). Blocks may differ in format: a fused projection packs its
+// parts as the file ships them (a Q4_K_M file's q and k in Q4_K, v in Q6_K). `activations` says how
+// the inputs meet the weights: kFloatActivations (fp32 multiply-adds over the decoded weights) or
+// kInt8Activations (each row quantized to 8 bits per block of 32 and integer dot products, as
+// llama.cpp computes).
 constexpr int64_t kQuantizedMagic = 0x31515352;  // "RSQ1"
 constexpr int64_t kHeaderWords = 4;
+constexpr int64_t kFloatActivations = 0, kInt8Activations = 1;
 
 struct QuantizedWeight {
   const uint8_t* base;
   const int64_t* table;  // {offset, format} per block
   int64_t blocks, in;
+  bool int8_activations;
 };
 
 // The weight's header and table, every block checked to lie within the buffer in a known format
@@ -119,8 +132,10 @@ QuantizedWeight read_quantized(const Tensor& packed) {
   int64_t header[kHeaderWords];
   std::memcpy(header, base, sizeof header);
   TORCH_CHECK(header[0] == kQuantizedMagic, "packed GGUF weight: bad magic (not written by pack_ggml)");
-  const int64_t blocks = header[1], in = header[2];
-  TORCH_CHECK(blocks > 0 && in > 0 && (kHeaderWords + 2 * blocks) * 8 <= size, "packed GGUF weight: bad header");
+  const int64_t blocks = header[1], in = header[2], activations = header[3];
+  TORCH_CHECK(blocks > 0 && in > 0 && (kHeaderWords + 2 * blocks) * 8 <= size &&
+                  (activations == kFloatActivations || activations == kInt8Activations),
+              "packed GGUF weight: bad header");
   const auto* table = reinterpret_cast<const int64_t*>(base) + kHeaderWords;
   for (int64_t b = 0; b < blocks; ++b) {
     int64_t group = 0, tile_bytes = 0;
@@ -131,16 +146,84 @@ QuantizedWeight read_quantized(const Tensor& packed) {
     TORCH_CHECK(offset >= (kHeaderWords + 2 * blocks) * 8 && offset + in / group * tile_bytes <= size,
                 "packed GGUF weight: block ", b, " lies outside the buffer");
   }
-  return {base, table, blocks, in};
+  return {base, table, blocks, in, activations == kInt8Activations};
 }
 
-// out[r][b * 16 + j] = bias + sum over k ascending of x[r][k] * w_b[k][j] for Rows rows and Blocks
-// blocks of one format, the weights decoded column by column in registers: Rows <= kTileRows
-// (decode, verification). Blocks > 1 gives a row several independent chains of multiply-adds, so
-// one row is not held to one multiply-add per latency.
+// The rows' inputs as the int8 path reads them (llama.cpp's 8-bit activations): each row's inputs in
+// blocks of 32 (every format's group is a multiple), block i of row r scaled by
+//   d = fp16(max |x| / 127),  q = round-half-even(x * (127 / max |x|))  (all zero where max |x| = 0)
+// with q's sums per 16 inputs. A row's quants depend on that row alone.
+struct Int8Rows {
+  std::vector<int8_t> q;       // [rows, in]
+  std::vector<float> d;        // [rows, in / 32]
+  std::vector<int32_t> sums;   // [rows, in / 16]
+  int64_t in = 0;
+
+  int32_t word(int64_t row, int64_t k) const {  // inputs k .. k + 3 of a row, one per byte
+    int32_t w;
+    std::memcpy(&w, q.data() + row * in + k, sizeof w);
+    return w;
+  }
+};
+
+Int8Rows quantize_rows(const float* x, int64_t rows, int64_t in) {
+  Int8Rows a;
+  a.in = in;
+  a.q.resize(rows * in);
+  a.d.resize(rows * in / 32);
+  a.sums.resize(rows * in / 16);
+  at::parallel_for(0, rows * in / 32, 64, [&](int64_t first, int64_t end) {
+    for (int64_t block = first; block < end; ++block) {
+      const float* from = x + block * 32;
+      float most = 0.f;
+      for (int64_t i = 0; i < 32; ++i) most = std::max(most, std::fabs(from[i]));
+      const float inverse = most > 0.f ? 127.f / most : 0.f;
+      a.d[block] = static_cast<float>(c10::Half(most / 127.f));
+      int8_t* to = a.q.data() + block * 32;
+      for (int64_t i = 0; i < 32; ++i) to[i] = static_cast<int8_t>(std::nearbyint(from[i] * inverse));
+      for (int half = 0; half < 2; ++half) {
+        int32_t sum = 0;
+        for (int64_t i = 0; i < 16; ++i) sum += to[half * 16 + i];
+        a.sums[block * 2 + half] = sum;
+      }
+    }
+  });
+  return a;
+}
+
+// acc + the dot products of 16 outputs' four unsigned quants (one per byte of each lane) with four
+// signed 8-bit inputs (one per byte of `inputs`), exact in int32
+inline NativeInt dot4(NativeInt acc, NativeInt quads, int32_t inputs) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  return bits_as<NativeInt>(
+      _mm512_dpbusd_epi32(bits_as<__m512i>(acc), bits_as<__m512i>(quads), _mm512_set1_epi32(inputs)));
+#elif defined(__AVX__) && defined(__AVXVNNI__)
+  return bits_as<NativeInt>(
+      _mm256_dpbusd_avx_epi32(bits_as<__m256i>(acc), bits_as<__m256i>(quads), _mm256_set1_epi32(inputs)));
+#else
+  for (int i = 0; i < 4; ++i) {
+    acc += ((quads >> (8 * i)) & 255) * static_cast<int32_t>(static_cast<int8_t>(inputs >> (8 * i)));
+  }
+  return acc;
+#endif
+}
+
+// What a tile reads of its rows: the fp32 inputs, and their int8 form where the weight takes int8
+struct Inputs {
+  const float* x;  // [rows, in]
+  const Int8Rows* int8;
+  int64_t in;
+};
+
+// out[r][b * 16 + j] = bias + sum over k ascending of x[r][k] * w_b[k][j] for Rows rows (from `row`)
+// and Blocks blocks of one format, the weights decoded column by column in registers: Rows <=
+// kTileRows (decode, verification). Blocks > 1 gives a row several independent chains of
+// multiply-adds, so one row is not held to one multiply-add per latency.
 template <int Rows, int Blocks, typename F>
-void quantized_tile(const uint8_t* const* block, int64_t groups, const float* x, int64_t in, const float* bias,
-                    float* out, int64_t out_stride) {
+void float_tile(const uint8_t* const* block, int64_t groups, const Inputs& inputs, int64_t row, const float* bias,
+                float* out, int64_t out_stride) {
+  const int64_t in = inputs.in;
+  const float* x = inputs.x + row * in;
   Lanes acc[Rows][Blocks] = {};
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t s = 0; s < F::kGroup / 32; ++s) {
@@ -165,31 +248,106 @@ void quantized_tile(const uint8_t* const* block, int64_t groups, const float* x,
   }
 }
 
-// Blocks per register tile: accumulators, weights and a broadcast input within the vector registers
-constexpr int kQuantizedBlocks = kVectorRegisters == 32 ? 4 : 2;
-static_assert(kTileBlocks <= kQuantizedBlocks, "many rows take up to kTileBlocks blocks of one format");
-
+// The int8 path's tile: for each segment (half) of 32 (16) inputs, an exact integer count
+// c = sum of quant * q over it, then, in fp32, each a separate multiply and add (no fusing):
+//   acc = acc + (scale * d) * (c - kOffset * sum q)       [per half]
+//   acc = acc + minimum * (d * sum q)                      [kHasMinimum: Q4_1 and the K types]
+// over the segments in ascending order, then + bias. d * sum q is exact (11 + 12 significant bits).
 template <int Rows, int Blocks, typename F>
-void quantized_tiles(const uint8_t* const* block, int64_t groups, const float* x, int64_t in, const float* bias,
-                     float* out, int64_t out_stride) {
-  // more rows, fewer blocks per tile: the accumulators stay within the registers
-  constexpr int kPerTile = Rows <= 2 || Blocks == 1 ? Blocks : Blocks / 2;
-  for (int b = 0; b < Blocks; b += kPerTile) {
-    quantized_tile<Rows, kPerTile, F>(block + b, groups, x, in, bias ? bias + b * kLanes : nullptr, out + b * kLanes,
-                                      out_stride);
+void int8_tile(const uint8_t* const* block, int64_t groups, const Inputs& inputs, int64_t row, const float* bias,
+               float* out, int64_t out_stride) {
+  const Int8Rows& a = *inputs.int8;
+  const int64_t in = inputs.in;
+  constexpr int64_t kQuadsPerHalf = 8 / F::kHalves;
+  Lanes acc[Rows][Blocks] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t s = 0; s < F::kGroup / 32; ++s) {
+      typename F::Segment segment[Blocks];
+      for (int b = 0; b < Blocks; ++b) segment[b] = F::segment(block[b] + g * F::kTileBytes, s);
+      const int64_t start = g * F::kGroup + s * 32;
+      for (int half = 0; half < F::kHalves; ++half) {
+        NativeInt count[Rows][Blocks][kParts] = {};
+        for (int64_t u = half * kQuadsPerHalf; u < (half + 1) * kQuadsPerHalf; ++u) {
+          NativeInt quads[Blocks][kParts];
+          for (int b = 0; b < Blocks; ++b) F::quad(segment[b], u, quads[b]);
+          for (int r = 0; r < Rows; ++r) {
+            const int32_t word = a.word(row + r, start + 4 * u);
+            for (int b = 0; b < Blocks; ++b) {
+              for (int p = 0; p < kParts; ++p) count[r][b][p] = dot4(count[r][b][p], quads[b][p], word);
+            }
+          }
+        }
+        for (int r = 0; r < Rows; ++r) {
+          const int64_t sixteens = (row + r) * (in / 16) + start / 16;
+          const int32_t sum = F::kHalves == 2 ? a.sums[sixteens + half] : a.sums[sixteens] + a.sums[sixteens + 1];
+          const float d = a.d[(row + r) * (in / 32) + start / 32];
+          const Lanes d_lanes = broadcast(d);
+          for (int b = 0; b < Blocks; ++b) {
+            acc[r][b] = acc[r][b] + ggml::multiply(ggml::multiply(F::scale(segment[b], half), d_lanes),
+                                                   ggml::as_lanes(count[r][b], F::kOffset * sum));
+            if constexpr (F::kHasMinimum) {
+              acc[r][b] = acc[r][b] + ggml::multiply(F::minimum(segment[b]), broadcast(d * static_cast<float>(sum)));
+            }
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int b = 0; b < Blocks; ++b) {
+      store_lanes(out + r * out_stride + b * kLanes,
+                  bias ? acc[r][b] + load_lanes(bias + b * kLanes) : acc[r][b]);
+    }
   }
 }
 
-template <int Blocks, typename F>
-void quantized_tile_rows(int64_t rows, const uint8_t* const* block, int64_t groups, const float* x, int64_t in,
-                         const float* bias, float* out, int64_t out_stride) {
-  switch (rows) {  // at most kTileRows
-    case 1: return quantized_tiles<1, Blocks, F>(block, groups, x, in, bias, out, out_stride);
-    case 2: return quantized_tiles<2, Blocks, F>(block, groups, x, in, bias, out, out_stride);
-    case 3: return quantized_tiles<3, Blocks, F>(block, groups, x, in, bias, out, out_stride);
-    case 4: return quantized_tiles<4, Blocks, F>(block, groups, x, in, bias, out, out_stride);
-    case 5: return quantized_tiles<5, Blocks, F>(block, groups, x, in, bias, out, out_stride);
-    default: return quantized_tiles<kTileRows, Blocks, F>(block, groups, x, in, bias, out, out_stride);
+// Blocks per register tile: accumulators, weights and a broadcast input within the vector registers
+constexpr int kQuantizedBlocks = kVectorRegisters == 32 ? 4 : 2;
+static_assert(kTileBlocks <= kQuantizedBlocks, "many rows take up to kTileBlocks blocks of one format");
+constexpr int64_t kInt8TileRows = 4;  // rows per int8 tile: 2 x 4 counts and 2 x 4 sums in registers
+
+template <bool Int8, int Rows, int Blocks, typename F>
+void quantized_tiles(const uint8_t* const* block, int64_t groups, const Inputs& inputs, int64_t row,
+                     const float* bias, float* out, int64_t out_stride) {
+  // more rows, fewer blocks per tile: the accumulators stay within the registers
+  constexpr int kPerTile = Rows <= 2 || Blocks == 1 ? Blocks : Blocks / 2;
+  for (int b = 0; b < Blocks; b += kPerTile) {
+    const float* tile_bias = bias ? bias + b * kLanes : nullptr;
+    if constexpr (Int8) {
+      int8_tile<Rows, kPerTile, F>(block + b, groups, inputs, row, tile_bias, out + b * kLanes, out_stride);
+    } else {
+      float_tile<Rows, kPerTile, F>(block + b, groups, inputs, row, tile_bias, out + b * kLanes, out_stride);
+    }
+  }
+}
+
+template <bool Int8, int Blocks, typename F>
+void quantized_tile_rows(int64_t rows, const uint8_t* const* block, int64_t groups, const Inputs& inputs,
+                         int64_t row, const float* bias, float* out, int64_t out_stride) {
+  switch (rows) {  // at most kTileRows (kInt8TileRows for int8)
+    case 1: return quantized_tiles<Int8, 1, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+    case 2: return quantized_tiles<Int8, 2, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+    case 3: return quantized_tiles<Int8, 3, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+    case 4: return quantized_tiles<Int8, 4, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+    default: break;
+  }
+  if constexpr (!Int8) {
+    if (rows == 5) return quantized_tiles<Int8, 5, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+    return quantized_tiles<Int8, kTileRows, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+  }
+}
+
+// Rows r .. r + n of blocks `blocks` (count of one format) in register tiles
+template <bool Int8, typename F>
+void register_tiles(int64_t n, const uint8_t* const* blocks, int64_t count, int64_t groups, const Inputs& inputs,
+                    int64_t row, const float* bias, float* out, int64_t out_stride) {
+  if (count == kQuantizedBlocks) {
+    quantized_tile_rows<Int8, kQuantizedBlocks, F>(n, blocks, groups, inputs, row, bias, out, out_stride);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    quantized_tile_rows<Int8, 1, F>(n, blocks + i, groups, inputs, row, bias ? bias + i * kLanes : nullptr,
+                                    out + i * kLanes, out_stride);
   }
 }
 
@@ -205,23 +363,30 @@ void dequantize_block(const uint8_t* block, int64_t groups, float* to) {
   }
 }
 
-// Threads split the blocks, each streaming a contiguous share of the weight. A chunk of rows that fits
-// one register tile decodes the weights in registers; more rows decode each block once per chunk into
-// a buffer that the fp32 tiles (kTileBlocks blocks wide) then read, so prefill pays the decoding once
-// per 48 rows. Either way an output is the fp32 kernel's chain over the same weights: the same bits
-// for a row whatever the row count, and the same bits as `linear` over the dequantized weight packed
-// by pack_linear.
+// Threads split the blocks, each streaming a contiguous share of the weight.
+// - int8 activations: the rows are quantized once, then every chunk of rows runs in register tiles of
+//   kInt8TileRows, the block's quants decoded per tile (a mask or two per 64 weights).
+// - fp32 activations: a chunk of rows that fits one register tile decodes the weights in registers;
+//   more rows decode each block once per chunk into a buffer that the fp32 tiles (kTileBlocks blocks
+//   wide) then read, so prefill pays the decoding once per 48 rows. Either way an output is the fp32
+//   kernel's chain over the same weights: the same bits as `linear` over the dequantized weight
+//   packed by pack_linear.
+// Either way a row's result does not depend on the row count.
 void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, const float* bias, float* out) {
   const int64_t in = w.in, out_stride = w.blocks * kLanes;
+  std::optional<Int8Rows> int8;
+  if (w.int8_activations) int8 = quantize_rows(x, rows, in);
+  const Inputs inputs{x, int8 ? &*int8 : nullptr, in};
   at::parallel_for(0, w.blocks, 1, [&](int64_t first, int64_t end) {
     std::vector<float> decoded;
     for (int64_t chunk = 0; chunk < rows; chunk += kChunkRows) {
       const int64_t chunk_rows = std::min(rows, chunk + kChunkRows) - chunk;
       for (int64_t b = first; b < end;) {
         const int64_t format = w.table[2 * b + 1];
+        const bool buffered = !int8 && chunk_rows > kTileRows;
         // blocks of one format, side by side in one register tile where the range holds them
         // (decoded into a buffer for many rows: as many blocks as the fp32 tiles take)
-        const int64_t most = chunk_rows > kTileRows ? kTileBlocks : kQuantizedBlocks;
+        const int64_t most = buffered ? kTileBlocks : kQuantizedBlocks;
         int64_t count = 1;
         while (count < most && b + count < end && w.table[2 * (b + count) + 1] == format) ++count;
         const uint8_t* blocks[kQuantizedBlocks];
@@ -231,17 +396,16 @@ void multiply_quantized(const QuantizedWeight& w, const float* x, int64_t rows, 
         ggml::with_format(format, [&](auto decoder) {
           using F = decltype(decoder);
           const int64_t groups = in / F::kGroup;
-          if (chunk_rows <= kTileRows) {
-            if (count == kQuantizedBlocks) {
-              quantized_tile_rows<kQuantizedBlocks, F>(chunk_rows, blocks, groups, x + chunk * in, in, tile_bias,
-                                                       tile_out, out_stride);
-            } else {
-              for (int64_t i = 0; i < count; ++i) {
-                quantized_tile_rows<1, F>(chunk_rows, blocks + i, groups, x + chunk * in, in,
-                                          tile_bias ? tile_bias + i * kLanes : nullptr, tile_out + i * kLanes,
-                                          out_stride);
-              }
+          if (int8) {
+            for (int64_t r = 0; r < chunk_rows; r += kInt8TileRows) {
+              register_tiles<true, F>(std::min(kInt8TileRows, chunk_rows - r), blocks, count, groups, inputs,
+                                      chunk + r, tile_bias, tile_out + r * out_stride, out_stride);
             }
+            return;
+          }
+          if (!buffered) {
+            register_tiles<false, F>(chunk_rows, blocks, count, groups, inputs, chunk, tile_bias, tile_out,
+                                     out_stride);
             return;
           }
           decoded.resize(kTileBlocks * in * kLanes);
