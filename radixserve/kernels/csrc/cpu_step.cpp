@@ -9,9 +9,9 @@
 // Invariant: its result equals the Python path's bit for bit (model/llama.py, model/ops.py TorchOps,
 // model/rope.py, model/attention.py, model/cpu_linear.py). The matmuls and attention are the kernels
 // that path calls too (cpu_kernels.h: BlockedLinear's and the torch backend's in-place attention);
-// reductions and transcendentals are the very ATen operators it calls, with the same arguments; the
-// residual add, the norm's scaling and rotary are loops doing its elementwise arithmetic with its
-// rounding (below). A change to one is a change to both; tests/model/test_cpu_compiled_step.py compares
+// reductions and approximated transcendentals are the very ATen operators it calls, with the same
+// arguments; the residual add, the rest of the norm, the cache writes and rotary are loops doing its
+// arithmetic with its rounding (below). A change to one is a change to both; tests/model/test_cpu_compiled_step.py compares
 // them with torch.equal in fp32 and bf16.
 
 #include <ATen/ATen.h>
@@ -20,6 +20,8 @@
 
 #include "cpu_kernels.h"
 
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -36,9 +38,11 @@ constexpr int64_t kBiasesPerLayer = 4;
 // The elementwise steps are written out below: each is one IEEE operation per element, rounded to
 // the tensor's dtype after each, as ATen's elementwise kernels round (bf16: computed in float, then
 // rounded to nearest even, which is what c10::BFloat16's operators do). The build passes
-// -ffp-contract=off so that no multiply and add are fused into one rounding. Reductions (the norm's
-// mean) and transcendentals (rsqrt, SiLU's exp) stay ATen's: their order of summation and their
-// approximations are its own.
+// -ffp-contract=off so that no multiply and add are fused into one rounding. Reductions (the sum
+// inside the norm's mean) and approximated transcendentals (SiLU's exp) stay ATen's: their order of
+// summation and their approximations are its own. The rest of the norm is IEEE operations: ATen's
+// CPU mean is that sum divided by the row length, `+ eps` adds eps rounded to float, and its rsqrt
+// is 1 / sqrt (Vectorized<float>::rsqrt), so they are written out here.
 
 template <typename T>
 void add_and_square(const T* x, const T* residual, T* sum, float* squares, int64_t n) {
@@ -78,10 +82,15 @@ Normed add_rms_norm(const Tensor& x, const std::optional<Tensor>& residual, cons
   } else {
     squares.copy_(sum.view({rows, dim}).to(at::kFloat)).mul_(squares);  // pow(2) is x * x
   }
-  const Tensor inverse_rms = at::rsqrt(squares.mean(-1, /*keepdim=*/true) + eps).contiguous();
+  const Tensor sums = at::sum(squares, -1);
+  const float* row_sums = sums.const_data_ptr<float>();
+  std::vector<float> inverse_rms(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    inverse_rms[r] = 1.f / std::sqrt(row_sums[r] / static_cast<float>(dim) + static_cast<float>(eps));
+  }
   Tensor out = at::empty_like(sum);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "scale_rows", [&] {
-    scale_rows(sum.const_data_ptr<scalar_t>(), inverse_rms.const_data_ptr<float>(),
+    scale_rows(sum.const_data_ptr<scalar_t>(), inverse_rms.data(),
                weight.contiguous().const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), rows, dim);
   });
   return {out, sum};
@@ -129,13 +138,36 @@ struct Variant {  // a layer's attention as the Python layers pass it: scale, wi
   double softcap;
 };
 
+// cache's token slots[t] = rows[t] ([T, kv_heads, head_dim]): index_copy_'s result, written as one copy
+// per token where the dtypes match and each token's heads are one contiguous run
+void store_rows(const Tensor& rows, const Tensor& cache, const Tensor& slots) {
+  const int64_t kv_heads = cache.size(2), head_dim = cache.size(3), width = kv_heads * head_dim;
+  const Tensor flat = cache.view({-1, kv_heads, head_dim});
+  const bool direct = rows.scalar_type() == cache.scalar_type() && slots.scalar_type() == at::kLong &&
+                      slots.is_contiguous() && cache.is_contiguous() && rows.stride(2) == 1 &&
+                      rows.stride(1) == head_dim;
+  if (!direct) {
+    flat.index_copy_(0, slots, rows.to(cache.scalar_type()));
+    return;
+  }
+  const int64_t tokens = rows.size(0), cache_slots = flat.size(0), bytes = width * rows.element_size();
+  TORCH_CHECK(slots.numel() == tokens && rows.size(1) == kv_heads && rows.size(2) == head_dim,
+              "short_step: one slot per token of [tokens, kv_heads, head_dim] rows");
+  const int64_t* slot = slots.const_data_ptr<int64_t>();
+  const auto* from = static_cast<const char*>(rows.const_data_ptr());
+  auto* to = static_cast<char*>(flat.mutable_data_ptr());
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(0 <= slot[t] && slot[t] < cache_slots, "short_step: slot ", slot[t], " is outside the cache");
+    std::memcpy(to + slot[t] * bytes, from + t * rows.stride(0) * rows.element_size(), bytes);
+  }
+}
+
 // TorchAttentionBackend.forward over a cache it reads in place: store the step's keys and values,
 // then radixserve::paged_attention over every row
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
               const ShortRows& s, const Variant& variant) {
-  const int64_t kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
-  k_cache.view({-1, kv_heads, head_dim}).index_copy_(0, s.slot_mapping, k.to(k_cache.scalar_type()));
-  v_cache.view({-1, kv_heads, head_dim}).index_copy_(0, s.slot_mapping, v.to(v_cache.scalar_type()));
+  store_rows(k, k_cache, s.slot_mapping);
+  store_rows(v, v_cache, s.slot_mapping);
   Tensor out = at::empty_like(q);
   radixserve::paged_attention(q, k_cache, v_cache, s.block_table, s.seq_lens, s.query_lens, variant.scale,
                               std::numeric_limits<int64_t>::max(), out, variant.window, variant.sinks,
