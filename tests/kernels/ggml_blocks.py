@@ -105,14 +105,19 @@ def sub_blocks(name: str, raw: np.ndarray, in_features: int) -> SubBlocks:
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows [R, in] fp32 -> int quants [R, in] and scales d [R, in / 32]."""
+    """Rows [R, in] fp32 -> int quants [R, in] and scales d [R, in / 32] (the kernel's edge cases: all
+    zeros, a block too small for 127 / max to be finite, a non-finite input making d NaN)."""
     blocks = x.astype(F32).reshape(len(x), -1, 32)
-    most = np.abs(blocks).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(most > 0, F32(127) / most, F32(0)).astype(F32)
-    d = (most / F32(127)).astype(np.float16).astype(F32)
-    q = np.rint(blocks * inverse[..., None]).astype(np.int64)
-    return q.reshape(x.shape), d
+    finite = np.isfinite(blocks).all(axis=-1)
+    most = np.abs(np.where(np.isfinite(blocks), blocks, F32(0))).max(axis=-1)
+    with np.errstate(divide="ignore", over="ignore"):
+        inverse = (F32(127) / most).astype(F32)
+        d = (most / F32(127)).astype(np.float16).astype(F32)
+    usable = finite & (most > 0) & np.isfinite(inverse)
+    d = np.where(finite, d, F32(np.nan)).astype(F32)
+    with np.errstate(invalid="ignore"):
+        q = np.where(usable[..., None], np.rint(blocks * np.where(usable, inverse, F32(0))[..., None]), 0)
+    return q.astype(np.int64).reshape(x.shape), d
 
 
 def int8_linear(x: np.ndarray, parts: list[tuple[str, np.ndarray]], in_features: int,

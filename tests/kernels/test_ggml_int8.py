@@ -29,6 +29,7 @@ def _rows(count: int, in_features: int, seed: int) -> torch.Tensor:
     x = torch.randn(count, in_features, generator=torch.Generator().manual_seed(seed))
     x[0, :32] = 0.0  # an all-zero block quantizes to zeros with d = 0
     x[1 % count, 32:64] *= 1e4  # an outlier block beside ordinary ones
+    x[2 % count, :32] *= 1e-40  # subnormal: 127 / max |x| overflows, the block counts as zero
     return x
 
 
@@ -103,3 +104,13 @@ def test_the_engine_offers_the_activations_the_kernel_packs() -> None:
     assert sorted(QUANTIZED_ACTIVATIONS) == sorted(ACTIVATIONS)
     with pytest.raises(ValueError, match="quantized_activations"):
         EngineConfig(quantized_activations="int4")
+
+
+def test_a_non_finite_input_makes_its_row_nan_as_the_fp32_path_would() -> None:
+    raw = random_blocks("Q4_1", 16, 64, seed=16)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(17))
+    x[1, 40] = float("nan")
+    x[2, 3] = float("inf")
+    got = torch.ops.radixserve.linear(x, pack_ggml([("Q4_1", raw)], 64), None, 16)
+    assert got[0].isfinite().all() and got[1:].isnan().all()
+    assert torch.equal(got[0], torch.from_numpy(int8_linear(x[:1].numpy(), [("Q4_1", raw)], 64))[0])

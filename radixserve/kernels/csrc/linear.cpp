@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace radixserve {
@@ -151,8 +152,9 @@ QuantizedWeight read_quantized(const Tensor& packed) {
 
 // The rows' inputs as the int8 path reads them (llama.cpp's 8-bit activations): each row's inputs in
 // blocks of 32 (every format's group is a multiple), block i of row r scaled by
-//   d = fp16(max |x| / 127),  q = round-half-even(x * (127 / max |x|))  (all zero where max |x| = 0)
-// with q's sums per 16 inputs. A row's quants depend on that row alone.
+//   d = fp16(max |x| / 127),  q = round-half-even(x * (127 / max |x|))
+// (q all zero where 127 / max |x| is not finite; d NaN where an input is not finite), with q's sums
+// per 16 inputs. A row's quants depend on that row alone.
 struct Int8Rows {
   std::vector<int8_t> q;       // [rows, in]
   std::vector<float> d;        // [rows, in / 32]
@@ -176,11 +178,18 @@ Int8Rows quantize_rows(const float* x, int64_t rows, int64_t in) {
     for (int64_t block = first; block < end; ++block) {
       const float* from = x + block * 32;
       float most = 0.f;
-      for (int64_t i = 0; i < 32; ++i) most = std::max(most, std::fabs(from[i]));
-      const float inverse = most > 0.f ? 127.f / most : 0.f;
-      a.d[block] = static_cast<float>(c10::Half(most / 127.f));
+      bool finite = true;
+      for (int64_t i = 0; i < 32; ++i) {
+        most = std::max(most, std::fabs(from[i]));
+        finite = finite && std::isfinite(from[i]);
+      }
+      // a NaN or infinite input makes its block's scale NaN, so it reaches the outputs as the fp32
+      // path would carry it; a block too small for 127 / max to be finite scales to fp16 zero anyway
+      const float inverse = 127.f / most;
+      const bool zero = !finite || !(most > 0.f) || !std::isfinite(inverse);
+      a.d[block] = finite ? static_cast<float>(c10::Half(most / 127.f)) : std::numeric_limits<float>::quiet_NaN();
       int8_t* to = a.q.data() + block * 32;
-      for (int64_t i = 0; i < 32; ++i) to[i] = static_cast<int8_t>(std::nearbyint(from[i] * inverse));
+      for (int64_t i = 0; i < 32; ++i) to[i] = zero ? 0 : static_cast<int8_t>(std::nearbyint(from[i] * inverse));
       for (int half = 0; half < 2; ++half) {
         int32_t sum = 0;
         for (int64_t i = 0; i < 16; ++i) sum += to[half * 16 + i];
