@@ -124,7 +124,9 @@ constexpr int32_t kEveryByte = 0x01010101;
 template <bool High>
 inline void quad_nibbles(const uint8_t* field, int64_t u, NativeInt (&q)[kParts]) {
   load_quad(field, u, q);
-  for (int p = 0; p < kParts; ++p) q[p] = (High ? bits_as<NativeInt>(bits_as<NativeBits>(q[p]) >> 4) : q[p]) & (15 * kEveryByte);
+  for (int p = 0; p < kParts; ++p) {
+    q[p] = (High ? bits_as<NativeInt>(bits_as<NativeBits>(q[p]) >> 4) : q[p]) & (15 * kEveryByte);
+  }
 }
 
 inline void add_quad_high_bits(const uint8_t* field, int64_t u, int shift, int mask, NativeInt (&q)[kParts]) {
