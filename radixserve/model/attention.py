@@ -93,10 +93,14 @@ class TorchAttentionBackend:
     into buffers the backend keeps (`_GatherBuffers`). An FP8 cache (model/kv_fp8.py) is quantized as
     it is written and dequantized after each gather.
 
-    With `cpu_kernel` (the runner sets it where the C++ extension is loaded, `cpu_extension`), short
-    rows over a cache the kernel reads (`reads_in_place`) run `radixserve::paged_attention` instead,
+    With `cpu_kernel` (the runner sets it where the C++ extension is loaded, `cpu_extension`), every
+    row over a cache the kernel reads (`reads_in_place`) runs `radixserve::paged_attention` instead,
     which reads the keys and values where they lie, without a gathered copy or SDPA's setup; the
-    compiled step calls the same kernel, so both paths agree bit for bit.
+    compiled step calls the same kernel, so both paths agree bit for bit. Prefill chunks run it too:
+    its keys fall into partitions fixed by their positions, so a query's result does not depend on
+    how its prompt was chunked or which prefix came from the cache, where SDPA's tiling does (8-bit
+    activations turned SDPA's last-bit differences into different greedy replies; docs/quantized.md).
+    A cold 1,024-token prefill takes 1.15x SDPA's time.
 
     Variants (`window`, `sinks`, `softcap`): a window is a tighter mask for SDPA, and the gathers
     skip the blocks wholly before the first key a row (or a piece of a long row) sees; the short
@@ -121,10 +125,9 @@ class TorchAttentionBackend:
         out = torch.empty_like(q)
         if self.cpu_kernel and reads_in_place(k_cache):
             torch.ops.radixserve.paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens_host,
-                                                 meta.query_lens, scale, SHORT_QUERY, out, window or 0, sinks,
+                                                 meta.query_lens, scale, max(meta.query_lens), out, window or 0, sinks,
                                                  softcap or 0.0)
-            if all(n <= SHORT_QUERY for n in meta.query_lens):
-                return out
+            return out
         else:
             if window is not None and window >= meta.max_seq_len:  # it hides no key: share the full plan
                 window = None
