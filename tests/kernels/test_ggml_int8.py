@@ -83,9 +83,9 @@ def test_the_row_quantization_rounds_half_to_even_and_scales_in_fp16() -> None:
     x[0, :4] = [127.0, 0.5, 1.5, -2.5]
     q, d = quantize_rows(x)
     assert q[0, :4].tolist() == [127, 0, 2, -2] and d[0, 0] == 1.0
-    packed = pack_ggml([("Q8_0", random_blocks("Q8_0", 16, 32, seed=14))], 32)
-    got = torch.ops.radixserve.linear(torch.from_numpy(x), packed, None, 16)
-    assert torch.equal(got, torch.from_numpy(int8_linear(x, [("Q8_0", random_blocks("Q8_0", 16, 32, seed=14))], 32)))
+    parts = [("Q8_0", random_blocks("Q8_0", 16, 32, seed=14))]
+    got = torch.ops.radixserve.linear(torch.from_numpy(x), pack_ggml(parts, 32), None, 16)
+    assert torch.equal(got, torch.from_numpy(int8_linear(x, parts, 32)))
 
 
 def test_a_bad_activations_choice_is_refused() -> None:

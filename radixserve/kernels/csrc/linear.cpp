@@ -343,6 +343,8 @@ void quantized_tile_rows(int64_t rows, const uint8_t* const* block, int64_t grou
   if constexpr (!Int8) {
     if (rows == 5) return quantized_tiles<Int8, 5, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
     return quantized_tiles<Int8, kTileRows, Blocks, F>(block, groups, inputs, row, bias, out, out_stride);
+  } else {
+    TORCH_CHECK(false, "int8 tiles take at most ", kInt8TileRows, " rows, got ", rows);
   }
 }
 
