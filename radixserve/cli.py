@@ -28,6 +28,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
     g.add_argument("--kv-cache-memory-mb", type=float, default=None,
                    help="KV block pool budget in MiB (default: 256 on CPU; on CUDA what --gpu-memory-utilization leaves)")
+    g.add_argument("--state-slots", type=int, default=None,
+                   help="hybrid models (recurrent layers): slots for running sequences' recurrent states and the "
+                        "prefix cache's checkpoints of them (default: what a quarter of the KV budget holds, "
+                        "4 to 2 x --max-num-seqs)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
@@ -129,6 +133,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
+        state_slots=a.state_slots,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
         preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, max_queue_wait_s=a.max_queue_wait_s,

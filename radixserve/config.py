@@ -26,6 +26,10 @@ class EngineConfig:
     kv_cache_memory_mb: float | None = None
     gpu_memory_utilization: float = 0.90  # CUDA: fraction of device memory the engine may use in all
     num_blocks: int | None = None  # explicit pool size (tests use tiny pools to force eviction)
+    # hybrid models (recurrent layers): state slots for running sequences' recurrent states and the prefix
+    # cache's checkpoints of them (docs/hybrid_cache.md). None: what a quarter of the KV budget holds, at
+    # least 4 and at most 2 * max_num_seqs
+    state_slots: int | None = None
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
@@ -109,6 +113,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.state_slots is not None and self.state_slots < 1:
+            raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")

@@ -14,7 +14,8 @@ Only the scheduler writes a sequence, any field, its tokens included (tests/test
 Batch invariants: a scheduled item owns a block for every position it writes this step, and the
 block it writes first has one owner. `copies` lists every block copy the step needs before its
 forward, in the order the scheduler decided them: copy-on-write copies on the device, write-backs
-of evicted or swapped-out blocks to the host tier, and load-backs from it. The order matters: a
+of evicted or swapped-out blocks to the host tier, load-backs from it, and (hybrid models) copies
+between recurrent-state slots. The order matters: a
 block freed by one copy may be the destination of a later one in the same step. A batch is read
 before the next `schedule()` (the engine reads it while it launches that step): a decoding
 sequence's one-token item is the same object from step to step (`Sequence.decode_item`), its
@@ -248,6 +249,10 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     locked_node: RadixNode | None = None
     num_cached: int = 0  # leading tokens this sequence has put into (or taken from) the tree
+    # hybrid models: the recurrent-state slot holding its state after its `num_computed` tokens (-1: none)
+    state_slot: int = -1
+    # hybrid models: a position its prefill stops at to checkpoint its state there (-1: none), see seq_cache.py
+    checkpoint_at: int = -1
     # swapped out: the tree node ending at its computed tokens, whose path it pins in the host tier
     swapped_node: RadixNode | None = None
     finish_reason: str | None = None
@@ -313,6 +318,7 @@ class CopyKind(enum.Enum):
     DEVICE = "device"  # device block -> device block (copy-on-write)
     TO_HOST = "to_host"  # device block -> host block (write-back, swap-out)
     TO_DEVICE = "to_device"  # host block -> device block (load-back, swap-in)
+    STATE = "state"  # recurrent-state slot -> slot (hybrid models: restoring or taking a checkpoint, forks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,10 +125,21 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 TINY_CONFIGS.update(FAMILY_CONFIGS)
 
+# Hybrids: recurrent layers beside attention, whose cached prefixes resume only at state checkpoints.
+HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3_5": dict(
+        architectures=["Qwen3_5ForCausalLM"], num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_conv_kernel_dim=4, eos_token_id=2,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    ),
+}
+TINY_CONFIGS.update(HYBRID_CONFIGS)
+
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
                 "gemma3": "gemma3_text", "gpt_oss": "gpt_oss", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
                 "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
-                "granite": "granite"}
+                "granite": "granite", "qwen3_5": "qwen3_5_text"}
 
 
 @functools.cache

@@ -34,6 +34,12 @@ grow the tree without bound). A root has no parent: walks up a path stop at the 
 one. A held path (`hold`, a pinned prefix) is a lock no sequence owns: it stays on the device until
 released.
 
+Checkpoints (hybrid models, `states` set): a node on the device may hold one state slot, the
+recurrent layers' state after exactly the tokens up to its end (`state`); a split keeps it on the
+lower node, which keeps that end. A node leaving the device drops its checkpoint, and
+`evict_checkpoint` drops the least recently used one when the state pool needs a slot. Which
+positions get checkpoints is the scheduler's cache layer's choice (scheduler/seq_cache.py).
+
 Who may change it: only the scheduler (scheduler/), through the methods below; each says whether it
 changes the cache or is a query (`match` is a query only with split=False). Nodes are written here
 alone (tests/test_layering.py enforces both).
@@ -44,7 +50,8 @@ its parent ends; each non-empty block list matches the covered block range and e
 has at least one; a node on the device has its parent on the device; a locked node is on the
 device; a pinned node is in the host tier; lock, pin and hold counts are at least the sum of the
 children's (all are taken on a whole path), and a node's lock count is at least its hold count;
-the two LRU sets hold exactly the nodes their predicates name. Nothing is evicted or dropped except
+the two LRU sets hold exactly the nodes their predicates name, and the checkpoint set exactly the
+nodes holding a state, each on the device. Nothing is evicted or dropped except
 when a pool asks for blocks.
 """
 
@@ -83,6 +90,8 @@ class RadixNode:
     hold_count: int = 0  # pinned prefixes (Scheduler.hold_prefix) whose held path passes here: each also holds a lock
     hits: int = 0  # matches that took this node's tokens (radix_tree.record_hit)
     namespace: str = ""  # on a namespace's root only: the namespace it is the root of
+    state: int = -1  # hybrid models: a checkpoint, the state slot holding the recurrent state after tokens[:end]
+    in_checkpoints: bool = False
     id: int = field(default_factory=_ids.__next__)
 
     @property
@@ -126,9 +135,10 @@ class RadixTree:
     """The prefix cache over token IDs: nodes, matching, insertion, splits, locks, swap pins, holds, the
     two LRU sets, eviction and the moves between tiers (the module docstring tells what it all means)."""
 
-    def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None) -> None:
+    def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None, states: BlockPool | None = None) -> None:
         self.pool = pool
         self.host_pool = host_pool
+        self.states = states  # a hybrid model's recurrent-state slots (one-slot "blocks"): checkpoints hold them
         self.block_size = pool.block_size
         if host_pool is not None and host_pool.block_size != pool.block_size:
             raise ValueError("the host pool's block size must equal the device pool's")
@@ -137,6 +147,8 @@ class RadixTree:
         self.roots: dict[str, RadixNode] = {"": self.root}  # namespace -> its root
         self._lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # evictable from the device
         self._host_lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # droppable host copies
+        self._checkpoints: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # nodes holding a state
+        self.checkpoints_evicted = 0  # checkpoints dropped to free a state slot
         self._protected: set[int] = set()  # nodes in the middle of a move: neither tier may give them up
         self._clock = itertools.count(1)
         self.num_nodes = 0
@@ -471,7 +483,7 @@ class RadixTree:
         for n in path:
             if n.last_access == now:
                 continue  # attached by this access: listed with this time already
-            if n.in_lru or n.in_host_lru:  # its key changes: out of the sorted sets and back in
+            if n.in_lru or n.in_host_lru or n.in_checkpoints:  # its key changes: out of the sorted sets and back in
                 self._unlist(n)
                 n.last_access = now
                 self._refresh(n)
@@ -479,6 +491,9 @@ class RadixTree:
                 n.last_access = now
 
     def _unlist(self, n: RadixNode) -> None:
+        if n.in_checkpoints:
+            self._checkpoints.remove(n)
+            n.in_checkpoints = False
         if n.in_lru:
             self._lru.remove(n)
             n.in_lru = False
@@ -504,9 +519,15 @@ class RadixTree:
         if want_host != n.in_host_lru:
             (self._host_lru.add if want_host else self._host_lru.remove)(n)
             n.in_host_lru = want_host
+        if (n.state >= 0) != n.in_checkpoints:
+            (self._checkpoints.add if n.state >= 0 else self._checkpoints.remove)(n)
+            n.in_checkpoints = n.state >= 0
 
     def _set_blocks(self, n: RadixNode, blocks: list[int]) -> None:
-        """Give `n` a device copy, or take it away ([]); the caller moves the references."""
+        """Give `n` a device copy, or take it away ([]); the caller moves the references. A node
+        leaving the device drops its checkpoint (states live on the device only)."""
+        if not blocks:
+            self._drop_state(n)
         was = bool(n.blocks)
         if n.lock_count == 0:
             self.evictable_blocks += len(blocks) - len(n.blocks)
@@ -520,6 +541,48 @@ class RadixTree:
         for n in nodes:
             (self._protected.add if on else self._protected.discard)(n.id)
             self._refresh(n)
+
+    # -- recurrent-state checkpoints (hybrid models) -------------------------------------------------
+    @staticmethod
+    def checkpoint_on(path: list[RadixNode], length: int) -> RadixNode | None:
+        """The deepest node of a matched `path` whose checkpoint a match of `length` tokens can
+        resume from (it ends within the match); None if there is none. A query."""
+        return next((n for n in reversed(path) if n.state >= 0 and n.end <= length), None)
+
+    def attach_state(self, node: RadixNode, slot: int) -> bool:
+        """Make `slot` (whose reference the caller hands over) `node`'s checkpoint: the state after the
+        tokens up to its end. False, changing nothing, when the node has one already or is not on the
+        device (the caller keeps the slot). Changes the cache."""
+        if node.parent is None or node.state >= 0 or not node.blocks:
+            return False
+        node.state = slot
+        self._refresh(node)
+        return True
+
+    def evict_checkpoint(self) -> bool:
+        """Drop the least recently used checkpoint, freeing its slot; False if there is none. A
+        checkpoint is never needed by a running sequence (a hit copies it), so any may go. Changes the cache."""
+        if not self._checkpoints:
+            return False
+        self._drop_state(self._checkpoints[0])
+        self.checkpoints_evicted += 1
+        return True
+
+    def _drop_state(self, n: RadixNode) -> None:
+        if n.state < 0:
+            return
+        assert self.states is not None
+        self.states.decref(n.state)
+        n.state = -1
+        self._refresh(n)
+
+    def state_refs(self) -> Counter[int]:
+        """How many nodes hold each state slot. A query."""
+        return Counter(n.state for n in self.nodes() if n.state >= 0)
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self._checkpoints)
 
     # -- moving between tiers ---------------------------------------------------------------------
     def make_room(self, num_blocks: int) -> list[BlockCopy]:
@@ -648,6 +711,7 @@ class RadixTree:
         while stack:
             n = stack.pop()
             stack.extend(n.children.values())
+            self._drop_state(n)
             self._unlist(n)
             self.evictable_blocks -= len(n.blocks)  # an evicted node is never locked
             freed_device += self.pool.release(n.blocks)

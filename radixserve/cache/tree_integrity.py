@@ -42,6 +42,8 @@ def check_tree(tree: RadixTree) -> None:
         assert n.swap_pins >= sum(c.swap_pins for c in n.children.values()), "pin count below children's"
         assert n.hold_count >= sum(c.hold_count for c in n.children.values()), "hold count below children's"
         assert n.lock_count >= n.hold_count, f"node {n.id}: held but not locked"
+        assert n.state < 0 or (n.blocks and tree.states is not None), f"node {n.id}: a checkpoint off the device"
+        assert n.in_checkpoints == (n.state >= 0), f"node {n.id}: stale checkpoint flag"
         if tree._evictable(n):
             evictable.add(n.id)
         if tree._droppable(n):
@@ -51,3 +53,4 @@ def check_tree(tree: RadixTree) -> None:
     assert tree.evictable_blocks == listed, f"evictable_blocks {tree.evictable_blocks} != {listed} listed by unlocked nodes"
     assert {n.id for n in tree._lru} == evictable, "device LRU set is not the evictable nodes"
     assert {n.id for n in tree._host_lru} == droppable, "host LRU set is not the droppable host copies"
+    assert {n.id for n in tree._checkpoints} == {n.id for n in nodes if n.state >= 0}, "checkpoint set drifted"

@@ -86,17 +86,21 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class CachePools:
-    """The KV block pools (device, and the host tier's) and the radix tree over them."""
+    """The KV block pools (device, and the host tier's), a hybrid model's state slots, and the radix
+    tree over them."""
 
     pool: BlockPool
     host_pool: BlockPool | None
     tree: RadixTree | None
+    states: BlockPool | None = None  # recurrent-state slots, one-slot "blocks" (None: attention layers only)
 
     @classmethod
     def of(cls, config: EngineConfig, sizes: Sizes) -> CachePools:
         pool = BlockPool(sizes.num_blocks, config.block_size)
         host_pool = BlockPool(sizes.host_blocks, config.block_size) if sizes.host_blocks else None
-        return cls(pool, host_pool, RadixTree(pool, host_pool) if config.enable_prefix_cache else None)
+        states = BlockPool(sizes.state_slots, 1) if sizes.state_slots else None
+        tree = RadixTree(pool, host_pool, states) if config.enable_prefix_cache else None
+        return cls(pool, host_pool, tree, states)
 
 
 @dataclass
@@ -131,11 +135,16 @@ class LLMEngine:
         self.config = config = for_device(config, self.runner.device)
         sizes = engine_sizes(config, self.runner)
         spec = self.runner.spec
+        if spec.is_hybrid and config.num_speculative_tokens:
+            # a recurrent state cannot yet roll back the drafts a verification rejects (docs/hybrid_cache.md)
+            log.info("speculative decoding is off: %s has recurrent layers", spec.architecture)
+            self.config = config = replace(config, num_speculative_tokens=0)
         self.model = ModelFacts(str(model_dir), model_name, spec, frozenset(spec.eos_token_ids), sizes.max_model_len,
                                 sizes.max_seq_len)
-        self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks)
+        self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks, sizes.state_slots)
         self.cache = CachePools.of(config, sizes)
-        self.scheduler = Scheduler(config, self.cache.pool, self.cache.tree, max_seq_len=sizes.max_seq_len)
+        self.scheduler = Scheduler(config, self.cache.pool, self.cache.tree, max_seq_len=sizes.max_seq_len,
+                                   states=self.cache.states)
         self.pins = PinRegistry(self.scheduler, pin_budget_blocks(config.pin_budget, sizes.num_blocks,
                                                                   sizes.max_seq_len, config.block_size))
         self.recorder = StepRecorder(self.runner, self.scheduler, self.cache.pool,

@@ -22,6 +22,7 @@ class Sizes:
     host_blocks: int  # the host tier (0: off)
     max_model_len: int  # the context length the engine advertises
     max_seq_len: int  # the longest sequence (prompt + generated) it runs
+    state_slots: int = 0  # a hybrid model's recurrent-state slots (0: no recurrent layers)
 
 
 def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
@@ -43,4 +44,14 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
         # (and a block to copy on write) free, or no prefix could ever be pinned (engine/pins.py)
         usable = max(1, num_blocks - int(config.pin_budget * num_blocks) - 1)
     return Sizes(num_blocks, host_tier_blocks(config.host_cache_mb, layout.bytes_per_block), max_model_len,
-                 min(max_model_len, usable * config.block_size))
+                 min(max_model_len, usable * config.block_size), _state_slots(config, runner))
+
+
+def _state_slots(config: EngineConfig, runner: ModelRunner) -> int:
+    layout = runner.state_layout()
+    if layout is None:
+        return 0
+    if config.state_slots is not None:
+        return config.state_slots
+    quarter = layout.slots_for_budget((config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB) / 4)
+    return max(4, min(2 * config.max_num_seqs, quarter))

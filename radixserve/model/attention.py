@@ -38,6 +38,7 @@ class AttentionMetadata:
     # possible sequence in a CUDA graph (whose launches must suit any lengths it is replayed with)
     max_seq_len: int = 0
     plans: dict[str, Any] = field(default_factory=dict)  # a backend's launch plans for this step, made once
+    state_slots: list[int] = field(default_factory=list)  # [B] hybrid models: each item's recurrent-state slot
 
     def __post_init__(self) -> None:
         if not self.max_seq_len and self.seq_lens_host:

@@ -58,6 +58,7 @@ class BatchInputs:
     sample_rows: list[int]  # token indices whose logits the step needs: the last `logit_rows` of each item that samples
     pending_at: list[int]  # token indices whose id is still on the device ...
     pending_rows: list[int]  # ... at these rows of the previous step's sampled ids
+    state_slots: list[int]  # [B] each sequence's recurrent-state slot (-1 for a model without recurrent layers)
 
     @property
     def cu_seqlens(self) -> list[int]:
@@ -86,6 +87,7 @@ def build_inputs(batch: Batch, block_size: int, pending: PendingInputs | None = 
     sample_rows: list[int] = []
     pending_at: list[int] = []
     pending_rows: list[int] = []
+    state_slots: list[int] = []
     for item in batch.items:
         seq, start, n = item.seq, item.start, item.num_tokens
         tokens, table, end = seq.token_ids, seq.block_table, start + n
@@ -110,6 +112,8 @@ def build_inputs(batch: Batch, block_size: int, pending: PendingInputs | None = 
         query_lens.append(n)
         seq_lens.append(end)
         tables.append(table)
+        state_slots.append(seq.state_slot)
         if end == len(tokens):  # the chunk samples: its last `logit_rows` positions give logits
             sample_rows += range(len(ids) - item.logit_rows, len(ids))
-    return BatchInputs(ids, positions, slots, query_lens, seq_lens, tables, sample_rows, pending_at, pending_rows)
+    return BatchInputs(ids, positions, slots, query_lens, seq_lens, tables, sample_rows, pending_at, pending_rows,
+                       state_slots)

@@ -19,6 +19,7 @@ from torch import nn
 
 from radixserve.kernels.moe import GatedActivation
 from radixserve.model.attention import AttentionBackend, AttentionMetadata
+from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.kv_cache import KVCache
 from radixserve.model.moe import MoE
 from radixserve.model.ops import ModelOps, TorchOps, rms_norm
@@ -51,7 +52,7 @@ class RMSNorm(nn.Module):
 def rope_key(spec: ModelSpec, params: RopeParams) -> str:
     """One rotary table per distinct setting, named by its first appearance: layers sharing it share
     its cos/sin per step."""
-    distinct = list(dict.fromkeys(layer.attention.rope for layer in spec.layers if layer.attention.rope))
+    distinct = list(dict.fromkeys(a.rope for a in spec.attentions if a.rope))
     return f"rope{distinct.index(params)}"
 
 
@@ -59,13 +60,16 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_spec: LayerSpec, layer: int) -> None:
         super().__init__()
         a = layer_spec.attention
-        self.layer = layer
+        assert a is not None
+        self.layer = spec.kv_index(layer)  # the KV cache holds attention layers only
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.q_size, spec.kv_size
         self.scale, self.window, self.softcap = a.scale, a.window, a.softcap
         self.rope = None if a.rope is None else rope_key(spec, a.rope)
         self.qk_norm = a.qk_norm
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
+        self.output_gate = a.output_gate
+        self.q_rows = self.q_size * (2 if a.output_gate else 1)  # a gated q_proj: each head's q, then its gate
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_rows + 2 * self.kv_size, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=a.o_bias)
         q_dim, k_dim = (self.q_size, self.kv_size) if a.qk_norm == "whole" else (self.head_dim, self.head_dim)
         norms = a.qk_norm != "none"
@@ -76,7 +80,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ropes: dict[str, tuple[RotaryEmbedding, Any]], kv_cache: KVCache,
                 meta: AttentionMetadata, backend: AttentionBackend, ops: ModelOps) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_rows, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.output_gate:
+            q, gate = q.reshape(tokens, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+            q, gate = q.reshape(tokens, self.q_size), gate.reshape(tokens, self.q_size)
         if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "whole":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
@@ -92,7 +100,8 @@ class Attention(nn.Module):
                 q, k = rotary.rotate(q, *prepared), rotary.rotate(k, *prepared)
         out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
                               window=self.window, sinks=self.sinks, softcap=self.softcap)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        out = out.reshape(tokens, self.q_size)
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 
 
 class MLP(nn.Module):
@@ -121,7 +130,11 @@ class DecoderLayer(nn.Module):
         dim, eps, style = spec.hidden_size, spec.rms_norm_eps, spec.norm_style
         if self.placement != "post":
             self.input_layernorm = RMSNorm(dim, eps, style)
-        self.self_attn = Attention(spec, layer_spec, layer)
+        self.recurrent = layer_spec.delta_net is not None  # its mixer: linear_attn, else self_attn (checkpoints' names)
+        if layer_spec.delta_net is not None:
+            self.linear_attn = GatedDeltaNet(spec, layer_spec.delta_net, spec.state_index(layer))
+        else:
+            self.self_attn = Attention(spec, layer_spec, layer)
         self.post_attention_layernorm = RMSNorm(dim, eps, style)
         if self.placement == "sandwich":
             self.pre_feedforward_layernorm = RMSNorm(dim, eps, style)
@@ -135,20 +148,24 @@ class DecoderLayer(nn.Module):
         stream before it (the next layer's norm adds them); the others return the sum and None."""
         if self.placement == "pre":
             h, residual = self._norm(self.input_layernorm, x, residual, ops)
-            h = self._scaled(self.self_attn(h, ropes, kv_cache, meta, backend, ops))
+            h = self._scaled(self._mix(h, ropes, kv_cache, meta, backend, ops))
             h, residual = self._norm(self.post_attention_layernorm, h, residual, ops)
             return self._scaled(self.mlp(h, ops)), residual
         if residual is not None:  # after a pre-norm layer (a family mixing placements does not exist, but be exact)
             x = x + residual
         if self.placement == "sandwich":
-            h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ropes, kv_cache, meta, backend,
-                                                             ops))
+            h = self.post_attention_layernorm(self._mix(self.input_layernorm(x), ropes, kv_cache, meta, backend, ops))
             x = x + self._scaled(h)
             h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), ops))
             return x + self._scaled(h), None
-        h = self.post_attention_layernorm(self.self_attn(x, ropes, kv_cache, meta, backend, ops))
+        h = self.post_attention_layernorm(self._mix(x, ropes, kv_cache, meta, backend, ops))
         x = x + self._scaled(h)
         return x + self._scaled(self.post_feedforward_layernorm(self.mlp(x, ops))), None
+
+    def _mix(self, h, ropes, kv_cache: KVCache, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
+        if self.recurrent:
+            return self.linear_attn(h, kv_cache.states, meta)
+        return self.self_attn(h, ropes, kv_cache, meta, backend, ops)
 
     def _norm(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
               ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,7 +200,7 @@ class CausalLM(nn.Module):
         self.to(dtype)
         self.to_empty(device=device)
         self.requires_grad_(False)
-        ropes = {rope_key(spec, layer.attention.rope): layer.attention.rope for layer in spec.layers if layer.attention.rope}
+        ropes = {rope_key(spec, a.rope): a.rope for a in spec.attentions if a.rope}
         self.rotaries = nn.ModuleDict({key: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, params, device)
                                        for key, params in ropes.items()})
 

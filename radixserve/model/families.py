@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixserve.model.rope import RopeParams
-from radixserve.model.spec import AttentionSpec, CheckpointLayout, LayerSpec, MlpSpec, ModelSpec, int_list
+from radixserve.model.spec import AttentionSpec, CheckpointLayout, DeltaNetSpec, LayerSpec, MlpSpec, ModelSpec, int_list
 
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -33,6 +33,8 @@ class Family:
     sinks: bool = False
     window_everywhere: bool = False  # a config sliding_window applies to every layer (no layer_types)
     interleaved_rope: bool = False
+    output_gate: bool = False  # q_proj yields a gate per head (Qwen3.5)
+    linear_attention: bool = False  # layer_types may name Gated DeltaNet layers (Qwen3.5)
     embedding_scale: Callable[[Any], float | None] = lambda config: None
     moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
     checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
@@ -102,6 +104,8 @@ FAMILIES: dict[str, Family] = {
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm="per_head", moe=_qwen3_moe),
     "MixtralForCausalLM": Family("mixtral", qkv_bias=False, o_bias=False, window_everywhere=True, moe=_mixtral_moe,
                                  checkpoint=CheckpointLayout(mlp_name="block_sparse_moe", experts="w1w3w2")),
+    "Qwen3_5ForCausalLM": Family("qwen3_5_text", norm_style="gemma", qk_norm="per_head", output_gate=True,
+                                 linear_attention=True),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -136,6 +140,11 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
     context = int(config.max_position_embeddings)
     layers = []
     for i, kind in enumerate(layer_types):
+        mlp = family.moe(config, i) or MlpSpec(int(config.intermediate_size), _activation(config),
+                                               bias=bool(getattr(config, "mlp_bias", False)))
+        if kind == "linear_attention":
+            layers.append(LayerSpec(None, mlp, family.norms, delta_net=_delta_net(config)))
+            continue
         rope = None if no_rope and not no_rope[i] else _rope(config, kind, head_dim, family)
         if rope is not None and rope.rope_type == "longrope":
             # transformers switches longrope's frequencies with the batch's length, which cached keys
@@ -150,9 +159,8 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
             o_bias=bias if family.o_bias is None else family.o_bias,
             sinks=family.sinks,
             softcap=getattr(config, "attn_logit_softcapping", None),
+            output_gate=family.output_gate,
         )
-        mlp = family.moe(config, i) or MlpSpec(int(config.intermediate_size), _activation(config),
-                                               bias=bool(getattr(config, "mlp_bias", False)))
         layers.append(LayerSpec(attention, mlp, family.norms))
     eos = int_list(getattr(config, "eos_token_id", None)) + list(extra_eos_token_ids)
     fields: dict[str, Any] = {}
@@ -186,13 +194,22 @@ def _layer_types(config: Any, family: Family) -> list[str]:
         types = ["sliding_attention" if sliding else "full_attention"] * count
     if len(types) != count:
         raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {count}")
+    supported = ("full_attention", "sliding_attention") + (("linear_attention",) if family.linear_attention else ())
     for kind in types:
-        if kind not in ("full_attention", "sliding_attention"):
-            raise ValueError(f"layer_types {kind!r} is not supported (hybrid and chunked layers are not yet); "
-                             "supported: full_attention, sliding_attention")
+        if kind not in supported:
+            raise ValueError(f"layer_types {kind!r} is not supported in {family.model_type}; "
+                             f"supported: {', '.join(supported)}")
     if "sliding_attention" in types and not window:
         raise ValueError("layer_types names sliding_attention layers but sliding_window is not set")
     return types
+
+
+def _delta_net(config: Any) -> DeltaNetSpec:
+    if getattr(config, "hidden_act", "silu") != "silu":  # the DeltaNet's convolution and gate are SiLU
+        raise ValueError(f"hidden_act {config.hidden_act!r} in a Gated DeltaNet layer; supported: silu")
+    return DeltaNetSpec(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
+                        int(config.linear_key_head_dim), int(config.linear_value_head_dim),
+                        int(config.linear_conv_kernel_dim))
 
 
 def _activation(config: Any) -> str:

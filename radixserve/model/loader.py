@@ -64,7 +64,9 @@ def fill_dummy_weights(model: CausalLM, seed: int = 0) -> None:
     (small enough that activations stay finite through any depth)."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
+        if name.endswith("linear_attn.norm.weight"):  # a DeltaNet's gated norm stores w itself
+            param.fill_(1.0)
+        elif name.endswith("norm.weight"):
             param.fill_(0.0 if model.spec.norm_style == "gemma" else 1.0)  # gemma stores w - 1
         else:
             param.copy_(torch.randn(param.shape, generator=generator, device=param.device, dtype=torch.float32)
@@ -120,7 +122,8 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
         module, _, leaf = rest.rpartition(".")
         mlp = spec.layers[int(index)].mlp
         if module == "self_attn.qkv_proj" and not layout.fused_qkv:
-            q, kv = spec.q_size, spec.kv_size
+            attention = spec.layers[int(index)].attention
+            q, kv = spec.q_size * (2 if attention is not None and attention.output_gate else 1), spec.kv_size
             for hf, first, rows in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
                 targets[f"{layer}self_attn.{hf}.{leaf}"] = Target(name, first, rows)
         elif module == "mlp.gate_up_proj" and not layout.fused_gate_up:

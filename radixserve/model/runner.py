@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from radixserve.core import Batch, BlockCopy
+from radixserve.core import Batch, BlockCopy, CopyKind
 from radixserve.kernels.cpu_extension import loaded_or_explained
 from radixserve.kernels.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu, packing_works
 from radixserve.model.attention import AttentionMetadata, make_backend
@@ -39,6 +39,7 @@ from radixserve.model.loader import load_model
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
 from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
+from radixserve.model.state_cache import StateCache, StateLayout
 
 log = logging.getLogger(__name__)
 
@@ -122,18 +123,30 @@ class ModelRunner:
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
-        return KVLayout(s.num_layers, s.num_kv_heads, s.head_dim, self.block_size, self.dtype, self.kv_cache_dtype)
+        return KVLayout(len(s.attentions), s.num_kv_heads, s.head_dim, self.block_size, self.dtype, self.kv_cache_dtype)
 
-    def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0) -> None:
+    def state_layout(self) -> StateLayout | None:
+        """A hybrid model's recurrent-state slot shape; None for a model of attention layers only."""
+        return StateLayout(tuple(self.spec.delta_nets), self.dtype) if self.spec.is_hybrid else None
+
+    def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0, state_slots: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)
+        layout = self.state_layout()
+        if layout is not None:
+            self.kv_cache.states = StateCache(layout, state_slots, self.device)
         self.host_cache = HostKVCache(self.kv_cache, host_blocks)
         if self.device.type == "cpu" and not self.enforce_eager:
             self.cpu_step = compiled_cpu_step(self.model, self.kv_cache, self.backend, self.ops)
 
     def apply_copies(self, copies: list[BlockCopy]) -> None:
         """Run a step's block copies, in order, queued ahead of its forward."""
-        assert self.host_cache is not None, "allocate_kv_cache first"
+        assert self.host_cache is not None and self.kv_cache is not None, "allocate_kv_cache first"
+        states = [c for c in copies if c.kind is CopyKind.STATE]
         with torch.inference_mode():
+            if states:  # slots and blocks are separate storage: only each kind's own order matters
+                assert self.kv_cache.states is not None, "state copies on a model without recurrent layers"
+                self.kv_cache.states.copy_slots([c.src for c in states], [c.dst for c in states])
+                copies = [c for c in copies if c.kind is not CopyKind.STATE]
             self.host_cache.apply(copies)
 
     def kv_blocks_for_device(self, utilization: float, max_step_tokens: int, max_batch: int) -> int:
@@ -172,7 +185,7 @@ class ModelRunner:
     def prepare_decode(self, max_batch: int, max_seq_len: int) -> None:
         """Set up the padded decode path for batches up to `max_batch` (and capture its CUDA graphs)."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
-        if self.enforce_eager:
+        if self.enforce_eager or self.spec.is_hybrid:  # recurrent layers read their slots on the eager path
             return
         self.decoder = PaddedDecoder(max_batch, max_seq_len, self.block_size, self.kv_cache.scratch_block,
                                      self.spec.vocab_size, self.device, self.build_time)
@@ -212,6 +225,7 @@ class ModelRunner:
             block_table=torch.from_numpy(x.block_table_array()).to(dev, non_blocking=True),
             query_lens=x.query_lens,
             seq_lens_host=x.seq_lens,
+            state_slots=x.state_slots,
         )
         input_ids = to_device(x.token_ids, torch.long, dev)
         if x.pending_at:

@@ -1,13 +1,18 @@
 """ModelSpec: what a supported decoder is, layer by layer, derived once from a HF config and then read-only.
 
-A model is an embedding, `layers` (each an `AttentionSpec`, an `MlpSpec` and where its norms sit)
-and a final norm and head. Which architectures we run and how each family's config maps onto these
-descriptions is `families.py`; how its checkpoint names map onto our parameters is `CheckpointLayout`.
+A model is an embedding, `layers` (each a token mixer, an `MlpSpec` and where its norms sit) and a
+final norm and head. A layer's mixer is softmax attention over the paged KV cache (`AttentionSpec`)
+or a Gated DeltaNet (`DeltaNetSpec`: linear attention whose per-sequence state has a fixed size, a
+recurrent layer); a model with any recurrent layer is a hybrid (`is_hybrid`), whose prefix cache
+restores recurrent states only where it checkpointed them (docs/hybrid_cache.md). Which
+architectures we run and how each family's config maps onto these descriptions is `families.py`;
+how its checkpoint names map onto our parameters is `CheckpointLayout`.
 
-Invariants: num_heads is a multiple of num_kv_heads; every layer shares the model's head shape;
-`max_position_embeddings` is the usable context: the config's, except where a rope scheme is only
-exact below its pretraining context (longrope), where it is capped to that. A sliding window does not
-cap it: the backends attend to the window at every position.
+Invariants: at least one layer is attention; num_heads is a multiple of num_kv_heads; every
+attention layer shares the model's head shape; `max_position_embeddings` is the usable context: the
+config's, except where a rope scheme is only exact below its pretraining context (longrope), where
+it is capped to that. A sliding window does not cap it: the backends attend to the window at every
+position.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class AttentionSpec:
     o_bias: bool = False
     sinks: bool = False  # a learned logit per head joins the softmax (gpt-oss)
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2)
+    output_gate: bool = False  # q_proj also yields a per-head gate: out * sigmoid(gate) before o_proj (Qwen3.5)
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:
@@ -72,22 +78,56 @@ class MlpSpec:
 
 
 @dataclass(frozen=True)
+class DeltaNetSpec:
+    """A Gated DeltaNet layer (Qwen3.5, Qwen3-Next): a causal depthwise convolution over the q/k/v
+    projections, then the gated delta rule over a [value_heads, key_head_dim, value_head_dim] state."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        if min(self.num_key_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel) < 1 \
+                or self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"linear attention heads {self.num_value_heads} value / {self.num_key_heads} key: "
+                             "value heads must be a positive multiple of key heads")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: q, k and v side by side."""
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
 class LayerSpec:
-    attention: AttentionSpec
+    attention: AttentionSpec | None  # None: the layer's mixer is `delta_net`
     mlp: MlpSpec
     norms: str = "pre"  # pre: Llama; sandwich: pre and post norms around each block (Gemma, GLM-4); post: OLMo 2
+    delta_net: DeltaNetSpec | None = None
 
     def __post_init__(self) -> None:
         if self.norms not in NORM_PLACEMENTS:
             raise ValueError(f"norm placement {self.norms!r}; supported: {', '.join(NORM_PLACEMENTS)}")
+        if (self.attention is None) == (self.delta_net is None):
+            raise ValueError("a layer mixes tokens by exactly one of attention and a DeltaNet")
 
     @property
     def llama_shaped(self) -> bool:
         """Pre-norm, SwiGLU, rotate-half rope over whole heads, no window/sinks/softcap: the compiled CPU step's layer."""
         a, m = self.attention, self.mlp
-        return (self.norms == "pre" and not m.is_moe and m.activation == "silu" and a.qk_norm == "none"
-                and a.rope is not None and a.rope.rotary_dim is None and not a.rope.interleaved
-                and not a.sinks and a.softcap is None)
+        return (a is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
+                and a.qk_norm == "none" and a.rope is not None and a.rope.rotary_dim is None
+                and not a.rope.interleaved and not a.sinks and a.softcap is None and not a.output_gate)
 
 
 @dataclass(frozen=True)
@@ -127,6 +167,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if not self.attentions:
+            raise ValueError("a model needs at least one attention layer")
         if min(self.hidden_size, self.num_layers, self.head_dim, self.vocab_size, self.max_position_embeddings) < 1:
             raise ValueError("model dimensions must be positive")
         if self.norm_style not in NORM_STYLES:
@@ -152,7 +194,30 @@ class ModelSpec:
     @property
     def rope(self) -> RopeParams | None:
         """The first rotary layer's settings (per-layer ones: `layers[i].attention.rope`)."""
-        return next((layer.attention.rope for layer in self.layers if layer.attention.rope), None)
+        return next((a.rope for a in self.attentions if a.rope), None)
+
+    @property
+    def attentions(self) -> list[AttentionSpec]:
+        """The attention layers' specs, in order: the layers the KV cache holds."""
+        return [layer.attention for layer in self.layers if layer.attention is not None]
+
+    def kv_index(self, layer: int) -> int:
+        """Where attention layer `layer`'s K/V sit in the KV cache (which holds attention layers only)."""
+        return sum(1 for earlier in self.layers[:layer] if earlier.attention is not None)
+
+    def state_index(self, layer: int) -> int:
+        """Where recurrent layer `layer`'s states sit in the state cache (which holds recurrent layers only)."""
+        return sum(1 for earlier in self.layers[:layer] if earlier.delta_net is not None)
+
+    @property
+    def delta_nets(self) -> list[DeltaNetSpec]:
+        """The recurrent layers' specs, in order: the layers the state cache holds."""
+        return [layer.delta_net for layer in self.layers if layer.delta_net is not None]
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layer keeps a recurrent state: a cached prefix resumes only at a state checkpoint."""
+        return bool(self.delta_nets)
 
     @property
     def llama_shaped(self) -> bool:

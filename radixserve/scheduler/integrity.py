@@ -9,7 +9,9 @@ node's lock count equals the live sequences whose locked path passes through it 
 prefixes whose held path does (and its hold count the latter); the host tier's
 block refcounts equal the tree nodes listing them (a swapped-out sequence holds its host blocks
 through the tree path it pins, never a table of its own), and each node's pin count equals the
-waiting swapped-out sequences whose path passes through it; and the tree's own invariants hold.
+waiting swapped-out sequences whose path passes through it; a hybrid model's state slots are each
+held once, by a running sequence (every one has its working slot) or a tree checkpoint; and the
+tree's own invariants hold.
 Tests run it after every step, and so does any engine with RADIXSERVE_CHECK_INTEGRITY=1.
 """
 
@@ -23,8 +25,10 @@ from radixserve.cache.radix_tree import RadixNode, RadixTree
 from radixserve.core import PENDING_TOKEN, Sequence
 
 
-def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None) -> int:
-    """Blocks of either tier with references but no sequence or tree node listing them."""
+def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None,
+                  states: BlockPool | None = None) -> int:
+    """Blocks of either tier (and a hybrid model's state slots) with references but no sequence or
+    tree node holding them."""
     owners = Counter(b for s in live for b in s.block_table)
     if tree is not None:
         owners.update(tree.block_refs())
@@ -32,12 +36,18 @@ def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None)
     if tree is not None and tree.host_pool is not None:
         host_owners = tree.host_block_refs()
         leaked += sum(1 for b, rc in enumerate(tree.host_pool.refcount) if rc > 0 and host_owners[b] == 0)
+    if states is not None:
+        slot_owners = Counter(s.state_slot for s in live if s.state_slot >= 0)
+        if tree is not None:
+            slot_owners.update(tree.state_refs())
+        leaked += sum(1 for slot, rc in enumerate(states.refcount) if rc > 0 and slot_owners[slot] == 0)
     return leaked
 
 
 def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | None,
-                    held: Sequence_[RadixNode] = ()) -> None:
-    """`held`: the nodes pinned prefixes hold (`Scheduler.hold_prefix`), each a lock and a hold on its path."""
+                    held: Sequence_[RadixNode] = (), states: BlockPool | None = None) -> None:
+    """`held`: the nodes pinned prefixes hold (`Scheduler.hold_prefix`), each a lock and a hold on its path;
+    `states`: a hybrid model's state slots, each held by one running sequence or one tree checkpoint."""
     assert len({s.seq_id for s in live}) == len(live), "a sequence is queued twice"
     owners: Counter[int] = Counter()
     locks: Counter[int] = Counter()
@@ -71,6 +81,13 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
         if tree.host_pool is not None:
             tree.host_pool.check_integrity(tree.host_block_refs())
     pool.check_integrity(owners)
+    if states is not None:
+        state_owners: Counter[int] = Counter(s.state_slot for s in live if s.state_slot >= 0)
+        for s in live:
+            assert s.status.name != "RUNNING" or s.state_slot >= 0, f"sequence {s.seq_id} runs without a state slot"
+        if tree is not None:
+            state_owners.update(tree.state_refs())
+        states.check_integrity(state_owners)
 
 
 def _count_path(node: RadixNode | None, tree: RadixTree | None, counts: Counter[int]) -> None:

@@ -87,7 +87,8 @@ class Scheduler:
     (pinned prefixes, cache events)."""
 
     def __init__(self, config: EngineConfig, pool: BlockPool, tree: RadixTree | None,
-                 clock: Callable[[], float] = time.monotonic, max_seq_len: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_seq_len: int | None = None,
+                 states: BlockPool | None = None) -> None:
         self.config = config
         # the longest a sequence may grow (tokens): the engine's limit, by default the pool's size
         self.max_seq_len = max_seq_len or pool.num_blocks * pool.block_size
@@ -108,7 +109,10 @@ class Scheduler:
         self.swaps_out = 0
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
-        self.cache = SequenceCache(pool, tree)
+        self.cache = SequenceCache(pool, tree, states)
+        self.states = states  # a hybrid model's recurrent-state slots (seq_cache.py); None: attention only
+        # state copies decided after a step's forward was queued (checkpoints, forks): the next step runs them first
+        self.pending_copies: list[BlockCopy] = []
         self.costs = PreemptionCosts()
         self.void_draws: set[tuple[int, int]] = set()  # (seq_id, position) of draws a commit replaced
         # the engine sets the caps from its device; without them (unit tests), none
@@ -151,6 +155,9 @@ class Scheduler:
         self.steps += 1
         self.growth.step()
         batch = Batch()
+        if self.pending_copies:
+            batch.copies.extend(self.pending_copies)
+            self.pending_copies.clear()
         budget, running = self.config.max_num_batched_tokens, SequenceStatus.RUNNING
         # `running` is kept in policy order, so decodes-then-prefills needs no sort; an urgent arrival
         # admitted below is in neither list
@@ -163,7 +170,7 @@ class Scheduler:
                 break
             if seq.status is not running:
                 continue  # preempted earlier in this step
-            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            n = self.cache.cut_at_checkpoint(seq, min(len(seq.token_ids) - seq.num_computed, budget))
             if self._reserve_or_preempt(seq, n, batch):
                 batch.items.append(ScheduledSeq(seq, seq.num_computed, n))
                 budget -= n
@@ -254,8 +261,8 @@ class Scheduler:
                 continue
             taken = self._take(seq, batch.copies)
             if taken is None:
-                continue  # a running prefill will cache this sequence's prefix shortly
-            n = min(seq.remaining, budget)
+                continue  # a running prefill will cache this sequence's prefix shortly (or no state slot is free)
+            n = self.cache.cut_at_checkpoint(seq, min(seq.remaining, budget))
             own = self.growth.blocks(seq)
             room = self._room_after(seq, n)  # below 0: a shortage of blocks, which _reserve tells exactly
             if self.running and 0 <= room < reserve + own:
@@ -296,7 +303,7 @@ class Scheduler:
         taken = self._take(head, batch.copies)
         if taken is None:
             return 0
-        n = min(head.remaining, budget)
+        n = self.cache.cut_at_checkpoint(head, min(head.remaining, budget))
         # preempt only if the victims' blocks could make room at all (an estimate: shared blocks stay)
         if self._room_after(head, n) + sum(len(v.block_table) for v in victims) < 0:
             self.cache.release(head)
@@ -329,6 +336,8 @@ class Scheduler:
             self.tree.unpin(seq.swapped_node)
             seq.swapped_node = None
             self.swaps_in += 1
+        if seq.checkpoint_at > seq.num_computed:  # cached K/V past the state it resumes from
+            self.cache.recomputed_state_tokens += seq.checkpoint_at - seq.num_computed
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.request.cached_tokens = taken[0]
@@ -360,6 +369,8 @@ class Scheduler:
 
     def _should_swap(self, seq: Sequence) -> bool:
         if self.tree is None or self.tree.host_pool is None or self.config.preemption_mode == "recompute":
+            return False
+        if self.states is not None:  # its working state becomes a checkpoint: resuming recomputes nothing
             return False
         if self.config.preemption_mode == "swap":
             return True
@@ -406,6 +417,12 @@ class Scheduler:
             child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens, noise_key=noise_key(req, i),
                              num_computed=parent.num_computed, block_table=list(parent.block_table),
                              locked_node=parent.locked_node, num_cached=parent.num_cached, admitted_once=True)
+            if not self.cache.fork_state(parent, child, self.pending_copies):
+                # no state slot for it: it waits like a new sequence and computes its prompt again
+                child.num_computed, child.block_table, child.locked_node, child.num_cached = 0, [], None, 0
+                req.sequences.append(child)
+                self._queue(child)
+                continue
             for b in child.block_table:
                 self.pool.incref(b)
             if child.locked_node is not None and self.tree is not None:
@@ -441,6 +458,8 @@ class Scheduler:
             seq.num_computed = computed
             if computed - seq.num_cached >= bs:  # a block may have completed
                 cache_computed(seq)
+            if seq.checkpoint_at == computed:  # a hybrid prefill reached the branch point it stopped at
+                self.cache.checkpoint(seq, self.pending_copies)
             if not samples:
                 continue
             if seq.pending_forks:
@@ -551,7 +570,7 @@ class Scheduler:
         return self.running + self.waiting
 
     def check_integrity(self) -> None:
-        check_integrity(self.live_sequences(), self.pool, self.tree, self.held_prefixes)
+        check_integrity(self.live_sequences(), self.pool, self.tree, self.held_prefixes, self.states)
 
     def leaked_blocks(self) -> int:
-        return leaked_blocks(self.live_sequences(), self.pool, self.tree)
+        return leaked_blocks(self.live_sequences(), self.pool, self.tree, self.states)

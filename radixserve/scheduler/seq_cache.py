@@ -7,6 +7,16 @@ says whether it changes the cache; all but the queries do.
 Every lookup and insert is in the sequence's cache namespace (`Sequence.namespace`, its request's
 SamplingParams.cache_namespace): a sequence never takes, nor caches into, another namespace's tree.
 
+Hybrid models (recurrent layers, `states` set): a sequence also holds a working state slot, its
+recurrent state after its computed tokens. A hit resumes only where the tree checkpointed a state:
+the match is cut back to the deepest checkpoint on it and that state is copied into the working slot
+(the attention K/V past it is recomputed with the recurrent layers; `recomputed_state_tokens` counts
+it). Checkpoints are taken where reuse is likely (docs/hybrid_cache.md): at the end of every released
+sequence (a finished reply, a preemption) the working slot itself becomes the checkpoint, and at a
+branch point (where a new prompt leaves a cached path that has no checkpoint there) the sequence's
+prefill stops (`checkpoint_at`) and a copy of its state is attached there. When slots run out the
+least recently used checkpoint goes (`RadixTree.evict_checkpoint`).
+
 Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
 pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
 write-backs and load-backs) is appended to the `copies` list the caller passes in, which is the step
@@ -21,10 +31,27 @@ from radixserve.core import BlockCopy, CopyKind, Sequence
 
 
 class SequenceCache:
-    def __init__(self, pool: BlockPool, tree: RadixTree | None) -> None:
+    def __init__(self, pool: BlockPool, tree: RadixTree | None, states: BlockPool | None = None) -> None:
         self.pool = pool
         self.tree = tree
+        self.states = states  # a hybrid model's recurrent-state slots; None: attention layers only
         self.block_size = pool.block_size
+        self.recomputed_state_tokens = 0  # cached K/V recomputed because no checkpoint was at the match's end
+        self.checkpoints_taken = 0
+
+    def _allocate_state(self) -> int:
+        """A free state slot, evicting the least recently used checkpoint if none is; -1 if none is left."""
+        assert self.states is not None
+        if self.states.num_free == 0 and self.tree is not None:
+            self.tree.evict_checkpoint()
+        got = self.states.allocate(1)
+        return -1 if got is None else got[0]
+
+    def _release_state(self, seq: Sequence) -> None:
+        if seq.state_slot >= 0:
+            assert self.states is not None
+            self.states.decref(seq.state_slot)
+            seq.state_slot = -1
 
     def _allocate(self, n: int, copies: list[BlockCopy]) -> list[int] | None:
         """n fresh blocks, evicting cached ones first if the free list lacks them."""
@@ -41,14 +68,27 @@ class SequenceCache:
         taken: how long the sequence may grow later never decides how much of the cache it uses now
         (`loosen_lock` is what keeps it alive). A request's first sample that asks for prompt logprobs
         takes nothing: a cached prefix has no logits to give them (engine/prompt_logprobs.py)."""
+        if self.states is not None and seq.state_slot < 0:
+            seq.state_slot = self._allocate_state()
+            if seq.state_slot < 0:
+                return None  # every slot runs a sequence: it waits for one to end
         if self.tree is None or (seq.index == 0 and seq.request.params.prompt_logprobs is not None):
             return 0, 0, 0
-        match = self.tree.match(seq.token_ids[:-1], namespace=seq.namespace)
+        wanted = seq.token_ids[:-1]
+        if self.states is not None:
+            wanted = self._restorable(seq, wanted)
+        match = self.tree.match(wanted, namespace=seq.namespace)
         on_device = match.length - match.host_tokens
         match, loaded = self.tree.load_back(match)
         copies.extend(loaded)
-        if _prefix_in_flight(seq, match.length, prefills, self.block_size):
+        # (a hybrid sequence does not wait: the prefill in flight checkpoints nothing it could resume from)
+        if self.states is None and _prefix_in_flight(seq, match.length, prefills, self.block_size):
             return None
+        if self.states is not None and match.length:
+            if match.node.state < 0:  # not all of it could stay on the device: resume from scratch
+                match = self.tree.match([], namespace=seq.namespace)
+            else:
+                copies.append(BlockCopy(CopyKind.STATE, match.node.state, seq.state_slot))
         self.tree.lock(match.node)
         self.tree.record_hit(match)
         for b in match.blocks:
@@ -57,6 +97,50 @@ class SequenceCache:
         seq.num_cached = match.length // self.block_size * self.block_size
         pinned = sum(min(n.end, match.length) - n.start for n in match.path if n.hold_count)
         return match.length, max(0, match.length - on_device), pinned
+
+    def _restorable(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """The part of `tokens` a hybrid model can resume: up to the deepest checkpoint on their
+        cached path. Where the cached path goes on past it, the sequence is to checkpoint its state
+        where the path ends (`checkpoint_at`): a branch point, likely shared again. A query."""
+        assert self.tree is not None
+        cached = self.tree.match(tokens, split=False, namespace=seq.namespace)
+        node = self.tree.checkpoint_on(cached.path, cached.length)
+        end = 0 if node is None else node.end
+        seq.checkpoint_at = cached.length if cached.length > end else -1
+        return tokens[:end]
+
+    def cut_at_checkpoint(self, seq: Sequence, n: int) -> int:
+        """How many of the next n tokens a prefill chunk of `seq` takes: it stops at `checkpoint_at`. A query."""
+        stop = seq.checkpoint_at - seq.num_computed
+        return min(n, stop) if stop > 0 else n
+
+    def checkpoint(self, seq: Sequence, copies: list[BlockCopy]) -> bool:
+        """`seq` computed up to its `checkpoint_at`: cache those tokens and attach a copy of its state
+        to the node ending there (the copy runs before the next forward moves the state on). False
+        when no slot is free or the node has a checkpoint already. Changes the cache."""
+        seq.checkpoint_at = -1
+        if self.tree is None or self.states is None:
+            return False
+        slot = self._allocate_state()
+        if slot < 0:
+            return False
+        node = self.tree.insert(seq.token_ids[:seq.num_computed], seq.block_table, namespace=seq.namespace)
+        if not self.tree.attach_state(node, slot):
+            self.states.decref(slot)
+            return False
+        copies.append(BlockCopy(CopyKind.STATE, seq.state_slot, slot))
+        self.checkpoints_taken += 1
+        return True
+
+    def fork_state(self, parent: Sequence, child: Sequence, copies: list[BlockCopy]) -> bool:
+        """Give a fork its own copy of the parent's state; False if no slot is left. Changes the cache."""
+        if self.states is None:
+            return True
+        child.state_slot = self._allocate_state()
+        if child.state_slot < 0:
+            return False
+        copies.append(BlockCopy(CopyKind.STATE, parent.state_slot, child.state_slot))
+        return True
 
     def needs_blocks(self, seq: Sequence, n: int) -> bool:
         """False for the common decode step, whose write lands in a private block it already has. A query."""
@@ -143,6 +227,12 @@ class SequenceCache:
             if moved is not None and copies is not None:
                 copies.extend(moved)
                 seq.swapped_node, swapped = node, True
+            # its working state is the state after exactly `computed` tokens: the node keeps it
+            if seq.state_slot >= 0 and computed == seq.num_computed and self.tree.attach_state(node, seq.state_slot):
+                self.checkpoints_taken += 1
+                seq.state_slot = -1
+        self._release_state(seq)
+        seq.checkpoint_at = -1
         if seq.locked_node is not None:
             assert self.tree is not None
             self.tree.unlock(seq.locked_node)

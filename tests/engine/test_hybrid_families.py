@@ -1,0 +1,90 @@
+"""Hybrid models (Gated DeltaNet layers beside attention) through the engine, against transformers'
+greedy `generate` (fp32, token for token): cold, multi-turn hits resuming at a reply's end (mid-block),
+branch points checkpointed and then hit, exact re-sends, forks, preemption, the host tier (a node
+that left the device lost its checkpoint: recomputed, never a wrong state), too few state slots, the
+cache off, overlap, and seeded sampling inside a mixed batch."""
+
+from __future__ import annotations
+
+import pytest
+from test_engine import NEIGHBOURS, assert_clean, random_prompts, reference
+from test_families import check as check_family
+from test_families import make
+from tiny_models import HYBRID_CONFIGS
+
+from radixserve import LLM, SamplingParams
+
+NEW = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+ARCHS = sorted(HYBRID_CONFIGS)
+
+
+def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
+    return check_family(arch, llm, prompts, params)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_matches_transformers_at_every_kind_of_hit(arch: str, overlap: bool) -> None:
+    llm = make(arch, overlap=overlap, num_speculative_tokens=4)  # speculation is turned off for hybrids
+    assert llm.engine.config.num_speculative_tokens == 0
+    base = random_prompts([22], seed=3)[0]
+    first = check(arch, llm, [base])[0]
+    assert first.usage.cached_tokens == 0
+    # multi-turn: the next prompt extends the reply; the state checkpointed at the reply's end resumes it
+    turn2 = base + first.outputs[0].token_ids + random_prompts([5], seed=4)[0]
+    second = check(arch, llm, [turn2])[0]
+    reply_end = len(base) + NEW - 1  # the last sampled token was never consumed
+    assert second.usage.cached_tokens == reply_end and reply_end % 4  # mid-block
+    just_past = turn2[:reply_end + 1] + random_prompts([3], seed=5)[0]  # a hit ending exactly at the checkpoint
+    assert check(arch, llm, [just_past])[0].usage.cached_tokens == reply_end
+    # a branch point: the first prompt to leave a cached path there stops its prefill to checkpoint it
+    stats = llm.engine.scheduler.cache
+    recomputed = stats.recomputed_state_tokens
+    branch = base[:13] + random_prompts([6], seed=6)[0]
+    assert check(arch, llm, [branch])[0].usage.cached_tokens == 0
+    assert stats.recomputed_state_tokens == recomputed + 13
+    again = base[:13] + random_prompts([4], seed=7)[0]
+    assert check(arch, llm, [again])[0].usage.cached_tokens == 13
+    # an exact re-send resumes from the checkpoint one token short of the prompt's end after one miss
+    check(arch, llm, [base])
+    assert check(arch, llm, [base])[0].usage.cached_tokens == len(base) - 1
+    fork = llm.generate([turn2], SamplingParams(temperature=0.0, max_tokens=NEW, n=3, ignore_eos=True))[0]
+    assert [c.token_ids for c in fork.outputs] == [reference(arch, tuple(turn2), NEW)] * 3
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_survives_preemption_few_state_slots_and_samples_reproducibly(arch: str) -> None:
+    # 24 blocks of 4 hold 96 tokens; four 23-token prompts growing by 16 need 40 blocks at once; 3
+    # state slots: the fourth sequence waits for one, and checkpoints are evicted to free them
+    llm = make(arch, num_blocks=24, new_token_ratio=0.0, state_slots=3)
+    prompts = random_prompts([23] * 4, seed=12)
+    check(arch, llm, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert llm.engine.stats().preemptions > 0
+    tree = llm.engine.cache.tree
+    assert tree is not None and tree.checkpoints_evicted > 0
+    seeded = SamplingParams(temperature=1.0, top_k=40, max_tokens=12, n=2, seed=5, ignore_eos=True)
+    alone = [c.token_ids for c in llm.generate([prompts[0]], seeded)[0].outputs]
+    for other, params in zip(prompts[1:], NEIGHBOURS):
+        llm.engine.add_request(other, params)  # queued first: they run in the same steps
+    mixed = [c.token_ids for c in llm.generate([prompts[0]], seeded)[0].outputs]
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    assert alone == mixed and alone[0] != alone[1]
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_host_tier_and_cache_off(arch: str) -> None:
+    # a pool of 16 blocks: each new conversation evicts the last to the host tier, where it keeps its
+    # K/V but not its checkpoint; coming back loads nothing it cannot resume and recomputes correctly
+    llm = make(arch, num_blocks=16, host_cache_mb=1)
+    convs = random_prompts([30, 30, 30], seed=21)
+    check(arch, llm, convs)
+    tree = llm.engine.cache.tree
+    assert tree is not None and tree.written_back_blocks > 0
+    check(arch, llm, convs)
+    off = make(arch, enable_prefix_cache=False)
+    outs = check(arch, off, random_prompts([9, 30], seed=22))
+    assert [o.usage.cached_tokens for o in outs] == [0, 0]

@@ -1,0 +1,156 @@
+"""The scheduler's recurrent-state slots and checkpoints (hybrid models), against a ghost model: each
+slot's "state" is the exact token sequence it has consumed. Every step the ghost runs the batch's
+state copies in order, then checks that each item's slot holds exactly its sequence's tokens before
+the item (or that the item starts at position 0), and consumes the item's tokens. So a checkpoint
+restored at a position other than its own, a state written at an unaligned offset by a batched
+prefill, a copy that runs after the working state moved on, or a fork sharing a slot all fail here.
+A hypothesis state machine drives random requests sharing prefixes, aborts, forks, a small block pool
+(preemption, eviction) and few state slots (checkpoint eviction, waiting for a slot), with
+`check_integrity()` after every step and nothing leaked at the end."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import RadixTree
+from radixserve.config import EngineConfig
+from radixserve.core import Batch, CopyKind, Request, Sequence
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler import Scheduler
+from radixserve.scheduler.step_results import TokenCommit
+
+BLOCK = 4
+_orders = itertools.count()
+
+
+def make(num_blocks: int = 64, slots: int = 8, max_num_seqs: int = 4) -> Scheduler:
+    config = EngineConfig(block_size=BLOCK, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
+                          num_blocks=num_blocks, num_speculative_tokens=0)
+    pool, states = BlockPool(num_blocks, BLOCK), BlockPool(slots, 1)
+    return Scheduler(config, pool, RadixTree(pool, None, states), states=states)
+
+
+def add(sched: Scheduler, prompt: list[int], max_tokens: int = 8, n: int = 1) -> Request:
+    order = next(_orders)
+    req = Request(f"r{order}", prompt, SamplingParams(max_tokens=max_tokens, n=n), order=order)
+    sched.add(Sequence(req, 0, list(prompt), len(prompt), pending_forks=n - 1))
+    return req
+
+
+class Ghost:
+    """What each state slot would hold: the tokens consumed into it."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, tuple[int, ...]] = {}
+
+    def run(self, sched: Scheduler, batch: Batch) -> None:
+        for copy in batch.copies:
+            if copy.kind is CopyKind.STATE:
+                self.slots[copy.dst] = self.slots.get(copy.src, ("garbage",))  # type: ignore[assignment]
+        assert sched.tree is not None
+        for node in sched.tree.nodes():  # every checkpoint holds the state after exactly its path
+            if node.state >= 0:
+                assert self.slots.get(node.state) == RadixTree.path_tokens(node), f"checkpoint of node {node.id}"
+        for item in batch.items:
+            seq, start, n = item.seq, item.start, item.num_tokens
+            before = () if start == 0 else self.slots.get(seq.state_slot)
+            assert before == tuple(seq.token_ids[:start]), \
+                f"sequence {seq.seq_id} resumes at {start} from a state of {None if before is None else len(before)}"
+            self.slots[seq.state_slot] = tuple(seq.token_ids[:start + n])
+
+
+def step(sched: Scheduler, ghost: Ghost, tokens: list[int], stop: int | None = None) -> None:
+    batch = sched.schedule()
+    ghost.run(sched, batch)
+    launch = sched.launched(batch, (), lambda r, i: i)
+    sched.check_integrity()
+    picks = itertools.cycle(tokens)
+    sched.commit(launch, [TokenCommit((next(picks),)) for _ in launch.owners], (),
+                 lambda s, t: stop is not None and t == stop and s.num_generated > 1)
+    sched.check_integrity()
+
+
+def drain(sched: Scheduler, ghost: Ghost, limit: int = 200) -> None:
+    for _ in range(limit):
+        if not sched.has_work():
+            return
+        step(sched, ghost, [7])
+    raise AssertionError("the scheduler did not finish its work")
+
+
+def test_a_multi_turn_conversation_resumes_from_its_reply_end() -> None:
+    sched, ghost = make(), Ghost()
+    first = add(sched, [1, 2, 3, 4, 5, 6], max_tokens=5)
+    drain(sched, ghost)
+    turn2 = first.sequences[0].token_ids + [9, 9]
+    req = add(sched, turn2, max_tokens=3)
+    drain(sched, ghost)
+    # the first reply's last token was sampled, never consumed: the checkpoint ends just before it
+    assert req.cached_tokens == len(first.sequences[0].token_ids) - 1
+    assert sched.cache.recomputed_state_tokens == 0
+
+
+def test_a_shared_prefix_is_checkpointed_where_a_second_prompt_leaves_it() -> None:
+    sched, ghost = make(), Ghost()
+    shared = [1, 2, 3, 4, 5, 6, 7]
+    add(sched, shared + [8, 8, 8], max_tokens=2)
+    drain(sched, ghost)
+    second = add(sched, shared + [9, 9], max_tokens=2)
+    drain(sched, ghost)
+    assert second.cached_tokens == 0  # no state at the branch point yet: it stops there to take one
+    assert sched.cache.recomputed_state_tokens == len(shared)
+    third = add(sched, shared + [5, 5, 5], max_tokens=2)
+    drain(sched, ghost)
+    assert third.cached_tokens == len(shared)
+
+
+def test_with_one_slot_per_running_sequence_checkpoints_are_evicted_and_work_waits() -> None:
+    sched, ghost = make(slots=2, max_num_seqs=4), Ghost()
+    for k in range(4):
+        add(sched, [1, 2, 3, k + 4, 5], max_tokens=4)
+    drain(sched, ghost)
+    assert sched.tree is not None and sched.tree.checkpoints_evicted > 0
+    assert sched.leaked_blocks() == 0
+
+
+class HybridMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = make(num_blocks=24, slots=5)
+        self.ghost = Ghost()
+
+    @rule(prompt=st.lists(st.integers(1, 3), min_size=1, max_size=14), max_tokens=st.integers(1, 8),
+          n=st.integers(1, 2))
+    def arrive(self, prompt: list[int], max_tokens: int, n: int) -> None:
+        if len(self.sched.waiting) + len(self.sched.running) < 6:
+            add(self.sched, prompt, max_tokens, n)
+
+    @precondition(lambda self: self.sched.running)
+    @rule(which=st.integers(0, 7))
+    def abort(self, which: int) -> None:
+        self.sched.end(self.sched.running[which % len(self.sched.running)].request, "abort")
+
+    @precondition(lambda self: self.sched.has_work())
+    @rule(tokens=st.lists(st.integers(1, 3), min_size=1, max_size=4), stop=st.sampled_from([None, 1, 2]))
+    def step(self, tokens: list[int], stop: int | None) -> None:
+        step(self.sched, self.ghost, tokens, stop)
+
+    @invariant()
+    def integrity(self) -> None:
+        self.sched.check_integrity()
+
+    def teardown(self) -> None:
+        for seq in list(self.sched.live_sequences()):
+            self.sched.finish(seq, "abort")
+        assert self.sched.leaked_blocks() == 0
+        assert self.sched.states is not None and self.sched.tree is not None
+        assert self.sched.states.num_free + self.sched.tree.num_checkpoints == self.sched.states.num_blocks
+
+
+TestHybridMachine = HybridMachine.TestCase
+TestHybridMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
