@@ -85,6 +85,12 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
         bos_token_id=151643, eos_token_id=151645)),
+    # transformers' Qwen3_5TextConfig defaults (its Qwen3.5-9B-style example): 3 DeltaNet layers to 1 full
+    "qwen3.5": FamilyShape("qwen3_5_text", "Qwen/Qwen3.5-9B", dict(
+        architectures=["Qwen3_5ForCausalLM"], hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        vocab_size=248320, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False)),
     "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
         architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
