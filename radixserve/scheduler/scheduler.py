@@ -410,7 +410,8 @@ class Scheduler:
 
     def _fork(self, parent: Sequence, noise_key: Callable[[Request, int], int]) -> list[Sequence]:
         """n > 1: the prompt is done; the other samples join the running set sharing every block of
-        the parent (copy-on-write) and its lock."""
+        the parent (copy-on-write) and its lock (a hybrid model's fork also gets a copy of its state,
+        or, with no state slot left, waits to compute its prompt itself). Returns every new sample."""
         req = parent.request
         children = []
         for i in range(1, parent.pending_forks + 1):
@@ -422,6 +423,7 @@ class Scheduler:
                 child.num_computed, child.block_table, child.locked_node, child.num_cached = 0, [], None, 0
                 req.sequences.append(child)
                 self._queue(child)
+                children.append(child)
                 continue
             for b in child.block_table:
                 self.pool.incref(b)
@@ -465,6 +467,7 @@ class Scheduler:
             if seq.pending_forks:
                 forks = self._fork(seq, noise_key)
                 launch.forks += forks
+                forks = [f for f in forks if f.status is running]  # (a hybrid fork without a state slot waits)
                 owners += forks
                 rows += [row] * len(forks)
                 drafts += [0] * len(forks)  # a fork verifies no drafts

@@ -73,6 +73,11 @@ def test_hybrid_survives_preemption_few_state_slots_and_samples_reproducibly(arc
         llm.engine.step()
     assert alone == mixed and alone[0] != alone[1]
     assert_clean(llm)
+    # one state slot: a fork finds none free, waits, and computes its prompt itself
+    single = make(arch, state_slots=1)
+    fork = single.generate([prompts[1]], SamplingParams(temperature=0.0, max_tokens=NEW, n=2, ignore_eos=True))[0]
+    assert [c.token_ids for c in fork.outputs] == [reference(arch, tuple(prompts[1]), NEW)] * 2
+    assert_clean(single)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

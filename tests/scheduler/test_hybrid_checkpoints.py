@@ -118,6 +118,13 @@ def test_with_one_slot_per_running_sequence_checkpoints_are_evicted_and_work_wai
     assert sched.leaked_blocks() == 0
 
 
+def test_a_fork_without_a_state_slot_waits_and_computes_its_prompt() -> None:
+    sched, ghost = make(slots=1, max_num_seqs=1), Ghost()
+    req = add(sched, [1, 2, 3, 4, 5], max_tokens=3, n=2)
+    drain(sched, ghost)
+    assert len(req.sequences) == 2 and all(s.num_generated == 3 for s in req.sequences)
+
+
 class HybridMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
