@@ -5,7 +5,8 @@ LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLinear`
 file's quantized blocks `ggml_quants.QuantizedLinear`, decoded by `csrc/ggml_formats.h`), the paged
 attention of short rows (`radixserve::paged_attention`, windows, sinks and softcaps included), the
 routed experts of a mixture-of-experts layer (`radixserve::moe_experts`, `csrc/moe.cpp`;
-`kernels/moe.py`), and the compiled step that runs every decoder layer of a short-row step in one
+`kernels/moe.py`), the gated delta rule of Gated DeltaNet layers (`radixserve::gated_delta_rule`,
+`csrc/delta_rule.cpp`; `model/delta_net.py`), and the compiled step that runs every decoder layer of a short-row step in one
 call (`radixserve::short_step`, `csrc/cpu_step.cpp`; `cpu_step.CpuStep`).
 
 It is built with the system's C++ compiler for this machine's CPU (`-march=native`: the kernels'
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIRECTORY = Path(__file__).with_name("csrc")
 # the .cpp files are compiled; the header, which they include, is part of the source text all the same
-SOURCES = ("cpu_kernels.h", "ggml_formats.h", "cpu_step.cpp", "linear.cpp", "moe.cpp", "paged_attention.cpp")
+SOURCES = ("cpu_kernels.h", "ggml_formats.h", "cpu_step.cpp", "delta_rule.cpp", "linear.cpp", "moe.cpp",
+           "paged_attention.cpp")
 EXTENSION = "radixserve_cpu"
 # -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. haswell or x86-64 to
 # test the AVX2 or SSE path on a wider machine); -ffp-contract=off: cpu_step.cpp's

@@ -9,9 +9,10 @@ normed per head, gated by SiLU(z) and projected back.
 
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
 item starting at position 0 starts from zeros instead) and leaves the state after its last token
-there, so a slot always holds the state after the sequence's computed tokens. Steps of one-token
-items run as one batched update; prefill chunks run per item, token by token (exact, and at the
-tiny and CPU shapes this serves, cheap next to the projections).
+there, so a slot always holds the state after the sequence's computed tokens. The recurrence runs in
+the C++ extension where it is loaded (`radixserve::gated_delta_rule`, csrc/delta_rule.cpp: every
+item and head of a step in one call); otherwise in torch, one batched update for steps of one-token
+items and token by token per item for prefill chunks (the reference the kernel is tested against).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(d.num_value_heads))
         self.norm = GatedRMSNorm(d.value_head_dim, spec.rms_norm_eps)
         self.out_proj = nn.Linear(d.value_dim, hidden, bias=False)
+        self.cpu_kernel = False  # the C++ extension's delta rule (the runner sets it where the extension runs)
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
         d, tokens = self.d, x.shape[0]
@@ -69,52 +71,55 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(x).reshape(tokens, d.num_value_heads, d.value_head_dim)
         beta = torch.sigmoid(self.in_proj_b(x).float())
         decay = torch.exp(-torch.exp(self.A_log.float()) * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float()))
-        if states is None:  # a probe forward: no sequence owns a state
-            conv = torch.zeros(1, d.conv_kernel - 1, d.conv_dim, dtype=x.dtype, device=x.device)
-            delta = torch.zeros(1, d.num_value_heads, d.key_head_dim, d.value_head_dim, device=x.device)
-            slots = [0] * meta.num_seqs
+        fresh = [seq_len == n for n, seq_len in zip(meta.query_lens, meta.seq_lens_host)]  # items at position 0
+        if states is None:  # a probe forward: no sequence owns a state, each item gets its own zeros
+            conv = torch.zeros(meta.num_seqs, d.conv_kernel - 1, d.conv_dim, dtype=x.dtype, device=x.device)
+            delta = torch.zeros(meta.num_seqs, d.num_value_heads, d.key_head_dim, d.value_head_dim, device=x.device)
+            slots, fresh = list(range(meta.num_seqs)), [True] * meta.num_seqs
         else:
             conv, delta = states.conv[self.state_index], states.delta[self.state_index]
             slots = meta.state_slots
+        q, k, v = self._qkv(self._convolve_items(mixed, conv, slots, fresh, meta), tokens)
         out = torch.empty(tokens, d.num_value_heads, d.value_head_dim, dtype=torch.float32, device=x.device)
-        if meta.all_decode:
-            self._decode(mixed, beta, decay, conv, delta, slots, meta, out)
+        if self.cpu_kernel:
+            torch.ops.radixserve.gated_delta_rule(q, k, v, beta, decay, delta, slots, meta.query_lens,
+                                                  [int(f) for f in fresh], out)
+        elif meta.all_decode:
+            index = torch.tensor(slots, dtype=torch.long).to(x.device, non_blocking=True)
+            keep = torch.tensor([not f for f in fresh], dtype=torch.float32).to(x.device, non_blocking=True)
+            delta[index] = self._step(delta[index] * keep[:, None, None, None], q, k, v, beta, decay, out)
         else:
             first = 0
-            for n, seq_len, slot in zip(meta.query_lens, meta.seq_lens_host, slots):
+            for n, slot, zero in zip(meta.query_lens, slots, fresh):
                 rows = slice(first, first + n)
-                fresh = seq_len == n  # the item starts at position 0: no state to read
-                self._prefill(mixed[rows], beta[rows], decay[rows], conv, delta, slot, fresh, out[rows])
-                first += n
+                state = torch.zeros_like(delta[slot]) if zero else delta[slot].clone()
+                for t in range(first, first + n):
+                    state = self._step(state[None], q[t:t + 1], k[t:t + 1], v[t:t + 1], beta[t:t + 1],
+                                       decay[t:t + 1], out[t:t + 1])[0]
+                delta[slot] = state
+                first = rows.stop
         h = self.norm(out.to(x.dtype), z)
         return self.out_proj(h.reshape(tokens, d.value_dim))
 
-    def _prefill(self, mixed: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, conv: torch.Tensor,
-                 delta: torch.Tensor, slot: int, fresh: bool, out: torch.Tensor) -> None:
-        d, n = self.d, mixed.shape[0]
-        window = torch.cat([torch.zeros_like(conv[slot]) if fresh else conv[slot], mixed])  # [K-1+n, C]
-        q, k, v = self._qkv(self._convolve(window), n)
-        state = torch.zeros_like(delta[slot]) if fresh else delta[slot].clone()
-        for t in range(n):
-            state = self._step(state[None], q[t:t + 1], k[t:t + 1], v[t:t + 1], beta[t:t + 1], decay[t:t + 1],
-                               out[t:t + 1])[0]
-        conv[slot] = window[-(d.conv_kernel - 1):]
-        delta[slot] = state
-
-    def _decode(self, mixed: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, conv: torch.Tensor,
-                delta: torch.Tensor, slots: list[int], meta: AttentionMetadata, out: torch.Tensor) -> None:
-        """One token per item, all items at once: gather the slots' states, step, scatter them back."""
-        index = torch.tensor(slots, dtype=torch.long).to(mixed.device, non_blocking=True)
-        fresh = torch.tensor([s == 1 for s in meta.seq_lens_host]).to(mixed.device, non_blocking=True)
-        keep = (~fresh).to(conv.dtype)
-        windows = torch.cat([conv[index] * keep[:, None, None], mixed[:, None, :]], dim=1)  # [B, K, C]
-        weight = self.conv1d.weight[:, 0, :].to(windows.dtype)  # [C, K]
-        convolved = F.silu((windows * weight.t()[None]).sum(dim=1))  # [B, C]
-        q, k, v = self._qkv(convolved, mixed.shape[0])
-        state = delta[index] * (~fresh).float()[:, None, None, None]
-        state = self._step(state, q, k, v, beta, decay, out)
-        conv[index] = windows[:, 1:]
-        delta[index] = state
+    def _convolve_items(self, mixed: torch.Tensor, conv: torch.Tensor, slots: list[int], fresh: list[bool],
+                        meta: AttentionMetadata) -> torch.Tensor:
+        """Each item's q/k/v inputs through the causal convolution, continuing from its slot's window
+        (zeros for a fresh item), which is left holding the item's last inputs. [T, C] -> [T, C]."""
+        d = self.d
+        if meta.all_decode:  # one token per item: all items at once
+            index = torch.tensor(slots, dtype=torch.long).to(mixed.device, non_blocking=True)
+            keep = torch.tensor([not f for f in fresh], dtype=conv.dtype).to(mixed.device, non_blocking=True)
+            windows = torch.cat([conv[index] * keep[:, None, None], mixed[:, None, :]], dim=1)  # [B, K, C]
+            weight = self.conv1d.weight[:, 0, :].to(windows.dtype)  # [C, K]
+            conv[index] = windows[:, 1:]
+            return F.silu((windows * weight.t()[None]).sum(dim=1))
+        out, first = [], 0
+        for n, slot, zero in zip(meta.query_lens, slots, fresh):
+            window = torch.cat([torch.zeros_like(conv[slot]) if zero else conv[slot], mixed[first:first + n]])
+            out.append(self._convolve(window))
+            conv[slot] = window[-(d.conv_kernel - 1):]
+            first += n
+        return torch.cat(out)
 
     def _convolve(self, window: torch.Tensor) -> torch.Tensor:
         """[K-1+n, C] inputs -> [n, C] SiLU(causal depthwise convolution)."""
@@ -130,7 +135,7 @@ class GatedDeltaNet(nn.Module):
         repeat = d.num_value_heads // d.num_key_heads
         if repeat > 1:
             q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
-        return q, k, v.reshape(n, d.num_value_heads, d.value_head_dim)
+        return q.contiguous(), k.contiguous(), v.reshape(n, d.num_value_heads, d.value_head_dim).contiguous()
 
     @staticmethod
     def _step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,

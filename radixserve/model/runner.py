@@ -32,6 +32,7 @@ from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
 from radixserve.model.cpu_step import CpuStep, compiled_cpu_step
 from radixserve.model.cpu_threads import configure_cpu_threads
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
+from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.device import resolve_device, resolve_dtype, to_device
 from radixserve.model.host_kv import HostKVCache
 from radixserve.model.kv_cache import KVCache, KVLayout
@@ -86,6 +87,8 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, MoE):
                 module.pack(use_cpu_kernel=cpu_kernels)
+            elif isinstance(module, GatedDeltaNet):
+                module.cpu_kernel = cpu_kernels
         self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
         self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs

@@ -13,6 +13,8 @@ from test_families import make
 from tiny_models import HYBRID_CONFIGS
 
 from radixserve import LLM, SamplingParams
+from radixserve.kernels.cpu_extension import loaded_or_explained
+from radixserve.model.delta_net import GatedDeltaNet
 
 NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
@@ -23,11 +25,14 @@ def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams 
     return check_family(arch, llm, prompts, params)
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+# the C++ delta rule without overlap; the torch recurrence (every step eager) with it
+@pytest.mark.parametrize("overlap, eager", [(False, False), (True, True)])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_hybrid_matches_transformers_at_every_kind_of_hit(arch: str, overlap: bool) -> None:
-    llm = make(arch, overlap=overlap, num_speculative_tokens=4)  # speculation is turned off for hybrids
+def test_hybrid_matches_transformers_at_every_kind_of_hit(arch: str, overlap: bool, eager: bool) -> None:
+    llm = make(arch, overlap=overlap, enforce_eager=eager, num_speculative_tokens=4)  # speculation: off for hybrids
     assert llm.engine.config.num_speculative_tokens == 0
+    kernels = {m.cpu_kernel for m in llm.engine.runner.model.modules() if isinstance(m, GatedDeltaNet)}
+    assert kernels == {not eager and loaded_or_explained() is not None}
     base = random_prompts([22], seed=3)[0]
     first = check(arch, llm, [base])[0]
     assert first.usage.cached_tokens == 0
