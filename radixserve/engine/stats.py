@@ -24,6 +24,7 @@ from radixserve.core import CopyKind
 from radixserve.scheduler.snapshot import snapshot
 
 if TYPE_CHECKING:
+    from radixserve.scheduler.scheduler import Scheduler
     from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
     from radixserve.engine.grammar.book import ConstraintStats
@@ -73,6 +74,14 @@ class EngineStats:
     evicted_blocks: int = 0
     preemptions: int = 0
     stalled_steps: int = 0  # steps with work waiting that scheduled nothing (a liveness bug if ever > 0)
+    # hybrid models' recurrent states (docs/hybrid_cache.md; all 0 for attention-only models): gauges ...
+    state_slots_total: int = 0
+    state_slots_free: int = 0
+    state_checkpoints: int = 0  # slots the radix tree holds as checkpoints
+    # ... and counters
+    state_recomputed_tokens: int = 0  # cached K/V recomputed because no checkpoint was at the match's end
+    state_checkpoints_taken: int = 0
+    state_checkpoints_evicted: int = 0
     # the host-memory tier (all 0 while it is off): gauges
     host_blocks_total: int = 0
     host_blocks_free: int = 0
@@ -140,6 +149,7 @@ class EngineStats:
         budget = engine.pins.budget()
         s.pins, s.pinned_blocks, s.pin_budget_blocks = len(engine.pins.held_nodes()), budget.used_blocks, budget.budget_blocks
         s.evictions, s.evicted_blocks = tree.evictions, tree.evicted_blocks
+        s.add_states(engine.scheduler)
         if sched.blocks is not None:
             s.blocks_free, s.blocks_used, s.blocks_cached = sched.blocks.free, sched.blocks.used, sched.blocks.cached
         if tree.host_only is not None:
@@ -152,6 +162,17 @@ class EngineStats:
         if tree.host_blocks_total and host is not None:
             s.add_host_tier(tree, host)
         return s
+
+    def add_states(self, scheduler: Scheduler) -> None:
+        """A hybrid model's state slots and checkpoints (nothing for an attention-only model)."""
+        states, cache = scheduler.states, scheduler.cache
+        if states is None:
+            return
+        self.state_slots_total, self.state_slots_free = states.num_blocks, states.num_free
+        self.state_recomputed_tokens, self.state_checkpoints_taken = cache.recomputed_state_tokens, cache.checkpoints_taken
+        if scheduler.tree is not None:
+            self.state_checkpoints, self.state_checkpoints_evicted = (scheduler.tree.num_checkpoints,
+                                                                      scheduler.tree.checkpoints_evicted)
 
     @property
     def hit_rate(self) -> float:

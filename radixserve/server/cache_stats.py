@@ -105,6 +105,10 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         "tree": {"nodes": st.tree_nodes, "tokens": st.tree_tokens},
         "evictions": st.evictions, "evicted_blocks": st.evicted_blocks, "preemptions": st.preemptions,
         "swaps": {"out": st.swaps_out, "in": st.swaps_in},
+        # hybrid models (docs/hybrid_cache.md): recurrent-state slots and the tree's checkpoints of them
+        "states": {"slots": st.state_slots_total, "free": st.state_slots_free, "checkpoints": st.state_checkpoints,
+                   "recomputed_tokens": st.state_recomputed_tokens, "checkpoints_taken": st.state_checkpoints_taken,
+                   "checkpoints_evicted": st.state_checkpoints_evicted},
         "admission_blocked": by_cause(st.admission_blocked), "preemptions_by_cause": by_cause(st.preemptions_by_cause),
         "admission": {"new_token_ratio": st.new_token_ratio, "growth_reserve_blocks": st.growth_reserve_blocks},
         "steps": steps if steps is not None else StepUtilization().to_json(),
@@ -123,6 +127,7 @@ def tenant_cache_stats_json(st: EngineStats, block_size: int, usage: TenantUsage
                             system_prompts: list[dict[str, Any]]) -> dict[str, Any]:
     """The body a `user` key sees: cache_stats_json's keys over its tenant's own figures (see above)."""
     own = EngineStats(blocks_total=st.blocks_total, host_blocks_total=st.host_blocks_total,
+                      state_slots_total=st.state_slots_total,
                       pin_budget_blocks=st.pin_budget_blocks,
                       prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                       host_cached_tokens=usage.host_cached_tokens, computed_tokens=usage.computed_tokens,

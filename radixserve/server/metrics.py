@@ -107,6 +107,12 @@ class _EngineCollector(Collector):
         yield counter("radixserve_cache_hit_requests", "Requests with a prefix-cache hit", st.cache_hit_requests)
         yield counter("radixserve_cache_evictions", "Radix-cache evictions", st.evictions)
         yield counter("radixserve_preemptions", "Requests preempted to free KV blocks", st.preemptions)
+        yield counter("radixserve_state_recomputed_tokens", "Hybrid models: cached prompt tokens recomputed because no "
+                      "recurrent-state checkpoint was at the match's end", st.state_recomputed_tokens)
+        yield counter("radixserve_state_checkpoints_taken", "Hybrid models: recurrent-state checkpoints taken",
+                      st.state_checkpoints_taken)
+        yield counter("radixserve_state_checkpoints_evicted", "Hybrid models: checkpoints dropped to free a state slot",
+                      st.state_checkpoints_evicted)
         yield counter("radixserve_stalled_steps", "Steps that scheduled nothing while work waited (a bug if > 0)",
                       st.stalled_steps)
         yield from constraint_metrics(st)
