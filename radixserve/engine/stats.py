@@ -24,13 +24,13 @@ from radixserve.core import CopyKind
 from radixserve.scheduler.snapshot import snapshot
 
 if TYPE_CHECKING:
-    from radixserve.scheduler.scheduler import Scheduler
     from radixserve.core import Request
     from radixserve.engine.engine import LLMEngine
     from radixserve.engine.grammar.book import ConstraintStats
     from radixserve.engine.grammar.compiler import CompileStats
     from radixserve.engine.speculation import Verified
     from radixserve.model.host_kv import HostKVCache
+    from radixserve.scheduler.scheduler import Scheduler
 
 
 # Causes the scheduler counts, reported with 0 until seen so series never appear late: "blocks" (no KV
