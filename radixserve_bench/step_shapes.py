@@ -91,6 +91,21 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
         linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
         vocab_size=248320, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    # transformers' Qwen3NextConfig defaults, its Qwen3-Next-80B-A3B example: 3 DeltaNet layers to 1 full, 512 experts
+    "qwen3-next": FamilyShape("qwen3_next", "Qwen/Qwen3-Next-80B-A3B-Instruct", dict(
+        architectures=["Qwen3NextForCausalLM"], hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        norm_topk_prob=True, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        tie_word_embeddings=False)),
+    # transformers' Qwen3_5MoeTextConfig defaults (its Qwen3.5-35B-A3B-style example)
+    "qwen3.5-moe": FamilyShape("qwen3_5_moe_text", "Qwen/Qwen3.5-35B-A3B", dict(
+        architectures=["Qwen3_5MoeForCausalLM"], hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
+        num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False)),
     "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
         architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,

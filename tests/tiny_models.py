@@ -134,12 +134,22 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
     ),
 }
+_TINY_DELTA = dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                   linear_conv_kernel_dim=4, eos_token_id=2,
+                   layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+HYBRID_CONFIGS["qwen3_5_moe"] = dict(architectures=["Qwen3_5MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+                                     moe_intermediate_size=32, shared_expert_intermediate_size=48, **_TINY_DELTA)
+HYBRID_CONFIGS["qwen3_next"] = dict(architectures=["Qwen3NextForCausalLM"], num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+                                    mlp_only_layers=[1], **_TINY_DELTA)
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
                 "gemma3": "gemma3_text", "gpt_oss": "gpt_oss", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
                 "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
-                "granite": "granite", "qwen3_5": "qwen3_5_text"}
+                "granite": "granite", "qwen3_5": "qwen3_5_text",
+                "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next"}
 
 
 @functools.cache

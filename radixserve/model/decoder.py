@@ -140,7 +140,9 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(dim, eps, style)
         if self.placement != "pre":
             self.post_feedforward_layernorm = RMSNorm(dim, eps, style)
-        self.mlp: nn.Module = MoE(spec, layer_spec.mlp) if layer_spec.mlp.is_moe else MLP(spec, layer_spec.mlp)
+        mlp = layer_spec.mlp
+        shared = MLP(spec, MlpSpec(mlp.shared_intermediate_size, mlp.activation)) if mlp.shared_intermediate_size else None
+        self.mlp: nn.Module = MoE(spec, mlp, shared) if mlp.is_moe else MLP(spec, mlp)
         self.fused_norms = self.placement == "pre" and style == "llama"
 
     def forward(self, x, residual, ropes, kv_cache, meta, backend, ops) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -54,10 +54,14 @@ class GatedDeltaNet(nn.Module):
         self.d = d
         self.state_index = state_index
         hidden = spec.hidden_size
-        self.in_proj_qkv = nn.Linear(hidden, d.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden, d.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden, d.num_value_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden, d.num_value_heads, bias=False)
+        if d.fused_projections:  # Qwen3-Next: per key head, its q, k, then its value heads' v and z; and b, a
+            self.in_proj_qkvz = nn.Linear(hidden, d.conv_dim + d.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden, 2 * d.num_value_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(hidden, d.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden, d.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden, d.num_value_heads, bias=False)
+            self.in_proj_a = nn.Linear(hidden, d.num_value_heads, bias=False)
         self.conv1d = DepthwiseConv(d.conv_dim, d.conv_kernel)
         self.dt_bias = nn.Parameter(torch.empty(d.num_value_heads))
         self.A_log = nn.Parameter(torch.empty(d.num_value_heads))
@@ -67,10 +71,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
         d, tokens = self.d, x.shape[0]
-        mixed = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).reshape(tokens, d.num_value_heads, d.value_head_dim)
-        beta = torch.sigmoid(self.in_proj_b(x).float())
-        decay = torch.exp(-torch.exp(self.A_log.float()) * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float()))
+        mixed, z, b, a = self._project(x)
+        beta = torch.sigmoid(b.float())
+        decay = torch.exp(-torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float()))
         fresh = [seq_len == n for n, seq_len in zip(meta.query_lens, meta.seq_lens_host)]  # items at position 0
         if states is None:  # a probe forward: no sequence owns a state, each item gets its own zeros
             conv = torch.zeros(meta.num_seqs, d.conv_kernel - 1, d.conv_dim, dtype=x.dtype, device=x.device)
@@ -100,6 +103,21 @@ class GatedDeltaNet(nn.Module):
                 first = rows.stop
         h = self.norm(out.to(x.dtype), z)
         return self.out_proj(h.reshape(tokens, d.value_dim))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The convolution's inputs [T, C] (all heads' q, then k, then v), z [T, Hv, dv], b and a [T, Hv]."""
+        d, tokens = self.d, x.shape[0]
+        if not d.fused_projections:
+            return (self.in_proj_qkv(x), self.in_proj_z(x).reshape(tokens, d.num_value_heads, d.value_head_dim),
+                    self.in_proj_b(x), self.in_proj_a(x))
+        per_key = d.num_value_heads // d.num_key_heads
+        grouped = self.in_proj_qkvz(x).reshape(tokens, d.num_key_heads, -1)
+        q, k, v, z = grouped.split([d.key_head_dim, d.key_head_dim, per_key * d.value_head_dim,
+                                    per_key * d.value_head_dim], dim=-1)
+        mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
+        b, a = self.in_proj_ba(x).reshape(tokens, d.num_key_heads, 2 * per_key).split(per_key, dim=-1)
+        return (mixed, z.reshape(tokens, d.num_value_heads, d.value_head_dim), b.reshape(tokens, -1),
+                a.reshape(tokens, -1))
 
     def _convolve_items(self, mixed: torch.Tensor, conv: torch.Tensor, slots: list[int], fresh: list[bool],
                         meta: AttentionMetadata) -> torch.Tensor:

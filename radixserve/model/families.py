@@ -35,6 +35,7 @@ class Family:
     interleaved_rope: bool = False
     output_gate: bool = False  # q_proj yields a gate per head (Qwen3.5)
     linear_attention: bool = False  # layer_types may name Gated DeltaNet layers (Qwen3.5)
+    fused_delta_projections: bool = False  # the DeltaNet's q/k/v/z and b/a projections fused per key head (Qwen3-Next)
     embedding_scale: Callable[[Any], float | None] = lambda config: None
     moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
     checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
@@ -63,7 +64,16 @@ def _qwen3_moe(config: Any, layer: int) -> MlpSpec | None:
     if layer in (getattr(config, "mlp_only_layers", None) or ()) or (layer + 1) % sparse_step:
         return None
     return MlpSpec(int(config.moe_intermediate_size), _activation(config), num_experts=int(config.num_experts),
-                   top_k=int(config.num_experts_per_tok), normalize_topk=bool(config.norm_topk_prob))
+                   top_k=int(config.num_experts_per_tok), normalize_topk=bool(getattr(config, "norm_topk_prob", False)))
+
+
+def _qwen3_next_moe(config: Any, layer: int) -> MlpSpec | None:
+    """Qwen3-Next and Qwen3.5-MoE: Qwen3-MoE's routing with a gated shared expert beside the routed ones."""
+    spec = _qwen3_moe(config, layer) if int(getattr(config, "num_experts", 0) or 0) else None
+    if spec is None:
+        return None
+    return replace(spec, normalize_topk=bool(getattr(config, "norm_topk_prob", True)),
+                   shared_intermediate_size=int(config.shared_expert_intermediate_size))
 
 
 def _mixtral_moe(config: Any, layer: int) -> MlpSpec:
@@ -106,6 +116,10 @@ FAMILIES: dict[str, Family] = {
                                  checkpoint=CheckpointLayout(mlp_name="block_sparse_moe", experts="w1w3w2")),
     "Qwen3_5ForCausalLM": Family("qwen3_5_text", norm_style="gemma", qk_norm="per_head", output_gate=True,
                                  linear_attention=True),
+    "Qwen3_5MoeForCausalLM": Family("qwen3_5_moe_text", norm_style="gemma", qk_norm="per_head", output_gate=True,
+                                    linear_attention=True, moe=_qwen3_next_moe),
+    "Qwen3NextForCausalLM": Family("qwen3_next", norm_style="gemma", qk_norm="per_head", output_gate=True,
+                                   linear_attention=True, moe=_qwen3_next_moe, fused_delta_projections=True),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -143,7 +157,7 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
         mlp = family.moe(config, i) or MlpSpec(int(config.intermediate_size), _activation(config),
                                                bias=bool(getattr(config, "mlp_bias", False)))
         if kind == "linear_attention":
-            layers.append(LayerSpec(None, mlp, family.norms, delta_net=_delta_net(config)))
+            layers.append(LayerSpec(None, mlp, family.norms, delta_net=_delta_net(config, family)))
             continue
         rope = None if no_rope and not no_rope[i] else _rope(config, kind, head_dim, family)
         if rope is not None and rope.rope_type == "longrope":
@@ -204,12 +218,12 @@ def _layer_types(config: Any, family: Family) -> list[str]:
     return types
 
 
-def _delta_net(config: Any) -> DeltaNetSpec:
+def _delta_net(config: Any, family: Family) -> DeltaNetSpec:
     if getattr(config, "hidden_act", "silu") != "silu":  # the DeltaNet's convolution and gate are SiLU
         raise ValueError(f"hidden_act {config.hidden_act!r} in a Gated DeltaNet layer; supported: silu")
     return DeltaNetSpec(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
                         int(config.linear_key_head_dim), int(config.linear_value_head_dim),
-                        int(config.linear_conv_kernel_dim))
+                        int(config.linear_conv_kernel_dim), family.fused_delta_projections)
 
 
 def _activation(config: Any) -> str:

@@ -126,10 +126,13 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
             q, kv = spec.q_size * (2 if attention is not None and attention.output_gate else 1), spec.kv_size
             for hf, first, rows in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
                 targets[f"{layer}self_attn.{hf}.{leaf}"] = Target(name, first, rows)
-        elif module == "mlp.gate_up_proj" and not layout.fused_gate_up:
-            inter = mlp.intermediate_size
-            targets[f"{layer}mlp.gate_proj.{leaf}"] = Target(name, 0, inter)
-            targets[f"{layer}mlp.up_proj.{leaf}"] = Target(name, inter, inter)
+        elif module in ("mlp.gate_up_proj", "mlp.shared_expert.gate_up_proj") and not layout.fused_gate_up:
+            inter = mlp.intermediate_size if module == "mlp.gate_up_proj" else mlp.shared_intermediate_size
+            base = module.removesuffix("gate_up_proj")
+            targets[f"{layer}{base}gate_proj.{leaf}"] = Target(name, 0, inter)
+            targets[f"{layer}{base}up_proj.{leaf}"] = Target(name, inter, inter)
+        elif rest.startswith("mlp.shared_expert"):  # its down projection and its gate: as named
+            targets[name] = Target(name)
         elif rest.startswith("mlp.") and mlp.is_moe:
             targets.update(_expert_targets(name, layer, rest, mlp.num_experts, mlp.intermediate_size, layout))
         elif module in norm_names:

@@ -3,8 +3,10 @@ arithmetic is `kernels.moe.routed_experts`.
 
 Routing follows the family (`MlpSpec.routing`): softmax over every expert then the top k (Qwen3-MoE,
 Mixtral; rescaled to sum to 1 where `normalize_topk`), or the top-k logits then a softmax over them
-(gpt-oss, whose router has a bias). Expert weights are stacked as `ExpertWeights` lays them out,
-whatever the checkpoint's layout (the loader converts). Invariant: a token's routing and result
+(gpt-oss, whose router has a bias). A shared expert (Qwen3-Next, Qwen3.5-MoE: a dense MLP every
+token runs, scaled by sigmoid of its own one-output gate) is added to the routed experts' sum.
+Expert weights are stacked as `ExpertWeights` lays them out, whatever the checkpoint's layout (the
+loader converts). Invariant: a token's routing and result
 depend on that token alone.
 """
 
@@ -21,8 +23,13 @@ from radixserve.model.spec import MlpSpec, ModelSpec
 
 
 class MoE(nn.Module):
-    def __init__(self, spec: ModelSpec, mlp: MlpSpec) -> None:
+    def __init__(self, spec: ModelSpec, mlp: MlpSpec, shared_expert: nn.Module | None = None) -> None:
+        """`shared_expert`: the dense MLP of `mlp.shared_intermediate_size` the decoder built for it."""
         super().__init__()
+        if (shared_expert is None) != (mlp.shared_intermediate_size == 0):
+            raise ValueError("a shared expert is given exactly when the spec names one")
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = nn.Linear(spec.hidden_size, 1, bias=False) if shared_expert is not None else None
         hidden, inter, experts = spec.hidden_size, mlp.intermediate_size, mlp.num_experts
         self.top_k, self.routing, self.normalize_topk = mlp.top_k, mlp.routing, mlp.normalize_topk
         self.router = nn.Linear(hidden, experts, bias=mlp.router_bias)
@@ -68,4 +75,7 @@ class MoE(nn.Module):
             from radixserve.kernels.fused_moe_mxfp4 import fused_experts_mxfp4  # imports triton: CUDA only
 
             return fused_experts_mxfp4(x, ids, weights, self.packed, self.activation)
-        return routed_experts(x, ids, weights, self.packed or self.experts(), self.activation)
+        out = routed_experts(x, ids, weights, self.packed or self.experts(), self.activation)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ops)
+        return out

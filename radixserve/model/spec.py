@@ -61,6 +61,7 @@ class MlpSpec:
     router_bias: bool = False
     swiglu_alpha: float = 1.702  # clamped_swiglu only
     swiglu_limit: float = 7.0
+    shared_intermediate_size: int = 0  # > 0: a shared expert beside the routed ones, scaled by sigmoid(gate(x)) (Qwen3-Next)
 
     def __post_init__(self) -> None:
         from radixserve.kernels.moe import ACTIVATIONS
@@ -87,6 +88,8 @@ class DeltaNetSpec:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    # Qwen3-Next's checkpoints: q, k, v, z in one projection and b, a in another, grouped per key head
+    fused_projections: bool = False
 
     def __post_init__(self) -> None:
         if min(self.num_key_heads, self.key_head_dim, self.value_head_dim, self.conv_kernel) < 1 \

@@ -28,8 +28,10 @@ from radixserve.model.state_cache import StateCache, StateLayout
 ARCHS = sorted(TINY_CONFIGS)
 CPU = torch.device("cpu")
 ATOL = 1e-4
-# transformers computes a DeltaNet prefill chunk-wise (another summation order), ours token by token
-HYBRID_ATOL = 1e-3
+# transformers computes a DeltaNet prefill chunk-wise (a triangular solve per 64 tokens), ours token by
+# token: fp32 noise that grows with depth, measured up to 2.2e-3 on logits of size ~10 (Qwen3-Next's
+# tiny model; 4e-4 on Qwen3.5's). Greedy choices are still held to transformers' token for token.
+HYBRID_TOLERANCE = {"atol": 5e-3, "rtol": 0.0}
 BLOCK_SIZE = 4
 MIN_GREEDY_MARGIN = 1e-3  # far above fp32 noise: a token mismatch then means a real bug
 
@@ -109,8 +111,8 @@ def hf_greedy(path: Path, prompt: list[int], steps: int) -> tuple[list[int], tor
     return tokens, torch.cat(out.logits).float()
 
 
-def tolerance(model) -> float:
-    return HYBRID_ATOL if model.spec.is_hybrid else ATOL
+def tolerance(model) -> dict[str, float]:
+    return HYBRID_TOLERANCE if model.spec.is_hybrid else {"atol": ATOL, "rtol": 0.0}
 
 
 def check_chunked_prefill_then_decode(path: Path, model, prompt: list[int], chunk_sizes: list[int], steps: int):
@@ -119,19 +121,19 @@ def check_chunked_prefill_then_decode(path: Path, model, prompt: list[int], chun
     start = 0
     for size in chunk_sizes:
         got = runner.step({"a": prompt[start : start + size]})["a"]
-        torch.testing.assert_close(got, expected[start : start + size], atol=tolerance(model), rtol=0)
+        torch.testing.assert_close(got, expected[start : start + size], **tolerance(model))
         start += size
     assert start == len(prompt)
     greedy, greedy_logits = hf_greedy(path, prompt, steps)
     top2 = greedy_logits.topk(2, dim=-1).values
     assert (top2[:, 0] - top2[:, 1]).min() > MIN_GREEDY_MARGIN, "oracle's greedy choices are near ties"
-    torch.testing.assert_close(got[-1], greedy_logits[0], atol=tolerance(model), rtol=0)
+    torch.testing.assert_close(got[-1], greedy_logits[0], **tolerance(model))
     for i in range(steps):
         token = int(got[-1].argmax())
         assert token == greedy[i], f"decode step {i}: we chose {token}, transformers {greedy[i]}"
         if i + 1 < steps:
             got = runner.step({"a": [token]})["a"]
-            torch.testing.assert_close(got[0], greedy_logits[i + 1], atol=tolerance(model), rtol=0)
+            torch.testing.assert_close(got[0], greedy_logits[i + 1], **tolerance(model))
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -145,7 +147,7 @@ def test_whole_prompt_in_one_chunk_matches_transformers(tiny):
     _, path, model, _ = tiny
     prompt = random_prompt(29, seed=1)
     got = PagedRunner(model).step({"a": prompt})["a"]
-    torch.testing.assert_close(got, hf_logits(path, prompt), atol=tolerance(model), rtol=0)
+    torch.testing.assert_close(got, hf_logits(path, prompt), **tolerance(model))
 
 
 def test_chunked_prefill_then_greedy_decode_matches_generate(tiny):
@@ -161,12 +163,12 @@ def test_mixed_batch_of_sequences_matches_each_alone(tiny):
     first = runner.step({"a": a, "b": b[:9]})
     second = runner.step({"b": b[9:], "c": c, "a": [7]})  # decode, prefill and a fresh prompt together
     third = runner.step({"c": [11], "a": [12], "b": [13]})
-    torch.testing.assert_close(first["a"], hf_logits(path, a), atol=tolerance(model), rtol=0)
-    torch.testing.assert_close(torch.cat([first["b"], second["b"]]), hf_logits(path, b), atol=tolerance(model), rtol=0)
-    torch.testing.assert_close(second["c"], hf_logits(path, c), atol=tolerance(model), rtol=0)
-    torch.testing.assert_close(second["a"][0], hf_logits(path, a + [7])[-1], atol=tolerance(model), rtol=0)
+    torch.testing.assert_close(first["a"], hf_logits(path, a), **tolerance(model))
+    torch.testing.assert_close(torch.cat([first["b"], second["b"]]), hf_logits(path, b), **tolerance(model))
+    torch.testing.assert_close(second["c"], hf_logits(path, c), **tolerance(model))
+    torch.testing.assert_close(second["a"][0], hf_logits(path, a + [7])[-1], **tolerance(model))
     for seq, prompt, new in (("a", a + [7], 12), ("b", b, 13), ("c", c, 11)):
-        torch.testing.assert_close(third[seq][0], hf_logits(path, prompt + [new])[-1], atol=tolerance(model), rtol=0)
+        torch.testing.assert_close(third[seq][0], hf_logits(path, prompt + [new])[-1], **tolerance(model))
 
 
 def test_spec_reads_each_config(tiny):
@@ -177,7 +179,7 @@ def test_spec_reads_each_config(tiny):
     bias = {"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(arch, config.get("attention_bias"))
     assert all(a.qkv_bias == bool(bias) for a in spec.attentions)
     qk_norm = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head", "olmo2": "whole", "olmo3": "whole",
-               "qwen3_5": "per_head"}
+               "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head"}
     assert all(a.qk_norm == qk_norm.get(arch, "none") for a in spec.attentions)
     kinds = config.get("layer_types") or ["sliding_attention" if arch in ("mistral", "mixtral") else
                                           "full_attention"] * spec.num_layers
