@@ -251,6 +251,8 @@ class Sequence:
     num_cached: int = 0  # leading tokens this sequence has put into (or taken from) the tree
     # hybrid models: the recurrent-state slot holding its state after its `num_computed` tokens (-1: none)
     state_slot: int = -1
+    # hybrid models, while drafts are verified: a copy of its state from before them (-1: none), see seq_cache.py
+    state_backup: int = -1
     # hybrid models: a position its prefill stops at to checkpoint its state there (-1: none), see seq_cache.py
     checkpoint_at: int = -1
     # swapped out: the tree node ending at its computed tokens, whose path it pins in the host tier

@@ -145,6 +145,10 @@ _CHATML_STOP = ("<|im_end|>", "<|endoftext|>")
 QWEN2 = ChatFormat(template=_chatml("You are a helpful assistant."), control=_CHATML_CONTROL, stop=_CHATML_STOP,
                    eos="<|im_end|>", pad="<|endoftext|>")
 
+# LFM2: ChatML after a <|startoftext|> BOS, with no default system prompt.
+LFM2 = ChatFormat(template=_chatml(None), control=("<|startoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"),
+                  stop=("<|im_end|>",), eos="<|im_end|>", pad="<|pad|>", bos="<|startoftext|>")
+
 # OLMo 3 Instruct: ChatML, with a default system prompt that names the model.
 OLMO3 = ChatFormat(template=_chatml("You are Olmo, a helpful assistant."),
                    control=("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"), stop=_CHATML_STOP,
@@ -261,7 +265,7 @@ HARMONY = ChatFormat(
 
 FORMAT_OF_FAMILY: dict[str, ChatFormat] = {
     "llama": LLAMA3, "qwen2": QWEN2, "qwen3": QWEN3, "qwen3-moe": QWEN3, "qwen3.5": QWEN3, "qwen3.5-moe": QWEN3,
-    "qwen3-next": QWEN3, "mistral": MISTRAL, "mixtral": MISTRAL,
+    "qwen3-next": QWEN3, "lfm2": LFM2, "mistral": MISTRAL, "mixtral": MISTRAL,
     "gemma2": GEMMA, "gemma3": GEMMA, "gpt-oss": HARMONY, "phi3": PHI3, "olmo2": OLMO2, "olmo3": OLMO3,
     "smollm3": SMOLLM3, "glm4": GLM, "glm": GLM, "granite": GRANITE,
 }

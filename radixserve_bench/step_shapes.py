@@ -106,6 +106,14 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
         num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320,
         max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    "lfm2": FamilyShape("lfm2", "LiquidAI/LFM2-1.2B", dict(
+        architectures=["Lfm2ForCausalLM"], hidden_size=2048, intermediate_size=12288, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=65536, max_position_embeddings=128000,
+        norm_eps=1e-5, conv_L_cache=3, conv_bias=False, block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0,
+        block_multiple_of=256, tie_word_embeddings=True, bos_token_id=1, eos_token_id=7, pad_token_id=0,
+        layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+                     "full_attention", "conv", "full_attention", "conv", "full_attention", "conv", "full_attention",
+                     "conv"])),
     "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
         architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,

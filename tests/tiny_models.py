@@ -143,13 +143,17 @@ HYBRID_CONFIGS["qwen3_5_moe"] = dict(architectures=["Qwen3_5MoeForCausalLM"], nu
 HYBRID_CONFIGS["qwen3_next"] = dict(architectures=["Qwen3NextForCausalLM"], num_experts=4, num_experts_per_tok=2,
                                     moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
                                     mlp_only_layers=[1], **_TINY_DELTA)
+HYBRID_CONFIGS["lfm2"] = dict(
+    architectures=["Lfm2ForCausalLM"], num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    conv_L_cache=3, conv_bias=True, block_auto_adjust_ff_dim=True, block_multiple_of=32, norm_eps=1e-5,
+    eos_token_id=2, layer_types=["conv", "conv", "full_attention", "conv"])
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
                 "gemma3": "gemma3_text", "gpt_oss": "gpt_oss", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
                 "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
                 "granite": "granite", "qwen3_5": "qwen3_5_text",
-                "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next"}
+                "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2"}
 
 
 @functools.cache

@@ -135,10 +135,6 @@ class LLMEngine:
         self.config = config = for_device(config, self.runner.device)
         sizes = engine_sizes(config, self.runner)
         spec = self.runner.spec
-        if spec.is_hybrid and config.num_speculative_tokens:
-            # a recurrent state cannot yet roll back the drafts a verification rejects (docs/hybrid_cache.md)
-            log.info("speculative decoding is off: %s has recurrent layers", spec.architecture)
-            self.config = config = replace(config, num_speculative_tokens=0)
         self.model = ModelFacts(str(model_dir), model_name, spec, frozenset(spec.eos_token_ids), sizes.max_model_len,
                                 sizes.max_seq_len)
         self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks, sizes.state_slots)

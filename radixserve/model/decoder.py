@@ -24,6 +24,7 @@ from radixserve.model.kv_cache import KVCache
 from radixserve.model.moe import MoE
 from radixserve.model.ops import ModelOps, TorchOps, rms_norm
 from radixserve.model.rope import RopeParams, RotaryEmbedding
+from radixserve.model.short_conv import ShortConv
 from radixserve.model.spec import LayerSpec, MlpSpec, ModelSpec
 
 TORCH_OPS = TorchOps()
@@ -130,11 +131,17 @@ class DecoderLayer(nn.Module):
         dim, eps, style = spec.hidden_size, spec.rms_norm_eps, spec.norm_style
         if self.placement != "post":
             self.input_layernorm = RMSNorm(dim, eps, style)
-        self.recurrent = layer_spec.delta_net is not None  # its mixer: linear_attn, else self_attn (checkpoints' names)
+        # its mixer, under the checkpoints' names: linear_attn (a DeltaNet), conv (LFM2), else self_attn
+        self.recurrent = layer_spec.recurrent is not None
         if layer_spec.delta_net is not None:
             self.linear_attn = GatedDeltaNet(spec, layer_spec.delta_net, spec.state_index(layer))
+            self.mixer_name = "linear_attn"
+        elif layer_spec.short_conv is not None:
+            self.conv = ShortConv(layer_spec.short_conv, spec.state_index(layer))
+            self.mixer_name = "conv"
         else:
             self.self_attn = Attention(spec, layer_spec, layer)
+            self.mixer_name = "self_attn"
         self.post_attention_layernorm = RMSNorm(dim, eps, style)
         if self.placement == "sandwich":
             self.pre_feedforward_layernorm = RMSNorm(dim, eps, style)
@@ -166,7 +173,7 @@ class DecoderLayer(nn.Module):
 
     def _mix(self, h, ropes, kv_cache: KVCache, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
         if self.recurrent:
-            return self.linear_attn(h, kv_cache.states, meta)
+            return getattr(self, self.mixer_name)(h, kv_cache.states, meta)
         return self.self_attn(h, ropes, kv_cache, meta, backend, ops)
 
     def _norm(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,

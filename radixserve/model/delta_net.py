@@ -4,7 +4,7 @@ Per token t of a sequence, with the layer's state S [value_heads, key_dim, value
     S <- S * exp(g_t);  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
 where q_t, k_t are L2-normed (q also scaled by key_dim^-1/2), g_t = -exp(A_log) softplus(a_t + dt_bias)
 is the decay and beta_t = sigmoid(b_t) the write strength. q, k and v first pass a causal depthwise
-convolution (kernel K, SiLU) whose last K-1 inputs are the other half of the state. Outputs are
+convolution (kernel K, SiLU; model/causal_conv.py) whose last K-1 inputs are the other half of the state. Outputs are
 normed per head, gated by SiLU(z) and projected back.
 
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model.attention import AttentionMetadata
+from radixserve.model.causal_conv import CausalConv
 from radixserve.model.spec import DeltaNetSpec, ModelSpec
 from radixserve.model.state_cache import StateCache
 
@@ -40,14 +41,6 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
 
 
-class DepthwiseConv(nn.Module):
-    """Holds the convolution's weight [channels, 1, kernel] as checkpoints store it."""
-
-    def __init__(self, channels: int, kernel: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
-
-
 class GatedDeltaNet(nn.Module):
     def __init__(self, spec: ModelSpec, d: DeltaNetSpec, state_index: int) -> None:
         super().__init__()
@@ -62,7 +55,7 @@ class GatedDeltaNet(nn.Module):
             self.in_proj_z = nn.Linear(hidden, d.value_dim, bias=False)
             self.in_proj_b = nn.Linear(hidden, d.num_value_heads, bias=False)
             self.in_proj_a = nn.Linear(hidden, d.num_value_heads, bias=False)
-        self.conv1d = DepthwiseConv(d.conv_dim, d.conv_kernel)
+        self.conv1d = CausalConv(d.conv_dim, d.conv_kernel)
         self.dt_bias = nn.Parameter(torch.empty(d.num_value_heads))
         self.A_log = nn.Parameter(torch.empty(d.num_value_heads))
         self.norm = GatedRMSNorm(d.value_head_dim, spec.rms_norm_eps)
@@ -80,9 +73,10 @@ class GatedDeltaNet(nn.Module):
             delta = torch.zeros(meta.num_seqs, d.num_value_heads, d.key_head_dim, d.value_head_dim, device=x.device)
             slots, fresh = list(range(meta.num_seqs)), [True] * meta.num_seqs
         else:
-            conv, delta = states.conv[self.state_index], states.delta[self.state_index]
-            slots = meta.state_slots
-        q, k, v = self._qkv(self._convolve_items(mixed, conv, slots, fresh, meta), tokens)
+            conv, stored = states.conv[self.state_index], states.delta[self.state_index]
+            assert stored is not None, "a DeltaNet layer's slots hold a delta-rule state"
+            delta, slots = stored, meta.state_slots
+        q, k, v = self._qkv(F.silu(self.conv1d(mixed, conv, slots, fresh, meta)), tokens)
         out = torch.empty(tokens, d.num_value_heads, d.value_head_dim, dtype=torch.float32, device=x.device)
         if self.cpu_kernel:
             torch.ops.radixserve.gated_delta_rule(q, k, v, beta, decay, delta, slots, meta.query_lens,
@@ -118,31 +112,6 @@ class GatedDeltaNet(nn.Module):
         b, a = self.in_proj_ba(x).reshape(tokens, d.num_key_heads, 2 * per_key).split(per_key, dim=-1)
         return (mixed, z.reshape(tokens, d.num_value_heads, d.value_head_dim), b.reshape(tokens, -1),
                 a.reshape(tokens, -1))
-
-    def _convolve_items(self, mixed: torch.Tensor, conv: torch.Tensor, slots: list[int], fresh: list[bool],
-                        meta: AttentionMetadata) -> torch.Tensor:
-        """Each item's q/k/v inputs through the causal convolution, continuing from its slot's window
-        (zeros for a fresh item), which is left holding the item's last inputs. [T, C] -> [T, C]."""
-        d = self.d
-        if meta.all_decode:  # one token per item: all items at once
-            index = torch.tensor(slots, dtype=torch.long).to(mixed.device, non_blocking=True)
-            keep = torch.tensor([not f for f in fresh], dtype=conv.dtype).to(mixed.device, non_blocking=True)
-            windows = torch.cat([conv[index] * keep[:, None, None], mixed[:, None, :]], dim=1)  # [B, K, C]
-            weight = self.conv1d.weight[:, 0, :].to(windows.dtype)  # [C, K]
-            conv[index] = windows[:, 1:]
-            return F.silu((windows * weight.t()[None]).sum(dim=1))
-        out, first = [], 0
-        for n, slot, zero in zip(meta.query_lens, slots, fresh):
-            window = torch.cat([torch.zeros_like(conv[slot]) if zero else conv[slot], mixed[first:first + n]])
-            out.append(self._convolve(window))
-            conv[slot] = window[-(d.conv_kernel - 1):]
-            first += n
-        return torch.cat(out)
-
-    def _convolve(self, window: torch.Tensor) -> torch.Tensor:
-        """[K-1+n, C] inputs -> [n, C] SiLU(causal depthwise convolution)."""
-        weight = self.conv1d.weight.to(window.dtype)
-        return F.silu(F.conv1d(window.t()[None], weight, groups=self.d.conv_dim)[0].t())
 
     def _qkv(self, convolved: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split, L2-norm q and k (q also scaled), and repeat the key heads over the value heads; fp32."""

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixserve.model.rope import RopeParams
-from radixserve.model.spec import AttentionSpec, CheckpointLayout, DeltaNetSpec, LayerSpec, MlpSpec, ModelSpec, int_list
+from radixserve.model.spec import (
+    AttentionSpec,
+    CheckpointLayout,
+    DeltaNetSpec,
+    LayerSpec,
+    MlpSpec,
+    ModelSpec,
+    ShortConvSpec,
+    int_list,
+)
 
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -36,6 +45,8 @@ class Family:
     output_gate: bool = False  # q_proj yields a gate per head (Qwen3.5)
     linear_attention: bool = False  # layer_types may name Gated DeltaNet layers (Qwen3.5)
     fused_delta_projections: bool = False  # the DeltaNet's q/k/v/z and b/a projections fused per key head (Qwen3-Next)
+    short_conv: bool = False  # layer_types may name gated short convolution layers, "conv" (LFM2)
+    intermediate_size: Callable[[Any], int] = lambda config: int(config.intermediate_size)
     embedding_scale: Callable[[Any], float | None] = lambda config: None
     moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
     checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
@@ -74,6 +85,24 @@ def _qwen3_next_moe(config: Any, layer: int) -> MlpSpec | None:
         return None
     return replace(spec, normalize_topk=bool(getattr(config, "norm_topk_prob", True)),
                    shared_intermediate_size=int(config.shared_expert_intermediate_size))
+
+
+def _lfm2_intermediate(config: Any) -> int:
+    """LFM2's MLP width: 2/3 of the configured one, times a multiplier, rounded up to a multiple."""
+    size = int(config.intermediate_size)
+    if getattr(config, "block_auto_adjust_ff_dim", False):
+        size = int(2 * size / 3)
+        if config.block_ffn_dim_multiplier is not None:
+            size = int(config.block_ffn_dim_multiplier * size)
+            size = config.block_multiple_of * ((size + config.block_multiple_of - 1) // config.block_multiple_of)
+    return size
+
+
+_LFM2_NAMES = (("self_attn.o_proj", "self_attn.out_proj"), ("self_attn.q_norm", "self_attn.q_layernorm"),
+               ("self_attn.k_norm", "self_attn.k_layernorm"), ("mlp.gate_proj", "feed_forward.w1"),
+               ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2"),
+               ("input_layernorm", "operator_norm"), ("post_attention_layernorm", "ffn_norm"),
+               ("model.norm", "model.embedding_norm"))
 
 
 def _mixtral_moe(config: Any, layer: int) -> MlpSpec:
@@ -120,6 +149,8 @@ FAMILIES: dict[str, Family] = {
                                     linear_attention=True, moe=_qwen3_next_moe),
     "Qwen3NextForCausalLM": Family("qwen3_next", norm_style="gemma", qk_norm="per_head", output_gate=True,
                                    linear_attention=True, moe=_qwen3_next_moe, fused_delta_projections=True),
+    "Lfm2ForCausalLM": Family("lfm2", qk_norm="per_head", short_conv=True, intermediate_size=_lfm2_intermediate,
+                              checkpoint=CheckpointLayout(renames=_LFM2_NAMES)),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -154,10 +185,14 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
     context = int(config.max_position_embeddings)
     layers = []
     for i, kind in enumerate(layer_types):
-        mlp = family.moe(config, i) or MlpSpec(int(config.intermediate_size), _activation(config),
+        mlp = family.moe(config, i) or MlpSpec(family.intermediate_size(config), _activation(config),
                                                bias=bool(getattr(config, "mlp_bias", False)))
         if kind == "linear_attention":
             layers.append(LayerSpec(None, mlp, family.norms, delta_net=_delta_net(config, family)))
+            continue
+        if kind == "conv":
+            short = ShortConvSpec(int(config.hidden_size), int(config.conv_L_cache), bool(config.conv_bias))
+            layers.append(LayerSpec(None, mlp, family.norms, short_conv=short))
             continue
         rope = None if no_rope and not no_rope[i] else _rope(config, kind, head_dim, family)
         if rope is not None and rope.rope_type == "longrope":
@@ -186,7 +221,7 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=head_dim,
         vocab_size=int(config.vocab_size),
-        rms_norm_eps=float(getattr(config, "rms_norm_eps", None) or 1e-6),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", None) or getattr(config, "norm_eps", None) or 1e-6),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         max_position_embeddings=context,
         eos_token_ids=tuple(dict.fromkeys(eos)),
@@ -208,7 +243,8 @@ def _layer_types(config: Any, family: Family) -> list[str]:
         types = ["sliding_attention" if sliding else "full_attention"] * count
     if len(types) != count:
         raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {count}")
-    supported = ("full_attention", "sliding_attention") + (("linear_attention",) if family.linear_attention else ())
+    supported = (("full_attention", "sliding_attention") + (("linear_attention",) if family.linear_attention else ())
+                 + (("conv",) if family.short_conv else ()))
     for kind in types:
         if kind not in supported:
             raise ValueError(f"layer_types {kind!r} is not supported in {family.model_type}; "

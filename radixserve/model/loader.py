@@ -139,7 +139,18 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
             targets[f"{layer}{norm_names[module]}.{leaf}"] = Target(name)
         else:
             targets[name] = Target(name)
+    if layout.renames:
+        targets = {_renamed(name, layout.renames): target for name, target in targets.items()}
     return targets
+
+
+def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """`name` with each of our module paths in `renames` replaced by the checkpoint's (whole path
+    components only)."""
+    dotted = f".{name}."
+    for ours, theirs in renames:
+        dotted = dotted.replace(f".{ours}.", f".{theirs}.")
+    return dotted[1:-1]
 
 
 def _expert_targets(name: str, layer: str, rest: str, experts: int, inter: int,

@@ -130,7 +130,7 @@ class ModelRunner:
 
     def state_layout(self) -> StateLayout | None:
         """A hybrid model's recurrent-state slot shape; None for a model of attention layers only."""
-        return StateLayout(tuple(self.spec.delta_nets), self.dtype) if self.spec.is_hybrid else None
+        return StateLayout(tuple(self.spec.recurrents), self.dtype) if self.spec.is_hybrid else None
 
     def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0, state_slots: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)

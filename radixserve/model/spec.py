@@ -2,9 +2,10 @@
 
 A model is an embedding, `layers` (each a token mixer, an `MlpSpec` and where its norms sit) and a
 final norm and head. A layer's mixer is softmax attention over the paged KV cache (`AttentionSpec`)
-or a Gated DeltaNet (`DeltaNetSpec`: linear attention whose per-sequence state has a fixed size, a
-recurrent layer); a model with any recurrent layer is a hybrid (`is_hybrid`), whose prefix cache
-restores recurrent states only where it checkpointed them (docs/hybrid_cache.md). Which
+or a recurrent layer whose per-sequence state has a fixed size: a Gated DeltaNet (`DeltaNetSpec`,
+linear attention) or a gated short convolution (`ShortConvSpec`, LFM2). A model with any recurrent
+layer is a hybrid (`is_hybrid`), whose prefix cache restores recurrent states only where it
+checkpointed them (docs/hybrid_cache.md). Which
 architectures we run and how each family's config maps onto these descriptions is `families.py`;
 how its checkpoint names map onto our parameters is `CheckpointLayout`.
 
@@ -112,17 +113,43 @@ class DeltaNetSpec:
 
 
 @dataclass(frozen=True)
+class ShortConvSpec:
+    """LFM2's gated short convolution: in_proj to B, C and x; C * conv(B * x); out_proj. Its state is
+    the convolution's last `kernel - 1` inputs."""
+
+    channels: int  # the hidden size
+    kernel: int
+    bias: bool = False
+
+    @property
+    def conv_kernel(self) -> int:
+        return self.kernel
+
+    @property
+    def conv_dim(self) -> int:
+        return self.channels
+
+
+RecurrentSpec = DeltaNetSpec | ShortConvSpec  # a layer whose per-sequence state has a fixed size
+
+
+@dataclass(frozen=True)
 class LayerSpec:
-    attention: AttentionSpec | None  # None: the layer's mixer is `delta_net`
+    attention: AttentionSpec | None  # None: the layer's mixer is recurrent (`delta_net` or `short_conv`)
     mlp: MlpSpec
     norms: str = "pre"  # pre: Llama; sandwich: pre and post norms around each block (Gemma, GLM-4); post: OLMo 2
     delta_net: DeltaNetSpec | None = None
+    short_conv: ShortConvSpec | None = None
 
     def __post_init__(self) -> None:
         if self.norms not in NORM_PLACEMENTS:
             raise ValueError(f"norm placement {self.norms!r}; supported: {', '.join(NORM_PLACEMENTS)}")
-        if (self.attention is None) == (self.delta_net is None):
-            raise ValueError("a layer mixes tokens by exactly one of attention and a DeltaNet")
+        if sum(m is not None for m in (self.attention, self.delta_net, self.short_conv)) != 1:
+            raise ValueError("a layer mixes tokens by exactly one of attention, a DeltaNet and a short convolution")
+
+    @property
+    def recurrent(self) -> RecurrentSpec | None:
+        return self.delta_net or self.short_conv
 
     @property
     def llama_shaped(self) -> bool:
@@ -143,6 +170,9 @@ class CheckpointLayout:
     router_name: str = "gate"  # gpt-oss: router
     experts: str = "per_expert"  # per_expert (gate/up/down_proj), w1w3w2 (Mixtral), stacked_interleaved (gpt-oss)
     norm_names: tuple[tuple[str, str], ...] = ()  # (ours, the checkpoint's) where they differ
+    # (ours, the checkpoint's) module paths, applied last to every name: a family naming its modules
+    # its own way (LFM2: self_attn.out_proj, feed_forward.w1, operator_norm, model.embedding_norm)
+    renames: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,17 +240,21 @@ class ModelSpec:
 
     def state_index(self, layer: int) -> int:
         """Where recurrent layer `layer`'s states sit in the state cache (which holds recurrent layers only)."""
-        return sum(1 for earlier in self.layers[:layer] if earlier.delta_net is not None)
+        return sum(1 for earlier in self.layers[:layer] if earlier.recurrent is not None)
+
+    @property
+    def recurrents(self) -> list[RecurrentSpec]:
+        """The recurrent layers' specs, in order: the layers the state cache holds."""
+        return [r for r in (layer.recurrent for layer in self.layers) if r is not None]
 
     @property
     def delta_nets(self) -> list[DeltaNetSpec]:
-        """The recurrent layers' specs, in order: the layers the state cache holds."""
-        return [layer.delta_net for layer in self.layers if layer.delta_net is not None]
+        return [r for r in self.recurrents if isinstance(r, DeltaNetSpec)]
 
     @property
     def is_hybrid(self) -> bool:
         """Some layer keeps a recurrent state: a cached prefix resumes only at a state checkpoint."""
-        return bool(self.delta_nets)
+        return bool(self.recurrents)
 
     @property
     def llama_shaped(self) -> bool:

@@ -10,7 +10,8 @@ prefixes whose held path does (and its hold count the latter); the host tier's
 block refcounts equal the tree nodes listing them (a swapped-out sequence holds its host blocks
 through the tree path it pins, never a table of its own), and each node's pin count equals the
 waiting swapped-out sequences whose path passes through it; a hybrid model's state slots are each
-held once, by a running sequence (every one has its working slot) or a tree checkpoint; and the
+held once, by a running sequence (every one has its working slot, and one verifying drafts its copy
+from before them) or a tree checkpoint; and the
 tree's own invariants hold.
 Tests run it after every step, and so does any engine with RADIXSERVE_CHECK_INTEGRITY=1.
 """
@@ -37,7 +38,7 @@ def leaked_blocks(live: list[Sequence], pool: BlockPool, tree: RadixTree | None,
         host_owners = tree.host_block_refs()
         leaked += sum(1 for b, rc in enumerate(tree.host_pool.refcount) if rc > 0 and host_owners[b] == 0)
     if states is not None:
-        slot_owners = Counter(s.state_slot for s in live if s.state_slot >= 0)
+        slot_owners = Counter(slot for s in live for slot in (s.state_slot, s.state_backup) if slot >= 0)
         if tree is not None:
             slot_owners.update(tree.state_refs())
         leaked += sum(1 for slot, rc in enumerate(states.refcount) if rc > 0 and slot_owners[slot] == 0)
@@ -82,7 +83,8 @@ def check_integrity(live: list[Sequence], pool: BlockPool, tree: RadixTree | Non
             tree.host_pool.check_integrity(tree.host_block_refs())
     pool.check_integrity(owners)
     if states is not None:
-        state_owners: Counter[int] = Counter(s.state_slot for s in live if s.state_slot >= 0)
+        state_owners: Counter[int] = Counter(slot for s in live for slot in (s.state_slot, s.state_backup)
+                                             if slot >= 0)
         for s in live:
             assert s.status.name != "RUNNING" or s.state_slot >= 0, f"sequence {s.seq_id} runs without a state slot"
         if tree is not None:

@@ -191,7 +191,8 @@ class Scheduler:
                 break
             if seq.status is not running:
                 continue  # preempted earlier in this step
-            if room and drafts.eligible(seq):
+            # (not before its forks: they copy its tokens, which must not hold unverified drafts)
+            if room and not seq.pending_forks and drafts.eligible(seq):
                 if seq.has_pending_token and drafts.waits_for_token(seq):
                     continue  # overlap: drafts are likely; wait a step for its token, then draft after it
                 if not seq.has_pending_token and budget > 1 and self._draft(seq, min(budget - 1, room), batch):
@@ -237,10 +238,11 @@ class Scheduler:
         """Schedule `seq` to verify drafts after its last token, if it proposes any and blocks for them
         are free without preempting anyone (drafts are never worth a preemption). True if it was."""
         draft = self.drafts.propose(seq, budget)
-        if draft is None:
+        if draft is None or not self.cache.back_up_state(seq, batch.copies):
             return False
         n = 1 + len(draft.tokens)
         if not self.cache.reserve(seq, n, batch.copies):
+            self.cache.restore_state(seq, False, batch.copies)  # gives the copy's slot back
             return False
         seq.token_ids.extend(draft.tokens)
         seq.num_drafts, seq.draft_source = len(draft.tokens), draft.source
@@ -535,7 +537,9 @@ class Scheduler:
         self.drafts.verified(seq, commit.drafts, kept)
         seq.num_drafts, seq.draft_source = 0, ""
         seq.final_token_pending = False  # a limit the slot reached is checked again as tokens commit
-        self.cache.roll_back(seq, first + kept)
+        # a hybrid's state went back to before the verification: it computes the kept tokens again
+        restored = self.cache.restore_state(seq, kept < commit.drafts, self.pending_copies)
+        self.cache.roll_back(seq, first - 1 if restored else first + kept)
         return first
 
     # -- pinned prefixes and cache events ------------------------------------------------------

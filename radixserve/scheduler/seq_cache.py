@@ -15,7 +15,9 @@ it). Checkpoints are taken where reuse is likely (docs/hybrid_cache.md): at the 
 sequence (a finished reply, a preemption) the working slot itself becomes the checkpoint, and at a
 branch point (where a new prompt leaves a cached path that has no checkpoint there) the sequence's
 prefill stops (`checkpoint_at`) and a copy of its state is attached there. When slots run out the
-least recently used checkpoint goes (`RadixTree.evict_checkpoint`).
+least recently used checkpoint goes (`RadixTree.evict_checkpoint`). A sequence verifying drafts
+holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the
+state goes back to it and the kept tokens are computed again (`restore_state`).
 
 Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
 pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
@@ -48,10 +50,37 @@ class SequenceCache:
         return -1 if got is None else got[0]
 
     def _release_state(self, seq: Sequence) -> None:
-        if seq.state_slot >= 0:
-            assert self.states is not None
-            self.states.decref(seq.state_slot)
-            seq.state_slot = -1
+        for slot in (seq.state_slot, seq.state_backup):
+            if slot >= 0:
+                assert self.states is not None
+                self.states.decref(slot)
+        seq.state_slot = seq.state_backup = -1
+
+    def back_up_state(self, seq: Sequence, copies: list[BlockCopy]) -> bool:
+        """Before `seq` verifies drafts: copy its working state aside, so that drafts the verification
+        rejects can be undone (a recurrent state cannot be rolled back). False if no slot is free
+        (then it does not draft). Changes the cache."""
+        if self.states is None:
+            return True
+        slot = self._allocate_state()
+        if slot < 0:
+            return False
+        seq.state_backup = slot
+        copies.append(BlockCopy(CopyKind.STATE, seq.state_slot, slot))
+        return True
+
+    def restore_state(self, seq: Sequence, rejected: bool, copies: list[BlockCopy]) -> bool:
+        """`seq`'s verification committed: with drafts `rejected`, its state goes back to the copy taken
+        before them (the caller then recomputes from there); the copy's slot is freed either way. True
+        if the state went back. Changes the cache."""
+        slot, seq.state_backup = seq.state_backup, -1
+        if slot < 0:
+            return False
+        assert self.states is not None
+        if rejected:
+            copies.append(BlockCopy(CopyKind.STATE, slot, seq.state_slot))
+        self.states.decref(slot)  # (the restore above reads it first: freed slots are written only later)
+        return rejected
 
     def _allocate(self, n: int, copies: list[BlockCopy]) -> list[int] | None:
         """n fresh blocks, evicting cached ones first if the free list lacks them."""

@@ -2,17 +2,18 @@
 greedy `generate` (fp32, token for token): cold, multi-turn hits resuming at a reply's end (mid-block),
 branch points checkpointed and then hit, exact re-sends, forks, preemption, the host tier (a node
 that left the device lost its checkpoint: recomputed, never a wrong state), too few state slots, the
-cache off, overlap, and seeded sampling inside a mixed batch."""
+cache off, overlap, seeded sampling inside a mixed batch, and beam search."""
 
 from __future__ import annotations
 
 import pytest
+from test_beam_search import assert_equal_to_reference
 from test_engine import NEIGHBOURS, assert_clean, random_prompts, reference
 from test_families import check as check_family
 from test_families import make
-from tiny_models import HYBRID_CONFIGS
+from tiny_models import HYBRID_CONFIGS, hf_model, tiny_model_dir
 
-from radixserve import LLM, SamplingParams
+from radixserve import LLM, BeamSearchParams, SamplingParams
 from radixserve.kernels.cpu_extension import loaded_or_explained
 from radixserve.model.delta_net import GatedDeltaNet
 
@@ -29,10 +30,9 @@ def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams 
 @pytest.mark.parametrize("overlap, eager", [(False, False), (True, True)])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_hybrid_matches_transformers_at_every_kind_of_hit(arch: str, overlap: bool, eager: bool) -> None:
-    llm = make(arch, overlap=overlap, enforce_eager=eager, num_speculative_tokens=4)  # speculation: off for hybrids
-    assert llm.engine.config.num_speculative_tokens == 0
+    llm = make(arch, overlap=overlap, enforce_eager=eager, num_speculative_tokens=4)
     kernels = {m.cpu_kernel for m in llm.engine.runner.model.modules() if isinstance(m, GatedDeltaNet)}
-    assert kernels == {not eager and loaded_or_explained() is not None}
+    assert kernels == ({not eager and loaded_or_explained() is not None} if llm.engine.model.spec.delta_nets else set())
     base = random_prompts([22], seed=3)[0]
     first = check(arch, llm, [base])[0]
     assert first.usage.cached_tokens == 0
@@ -57,6 +57,14 @@ def test_hybrid_matches_transformers_at_every_kind_of_hit(arch: str, overlap: bo
     assert check(arch, llm, [base])[0].usage.cached_tokens == len(base) - 1
     fork = llm.generate([turn2], SamplingParams(temperature=0.0, max_tokens=NEW, n=3, ignore_eos=True))[0]
     assert [c.token_ids for c in fork.outputs] == [reference(arch, tuple(turn2), NEW)] * 3
+    # a sampled reply to a fresh prompt is cached; greedy replies to it draft from that reply and most of
+    # the drafts are rejected: each rejection puts the recurrent state back and recomputes what was kept
+    fresh = random_prompts([15], seed=8)[0]
+    llm.generate([fresh], SamplingParams(temperature=1.0, max_tokens=NEW, seed=3, ignore_eos=True))
+    check(arch, llm, [fresh])
+    stats = llm.engine.stats()
+    proposed, accepted = sum(stats.spec_proposed.values()), sum(stats.spec_accepted.values())
+    assert 0 < accepted < proposed
     assert_clean(llm)
 
 
@@ -98,3 +106,14 @@ def test_hybrid_host_tier_and_cache_off(arch: str) -> None:
     off = make(arch, enable_prefix_cache=False)
     outs = check(arch, off, random_prompts([9, 30], seed=22))
     assert [o.usage.cached_tokens for o in outs] == [0, 0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_beam_search_equals_transformers(arch: str) -> None:
+    # beams are requests extending cached prefixes: on a hybrid each resumes from a checkpoint
+    llm = make(arch)
+    prompts = random_prompts([7, 20], seed=31)
+    outs = llm.beam_search(prompts, BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True))
+    assert_equal_to_reference(hf_model(tiny_model_dir(arch)), prompts, outs, 2, 1.0, 8, None)
+    assert llm.engine.stats().cached_tokens > 0
+    assert_clean(llm)

@@ -241,3 +241,14 @@ def test_beam_search_is_untouched() -> None:
         a, b = on.beam_search([prompt], params)[0], off.beam_search([prompt], params)[0]
         assert [s.token_ids for s in a.beams] == [s.token_ids for s in b.beams]
     assert_clean(on)
+
+
+def test_a_prompt_that_forks_drafts_nothing_before_its_forks() -> None:
+    # the step budget leaves the repetitive prompt's last token alone, where it could draft by lookup:
+    # its n = 2 forks would then copy unverified drafts as tokens of their own
+    llm = LLM(model=str(tiny_model_dir("llama")), block_size=4, num_blocks=160, max_num_batched_tokens=12,
+              num_speculative_tokens=4)
+    prompt = [50, 60, 70, 80] * 3 + [50]
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, n=2, ignore_eos=True))[0]
+    assert [c.token_ids for c in out.outputs] == [reference("llama", tuple(prompt), 12)] * 2
+    assert_clean(llm)

@@ -45,7 +45,7 @@ class PagedRunner:
         self.model = model
         self.cache = KVCache(layout, num_blocks, CPU)
         if spec.is_hybrid:  # recurrent layers: a state slot per sequence, as the engine's working states
-            self.cache.states = StateCache(StateLayout(tuple(spec.delta_nets), torch.float32), 8, CPU)
+            self.cache.states = StateCache(StateLayout(tuple(spec.recurrents), torch.float32), 8, CPU)
         self.state_slots: dict[str, int] = {}
         # Shuffled free list: consecutive logical blocks land in scattered physical blocks.
         self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -179,14 +179,14 @@ def test_spec_reads_each_config(tiny):
     bias = {"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(arch, config.get("attention_bias"))
     assert all(a.qkv_bias == bool(bias) for a in spec.attentions)
     qk_norm = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head", "olmo2": "whole", "olmo3": "whole",
-               "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head"}
+               "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head", "lfm2": "per_head"}
     assert all(a.qk_norm == qk_norm.get(arch, "none") for a in spec.attentions)
     kinds = config.get("layer_types") or ["sliding_attention" if arch in ("mistral", "mixtral") else
                                           "full_attention"] * spec.num_layers
     windows = [config.get("sliding_window") if kind == "sliding_attention" else None
-               for kind in kinds if kind != "linear_attention"]
+               for kind in kinds if kind not in ("linear_attention", "conv")]
     assert [a.window for a in spec.attentions] == windows
-    assert len(spec.delta_nets) == kinds.count("linear_attention")
+    assert len(spec.recurrents) == kinds.count("linear_attention") + kinds.count("conv")
     assert spec.tie_word_embeddings == bool(config.get("tie_word_embeddings"))
     eos = config["eos_token_id"]
     assert spec.eos_token_ids == tuple(eos if isinstance(eos, list) else [eos])

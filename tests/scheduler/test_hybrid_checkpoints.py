@@ -3,9 +3,10 @@ slot's "state" is the exact token sequence it has consumed. Every step the ghost
 state copies in order, then checks that each item's slot holds exactly its sequence's tokens before
 the item (or that the item starts at position 0), and consumes the item's tokens. So a checkpoint
 restored at a position other than its own, a state written at an unaligned offset by a batched
-prefill, a copy that runs after the working state moved on, or a fork sharing a slot all fail here.
-A hypothesis state machine drives random requests sharing prefixes, aborts, forks, a small block pool
-(preemption, eviction) and few state slots (checkpoint eviction, waiting for a slot), with
+prefill, a copy that runs after the working state moved on, a fork sharing a slot, or a rejected draft
+left in the state all fail here. A hypothesis state machine drives random requests sharing prefixes,
+aborts, forks, drafts verified with random acceptance, a small block pool (preemption, eviction) and
+few state slots (checkpoint eviction, waiting for a slot), with
 `check_integrity()` after every step and nothing leaked at the end."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import itertools
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from test_step_commit import script_drafts
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
@@ -28,9 +30,9 @@ BLOCK = 4
 _orders = itertools.count()
 
 
-def make(num_blocks: int = 64, slots: int = 8, max_num_seqs: int = 4) -> Scheduler:
+def make(num_blocks: int = 64, slots: int = 8, max_num_seqs: int = 4, drafts: int = 0) -> Scheduler:
     config = EngineConfig(block_size=BLOCK, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
-                          num_blocks=num_blocks, num_speculative_tokens=0)
+                          num_blocks=num_blocks, num_speculative_tokens=drafts)
     pool, states = BlockPool(num_blocks, BLOCK), BlockPool(slots, 1)
     return Scheduler(config, pool, RadixTree(pool, None, states), states=states)
 
@@ -64,14 +66,19 @@ class Ghost:
             self.slots[seq.state_slot] = tuple(seq.token_ids[:start + n])
 
 
-def step(sched: Scheduler, ghost: Ghost, tokens: list[int], stop: int | None = None) -> None:
+def step(sched: Scheduler, ghost: Ghost, tokens: list[int], stop: int | None = None,
+         keep: list[int] | None = None) -> None:
+    """One step; a verifying draw keeps keep[i] of its drafts (cycled; all of them without `keep`)."""
     batch = sched.schedule()
     ghost.run(sched, batch)
     launch = sched.launched(batch, (), lambda r, i: i)
     sched.check_integrity()
-    picks = itertools.cycle(tokens)
-    sched.commit(launch, [TokenCommit((next(picks),)) for _ in launch.owners], (),
-                 lambda s, t: stop is not None and t == stop and s.num_generated > 1)
+    picks, kept = itertools.cycle(tokens), itertools.cycle(keep or [1 << 30])
+    commits = []
+    for seq, position, k in zip(launch.owners, launch.positions, launch.drafts):
+        drafts = seq.token_ids[position - k:position]
+        commits.append(TokenCommit((*drafts[:min(k, next(kept))], next(picks)), drafts=k))
+    sched.commit(launch, commits, (), lambda s, t: stop is not None and t == stop and s.num_generated > 1)
     sched.check_integrity()
 
 
@@ -125,11 +132,31 @@ def test_a_fork_without_a_state_slot_waits_and_computes_its_prompt() -> None:
     assert len(req.sequences) == 2 and all(s.num_generated == 3 for s in req.sequences)
 
 
+def test_rejected_drafts_put_the_state_back_and_the_kept_tokens_are_computed_again() -> None:
+    sched, ghost = make(drafts=4), Ghost()
+    req = add(sched, [1, 2, 3, 4, 5], max_tokens=12)
+    seq = req.sequences[0]
+    for _ in range(3):
+        step(sched, ghost, [7])
+    script_drafts(sched, {seq.seq_id: [8, 9, 10]})
+    before = seq.num_computed
+    step(sched, ghost, [6], keep=[1])  # one draft kept, two rejected
+    assert seq.num_computed == before  # back to before the verification: its state is there again
+    assert seq.state_backup == -1
+    drain(sched, ghost)
+    assert seq.token_ids[before + 1:before + 3] == [8, 6]
+
+
 class HybridMachine(RuleBasedStateMachine):
+    """Random requests sharing prefixes, aborts, forks, drafts verified with random acceptance, a
+    small block pool and few state slots; the ghost checks every state every step."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.sched = make(num_blocks=24, slots=5)
+        self.sched = make(num_blocks=24, slots=5, drafts=4)
         self.ghost = Ghost()
+        self.proposals: dict[int, list[int]] = {}
+        script_drafts(self.sched, self.proposals)
 
     @rule(prompt=st.lists(st.integers(1, 3), min_size=1, max_size=14), max_tokens=st.integers(1, 8),
           n=st.integers(1, 2))
@@ -142,10 +169,16 @@ class HybridMachine(RuleBasedStateMachine):
     def abort(self, which: int) -> None:
         self.sched.end(self.sched.running[which % len(self.sched.running)].request, "abort")
 
+    @precondition(lambda self: self.sched.running)
+    @rule(which=st.integers(0, 7), drafts=st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    def draft(self, which: int, drafts: list[int]) -> None:
+        self.proposals[self.sched.running[which % len(self.sched.running)].seq_id] = drafts
+
     @precondition(lambda self: self.sched.has_work())
-    @rule(tokens=st.lists(st.integers(1, 3), min_size=1, max_size=4), stop=st.sampled_from([None, 1, 2]))
-    def step(self, tokens: list[int], stop: int | None) -> None:
-        step(self.sched, self.ghost, tokens, stop)
+    @rule(tokens=st.lists(st.integers(1, 3), min_size=1, max_size=4), stop=st.sampled_from([None, 1, 2]),
+          keep=st.lists(st.integers(0, 4), min_size=1, max_size=3))
+    def step(self, tokens: list[int], stop: int | None, keep: list[int]) -> None:
+        step(self.sched, self.ghost, tokens, stop, keep)
 
     @invariant()
     def integrity(self) -> None:

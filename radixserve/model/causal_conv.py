@@ -1,0 +1,45 @@
+"""The causal depthwise convolution of the recurrent layers (Gated DeltaNet, LFM2's short
+convolution), continuing each sequence from its state slot.
+
+Each item of a step convolves its new inputs after its slot's window of the previous kernel - 1
+inputs (zeros for an item at position 0) and leaves the window holding its last kernel - 1 inputs,
+so a slot always holds the window after the sequence's computed tokens. Steps of one-token items
+run as one batched product over the slots; prefill chunks run per item.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model.attention import AttentionMetadata
+
+
+class CausalConv(nn.Module):
+    """Holds the weight [channels, 1, kernel] (and bias) as checkpoints store them."""
+
+    def __init__(self, channels: int, kernel: int, bias: bool = False) -> None:
+        super().__init__()
+        self.channels, self.kernel = channels, kernel
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+        self.bias = nn.Parameter(torch.empty(channels)) if bias else None
+
+    def forward(self, inputs: torch.Tensor, windows: torch.Tensor, slots: list[int], fresh: list[bool],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """inputs [T, C] -> outputs [T, C]; `windows` [slots, kernel - 1, C] is read and updated at `slots`."""
+        bias = None if self.bias is None else self.bias.to(inputs.dtype)
+        if meta.all_decode:  # one token per item: all items at once
+            index = torch.tensor(slots, dtype=torch.long).to(inputs.device, non_blocking=True)
+            keep = torch.tensor([not f for f in fresh], dtype=windows.dtype).to(inputs.device, non_blocking=True)
+            window = torch.cat([windows[index] * keep[:, None, None], inputs[:, None, :]], dim=1)  # [B, K, C]
+            windows[index] = window[:, 1:]
+            out = (window * self.weight[:, 0, :].to(window.dtype).t()[None]).sum(dim=1)
+            return out if bias is None else out + bias
+        outs, first = [], 0
+        for n, slot, zero in zip(meta.query_lens, slots, fresh):
+            window = torch.cat([torch.zeros_like(windows[slot]) if zero else windows[slot], inputs[first:first + n]])
+            outs.append(F.conv1d(window.t()[None], self.weight.to(window.dtype), bias, groups=self.channels)[0].t())
+            windows[slot] = window[-(self.kernel - 1):]
+            first += n
+        return torch.cat(outs)
