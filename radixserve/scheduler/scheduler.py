@@ -261,7 +261,7 @@ class Scheduler:
                 break
             if not pending.may_admit(seq):
                 continue
-            taken = self._take(seq, batch.copies)
+            taken = self._take(seq, batch)
             if taken is None:
                 continue  # a running prefill will cache this sequence's prefix shortly (or no state slot is free)
             n = self.cache.cut_at_checkpoint(seq, min(seq.remaining, budget))
@@ -302,7 +302,7 @@ class Scheduler:
                          key=lambda s: self.policy.rank(s, now), reverse=True)
         if not victims:
             return 0
-        taken = self._take(head, batch.copies)
+        taken = self._take(head, batch)
         if taken is None:
             return 0
         n = self.cache.cut_at_checkpoint(head, min(head.remaining, budget))
@@ -318,8 +318,10 @@ class Scheduler:
         self._admitted(head, taken, n, batch)
         return n
 
-    def _take(self, seq: Sequence, copies: list[BlockCopy]) -> tuple[int, int, int] | None:
-        taken = self.cache.take_prefix(seq, self.running, copies)
+    def _take(self, seq: Sequence, batch: Batch) -> tuple[int, int, int] | None:
+        # (hybrids: this step's chunks of the running sequences, which may be cut at a branch point)
+        scheduled = {it.seq.seq_id: it for it in batch.items} if self.states is not None else {}
+        taken = self.cache.take_prefix(seq, self.running, batch.copies, scheduled)
         if not seq.admitted_once and taken is not None:
             # a load-back done by an attempt that could not admit still served this request
             seq.request.host_cached_tokens = max(seq.request.host_cached_tokens, taken[1])

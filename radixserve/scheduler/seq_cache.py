@@ -13,8 +13,9 @@ the match is cut back to the deepest checkpoint on it and that state is copied i
 (the attention K/V past it is recomputed with the recurrent layers; `recomputed_state_tokens` counts
 it). Checkpoints are taken where reuse is likely (docs/hybrid_cache.md): at the end of every released
 sequence (a finished reply, a preemption) the working slot itself becomes the checkpoint, and at a
-branch point (where a new prompt leaves a cached path that has no checkpoint there) the sequence's
-prefill stops (`checkpoint_at`) and a copy of its state is attached there. When slots run out the
+branch point (where a new prompt leaves a cached path that has no checkpoint there, or a prefill
+still running that shares its prefix) the sequence's prefill stops (`checkpoint_at`) and a copy of
+its state is attached there; a sequence sharing a running prefill's prefix waits for that checkpoint. When slots run out the
 least recently used checkpoint goes (`RadixTree.evict_checkpoint`). A sequence verifying drafts
 holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the
 state goes back to it and the kept tokens are computed again (`restore_state`).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree, common_prefix_len
-from radixserve.core import BlockCopy, CopyKind, Sequence
+from radixserve.core import BlockCopy, CopyKind, ScheduledSeq, Sequence
 
 
 class SequenceCache:
@@ -88,8 +89,8 @@ class SequenceCache:
             copies.extend(self.tree.make_room(n))
         return self.pool.allocate(n)
 
-    def take_prefix(self, seq: Sequence, prefills: list[Sequence],
-                    copies: list[BlockCopy]) -> tuple[int, int, int] | None:
+    def take_prefix(self, seq: Sequence, prefills: list[Sequence], copies: list[BlockCopy],
+                    scheduled: dict[int, ScheduledSeq] | None = None) -> tuple[int, int, int] | None:
         """Share the longest cached prefix (never the last token: its logits are needed), loading
         back the part that lives only in the host tier, and lock it. Returns the matched length, how
         much of it came from the host tier and how much from pinned prefixes, or None when the sequence should wait for one of
@@ -110,8 +111,10 @@ class SequenceCache:
         on_device = match.length - match.host_tokens
         match, loaded = self.tree.load_back(match)
         copies.extend(loaded)
-        # (a hybrid sequence does not wait: the prefill in flight checkpoints nothing it could resume from)
         if self.states is None and _prefix_in_flight(seq, match.length, prefills, self.block_size):
+            return None
+        if self.states is not None and self._branch_in_flight(seq, match.length, prefills, scheduled or {}):
+            self._release_state(seq)
             return None
         if self.states is not None and match.length:
             if match.node.state < 0:  # not all of it could stay on the device: resume from scratch
@@ -137,6 +140,29 @@ class SequenceCache:
         end = 0 if node is None else node.end
         seq.checkpoint_at = cached.length if cached.length > end else -1
         return tokens[:end]
+
+    def _branch_in_flight(self, seq: Sequence, restored: int, running: list[Sequence],
+                          scheduled: dict[int, ScheduledSeq]) -> bool:
+        """Hybrid models: does a running prefill of its namespace share at least a block more of
+        `seq`'s prompt than the state `seq` can resume from, at a position it has not computed yet?
+        Then that prefill is to stop and checkpoint there (its `checkpoint_at`, the earliest of its
+        plans first; a chunk of it this step schedules past there, `scheduled`, is cut to end there)
+        and `seq` waits for it, rather than both computing the shared part. Changes the other
+        sequence's plan and its item in this step only."""
+        tokens = seq.token_ids[:-1]
+        for other in running:
+            if not other.is_prefill or other.namespace != seq.namespace or other is seq:
+                continue
+            shared = common_prefix_len(tokens, other.token_ids[:-1])
+            if shared - restored < self.block_size or other.num_computed >= shared:
+                continue  # little to share, or it is past the branch (a checkpoint there is in the tree)
+            item = scheduled.get(other.seq_id)
+            if item is not None and item.start + item.num_tokens > shared:
+                item.num_tokens = shared - item.start  # (the blocks reserved past it stay in its table)
+            if other.checkpoint_at < 0 or other.checkpoint_at > shared:
+                other.checkpoint_at = shared
+            return True
+        return False
 
     def cut_at_checkpoint(self, seq: Sequence, n: int) -> int:
         """How many of the next n tokens a prefill chunk of `seq` takes: it stops at `checkpoint_at`. A query."""

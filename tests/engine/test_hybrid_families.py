@@ -117,3 +117,13 @@ def test_hybrid_beam_search_equals_transformers(arch: str) -> None:
     assert_equal_to_reference(hf_model(tiny_model_dir(arch)), prompts, outs, 2, 1.0, 8, None)
     assert llm.engine.stats().cached_tokens > 0
     assert_clean(llm)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_prompts_arriving_together_share_a_system_prompt(arch: str) -> None:
+    # the first prefill stops where the others leave its prompt and checkpoints there; they wait for it
+    llm = make(arch)
+    system = random_prompts([17], seed=41)[0]
+    prompts = [system + random_prompts([5], seed=42 + k)[0] for k in range(4)]
+    outs = check(arch, llm, prompts)
+    assert sorted(o.usage.cached_tokens for o in outs) == [0, 17, 17, 17]

@@ -116,6 +116,15 @@ def test_a_shared_prefix_is_checkpointed_where_a_second_prompt_leaves_it() -> No
     assert third.cached_tokens == len(shared)
 
 
+def test_prompts_arriving_together_share_their_prefix_through_a_checkpoint_the_first_takes() -> None:
+    sched, ghost = make(), Ghost()
+    shared = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    first, second = add(sched, shared + [8, 8], max_tokens=2), add(sched, shared + [9, 9], max_tokens=2)
+    drain(sched, ghost)
+    assert first.cached_tokens == 0 and second.cached_tokens == len(shared)  # it waited for the first's checkpoint
+    assert sched.cache.recomputed_state_tokens == 0
+
+
 def test_with_one_slot_per_running_sequence_checkpoints_are_evicted_and_work_waits() -> None:
     sched, ghost = make(slots=2, max_num_seqs=4), Ghost()
     for k in range(4):
