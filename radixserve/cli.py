@@ -30,7 +30,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV block pool budget in MiB (default: 256 on CPU; on CUDA what --gpu-memory-utilization leaves)")
     g.add_argument("--state-slots", type=int, default=None,
                    help="hybrid models (recurrent layers): slots for running sequences' recurrent states and the "
-                        "prefix cache's checkpoints of them (default: what a quarter of the KV budget holds, "
+                        "prefix cache's checkpoints of them (default: what as much memory as the KV budget holds, "
                         "4 to 2 x --max-num-seqs)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "

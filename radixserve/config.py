@@ -27,7 +27,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90  # CUDA: fraction of device memory the engine may use in all
     num_blocks: int | None = None  # explicit pool size (tests use tiny pools to force eviction)
     # hybrid models (recurrent layers): state slots for running sequences' recurrent states and the prefix
-    # cache's checkpoints of them (docs/hybrid_cache.md). None: what a quarter of the KV budget holds, at
+    # cache's checkpoints of them (docs/hybrid_cache.md). None: what the KV budget (its MB) holds as well, at
     # least 4 and at most 2 * max_num_seqs
     state_slots: int | None = None
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks

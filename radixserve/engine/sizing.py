@@ -53,5 +53,7 @@ def _state_slots(config: EngineConfig, runner: ModelRunner) -> int:
         return 0
     if config.state_slots is not None:
         return config.state_slots
-    quarter = layout.slots_for_budget((config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB) / 4)
-    return max(4, min(2 * config.max_num_seqs, quarter))
+    # as much memory as the KV pool's budget: a hybrid's few attention layers need little K/V, and its
+    # states serve both the running sequences and the checkpoints every hit resumes from
+    fits = layout.slots_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
+    return max(4, min(2 * config.max_num_seqs, fits))
