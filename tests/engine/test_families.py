@@ -56,6 +56,11 @@ def test_family_survives_preemption_and_samples_reproducibly(arch: str) -> None:
     prompts = random_prompts([23] * 4, seed=12)
     check(arch, llm, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert llm.engine.stats().preemptions > 0
+    check_seeded_in_a_mixed_batch(llm, prompts)
+
+
+def check_seeded_in_a_mixed_batch(llm: LLM, prompts: list[list[int]]) -> None:
+    """A seeded n = 2 request samples the same tokens alone and beside NEIGHBOURS (prompts[1:])."""
     seeded = SamplingParams(temperature=1.0, top_k=40, max_tokens=12, n=2, seed=5, ignore_eos=True)
     alone = [c.token_ids for c in llm.generate([prompts[0]], seeded)[0].outputs]
     for other, params in zip(prompts[1:], NEIGHBOURS):

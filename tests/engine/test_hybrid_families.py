@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 from test_beam_search import assert_equal_to_reference
-from test_engine import NEIGHBOURS, assert_clean, random_prompts, reference
+from test_engine import assert_clean, random_prompts, reference
 from test_families import check as check_family
-from test_families import make
+from test_families import check_seeded_in_a_mixed_batch, make
 from tiny_models import HYBRID_CONFIGS, hf_model, tiny_model_dir
 
 from radixserve import LLM, BeamSearchParams, SamplingParams
@@ -77,15 +77,7 @@ def test_hybrid_survives_preemption_few_state_slots_and_samples_reproducibly(arc
     check(arch, llm, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert llm.engine.stats().preemptions > 0
     assert llm.engine.stats().state_checkpoints_evicted > 0
-    seeded = SamplingParams(temperature=1.0, top_k=40, max_tokens=12, n=2, seed=5, ignore_eos=True)
-    alone = [c.token_ids for c in llm.generate([prompts[0]], seeded)[0].outputs]
-    for other, params in zip(prompts[1:], NEIGHBOURS):
-        llm.engine.add_request(other, params)  # queued first: they run in the same steps
-    mixed = [c.token_ids for c in llm.generate([prompts[0]], seeded)[0].outputs]
-    while llm.engine.has_unfinished():
-        llm.engine.step()
-    assert alone == mixed and alone[0] != alone[1]
-    assert_clean(llm)
+    check_seeded_in_a_mixed_batch(llm, prompts)
     # one state slot: a fork finds none free, waits, and computes its prompt itself
     single = make(arch, state_slots=1)
     fork = single.generate([prompts[1]], SamplingParams(temperature=0.0, max_tokens=NEW, n=2, ignore_eos=True))[0]
