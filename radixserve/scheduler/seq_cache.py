@@ -15,8 +15,8 @@ it). Checkpoints are taken where reuse is likely (docs/hybrid_cache.md): at the 
 sequence (a finished reply, a preemption) the working slot itself becomes the checkpoint, and at a
 branch point (where a new prompt leaves a cached path that has no checkpoint there, or a prefill
 still running that shares its prefix) the sequence's prefill stops (`checkpoint_at`) and a copy of
-its state is attached there; a sequence sharing a running prefill's prefix waits for that checkpoint. When slots run out the
-least recently used checkpoint goes (`RadixTree.evict_checkpoint`). A sequence verifying drafts
+its state is attached there; a sequence sharing a running prefill's prefix waits for that
+checkpoint. When slots run out the least recently used checkpoint goes (`RadixTree.evict_checkpoint`). A sequence verifying drafts
 holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the
 state goes back to it and the kept tokens are computed again (`restore_state`).
 
@@ -133,7 +133,8 @@ class SequenceCache:
     def _restorable(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """The part of `tokens` a hybrid model can resume: up to the deepest checkpoint on their
         cached path. Where the cached path goes on past it, the sequence is to checkpoint its state
-        where the path ends (`checkpoint_at`): a branch point, likely shared again. A query."""
+        where the path ends (`checkpoint_at`): a branch point, likely shared again. Reads the cache
+        and writes only `seq.checkpoint_at`."""
         assert self.tree is not None
         cached = self.tree.match(tokens, split=False, namespace=seq.namespace)
         node = self.tree.checkpoint_on(cached.path, cached.length)
