@@ -1,5 +1,7 @@
 """A step's forward with fault isolation: one request's input can break a batched forward, so a failed
-batch is rerun one item at a time and only the requests whose own forward fails are lost.
+batch is rerun one item at a time and only the requests whose own forward fails are lost. On a hybrid
+model every request of a failed batch fails: the forward may have moved their recurrent states on
+part of the way, which a rerun would apply twice.
 
 Writes nothing but logs; the caller tells the scheduler which requests failed.
 """
@@ -27,6 +29,10 @@ def run_isolating_failures(runner: ModelRunner, batch: Batch, inputs: PendingInp
     try:
         return batch, runner.run(batch, inputs, asked), {}
     except Exception:
+        if runner.spec.is_hybrid:
+            # a recurrent state the failed forward advanced part of the way cannot be run again
+            log.exception("a forward pass of %d sequences of a hybrid model failed; they all fail", len(batch.items))
+            return Batch([], []), None, {it.seq.request: FORWARD_FAILED for it in batch.items}
         log.exception("a forward pass of %d sequences failed; retrying them one by one", len(batch.items))
     per_item = runner.run_each(batch, inputs, asked)
     failed = {it.seq.request: FORWARD_FAILED for it, rows in zip(batch.items, per_item) if rows is None}

@@ -384,7 +384,8 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` now (a stop, an abort, an error): drop its pending slots, cache what it computed."""
         pending.drop_slots(seq)
-        self.cache.release(seq)
+        # (a request that failed may have failed in a forward that left its recurrent state half-moved)
+        self.cache.release(seq, keep_state=reason != "error")
         if seq.swapped_node is not None:  # ended while swapped out (an abort): unpin its path
             assert self.tree is not None
             self.tree.unpin(seq.swapped_node)

@@ -271,10 +271,12 @@ class SequenceCache:
         self.tree.relock(seq.locked_node, node)
         seq.locked_node = node
 
-    def release(self, seq: Sequence, copies: list[BlockCopy] | None = None) -> bool:
+    def release(self, seq: Sequence, copies: list[BlockCopy] | None = None, keep_state: bool = True) -> bool:
         """Cache the computed tokens and give up the blocks and the lock. Given `copies` (a swap),
         the cached path is also copied to the host tier and pinned there (`seq.swapped_node`), the
-        write-backs appended to `copies`; True if it was. Changes the cache."""
+        write-backs appended to `copies`; True if it was. A hybrid's working state becomes the
+        checkpoint of its computed tokens, unless `keep_state` is False (a state not to trust).
+        Changes the cache."""
         computed = min(seq.num_computed, seq.num_resolved)  # equal at every step boundary
         swapped = False
         if self.tree is not None and computed > 0:
@@ -284,7 +286,8 @@ class SequenceCache:
                 copies.extend(moved)
                 seq.swapped_node, swapped = node, True
             # its working state is the state after exactly `computed` tokens: the node keeps it
-            if seq.state_slot >= 0 and computed == seq.num_computed and self.tree.attach_state(node, seq.state_slot):
+            if (keep_state and seq.state_slot >= 0 and computed == seq.num_computed
+                    and self.tree.attach_state(node, seq.state_slot)):
                 self.checkpoints_taken += 1
                 seq.state_slot = -1
         self._release_state(seq)

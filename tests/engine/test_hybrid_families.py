@@ -2,11 +2,15 @@
 greedy `generate` (fp32, token for token): cold, multi-turn hits resuming at a reply's end (mid-block),
 branch points checkpointed and then hit, exact re-sends, forks, preemption, the host tier (a node
 that left the device lost its checkpoint: recomputed, never a wrong state), too few state slots, the
-cache off, overlap, seeded sampling inside a mixed batch, and beam search."""
+cache off, overlap, seeded sampling inside a mixed batch, beam search, and a forward that fails after
+moving states on (its whole batch fails; no checkpoint keeps a half-moved state)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
 from test_beam_search import assert_equal_to_reference
 from test_engine import assert_clean, random_prompts, reference
 from test_families import check as check_family
@@ -14,6 +18,7 @@ from test_families import check_seeded_in_a_mixed_batch, make
 from tiny_models import HYBRID_CONFIGS, hf_model, tiny_model_dir
 
 from radixserve import LLM, BeamSearchParams, SamplingParams
+from radixserve.core import Batch
 from radixserve.kernels.cpu_extension import loaded_or_explained
 from radixserve.model.delta_net import GatedDeltaNet
 
@@ -119,3 +124,39 @@ def test_hybrid_prompts_arriving_together_share_a_system_prompt(arch: str) -> No
     prompts = [system + random_prompts([5], seed=42 + k)[0] for k in range(4)]
     outs = check(arch, llm, prompts)
     assert sorted(o.usage.cached_tokens for o in outs) == [0, 17, 17, 17]
+
+
+class FailsAfterRunning:
+    """Wraps the runner: the first batched forward of two or more items, none at position 0, runs
+    (moving their states on), then raises, as a fault late in the step would."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.failed = inner, False
+
+    def run(self, batch: Batch, pending: Any = None, asked: Any = None) -> torch.Tensor:
+        logits = self.inner.run(batch, pending, asked)
+        if not self.failed and len(batch.items) > 1 and all(it.start > 0 for it in batch.items):
+            self.failed = True
+            raise RuntimeError("injected after the forward ran")
+        return logits
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_failed_hybrid_forward_fails_its_batch_and_leaves_no_wrong_state(arch: str) -> None:
+    llm = make(arch)
+    prompts = random_prompts([9, 14], seed=51)
+    check(arch, llm, prompts)  # cached, with a checkpoint at each reply's end
+    llm.engine.runner = FailsAfterRunning(llm.engine.runner)  # type: ignore[assignment]
+    turns = [p + reference(arch, tuple(p), NEW)[:-1] + [7, 8] for p in prompts]  # both resume from a checkpoint
+    failed = llm.generate(turns, GREEDY)
+    assert [o.outputs[0].finish_reason for o in failed] == ["error", "error"]
+    assert [o.usage.cached_tokens for o in check(arch, llm, turns)] == [len(p) + NEW - 1 for p in prompts]
+    # fresh prompts fail mid-prefill and mid-decode, where no checkpoint exists yet: none is taken from
+    # their half-moved states, so the next turns recompute rather than resume from a wrong one
+    llm.engine.runner.failed = False  # type: ignore[attr-defined]
+    fresh = random_prompts([30, 30], seed=52)
+    assert {o.outputs[0].finish_reason for o in llm.generate(fresh, GREEDY)} == {"error"}
+    check(arch, llm, [p + [7, 8] for p in fresh])
