@@ -88,13 +88,12 @@ class GatedDeltaNet(nn.Module):
         else:
             first = 0
             for n, slot, zero in zip(meta.query_lens, slots, fresh):
-                rows = slice(first, first + n)
                 state = torch.zeros_like(delta[slot]) if zero else delta[slot].clone()
                 for t in range(first, first + n):
                     state = self._step(state[None], q[t:t + 1], k[t:t + 1], v[t:t + 1], beta[t:t + 1],
                                        decay[t:t + 1], out[t:t + 1])[0]
                 delta[slot] = state
-                first = rows.stop
+                first += n
         h = self.norm(out.to(x.dtype), z)
         return self.out_proj(h.reshape(tokens, d.value_dim))
 

@@ -144,10 +144,10 @@ class ModelRunner:
     def apply_copies(self, copies: list[BlockCopy]) -> None:
         """Run a step's block copies, in order, queued ahead of its forward."""
         assert self.host_cache is not None and self.kv_cache is not None, "allocate_kv_cache first"
-        states = [c for c in copies if c.kind is CopyKind.STATE]
         with torch.inference_mode():
-            if states:  # slots and blocks are separate storage: only each kind's own order matters
-                assert self.kv_cache.states is not None, "state copies on a model without recurrent layers"
+            if self.kv_cache.states is not None:  # (a hybrid model; no other step has state copies)
+                # slots and blocks are separate storage: only each kind's own order matters
+                states = [c for c in copies if c.kind is CopyKind.STATE]
                 self.kv_cache.states.copy_slots([c.src for c in states], [c.dst for c in states])
                 copies = [c for c in copies if c.kind is not CopyKind.STATE]
             self.host_cache.apply(copies)
