@@ -147,13 +147,20 @@ HYBRID_CONFIGS["lfm2"] = dict(
     architectures=["Lfm2ForCausalLM"], num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
     conv_L_cache=3, conv_bias=True, block_auto_adjust_ff_dim=True, block_multiple_of=32, norm_eps=1e-5,
     eos_token_id=2, layer_types=["conv", "conv", "full_attention", "conv"])
+# Nemotron-H: Mamba2, MLP-only and attention-only layers; HF's prefill scan runs chunks of 8
+HYBRID_CONFIGS["nemotron_h"] = dict(
+    architectures=["NemotronHForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
+    layer_norm_epsilon=1e-5, eos_token_id=2,
+    layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"])
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
                 "gemma3": "gemma3_text", "gpt_oss": "gpt_oss", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
                 "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
                 "granite": "granite", "qwen3_5": "qwen3_5_text",
-                "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2"}
+                "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2",
+                "nemotron_h": "nemotron_h"}
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from radixserve.kernels.moe import GatedActivation
 from radixserve.model.attention import AttentionBackend, AttentionMetadata
 from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.kv_cache import KVCache
+from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.moe import MoE
 from radixserve.model.ops import ModelOps, TorchOps, rms_norm
 from radixserve.model.rope import RopeParams, RotaryEmbedding
@@ -118,10 +119,23 @@ class MLP(nn.Module):
         return self.down_proj(h)
 
 
+class UngatedMLP(nn.Module):
+    """down(relu(up(x))^2): Nemotron-H's MLP (spec.UNGATED_ACTIVATIONS)."""
+
+    def __init__(self, spec: ModelSpec, mlp: MlpSpec) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(spec.hidden_size, mlp.intermediate_size, bias=mlp.bias)
+        self.down_proj = nn.Linear(mlp.intermediate_size, spec.hidden_size, bias=mlp.bias)
+
+    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+        return self.down_proj(torch.relu(self.up_proj(x)).square())
+
+
 class DecoderLayer(nn.Module):
     """Norms by placement: pre has input_layernorm and post_attention_layernorm (before the MLP);
     sandwich adds post_attention_layernorm after attention and pre/post_feedforward_layernorm around
-    the MLP; post has only post_attention_layernorm and post_feedforward_layernorm, on the blocks' outputs."""
+    the MLP; post has only post_attention_layernorm and post_feedforward_layernorm, on the blocks' outputs.
+    A pre-norm layer without a mixer (or an MLP) has neither it nor the norm before it."""
 
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
@@ -129,37 +143,45 @@ class DecoderLayer(nn.Module):
         self.placement = layer_spec.norms
         self.residual_scale = spec.residual_scale
         dim, eps, style = spec.hidden_size, spec.rms_norm_eps, spec.norm_style
-        if self.placement != "post":
+        if self.placement != "post" and layer_spec.has_mixer:
             self.input_layernorm = RMSNorm(dim, eps, style)
-        # its mixer, under the checkpoints' names: linear_attn (a DeltaNet), conv (LFM2), else self_attn
+        # its mixer, under the checkpoints' names: linear_attn (a DeltaNet), conv (LFM2), mamba, else self_attn
         self.recurrent = layer_spec.recurrent is not None
+        self.mixer_name: str | None = None
         if layer_spec.delta_net is not None:
             self.linear_attn = GatedDeltaNet(spec, layer_spec.delta_net, spec.state_index(layer))
             self.mixer_name = "linear_attn"
         elif layer_spec.short_conv is not None:
             self.conv = ShortConv(layer_spec.short_conv, spec.state_index(layer))
             self.mixer_name = "conv"
-        else:
+        elif layer_spec.mamba is not None:
+            self.mamba = Mamba2Mixer(spec, layer_spec.mamba, spec.state_index(layer))
+            self.mixer_name = "mamba"
+        elif layer_spec.attention is not None:
             self.self_attn = Attention(spec, layer_spec, layer)
             self.mixer_name = "self_attn"
-        self.post_attention_layernorm = RMSNorm(dim, eps, style)
+        if layer_spec.mlp is not None or self.placement != "pre":
+            self.post_attention_layernorm = RMSNorm(dim, eps, style)
         if self.placement == "sandwich":
             self.pre_feedforward_layernorm = RMSNorm(dim, eps, style)
         if self.placement != "pre":
             self.post_feedforward_layernorm = RMSNorm(dim, eps, style)
-        mlp = layer_spec.mlp
-        shared = MLP(spec, MlpSpec(mlp.shared_intermediate_size, mlp.activation)) if mlp.shared_intermediate_size else None
-        self.mlp: nn.Module = MoE(spec, mlp, shared) if mlp.is_moe else MLP(spec, mlp)
+        self.mlp: nn.Module | None = None if layer_spec.mlp is None else _mlp(spec, layer_spec.mlp)
         self.fused_norms = self.placement == "pre" and style == "llama"
 
     def forward(self, x, residual, ropes, kv_cache, meta, backend, ops) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(x, residual) -> (output, residual): pre-norm layers return the MLP output and the residual
         stream before it (the next layer's norm adds them); the others return the sum and None."""
-        if self.placement == "pre":
-            h, residual = self._norm(self.input_layernorm, x, residual, ops)
-            h = self._scaled(self._mix(h, ropes, kv_cache, meta, backend, ops))
-            h, residual = self._norm(self.post_attention_layernorm, h, residual, ops)
-            return self._scaled(self.mlp(h, ops)), residual
+        if self.placement == "pre":  # x: the previous block's output, not yet added to the residual stream
+            if self.mixer_name is not None:
+                h, residual = self._norm(self.input_layernorm, x, residual, ops)
+                x = self._scaled(self._mix(h, ropes, kv_cache, meta, backend, ops))
+            if self.mlp is not None:
+                h, residual = self._norm(self.post_attention_layernorm, x, residual, ops)
+                x = self._scaled(self.mlp(h, ops))
+            assert residual is not None
+            return x, residual
+        assert self.mlp is not None
         if residual is not None:  # after a pre-norm layer (a family mixing placements does not exist, but be exact)
             x = x + residual
         if self.placement == "sandwich":
@@ -173,6 +195,7 @@ class DecoderLayer(nn.Module):
 
     def _mix(self, h, ropes, kv_cache: KVCache, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
         if self.recurrent:
+            assert self.mixer_name is not None
             return getattr(self, self.mixer_name)(h, kv_cache.states, meta)
         return self.self_attn(h, ropes, kv_cache, meta, backend, ops)
 
@@ -185,6 +208,13 @@ class DecoderLayer(nn.Module):
 
     def _scaled(self, h: torch.Tensor) -> torch.Tensor:
         return h if self.residual_scale is None else h * self.residual_scale
+
+
+def _mlp(spec: ModelSpec, mlp: MlpSpec) -> nn.Module:
+    if not mlp.gated:
+        return UngatedMLP(spec, mlp)
+    shared = MLP(spec, MlpSpec(mlp.shared_intermediate_size, mlp.activation)) if mlp.shared_intermediate_size else None
+    return MoE(spec, mlp, shared) if mlp.is_moe else MLP(spec, mlp)
 
 
 class DecoderModel(nn.Module):

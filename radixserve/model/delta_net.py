@@ -73,7 +73,7 @@ class GatedDeltaNet(nn.Module):
             delta = torch.zeros(meta.num_seqs, d.num_value_heads, d.key_head_dim, d.value_head_dim, device=x.device)
             slots, fresh = list(range(meta.num_seqs)), [True] * meta.num_seqs
         else:
-            conv, stored = states.conv[self.state_index], states.delta[self.state_index]
+            conv, stored = states.conv[self.state_index], states.ssm[self.state_index]
             assert stored is not None, "a DeltaNet layer's slots hold a delta-rule state"
             delta, slots = stored, meta.state_slots
         q, k, v = self._qkv(F.silu(self.conv1d(mixed, conv, slots, fresh, meta)), tokens)

@@ -20,6 +20,7 @@ from radixserve.model.spec import (
     CheckpointLayout,
     DeltaNetSpec,
     LayerSpec,
+    Mamba2Spec,
     MlpSpec,
     ModelSpec,
     ShortConvSpec,
@@ -46,6 +47,9 @@ class Family:
     linear_attention: bool = False  # layer_types may name Gated DeltaNet layers (Qwen3.5)
     fused_delta_projections: bool = False  # the DeltaNet's q/k/v/z and b/a projections fused per key head (Qwen3-Next)
     short_conv: bool = False  # layer_types may name gated short convolution layers, "conv" (LFM2)
+    # Nemotron-H: each layer is one block, a Mamba2 layer ("linear_attention"), attention without
+    # position embeddings ("full_attention") or an MLP ("mlp"), per `layers_block_type`
+    single_block_layers: bool = False
     intermediate_size: Callable[[Any], int] = lambda config: int(config.intermediate_size)
     embedding_scale: Callable[[Any], float | None] = lambda config: None
     moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
@@ -105,6 +109,12 @@ _LFM2_NAMES = (("self_attn.o_proj", "self_attn.out_proj"), ("self_attn.q_norm", 
                ("model.norm", "model.embedding_norm"))
 
 
+_NEMOTRON_H_NAMES = (("model.embed_tokens", "backbone.embeddings"), ("model.norm", "backbone.norm_f"),
+                     ("model.layers", "backbone.layers"), ("input_layernorm", "norm"),
+                     ("post_attention_layernorm", "norm"), ("self_attn", "mixer"), ("mamba", "mixer"),
+                     ("mlp", "mixer"))
+
+
 def _mixtral_moe(config: Any, layer: int) -> MlpSpec:
     return MlpSpec(int(config.intermediate_size), _activation(config), num_experts=int(config.num_local_experts),
                    top_k=int(config.num_experts_per_tok), normalize_topk=True)
@@ -151,6 +161,8 @@ FAMILIES: dict[str, Family] = {
                                    linear_attention=True, moe=_qwen3_next_moe, fused_delta_projections=True),
     "Lfm2ForCausalLM": Family("lfm2", qk_norm="per_head", short_conv=True, intermediate_size=_lfm2_intermediate,
                               checkpoint=CheckpointLayout(renames=_LFM2_NAMES)),
+    "NemotronHForCausalLM": Family("nemotron_h", norm_style="fp32_weight", qkv_bias=False, o_bias=False,
+                                   single_block_layers=True, checkpoint=CheckpointLayout(renames=_NEMOTRON_H_NAMES)),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -185,6 +197,9 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
     context = int(config.max_position_embeddings)
     layers = []
     for i, kind in enumerate(layer_types):
+        if family.single_block_layers:
+            layers.append(_single_block_layer(config, kind, head_dim, bias, family))
+            continue
         mlp = family.moe(config, i) or MlpSpec(family.intermediate_size(config), _activation(config),
                                                bias=bool(getattr(config, "mlp_bias", False)))
         if kind == "linear_attention":
@@ -199,18 +214,7 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
             # transformers switches longrope's frequencies with the batch's length, which cached keys
             # cannot follow; below the pretraining context its short frequencies are exact
             context = min(context, rope.original_max_position_embeddings)
-        attention = AttentionSpec(
-            rope=rope,
-            scale=_attention_scale(config, head_dim),
-            window=int(config.sliding_window) if kind == "sliding_attention" else None,
-            qk_norm=family.qk_norm,
-            qkv_bias=bias if family.qkv_bias is None else family.qkv_bias,
-            o_bias=bias if family.o_bias is None else family.o_bias,
-            sinks=family.sinks,
-            softcap=getattr(config, "attn_logit_softcapping", None),
-            output_gate=family.output_gate,
-        )
-        layers.append(LayerSpec(attention, mlp, family.norms))
+        layers.append(LayerSpec(_attention(config, kind, rope, head_dim, bias, family), mlp, family.norms))
     eos = int_list(getattr(config, "eos_token_id", None)) + list(extra_eos_token_ids)
     fields: dict[str, Any] = {}
     family.extra(config, fields)
@@ -221,7 +225,8 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=head_dim,
         vocab_size=int(config.vocab_size),
-        rms_norm_eps=float(getattr(config, "rms_norm_eps", None) or getattr(config, "norm_eps", None) or 1e-6),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", None) or getattr(config, "norm_eps", None)
+                           or getattr(config, "layer_norm_epsilon", None) or 1e-6),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         max_position_embeddings=context,
         eos_token_ids=tuple(dict.fromkeys(eos)),
@@ -232,6 +237,43 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
         checkpoint=family.checkpoint,
         **fields,
     )
+
+
+def _attention(config: Any, kind: str, rope: RopeParams | None, head_dim: int, bias: bool,
+               family: Family) -> AttentionSpec:
+    return AttentionSpec(
+        rope=rope,
+        scale=_attention_scale(config, head_dim),
+        window=int(config.sliding_window) if kind == "sliding_attention" else None,
+        qk_norm=family.qk_norm,
+        qkv_bias=bias if family.qkv_bias is None else family.qkv_bias,
+        o_bias=bias if family.o_bias is None else family.o_bias,
+        sinks=family.sinks,
+        softcap=getattr(config, "attn_logit_softcapping", None),
+        output_gate=family.output_gate,
+    )
+
+
+def _single_block_layer(config: Any, kind: str, head_dim: int, bias: bool, family: Family) -> LayerSpec:
+    """A Nemotron-H layer: one block after one norm."""
+    if kind == "linear_attention":
+        return LayerSpec(None, None, family.norms, mamba=_mamba2(config))
+    if kind == "full_attention":  # no position embedding: the Mamba2 layers order the tokens
+        return LayerSpec(_attention(config, kind, None, head_dim, bias, family), None, family.norms)
+    act = getattr(config, "mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise ValueError(f"mlp_hidden_act {act!r} is not supported; supported: relu2")
+    return LayerSpec(None, MlpSpec(int(config.intermediate_size), "relu2", bias=bool(getattr(config, "mlp_bias", False))),
+                     family.norms)
+
+
+def _mamba2(config: Any) -> Mamba2Spec:
+    if getattr(config, "mamba_hidden_act", "silu") != "silu":
+        raise ValueError(f"mamba_hidden_act {config.mamba_hidden_act!r} is not supported; supported: silu")
+    low, high = (float(v) for v in getattr(config, "time_step_limit", None) or (0.0, float("inf")))
+    return Mamba2Spec(int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.ssm_state_size),
+                      int(config.n_groups), int(config.conv_kernel), bool(config.use_conv_bias),
+                      bool(getattr(config, "use_bias", False)), (low, high))
 
 
 def _layer_types(config: Any, family: Family) -> list[str]:
@@ -245,6 +287,8 @@ def _layer_types(config: Any, family: Family) -> list[str]:
         raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {count}")
     supported = (("full_attention", "sliding_attention") + (("linear_attention",) if family.linear_attention else ())
                  + (("conv",) if family.short_conv else ()))
+    if family.single_block_layers:
+        supported = ("linear_attention", "full_attention", "mlp")
     for kind in types:
         if kind not in supported:
             raise ValueError(f"layer_types {kind!r} is not supported in {family.model_type}; "

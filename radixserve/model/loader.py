@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from radixserve.model.decoder import CausalLM
 from radixserve.model.gguf_checkpoint import is_gguf_path, load_gguf_model, load_gguf_tokenizer
-from radixserve.model.spec import CheckpointLayout, ModelSpec, load_spec
+from radixserve.model.spec import CheckpointLayout, MlpSpec, ModelSpec, load_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 _LAYER_PREFIX = "model.layers."
@@ -120,7 +120,7 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
         index, _, rest = name[len(_LAYER_PREFIX):].partition(".")
         layer = f"{_LAYER_PREFIX}{index}."
         module, _, leaf = rest.rpartition(".")
-        mlp = spec.layers[int(index)].mlp
+        mlp = spec.layers[int(index)].mlp or MlpSpec(0)  # a mixer-only layer has no mlp.* parameters
         if module == "self_attn.qkv_proj" and not layout.fused_qkv:
             attention = spec.layers[int(index)].attention
             q, kv = spec.q_size * (2 if attention is not None and attention.output_gate else 1), spec.kv_size

@@ -3,7 +3,9 @@
 A model is an embedding, `layers` (each a token mixer, an `MlpSpec` and where its norms sit) and a
 final norm and head. A layer's mixer is softmax attention over the paged KV cache (`AttentionSpec`)
 or a recurrent layer whose per-sequence state has a fixed size: a Gated DeltaNet (`DeltaNetSpec`,
-linear attention) or a gated short convolution (`ShortConvSpec`, LFM2). A model with any recurrent
+linear attention), a gated short convolution (`ShortConvSpec`, LFM2) or a Mamba2 selective state
+space layer (`Mamba2Spec`, Nemotron-H). A pre-norm layer may hold only one of the two blocks
+(Nemotron-H's layers are each a mixer or an MLP). A model with any recurrent
 layer is a hybrid (`is_hybrid`), whose prefix cache restores recurrent states only where it
 checkpointed them (docs/hybrid_cache.md). Which
 architectures we run and how each family's config maps onto these descriptions is `families.py`;
@@ -29,6 +31,7 @@ QK_NORMS = ("none", "per_head", "whole")  # whole: one norm over all heads' q (O
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 NORM_STYLES = ("llama", "gemma", "fp32_weight")
 ROUTINGS = ("softmax_topk", "topk_softmax")
+UNGATED_ACTIVATIONS = ("relu2",)  # an MLP without a gate: down(act(up(x))) (Nemotron-H's squared ReLU)
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,11 @@ class MlpSpec:
     def __post_init__(self) -> None:
         from radixserve.kernels.moe import ACTIVATIONS
 
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"MLP activation {self.activation!r}; supported: {', '.join(ACTIVATIONS)}")
+        if self.activation not in ACTIVATIONS + UNGATED_ACTIVATIONS:
+            raise ValueError(f"MLP activation {self.activation!r}; supported: "
+                             f"{', '.join(ACTIVATIONS + UNGATED_ACTIVATIONS)}")
+        if self.num_experts and not self.gated:
+            raise ValueError(f"experts with the ungated activation {self.activation!r} are not supported")
         if self.routing not in ROUTINGS:
             raise ValueError(f"router {self.routing!r}; supported: {', '.join(ROUTINGS)}")
         if self.num_experts and not 1 <= self.top_k <= self.num_experts:
@@ -77,6 +83,11 @@ class MlpSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def gated(self) -> bool:
+        """gate_proj and up_proj halves combined by the activation (all but `UNGATED_ACTIVATIONS`)."""
+        return self.activation not in UNGATED_ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,11 @@ class DeltaNetSpec:
         """Channels of the convolution: q, k and v side by side."""
         return 2 * self.key_dim + self.value_dim
 
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """The fp32 delta-rule state per sequence."""
+        return (self.num_value_heads, self.key_head_dim, self.value_head_dim)
+
 
 @dataclass(frozen=True)
 class ShortConvSpec:
@@ -129,33 +145,85 @@ class ShortConvSpec:
     def conv_dim(self) -> int:
         return self.channels
 
+    @property
+    def state_shape(self) -> None:
+        """No state beyond the convolution window."""
+        return None
 
-RecurrentSpec = DeltaNetSpec | ShortConvSpec  # a layer whose per-sequence state has a fixed size
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """A Mamba2 layer (Nemotron-H): in_proj to a gate z, the convolution's x, B, C and a time step
+    per head; a causal depthwise convolution (SiLU) over x, B and C; the selective scan
+    S <- exp(dt A) S + dt x B^T, y = S C + D x per head over a [heads, head_dim, state_size] state, B
+    and C shared by the heads of each of `groups`; y * SiLU(z) normed per group, then out_proj."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+    conv_kernel: int
+    conv_bias: bool = True
+    proj_bias: bool = False  # in_proj and out_proj
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))  # dt is clamped into it after the softplus
+
+    def __post_init__(self) -> None:
+        if min(self.num_heads, self.head_dim, self.state_size, self.groups, self.conv_kernel) < 1 \
+                or self.num_heads % self.groups:
+            raise ValueError(f"mamba heads {self.num_heads} must be a positive multiple of its groups {self.groups}")
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: x, then each group's B, then each group's C."""
+        return self.inner_dim + 2 * self.groups * self.state_size
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """The fp32 SSM state per sequence."""
+        return (self.num_heads, self.head_dim, self.state_size)
+
+
+RecurrentSpec = DeltaNetSpec | ShortConvSpec | Mamba2Spec  # a layer whose per-sequence state has a fixed size
 
 
 @dataclass(frozen=True)
 class LayerSpec:
-    attention: AttentionSpec | None  # None: the layer's mixer is recurrent (`delta_net` or `short_conv`)
-    mlp: MlpSpec
+    attention: AttentionSpec | None  # None: the layer's mixer is recurrent, or it has none
+    mlp: MlpSpec | None  # None: a mixer-only layer (Nemotron-H)
     norms: str = "pre"  # pre: Llama; sandwich: pre and post norms around each block (Gemma, GLM-4); post: OLMo 2
     delta_net: DeltaNetSpec | None = None
     short_conv: ShortConvSpec | None = None
+    mamba: Mamba2Spec | None = None
 
     def __post_init__(self) -> None:
         if self.norms not in NORM_PLACEMENTS:
             raise ValueError(f"norm placement {self.norms!r}; supported: {', '.join(NORM_PLACEMENTS)}")
-        if sum(m is not None for m in (self.attention, self.delta_net, self.short_conv)) != 1:
-            raise ValueError("a layer mixes tokens by exactly one of attention, a DeltaNet and a short convolution")
+        mixers = sum(m is not None for m in (self.attention, self.delta_net, self.short_conv, self.mamba))
+        if mixers > 1:
+            raise ValueError("a layer mixes tokens by at most one of attention, a DeltaNet, a short convolution "
+                             "and a Mamba2 layer")
+        if mixers + (self.mlp is not None) < 2 and self.norms != "pre":
+            raise ValueError(f"a layer without a mixer or an MLP needs pre norms, not {self.norms!r}")
+        if mixers == 0 and self.mlp is None:
+            raise ValueError("a layer needs a mixer or an MLP")
 
     @property
     def recurrent(self) -> RecurrentSpec | None:
-        return self.delta_net or self.short_conv
+        return self.delta_net or self.short_conv or self.mamba
+
+    @property
+    def has_mixer(self) -> bool:
+        return self.attention is not None or self.recurrent is not None
 
     @property
     def llama_shaped(self) -> bool:
         """Pre-norm, SwiGLU, rotate-half rope over whole heads, no window/sinks/softcap: the compiled CPU step's layer."""
         a, m = self.attention, self.mlp
-        return (a is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
+        return (a is not None and m is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
                 and a.qk_norm == "none" and a.rope is not None and a.rope.rotary_dim is None
                 and not a.rope.interleaved and not a.sinks and a.softcap is None and not a.output_gate)
 
@@ -202,6 +270,8 @@ class ModelSpec:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if not self.attentions:
             raise ValueError("a model needs at least one attention layer")
+        if not any(layer.mlp is not None for layer in self.layers):
+            raise ValueError("a model needs at least one MLP")
         if min(self.hidden_size, self.num_layers, self.head_dim, self.vocab_size, self.max_position_embeddings) < 1:
             raise ValueError("model dimensions must be positive")
         if self.norm_style not in NORM_STYLES:
@@ -221,8 +291,8 @@ class ModelSpec:
 
     @property
     def intermediate_size(self) -> int:
-        """The first layer's MLP width (an expert's, in an MoE layer)."""
-        return self.layers[0].mlp.intermediate_size
+        """The first MLP's width (an expert's, in an MoE layer)."""
+        return next(layer.mlp.intermediate_size for layer in self.layers if layer.mlp is not None)
 
     @property
     def rope(self) -> RopeParams | None:

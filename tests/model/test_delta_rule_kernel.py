@@ -46,7 +46,7 @@ def test_kernel_equals_the_torch_recurrence(threads: int, heads: tuple[int, int]
     for states in (kernel_states, torch_states):  # every slot holds the same stale state: fresh items ignore theirs
         torch.manual_seed(7)
         states.conv[0].normal_()
-        states.delta[0].normal_(0.0, 0.1)
+        states.ssm[0].normal_(0.0, 0.1)
     x = torch.randn(1 + 9 + 5 + 1, _Spec.hidden_size)
     meta = _meta([1, 9, 5, 1], [0, 0, 6, 3], [0, 1, 2, 3])  # a fresh token, a fresh chunk, a resumed chunk, a token
     before = torch.get_num_threads()
@@ -60,7 +60,7 @@ def test_kernel_equals_the_torch_recurrence(threads: int, heads: tuple[int, int]
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(kernel_states.delta[0], torch_states.delta[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kernel_states.ssm[0], torch_states.ssm[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kernel_states.conv[0], torch_states.conv[0])
 
 

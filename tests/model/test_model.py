@@ -181,10 +181,10 @@ def test_spec_reads_each_config(tiny):
     qk_norm = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head", "olmo2": "whole", "olmo3": "whole",
                "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head", "lfm2": "per_head"}
     assert all(a.qk_norm == qk_norm.get(arch, "none") for a in spec.attentions)
-    kinds = config.get("layer_types") or ["sliding_attention" if arch in ("mistral", "mixtral") else
-                                          "full_attention"] * spec.num_layers
+    kinds = config.get("layer_types") or config.get("layers_block_type") or [
+        "sliding_attention" if arch in ("mistral", "mixtral") else "full_attention"] * spec.num_layers
     windows = [config.get("sliding_window") if kind == "sliding_attention" else None
-               for kind in kinds if kind not in ("linear_attention", "conv")]
+               for kind in kinds if kind not in ("linear_attention", "conv", "mlp")]
     assert [a.window for a in spec.attentions] == windows
     assert len(spec.recurrents) == kinds.count("linear_attention") + kinds.count("conv")
     assert spec.tie_word_embeddings == bool(config.get("tie_word_embeddings"))

@@ -32,6 +32,10 @@ REFUSED = [
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention True is not supported"),
     ("olmo3", {"sliding_window": None}, "sliding_window is not set"),
     ("llama", {"architectures": ["Gemma3ForConditionalGeneration"]}, "the text model of a Gemma 3 checkpoint"),
+    ("nemotron_h", {"layers_block_type": ["linear_attention", "moe", "full_attention", "mlp", "linear_attention",
+                                          "mlp"]}, "layer_types 'moe' is not supported in nemotron_h"),
+    ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu' is not supported; supported: relu2"),
+    ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act 'gelu' is not supported; supported: silu"),
 ]
 
 
