@@ -15,6 +15,8 @@ from radixserve.config import (
     POLICIES,
     PREEMPTION_MODES,
     QUANTIZED_ACTIVATIONS,
+    STATE_CHECKPOINT_POLICIES,
+    STATE_EVICTIONS,
     EngineConfig,
 )
 from radixserve.model.embedded import EmbeddedModelMissingError
@@ -32,6 +34,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="hybrid models (recurrent layers): slots for running sequences' recurrent states and the "
                         "prefix cache's checkpoints of them (default: what as much memory as the KV budget holds, "
                         "4 to 2 x --max-num-seqs)")
+    g.add_argument("--state-checkpoints", choices=STATE_CHECKPOINT_POLICIES, default=d.state_checkpoints,
+                   help="hybrid models: where the prefix cache checkpoints recurrent states: branches (request ends "
+                        "and branch points), request-ends, or every-block (every block boundary of a prompt too) "
+                        "(default %(default)s)")
+    g.add_argument("--state-eviction", choices=STATE_EVICTIONS, default=d.state_eviction,
+                   help="hybrid models: which checkpoint goes when state slots run out: lru, or saved-compute "
+                        "(recency plus the prefill tokens it saves) (default %(default)s)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
@@ -133,7 +142,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
-        state_slots=a.state_slots,
+        state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
+        state_eviction=a.state_eviction,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
         preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, max_queue_wait_s=a.max_queue_wait_s,

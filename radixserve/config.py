@@ -15,6 +15,8 @@ LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8")  # the model's dtype, or FP8 rows (docs/kv_fp8.md)
 QUANTIZED_ACTIVATIONS = ("int8", "float32")  # how GGUF weights take their inputs (kernels/ggml_quants.ACTIVATIONS)
 DEFAULT_CPU_KV_MB = 256.0
+STATE_CHECKPOINT_POLICIES = ("branches", "request-ends", "every-block")  # scheduler/checkpoint_policy.py
+STATE_EVICTIONS = ("lru", "saved-compute")  # which checkpoint goes first (scheduler/checkpoint_policy.py)
 
 
 @dataclass
@@ -30,6 +32,10 @@ class EngineConfig:
     # cache's checkpoints of them (docs/hybrid_cache.md). None: what the KV budget (its MB) holds as well, at
     # least 4 and at most 2 * max_num_seqs
     state_slots: int | None = None
+    # hybrid models: where the prefix cache checkpoints recurrent states (scheduler/checkpoint_policy.py):
+    # branches (request ends and branch points) | request-ends | every-block (prompts' block boundaries too)
+    state_checkpoints: str = "branches"
+    state_eviction: str = "lru"  # lru | saved-compute (recency plus the prefill a checkpoint saves)
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
@@ -115,6 +121,12 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.state_slots is not None and self.state_slots < 1:
             raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
+        if self.state_checkpoints not in STATE_CHECKPOINT_POLICIES:
+            raise ValueError(f"state_checkpoints (--state-checkpoints) must be one of "
+                             f"{', '.join(STATE_CHECKPOINT_POLICIES)}, got {self.state_checkpoints!r}")
+        if self.state_eviction not in STATE_EVICTIONS:
+            raise ValueError(f"state_eviction (--state-eviction) must be one of {', '.join(STATE_EVICTIONS)}, "
+                             f"got {self.state_eviction!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")

@@ -37,7 +37,7 @@ released.
 Checkpoints (hybrid models, `states` set): a node on the device may hold one state slot, the
 recurrent layers' state after exactly the tokens up to its end (`state`); a split keeps it on the
 lower node, which keeps that end. A node leaving the device drops its checkpoint, and
-`evict_checkpoint` drops the least recently used one when the state pool needs a slot. Which
+`evict_checkpoint` drops the one the scheduler's checkpoint policy picks when the state pool needs a slot. Which
 positions get checkpoints is the scheduler's cache layer's choice (scheduler/seq_cache.py).
 
 Who may change it: only the scheduler (scheduler/), through the methods below; each says whether it
@@ -559,14 +559,17 @@ class RadixTree:
         self._refresh(node)
         return True
 
-    def evict_checkpoint(self) -> bool:
-        """Drop the least recently used checkpoint, freeing its slot; False if there is none. A
-        checkpoint is never needed by a running sequence (a hit copies it), so any may go. Changes the cache."""
-        if not self._checkpoints:
-            return False
-        self._drop_state(self._checkpoints[0])
+    def checkpoints_by_age(self) -> list[RadixNode]:
+        """The nodes holding a checkpoint, least recently used first. A query."""
+        return list(self._checkpoints)
+
+    def evict_checkpoint(self, node: RadixNode) -> None:
+        """Drop `node`'s checkpoint, freeing its slot. A checkpoint is never needed by a running
+        sequence (a hit copies it), so any may go; which one is the scheduler's checkpoint policy's
+        choice. Changes the cache."""
+        assert node.state >= 0, "the node holds no checkpoint"
+        self._drop_state(node)
         self.checkpoints_evicted += 1
-        return True
 
     def _drop_state(self, n: RadixNode) -> None:
         if n.state < 0:

@@ -1,6 +1,10 @@
 """How big the engine's KV pools and sequences may be, decided once at start from the config and the
 model: the device pool's blocks (a memory budget, or what the GPU has left after a profiled step),
-the host tier's blocks, the context length, and the longest sequence the engine accepts.
+the host tier's blocks, a hybrid model's recurrent-state slots, the context length, and the longest
+sequence the engine accepts.
+
+On CUDA without a budget, the profiled memory holds the state slots too: they take their bytes out
+of the KV blocks (by default half of it, as the CPU default gives them as much as the KV budget).
 
 Invariant: `max_seq_len` <= the device pool's capacity in tokens (less the pin budget when the
 operator set neither the context nor the pool), so every accepted sequence fits the
@@ -30,11 +34,13 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
     if config.max_model_len is not None and config.max_model_len > limit:
         raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {limit} positions")
     layout = runner.kv_layout()
+    state_slots = _state_slots(config, runner)
     if config.num_blocks:
         num_blocks = config.num_blocks
     elif config.kv_cache_memory_mb is None and runner.device.type == "cuda":
         num_blocks = runner.kv_blocks_for_device(config.gpu_memory_utilization, config.max_num_batched_tokens,
                                                  config.max_num_seqs)
+        num_blocks, state_slots = _share_with_states(config, runner, num_blocks, state_slots)
     else:
         num_blocks = layout.blocks_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
     max_model_len = config.max_model_len or limit
@@ -44,7 +50,7 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
         # (and a block to copy on write) free, or no prefix could ever be pinned (engine/pins.py)
         usable = max(1, num_blocks - int(config.pin_budget * num_blocks) - 1)
     return Sizes(num_blocks, host_tier_blocks(config.host_cache_mb, layout.bytes_per_block), max_model_len,
-                 min(max_model_len, usable * config.block_size), _state_slots(config, runner))
+                 min(max_model_len, usable * config.block_size), state_slots)
 
 
 def _state_slots(config: EngineConfig, runner: ModelRunner) -> int:
@@ -57,3 +63,19 @@ def _state_slots(config: EngineConfig, runner: ModelRunner) -> int:
     # states serve both the running sequences and the checkpoints every hit resumes from
     fits = layout.slots_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
     return max(4, min(2 * config.max_num_seqs, fits))
+
+
+def _share_with_states(config: EngineConfig, runner: ModelRunner, num_blocks: int, slots: int) -> tuple[int, int]:
+    """The profiled device memory's `num_blocks` of K/V, less what the state slots take (their
+    default: half of it, within the CPU default's bounds)."""
+    states = runner.state_layout()
+    if states is None:
+        return num_blocks, 0
+    per_block, per_slot = runner.kv_layout().bytes_per_block, states.bytes_per_slot
+    if config.state_slots is None:
+        slots = max(4, min(2 * config.max_num_seqs, num_blocks * per_block // 2 // per_slot))
+    left = num_blocks - -(-slots * per_slot // per_block)
+    if left < 1:
+        raise ValueError(f"{slots} state slots of {per_slot / 2**20:.1f} MiB leave no device memory for K/V; "
+                         "lower --state-slots or raise --gpu-memory-utilization")
+    return left, slots

@@ -71,6 +71,7 @@ from radixserve.core import Batch, BlockCopy, Request, ScheduledSeq, Sequence, S
 from radixserve.errors import TokenRefused
 from radixserve.scheduler import pending
 from radixserve.scheduler.admission import GrowthReserve
+from radixserve.scheduler.checkpoint_policy import CheckpointPolicy
 from radixserve.scheduler.drafts import DraftProposer
 from radixserve.scheduler.integrity import check_integrity, leaked_blocks
 from radixserve.scheduler.policy import Policy
@@ -109,7 +110,8 @@ class Scheduler:
         self.swaps_out = 0
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
-        self.cache = SequenceCache(pool, tree, states)
+        self.cache = SequenceCache(pool, tree, states, CheckpointPolicy(config.state_checkpoints, pool.block_size,
+                                                                          config.state_eviction))
         self.states = states  # a hybrid model's recurrent-state slots (seq_cache.py); None: attention only
         # state copies decided after a step's forward was queued (checkpoints, forks): the next step runs them first
         self.pending_copies: list[BlockCopy] = []
@@ -340,8 +342,6 @@ class Scheduler:
             self.tree.unpin(seq.swapped_node)
             seq.swapped_node = None
             self.swaps_in += 1
-        if seq.checkpoint_at > seq.num_computed:  # cached K/V past the state it resumes from
-            self.cache.recomputed_state_tokens += seq.checkpoint_at - seq.num_computed
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.request.cached_tokens = taken[0]

@@ -11,12 +11,13 @@ Hybrid models (recurrent layers, `states` set): a sequence also holds a working 
 recurrent state after its computed tokens. A hit resumes only where the tree checkpointed a state:
 the match is cut back to the deepest checkpoint on it and that state is copied into the working slot
 (the attention K/V past it is recomputed with the recurrent layers; `recomputed_state_tokens` counts
-it). Checkpoints are taken where reuse is likely (docs/hybrid_cache.md): at the end of every released
-sequence (a finished reply, a preemption) the working slot itself becomes the checkpoint, and at a
-branch point (where a new prompt leaves a cached path that has no checkpoint there, or a prefill
-still running that shares its prefix) the sequence's prefill stops (`checkpoint_at`) and a copy of
-its state is attached there; a sequence sharing a running prefill's prefix waits for that
-checkpoint. When slots run out the least recently used checkpoint goes (`RadixTree.evict_checkpoint`). A sequence verifying drafts
+it). Where checkpoints are taken is `checkpoint_policy.py`'s choice; this module takes them. At the
+end of every released sequence (a finished reply, a preemption) the working slot itself becomes the
+checkpoint. Where the policy stops a prefill (`checkpoint_at`: the default policy's branch points,
+where a new prompt leaves a cached path that has no checkpoint there or a prefill still running that
+shares its prefix; every block boundary under `every-block`) a copy of its state is attached; under
+the default policy a sequence sharing a running prefill's prefix waits for that checkpoint. When
+slots run out the tree drops one (`RadixTree.evict_checkpoint`). A sequence verifying drafts
 holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the
 state goes back to it and the kept tokens are computed again (`restore_state`).
 
@@ -29,24 +30,30 @@ the scheduler is building (`Batch.copies`), so all of a step's copies keep the o
 from __future__ import annotations
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import RadixTree, common_prefix_len
+from radixserve.cache.radix_tree import RadixNode, RadixTree, common_prefix_len
 from radixserve.core import BlockCopy, CopyKind, ScheduledSeq, Sequence
+from radixserve.scheduler.checkpoint_policy import CheckpointPolicy
 
 
 class SequenceCache:
-    def __init__(self, pool: BlockPool, tree: RadixTree | None, states: BlockPool | None = None) -> None:
+    def __init__(self, pool: BlockPool, tree: RadixTree | None, states: BlockPool | None = None,
+                 policy: CheckpointPolicy | None = None) -> None:
         self.pool = pool
         self.tree = tree
         self.states = states  # a hybrid model's recurrent-state slots; None: attention layers only
+        self.policy = policy or CheckpointPolicy(interval=pool.block_size)
         self.block_size = pool.block_size
         self.recomputed_state_tokens = 0  # cached K/V recomputed because no checkpoint was at the match's end
         self.checkpoints_taken = 0
 
-    def _allocate_state(self) -> int:
-        """A free state slot, evicting the least recently used checkpoint if none is; -1 if none is left."""
+    def _allocate_state(self, keep: RadixNode | None = None) -> int:
+        """A free state slot, evicting the policy's victim checkpoint (never `keep`'s) if none is; -1
+        if none is left."""
         assert self.states is not None
         if self.states.num_free == 0 and self.tree is not None:
-            self.tree.evict_checkpoint()
+            victim = self.policy.victim(self.tree, keep)
+            if victim is not None:
+                self.tree.evict_checkpoint(victim)
         got = self.states.allocate(1)
         return -1 if got is None else got[0]
 
@@ -98,22 +105,25 @@ class SequenceCache:
         taken: how long the sequence may grow later never decides how much of the cache it uses now
         (`loosen_lock` is what keeps it alive). A request's first sample that asks for prompt logprobs
         takes nothing: a cached prefix has no logits to give them (engine/prompt_logprobs.py)."""
+        takes = self.tree is not None and not (seq.index == 0 and seq.request.params.prompt_logprobs is not None)
+        wanted = seq.token_ids[:-1] if takes else []
+        cached, resumes = 0, None  # hybrids: how much of the prompt the tree holds; the checkpoint to resume from
+        if self.states is not None and takes:
+            wanted, cached, resumes = self._restorable(seq, wanted)
         if self.states is not None and seq.state_slot < 0:
-            seq.state_slot = self._allocate_state()
+            seq.state_slot = self._allocate_state(keep=resumes)
             if seq.state_slot < 0:
                 return None  # every slot runs a sequence: it waits for one to end
-        if self.tree is None or (seq.index == 0 and seq.request.params.prompt_logprobs is not None):
+        if self.tree is None or not takes:
             return 0, 0, 0
-        wanted = seq.token_ids[:-1]
-        if self.states is not None:
-            wanted = self._restorable(seq, wanted)
         match = self.tree.match(wanted, namespace=seq.namespace)
         on_device = match.length - match.host_tokens
         match, loaded = self.tree.load_back(match)
         copies.extend(loaded)
         if self.states is None and _prefix_in_flight(seq, match.length, prefills, self.block_size):
             return None
-        if self.states is not None and self._branch_in_flight(seq, match.length, prefills, scheduled or {}):
+        if (self.states is not None and self.policy.at_branches
+                and self._branch_in_flight(seq, match.length, prefills, scheduled or {})):
             self._release_state(seq)
             return None
         if self.states is not None and match.length:
@@ -121,6 +131,8 @@ class SequenceCache:
                 match = self.tree.match([], namespace=seq.namespace)
             else:
                 copies.append(BlockCopy(CopyKind.STATE, match.node.state, seq.state_slot))
+        if self.states is not None:
+            self.recomputed_state_tokens += max(0, cached - match.length)
         self.tree.lock(match.node)
         self.tree.record_hit(match)
         for b in match.blocks:
@@ -130,17 +142,18 @@ class SequenceCache:
         pinned = sum(min(n.end, match.length) - n.start for n in match.path if n.hold_count)
         return match.length, max(0, match.length - on_device), pinned
 
-    def _restorable(self, seq: Sequence, tokens: list[int]) -> list[int]:
+    def _restorable(self, seq: Sequence, tokens: list[int]) -> tuple[list[int], int, RadixNode | None]:
         """The part of `tokens` a hybrid model can resume: up to the deepest checkpoint on their
-        cached path. Where the cached path goes on past it, the sequence is to checkpoint its state
-        where the path ends (`checkpoint_at`): a branch point, likely shared again. Reads the cache
-        and writes only `seq.checkpoint_at`."""
+        cached path; how long that cached path is; the checkpoint's node. Where the path goes on past
+        the checkpoint, the default policy has the sequence checkpoint its state where the path ends
+        (`checkpoint_at`): a branch point, likely shared again. Reads the cache and writes only
+        `seq.checkpoint_at`."""
         assert self.tree is not None
         cached = self.tree.match(tokens, split=False, namespace=seq.namespace)
         node = self.tree.checkpoint_on(cached.path, cached.length)
         end = 0 if node is None else node.end
-        seq.checkpoint_at = cached.length if cached.length > end else -1
-        return tokens[:end]
+        seq.checkpoint_at = cached.length if cached.length > end and self.policy.at_branches else -1
+        return tokens[:end], cached.length, node
 
     def _branch_in_flight(self, seq: Sequence, restored: int, running: list[Sequence],
                           scheduled: dict[int, ScheduledSeq]) -> bool:
@@ -166,7 +179,11 @@ class SequenceCache:
         return False
 
     def cut_at_checkpoint(self, seq: Sequence, n: int) -> int:
-        """How many of the next n tokens a prefill chunk of `seq` takes: it stops at `checkpoint_at`. A query."""
+        """How many of the next n tokens a prefill chunk of `seq` takes: it stops where the policy
+        checkpoints next, which becomes its `checkpoint_at`. Changes the sequence's plan only."""
+        if self.states is None:
+            return n
+        seq.checkpoint_at = self.policy.next_stop(seq.num_computed, seq.checkpoint_at, len(seq.token_ids))
         stop = seq.checkpoint_at - seq.num_computed
         return min(n, stop) if stop > 0 else n
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from radixserve.config import STATE_CHECKPOINT_POLICIES, STATE_EVICTIONS
 from radixserve_bench.flags import add_model_arguments, add_output_arguments, names
 
 APIS = ("chat", "responses", "anthropic")  # client.APIS, without importing httpx here
@@ -62,6 +63,13 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (default: what the workload needs)")
     e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     e.add_argument("--cpu-threads", type=int, default=None, help="CPU: torch threads of the engine (default: the engine's)")
+    e.add_argument("--state-slots", type=int, default=None,
+                   help="hybrid models: recurrent-state slots (default: the engine's)")
+    e.add_argument("--state-checkpoints", choices=STATE_CHECKPOINT_POLICIES, default="branches",
+                   help="hybrid models: the checkpoint policy (default %(default)s; the baselines: request-ends, "
+                        "every-block)")
+    e.add_argument("--state-eviction", choices=STATE_EVICTIONS, default="lru",
+                   help="hybrid models: which checkpoint goes first (default %(default)s)")
 
 
 def run_agent_command(args: argparse.Namespace) -> int:
@@ -89,7 +97,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
             loops=4 if smoke and a.loops == 64 else a.loops, loop_round_trips=a.loop_round_trips,
             loop_output_tokens=a.loop_output_tokens, max_num_batched_tokens=a.max_num_batched_tokens,
             max_num_seqs=a.max_num_seqs, num_blocks=a.num_blocks, max_model_len=a.max_model_len,
-            cpu_threads=a.cpu_threads, timeout_s=a.timeout, partial_path=str(Path(a.out) / "partial.json"))
+            cpu_threads=a.cpu_threads, state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
+            state_eviction=a.state_eviction, timeout_s=a.timeout, partial_path=str(Path(a.out) / "partial.json"))
         return run_agents(options, argv)
 
     return run_scenario(Scenario("radixserve bench agent", run, render, write_charts,

@@ -76,6 +76,9 @@ class AgentBenchOptions:
     num_blocks: int | None = None  # default: what each phase needs (_main_blocks, _loop_blocks)
     max_model_len: int | None = None
     cpu_threads: int | None = None
+    state_slots: int | None = None  # hybrid models: the engine's state slots (None: its default)
+    state_checkpoints: str = "branches"  # hybrid models: the engine's checkpoint policy
+    state_eviction: str = "lru"  # hybrid models: which checkpoint goes first
     timeout_s: float = 14400.0  # per client run
     partial_path: str | None = None  # where the runs finished so far are written after each one
 
@@ -138,7 +141,8 @@ def serving(o: AgentBenchOptions, model_dir: str, cache: bool, num_blocks: int, 
     engine = EngineConfig(model=model_dir, device=o.device, dtype=o.dtype, block_size=o.block_size, seed=o.seed,
                           num_blocks=num_blocks, max_num_batched_tokens=o.max_num_batched_tokens,
                           max_num_seqs=max(o.max_num_seqs, clients), max_model_len=o.max_model_len,
-                          enable_prefix_cache=cache, cpu_threads=o.cpu_threads)
+                          enable_prefix_cache=cache, cpu_threads=o.cpu_threads, state_slots=o.state_slots,
+                          state_checkpoints=o.state_checkpoints, state_eviction=o.state_eviction)
     # every loop of a run comes from one client address: let all of them generate at once
     config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.2, max_generations_per_client=max(64, clients + 8))
     with BackgroundServer(lambda: AsyncEngine(engine), config) as srv:

@@ -126,6 +126,20 @@ def test_hybrid_prompts_arriving_together_share_a_system_prompt(arch: str) -> No
     assert sorted(o.usage.cached_tokens for o in outs) == [0, 17, 17, 17]
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+@pytest.mark.parametrize("policy, cached", [("request-ends", [0, 0, 0, 0]), ("every-block", [0, 16, 16, 16])])
+def test_hybrid_baseline_checkpoint_policies_stay_exact(arch: str, policy: str, cached: list[int]) -> None:
+    # request-ends: no checkpoint where the prompts part (17 tokens in); every-block: the last block
+    # boundary before it (16), reached by prefills that stop at every block of 4
+    llm = make(arch, state_checkpoints=policy)
+    system = random_prompts([17], seed=41)[0]
+    outs = check(arch, llm, [system + random_prompts([5], seed=42)[0]])
+    outs += check(arch, llm, [system + random_prompts([5], seed=42 + k)[0] for k in range(1, 4)])
+    assert [o.usage.cached_tokens for o in outs] == cached
+    turn2 = system + random_prompts([5], seed=42)[0] + outs[0].outputs[0].token_ids + [7, 8]
+    assert check(arch, llm, [turn2])[0].usage.cached_tokens == len(system) + 5 + NEW - 1  # the reply's end
+
+
 class FailsAfterRunning:
     """Wraps the runner: the first batched forward of two or more items, none at position 0, runs
     (moving their states on), then raises, as a fault late in the step would."""

@@ -6,7 +6,7 @@ restored at a position other than its own, a state written at an unaligned offse
 prefill, a copy that runs after the working state moved on, a fork sharing a slot, or a rejected draft
 left in the state all fail here. A hypothesis state machine drives random requests sharing prefixes,
 aborts, forks, drafts verified with random acceptance, a small block pool (preemption, eviction) and
-few state slots (checkpoint eviction, waiting for a slot), with
+few state slots (checkpoint eviction, waiting for a slot), under each checkpoint policy, with
 `check_integrity()` after every step and nothing leaked at the end."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import itertools
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from test_step_commit import script_drafts
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.config import EngineConfig
+from radixserve.config import STATE_CHECKPOINT_POLICIES, STATE_EVICTIONS, EngineConfig
 from radixserve.core import Batch, CopyKind, Request, Sequence
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduler.scheduler import Scheduler
@@ -30,9 +30,11 @@ BLOCK = 4
 _orders = itertools.count()
 
 
-def make(num_blocks: int = 64, slots: int = 8, max_num_seqs: int = 4, drafts: int = 0) -> Scheduler:
+def make(num_blocks: int = 64, slots: int = 8, max_num_seqs: int = 4, drafts: int = 0,
+         policy: str = "branches", eviction: str = "lru") -> Scheduler:
     config = EngineConfig(block_size=BLOCK, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
-                          num_blocks=num_blocks, num_speculative_tokens=drafts)
+                          num_blocks=num_blocks, num_speculative_tokens=drafts, state_checkpoints=policy,
+                          state_eviction=eviction)
     pool, states = BlockPool(num_blocks, BLOCK), BlockPool(slots, 1)
     return Scheduler(config, pool, RadixTree(pool, None, states), states=states)
 
@@ -125,6 +127,55 @@ def test_prompts_arriving_together_share_their_prefix_through_a_checkpoint_the_f
     assert sched.cache.recomputed_state_tokens == 0
 
 
+def test_request_ends_only_checkpoints_no_branch_point() -> None:
+    sched, ghost = make(policy="request-ends"), Ghost()
+    shared = [1, 2, 3, 4, 5, 6, 7]
+    add(sched, shared + [8, 8, 8], max_tokens=2)
+    drain(sched, ghost)
+    second = add(sched, shared + [9, 9], max_tokens=2)
+    drain(sched, ghost)
+    third = add(sched, shared + [5, 5, 5], max_tokens=2)
+    together = [add(sched, shared + [k, k], max_tokens=2) for k in (6, 7)]
+    drain(sched, ghost)
+    assert [r.cached_tokens for r in (second, third, *together)] == [0, 0, 0, 0]
+    assert sched.cache.recomputed_state_tokens == 4 * len(shared)
+    assert sched.cache.checkpoints_taken == 5  # one per request end
+
+
+def test_every_block_checkpoints_each_block_boundary_of_a_prompt() -> None:
+    sched, ghost = make(policy="every-block"), Ghost()
+    first = add(sched, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], max_tokens=2)
+    drain(sched, ghost)
+    assert sched.tree is not None
+    ends = sorted(n.end for n in sched.tree.nodes() if n.state >= 0)
+    assert ends == [4, 8, len(first.sequences[0].token_ids) - 1]  # two boundaries and the reply's end
+    second = add(sched, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0], max_tokens=2)
+    drain(sched, ghost)
+    assert second.cached_tokens == 8 and sched.cache.recomputed_state_tokens == 2
+
+
+def test_saved_compute_eviction_keeps_a_long_prefix_over_a_superseded_step() -> None:
+    # three slots, one sequence at a time: a shared prefix's branch point (8 tokens in) and a
+    # conversation's two reply ends on one path are checkpointed; then an unrelated prompt needs a slot
+    hits = {}
+    for eviction in STATE_EVICTIONS:
+        sched, ghost = make(slots=3, max_num_seqs=1, eviction=eviction), Ghost()
+        shared = [1, 2, 3, 4, 5, 6, 7, 8]
+        for prompt in (shared + [9, 9], shared + [3, 3]):  # the second leaves the first's path at 8
+            first = add(sched, prompt, max_tokens=2)
+            drain(sched, ghost)
+        second = add(sched, first.sequences[0].token_ids + [4], max_tokens=2)
+        drain(sched, ghost)
+        assert second.cached_tokens == len(first.sequences[0].token_ids) - 1  # never its own checkpoint evicted
+        add(sched, [5, 5, 5, 5], max_tokens=2)
+        drain(sched, ghost)
+        hits[eviction] = add(sched, shared + [7, 7], max_tokens=2)
+        drain(sched, ghost)
+    # lru dropped the branch point, the oldest; saved-compute the first reply's end instead, which the
+    # second reply's end (on the same path, 3 tokens on) supersedes
+    assert hits["lru"].cached_tokens == 0 and hits["saved-compute"].cached_tokens == 8
+
+
 def test_with_one_slot_per_running_sequence_checkpoints_are_evicted_and_work_waits() -> None:
     sched, ghost = make(slots=2, max_num_seqs=4), Ghost()
     for k in range(4):
@@ -162,9 +213,12 @@ class HybridMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.sched = make(num_blocks=24, slots=5, drafts=4)
         self.ghost = Ghost()
         self.proposals: dict[int, list[int]] = {}
+
+    @initialize(policy=st.sampled_from(STATE_CHECKPOINT_POLICIES), eviction=st.sampled_from(STATE_EVICTIONS))
+    def start(self, policy: str, eviction: str) -> None:
+        self.sched = make(num_blocks=24, slots=5, drafts=4, policy=policy, eviction=eviction)
         script_drafts(self.sched, self.proposals)
 
     @rule(prompt=st.lists(st.integers(1, 3), min_size=1, max_size=14), max_tokens=st.integers(1, 8),
