@@ -153,6 +153,13 @@ HYBRID_CONFIGS["nemotron_h"] = dict(
     mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
     layer_norm_epsilon=1e-5, eos_token_id=2,
     layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"])
+# Granite 4 (dense): Mamba2 and attention layers, each with the shared SwiGLU MLP, Granite's multipliers, NoPE
+HYBRID_CONFIGS["granitemoehybrid"] = dict(
+    architectures=["GraniteMoeHybridForCausalLM"], num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    num_local_experts=0, shared_intermediate_size=96, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
+    mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8, mamba_expand=2, embedding_multiplier=2.0,
+    residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, position_embedding_type="nope",
+    eos_token_id=2, layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
@@ -160,7 +167,7 @@ _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral":
                 "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
                 "granite": "granite", "qwen3_5": "qwen3_5_text",
                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2",
-                "nemotron_h": "nemotron_h"}
+                "nemotron_h": "nemotron_h", "granitemoehybrid": "granitemoehybrid"}
 
 
 @functools.cache

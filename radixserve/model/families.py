@@ -50,6 +50,8 @@ class Family:
     # Nemotron-H: each layer is one block, a Mamba2 layer ("linear_attention"), attention without
     # position embeddings ("full_attention") or an MLP ("mlp"), per `layers_block_type`
     single_block_layers: bool = False
+    mamba: Callable[[Any], Mamba2Spec] | None = None  # "linear_attention" layers are Mamba2 layers, read by it
+    rope: Callable[[Any], bool] = lambda config: True  # False: no position embedding in any layer (NoPE)
     intermediate_size: Callable[[Any], int] = lambda config: int(config.intermediate_size)
     embedding_scale: Callable[[Any], float | None] = lambda config: None
     moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
@@ -109,6 +111,38 @@ _LFM2_NAMES = (("self_attn.o_proj", "self_attn.out_proj"), ("self_attn.q_norm", 
                ("model.norm", "model.embedding_norm"))
 
 
+def _granite_hybrid_mlp(config: Any, layer: int) -> MlpSpec | None:
+    """Granite 4's routed experts are not run: a config with any is refused; its shared MLP is the
+    layer's MLP."""
+    experts = int(getattr(config, "num_local_experts", 0) or 0)
+    if experts:
+        raise ValueError(f"num_local_experts {experts} is not supported in granitemoehybrid (its MoE models); "
+                         "supported: 0 (the dense Granite 4 models)")
+    return None
+
+
+def _nemotron_mamba(config: Any) -> Mamba2Spec:
+    if getattr(config, "mamba_hidden_act", "silu") != "silu":
+        raise ValueError(f"mamba_hidden_act {config.mamba_hidden_act!r} is not supported; supported: silu")
+    return Mamba2Spec(int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.ssm_state_size),
+                      int(config.n_groups), int(config.conv_kernel), bool(config.use_conv_bias),
+                      bool(getattr(config, "use_bias", False)), _time_step_limit(config))
+
+
+def _granite_mamba(config: Any) -> Mamba2Spec:
+    if getattr(config, "hidden_act", "silu") != "silu":  # Granite 4's Mamba2 convolution is its hidden_act
+        raise ValueError(f"hidden_act {config.hidden_act!r} in a Mamba2 layer; supported: silu")
+    return Mamba2Spec(int(config.mamba_n_heads), int(config.mamba_d_head), int(config.mamba_d_state),
+                      int(config.mamba_n_groups), int(config.mamba_d_conv), bool(config.mamba_conv_bias),
+                      bool(config.mamba_proj_bias), _time_step_limit(config))
+
+
+def _time_step_limit(config: Any) -> tuple[float, float]:
+    low, high = (float(v) for v in getattr(config, "time_step_limit", None) or (0.0, float("inf")))
+    return low, high
+
+
+_GRANITE_HYBRID_NAMES = (("mlp.gate_up_proj", "shared_mlp.input_linear"), ("mlp.down_proj", "shared_mlp.output_linear"))
 _NEMOTRON_H_NAMES = (("model.embed_tokens", "backbone.embeddings"), ("model.norm", "backbone.norm_f"),
                      ("model.layers", "backbone.layers"), ("input_layernorm", "norm"),
                      ("post_attention_layernorm", "norm"), ("self_attn", "mixer"), ("mamba", "mixer"),
@@ -162,7 +196,13 @@ FAMILIES: dict[str, Family] = {
     "Lfm2ForCausalLM": Family("lfm2", qk_norm="per_head", short_conv=True, intermediate_size=_lfm2_intermediate,
                               checkpoint=CheckpointLayout(renames=_LFM2_NAMES)),
     "NemotronHForCausalLM": Family("nemotron_h", norm_style="fp32_weight", qkv_bias=False, o_bias=False,
-                                   single_block_layers=True, checkpoint=CheckpointLayout(renames=_NEMOTRON_H_NAMES)),
+                                   single_block_layers=True, mamba=_nemotron_mamba, rope=lambda config: False,
+                                   checkpoint=CheckpointLayout(renames=_NEMOTRON_H_NAMES)),
+    "GraniteMoeHybridForCausalLM": Family(
+        "granitemoehybrid", embedding_scale=lambda c: float(c.embedding_multiplier), extra=_granite_extra,
+        mamba=_granite_mamba, moe=_granite_hybrid_mlp, intermediate_size=lambda c: int(c.shared_intermediate_size),
+        rope=lambda c: getattr(c, "position_embedding_type", None) == "rope",
+        checkpoint=CheckpointLayout(fused_gate_up=True, renames=_GRANITE_HYBRID_NAMES)),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -202,6 +242,9 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
             continue
         mlp = family.moe(config, i) or MlpSpec(family.intermediate_size(config), _activation(config),
                                                bias=bool(getattr(config, "mlp_bias", False)))
+        if kind == "linear_attention" and family.mamba is not None:
+            layers.append(LayerSpec(None, mlp, family.norms, mamba=family.mamba(config)))
+            continue
         if kind == "linear_attention":
             layers.append(LayerSpec(None, mlp, family.norms, delta_net=_delta_net(config, family)))
             continue
@@ -209,7 +252,7 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
             short = ShortConvSpec(int(config.hidden_size), int(config.conv_L_cache), bool(config.conv_bias))
             layers.append(LayerSpec(None, mlp, family.norms, short_conv=short))
             continue
-        rope = None if no_rope and not no_rope[i] else _rope(config, kind, head_dim, family)
+        rope = None if (no_rope and not no_rope[i]) or not family.rope(config) else _rope(config, kind, head_dim, family)
         if rope is not None and rope.rope_type == "longrope":
             # transformers switches longrope's frequencies with the batch's length, which cached keys
             # cannot follow; below the pretraining context its short frequencies are exact
@@ -257,7 +300,8 @@ def _attention(config: Any, kind: str, rope: RopeParams | None, head_dim: int, b
 def _single_block_layer(config: Any, kind: str, head_dim: int, bias: bool, family: Family) -> LayerSpec:
     """A Nemotron-H layer: one block after one norm."""
     if kind == "linear_attention":
-        return LayerSpec(None, None, family.norms, mamba=_mamba2(config))
+        assert family.mamba is not None
+        return LayerSpec(None, None, family.norms, mamba=family.mamba(config))
     if kind == "full_attention":  # no position embedding: the Mamba2 layers order the tokens
         return LayerSpec(_attention(config, kind, None, head_dim, bias, family), None, family.norms)
     act = getattr(config, "mlp_hidden_act", "relu2")
@@ -265,15 +309,6 @@ def _single_block_layer(config: Any, kind: str, head_dim: int, bias: bool, famil
         raise ValueError(f"mlp_hidden_act {act!r} is not supported; supported: relu2")
     return LayerSpec(None, MlpSpec(int(config.intermediate_size), "relu2", bias=bool(getattr(config, "mlp_bias", False))),
                      family.norms)
-
-
-def _mamba2(config: Any) -> Mamba2Spec:
-    if getattr(config, "mamba_hidden_act", "silu") != "silu":
-        raise ValueError(f"mamba_hidden_act {config.mamba_hidden_act!r} is not supported; supported: silu")
-    low, high = (float(v) for v in getattr(config, "time_step_limit", None) or (0.0, float("inf")))
-    return Mamba2Spec(int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.ssm_state_size),
-                      int(config.n_groups), int(config.conv_kernel), bool(config.use_conv_bias),
-                      bool(getattr(config, "use_bias", False)), (low, high))
 
 
 def _layer_types(config: Any, family: Family) -> list[str]:
@@ -285,7 +320,8 @@ def _layer_types(config: Any, family: Family) -> list[str]:
         types = ["sliding_attention" if sliding else "full_attention"] * count
     if len(types) != count:
         raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {count}")
-    supported = (("full_attention", "sliding_attention") + (("linear_attention",) if family.linear_attention else ())
+    supported = (("full_attention", "sliding_attention")
+                 + (("linear_attention",) if family.linear_attention or family.mamba else ())
                  + (("conv",) if family.short_conv else ()))
     if family.single_block_layers:
         supported = ("linear_attention", "full_attention", "mlp")

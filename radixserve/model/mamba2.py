@@ -1,4 +1,4 @@
-"""The Mamba2 token mixer (Nemotron-H's recurrent layers) over the state cache, in torch.
+"""The Mamba2 token mixer (the recurrent layers of Nemotron-H and Granite 4) over the state cache, in torch.
 
 Per token t of a sequence and head h, with the layer's state S_h [head_dim, state_size]:
     dt = clamp(softplus(dt_t + dt_bias), time_step_limit);  S_h <- exp(dt A_h) S_h + dt x_t B_t^T

@@ -4,7 +4,7 @@ A model is an embedding, `layers` (each a token mixer, an `MlpSpec` and where it
 final norm and head. A layer's mixer is softmax attention over the paged KV cache (`AttentionSpec`)
 or a recurrent layer whose per-sequence state has a fixed size: a Gated DeltaNet (`DeltaNetSpec`,
 linear attention), a gated short convolution (`ShortConvSpec`, LFM2) or a Mamba2 selective state
-space layer (`Mamba2Spec`, Nemotron-H). A pre-norm layer may hold only one of the two blocks
+space layer (`Mamba2Spec`, Nemotron-H, Granite 4). A pre-norm layer may hold only one of the two blocks
 (Nemotron-H's layers are each a mixer or an MLP). A model with any recurrent
 layer is a hybrid (`is_hybrid`), whose prefix cache restores recurrent states only where it
 checkpointed them (docs/hybrid_cache.md). Which

@@ -36,6 +36,7 @@ REFUSED = [
                                           "mlp"]}, "layer_types 'moe' is not supported in nemotron_h"),
     ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu' is not supported; supported: relu2"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act 'gelu' is not supported; supported: silu"),
+    ("granitemoehybrid", {"num_local_experts": 4}, "num_local_experts 4 is not supported in granitemoehybrid"),
 ]
 
 
