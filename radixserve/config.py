@@ -121,18 +121,11 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.state_slots is not None and self.state_slots < 1:
             raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
-        if self.state_checkpoints not in STATE_CHECKPOINT_POLICIES:
-            raise ValueError(f"state_checkpoints (--state-checkpoints) must be one of "
-                             f"{', '.join(STATE_CHECKPOINT_POLICIES)}, got {self.state_checkpoints!r}")
-        if self.state_eviction not in STATE_EVICTIONS:
-            raise ValueError(f"state_eviction (--state-eviction) must be one of {', '.join(STATE_EVICTIONS)}, "
-                             f"got {self.state_eviction!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                             f"got {self.kv_cache_dtype!r}")
-        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
-            raise ValueError(f"quantized_activations (--quantized-activations) must be one of "
-                             f"{', '.join(QUANTIZED_ACTIVATIONS)}, got {self.quantized_activations!r}")
+        for name, choices in (("state_checkpoints", STATE_CHECKPOINT_POLICIES), ("state_eviction", STATE_EVICTIONS),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES), ("quantized_activations", QUANTIZED_ACTIVATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be one of {', '.join(choices)}, "
+                                 f"got {getattr(self, name)!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads (--cpu-threads) must be >= 1, got {self.cpu_threads}")
         if self.max_wait_steps < 1:
