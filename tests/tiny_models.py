@@ -160,6 +160,11 @@ HYBRID_CONFIGS["granitemoehybrid"] = dict(
     mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8, mamba_expand=2, embedding_multiplier=2.0,
     residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, position_embedding_type="nope",
     eos_token_id=2, layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+# LFM2-MoE: LFM2's layers with a dense MLP first, then experts chosen by sigmoid score plus a bias
+HYBRID_CONFIGS["lfm2_moe"] = dict(
+    architectures=["Lfm2MoeForCausalLM"], num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    conv_L_cache=3, conv_bias=True, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
+    routed_scaling_factor=1.5, norm_eps=1e-5, eos_token_id=2, layer_types=["conv", "conv", "full_attention", "conv"])
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
@@ -167,7 +172,8 @@ _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral":
                 "phi3": "phi3", "olmo2": "olmo2", "olmo3": "olmo3", "smollm3": "smollm3", "glm4": "glm4", "glm": "glm",
                 "granite": "granite", "qwen3_5": "qwen3_5_text",
                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2",
-                "nemotron_h": "nemotron_h", "granitemoehybrid": "granitemoehybrid"}
+                "nemotron_h": "nemotron_h", "granitemoehybrid": "granitemoehybrid",
+                "lfm2_moe": "lfm2_moe"}
 
 
 @functools.cache
@@ -188,6 +194,9 @@ def tiny_model_dir(arch: str) -> Path:
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):  # a saved buffer (LFM2-MoE): away from zero, so that it matters
+                buffer.normal_(0.0, 0.2)
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0.0, 0.2)

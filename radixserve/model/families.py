@@ -104,6 +104,16 @@ def _lfm2_intermediate(config: Any) -> int:
     return size
 
 
+def _lfm2_moe(config: Any, layer: int) -> MlpSpec | None:
+    """LFM2-MoE: dense MLPs in the first `num_dense_layers`, then sigmoid-routed experts."""
+    if layer < int(config.num_dense_layers):
+        return None
+    return MlpSpec(int(config.moe_intermediate_size), "silu", num_experts=int(config.num_experts),
+                   top_k=int(config.num_experts_per_tok), routing="sigmoid_topk",
+                   normalize_topk=bool(config.norm_topk_prob), expert_bias=bool(config.use_expert_bias),
+                   routed_scaling=float(config.routed_scaling_factor))
+
+
 _LFM2_NAMES = (("self_attn.o_proj", "self_attn.out_proj"), ("self_attn.q_norm", "self_attn.q_layernorm"),
                ("self_attn.k_norm", "self_attn.k_layernorm"), ("mlp.gate_proj", "feed_forward.w1"),
                ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2"),
@@ -195,6 +205,9 @@ FAMILIES: dict[str, Family] = {
                                    linear_attention=True, moe=_qwen3_next_moe, fused_delta_projections=True),
     "Lfm2ForCausalLM": Family("lfm2", qk_norm="per_head", short_conv=True, intermediate_size=_lfm2_intermediate,
                               checkpoint=CheckpointLayout(renames=_LFM2_NAMES)),
+    "Lfm2MoeForCausalLM": Family("lfm2_moe", qk_norm="per_head", short_conv=True, moe=_lfm2_moe,
+                                 checkpoint=CheckpointLayout(renames=_LFM2_NAMES, mlp_name="feed_forward",
+                                                             experts="w1w3w2")),
     "NemotronHForCausalLM": Family("nemotron_h", norm_style="fp32_weight", qkv_bias=False, o_bias=False,
                                    single_block_layers=True, mamba=_nemotron_mamba, rope=lambda config: False,
                                    checkpoint=CheckpointLayout(renames=_NEMOTRON_H_NAMES)),

@@ -158,6 +158,8 @@ def _expert_targets(name: str, layer: str, rest: str, experts: int, inter: int,
     prefix = f"{layer}{layout.mlp_name}."
     if rest.startswith("mlp.router."):
         return {f"{prefix}{layout.router_name}.{rest.rpartition('.')[2]}": Target(name)}
+    if rest == "mlp.expert_bias":
+        return {f"{prefix}expert_bias": Target(name)}
     piece = rest.removeprefix("mlp.")
     if layout.experts == "stacked_interleaved":  # gpt-oss: [E, in, out] with gate and up columns interleaved
         stacked = {"gate_up": ("gate_up_proj", _deinterleave_transposed), "gate_up_bias": ("gate_up_proj_bias",

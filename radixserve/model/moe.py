@@ -1,13 +1,16 @@
 """A mixture-of-experts MLP: a router picks each token's top-k experts and their weights; the experts'
 arithmetic is `kernels.moe.routed_experts`.
 
-Routing follows the family (`MlpSpec.routing`): softmax over every expert then the top k (Qwen3-MoE,
-Mixtral; rescaled to sum to 1 where `normalize_topk`), or the top-k logits then a softmax over them
-(gpt-oss, whose router has a bias). A shared expert (Qwen3-Next, Qwen3.5-MoE: a dense MLP every
-token runs, scaled by sigmoid of its own one-output gate) is added to the routed experts' sum.
-Expert weights are stacked as `ExpertWeights` lays them out, whatever the checkpoint's layout (the
-loader converts). Invariant: a token's routing and result
-depend on that token alone.
+Routing follows the family (`MlpSpec.routing`):
+- softmax over every expert then the top k (Qwen3-MoE, Mixtral; rescaled to sum to 1 where
+  `normalize_topk`);
+- the top-k logits then a softmax over them (gpt-oss, whose router has a bias);
+- sigmoid scores, the top k chosen by score plus a learned per-expert bias and weighted by the score
+  alone, optionally normalised, then scaled (LFM2-MoE).
+A shared expert (Qwen3-Next, Qwen3.5-MoE: a dense MLP every token runs, scaled by sigmoid of its own
+one-output gate) is added to the routed experts' sum. Expert weights are stacked as `ExpertWeights`
+lays them out, whatever the checkpoint's layout (the loader converts). Invariant: a token's routing
+and result depend on that token alone.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class MoE(nn.Module):
         hidden, inter, experts = spec.hidden_size, mlp.intermediate_size, mlp.num_experts
         self.top_k, self.routing, self.normalize_topk = mlp.top_k, mlp.routing, mlp.normalize_topk
         self.router = nn.Linear(hidden, experts, bias=mlp.router_bias)
+        self.expert_bias = nn.Parameter(torch.empty(experts)) if mlp.expert_bias else None
+        self.routed_scaling = mlp.routed_scaling
         self.gate_up = nn.Parameter(torch.empty(experts, 2 * inter, hidden))
         self.down = nn.Parameter(torch.empty(experts, hidden, inter))
         self.gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if mlp.bias else None
@@ -47,6 +52,14 @@ class MoE(nn.Module):
         if self.routing == "topk_softmax":
             top, ids = torch.topk(logits, self.top_k, dim=-1)
             return ids, torch.softmax(top.float(), dim=-1)
+        if self.routing == "sigmoid_topk":
+            scores = torch.sigmoid(logits.float())
+            choice = scores if self.expert_bias is None else scores + self.expert_bias.float()
+            ids = torch.topk(choice, self.top_k, dim=-1).indices
+            weights = scores.gather(1, ids)
+            if self.normalize_topk:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)  # LFM2-MoE's epsilon
+            return ids, weights * self.routed_scaling
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize_topk:

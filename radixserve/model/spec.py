@@ -30,7 +30,7 @@ from radixserve.model.rope import RopeParams
 QK_NORMS = ("none", "per_head", "whole")  # whole: one norm over all heads' q (OLMo 2), not per head
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 NORM_STYLES = ("llama", "gemma", "fp32_weight")
-ROUTINGS = ("softmax_topk", "topk_softmax")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 UNGATED_ACTIVATIONS = ("relu2",)  # an MLP without a gate: down(act(up(x))) (Nemotron-H's squared ReLU)
 
 
@@ -60,9 +60,13 @@ class MlpSpec:
     bias: bool = False
     num_experts: int = 0  # 0: a dense MLP
     top_k: int = 0
-    routing: str = "softmax_topk"  # softmax over all experts then top-k, or top-k logits then softmax
-    normalize_topk: bool = False  # softmax_topk: rescale the k weights to sum to 1
+    # softmax over all experts then top-k; top-k logits then softmax; or sigmoid scores, the top k by
+    # score plus `expert_bias` (LFM2-MoE)
+    routing: str = "softmax_topk"
+    normalize_topk: bool = False  # softmax_topk, sigmoid_topk: rescale the k weights to sum to 1
     router_bias: bool = False
+    expert_bias: bool = False  # sigmoid_topk: a learned per-expert bias on the scores that choose, not on the weights
+    routed_scaling: float = 1.0  # sigmoid_topk: the k weights are multiplied by it
     swiglu_alpha: float = 1.702  # clamped_swiglu only
     swiglu_limit: float = 7.0
     shared_intermediate_size: int = 0  # > 0: a shared expert beside the routed ones, scaled by sigmoid(gate(x)) (Qwen3-Next)

@@ -179,7 +179,8 @@ def test_spec_reads_each_config(tiny):
     bias = {"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(arch, config.get("attention_bias"))
     assert all(a.qkv_bias == bool(bias) for a in spec.attentions)
     qk_norm = {"qwen3": "per_head", "qwen3_moe": "per_head", "gemma3": "per_head", "olmo2": "whole", "olmo3": "whole",
-               "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head", "lfm2": "per_head"}
+               "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head", "lfm2": "per_head",
+               "lfm2_moe": "per_head"}
     assert all(a.qk_norm == qk_norm.get(arch, "none") for a in spec.attentions)
     kinds = config.get("layer_types") or config.get("layers_block_type") or [
         "sliding_attention" if arch in ("mistral", "mixtral") else "full_attention"] * spec.num_layers
