@@ -73,6 +73,7 @@ class CheckpointPolicy:
         return min(zip(aged, saved, range(len(aged))),
                    key=lambda t: t[2] / (len(aged) - 1) + t[1] / most)[0]
 
+
 def _checkpoint_above(node: RadixNode) -> int:
     """Where the nearest checkpoint above `node` on its path ends (0: none)."""
     above = node.parent
