@@ -36,9 +36,7 @@ released.
 
 Checkpoints (hybrid models, `states` set): a node on the device may hold one state slot, the
 recurrent layers' state after exactly the tokens up to its end (`state`); a split keeps it on the
-lower node, which keeps that end. Device eviction takes leaves without a checkpoint first (their
-K/V cannot serve a hit: it resumes only from a checkpoint, so they are only ever recomputed), then
-the least recently used. A node leaving the device drops its checkpoint, and
+lower node, which keeps that end. A node leaving the device drops its checkpoint, and
 `evict_checkpoint` drops the one the scheduler's checkpoint policy picks when the state pool needs a slot. Which
 positions get checkpoints is the scheduler's cache layer's choice (scheduler/seq_cache.py).
 
@@ -147,9 +145,7 @@ class RadixTree:
         self.root = RadixNode(tokens=[], start=0, blocks=[])
         self.root.lock_count = 1  # the root is never evicted
         self.roots: dict[str, RadixNode] = {"": self.root}  # namespace -> its root
-        # evictable from the device; on a hybrid, leaves without a checkpoint first: a hit resumes only
-        # from a checkpoint, so K/V below the deepest one on a path is only ever recomputed
-        self._lru: SortedList = SortedList(key=lambda n: (states is None or n.state >= 0, n.last_access, n.id))
+        self._lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # evictable from the device
         self._host_lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # droppable host copies
         self._checkpoints: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # nodes holding a state
         self.checkpoints_evicted = 0  # checkpoints dropped to free a state slot
@@ -559,7 +555,6 @@ class RadixTree:
         device (the caller keeps the slot). Changes the cache."""
         if node.parent is None or node.state >= 0 or not node.blocks:
             return False
-        self._unlist(node)  # its eviction key changes
         node.state = slot
         self._refresh(node)
         return True
@@ -581,7 +576,6 @@ class RadixTree:
             return
         assert self.states is not None
         self.states.decref(n.state)
-        self._unlist(n)  # its eviction key changes
         n.state = -1
         self._refresh(n)
 

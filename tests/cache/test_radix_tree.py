@@ -246,25 +246,3 @@ def test_allocation_evicts_only_under_pressure() -> None:
     assert pool.allocate(2) is None and tree.evictions == 0  # the pool alone never evicts
     assert tree.make_room(2) == [] and tree.evictions == 1 and pool.allocate(2) is not None
     assert tree.make_room(1) == [] and pool.allocate(1) is None  # nothing left to evict
-
-
-def test_a_hybrid_evicts_leaves_without_a_checkpoint_first() -> None:
-    # two cached paths: the older ends in a checkpoint, the newer lost its own; the newer's K/V
-    # could only be recomputed (a hit resumes from a checkpoint), so it goes first
-    pool, states = BlockPool(4, 4), BlockPool(2, 1)
-    tree = RadixTree(pool, None, states)
-    older, newer = pool.allocate(2), pool.allocate(2)
-    assert older is not None and newer is not None
-    kept = tree.insert([1] * 8, older)
-    slot = states.allocate(1)
-    assert slot is not None and tree.attach_state(kept, slot[0])
-    tree.insert([2] * 8, newer)
-    pool.release(older)
-    pool.release(newer)
-    tree.match([2] * 8)  # the newer is also the more recently used
-    assert tree.make_room(2) == [] and tree.evictions == 1
-    assert tree.match([1] * 8, split=False).length == 8 and tree.match([2] * 8, split=False).length == 0
-    tree.evict_checkpoint(kept)  # without its checkpoint it is like any other leaf again
-    assert tree.make_room(4) == [] and tree.match([1] * 8, split=False).length == 0
-    tree.check_integrity()
-    assert states.num_free == 2
