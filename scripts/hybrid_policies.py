@@ -42,7 +42,7 @@ def _row(run_dir: Path) -> dict[str, Any]:
         slots = max(4, min(2 * options["max_num_seqs"], states.slots_for_budget(DEFAULT_CPU_KV_MB)))
     slots = slots if cache == "on" else 0
     summary = run["summary"]
-    label = ("cache off" if cache == "off" else
+    label = (f"{run_dir.name}: cache off" if cache == "off" else f"{run_dir.name}: "
              f"{options.get('state_checkpoints', 'branches')}, {options.get('state_eviction', 'lru')}, {slots} slots")
     return {"run": run_dir.name, "label": label, "api": api, "turns": summary["turns"],
             "prompt_tokens": summary["prompt_tokens"], "cached_tokens": summary["cached_tokens"],
