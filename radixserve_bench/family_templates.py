@@ -149,6 +149,10 @@ QWEN2 = ChatFormat(template=_chatml("You are a helpful assistant."), control=_CH
 LFM2 = ChatFormat(template=_chatml(None), control=("<|startoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"),
                   stop=("<|im_end|>",), eos="<|im_end|>", pad="<|pad|>", bos="<|startoftext|>")
 
+# Nemotron-H's base checkpoints carry no chat template: ChatML, with its tokens as the control tokens.
+NEMOTRON_H = ChatFormat(template=_chatml(None), control=_CHATML_CONTROL, stop=("<|im_end|>", "<|endoftext|>"),
+                        eos="<|im_end|>", pad="<|endoftext|>")
+
 # OLMo 3 Instruct: ChatML, with a default system prompt that names the model.
 OLMO3 = ChatFormat(template=_chatml("You are Olmo, a helpful assistant."),
                    control=("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"), stop=_CHATML_STOP,
@@ -265,7 +269,8 @@ HARMONY = ChatFormat(
 
 FORMAT_OF_FAMILY: dict[str, ChatFormat] = {
     "llama": LLAMA3, "qwen2": QWEN2, "qwen3": QWEN3, "qwen3-moe": QWEN3, "qwen3.5": QWEN3, "qwen3.5-moe": QWEN3,
-    "qwen3-next": QWEN3, "lfm2": LFM2, "mistral": MISTRAL, "mixtral": MISTRAL,
+    "qwen3-next": QWEN3, "lfm2": LFM2, "lfm2-moe": LFM2, "nemotron-h": NEMOTRON_H, "granite-4": GRANITE,
+    "mistral": MISTRAL, "mixtral": MISTRAL,
     "gemma2": GEMMA, "gemma3": GEMMA, "gpt-oss": HARMONY, "phi3": PHI3, "olmo2": OLMO2, "olmo3": OLMO3,
     "smollm3": SMOLLM3, "glm4": GLM, "glm": GLM, "granite": GRANITE,
 }

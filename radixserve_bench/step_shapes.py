@@ -114,6 +114,26 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
                      "full_attention", "conv", "full_attention", "conv", "full_attention", "conv", "full_attention",
                      "conv"])),
+    # transformers' Lfm2MoeConfig defaults (its LFM2-8B-A1B example: 32 experts, the first 2 layers
+    # dense), which name no layer types, at 24 layers: 6 attention layers among 18 convolutions
+    "lfm2-moe": FamilyShape("lfm2_moe", "LiquidAI/LFM2-8B-A1B", dict(
+        architectures=["Lfm2MoeForCausalLM"], tie_word_embeddings=True, bos_token_id=1, eos_token_id=7,
+        pad_token_id=0, num_hidden_layers=24,
+        layer_types=["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)])),
+    # Nemotron Nano 2's 12B base model (a base model: no chat template of its own, ChatML here)
+    "nemotron-h": FamilyShape("nemotron_h", "nvidia/NVIDIA-Nemotron-Nano-12B-v2-Base", dict(
+        architectures=["NemotronHForCausalLM"], hidden_size=5120, intermediate_size=20480, num_attention_heads=40,
+        num_key_value_heads=8, head_dim=128, mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128,
+        n_groups=8, conv_kernel=4, vocab_size=131072, max_position_embeddings=131072, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        layer_types=[{"M": "linear_attention", "-": "mlp", "*": "full_attention"}[c]
+                     for c in "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-"])),
+    # transformers' GraniteMoeHybridConfig defaults made dense (Granite 4.0-H micro has no experts) with
+    # Granite 4.0-H's one attention layer in ten, and its NoPE
+    "granite-4": FamilyShape("granitemoehybrid", "ibm-granite/granite-4.0-h-micro", dict(
+        architectures=["GraniteMoeHybridForCausalLM"], num_local_experts=0, num_hidden_layers=40,
+        position_embedding_type="nope", layer_types=(["linear_attention"] * 9 + ["full_attention"]) * 4,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)),
     "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
         architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,

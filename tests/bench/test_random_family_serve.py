@@ -118,7 +118,8 @@ def _serving_url(proc: subprocess.Popen[str], lines: queue.Queue[str], log: list
     raise AssertionError(f"serve did not start in {STARTUP_S:.0f} s:\n{''.join(log)}")
 
 
-HYBRID_FAMILIES = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "lfm2")  # recurrent layers: no speculation, hits only at checkpoints
+# recurrent layers: no speculation, hits only at checkpoints
+HYBRID_FAMILIES = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "lfm2", "lfm2-moe", "nemotron-h", "granite-4")
 
 
 def _speculation(usage: Any) -> dict[str, Any]:
