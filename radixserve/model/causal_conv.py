@@ -16,6 +16,15 @@ from torch import nn
 from radixserve.model.attention import AttentionMetadata
 
 
+def decode_slots(slots: list[int], fresh: list[bool], dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a step of one-token items: the slots to gather and scatter [B] and, per item, 1 to keep the
+    slot's state or 0 to start from zeros (an item at position 0) [B], as the recurrent layers use them."""
+    index = torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True)
+    keep = torch.tensor([not f for f in fresh], dtype=dtype).to(device, non_blocking=True)
+    return index, keep
+
+
 class CausalConv(nn.Module):
     """Holds the weight [channels, 1, kernel] (and bias) as checkpoints store them."""
 
@@ -30,8 +39,7 @@ class CausalConv(nn.Module):
         """inputs [T, C] -> outputs [T, C]; `windows` [slots, kernel - 1, C] is read and updated at `slots`."""
         bias = None if self.bias is None else self.bias.to(inputs.dtype)
         if meta.all_decode:  # one token per item: all items at once
-            index = torch.tensor(slots, dtype=torch.long).to(inputs.device, non_blocking=True)
-            keep = torch.tensor([not f for f in fresh], dtype=windows.dtype).to(inputs.device, non_blocking=True)
+            index, keep = decode_slots(slots, fresh, windows.dtype, inputs.device)
             window = torch.cat([windows[index] * keep[:, None, None], inputs[:, None, :]], dim=1)  # [B, K, C]
             windows[index] = window[:, 1:]
             out = (window * self.weight[:, 0, :].to(window.dtype).t()[None]).sum(dim=1)

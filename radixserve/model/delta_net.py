@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model.attention import AttentionMetadata
-from radixserve.model.causal_conv import CausalConv
+from radixserve.model.causal_conv import CausalConv, decode_slots
 from radixserve.model.spec import DeltaNetSpec, ModelSpec
 from radixserve.model.state_cache import StateCache
 
@@ -82,8 +82,7 @@ class GatedDeltaNet(nn.Module):
             torch.ops.radixserve.gated_delta_rule(q, k, v, beta, decay, delta, slots, meta.query_lens,
                                                   [int(f) for f in fresh], out)
         elif meta.all_decode:
-            index = torch.tensor(slots, dtype=torch.long).to(x.device, non_blocking=True)
-            keep = torch.tensor([not f for f in fresh], dtype=torch.float32).to(x.device, non_blocking=True)
+            index, keep = decode_slots(slots, fresh, torch.float32, x.device)
             delta[index] = self._step(delta[index] * keep[:, None, None, None], q, k, v, beta, decay, out)
         else:
             first = 0

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model.attention import AttentionMetadata
-from radixserve.model.causal_conv import CausalConv
+from radixserve.model.causal_conv import CausalConv, decode_slots
 from radixserve.model.spec import Mamba2Spec, ModelSpec
 from radixserve.model.state_cache import StateCache
 
@@ -80,8 +80,7 @@ class Mamba2Mixer(nn.Module):
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*m.time_step_limit)  # [T, H]
         decay = dt * -torch.exp(self.A_log.float())  # log of each step's decay, [T, H]
         if meta.all_decode:
-            index = torch.tensor(slots, dtype=torch.long).to(x.device, non_blocking=True)
-            keep = torch.tensor([not f for f in fresh], dtype=torch.float32).to(x.device, non_blocking=True)
+            index, keep = decode_slots(slots, fresh, torch.float32, x.device)
             state = ssm[index] * (keep[:, None, None, None] * torch.exp(decay)[:, :, None, None])
             state = state + (dt[:, :, None] * xs)[..., None] * b[:, :, None, :]
             ssm[index] = state
