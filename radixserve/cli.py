@@ -15,6 +15,7 @@ from radixserve.config import (
     POLICIES,
     PREEMPTION_MODES,
     QUANTIZED_ACTIVATIONS,
+    SLIDING_WINDOW_KV,
     STATE_CHECKPOINT_POLICIES,
     STATE_EVICTIONS,
     EngineConfig,
@@ -41,6 +42,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--state-eviction", choices=STATE_EVICTIONS, default=d.state_eviction,
                    help="hybrid models: which checkpoint goes when state slots run out: lru, or saved-compute "
                         "(recency plus the prefill tokens it saves) (default %(default)s)")
+    g.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default=d.sliding_window_kv,
+                   help="models with sliding-window layers (Gemma 3, gpt-oss): window keeps each sequence's last "
+                        "window of their K/V as a state, resumed from the prefix cache's checkpoints like a "
+                        "recurrent layer's; all keeps every token's K/V in the paged pool; auto: window on CPU, "
+                        "all on CUDA (where states would give up CUDA graphs) (default %(default)s)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
@@ -143,7 +149,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
-        state_eviction=a.state_eviction,
+        state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
         preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, max_queue_wait_s=a.max_queue_wait_s,

@@ -17,6 +17,10 @@ QUANTIZED_ACTIVATIONS = ("int8", "float32")  # how GGUF weights take their input
 DEFAULT_CPU_KV_MB = 256.0
 STATE_CHECKPOINT_POLICIES = ("branches", "request-ends", "every-block")  # scheduler/checkpoint_policy.py
 STATE_EVICTIONS = ("lru", "saved-compute")  # which checkpoint goes first (scheduler/checkpoint_policy.py)
+# window: a sliding-window layer keeps its last window's K/V as a per-sequence state; all: every token's
+# K/V in the paged pool, as a full-attention layer does; auto: window on CPU, all on CUDA, where window
+# states would take the model off CUDA graphs (docs/hybrid_cache.md, "Sliding-window layers")
+SLIDING_WINDOW_KV = ("auto", "window", "all")
 
 
 @dataclass
@@ -36,6 +40,7 @@ class EngineConfig:
     # branches (request ends and branch points) | request-ends | every-block (prompts' block boundaries too)
     state_checkpoints: str = "branches"
     state_eviction: str = "lru"  # lru | saved-compute (recency plus the prefill a checkpoint saves)
+    sliding_window_kv: str = "auto"  # SLIDING_WINDOW_KV: where sliding-window layers keep their K/V
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
@@ -122,6 +127,7 @@ class EngineConfig:
         if self.state_slots is not None and self.state_slots < 1:
             raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
         for name, choices in (("state_checkpoints", STATE_CHECKPOINT_POLICIES), ("state_eviction", STATE_EVICTIONS),
+                              ("sliding_window_kv", SLIDING_WINDOW_KV),
                               ("kv_cache_dtype", KV_CACHE_DTYPES), ("quantized_activations", QUANTIZED_ACTIVATIONS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be one of {', '.join(choices)}, "

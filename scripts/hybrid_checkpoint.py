@@ -1,12 +1,15 @@
-"""A Qwen3.5-shaped random-weight checkpoint scaled to a 2-core CPU, for `radixserve bench run` on a
-hybrid model (docs/bench/hybrid/): Qwen3.5's layer pattern (3 Gated DeltaNet layers to 1 full
-attention layer), head dims and gating, at hidden 1024 and 12 layers (about 200M parameters, fp32),
-with the tokenizer and chat template of `radixserve bench random-checkpoint --family qwen3.5`.
+"""Random-weight checkpoints of hybrid shapes scaled to a 2-core CPU, for `radixserve bench` on hybrid
+models (docs/bench/hybrid.md), with the tokenizer and chat template of `radixserve bench
+random-checkpoint --family F`:
+- `qwen3.5` (the default): Qwen3.5's layer pattern (3 Gated DeltaNet layers to 1 full attention
+  layer), head dims and gating, at hidden 1024 and 12 layers (about 200M parameters, fp32);
+- `gemma3`: Gemma 3 1B's attention (4 query heads, 1 kv head of 256, a 512-token window, 5 sliding
+  layers to 1 full, local and global rope) at 12 layers, hidden 1152 and an MLP of 2304 (about 130M).
 
     radixserve bench random-checkpoint --family qwen3.5 --out /tmp/rs-qwen35-tiny
     python scripts/hybrid_checkpoint.py /tmp/rs-qwen35-tiny /tmp/rs-qwen35-cpu
-    radixserve bench run --model /tmp/rs-qwen35-cpu --systems radixserve,radixserve-nocache \\
-        --workload multi-turn,shared-prefix,random
+    radixserve bench random-checkpoint --family gemma3 --out /tmp/rs-gemma3-tiny
+    python scripts/hybrid_checkpoint.py /tmp/rs-gemma3-tiny /tmp/rs-gemma3-cpu gemma3
 """
 
 from __future__ import annotations
@@ -17,20 +20,40 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 LAYERS = 12
 
 
-def main(tokenizer_dir: Path, out: Path) -> None:
-    tiny = json.loads((tokenizer_dir / "config.json").read_text())
-    config = AutoConfig.for_model(
+def _qwen35(tiny: dict) -> PretrainedConfig:
+    return AutoConfig.for_model(
         "qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], hidden_size=1024, intermediate_size=3072,
         num_hidden_layers=LAYERS, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
         linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
         linear_conv_kernel_dim=4, vocab_size=tiny["vocab_size"], eos_token_id=tiny["eos_token_id"],
         max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (LAYERS // 4))
+
+
+def _gemma3(tiny: dict) -> PretrainedConfig:
+    return AutoConfig.for_model(
+        "gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, intermediate_size=2304,
+        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        query_pre_attn_scalar=256, sliding_window=512, vocab_size=tiny["vocab_size"],
+        eos_token_id=tiny["eos_token_id"], bos_token_id=tiny.get("bos_token_id"), pad_token_id=0,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1000000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * (LAYERS // 6))
+
+
+SHAPES = {"qwen3.5": _qwen35, "gemma3": _gemma3}
+
+
+def main(tokenizer_dir: Path, out: Path, shape: str = "qwen3.5") -> None:
+    tiny = json.loads((tokenizer_dir / "config.json").read_text())
+    config = SHAPES[shape](tiny)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)
@@ -40,4 +63,4 @@ def main(tokenizer_dir: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4])

@@ -130,7 +130,7 @@ class LLMEngine:
         model_dir, model_name = resolve_model(config.model, config.dtype, config.device, config.enforce_eager)
         self.runner = ModelRunner(model_dir, config.dtype, config.device, config.attention_backend,
                                   config.block_size, config.load_format, config.enforce_eager, config.cpu_threads,
-                                  config.kv_cache_dtype, config.quantized_activations)
+                                  config.kv_cache_dtype, config.quantized_activations, config.sliding_window_kv)
         self.tokenizer: Any = load_tokenizer(model_dir)
         self.config = config = for_device(config, self.runner.device)
         sizes = engine_sizes(config, self.runner)

@@ -106,7 +106,7 @@ class TorchAttentionBackend:
     Variants (`window`, `sinks`, `softcap`): a window is a tighter mask for SDPA, and the gathers
     skip the blocks wholly before the first key a row (or a piece of a long row) sees; the short
     rows' plan is made once per step and window. SDPA has no sinks or softcap: where either is set,
-    the attention is computed explicitly in fp32 (`_attend`).
+    the attention is computed explicitly in fp32 (`attend`).
     """
 
     name = "torch"
@@ -160,7 +160,7 @@ class TorchAttentionBackend:
         rows, width = plan.num_rows, plan.max_query
         qs = q if plan.tokens is None else q.index_select(0, plan.tokens)
         qs = qs.view(rows, width, *q.shape[1:]).transpose(1, 2)  # [R, Hq, width, D]
-        o = _attend(qs, keys.transpose(1, 2), vals.transpose(1, 2), plan.mask, scale, sinks, softcap)
+        o = attend(qs, keys.transpose(1, 2), vals.transpose(1, 2), plan.mask, scale, sinks, softcap)
         o = o.transpose(1, 2).reshape(rows * width, *q.shape[1:])
         if plan.tokens is None:
             out.copy_(o)
@@ -190,14 +190,14 @@ class TorchAttentionBackend:
             mask = None
             if start > 0 or window is not None or explicit:  # else plain causal, which SDPA runs without a mask tensor
                 q_pos = torch.arange(start, end, device=q.device)
-                mask = _visible(q_pos, torch.arange(skip * block_size, end, device=q.device), window)
+                mask = visible(q_pos, torch.arange(skip * block_size, end, device=q.device), window)
             qs = q[first : first + count].transpose(0, 1)
             # with a batch dimension SDPA takes its flash kernel on CPU; without one, the math path (2x slower)
-            o = _attend(qs[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None], mask, scale, sinks, softcap)
+            o = attend(qs[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None], mask, scale, sinks, softcap)
             out[first : first + count] = o[0].transpose(0, 1)
 
 
-def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+def visible(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """[..., Q, K]: whether the query at q_pos [..., Q] sees the key at key_pos [..., K] (causal, and
     inside the window)."""
     keys, queries = key_pos[..., None, :], q_pos[..., :, None]
@@ -205,7 +205,7 @@ def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> 
     return seen if window is None else seen & (keys > queries - window)
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, scale: float,
+def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None, scale: float,
             sinks: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
     """Attention of q [B, Hq, Q, D] over keys and vals [B, Hkv, K, D] (q head h reads kv head
     h // (Hq / Hkv)) where mask [B or 1, 1, Q, K] is true (None: causal, Q == K), in q's dtype:
@@ -290,7 +290,7 @@ class _ShortPlan:
         last_seen = (lens_t - news_t)[:, None] + slot[None, :]  # [R, width]: the last key each query sees
         last_seen = torch.minimum(last_seen, lens_t[:, None] - 1)
         key_pos = skips_t[:, None] * block_size + torch.arange(max_len, device=device)[None, :]  # [R, max_len]
-        mask = _visible(last_seen, key_pos, window)[:, None]
+        mask = visible(last_seen, key_pos, window)[:, None]
         real = (slot[None, :] < news_t[:, None]).reshape(-1).nonzero().squeeze(1)
         if every and all(n == width for n in news):
             tokens = None

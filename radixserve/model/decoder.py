@@ -3,7 +3,8 @@ from a `ModelSpec`.
 
 One forward call runs one flattened batch of T new tokens from many sequences; attention, including
 writing the new K/V into the cache, is delegated to an AttentionBackend with each layer's window,
-sinks and softcap. q/k/v and gate/up projections are each packed into one matmul (the loader fills
+sinks and softcap; a window-state layer's (`--sliding-window-kv window`) runs over its state slots
+(model/window_kv.py). q/k/v and gate/up projections are each packed into one matmul (the loader fills
 them from however the checkpoint stores them, `loader.checkpoint_targets`). Pre-norm layers (Llama's
 placement) carry the residual to the next layer's fused add + norm; sandwich (Gemma, GLM-4) and post
 (OLMo 2) layers add their residual themselves. Construction allocates weights without initialising
@@ -27,6 +28,7 @@ from radixserve.model.ops import ModelOps, TorchOps, rms_norm
 from radixserve.model.rope import RopeParams, RotaryEmbedding
 from radixserve.model.short_conv import ShortConv
 from radixserve.model.spec import LayerSpec, MlpSpec, ModelSpec
+from radixserve.model.window_kv import window_attention
 
 TORCH_OPS = TorchOps()
 
@@ -63,7 +65,9 @@ class Attention(nn.Module):
         super().__init__()
         a = layer_spec.attention
         assert a is not None
-        self.layer = spec.kv_index(layer)  # the KV cache holds attention layers only
+        self.layer = spec.kv_index(layer)  # the KV cache holds paged attention layers only
+        # a window-state layer reads and writes its window's K/V in the state cache instead (model/window_kv.py)
+        self.state_index = spec.state_index(layer) if a.window_state else None
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.q_size, spec.kv_size
         self.scale, self.window, self.softcap = a.scale, a.window, a.softcap
@@ -100,8 +104,13 @@ class Attention(nn.Module):
                 q, k = ops.rotary(q, k, prepared)
             else:
                 q, k = rotary.rotate(q, *prepared), rotary.rotate(k, *prepared)
-        out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
-                              window=self.window, sinks=self.sinks, softcap=self.softcap)
+        if self.state_index is not None:
+            assert self.window is not None
+            windows = None if kv_cache.states is None else kv_cache.states.conv[self.state_index]
+            out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap)
+        else:
+            out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
+                                  window=self.window, sinks=self.sinks, softcap=self.softcap)
         out = out.reshape(tokens, self.q_size)
         return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 

@@ -70,10 +70,18 @@ class StepInputs:
     sample_rows: torch.Tensor  # index into the T tokens of each row whose logits are sampled
 
 
+def window_states(sliding_window_kv: str, device: torch.device) -> bool:
+    """Whether sliding-window layers keep their window's K/V as a state (config.SLIDING_WINDOW_KV): "auto"
+    does on CPU only, since a model with states runs every step eagerly and on CUDA that gives up the
+    decode graphs (docs/hybrid_cache.md)."""
+    return sliding_window_kv == "window" or sliding_window_kv == "auto" and device.type != "cuda"
+
+
 class ModelRunner:
     def __init__(self, model_dir: str, dtype: str, device: str, backend: str, block_size: int,
                  load_format: str = "auto", enforce_eager: bool = False, cpu_threads: int | None = None,
-                 kv_cache_dtype: str = "auto", quantized_activations: str = "int8") -> None:
+                 kv_cache_dtype: str = "auto", quantized_activations: str = "int8",
+                 sliding_window_kv: str = "auto") -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu":
@@ -82,7 +90,8 @@ class ModelRunner:
         # it) or every step is eager (no C++ kernel runs)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format,
                                            keep_quantized=dtype == "auto" and not enforce_eager,
-                                           quantized_activations=quantized_activations)
+                                           quantized_activations=quantized_activations,
+                                           window_states=window_states(sliding_window_kv, self.device))
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
         for module in self.model.modules():
             if isinstance(module, MoE):
@@ -126,7 +135,7 @@ class ModelRunner:
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
-        return KVLayout(len(s.attentions), s.num_kv_heads, s.head_dim, self.block_size, self.dtype, self.kv_cache_dtype)
+        return KVLayout(len(s.paged_attentions), s.num_kv_heads, s.head_dim, self.block_size, self.dtype, self.kv_cache_dtype)
 
     def state_layout(self) -> StateLayout | None:
         """A hybrid model's recurrent-state slot shape; None for a model of attention layers only."""

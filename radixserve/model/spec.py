@@ -5,8 +5,9 @@ final norm and head. A layer's mixer is softmax attention over the paged KV cach
 or a recurrent layer whose per-sequence state has a fixed size: a Gated DeltaNet (`DeltaNetSpec`,
 linear attention), a gated short convolution (`ShortConvSpec`, LFM2) or a Mamba2 selective state
 space layer (`Mamba2Spec`, Nemotron-H, Granite 4). A pre-norm layer may hold only one of the two blocks
-(Nemotron-H's layers are each a mixer or an MLP). A model with any recurrent
-layer is a hybrid (`is_hybrid`), whose prefix cache restores recurrent states only where it
+(Nemotron-H's layers are each a mixer or an MLP). A sliding-window attention layer may keep its
+window's K/V as a fixed-size state too (`with_window_states`, `WindowKVSpec`). A model with any such
+stateful layer is a hybrid (`is_hybrid`), whose prefix cache restores states only where it
 checkpointed them (docs/hybrid_cache.md). Which
 architectures we run and how each family's config maps onto these descriptions is `families.py`;
 how its checkpoint names map onto our parameters is `CheckpointLayout`.
@@ -21,7 +22,7 @@ position.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,17 @@ class AttentionSpec:
     sinks: bool = False  # a learned logit per head joins the softmax (gpt-oss)
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2)
     output_gate: bool = False  # q_proj also yields a per-head gate: out * sigmoid(gate) before o_proj (Qwen3.5)
+    # a window layer whose K/V of the last window - 1 tokens is a per-sequence state (`WindowKVSpec`),
+    # not paged blocks: set by `ModelSpec.with_window_states`, never by a config
+    window_state: bool = False
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm {self.qk_norm!r}; supported: {', '.join(QK_NORMS)}")
         if self.window is not None and self.window < 1:
             raise ValueError(f"sliding window must be >= 1, got {self.window}")
+        if self.window_state and self.window is None:
+            raise ValueError("only a sliding-window layer keeps its K/V as a state")
 
 
 @dataclass(frozen=True)
@@ -191,7 +197,31 @@ class Mamba2Spec:
         return (self.num_heads, self.head_dim, self.state_size)
 
 
-RecurrentSpec = DeltaNetSpec | ShortConvSpec | Mamba2Spec  # a layer whose per-sequence state has a fixed size
+@dataclass(frozen=True)
+class WindowKVSpec:
+    """A sliding-window attention layer's keys and values kept as a state: the K and V rows (each
+    token's kv heads flattened, K then V) of the last `window - 1` tokens, which is all a query after
+    them reads besides its own. Stored like a convolution window (model/window_kv.py)."""
+
+    window: int
+    kv_size: int  # num_kv_heads * head_dim
+
+    @property
+    def conv_kernel(self) -> int:
+        return self.window
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.kv_size
+
+    @property
+    def state_shape(self) -> None:
+        """No state beyond the window's rows."""
+        return None
+
+
+# a layer whose per-sequence state has a fixed size
+RecurrentSpec = DeltaNetSpec | ShortConvSpec | Mamba2Spec | WindowKVSpec
 
 
 @dataclass(frozen=True)
@@ -220,14 +250,21 @@ class LayerSpec:
         return self.delta_net or self.short_conv or self.mamba
 
     @property
+    def window_state(self) -> bool:
+        """Its attention keeps the window's K/V as a state (`WindowKVSpec`), not in the paged cache."""
+        return self.attention is not None and self.attention.window_state
+
+    @property
     def has_mixer(self) -> bool:
         return self.attention is not None or self.recurrent is not None
 
     @property
     def llama_shaped(self) -> bool:
-        """Pre-norm, SwiGLU, rotate-half rope over whole heads, no window/sinks/softcap: the compiled CPU step's layer."""
+        """Pre-norm, SwiGLU, rotate-half rope over whole heads, no sinks/softcap, K/V in the paged cache: the
+        compiled CPU step's layer."""
         a, m = self.attention, self.mlp
         return (a is not None and m is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
+                and not a.window_state
                 and a.qk_norm == "none" and a.rope is not None and a.rope.rotary_dim is None
                 and not a.rope.interleaved and not a.sinks and a.softcap is None and not a.output_gate)
 
@@ -305,21 +342,49 @@ class ModelSpec:
 
     @property
     def attentions(self) -> list[AttentionSpec]:
-        """The attention layers' specs, in order: the layers the KV cache holds."""
+        """Every attention layer's spec, in order."""
         return [layer.attention for layer in self.layers if layer.attention is not None]
 
+    @property
+    def paged_attentions(self) -> list[AttentionSpec]:
+        """The attention layers the paged KV cache holds, in order: all but those keeping a window state."""
+        return [a for a in self.attentions if not a.window_state]
+
     def kv_index(self, layer: int) -> int:
-        """Where attention layer `layer`'s K/V sit in the KV cache (which holds attention layers only)."""
-        return sum(1 for earlier in self.layers[:layer] if earlier.attention is not None)
+        """Where attention layer `layer`'s K/V sit in the KV cache (which holds paged attention layers only)."""
+        return sum(1 for earlier in self.layers[:layer] if earlier.attention is not None and not earlier.window_state)
 
     def state_index(self, layer: int) -> int:
-        """Where recurrent layer `layer`'s states sit in the state cache (which holds recurrent layers only)."""
-        return sum(1 for earlier in self.layers[:layer] if earlier.recurrent is not None)
+        """Where layer `layer`'s states sit in the state cache (which holds recurrent and window-state layers only)."""
+        return len(self._stateful(self.layers[:layer]))
 
     @property
     def recurrents(self) -> list[RecurrentSpec]:
-        """The recurrent layers' specs, in order: the layers the state cache holds."""
-        return [r for r in (layer.recurrent for layer in self.layers) if r is not None]
+        """The specs of the layers the state cache holds, in order: recurrent layers and window-state attention."""
+        return self._stateful(self.layers)
+
+    def _stateful(self, layers: tuple[LayerSpec, ...]) -> list[RecurrentSpec]:
+        specs: list[RecurrentSpec] = []
+        for layer in layers:
+            if layer.recurrent is not None:
+                specs.append(layer.recurrent)
+            elif layer.attention is not None and layer.attention.window_state:
+                assert layer.attention.window is not None
+                specs.append(WindowKVSpec(layer.attention.window, self.kv_size))
+        return specs
+
+    def with_window_states(self) -> ModelSpec:
+        """This model with every sliding-window attention layer keeping its window's K/V as a state
+        (`--sliding-window-kv window`, docs/hybrid_cache.md). Itself if it has no such layer, or no
+        other: a model windowed everywhere (Mistral v0.1, Phi-3 mini) keeps paged blocks, which the radix
+        tree needs at least one layer of."""
+        windows = [a.window is not None for a in self.attentions]
+        if all(windows) or not any(windows):
+            return self
+        layers = tuple(layer if layer.attention is None or layer.attention.window is None
+                       else replace(layer, attention=replace(layer.attention, window_state=True))
+                       for layer in self.layers)
+        return replace(self, layers=layers)
 
     @property
     def delta_nets(self) -> list[DeltaNetSpec]:
@@ -327,7 +392,8 @@ class ModelSpec:
 
     @property
     def is_hybrid(self) -> bool:
-        """Some layer keeps a recurrent state: a cached prefix resumes only at a state checkpoint."""
+        """Some layer keeps a fixed-size state (recurrent, or a sliding window's K/V): a cached prefix
+        resumes only at a state checkpoint."""
         return bool(self.recurrents)
 
     @property

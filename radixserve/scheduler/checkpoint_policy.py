@@ -10,14 +10,17 @@ one (docs/hybrid_cache.md). Three policies, chosen by `--state-checkpoints`:
   the prefill stopping at each (vLLM's "align" mode keeps a state per block; it computes them in one
   kernel pass, this baseline runs a forward per block, so only its hit rate and state memory compare).
 
-Which checkpoint goes when the slots run out (`victim`), chosen by `--state-eviction`:
-- `lru`: the least recently used.
+Which checkpoint goes when the slots run out (`victim`): a superseded one first, one whose node is no
+branch point and whose only continuation holds a deeper checkpoint (an earlier turn's reply end,
+once the next turn ended), since it serves only prompts that leave that path between the two; then,
+chosen by `--state-eviction`:
+- `lru`: the least recently used. (Recency alone ranks a superseded checkpoint on a path still in use
+  above a waiting conversation's newest one, which is what its next turn resumes from.)
 - `saved-compute` (after Marconi): the lowest utility, its recency plus the prefill it saves. Both are
   normalised to [0, 1] over the checkpoints: recency by rank from least to most recently used, the
   saving as the tokens from the nearest checkpoint above it on its path to its end (what a hit there
   would recompute without it; all checkpoints cost one slot, so this is compute saved per byte).
-  An old checkpoint that a deeper one on the same path supersedes goes first; a long prefix's
-  checkpoint (a system prompt's branch point) outlives a recently used short step.
+  A long prefix's checkpoint (a system prompt's branch point) outlives a recently used short step.
 
 Invariant: a policy only chooses positions and victims; every checkpoint is taken where a sequence's
 working state is exactly the state after the node's tokens (at a chunk's end or at release), so no
@@ -66,12 +69,25 @@ class CheckpointPolicy:
         """The checkpoint to drop for a slot, never `keep`'s (the one a sequence is about to resume
         from); None if there is no other. A query."""
         aged = [node for node in tree.checkpoints_by_age() if node is not keep]
+        superseded = next((node for node in aged if _superseded(node)), None)
+        if superseded is not None:
+            return superseded
         if self.eviction == "lru" or len(aged) < 2:
             return aged[0] if aged else None
         saved = [node.end - _checkpoint_above(node) for node in aged]
         most = max(saved)
         return min(zip(aged, saved, range(len(aged))),
                    key=lambda t: t[2] / (len(aged) - 1) + t[1] / most)[0]
+
+
+def _superseded(node: RadixNode) -> bool:
+    """Whether a deeper checkpoint lies on `node`'s only continuation, down a chain of single children."""
+    below = node
+    while len(below.children) == 1:
+        (below,) = below.children.values()
+        if below.state >= 0:
+            return True
+    return False
 
 
 def _checkpoint_above(node: RadixNode) -> int:

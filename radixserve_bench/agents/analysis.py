@@ -107,7 +107,8 @@ def analyse_run(run: dict[str, Any], num_blocks: int, api: str, cache: str) -> d
     ttft_s, ttft_n = run.get("server_ttft") or (0.0, 0.0)
     summary["server_ttft_ms_mean"] = 1000 * ttft_s / ttft_n if ttft_n else NAN
     return {"api": api, "cache": cache, "num_blocks": num_blocks, "duration_s": run["duration_s"],
-            "requests": len(run["records"]), "errors": errors, "summary": summary, "turns": rows}
+            "requests": len(run["records"]), "errors": errors, "summary": summary, "turns": rows,
+            "cache_held": run.get("cache_held")}
 
 
 def compare(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

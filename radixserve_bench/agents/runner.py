@@ -79,6 +79,7 @@ class AgentBenchOptions:
     state_slots: int | None = None  # hybrid models: the engine's state slots (None: its default)
     state_checkpoints: str = "branches"  # hybrid models: the engine's checkpoint policy
     state_eviction: str = "lru"  # hybrid models: which checkpoint goes first
+    sliding_window_kv: str = "auto"  # sliding-window layers: K/V as a state or in the pool (config.SLIDING_WINDOW_KV)
     timeout_s: float = 14400.0  # per client run
     partial_path: str | None = None  # where the runs finished so far are written after each one
 
@@ -142,7 +143,8 @@ def serving(o: AgentBenchOptions, model_dir: str, cache: bool, num_blocks: int, 
                           num_blocks=num_blocks, max_num_batched_tokens=o.max_num_batched_tokens,
                           max_num_seqs=max(o.max_num_seqs, clients), max_model_len=o.max_model_len,
                           enable_prefix_cache=cache, cpu_threads=o.cpu_threads, state_slots=o.state_slots,
-                          state_checkpoints=o.state_checkpoints, state_eviction=o.state_eviction)
+                          state_checkpoints=o.state_checkpoints, state_eviction=o.state_eviction,
+                          sliding_window_kv=o.sliding_window_kv)
     # every loop of a run comes from one client address: let all of them generate at once
     config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.2, max_generations_per_client=max(64, clients + 8))
     with BackgroundServer(lambda: AsyncEngine(engine), config) as srv:
@@ -171,6 +173,20 @@ def ttft_totals(url: str) -> tuple[float, float]:
             if line.startswith(f"radixserve_time_to_first_token_seconds_{part} "):
                 totals[part] = float(line.split()[-1])
     return totals.get("sum", 0.0), totals.get("count", 0.0)
+
+
+def cache_held(engine: Any) -> dict[str, Any]:
+    """What the prefix cache holds once a run is over (every turn finished): its tokens, and the bytes
+    holding them, the KV blocks only the tree keeps plus its checkpoints' state slots."""
+    stats, runner = engine.stats(), engine.engine.runner
+    states = runner.state_layout()
+    kv_bytes = stats.blocks_cached * runner.kv_layout().bytes_per_block
+    state_bytes = stats.state_checkpoints * (states.bytes_per_slot if states is not None else 0)
+    held = kv_bytes + state_bytes
+    windows = [a for a in runner.spec.attentions if a.window is not None]
+    return {"tree_tokens": stats.tree_tokens, "kv_bytes": kv_bytes, "state_bytes": state_bytes,
+            "checkpoints": stats.state_checkpoints, "tokens_per_gb": stats.tree_tokens / (held / 1e9) if held else 0.0,
+            "sliding_window_kv": None if not windows else "window" if windows[0].window_state else "all"}
 
 
 def run_client(plan: ClientPlan, timeout_s: float) -> dict[str, Any]:
@@ -380,6 +396,7 @@ def run_agents(o: AgentBenchOptions, argv: list[str] | None = None) -> dict[str,
             run = run_client(plan, o.timeout_s)
             after = ttft_totals(srv.url)
             run["server_ttft"] = [after[0] - before[0], after[1] - before[1]]
+            run["cache_held"] = cache_held(srv.engine)
             return run
 
     runs: dict[str, dict[str, Any]] = {}

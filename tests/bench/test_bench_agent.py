@@ -118,6 +118,10 @@ def test_agent_bench_smoke(tiny_long_model: Path, tmp_path: Path) -> None:
             assert all(row["e2e_ms"] >= row["ttft_ms"] for row in run["turns"] if row["ttft_ms"] is not None)
             assert run["summary"]["server_ttft_ms_mean"] > 0  # the server's histogram counted the run
         assert on["responses_mode"] == ("chain" if api == "responses" else None)
+        # what the cache held when the run was over, and the memory holding it (no state: not a hybrid)
+        held = on["cache_held"]
+        assert held["tree_tokens"] > 0 and held["state_bytes"] == 0 and held["checkpoints"] == 0
+        assert held["tokens_per_gb"] == pytest.approx(held["tree_tokens"] / (held["kv_bytes"] / 1e9))
         # the cache's figures are the server's usage: every later turn hits the conversation so far ...
         for row in on["turns"]:
             if row["turn"] >= 2:

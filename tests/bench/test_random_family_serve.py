@@ -118,8 +118,12 @@ def _serving_url(proc: subprocess.Popen[str], lines: queue.Queue[str], log: list
     raise AssertionError(f"serve did not start in {STARTUP_S:.0f} s:\n{''.join(log)}")
 
 
-# recurrent layers: no speculation, hits only at checkpoints
-HYBRID_FAMILIES = ("qwen3.5", "qwen3.5-moe", "qwen3-next", "lfm2", "lfm2-moe", "nemotron-h", "granite-4")
+def _hybrid(model: Path) -> bool:
+    """Whether the served model keeps fixed-size states (recurrent layers, or sliding-window layers
+    under the default --sliding-window-kv window): no speculation, hits only at checkpoints."""
+    from radixserve.model.spec import load_spec
+
+    return load_spec(model).with_window_states().is_hybrid
 
 
 def _speculation(usage: Any) -> dict[str, Any]:
@@ -250,7 +254,7 @@ def test_family_serves_every_api(family: str, tmp_path: Path) -> None:
             assert started(), "no serve process"
         name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as oai:
-            _check_chat(oai, name, hybrid=family in HYBRID_FAMILIES)
+            _check_chat(oai, name, hybrid=_hybrid(model))
             _check_completions(oai, name)
             _check_responses(oai, name)
         with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120) as claude:

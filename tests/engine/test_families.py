@@ -17,8 +17,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 def make(arch: str, **kw: object) -> LLM:
-    # blocks of 4 and a 12-token step budget: prefill chunks end mid-block and cross the 8-token window
-    kw = {"block_size": 4, "num_blocks": 160, "max_num_batched_tokens": 12} | kw
+    # blocks of 4 and a 12-token step budget: prefill chunks end mid-block and cross the 8-token window;
+    # sliding-window layers in paged blocks, cached at token granularity (their window-state layout,
+    # which resumes at checkpoints like a hybrid's, is tested in test_hybrid_families.py)
+    kw = {"block_size": 4, "num_blocks": 160, "max_num_batched_tokens": 12, "sliding_window_kv": "all"} | kw
     return LLM(model=str(tiny_model_dir(arch)), **kw)
 
 

@@ -14,7 +14,8 @@ import torch
 from test_beam_search import assert_equal_to_reference
 from test_engine import assert_clean, random_prompts, reference
 from test_families import check as check_family
-from test_families import check_seeded_in_a_mixed_batch, make
+from test_families import check_seeded_in_a_mixed_batch
+from test_families import make as make_family
 from tiny_models import HYBRID_CONFIGS, hf_model, tiny_model_dir
 
 from radixserve import LLM, BeamSearchParams, SamplingParams
@@ -24,7 +25,13 @@ from radixserve.model.delta_net import GatedDeltaNet
 
 NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
-ARCHS = sorted(HYBRID_CONFIGS)
+# the sliding-window families whose window layers keep their K/V as a state (--sliding-window-kv window)
+WINDOW_STATE_ARCHS = ["gemma2", "gemma3", "gpt_oss", "olmo3"]
+ARCHS = sorted(HYBRID_CONFIGS) + WINDOW_STATE_ARCHS
+
+
+def make(arch: str, **kw: object) -> LLM:
+    return make_family(arch, **{"sliding_window_kv": "window", **kw})
 
 
 def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:

@@ -80,14 +80,17 @@ def test_mixed_and_decode_steps_equal_each_item_alone() -> None:
         for i, (n, start) in enumerate(zip(lens, starts)):
             pieces.append(layer(x[first:first + n], alone, _meta([n], [start], [i])))
             first += n
-    torch.testing.assert_close(got, torch.cat(pieces), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(batched.ssm[0], alone.ssm[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(batched.conv[0], alone.conv[0], atol=1e-5, rtol=1e-5)
+    # fp32 rounding: a batched product sums in another order than one item's (which BLAS kernel runs
+    # depends on the machine and its load: differences of 2e-5 were seen)
+    close = dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, torch.cat(pieces), **close)
+    torch.testing.assert_close(batched.ssm[0], alone.ssm[0], **close)
+    torch.testing.assert_close(batched.conv[0], alone.conv[0], **close)
     # a step of single tokens only (the batched update) equals each token alone
     x = torch.randn(3, _Spec.hidden_size)
     with torch.inference_mode():
         got = layer(x, batched, _meta([1, 1, 1], [10, 0, 12], [1, 3, 2]))
         pieces = [layer(x[i:i + 1], alone, _meta([1], [start], [slot]))
                   for i, (start, slot) in enumerate(zip([10, 0, 12], [1, 3, 2]))]
-    torch.testing.assert_close(got, torch.cat(pieces), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(batched.ssm[0], alone.ssm[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, torch.cat(pieces), **close)
+    torch.testing.assert_close(batched.ssm[0], alone.ssm[0], **close)

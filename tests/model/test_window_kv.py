@@ -1,0 +1,118 @@
+"""Sliding-window attention over window states (`model/window_kv.py`, `--sliding-window-kv window`)
+against the dense reference of test_attention_variants: each row's slot holds the K/V rows of the
+window - 1 tokens before its new ones (right-aligned, finite garbage where a short row has no such
+token, which must be masked), every variant (sinks, softcap) and mix of decodes, verifications and
+long prefill chunks; after the step each slot holds exactly its row's last window - 1 tokens. Also
+the spec: which layers keep a window state and what the KV cache and the state cache then hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from test_attention_variants import MIXES, SCALE, VARIANTS, WINDOW, Case, _case, _reference, _tolerance
+from tiny_models import tiny_model_dir
+
+from radixserve.model import window_kv
+from radixserve.model.spec import WindowKVSpec, load_spec
+from radixserve.model.state_cache import StateLayout
+from radixserve.model.window_kv import window_attention
+
+GARBAGE = 1e3  # where a slot has no token yet: finite (a real slot holds an earlier sequence's K/V)
+
+
+def _slot_rows(case: Case, b: int, first: int, count: int) -> torch.Tensor:
+    """Row b's K/V rows at positions first.. (count of them) as a window state stores them [count, 2 * Hkv * D]:
+    garbage at negative positions."""
+    rows = torch.full((count, 2 * case.keys[b][0].numel()), GARBAGE, dtype=torch.float64)
+    for r in range(count):
+        if first + r >= 0:
+            rows[r] = torch.cat([case.keys[b][first + r].reshape(-1), case.values[b][first + r].reshape(-1)])
+    return rows
+
+
+def _windows(case: Case, dtype: torch.dtype) -> torch.Tensor:
+    """A state tensor with one slot per row (and a scratch slot), each holding its window before the step."""
+    states = torch.zeros(len(case.rows) + 1, WINDOW - 1, 2 * case.keys[0][0].numel(), dtype=dtype)
+    for b, (n, new) in enumerate(case.rows):
+        states[b] = _slot_rows(case, b, n - new - WINDOW + 1, WINDOW - 1).to(dtype)
+    return states
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mix", MIXES)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if "window" in v] + ["window+sinks", "window+softcap"])
+def test_window_states_are_the_dense_reference(variant: str, mix: str, dtype: torch.dtype) -> None:
+    args: dict[str, Any] = {"window": WINDOW, **{k: v for k, v in VARIANTS["window+sinks+softcap"].items()
+                                                 if k in variant}}
+    case = _case(MIXES[mix], dtype, seed=len(variant) + len(mix), window=WINDOW)
+    windows = _windows(case, dtype)
+    meta = case.meta()
+    meta.state_slots = list(range(len(case.rows)))
+    got = window_attention(case.q, case.k_new, case.v_new, windows, meta, SCALE, WINDOW, args.get("sinks"),
+                           args.get("softcap"))
+    assert got.dtype == dtype and got.isfinite().all()
+    torch.testing.assert_close(got.double(), _reference(case, **args), **_tolerance(dtype))
+    for b, (n, _) in enumerate(case.rows):  # each slot moved on to its row's last window - 1 tokens
+        torch.testing.assert_close(windows[b].double(), _slot_rows(case, b, n - WINDOW + 1, WINDOW - 1).to(dtype).double())
+    assert (windows[-1] == 0).all(), "the scratch slot is no row's"
+
+
+def test_a_long_chunk_in_pieces_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = VARIANTS["window+sinks+softcap"]
+    case = _case([(700, 520), (30, 20), (5, 1)], torch.float32, seed=4, window=WINDOW)
+    monkeypatch.setattr(window_kv, "WINDOW_PIECE", 30)
+    windows = _windows(case, torch.float32)
+    meta = case.meta()
+    meta.state_slots = list(range(len(case.rows)))
+    got = window_attention(case.q, case.k_new, case.v_new, windows, meta, SCALE, WINDOW, args["sinks"],
+                           args["softcap"])
+    torch.testing.assert_close(got.double(), _reference(case, **args), **_tolerance(torch.float32))
+
+
+def test_a_probe_forward_without_states_starts_every_row_from_an_empty_window() -> None:
+    case = _case([(1, 1), (1, 1), (30, 30)], torch.float32, seed=6, window=WINDOW)
+    got = window_attention(case.q, case.k_new, case.v_new, None, case.meta(), SCALE, WINDOW, None, None)
+    torch.testing.assert_close(got.double(), _reference(case, window=WINDOW), **_tolerance(torch.float32))
+
+
+def test_the_spec_keeps_window_layers_as_states_where_a_full_layer_remains() -> None:
+    gemma3 = load_spec(tiny_model_dir("gemma3"))  # sliding, sliding, full
+    assert not gemma3.is_hybrid and len(gemma3.paged_attentions) == 3
+    windowed = gemma3.with_window_states()
+    assert windowed.is_hybrid and len(windowed.paged_attentions) == 1
+    assert windowed.recurrents == [WindowKVSpec(8, windowed.kv_size)] * 2
+    assert [windowed.kv_index(i) for i in range(3)] == [0, 0, 0] and windowed.state_index(2) == 2
+    layout = StateLayout(tuple(windowed.recurrents), torch.float32)
+    assert layout.bytes_per_slot == 2 * 7 * 2 * windowed.kv_size * 4  # two layers' last 7 tokens' K and V
+    # a model windowed on every layer (Mistral v0.1) keeps paged blocks: the radix tree needs one paged layer
+    mistral = load_spec(tiny_model_dir("mistral"))
+    assert all(a.window for a in mistral.attentions) and mistral.with_window_states() is mistral
+    llama = load_spec(tiny_model_dir("llama"))
+    assert llama.with_window_states() is llama
+
+
+def test_a_llama_shaped_model_with_window_states_leaves_the_compiled_cpu_step() -> None:
+    """The compiled step reads every layer's K/V from the paged cache: a Qwen2 with a sliding layer runs
+    it with the layer paged, and the Python layers with the layer's window as a state."""
+    from transformers import AutoConfig
+
+    from radixserve.model.spec import ModelSpec
+
+    config = AutoConfig.for_model("qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                  use_sliding_window=True, sliding_window=8,
+                                  layer_types=["full_attention", "sliding_attention"])
+    spec = ModelSpec.from_hf_config(config)
+    assert [a.window for a in spec.attentions] == [None, 8] and spec.llama_shaped
+    assert not spec.with_window_states().llama_shaped
+
+
+def test_auto_keeps_window_states_off_cuda_only() -> None:
+    """On CUDA a model with states gives up its decode graphs: "auto" pages the windows there."""
+    from radixserve.model.runner import window_states
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert window_states("auto", cpu) and not window_states("auto", cuda)
+    assert window_states("window", cuda) and not window_states("all", cpu)
