@@ -91,6 +91,7 @@ class RadixNode:
     hits: int = 0  # matches that took this node's tokens (radix_tree.record_hit)
     namespace: str = ""  # on a namespace's root only: the namespace it is the root of
     state: int = -1  # hybrid models: a checkpoint, the state slot holding the recurrent state after tokens[:end]
+    state_used: int = 0  # when its checkpoint was last taken or resumed from (traffic through the node does not count)
     in_checkpoints: bool = False
     id: int = field(default_factory=_ids.__next__)
 
@@ -147,7 +148,7 @@ class RadixTree:
         self.roots: dict[str, RadixNode] = {"": self.root}  # namespace -> its root
         self._lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # evictable from the device
         self._host_lru: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # droppable host copies
-        self._checkpoints: SortedList = SortedList(key=lambda n: (n.last_access, n.id))  # nodes holding a state
+        self._checkpoints: SortedList = SortedList(key=lambda n: (n.state_used, n.id))  # nodes holding a state
         self.checkpoints_evicted = 0  # checkpoints dropped to free a state slot
         self._protected: set[int] = set()  # nodes in the middle of a move: neither tier may give them up
         self._clock = itertools.count(1)
@@ -555,12 +556,22 @@ class RadixTree:
         device (the caller keeps the slot). Changes the cache."""
         if node.parent is None or node.state >= 0 or not node.blocks:
             return False
-        node.state = slot
+        node.state, node.state_used = slot, next(self._clock)
         self._refresh(node)
         return True
 
+    def resumed_from(self, node: RadixNode) -> None:
+        """A sequence copied `node`'s checkpoint: it counts as used now. Changes the cache (its order)."""
+        assert node.state >= 0, "the node holds no checkpoint"
+        self._unlist(node)
+        node.state_used = next(self._clock)
+        self._refresh(node)
+
     def checkpoints_by_age(self) -> list[RadixNode]:
-        """The nodes holding a checkpoint, least recently used first. A query."""
+        """The nodes holding a checkpoint, least recently used first: by when each was taken or last
+        resumed from. A sequence running on through a checkpoint's node does not use it: the
+        checkpoint of an earlier turn on a conversation still going is older than the newest one of a
+        conversation waiting for its next turn, which that turn resumes from. A query."""
         return list(self._checkpoints)
 
     def evict_checkpoint(self, node: RadixNode) -> None:

@@ -2,20 +2,19 @@
 
 A checkpoint is the recurrent state after exactly the tokens of a radix node; a hit resumes only from
 one (docs/hybrid_cache.md). Three policies, chosen by `--state-checkpoints`:
-- `branches` (the default): at the end of every released sequence (a reply, a preemption, an abort)
-  and at branch points, where a new prompt leaves a cached path or a running prefill's prompt;
-  those are where the next hit is likely to end.
+- `branches` (the default): at the end of every released sequence (a reply, a preemption, an abort),
+  at the end of every prompt, and at branch points, where a new prompt leaves a cached path or a
+  running prefill's prompt; those are where the next hit is likely to end. (A prompt's end is where
+  the next turn leaves the cached path when the client sends the reply back other than as it was
+  generated: re-rendered tool calls, thinking left out.)
 - `request-ends`: at the end of every released sequence only (SGLang's default for hybrids).
 - `every-block`: at the end of every released sequence and at every block boundary of a prompt,
   the prefill stopping at each (vLLM's "align" mode keeps a state per block; it computes them in one
   kernel pass, this baseline runs a forward per block, so only its hit rate and state memory compare).
 
-Which checkpoint goes when the slots run out (`victim`): a superseded one first, one whose node is no
-branch point and whose only continuation holds a deeper checkpoint (an earlier turn's reply end,
-once the next turn ended), since it serves only prompts that leave that path between the two; then,
-chosen by `--state-eviction`:
-- `lru`: the least recently used. (Recency alone ranks a superseded checkpoint on a path still in use
-  above a waiting conversation's newest one, which is what its next turn resumes from.)
+Which checkpoint goes when the slots run out (`victim`), chosen by `--state-eviction`:
+- `lru`: the least recently used, by when it was taken or last resumed from
+  (`RadixTree.checkpoints_by_age`).
 - `saved-compute` (after Marconi): the lowest utility, its recency plus the prefill it saves. Both are
   normalised to [0, 1] over the checkpoints: recency by rank from least to most recently used, the
   saving as the tokens from the nearest checkpoint above it on its path to its end (what a hit there
@@ -57,8 +56,10 @@ class CheckpointPolicy:
 
     def next_stop(self, computed: int, planned: int, prompt_len: int) -> int:
         """Where a prefill that has computed `computed` tokens stops next to checkpoint, given the
-        branch point it plans to (`planned`, -1 for none); -1 for nowhere before its prompt's end."""
+        branch point it plans to (`planned`, -1 for none); -1 for nowhere up to its prompt's end."""
         stops = [planned] if planned > computed else []
+        if self.kind == "branches":  # a prompt's end: the next turn's history goes on from there even where
+            stops.append(prompt_len)  # the client renders this turn's reply differently (tool calls, thinking)
         if self.kind == "every-block":
             boundary = (computed // self.interval + 1) * self.interval
             if boundary < prompt_len:
@@ -69,25 +70,12 @@ class CheckpointPolicy:
         """The checkpoint to drop for a slot, never `keep`'s (the one a sequence is about to resume
         from); None if there is no other. A query."""
         aged = [node for node in tree.checkpoints_by_age() if node is not keep]
-        superseded = next((node for node in aged if _superseded(node)), None)
-        if superseded is not None:
-            return superseded
         if self.eviction == "lru" or len(aged) < 2:
             return aged[0] if aged else None
         saved = [node.end - _checkpoint_above(node) for node in aged]
         most = max(saved)
         return min(zip(aged, saved, range(len(aged))),
                    key=lambda t: t[2] / (len(aged) - 1) + t[1] / most)[0]
-
-
-def _superseded(node: RadixNode) -> bool:
-    """Whether a deeper checkpoint lies on `node`'s only continuation, down a chain of single children."""
-    below = node
-    while len(below.children) == 1:
-        (below,) = below.children.values()
-        if below.state >= 0:
-            return True
-    return False
 
 
 def _checkpoint_above(node: RadixNode) -> int:

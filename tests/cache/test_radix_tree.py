@@ -246,3 +246,26 @@ def test_allocation_evicts_only_under_pressure() -> None:
     assert pool.allocate(2) is None and tree.evictions == 0  # the pool alone never evicts
     assert tree.make_room(2) == [] and tree.evictions == 1 and pool.allocate(2) is not None
     assert tree.make_room(1) == [] and pool.allocate(1) is None  # nothing left to evict
+
+
+def test_a_checkpoint_is_used_when_taken_or_resumed_from_not_when_traffic_passes() -> None:
+    """Checkpoint recency (what LRU eviction of checkpoints reads) is when each was taken or last
+    resumed from: matches running on through a checkpoint's node leave its age alone."""
+    pool, states = BlockPool(8, 4), BlockPool(4, 1)
+    tree = RadixTree(pool, states=states)
+    nodes = []
+    for toks in ([1, 1, 1, 1], [2, 2, 2, 2]):
+        b = pool.allocate(1)
+        node = tree.insert(toks, b)
+        pool.release(b)
+        slot = states.allocate(1)
+        assert slot is not None and tree.attach_state(node, slot[0])
+        nodes.append(node)
+    first, second = nodes
+    assert tree.checkpoints_by_age() == [first, second]
+    for _ in range(3):  # traffic through the first checkpoint's node, as a longer conversation's turns
+        tree.match([1, 1, 1, 1, 5, 6])
+    assert tree.checkpoints_by_age() == [first, second]
+    tree.resumed_from(first)
+    assert tree.checkpoints_by_age() == [second, first]
+    tree.check_integrity()

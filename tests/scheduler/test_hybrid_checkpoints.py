@@ -154,40 +154,33 @@ def test_every_block_checkpoints_each_block_boundary_of_a_prompt() -> None:
     assert second.cached_tokens == 8 and sched.cache.recomputed_state_tokens == 2
 
 
-def test_a_superseded_checkpoint_goes_first_under_either_eviction() -> None:
-    # three slots, one sequence at a time: a shared prefix's branch point (8 tokens in) and a
-    # conversation's two reply ends on one path are checkpointed; then an unrelated prompt needs a slot
-    for eviction in STATE_EVICTIONS:
-        sched, ghost = make(slots=3, max_num_seqs=1, eviction=eviction), Ghost()
-        shared = [1, 2, 3, 4, 5, 6, 7, 8]
-        for prompt in (shared + [9, 9], shared + [3, 3]):  # the second leaves the first's path at 8
-            first = add(sched, prompt, max_tokens=2)
-            drain(sched, ghost)
-        second = add(sched, first.sequences[0].token_ids + [4], max_tokens=2)
+def test_a_next_turn_that_sends_the_reply_back_rewritten_resumes_at_the_prompt_end() -> None:
+    # a client re-renders the reply (a tool call's JSON, thinking left out): the next prompt leaves the
+    # cached path where the reply began, which only the default policy checkpointed
+    cached = {}
+    for policy in ("branches", "request-ends"):
+        sched, ghost = make(policy=policy), Ghost()
+        prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        add(sched, prompt, max_tokens=4)
         drain(sched, ghost)
-        assert second.cached_tokens == len(first.sequences[0].token_ids) - 1  # never its own checkpoint evicted
-        add(sched, [5, 5, 5, 5], max_tokens=2)
+        cached[policy] = add(sched, prompt + [11, 12, 13, 14, 15], max_tokens=2)
         drain(sched, ghost)
-        hit = add(sched, shared + [7, 7], max_tokens=2)
-        drain(sched, ghost)
-        # the first reply's end went, which the second reply's end (on the same path, 3 tokens on)
-        # supersedes, not the branch point, though that is the least recently used
-        assert hit.cached_tokens == len(shared), eviction
+    assert cached["branches"].cached_tokens == 10 and cached["request-ends"].cached_tokens == 0
 
 
 def test_saved_compute_eviction_keeps_a_long_prefix_over_a_recent_short_step() -> None:
-    # three slots, one sequence at a time: a branch point 8 tokens in and two reply ends below it,
-    # then two unrelated prompts, each needing a slot; nothing is superseded
+    # five slots, one sequence at a time: a branch point 8 tokens in with prompt and reply ends below
+    # it, then two unrelated prompts whose own checkpoints need slots
     hits = {}
     for eviction in STATE_EVICTIONS:
-        sched, ghost = make(slots=3, max_num_seqs=1, eviction=eviction), Ghost()
+        sched, ghost = make(slots=5, max_num_seqs=1, eviction=eviction), Ghost()
         shared = [1, 2, 3, 4, 5, 6, 7, 8]
         for prompt in (shared + [9, 9], shared + [3, 3], [5, 5, 5, 5], [6, 6, 6, 6, 6, 6]):
             add(sched, prompt, max_tokens=2)
             drain(sched, ghost)
         hits[eviction] = add(sched, shared + [7, 7], max_tokens=2)
         drain(sched, ghost)
-    # lru dropped the branch point, the least recently used; saved-compute a reply end 3 tokens below it
+    # lru dropped the branch point, the least recently used; saved-compute checkpoints a few tokens below it
     assert hits["lru"].cached_tokens == 0 and hits["saved-compute"].cached_tokens == 8
 
 
