@@ -70,10 +70,10 @@ class SequenceCache:
         (then it does not draft). Changes the cache."""
         if self.states is None:
             return True
-        slot = self._allocate_state()
-        if slot < 0:
+        got = self.states.allocate(1)  # drafts are never worth evicting a checkpoint, which a later hit resumes from
+        if got is None:
             return False
-        seq.state_backup = slot
+        seq.state_backup = slot = got[0]
         copies.append(BlockCopy(CopyKind.STATE, seq.state_slot, slot))
         return True
 
