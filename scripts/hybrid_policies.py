@@ -44,9 +44,10 @@ def _row(run_dir: Path) -> dict[str, Any]:
     states = StateLayout(tuple(spec.recurrents), torch.float32)
     kv = KVLayout(len(spec.paged_attentions), spec.num_kv_heads, spec.head_dim, options["block_size"], torch.float32)
     slots = options.get("state_slots")
-    if slots is None:  # the engine's default (engine/sizing.py, CPU): what the KV budget's memory holds
+    if not spec.is_hybrid or cache == "off":
+        slots = 0
+    elif slots is None:  # the engine's default (engine/sizing.py, CPU): what the KV budget's memory holds
         slots = max(4, min(2 * options["max_num_seqs"], states.slots_for_budget(DEFAULT_CPU_KV_MB)))
-    slots = slots if cache == "on" and spec.is_hybrid else 0
     summary = run["summary"]
     windows = f"sliding-window K/V: {layout}, " if layout else ""
     label = (f"{run_dir.name}: cache off" if cache == "off" else f"{run_dir.name}: {windows}"

@@ -2,11 +2,9 @@
 
 A checkpoint is the recurrent state after exactly the tokens of a radix node; a hit resumes only from
 one (docs/hybrid_cache.md). Three policies, chosen by `--state-checkpoints`:
-- `branches` (the default): at the end of every released sequence (a reply, a preemption, an abort),
-  at the end of every prompt, and at branch points, where a new prompt leaves a cached path or a
-  running prefill's prompt; those are where the next hit is likely to end. (A prompt's end is where
-  the next turn leaves the cached path when the client sends the reply back other than as it was
-  generated: re-rendered tool calls, thinking left out.)
+- `branches` (the default): at the end of every released sequence (a reply, a preemption, an abort)
+  and at branch points, where a new prompt leaves a cached path or a running prefill's prompt;
+  those are where the next hit is likely to end.
 - `request-ends`: at the end of every released sequence only (SGLang's default for hybrids).
 - `every-block`: at the end of every released sequence and at every block boundary of a prompt,
   the prefill stopping at each (vLLM's "align" mode keeps a state per block; it computes them in one
@@ -58,8 +56,6 @@ class CheckpointPolicy:
         """Where a prefill that has computed `computed` tokens stops next to checkpoint, given the
         branch point it plans to (`planned`, -1 for none); -1 for nowhere up to its prompt's end."""
         stops = [planned] if planned > computed else []
-        if self.kind == "branches":  # a prompt's end: the next turn's history goes on from there even where
-            stops.append(prompt_len)  # the client renders this turn's reply differently (tool calls, thinking)
         if self.kind == "every-block":
             boundary = (computed // self.interval + 1) * self.interval
             if boundary < prompt_len:

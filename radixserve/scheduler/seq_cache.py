@@ -13,9 +13,9 @@ the match is cut back to the deepest checkpoint on it and that state is copied i
 (the attention K/V past it is recomputed with the recurrent layers; `recomputed_state_tokens` counts
 it). Where checkpoints are taken is `checkpoint_policy.py`'s choice; this module takes them. At the
 end of every released sequence (a finished reply, a preemption) the working slot itself becomes the
-checkpoint. Where the policy stops a prefill (`checkpoint_at`: the default policy's prompt ends and
-branch points, where a new prompt leaves a cached path that has no checkpoint there or a prefill still
-running that shares its prefix; every block boundary under `every-block`) a copy of its state is attached; under
+checkpoint. Where the policy stops a prefill (`checkpoint_at`: the default policy's branch points,
+where a new prompt leaves a cached path that has no checkpoint there or a prefill still running that
+shares its prefix; every block boundary under `every-block`) a copy of its state is attached; under
 the default policy a sequence sharing a running prefill's prefix waits for that checkpoint. When
 slots run out the tree drops one (`RadixTree.evict_checkpoint`). A sequence verifying drafts
 holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the

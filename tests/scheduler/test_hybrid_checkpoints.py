@@ -154,26 +154,12 @@ def test_every_block_checkpoints_each_block_boundary_of_a_prompt() -> None:
     assert second.cached_tokens == 8 and sched.cache.recomputed_state_tokens == 2
 
 
-def test_a_next_turn_that_sends_the_reply_back_rewritten_resumes_at_the_prompt_end() -> None:
-    # a client re-renders the reply (a tool call's JSON, thinking left out): the next prompt leaves the
-    # cached path where the reply began, which only the default policy checkpointed
-    cached = {}
-    for policy in ("branches", "request-ends"):
-        sched, ghost = make(policy=policy), Ghost()
-        prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-        add(sched, prompt, max_tokens=4)
-        drain(sched, ghost)
-        cached[policy] = add(sched, prompt + [11, 12, 13, 14, 15], max_tokens=2)
-        drain(sched, ghost)
-    assert cached["branches"].cached_tokens == 10 and cached["request-ends"].cached_tokens == 0
-
-
 def test_saved_compute_eviction_keeps_a_long_prefix_over_a_recent_short_step() -> None:
-    # five slots, one sequence at a time: a branch point 8 tokens in with prompt and reply ends below
-    # it, then two unrelated prompts whose own checkpoints need slots
+    # three slots, one sequence at a time: a branch point 8 tokens in with two reply ends below it,
+    # then two unrelated prompts whose own checkpoints need slots
     hits = {}
     for eviction in STATE_EVICTIONS:
-        sched, ghost = make(slots=5, max_num_seqs=1, eviction=eviction), Ghost()
+        sched, ghost = make(slots=3, max_num_seqs=1, eviction=eviction), Ghost()
         shared = [1, 2, 3, 4, 5, 6, 7, 8]
         for prompt in (shared + [9, 9], shared + [3, 3], [5, 5, 5, 5], [6, 6, 6, 6, 6, 6]):
             add(sched, prompt, max_tokens=2)
