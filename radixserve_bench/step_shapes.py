@@ -134,6 +134,27 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         architectures=["GraniteMoeHybridForCausalLM"], num_local_experts=0, num_hidden_layers=40,
         position_embedding_type="nope", layer_types=(["linear_attention"] * 9 + ["full_attention"]) * 4,
         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)),
+    # Nemotron 3 Nano (30B, 3.5B active): Mamba2 and MoE layers alternating, 6 attention layers; 128
+    # squared-ReLU experts (top 6, scaled by 2.5) beside a shared one, as Megatron-Bridge's provider gives it
+    "nemotron-3": FamilyShape("nemotron_h", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", dict(
+        architectures=["NemotronHForCausalLM"], hidden_size=2688, num_attention_heads=32, num_key_value_heads=2,
+        head_dim=128, mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4,
+        n_routed_experts=128, num_experts_per_tok=6, moe_intermediate_size=1856,
+        moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5, n_group=1, topk_group=1,
+        norm_topk_prob=True, vocab_size=131072, max_position_embeddings=262144, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        layer_types=[{"M": "linear_attention", "E": "moe", "*": "full_attention"}[c]
+                     for c in "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"])),
+    # Granite 4.0-H tiny (7B, 1B active): 64 SwiGLU experts (top 6) beside the shared MLP, 4 attention
+    # layers among 36 Mamba2 ones, NoPE; its multipliers are left at transformers' defaults
+    "granite-4-moe": FamilyShape("granitemoehybrid", "ibm-granite/granite-4.0-h-tiny", dict(
+        architectures=["GraniteMoeHybridForCausalLM"], hidden_size=1536, num_hidden_layers=40, num_attention_heads=12,
+        num_key_value_heads=4, intermediate_size=512, shared_intermediate_size=1024, num_local_experts=64,
+        num_experts_per_tok=6, mamba_n_heads=48, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, vocab_size=100352, max_position_embeddings=131072,
+        position_embedding_type="nope", tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        layer_types=(["linear_attention"] * 5 + ["full_attention"] + (["linear_attention"] * 9 + ["full_attention"]) * 3
+                     + ["linear_attention"] * 4))),
     "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
         architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,

@@ -129,7 +129,7 @@ def timing(device: torch.device, bandwidth: float) -> list[dict]:
 def mxfp4_moe(device: torch.device, bandwidth: float) -> tuple[bool, list[dict]]:
     from radixserve.kernels.fused_moe import fused_experts
     from radixserve.kernels.fused_moe_mxfp4 import fused_experts_mxfp4
-    from radixserve.kernels.moe import GatedActivation
+    from radixserve.kernels.moe import ExpertActivation
     from radixserve.kernels.mxfp4_format import Mxfp4Experts
 
     e, h, i, top_k = 32, 2880, 2880, 4
@@ -138,7 +138,7 @@ def mxfp4_moe(device: torch.device, bandwidth: float) -> tuple[bool, list[dict]]
                            u8(e, h, i // 32, lo=118, hi=124), torch.randn(e, 2 * i, device=device).bfloat16() * 0.1,
                            torch.randn(e, h, device=device).bfloat16() * 0.1)
     dense = experts.dequantized(torch.bfloat16)
-    act = GatedActivation("clamped_swiglu")
+    act = ExpertActivation("clamped_swiglu")
     ok, rows = True, []
     per_expert = (experts.gate_up_blocks[0].numel() + experts.gate_up_scales[0].numel()
                   + experts.down_blocks[0].numel() + experts.down_scales[0].numel())

@@ -165,6 +165,14 @@ HYBRID_CONFIGS["lfm2_moe"] = dict(
     architectures=["Lfm2MoeForCausalLM"], num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
     conv_L_cache=3, conv_bias=True, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
     routed_scaling_factor=1.5, norm_eps=1e-5, eos_token_id=2, layer_types=["conv", "conv", "full_attention", "conv"])
+# Nemotron 3 (Nemotron-H MoE): squared-ReLU experts in a latent space, chosen within the best of 2 groups
+HYBRID_CONFIGS["nemotron_h_moe"] = dict(
+    HYBRID_CONFIGS["nemotron_h"], n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.5, moe_latent_size=24,
+    layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention", "mlp"])
+# Granite 4's MoE models: routed SwiGLU experts beside the shared MLP
+HYBRID_CONFIGS["granitemoehybrid_moe"] = dict(
+    HYBRID_CONFIGS["granitemoehybrid"], num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
@@ -173,7 +181,7 @@ _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral":
                 "granite": "granite", "qwen3_5": "qwen3_5_text",
                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2",
                 "nemotron_h": "nemotron_h", "granitemoehybrid": "granitemoehybrid",
-                "lfm2_moe": "lfm2_moe"}
+                "lfm2_moe": "lfm2_moe", "nemotron_h_moe": "nemotron_h", "granitemoehybrid_moe": "granitemoehybrid"}
 
 
 @functools.cache
@@ -195,7 +203,7 @@ def tiny_model_dir(arch: str) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
-            if name.endswith("expert_bias"):  # a saved buffer (LFM2-MoE): away from zero, so that it matters
+            if name.endswith(("expert_bias", "e_score_correction_bias")):  # saved buffers: away from zero, so that they matter
                 buffer.normal_(0.0, 0.2)
         for name, param in model.named_parameters():
             if name.endswith("bias"):

@@ -2,10 +2,11 @@
 
 Three launches after a sort of the token-expert pairs: the pairs t * k + j are grouped by expert, each
 expert's group padded to a whole number of `block_m` rows (`_route`); a grouped GEMM computes every
-routed pair's gate and up projections, one tile of rows of one expert per program, and applies the
-gated activation in its epilogue; a second computes the down projection and multiplies by the pair's
-routing weight; a last kernel sums each token's k pair outputs in k order and rounds once to x's dtype.
-Only the routed experts' weights are read; a program whose rows are all padding returns at once.
+routed pair's gate and up projections (an ungated expert's up projection only), one tile of rows of
+one expert per program, and applies the activation in its epilogue; a second computes the down
+projection and multiplies by the pair's routing weight; a last kernel sums each token's k pair
+outputs in k order and rounds once to x's dtype. Only the routed experts' weights are read; a
+program whose rows are all padding returns at once.
 
 Invariants:
 - batch invariance: each output value of a pair is computed by the same program code, with the same
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from radixserve.kernels.common import check_device, dot_precision, is_interpreted, upcast_in_kernel
 from radixserve.kernels.fused import _round
-from radixserve.kernels.moe import ACTIVATION_CODES, ExpertWeights, GatedActivation
+from radixserve.kernels.moe import ACTIVATION_CODES, ExpertActivation, ExpertWeights
 
 BLOCK_M = 16  # rows (token-expert pairs) per tile: a decode step routes a few rows to each expert
 BLOCK_N = 64
@@ -53,6 +54,8 @@ def _gated_activation(acc_gate, acc_up, alpha, limit, DTYPE: tl.constexpr, ACTIV
         value = gate * _sigmoid(gate) * up
     elif ACTIVATION == 1:  # gelu_tanh: 0.5 g (1 + tanh z) = g sigmoid(2z), without 1 + tanh's cancellation
         value = gate * _sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up  # 2 sqrt(2/pi)
+    elif ACTIVATION == 3:  # relu2, ungated: the up projection alone (`gate` is unused)
+        value = tl.maximum(up, 0.0) * tl.maximum(up, 0.0)
     else:  # clamped_swiglu (gpt-oss)
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -65,7 +68,7 @@ def _gate_up_kernel(
     x_ptr, w_ptr, bias_ptr, act_ptr, sorted_pairs_ptr, block_expert_ptr,
     num_pairs, num_experts, alpha, limit,
     stride_xt, stride_xh, stride_we, stride_wn, stride_wk, stride_be, stride_bn, stride_ap, stride_ai,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, ACTIVATION: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, ACTIVATION: tl.constexpr, GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -79,6 +82,7 @@ def _gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < INTER
     w_expert = w_ptr + expert * stride_we
+    up_row = INTER if GATED else 0  # where the up rows start: after the gate rows, or first
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
@@ -87,17 +91,21 @@ def _gate_up_kernel(
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + ks[None, :] * stride_xh,
                     mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
-        w_gate = tl.load(w_expert + cols[None, :] * stride_wn + ks[:, None] * stride_wk, mask=w_mask, other=0.0)
-        w_up = tl.load(w_expert + (cols[None, :] + INTER) * stride_wn + ks[:, None] * stride_wk, mask=w_mask,
+        w_up = tl.load(w_expert + (cols[None, :] + up_row) * stride_wn + ks[:, None] * stride_wk, mask=w_mask,
                        other=0.0)
         if UPCAST:
-            a, w_gate, w_up = a.to(tl.float32), w_gate.to(tl.float32), w_up.to(tl.float32)
-        acc_gate += tl.dot(a, w_gate, input_precision=DOT_PRECISION)
+            a, w_up = a.to(tl.float32), w_up.to(tl.float32)
         acc_up += tl.dot(a, w_up, input_precision=DOT_PRECISION)
+        if GATED:
+            w_gate = tl.load(w_expert + cols[None, :] * stride_wn + ks[:, None] * stride_wk, mask=w_mask, other=0.0)
+            if UPCAST:
+                w_gate = w_gate.to(tl.float32)
+            acc_gate += tl.dot(a, w_gate, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         bias_row = bias_ptr + expert * stride_be
-        acc_gate += tl.load(bias_row + cols * stride_bn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        acc_up += tl.load(bias_row + (cols + INTER) * stride_bn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        acc_up += tl.load(bias_row + (cols + up_row) * stride_bn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_gate += tl.load(bias_row + cols * stride_bn, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     value = _gated_activation(acc_gate, acc_up, alpha, limit, act_ptr.dtype.element_ty, ACTIVATION, UPCAST)
     tl.store(act_ptr + pairs[:, None] * stride_ap + cols[None, :] * stride_ai, value, mask=valid[:, None] & col_mask[None, :])
 
@@ -177,12 +185,14 @@ def _route(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     return sorted_pairs, block_expert
 
 
-def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights) -> None:
+def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
+           gated: bool) -> None:
     if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"x must be fp16, bf16 or fp32 [tokens, hidden], got {x.dtype} {tuple(x.shape)}")
     tokens, hidden = x.shape
-    experts, two_inter, _ = weights.gate_up.shape
-    if weights.gate_up.shape[2] != hidden or two_inter % 2 or weights.down.shape != (experts, hidden, two_inter // 2):
+    experts, rows, _ = weights.gate_up.shape
+    inter = rows // 2 if gated else rows
+    if weights.gate_up.shape[2] != hidden or (gated and rows % 2) or weights.down.shape != (experts, hidden, inter):
         raise ValueError(f"expert weights gate_up {tuple(weights.gate_up.shape)} and down "
                          f"{tuple(weights.down.shape)} do not fit hidden size {hidden}")
     if weights.gate_up.dtype != x.dtype or weights.down.dtype != x.dtype:
@@ -192,7 +202,7 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
     if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32:
         raise ValueError(f"topk_weights must be fp32 {tuple(topk_ids.shape)}, got {topk_weights.dtype} "
                          f"{tuple(topk_weights.shape)}")
-    for name, bias, width in (("gate_up_bias", weights.gate_up_bias, two_inter), ("down_bias", weights.down_bias, hidden)):
+    for name, bias, width in (("gate_up_bias", weights.gate_up_bias, rows), ("down_bias", weights.down_bias, hidden)):
         if bias is not None and bias.shape != (experts, width):
             raise ValueError(f"{name} must be [{experts}, {width}], got {tuple(bias.shape)}")
     tensors = [x, topk_ids, topk_weights, weights.gate_up, weights.down]
@@ -204,16 +214,16 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 
 def fused_experts(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
-    activation: GatedActivation, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
+    activation: ExpertActivation, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
 ) -> torch.Tensor:
     """[T, H]: Σ_k topk_weights[t, k] · expert_{topk_ids[t, k]}(x[t]) (kernels.moe's contract), on CUDA
     tensors (or CPU ones under TRITON_INTERPRET=1). Weights as `ExpertWeights` stacks them, in x's
     dtype. The tile sizes (keyword-only, powers of two >= 16) are fixed per call site: a token's
     result is the same whatever the other tokens only for one choice of them."""
-    _check(x, topk_ids, topk_weights, weights)
+    _check(x, topk_ids, topk_weights, weights, activation.gated)
     tokens, hidden = x.shape
-    experts, two_inter, _ = weights.gate_up.shape
-    inter, top_k = two_inter // 2, topk_ids.shape[1]
+    experts, rows, _ = weights.gate_up.shape
+    inter, top_k = rows // 2 if activation.gated else rows, topk_ids.shape[1]
     out = torch.empty_like(x)
     pairs = tokens * top_k
     if pairs == 0:
@@ -232,7 +242,7 @@ def fused_experts(
         pairs, experts, float(activation.alpha), float(activation.limit),
         *x.stride(), *weights.gate_up.stride(),
         gate_up_bias.stride(0), gate_up_bias.stride(1) if weights.gate_up_bias is not None else 0, *act.stride(),
-        HIDDEN=hidden, INTER=inter, TOPK=top_k, ACTIVATION=ACTIVATION_CODES[activation.kind],
+        HIDDEN=hidden, INTER=inter, TOPK=top_k, ACTIVATION=ACTIVATION_CODES[activation.kind], GATED=activation.gated,
         HAS_BIAS=weights.gate_up_bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         UPCAST=upcast, DOT_PRECISION=precision, **tiles,
     )

@@ -30,7 +30,7 @@ from radixserve.kernels.fused_moe import (
     _route,
     _sum_pairs_kernel,
 )
-from radixserve.kernels.moe import ACTIVATION_CODES, GatedActivation
+from radixserve.kernels.moe import ACTIVATION_CODES, ExpertActivation
 from radixserve.kernels.mxfp4_format import Mxfp4Experts
 
 
@@ -145,9 +145,12 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 
 
 def fused_experts_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Mxfp4Experts,
-                        activation: GatedActivation) -> torch.Tensor:
+                        activation: ExpertActivation) -> torch.Tensor:
     """[T, H]: Σ_k topk_weights[t, k] · expert_{topk_ids[t, k]}(x[t]) (kernels.moe's contract) with MXFP4
-    expert weights, on CUDA tensors (or CPU ones under TRITON_INTERPRET=1), with fused_moe's tiles."""
+    expert weights, on CUDA tensors (or CPU ones under TRITON_INTERPRET=1), with fused_moe's tiles.
+    Gated experts only (MXFP4 checkpoints are gpt-oss's)."""
+    if not activation.gated:
+        raise ValueError(f"MXFP4 experts with the ungated activation {activation.kind!r} are not supported")
     _check(x, topk_ids, topk_weights, experts)
     tokens, hidden = x.shape
     inter, top_k, num_experts = experts.intermediate, topk_ids.shape[1], experts.num_experts

@@ -2,7 +2,8 @@
 
 The router (which experts, with what weights) is the model's; this module owns only the experts'
 arithmetic, given `topk_ids` [T, k] and `topk_weights` [T, k]. Expert weights are stacked in one
-layout whatever the checkpoint's (`ExpertWeights`): gate rows then up rows, out x in, as nn.Linear.
+layout whatever the checkpoint's (`ExpertWeights`): gate rows then up rows, out x in, as nn.Linear;
+an ungated expert (Nemotron-H's squared ReLU, `UNGATED_ACTIVATIONS`) has up rows only.
 
 `prepare` lays them out once at load for the device's path, which `routed_experts` then takes:
 - CPU with the C++ extension loaded: `PackedExperts`, run by `radixserve::moe_experts` (csrc/moe.cpp);
@@ -25,26 +26,37 @@ from dataclasses import dataclass
 
 import torch
 
-ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")
-ACTIVATION_CODES = {kind: code for code, kind in enumerate(ACTIVATIONS)}  # moe.cpp's `Activation`
+ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")  # gated: act(gate) * up
+UNGATED_ACTIVATIONS = ("relu2",)  # one projection: relu(up)^2
+EXPERT_ACTIVATIONS = ACTIVATIONS + UNGATED_ACTIVATIONS
+ACTIVATION_CODES = {kind: code for code, kind in enumerate(EXPERT_ACTIVATIONS)}  # moe.cpp's `Activation`
 PACKED_DTYPES = (torch.float32, torch.bfloat16)  # the C++ kernel's weight dtypes
 TILE = 16  # the C++ kernel's lanes: a gate/up tile is 16 gate then 16 up outputs, a down tile 32 outputs
 
 
 @dataclass(frozen=True)
-class GatedActivation:
-    """How an expert's gate and up halves combine. silu: silu(g) * u (SwiGLU); gelu_tanh: GeGLU;
-    clamped_swiglu (gpt-oss): g clamped above at `limit`, u to [-limit, limit], g * sigmoid(alpha g) * (u + 1)."""
+class ExpertActivation:
+    """How an expert's first projection becomes the down projection's input. Gated, of its gate and up
+    halves: silu: silu(g) * u (SwiGLU); gelu_tanh: GeGLU; clamped_swiglu (gpt-oss): g clamped above at
+    `limit`, u to [-limit, limit], g * sigmoid(alpha g) * (u + 1). Ungated, of the whole projection:
+    relu2: relu(u)^2 (Nemotron-H)."""
 
     kind: str = "silu"
     alpha: float = 1.702
     limit: float = 7.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ACTIVATIONS:
-            raise ValueError(f"unknown gated activation {self.kind!r}; supported: {', '.join(ACTIVATIONS)}")
+        if self.kind not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"unknown expert activation {self.kind!r}; supported: {', '.join(EXPERT_ACTIVATIONS)}")
+
+    @property
+    def gated(self) -> bool:
+        """Whether the first projection holds gate rows then up rows (else up rows only)."""
+        return self.kind in ACTIVATIONS
 
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.kind == "relu2":
+            return torch.relu(gate_up).square()
         gate, up = gate_up.chunk(2, dim=-1)
         if self.kind == "silu":
             return torch.nn.functional.silu(gate) * up
@@ -57,7 +69,7 @@ class GatedActivation:
 
 @dataclass
 class ExpertWeights:
-    gate_up: torch.Tensor  # [E, 2I, H]: gate rows, then up rows
+    gate_up: torch.Tensor  # [E, 2I, H]: gate rows, then up rows; ungated experts [E, I, H], up rows only
     down: torch.Tensor  # [E, H, I]
     gate_up_bias: torch.Tensor | None = None  # [E, 2I]
     down_bias: torch.Tensor | None = None  # [E, H]
@@ -74,7 +86,7 @@ class ExpertWeights:
 
 
 def routed_experts_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                             weights: ExpertWeights, activation: GatedActivation) -> torch.Tensor:
+                             weights: ExpertWeights, activation: ExpertActivation) -> torch.Tensor:
     """[T, H]: Σ_k topk_weights[t, k] · expert_{topk_ids[t, k]}(x[t]), in plain torch, reading only
     the routed experts; each expert runs once over the tokens routed to it. The C++ and Triton
     paths are tested against it."""
@@ -105,9 +117,10 @@ def routed_experts_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
 @dataclass
 class PackedExperts:
     """Expert weights in the C++ kernel's layout (`csrc/moe.cpp`), made once at load by `prepare`:
-    gate_up [E, Ip/16, H, 32] (per input column, 16 gate then the matching 16 up outputs), down
-    [E, Hp/32, Ip, 32], in the checkpoint's dtype (fp32 or bf16); biases fp32 in the same tiles.
-    Ip and Hp are I and H rounded up to 16 and 32; the padding is zeros."""
+    gate_up [E, Ip/16, H, 32] (per input column, 16 gate then the matching 16 up outputs; ungated,
+    [E, Ip/32, H, 32], 32 up outputs), down [E, Hp/32, Ip, 32], in the checkpoint's dtype (fp32 or
+    bf16); biases fp32 in the same tiles. Ip and Hp are I rounded up to 16 (ungated: 32) and H to
+    32; the padding is zeros."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
@@ -130,8 +143,10 @@ def _tiles(rows: torch.Tensor) -> torch.Tensor:
     return rows.transpose(2, 3).contiguous()
 
 
-def pack_experts(weights: ExpertWeights) -> PackedExperts:
+def pack_experts(weights: ExpertWeights, gated: bool = True) -> PackedExperts:
     """`weights` in the C++ kernel's layout (a copy: the caller keeps only this)."""
+    if not gated:
+        return _pack_ungated(weights)
     experts, two_inter, hidden = weights.gate_up.shape
     inter = two_inter // 2
     padded_inter, padded_hidden = _round_up(inter, TILE), _round_up(hidden, 2 * TILE)
@@ -156,14 +171,36 @@ def pack_experts(weights: ExpertWeights) -> PackedExperts:
         gate_up_bias=gate_up_bias, down_bias=down_bias, hidden=hidden, intermediate=inter)
 
 
+def _pack_ungated(weights: ExpertWeights) -> PackedExperts:
+    """Up rows in tiles of 32 outputs, as the down projection's."""
+    experts, inter, hidden = weights.gate_up.shape
+    padded_inter, padded_hidden = _round_up(inter, 2 * TILE), _round_up(hidden, 2 * TILE)
+    up = weights.gate_up.new_zeros(experts, padded_inter, hidden)
+    up[:, :inter] = weights.gate_up.detach()
+    down = weights.down.new_zeros(experts, padded_hidden, padded_inter)
+    down[:, :hidden, :inter] = weights.down.detach()
+    up_bias = down_bias = None
+    if weights.gate_up_bias is not None:
+        up_bias = torch.zeros(experts, padded_inter, dtype=torch.float32)
+        up_bias[:, :inter] = weights.gate_up_bias.detach().float()
+        up_bias = up_bias.view(experts, padded_inter // (2 * TILE), 2 * TILE)
+    if weights.down_bias is not None:
+        down_bias = torch.zeros(experts, padded_hidden, dtype=torch.float32)
+        down_bias[:, :hidden] = weights.down_bias.detach().float()
+    return PackedExperts(
+        gate_up=_tiles(up.view(experts, padded_inter // (2 * TILE), 2 * TILE, hidden)),
+        down=_tiles(down.view(experts, padded_hidden // (2 * TILE), 2 * TILE, padded_inter)),
+        gate_up_bias=up_bias, down_bias=down_bias, hidden=hidden, intermediate=inter)
+
+
 def cpu_kernel_available() -> bool:
     """Whether the C++ extension with `radixserve::moe_experts` is loaded in this process
     (`cpu_extension.loaded_or_explained()` loads it)."""
     return hasattr(torch.ops.radixserve, "moe_experts")
 
 
-def prepare(weights: ExpertWeights, device: torch.device | str, *,
-            use_cpu_kernel: bool = True) -> ExpertWeights | PackedExperts:
+def prepare(weights: ExpertWeights, device: torch.device | str, *, use_cpu_kernel: bool = True,
+            gated: bool = True) -> ExpertWeights | PackedExperts:
     """`weights` as `routed_experts` runs them fastest on `device`, made once at load (a copy where the
     layout changes: the caller keeps only the result). CPU: `PackedExperts` where the C++ extension
     is loaded, the weights are fp32 or bf16 and `use_cpu_kernel` (False under --enforce-eager), else
@@ -171,12 +208,12 @@ def prepare(weights: ExpertWeights, device: torch.device | str, *,
     device = torch.device(device)
     if (device.type == "cpu" and use_cpu_kernel and weights.gate_up.dtype in PACKED_DTYPES
             and cpu_kernel_available()):
-        return pack_experts(weights.map(lambda t: t.detach()))
+        return pack_experts(weights.map(lambda t: t.detach()), gated)
     return weights.map(lambda t: t.detach().to(device).contiguous())
 
 
 def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                   weights: ExpertWeights | PackedExperts, activation: GatedActivation) -> torch.Tensor:
+                   weights: ExpertWeights | PackedExperts, activation: ExpertActivation) -> torch.Tensor:
     """The experts' output [T, H] in x's dtype on this device's fastest path: `PackedExperts` (CPU)
     through the C++ kernel, `ExpertWeights` on CUDA through the Triton kernels, otherwise the
     reference. x [T, H] fp32 or bf16, topk_ids [T, k] int64, topk_weights [T, k] fp32."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.kernels.moe import GatedActivation
+from radixserve.kernels.moe import ExpertActivation
 from radixserve.model.attention import AttentionBackend, AttentionMetadata
 from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.kv_cache import KVCache
@@ -120,7 +120,7 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * mlp.intermediate_size, bias=mlp.bias)
         self.down_proj = nn.Linear(mlp.intermediate_size, spec.hidden_size, bias=mlp.bias)
-        self.activation = GatedActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+        self.activation = ExpertActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
 
     def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -129,7 +129,7 @@ class MLP(nn.Module):
 
 
 class UngatedMLP(nn.Module):
-    """down(relu(up(x))^2): Nemotron-H's MLP (spec.UNGATED_ACTIVATIONS)."""
+    """down(relu(up(x))^2): Nemotron-H's MLP (kernels.moe.UNGATED_ACTIVATIONS)."""
 
     def __init__(self, spec: ModelSpec, mlp: MlpSpec) -> None:
         super().__init__()
@@ -220,10 +220,10 @@ class DecoderLayer(nn.Module):
 
 
 def _mlp(spec: ModelSpec, mlp: MlpSpec) -> nn.Module:
-    if not mlp.gated:
-        return UngatedMLP(spec, mlp)
-    shared = MLP(spec, MlpSpec(mlp.shared_intermediate_size, mlp.activation)) if mlp.shared_intermediate_size else None
-    return MoE(spec, mlp, shared) if mlp.is_moe else MLP(spec, mlp)
+    if not mlp.is_moe:
+        return MLP(spec, mlp) if mlp.gated else UngatedMLP(spec, mlp)
+    shared = _mlp(spec, MlpSpec(mlp.shared_intermediate_size, mlp.activation)) if mlp.shared_intermediate_size else None
+    return MoE(spec, mlp, shared)
 
 
 class DecoderModel(nn.Module):

@@ -121,14 +121,15 @@ _LFM2_NAMES = (("self_attn.o_proj", "self_attn.out_proj"), ("self_attn.q_norm", 
                ("model.norm", "model.embedding_norm"))
 
 
-def _granite_hybrid_mlp(config: Any, layer: int) -> MlpSpec | None:
-    """Granite 4's routed experts are not run: a config with any is refused; its shared MLP is the
-    layer's MLP."""
+def _granite_hybrid_moe(config: Any, layer: int) -> MlpSpec | None:
+    """Granite 4's MoE models: the top-k router logits softmaxed, SwiGLU experts, and the shared MLP
+    added as it is. The dense models (no experts) run the shared MLP as the layer's MLP."""
     experts = int(getattr(config, "num_local_experts", 0) or 0)
-    if experts:
-        raise ValueError(f"num_local_experts {experts} is not supported in granitemoehybrid (its MoE models); "
-                         "supported: 0 (the dense Granite 4 models)")
-    return None
+    if not experts:
+        return None
+    return MlpSpec(int(config.intermediate_size), _activation(config), num_experts=experts,
+                   top_k=int(config.num_experts_per_tok), routing="topk_softmax",
+                   shared_intermediate_size=int(config.shared_intermediate_size), shared_gate=False)
 
 
 def _nemotron_mamba(config: Any) -> Mamba2Spec:
@@ -152,11 +153,14 @@ def _time_step_limit(config: Any) -> tuple[float, float]:
     return low, high
 
 
-_GRANITE_HYBRID_NAMES = (("mlp.gate_up_proj", "shared_mlp.input_linear"), ("mlp.down_proj", "shared_mlp.output_linear"))
+# the dense models' layer MLP and the MoE models' shared expert are both the checkpoint's shared_mlp
+_GRANITE_HYBRID_NAMES = (("mlp.gate_up_proj", "shared_mlp.input_linear"), ("mlp.down_proj", "shared_mlp.output_linear"),
+                         ("mlp.shared_expert.gate_up_proj", "shared_mlp.input_linear"),
+                         ("mlp.shared_expert.down_proj", "shared_mlp.output_linear"))
 _NEMOTRON_H_NAMES = (("model.embed_tokens", "backbone.embeddings"), ("model.norm", "backbone.norm_f"),
                      ("model.layers", "backbone.layers"), ("input_layernorm", "norm"),
                      ("post_attention_layernorm", "norm"), ("self_attn", "mixer"), ("mamba", "mixer"),
-                     ("mlp", "mixer"))
+                     ("mlp", "mixer"), ("shared_expert", "shared_experts"))
 
 
 def _mixtral_moe(config: Any, layer: int) -> MlpSpec:
@@ -210,12 +214,14 @@ FAMILIES: dict[str, Family] = {
                                                              experts="w1w3w2")),
     "NemotronHForCausalLM": Family("nemotron_h", norm_style="fp32_weight", qkv_bias=False, o_bias=False,
                                    single_block_layers=True, mamba=_nemotron_mamba, rope=lambda config: False,
-                                   checkpoint=CheckpointLayout(renames=_NEMOTRON_H_NAMES)),
+                                   checkpoint=CheckpointLayout(renames=_NEMOTRON_H_NAMES,
+                                                               expert_bias_name="gate.e_score_correction_bias")),
     "GraniteMoeHybridForCausalLM": Family(
         "granitemoehybrid", embedding_scale=lambda c: float(c.embedding_multiplier), extra=_granite_extra,
-        mamba=_granite_mamba, moe=_granite_hybrid_mlp, intermediate_size=lambda c: int(c.shared_intermediate_size),
+        mamba=_granite_mamba, moe=_granite_hybrid_moe, intermediate_size=lambda c: int(c.shared_intermediate_size),
         rope=lambda c: getattr(c, "position_embedding_type", None) == "rope",
-        checkpoint=CheckpointLayout(fused_gate_up=True, renames=_GRANITE_HYBRID_NAMES)),
+        checkpoint=CheckpointLayout(fused_gate_up=True, renames=_GRANITE_HYBRID_NAMES, mlp_name="block_sparse_moe",
+                                    router_name="router.layer", experts="input_output_linear")),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -320,8 +326,23 @@ def _single_block_layer(config: Any, kind: str, head_dim: int, bias: bool, famil
     act = getattr(config, "mlp_hidden_act", "relu2")
     if act != "relu2":
         raise ValueError(f"mlp_hidden_act {act!r} is not supported; supported: relu2")
-    return LayerSpec(None, MlpSpec(int(config.intermediate_size), "relu2", bias=bool(getattr(config, "mlp_bias", False))),
-                     family.norms)
+    bias = bool(getattr(config, "mlp_bias", False))
+    if kind == "moe":
+        return LayerSpec(None, _nemotron_moe(config, bias), family.norms)
+    return LayerSpec(None, MlpSpec(int(config.intermediate_size), "relu2", bias=bias), family.norms)
+
+
+def _nemotron_moe(config: Any, bias: bool) -> MlpSpec:
+    """Nemotron 3: squared-ReLU experts chosen by sigmoid score plus a correction bias within the best
+    groups, an ungated shared expert added as it is, optionally a latent space around the experts."""
+    if bias:  # transformers' experts have no biases where its other projections would
+        raise ValueError("mlp_bias in a Nemotron-H MoE layer is not supported")
+    return MlpSpec(int(config.moe_intermediate_size), "relu2", num_experts=int(config.n_routed_experts),
+                   top_k=int(config.num_experts_per_tok), routing="sigmoid_topk",
+                   normalize_topk=bool(config.norm_topk_prob), expert_bias=True, normalize_epsilon=1e-20,
+                   routed_scaling=float(config.routed_scaling_factor), expert_groups=int(config.n_group or 1),
+                   expert_groups_kept=int(config.topk_group or 1), latent_size=int(config.moe_latent_size or 0),
+                   shared_intermediate_size=int(config.moe_shared_expert_intermediate_size), shared_gate=False)
 
 
 def _layer_types(config: Any, family: Family) -> list[str]:
@@ -337,7 +358,7 @@ def _layer_types(config: Any, family: Family) -> list[str]:
                  + (("linear_attention",) if family.linear_attention or family.mamba else ())
                  + (("conv",) if family.short_conv else ()))
     if family.single_block_layers:
-        supported = ("linear_attention", "full_attention", "mlp")
+        supported = ("linear_attention", "full_attention", "mlp", "moe")
     for kind in types:
         if kind not in supported:
             raise ValueError(f"layer_types {kind!r} is not supported in {family.model_type}; "

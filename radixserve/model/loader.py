@@ -137,7 +137,7 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
         elif rest.startswith("mlp.shared_expert"):  # its down projection and its gate: as named
             targets[name] = Target(name)
         elif rest.startswith("mlp.") and mlp.is_moe:
-            targets.update(_expert_targets(name, layer, rest, mlp.num_experts, mlp.intermediate_size, layout))
+            targets.update(_expert_targets(name, layer, rest, mlp, layout))
         elif module in norm_names:
             targets[f"{layer}{norm_names[module]}.{leaf}"] = Target(name)
         else:
@@ -156,14 +156,17 @@ def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
     return dotted[1:-1]
 
 
-def _expert_targets(name: str, layer: str, rest: str, experts: int, inter: int,
-                    layout: CheckpointLayout) -> dict[str, Target]:
+def _expert_targets(name: str, layer: str, rest: str, mlp: MlpSpec, layout: CheckpointLayout) -> dict[str, Target]:
     prefix = f"{layer}{layout.mlp_name}."
     if rest.startswith("mlp.router."):
         return {f"{prefix}{layout.router_name}.{rest.rpartition('.')[2]}": Target(name)}
     if rest == "mlp.expert_bias":
-        return {f"{prefix}expert_bias": Target(name)}
+        return {f"{prefix}{layout.expert_bias_name}": Target(name)}
     piece = rest.removeprefix("mlp.")
+    if piece.startswith(("fc1_latent_proj.", "fc2_latent_proj.")):
+        return {f"{prefix}{piece}": Target(name)}
+    if layout.experts == "input_output_linear":  # Granite: [E, 2I, H] gate then up rows, [E, H, I], as ours
+        return {f"{prefix}{'input_linear' if piece == 'gate_up' else 'output_linear'}.weight": Target(name)}
     if layout.experts == "stacked_interleaved":  # gpt-oss: [E, in, out] with gate and up columns interleaved
         stacked = {"gate_up": ("gate_up_proj", _deinterleave_transposed), "gate_up_bias": ("gate_up_proj_bias",
                    _deinterleave), "down": ("down_proj", _transposed), "down_bias": ("down_proj_bias", None)}
@@ -171,8 +174,11 @@ def _expert_targets(name: str, layer: str, rest: str, experts: int, inter: int,
         return {f"{prefix}experts.{hf}": Target(name, convert=convert)}
     gate, up, down = ("w1", "w3", "w2") if layout.experts == "w1w3w2" else ("gate_proj", "up_proj", "down_proj")
     out: dict[str, Target] = {}
-    for e in range(experts):
-        if piece == "gate_up":
+    inter = mlp.intermediate_size
+    for e in range(mlp.num_experts):
+        if piece == "gate_up" and not mlp.gated:
+            out[f"{prefix}experts.{e}.{up}.weight"] = Target(name, expert=e)
+        elif piece == "gate_up":
             out[f"{prefix}experts.{e}.{gate}.weight"] = Target(name, 0, inter, expert=e)
             out[f"{prefix}experts.{e}.{up}.weight"] = Target(name, inter, inter, expert=e)
         elif piece == "down":
@@ -232,7 +238,10 @@ def _load_weights(model: CausalLM, files: list[Path]) -> None:
 
 
 def _ignorable(name: str, spec: ModelSpec) -> bool:
-    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and spec.tie_word_embeddings)
+    # mtp.*: multi-token-prediction heads (Nemotron 3, Qwen3.5), which transformers skips too; our
+    # drafts come from the cache
+    return (name.endswith("rotary_emb.inv_freq") or name.startswith("mtp.")
+            or (name == "lm_head.weight" and spec.tie_word_embeddings))
 
 
 def _few(names: list[str], limit: int = 8) -> str:

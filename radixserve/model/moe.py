@@ -6,11 +6,14 @@ Routing follows the family (`MlpSpec.routing`):
   `normalize_topk`);
 - the top-k logits then a softmax over them (gpt-oss, whose router has a bias);
 - sigmoid scores, the top k chosen by score plus a learned per-expert bias and weighted by the score
-  alone, optionally normalised, then scaled (LFM2-MoE).
-A shared expert (Qwen3-Next, Qwen3.5-MoE: a dense MLP every token runs, scaled by sigmoid of its own
-one-output gate) is added to the routed experts' sum. Expert weights are stacked as `ExpertWeights`
-lays them out, whatever the checkpoint's layout (the loader converts). Invariant: a token's routing
-and result depend on that token alone.
+  alone, optionally normalised, then scaled (LFM2-MoE); optionally chosen only from the groups of
+  experts whose two best scores sum highest (Nemotron-H, as DeepSeek-V3).
+A shared expert (a dense MLP every token runs) is added to the routed experts' sum: scaled by sigmoid
+of its own one-output gate (Qwen3-Next, Qwen3.5-MoE) or as it is (Granite 4, Nemotron-H). Experts
+may be gated (SwiGLU and kin) or not (Nemotron-H's squared ReLU), and may run in a narrower latent
+space between two projections (Nemotron-H's `moe_latent_size`). Expert weights are stacked as
+`ExpertWeights` lays them out, whatever the checkpoint's layout (the loader converts). Invariant: a
+token's routing and result depend on that token alone.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.kernels.moe import ExpertWeights, GatedActivation, PackedExperts, prepare, routed_experts
+from radixserve.kernels.moe import ExpertActivation, ExpertWeights, PackedExperts, prepare, routed_experts
 from radixserve.kernels.mxfp4_format import Mxfp4Experts
 from radixserve.model.spec import MlpSpec, ModelSpec
 
@@ -32,17 +35,25 @@ class MoE(nn.Module):
         if (shared_expert is None) != (mlp.shared_intermediate_size == 0):
             raise ValueError("a shared expert is given exactly when the spec names one")
         self.shared_expert = shared_expert
-        self.shared_expert_gate = nn.Linear(spec.hidden_size, 1, bias=False) if shared_expert is not None else None
+        self.shared_expert_gate = (nn.Linear(spec.hidden_size, 1, bias=False)
+                                   if shared_expert is not None and mlp.shared_gate else None)
         hidden, inter, experts = spec.hidden_size, mlp.intermediate_size, mlp.num_experts
         self.top_k, self.routing, self.normalize_topk = mlp.top_k, mlp.routing, mlp.normalize_topk
+        self.normalize_epsilon = mlp.normalize_epsilon
+        self.expert_groups, self.expert_groups_kept = mlp.expert_groups, mlp.expert_groups_kept
         self.router = nn.Linear(hidden, experts, bias=mlp.router_bias)
         self.expert_bias = nn.Parameter(torch.empty(experts)) if mlp.expert_bias else None
         self.routed_scaling = mlp.routed_scaling
-        self.gate_up = nn.Parameter(torch.empty(experts, 2 * inter, hidden))
-        self.down = nn.Parameter(torch.empty(experts, hidden, inter))
-        self.gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if mlp.bias else None
-        self.down_bias = nn.Parameter(torch.empty(experts, hidden)) if mlp.bias else None
-        self.activation = GatedActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+        # the experts' input and output width: the latent space between the two projections, if any
+        width = mlp.latent_size or hidden
+        self.fc1_latent_proj = nn.Linear(hidden, width, bias=False) if mlp.latent_size else None
+        self.fc2_latent_proj = nn.Linear(width, hidden, bias=False) if mlp.latent_size else None
+        self.activation = ExpertActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+        rows = 2 * inter if self.activation.gated else inter
+        self.gate_up = nn.Parameter(torch.empty(experts, rows, width))
+        self.down = nn.Parameter(torch.empty(experts, width, inter))
+        self.gate_up_bias = nn.Parameter(torch.empty(experts, rows)) if mlp.bias else None
+        self.down_bias = nn.Parameter(torch.empty(experts, width)) if mlp.bias else None
         # `pack` makes it once the weights are loaded; the loader sets MXFP4 experts the GPU runs as they are
         self.packed: ExpertWeights | PackedExperts | Mxfp4Experts | None = None
 
@@ -55,16 +66,27 @@ class MoE(nn.Module):
         if self.routing == "sigmoid_topk":
             scores = torch.sigmoid(logits.float())
             choice = scores if self.expert_bias is None else scores + self.expert_bias.float()
+            if self.expert_groups > 1:
+                choice = self._in_kept_groups(choice)
             ids = torch.topk(choice, self.top_k, dim=-1).indices
             weights = scores.gather(1, ids)
             if self.normalize_topk:
-                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)  # LFM2-MoE's epsilon
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + self.normalize_epsilon)
             return ids, weights * self.routed_scaling
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights
+
+    def _in_kept_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` [T, E] with every expert outside a token's kept groups at -inf: a group's score is
+        the sum of its two best choosing scores."""
+        grouped = choice.view(choice.shape[0], self.expert_groups, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        kept = torch.topk(group_scores, self.expert_groups_kept, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        return grouped.masked_fill(~keep[:, :, None], float("-inf")).view_as(choice)
 
     def experts(self) -> ExpertWeights:
         return ExpertWeights(self.gate_up, self.down, self.gate_up_bias, self.down_bias)
@@ -76,7 +98,8 @@ class MoE(nn.Module):
         packed tensors hold the weights from then on. MXFP4 experts are already in their kernels' layout."""
         if isinstance(self.packed, Mxfp4Experts):
             return
-        self.packed = prepare(self.experts(), self.gate_up.device, use_cpu_kernel=use_cpu_kernel)
+        self.packed = prepare(self.experts(), self.gate_up.device, use_cpu_kernel=use_cpu_kernel,
+                              gated=self.activation.gated)
         if isinstance(self.packed, PackedExperts):
             self.register_parameter("gate_up", None)
             self.register_parameter("down", None)
@@ -88,7 +111,11 @@ class MoE(nn.Module):
             from radixserve.kernels.fused_moe_mxfp4 import fused_experts_mxfp4  # imports triton: CUDA only
 
             return fused_experts_mxfp4(x, ids, weights, self.packed, self.activation)
-        out = routed_experts(x, ids, weights, self.packed or self.experts(), self.activation)
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ops)
+        latent = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x)
+        out = routed_experts(latent, ids, weights, self.packed or self.experts(), self.activation)
+        if self.fc2_latent_proj is not None:
+            out = self.fc2_latent_proj(out)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x, ops)
+            out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)
         return out

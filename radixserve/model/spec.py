@@ -26,13 +26,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from radixserve.kernels.moe import EXPERT_ACTIVATIONS, UNGATED_ACTIVATIONS
 from radixserve.model.rope import RopeParams
 
 QK_NORMS = ("none", "per_head", "whole")  # whole: one norm over all heads' q (OLMo 2), not per head
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 NORM_STYLES = ("llama", "gemma", "fp32_weight")
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
-UNGATED_ACTIVATIONS = ("relu2",)  # an MLP without a gate: down(act(up(x))) (Nemotron-H's squared ReLU)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class AttentionSpec:
 @dataclass(frozen=True)
 class MlpSpec:
     intermediate_size: int
-    activation: str = "silu"  # kernels.moe.ACTIVATIONS: silu (SwiGLU), gelu_tanh (GeGLU), clamped_swiglu
+    activation: str = "silu"  # kernels.moe.EXPERT_ACTIVATIONS: silu (SwiGLU), gelu_tanh (GeGLU), clamped_swiglu, relu2
     bias: bool = False
     num_experts: int = 0  # 0: a dense MLP
     top_k: int = 0
@@ -73,22 +73,32 @@ class MlpSpec:
     router_bias: bool = False
     expert_bias: bool = False  # sigmoid_topk: a learned per-expert bias on the scores that choose, not on the weights
     routed_scaling: float = 1.0  # sigmoid_topk: the k weights are multiplied by it
+    normalize_epsilon: float = 1e-6  # sigmoid_topk with normalize_topk: added to the k weights' sum (LFM2-MoE's)
+    # sigmoid_topk: the experts are split into `expert_groups` equal groups and a token's k are chosen from
+    # the `expert_groups_kept` groups whose two best choosing scores sum highest (Nemotron-H, DeepSeek-V3)
+    expert_groups: int = 1
+    expert_groups_kept: int = 1
+    latent_size: int = 0  # > 0: the routed experts run in a space of this width between two projections (Nemotron-H)
     swiglu_alpha: float = 1.702  # clamped_swiglu only
     swiglu_limit: float = 7.0
-    shared_intermediate_size: int = 0  # > 0: a shared expert beside the routed ones, scaled by sigmoid(gate(x)) (Qwen3-Next)
+    shared_intermediate_size: int = 0  # > 0: a shared expert beside the routed ones, of this MLP's activation
+    shared_gate: bool = True  # the shared expert's output is scaled by sigmoid(gate(x)) (Qwen3-Next); else added as is
 
     def __post_init__(self) -> None:
-        from radixserve.kernels.moe import ACTIVATIONS
-
-        if self.activation not in ACTIVATIONS + UNGATED_ACTIVATIONS:
-            raise ValueError(f"MLP activation {self.activation!r}; supported: "
-                             f"{', '.join(ACTIVATIONS + UNGATED_ACTIVATIONS)}")
-        if self.num_experts and not self.gated:
-            raise ValueError(f"experts with the ungated activation {self.activation!r} are not supported")
+        if self.activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"MLP activation {self.activation!r}; supported: {', '.join(EXPERT_ACTIVATIONS)}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"router {self.routing!r}; supported: {', '.join(ROUTINGS)}")
         if self.num_experts and not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k {self.top_k} must be in [1, num_experts {self.num_experts}]")
+        if self.expert_groups > 1:
+            per_group = self.num_experts // self.expert_groups
+            if self.routing != "sigmoid_topk" or self.num_experts % self.expert_groups or per_group < 2:
+                raise ValueError(f"{self.expert_groups} expert groups need sigmoid_topk routing and num_experts "
+                                 f"{self.num_experts} split into groups of at least 2")
+            if not 1 <= self.expert_groups_kept <= self.expert_groups or self.top_k > self.expert_groups_kept * per_group:
+                raise ValueError(f"topk_group {self.expert_groups_kept} must be in [1, {self.expert_groups}] and hold "
+                                 f"top_k {self.top_k} experts ({per_group} a group)")
 
     @property
     def is_moe(self) -> bool:
@@ -276,8 +286,10 @@ class CheckpointLayout:
     fused_qkv: bool = False  # one self_attn.qkv_proj (Phi-3)
     fused_gate_up: bool = False  # one mlp.gate_up_proj (Phi-3, GLM)
     mlp_name: str = "mlp"  # Mixtral: block_sparse_moe
-    router_name: str = "gate"  # gpt-oss: router
-    experts: str = "per_expert"  # per_expert (gate/up/down_proj), w1w3w2 (Mixtral), stacked_interleaved (gpt-oss)
+    router_name: str = "gate"  # gpt-oss: router; Granite 4: router.layer
+    expert_bias_name: str = "expert_bias"  # Nemotron-H: gate.e_score_correction_bias
+    # per_expert (gate/up/down_proj), w1w3w2 (Mixtral), stacked_interleaved (gpt-oss), input_output_linear (Granite 4)
+    experts: str = "per_expert"
     norm_names: tuple[tuple[str, str], ...] = ()  # (ours, the checkpoint's) where they differ
     # (ours, the checkpoint's) module paths, applied last to every name: a family naming its modules
     # its own way (LFM2: self_attn.out_proj, feed_forward.w1, operator_norm, model.embedding_norm)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.moe import ExpertWeights, GatedActivation, prepare, routed_experts, routed_experts_reference
+from radixserve.kernels.moe import ExpertActivation, ExpertWeights, prepare, routed_experts, routed_experts_reference
 from radixserve_bench.checks.micro_result import write_result
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -105,7 +105,7 @@ def _measure(args: argparse.Namespace, dtype: torch.dtype, device: torch.device)
     ) for _ in range(copies)]
     prepared = [prepare(layer, device) for layer in layers]
     eager = [_transformers_experts(layer, args) for layer in layers]
-    activation = GatedActivation("silu")
+    activation = ExpertActivation("silu")
     runs: dict[str, Run] = {
         "kernel": lambda i, x, ids, w: routed_experts(x, ids, w, prepared[i], activation),
         "reference": lambda i, x, ids, w: routed_experts_reference(x, ids, w, layers[i], activation),

@@ -45,7 +45,7 @@ GB = 1e9
 # config fields holding one entry per layer, and a list of layer indices; cut with the layers
 _PER_LAYER = ("layer_types", "no_rope_layers")
 _LAYER_INDICES = ("mlp_only_layers",)
-_EXPERT_COUNTS = ("num_local_experts", "num_experts")  # Mixtral and gpt-oss; Qwen3-MoE
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral and gpt-oss; Qwen3-MoE; Nemotron 3
 TINY_WINDOW = 32
 TINY_CONTEXT = 4096
 
@@ -188,6 +188,10 @@ def _tiny_fields(shape: FamilyShape, fields: dict[str, Any]) -> dict[str, Any]:
                 num_key_value_heads=4 if kv == heads else 1 if kv == 1 else 2, max_position_embeddings=context)
     if getattr(real, "moe_intermediate_size", None):
         tiny["moe_intermediate_size"] = 32
+    if getattr(real, "moe_shared_expert_intermediate_size", None):  # Nemotron 3's shared expert
+        tiny["moe_shared_expert_intermediate_size"] = 48
+    if getattr(real, "mamba_n_heads", None):  # Granite 4: its heads must divide mamba_expand * hidden_size
+        tiny.update(mamba_n_heads=8, mamba_d_head=16)
     for name in _EXPERT_COUNTS:
         if getattr(real, name, None):
             tiny[name] = 4

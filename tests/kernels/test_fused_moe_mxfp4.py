@@ -17,7 +17,7 @@ import torch
 
 from radixserve.kernels.fused_moe import fused_experts
 from radixserve.kernels.fused_moe_mxfp4 import fused_experts_mxfp4
-from radixserve.kernels.moe import ACTIVATIONS, GatedActivation, routed_experts_reference
+from radixserve.kernels.moe import ACTIVATIONS, ExpertActivation, routed_experts_reference
 from radixserve.kernels.mxfp4_format import FP4_E2M1, Mxfp4Experts, dequantize_mxfp4
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_equals_fused_experts_on_the_dequantized_weights(dtype, activation):
     experts = _experts(dtype, bias=activation == "clamped_swiglu")
     x = torch.randn(7, experts.hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
     ids, weights = _routing(7, experts.num_experts, 2, seed=2)
-    act = GatedActivation(activation)
+    act = ExpertActivation(activation)
     got = fused_experts_mxfp4(x, ids, weights, experts, act)
     assert torch.equal(got, fused_experts(x, ids, weights, experts.dequantized(dtype), act))
     reference = routed_experts_reference(x.double(), ids, weights, experts.dequantized(torch.float64).map(
@@ -65,7 +65,7 @@ def test_one_token_alone_or_among_others_bit_for_bit():
     experts = _experts(torch.bfloat16)
     x = torch.randn(9, experts.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
     ids, weights = _routing(9, experts.num_experts, 3, seed=4)
-    act = GatedActivation("clamped_swiglu")
+    act = ExpertActivation("clamped_swiglu")
     batch = fused_experts_mxfp4(x, ids, weights, experts, act)
     alone = fused_experts_mxfp4(x[4:5], ids[4:5], weights[4:5], experts, act)
     assert torch.equal(batch[4:5], alone)
@@ -90,7 +90,7 @@ def test_mismatched_stacks_are_refused():
         Mxfp4Experts(e.gate_up_blocks.int(), e.gate_up_scales, e.down_blocks, e.down_scales)
     with pytest.raises(ValueError, match=r"x must be .* \[tokens, 96\]"):
         fused_experts_mxfp4(torch.zeros(2, 64), torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1), e,
-                            GatedActivation("silu"))
+                            ExpertActivation("silu"))
 
 
 def test_kernels_compile_for_hopper_with_tensor_cores():
@@ -99,7 +99,7 @@ def test_kernels_compile_for_hopper_with_tensor_cores():
         "import torch\n"
         "from radixserve.kernels.aot_check import _compiled, stand_in_gpu\n"
         "from radixserve.kernels import fused_moe_mxfp4 as m\n"
-        "from radixserve.kernels.moe import GatedActivation\n"
+        "from radixserve.kernels.moe import ExpertActivation\n"
         "from radixserve.kernels.mxfp4_format import Mxfp4Experts\n"
         "kernels = (m._gate_up_mxfp4_kernel, m._down_mxfp4_kernel)\n"
         "e, h, i = 8, 2880, 2880\n"
@@ -111,7 +111,7 @@ def test_kernels_compile_for_hopper_with_tensor_cores():
         "    for kernel in kernels:\n"
         "        kernel.device_caches.clear()\n"
         "    m.fused_experts_mxfp4(torch.zeros(3, h, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3], [0, 5]]),\n"
-        "                          torch.ones(3, 2), experts, GatedActivation('clamped_swiglu'))\n"
+        "                          torch.ones(3, 2), experts, ExpertActivation('clamped_swiglu'))\n"
         "    for kernel in kernels:\n"
         "        for v in _compiled(kernel):\n"
         "            print(v.kernel, v.fits, v.tensor_cores)\n"

@@ -185,7 +185,7 @@ def test_spec_reads_each_config(tiny):
     kinds = config.get("layer_types") or config.get("layers_block_type") or [
         "sliding_attention" if arch in ("mistral", "mixtral") else "full_attention"] * spec.num_layers
     windows = [config.get("sliding_window") if kind == "sliding_attention" else None
-               for kind in kinds if kind not in ("linear_attention", "conv", "mlp")]
+               for kind in kinds if kind not in ("linear_attention", "conv", "mlp", "moe")]
     assert [a.window for a in spec.attentions] == windows
     assert len(spec.recurrents) == kinds.count("linear_attention") + kinds.count("conv")
     assert spec.tie_word_embeddings == bool(config.get("tie_word_embeddings"))
@@ -402,3 +402,17 @@ def test_config_without_architectures_falls_back_to_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="unsupported model architecture model_type 'gpt2'"):
         load_spec(tmp_path)
+
+
+def test_multi_token_prediction_heads_are_skipped_and_any_other_stray_tensor_named(tmp_path):
+    """Nemotron 3 and Qwen3.5 checkpoints ship mtp.* heads, which we do not run (drafts come from the
+    cache); every other tensor the architecture does not use still fails the load."""
+    source = tiny_model_dir("nemotron_h_moe")
+    (tmp_path / "config.json").write_text((source / "config.json").read_text())
+    tensors = load_file(str(source / "model.safetensors"))
+    save_file({**tensors, "mtp.layers.0.mixer.gate.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    model, _ = load_model(tmp_path, torch.float32, CPU)
+    assert torch.equal(model.state_dict()["model.norm.weight"], tensors["backbone.norm_f.weight"])
+    save_file({**tensors, "backbone.layers.1.mixer.stray": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="does not use: backbone.layers.1.mixer.stray"):
+        load_model(tmp_path, torch.float32, CPU)

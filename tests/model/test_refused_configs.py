@@ -32,11 +32,11 @@ REFUSED = [
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention True is not supported"),
     ("olmo3", {"sliding_window": None}, "sliding_window is not set"),
     ("llama", {"architectures": ["Gemma3ForConditionalGeneration"]}, "the text model of a Gemma 3 checkpoint"),
-    ("nemotron_h", {"layers_block_type": ["linear_attention", "moe", "full_attention", "mlp", "linear_attention",
-                                          "mlp"]}, "layer_types 'moe' is not supported in nemotron_h"),
     ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu' is not supported; supported: relu2"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act 'gelu' is not supported; supported: silu"),
-    ("granitemoehybrid", {"num_local_experts": 4}, "num_local_experts 4 is not supported in granitemoehybrid"),
+    ("nemotron_h_moe", {"mlp_bias": True}, "mlp_bias in a Nemotron-H MoE layer is not supported"),
+    ("nemotron_h_moe", {"n_group": 3}, "3 expert groups need sigmoid_topk routing and num_experts 8 split into groups"),
+    ("nemotron_h_moe", {"topk_group": 3}, "topk_group 3 must be in"),
 ]
 
 

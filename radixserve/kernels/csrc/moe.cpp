@@ -13,7 +13,9 @@
 // input column, gate outputs 16j..16j+15 then up outputs 16j..16j+15; down [E, Hp/32, Ip, 32],
 // tile b holding outputs 32b..32b+31; fp32 or bf16. Ip is the intermediate size and Hp the hidden
 // size rounded up to 16 and 32; padded weights and biases are zero, so padded activations are zero
-// (every supported activation maps gate = up = 0 to 0).
+// (every supported activation maps gate = up = 0 to 0). An ungated expert (relu2: relu(up)^2,
+// Nemotron-H) has no gate rows: its gate_up tile j holds up outputs 32j..32j+31, as a down tile does,
+// and Ip is rounded up to 32.
 //
 // Invariant: every value of a token's result is computed by the same operations in the same order
 // whatever the other tokens of the call and the thread count: each projection output is one fp32
@@ -47,7 +49,7 @@ constexpr int64_t kChunkRows = 48;  // rows whose inputs stay in cache while a t
 // the first read the weights from cache); threads are given equal shares of that cost.
 constexpr int64_t kStreamedPasses = 4;
 
-enum Activation : int64_t { kSilu = 0, kGeluTanh = 1, kClampedSwiglu = 2 };
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1, kClampedSwiglu = 2, kRelu2 = 3 };  // moe.py ACTIVATION_CODES
 
 struct ActivationParams {
   int64_t kind;
@@ -117,6 +119,20 @@ void gate_up_tile(const W* w, const float* x, int64_t in, const float* bias, flo
     store_lanes(gate, bias ? gate_sum + load_lanes(bias) : gate_sum);
     store_lanes(up, bias ? up_sum + load_lanes(bias + kLanes) : up_sum);
     for (int64_t l = 0; l < kLanes; ++l) act[r * act_stride + l] = activate(gate[l], up[l], params);
+  });
+}
+
+// One ungated up tile j for Rows rows: act[r][32j + l] = relu(up + bias)^2
+template <int Rows, typename W>
+void up_tile(const W* w, const float* x, int64_t in, const float* bias, float* act, int64_t act_stride) {
+  tile<Rows>(w, x, in, [&](int r, const Lanes& low_sum, const Lanes& high_sum) {
+    float up[kTileWidth];
+    store_lanes(up, bias ? low_sum + load_lanes(bias) : low_sum);
+    store_lanes(up + kLanes, bias ? high_sum + load_lanes(bias + kLanes) : high_sum);
+    for (int64_t l = 0; l < kTileWidth; ++l) {
+      const float relu = std::max(up[l], 0.0f);
+      act[r * act_stride + l] = relu * relu;
+    }
   });
 }
 
@@ -209,7 +225,9 @@ void run_experts(const Tensor& xs, const std::vector<int64_t>& counts, const std
                  const int64_t* sorted_pairs, const float* pair_weights, const W* gate_up, const float* gate_up_bias,
                  const W* down, const float* down_bias, const ActivationParams& params, int64_t hidden,
                  int64_t inter_tiles, int64_t hidden_tiles, Tensor& act, Tensor& pair_out) {
-  const int64_t inter = inter_tiles * kLanes, padded_hidden = hidden_tiles * kTileWidth;
+  const bool gated = params.kind != kRelu2;
+  const int64_t tile_outputs = gated ? kLanes : kTileWidth;  // a gate/up tile's activations
+  const int64_t inter = inter_tiles * tile_outputs, padded_hidden = hidden_tiles * kTileWidth;
   const float* x = xs.const_data_ptr<float>();
   float* a = act.mutable_data_ptr<float>();
   float* out = pair_out.mutable_data_ptr<float>();
@@ -223,8 +241,13 @@ void run_experts(const Tensor& xs, const std::vector<int64_t>& counts, const std
       const float* b = gate_up_bias ? gate_up_bias + (e * inter_tiles + t) * kTileWidth : nullptr;
       for (int64_t r = r0; r < r1; r += kTileRows) {
         const int64_t row = offsets[e] + r;
+        float* act_rows = a + row * inter + t * tile_outputs;
         by_rows(std::min(kTileRows, r1 - r), [&]<int Rows>() {
-          gate_up_tile<Rows>(w, x + row * hidden, hidden, b, a + row * inter + t * kLanes, inter, params);
+          if (gated) {
+            gate_up_tile<Rows>(w, x + row * hidden, hidden, b, act_rows, inter, params);
+          } else {
+            up_tile<Rows>(w, x + row * hidden, hidden, b, act_rows, inter);
+          }
         });
       }
     }
@@ -288,7 +311,9 @@ Tensor moe_experts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
                   (gate_up.scalar_type() == at::kFloat || gate_up.scalar_type() == at::kBFloat16),
               "moe_experts: gate_up must be contiguous fp32 or bf16 [experts, inter / 16, ", hidden, ", ",
               kTileWidth, "] (moe.py pack_experts), got ", gate_up.sizes());
-  const int64_t experts = gate_up.size(0), inter_tiles = gate_up.size(1), inter = inter_tiles * kLanes;
+  TORCH_CHECK(activation >= kSilu && activation <= kRelu2, "moe_experts: unknown activation ", activation);
+  const int64_t experts = gate_up.size(0), inter_tiles = gate_up.size(1);
+  const int64_t inter = inter_tiles * (activation == kRelu2 ? kTileWidth : kLanes);
   TORCH_CHECK(down.dim() == 4 && down.size(0) == experts && down.size(2) == inter && down.size(3) == kTileWidth &&
                   down.size(1) * kTileWidth >= hidden && down.size(1) * kTileWidth < hidden + kTileWidth &&
                   down.is_contiguous() && down.scalar_type() == gate_up.scalar_type(),
@@ -306,7 +331,6 @@ Tensor moe_experts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
                     down_bias->scalar_type() == at::kFloat && down_bias->is_contiguous(),
                 "moe_experts: down_bias must be contiguous fp32 [", experts, ", ", padded_hidden, "]");
   }
-  TORCH_CHECK(activation >= kSilu && activation <= kClampedSwiglu, "moe_experts: unknown activation ", activation);
 
   Tensor out = at::empty({tokens, hidden}, x.options());
   if (pairs == 0) return out;
