@@ -173,7 +173,20 @@ HYBRID_CONFIGS["nemotron_h_moe"] = dict(
 # Granite 4's MoE models: routed SwiGLU experts beside the shared MLP
 HYBRID_CONFIGS["granitemoehybrid_moe"] = dict(
     HYBRID_CONFIGS["granitemoehybrid"], num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)
+# Falcon-H1: attention and Mamba2 side by side in every layer, muP multipliers away from 1 everywhere;
+# gated Mamba2 output without a norm (as Falcon-H1 0.5B)
+_FALCON_H1 = dict(
+    architectures=["FalconH1ForCausalLM"], num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2, mamba_chunk_size=8,
+    embedding_multiplier=1.5, lm_head_multiplier=0.7, key_multiplier=0.8, attention_in_multiplier=1.2,
+    attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.8,
+    ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 0.7], mlp_multipliers=[0.8, 1.25], rms_norm_eps=1e-5, eos_token_id=2)
+HYBRID_CONFIGS["falcon_h1"] = dict(_FALCON_H1, mamba_rms_norm=False)
 TINY_CONFIGS.update(HYBRID_CONFIGS)
+# Falcon-H1's other Mamba2 outputs, checked at the model level: normed after the gate (its 7B-class
+# models, as Nemotron-H's) and before it
+TINY_CONFIGS["falcon_h1_norm"] = dict(_FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=False)
+TINY_CONFIGS["falcon_h1_norm_first"] = dict(_FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=True)
 
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "gemma2": "gemma2",
                 "gemma3": "gemma3_text", "gpt_oss": "gpt_oss", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
@@ -181,7 +194,8 @@ _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral":
                 "granite": "granite", "qwen3_5": "qwen3_5_text",
                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2",
                 "nemotron_h": "nemotron_h", "granitemoehybrid": "granitemoehybrid",
-                "lfm2_moe": "lfm2_moe", "nemotron_h_moe": "nemotron_h", "granitemoehybrid_moe": "granitemoehybrid"}
+                "lfm2_moe": "lfm2_moe", "nemotron_h_moe": "nemotron_h", "granitemoehybrid_moe": "granitemoehybrid",
+                "falcon_h1": "falcon_h1", "falcon_h1_norm": "falcon_h1", "falcon_h1_norm_first": "falcon_h1"}
 
 
 @functools.cache

@@ -74,6 +74,7 @@ class Attention(nn.Module):
         self.rope = None if a.rope is None else rope_key(spec, a.rope)
         self.qk_norm = a.qk_norm
         self.output_gate = a.output_gate
+        self.key_scale = a.key_scale
         self.q_rows = self.q_size * (2 if a.output_gate else 1)  # a gated q_proj: each head's q, then its gate
         self.qkv_proj = nn.Linear(spec.hidden_size, self.q_rows + 2 * self.kv_size, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=a.o_bias)
@@ -95,6 +96,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if self.key_scale != 1.0:
+            k = k * self.key_scale
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim).contiguous()
         if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -121,11 +124,16 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * mlp.intermediate_size, bias=mlp.bias)
         self.down_proj = nn.Linear(mlp.intermediate_size, spec.hidden_size, bias=mlp.bias)
         self.activation = ExpertActivation(mlp.activation, mlp.swiglu_alpha, mlp.swiglu_limit)
+        self.gate_scale, self.down_scale = mlp.gate_scale, mlp.down_scale
 
     def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if self.gate_scale != 1.0:
+            gate, up = gate_up.chunk(2, dim=-1)
+            gate_up = torch.cat((gate * self.gate_scale, up), dim=-1)
         h = ops.silu_and_mul(gate_up) if self.activation.kind == "silu" else self.activation(gate_up)
-        return self.down_proj(h)
+        out = self.down_proj(h)
+        return out if self.down_scale == 1.0 else out * self.down_scale
 
 
 class UngatedMLP(nn.Module):
@@ -154,10 +162,17 @@ class DecoderLayer(nn.Module):
         dim, eps, style = spec.hidden_size, spec.rms_norm_eps, spec.norm_style
         if self.placement != "post" and layer_spec.has_mixer:
             self.input_layernorm = RMSNorm(dim, eps, style)
-        # its mixer, under the checkpoints' names: linear_attn (a DeltaNet), conv (LFM2), mamba, else self_attn
+        # its mixer, under the checkpoints' names: linear_attn (a DeltaNet), conv (LFM2), mamba, else self_attn;
+        # parallel mixers (Falcon-H1) are mamba and self_attn both
         self.recurrent = layer_spec.recurrent is not None
+        self.parallel = layer_spec.parallel
         self.mixer_name: str | None = None
-        if layer_spec.delta_net is not None:
+        if self.parallel is not None:
+            assert layer_spec.mamba is not None
+            self.mamba = Mamba2Mixer(spec, layer_spec.mamba, spec.state_index(layer))
+            self.self_attn = Attention(spec, layer_spec, layer)
+            self.mixer_name = "parallel"
+        elif layer_spec.delta_net is not None:
             self.linear_attn = GatedDeltaNet(spec, layer_spec.delta_net, spec.state_index(layer))
             self.mixer_name = "linear_attn"
         elif layer_spec.short_conv is not None:
@@ -203,6 +218,10 @@ class DecoderLayer(nn.Module):
         return x + self._scaled(self.post_feedforward_layernorm(self.mlp(x, ops))), None
 
     def _mix(self, h, ropes, kv_cache: KVCache, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
+        if self.parallel is not None:
+            p = self.parallel
+            attended = self.self_attn(h * p.attention_in, ropes, kv_cache, meta, backend, ops) * p.attention_out
+            return self.mamba(h, kv_cache.states, meta) * p.mamba_out + attended
         if self.recurrent:
             assert self.mixer_name is not None
             return getattr(self, self.mixer_name)(h, kv_cache.states, meta)
@@ -302,6 +321,8 @@ class CausalLM(nn.Module):
             logits = self.lm_head(hidden)
         if self.spec.logit_divisor is not None:
             logits = logits / self.spec.logit_divisor
+        if self.spec.logit_scale is not None:
+            logits = logits * self.spec.logit_scale
         if self.spec.final_softcap is not None:
             cap = self.spec.final_softcap
             logits = torch.tanh(logits / cap) * cap

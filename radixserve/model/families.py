@@ -23,6 +23,7 @@ from radixserve.model.spec import (
     Mamba2Spec,
     MlpSpec,
     ModelSpec,
+    ParallelMixers,
     ShortConvSpec,
     int_list,
 )
@@ -51,6 +52,9 @@ class Family:
     # position embeddings ("full_attention") or an MLP ("mlp"), per `layers_block_type`
     single_block_layers: bool = False
     mamba: Callable[[Any], Mamba2Spec] | None = None  # "linear_attention" layers are Mamba2 layers, read by it
+    # Falcon-H1: every layer is "hybrid", attention and a Mamba2 layer side by side; this makes such a
+    # layer of the config's attention and MLP
+    hybrid_layer: Callable[[Any, AttentionSpec, MlpSpec], LayerSpec] | None = None
     rope: Callable[[Any], bool] = lambda config: True  # False: no position embedding in any layer (NoPE)
     intermediate_size: Callable[[Any], int] = lambda config: int(config.intermediate_size)
     embedding_scale: Callable[[Any], float | None] = lambda config: None
@@ -175,6 +179,35 @@ def _gpt_oss_moe(config: Any, layer: int) -> MlpSpec:
                    swiglu_limit=float(config.swiglu_limit))
 
 
+def _falcon_h1_layer(config: Any, attention: AttentionSpec, mlp: MlpSpec) -> LayerSpec:
+    """A Falcon-H1 layer: attention and Mamba2 read the same normed input, each scaled by its muP
+    multipliers, and their outputs are summed; then the MLP, its gate and output scaled too."""
+    if bool(config.mamba_proj_bias) != bool(config.projectors_bias):
+        raise ValueError(f"mamba_proj_bias {config.mamba_proj_bias} with projectors_bias {config.projectors_bias} "
+                         "is not supported; supported: both the same")
+    if config.hidden_act != "silu":  # the Mamba2 convolution's activation as well as the MLP's
+        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported in falcon_h1; supported: silu")
+    output = ("gate" if not config.mamba_rms_norm
+              else "norm_then_gate" if config.mamba_norm_before_gate else "gate_then_norm")
+    mamba = Mamba2Spec(int(config.mamba_n_heads), int(config.mamba_d_head), int(config.mamba_d_state),
+                       int(config.mamba_n_groups), int(config.mamba_d_conv), bool(config.mamba_conv_bias),
+                       bool(config.mamba_proj_bias), _time_step_limit(config), output=output,
+                       input_scale=float(config.ssm_in_multiplier),
+                       projection_scales=tuple(float(v) for v in config.ssm_multipliers))  # type: ignore[arg-type]
+    gate_scale, down_scale = (float(v) for v in config.mlp_multipliers)
+    return LayerSpec(replace(attention, key_scale=float(config.key_multiplier)),
+                     replace(mlp, gate_scale=gate_scale, down_scale=down_scale), mamba=mamba,
+                     parallel=ParallelMixers(float(config.attention_in_multiplier),
+                                             float(config.attention_out_multiplier), float(config.ssm_out_multiplier)))
+
+
+def _falcon_h1_extra(config: Any, fields: dict[str, Any]) -> None:
+    fields["logit_scale"] = float(config.lm_head_multiplier)
+
+
+_FALCON_H1_NAMES = (("mlp", "feed_forward"), ("post_attention_layernorm", "pre_ff_layernorm"),
+                    ("model.norm", "model.final_layernorm"))
+
 _GEMMA = dict(norms="sandwich", norm_style="gemma", embedding_scale=_gemma_scale, extra=_gemma_extra)
 _GLM_NORMS = (("post_attention_layernorm", "post_self_attn_layernorm"),
               ("pre_feedforward_layernorm", "post_attention_layernorm"),
@@ -222,6 +255,9 @@ FAMILIES: dict[str, Family] = {
         rope=lambda c: getattr(c, "position_embedding_type", None) == "rope",
         checkpoint=CheckpointLayout(fused_gate_up=True, renames=_GRANITE_HYBRID_NAMES, mlp_name="block_sparse_moe",
                                     router_name="router.layer", experts="input_output_linear")),
+    "FalconH1ForCausalLM": Family("falcon_h1", hybrid_layer=_falcon_h1_layer, extra=_falcon_h1_extra,
+                                  embedding_scale=lambda c: float(c.embedding_multiplier),
+                                  checkpoint=CheckpointLayout(renames=_FALCON_H1_NAMES)),
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
@@ -266,6 +302,12 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
             continue
         if kind == "linear_attention":
             layers.append(LayerSpec(None, mlp, family.norms, delta_net=_delta_net(config, family)))
+            continue
+        if kind == "hybrid":
+            assert family.hybrid_layer is not None
+            rope = _rope(config, "full_attention", head_dim, family) if family.rope(config) else None
+            layers.append(family.hybrid_layer(config, _attention(config, "full_attention", rope, head_dim, bias, family),
+                                              mlp))
             continue
         if kind == "conv":
             short = ShortConvSpec(int(config.hidden_size), int(config.conv_L_cache), bool(config.conv_bias))
@@ -356,7 +398,8 @@ def _layer_types(config: Any, family: Family) -> list[str]:
         raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {count}")
     supported = (("full_attention", "sliding_attention")
                  + (("linear_attention",) if family.linear_attention or family.mamba else ())
-                 + (("conv",) if family.short_conv else ()))
+                 + (("conv",) if family.short_conv else ())
+                 + (("hybrid",) if family.hybrid_layer else ()))
     if family.single_block_layers:
         supported = ("linear_attention", "full_attention", "mlp", "moe")
     for kind in types:

@@ -1,4 +1,4 @@
-"""The Mamba2 token mixer (the recurrent layers of Nemotron-H and Granite 4) over the state cache, in torch.
+"""The Mamba2 token mixer (the recurrent layers of Nemotron-H, Granite 4 and Falcon-H1) over the state cache, in torch.
 
 Per token t of a sequence and head h, with the layer's state S_h [head_dim, state_size]:
     dt = clamp(softplus(dt_t + dt_bias), time_step_limit);  S_h <- exp(dt A_h) S_h + dt x_t B_t^T
@@ -6,7 +6,8 @@ Per token t of a sequence and head h, with the layer's state S_h [head_dim, stat
 where x is the head's slice of the convolved inner channels, B and C (state_size each) are shared by
 the heads of a group and A_h = -exp(A_log_h) is a per-head scalar decay. x, B and C first pass a
 causal depthwise convolution (SiLU; model/causal_conv.py) whose last kernel - 1 inputs are the other
-half of the state. y is gated by SiLU(z), RMS-normed per group of heads, and projected back.
+half of the state. y is gated by SiLU(z) and RMS-normed per group of heads (or normed first, or only
+gated: `Mamba2Spec.output`), and projected back.
 
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
 item at position 0 starts from zeros) and leaves the state after its last token there. Steps of
@@ -31,18 +32,20 @@ CHUNK = 64  # tokens per chunk of the prefill scan: its [chunk, chunk] products 
 
 
 class GroupedGatedRMSNorm(nn.Module):
-    """y * SiLU(z), RMS-normed over each group's channels and weighted, in fp32; then the model's dtype."""
+    """y * SiLU(z), RMS-normed over each group's channels and weighted, in fp32; then the model's dtype.
+    `gate_first` False: normed and weighted first, then gated (Falcon-H1's norm_before_gate)."""
 
-    def __init__(self, dim: int, groups: int, eps: float) -> None:
+    def __init__(self, dim: int, groups: int, eps: float, gate_first: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.gate_first = groups, eps, gate_first
 
     def forward(self, y: torch.Tensor, gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        h = y.float() * F.silu(gate.float())
+        h = y.float() * F.silu(gate.float()) if self.gate_first else y.float()
         grouped = h.reshape(*h.shape[:-1], self.groups, -1)
         grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * grouped.reshape(h.shape)).to(dtype)
+        out = self.weight * grouped.reshape(h.shape)
+        return (out if self.gate_first else out * F.silu(gate.float())).to(dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -56,12 +59,24 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(m.num_heads))
         self.A_log = nn.Parameter(torch.empty(m.num_heads))
         self.D = nn.Parameter(torch.empty(m.num_heads))
-        self.norm = GroupedGatedRMSNorm(m.inner_dim, m.groups, spec.rms_norm_eps)
+        self.norm = (None if m.output == "gate"
+                     else GroupedGatedRMSNorm(m.inner_dim, m.groups, spec.rms_norm_eps, m.output == "gate_then_norm"))
+        scales = m.projection_scales
+        sections = (m.inner_dim, m.inner_dim, m.groups * m.state_size, m.groups * m.state_size, m.num_heads)
+        # Falcon-H1's per-section multipliers of in_proj's output (its mup vector), made on the host (the
+        # module is built on the meta device) and copied once to the weights' device and dtype; None: all 1
+        self.projection_scale = (None if all(v == 1.0 for v in scales) else torch.cat(
+            [torch.full((n,), v, device="cpu") for n, v in zip(sections, scales, strict=True)]))
         self.out_proj = nn.Linear(m.inner_dim, hidden, bias=m.proj_bias)
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
         m, tokens = self.m, x.shape[0]
-        gate, mixed, dt = self.in_proj(x).split([m.inner_dim, m.conv_dim, m.num_heads], dim=-1)
+        projected = self.in_proj(x if m.input_scale == 1.0 else x * m.input_scale)
+        if self.projection_scale is not None:
+            if self.projection_scale.device != projected.device or self.projection_scale.dtype != projected.dtype:
+                self.projection_scale = self.projection_scale.to(projected.device, projected.dtype)
+            projected = projected * self.projection_scale
+        gate, mixed, dt = projected.split([m.inner_dim, m.conv_dim, m.num_heads], dim=-1)
         fresh = [seq_len == n for n, seq_len in zip(meta.query_lens, meta.seq_lens_host)]  # items at position 0
         if states is None:  # a probe forward: no sequence owns a state, each item gets its own zeros
             conv = torch.zeros(meta.num_seqs, m.conv_kernel - 1, m.conv_dim, dtype=x.dtype, device=x.device)
@@ -95,7 +110,8 @@ class Mamba2Mixer(nn.Module):
                 first += n
             y = torch.cat(outs)
         y = y + self.D.float()[:, None] * xs
-        h = self.norm(y.reshape(tokens, m.inner_dim), gate, x.dtype)
+        y = y.reshape(tokens, m.inner_dim)
+        h = (y * F.silu(gate.float())).to(x.dtype) if self.norm is None else self.norm(y, gate, x.dtype)
         return self.out_proj(h)
 
 

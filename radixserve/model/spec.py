@@ -4,8 +4,9 @@ A model is an embedding, `layers` (each a token mixer, an `MlpSpec` and where it
 final norm and head. A layer's mixer is softmax attention over the paged KV cache (`AttentionSpec`)
 or a recurrent layer whose per-sequence state has a fixed size: a Gated DeltaNet (`DeltaNetSpec`,
 linear attention), a gated short convolution (`ShortConvSpec`, LFM2) or a Mamba2 selective state
-space layer (`Mamba2Spec`, Nemotron-H, Granite 4). A pre-norm layer may hold only one of the two blocks
-(Nemotron-H's layers are each a mixer or an MLP). A sliding-window attention layer may keep its
+space layer (`Mamba2Spec`, Nemotron-H, Granite 4), or attention and a Mamba2 layer side by side
+(`ParallelMixers`, Falcon-H1). A pre-norm layer may hold only one of the two blocks (Nemotron-H's
+layers are each a mixer or an MLP). A sliding-window attention layer may keep its
 window's K/V as a fixed-size state too (`with_window_states`, `WindowKVSpec`). A model with any such
 stateful layer is a hybrid (`is_hybrid`), whose prefix cache restores states only where it
 checkpointed them (docs/hybrid_cache.md). Which
@@ -32,6 +33,9 @@ from radixserve.model.rope import RopeParams
 QK_NORMS = ("none", "per_head", "whole")  # whole: one norm over all heads' q (OLMo 2), not per head
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 NORM_STYLES = ("llama", "gemma", "fp32_weight")
+# how a Mamba2 layer's output y meets its gate z before out_proj: RMS-normed per group after the gate
+# (Nemotron-H, Granite 4), before it, or gated only (no norm)
+MAMBA_OUTPUTS = ("gate_then_norm", "norm_then_gate", "gate")
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 
 
@@ -46,6 +50,7 @@ class AttentionSpec:
     sinks: bool = False  # a learned logit per head joins the softmax (gpt-oss)
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2)
     output_gate: bool = False  # q_proj also yields a per-head gate: out * sigmoid(gate) before o_proj (Qwen3.5)
+    key_scale: float = 1.0  # keys are multiplied by it before the rotary (Falcon-H1's key_multiplier)
     # a window layer whose K/V of the last window - 1 tokens is a per-sequence state (`WindowKVSpec`),
     # not paged blocks: set by `ModelSpec.with_window_states`, never by a config
     window_state: bool = False
@@ -83,6 +88,8 @@ class MlpSpec:
     swiglu_limit: float = 7.0
     shared_intermediate_size: int = 0  # > 0: a shared expert beside the routed ones, of this MLP's activation
     shared_gate: bool = True  # the shared expert's output is scaled by sigmoid(gate(x)) (Qwen3-Next); else added as is
+    gate_scale: float = 1.0  # a dense gated MLP's gate half is multiplied by it before the activation (Falcon-H1)
+    down_scale: float = 1.0  # a dense MLP's output is multiplied by it (Falcon-H1)
 
     def __post_init__(self) -> None:
         if self.activation not in EXPERT_ACTIVATIONS:
@@ -176,7 +183,9 @@ class Mamba2Spec:
     """A Mamba2 layer (Nemotron-H): in_proj to a gate z, the convolution's x, B, C and a time step
     per head; a causal depthwise convolution (SiLU) over x, B and C; the selective scan
     S <- exp(dt A) S + dt x B^T, y = S C + D x per head over a [heads, head_dim, state_size] state, B
-    and C shared by the heads of each of `groups`; y * SiLU(z) normed per group, then out_proj."""
+    and C shared by the heads of each of `groups`; y * SiLU(z) normed per group (`output`), then
+    out_proj. Falcon-H1 scales the input by `input_scale` and in_proj's z, x, B, C and dt sections by
+    `projection_scales`."""
 
     num_heads: int
     head_dim: int
@@ -186,11 +195,18 @@ class Mamba2Spec:
     conv_bias: bool = True
     proj_bias: bool = False  # in_proj and out_proj
     time_step_limit: tuple[float, float] = (0.0, float("inf"))  # dt is clamped into it after the softplus
+    output: str = "gate_then_norm"  # MAMBA_OUTPUTS
+    input_scale: float = 1.0
+    projection_scales: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)  # z, x, B, C, dt
 
     def __post_init__(self) -> None:
         if min(self.num_heads, self.head_dim, self.state_size, self.groups, self.conv_kernel) < 1 \
                 or self.num_heads % self.groups:
             raise ValueError(f"mamba heads {self.num_heads} must be a positive multiple of its groups {self.groups}")
+        if self.output not in MAMBA_OUTPUTS:
+            raise ValueError(f"Mamba2 output {self.output!r}; supported: {', '.join(MAMBA_OUTPUTS)}")
+        if len(self.projection_scales) != 5:
+            raise ValueError(f"projection_scales names {len(self.projection_scales)} sections of in_proj; it has 5")
 
     @property
     def inner_dim(self) -> int:
@@ -235,6 +251,16 @@ RecurrentSpec = DeltaNetSpec | ShortConvSpec | Mamba2Spec | WindowKVSpec
 
 
 @dataclass(frozen=True)
+class ParallelMixers:
+    """Attention and a Mamba2 layer reading the same normed input, their outputs summed (Falcon-H1):
+    attention_out * attention(h * attention_in) + mamba_out * mamba(h)."""
+
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    mamba_out: float = 1.0
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     attention: AttentionSpec | None  # None: the layer's mixer is recurrent, or it has none
     mlp: MlpSpec | None  # None: a mixer-only layer (Nemotron-H)
@@ -242,12 +268,17 @@ class LayerSpec:
     delta_net: DeltaNetSpec | None = None
     short_conv: ShortConvSpec | None = None
     mamba: Mamba2Spec | None = None
+    parallel: ParallelMixers | None = None  # set: `attention` and `mamba` side by side (Falcon-H1)
 
     def __post_init__(self) -> None:
         if self.norms not in NORM_PLACEMENTS:
             raise ValueError(f"norm placement {self.norms!r}; supported: {', '.join(NORM_PLACEMENTS)}")
         mixers = sum(m is not None for m in (self.attention, self.delta_net, self.short_conv, self.mamba))
-        if mixers > 1:
+        if self.parallel is not None:
+            if self.attention is None or self.mamba is None or mixers != 2 or self.attention.window is not None \
+                    or self.norms != "pre":
+                raise ValueError("parallel mixers are full attention beside a Mamba2 layer, pre-norm")
+        elif mixers > 1:
             raise ValueError("a layer mixes tokens by at most one of attention, a DeltaNet, a short convolution "
                              "and a Mamba2 layer")
         if mixers + (self.mlp is not None) < 2 and self.norms != "pre":
@@ -274,6 +305,7 @@ class LayerSpec:
         compiled CPU step's layer."""
         a, m = self.attention, self.mlp
         return (a is not None and m is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
+                and self.recurrent is None and a.key_scale == 1.0 and m.gate_scale == m.down_scale == 1.0
                 and not a.window_state
                 and a.qk_norm == "none" and a.rope is not None and a.rope.rotary_dim is None
                 and not a.rope.interleaved and not a.sinks and a.softcap is None and not a.output_gate)
@@ -315,6 +347,7 @@ class ModelSpec:
     embedding_scale_in_dtype: bool = False  # Gemma rounds the scale to the model dtype first
     residual_scale: float | None = None  # each block's output is multiplied by it before the add (Granite)
     logit_divisor: float | None = None  # logits are divided by it (Granite's logits_scaling)
+    logit_scale: float | None = None  # logits are multiplied by it (Falcon-H1's lm_head_multiplier)
     final_softcap: float | None = None  # logits become c * tanh(logits / c) (Gemma 2)
     checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
 

@@ -182,12 +182,13 @@ def test_spec_reads_each_config(tiny):
                "qwen3_5": "per_head", "qwen3_5_moe": "per_head", "qwen3_next": "per_head", "lfm2": "per_head",
                "lfm2_moe": "per_head"}
     assert all(a.qk_norm == qk_norm.get(arch, "none") for a in spec.attentions)
-    kinds = config.get("layer_types") or config.get("layers_block_type") or [
-        "sliding_attention" if arch in ("mistral", "mixtral") else "full_attention"] * spec.num_layers
+    default_kind = {"mistral": "sliding_attention", "mixtral": "sliding_attention"}.get(
+        arch, "hybrid" if arch.startswith("falcon_h1") else "full_attention")  # Falcon-H1: attention and Mamba2
+    kinds = config.get("layer_types") or config.get("layers_block_type") or [default_kind] * spec.num_layers
     windows = [config.get("sliding_window") if kind == "sliding_attention" else None
                for kind in kinds if kind not in ("linear_attention", "conv", "mlp", "moe")]
     assert [a.window for a in spec.attentions] == windows
-    assert len(spec.recurrents) == kinds.count("linear_attention") + kinds.count("conv")
+    assert len(spec.recurrents) == kinds.count("linear_attention") + kinds.count("conv") + kinds.count("hybrid")
     assert spec.tie_word_embeddings == bool(config.get("tie_word_embeddings"))
     eos = config["eos_token_id"]
     assert spec.eos_token_ids == tuple(eos if isinstance(eos, list) else [eos])
