@@ -155,6 +155,19 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         position_embedding_type="nope", tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
         layer_types=(["linear_attention"] * 5 + ["full_attention"] + (["linear_attention"] * 9 + ["full_attention"]) * 3
                      + ["linear_attention"] * 4))),
+    # Falcon-H1 0.5B: attention and Mamba2 side by side in each of 36 layers, with its muP multipliers
+    # (a chat template of its own is not reproduced: ChatML here)
+    "falcon-h1": FamilyShape("falcon_h1", "tiiuae/Falcon-H1-0.5B-Instruct", dict(
+        architectures=["FalconH1ForCausalLM"], hidden_size=1024, intermediate_size=2048, num_hidden_layers=36,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64, mamba_d_ssm=1536, mamba_n_heads=24,
+        mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+        mamba_conv_bias=True, mamba_proj_bias=False, projectors_bias=False, mamba_rms_norm=False,
+        mamba_norm_before_gate=False, attention_in_multiplier=1.0, attention_out_multiplier=0.9375,
+        embedding_multiplier=5.656854249492381, key_multiplier=0.39062499999999994, lm_head_multiplier=0.0390625,
+        mlp_multipliers=[0.8838834764831844, 0.5859375], ssm_in_multiplier=1.25,
+        ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+        ssm_out_multiplier=0.23570226039551587, rope_theta=100000000000.0, max_position_embeddings=16384,
+        rms_norm_eps=1e-5, vocab_size=32784, tie_word_embeddings=False)),
     "mistral": FamilyShape("mistral", "mistralai/Mistral-7B-Instruct-v0.3", dict(
         architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,

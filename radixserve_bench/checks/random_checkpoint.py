@@ -190,8 +190,10 @@ def _tiny_fields(shape: FamilyShape, fields: dict[str, Any]) -> dict[str, Any]:
         tiny["moe_intermediate_size"] = 32
     if getattr(real, "moe_shared_expert_intermediate_size", None):  # Nemotron 3's shared expert
         tiny["moe_shared_expert_intermediate_size"] = 48
-    if getattr(real, "mamba_n_heads", None):  # Granite 4: its heads must divide mamba_expand * hidden_size
+    if getattr(real, "mamba_n_heads", None):  # Granite 4, Falcon-H1: the heads must divide the inner width
         tiny.update(mamba_n_heads=8, mamba_d_head=16)
+        if getattr(real, "mamba_d_ssm", None):  # Falcon-H1 names the inner width
+            tiny["mamba_d_ssm"] = 8 * 16
     for name in _EXPERT_COUNTS:
         if getattr(real, name, None):
             tiny[name] = 4
@@ -227,13 +229,20 @@ def _with_layers(fields: dict[str, Any], full: Any, layers: int) -> dict[str, An
     out = dict(fields, num_hidden_layers=layers)
     for name in _PER_LAYER:
         values = getattr(full, name, None)
-        if values:
+        if values and not _derived(full, name):
             out[name] = list(values)[:layers]
     for name in _LAYER_INDICES:
         values = getattr(full, name, None)
         if values:
             out[name] = [i for i in values if i < layers]
     return out
+
+
+def _derived(config: Any, name: str) -> bool:
+    """Whether the config computes `name` itself (Falcon-H1's layer types: a read-only property)."""
+    attribute = getattr(config, "attribute_map", {}).get(name, name)
+    described = getattr(type(config), attribute, None)
+    return isinstance(described, property) and described.fset is None
 
 
 def weight_bytes(config: Any, bytes_per_weight: int = 2) -> int:
