@@ -104,7 +104,7 @@ class StepBenchOptions:
     num_speculative_tokens: int = 8  # with speculation on
     device: str = "auto"
     dtype: str = "auto"
-    kv_cache_dtype: str = "auto"  # auto | fp8 (docs/kv_fp8.md)
+    kv_cache_dtype: str = "auto"  # auto | fp16 | fp8 (docs/kv_fp8.md)
     quantized_activations: str = "int8"  # a GGUF's quantized weights on CPU: int8 | float32 (docs/quantized.md)
     block_size: int = 16
     max_num_seqs: int | None = None  # None: the largest batch

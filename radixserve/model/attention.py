@@ -234,9 +234,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.
     return torch.matmul(weights, vals.float()).view(batch, heads, queries, dim).to(q.dtype)
 
 
-# what `radixserve::paged_attention` reads: a cache of plain fp32 or bf16 values on CPU, head_dim a
+# what `radixserve::paged_attention` reads: a cache of plain fp32, bf16 or fp16 values on CPU, head_dim a
 # multiple of 16 (its lanes) up to 128, or 256
-IN_PLACE_DTYPES = (torch.float32, torch.bfloat16)
+IN_PLACE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IN_PLACE_HEAD_DIMS = (*range(16, 129, 16), 256)
 
 

@@ -3,7 +3,8 @@ a hybrid model the recurrent layers' states by slot beside it (`states`, model/s
 
 Layout [num_layers, 2, num_blocks + 1, block_size, num_kv_heads, row]; `k(layer)` / `v(layer)`
 are views of shape [num_blocks + 1, block_size, num_kv_heads, row], the layout the attention
-backends and kernels take. `row` is head_dim values in the model's dtype, or with `kv_dtype` "fp8"
+backends and kernels take. `row` is head_dim values in the model's dtype (with `kv_dtype` "fp16", in
+fp16 whatever the model's: half an fp32 model's bytes, as llama.cpp keeps K/V), or with "fp8"
 head_dim e4m3 bytes and their scale in one uint8 row (model/kv_fp8.py), so a block's bytes are
 all there is to copy. Blocks 0..num_blocks-1 are the pool's; the extra last one is the scratch
 block that padding rows of a padded decode step write and read, so padding never touches a block
@@ -29,7 +30,7 @@ class KVLayout:
     head_dim: int
     block_size: int
     dtype: torch.dtype  # the model's: what attention computes in
-    kv_dtype: str = "auto"  # "auto": the cache stores `dtype`; "fp8": packed e4m3 rows (model/kv_fp8.py)
+    kv_dtype: str = "auto"  # "auto": the cache stores `dtype`; "fp16": fp16 values; "fp8": packed e4m3 rows (model/kv_fp8.py)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_CACHE_DTYPES:
@@ -37,7 +38,7 @@ class KVLayout:
 
     @property
     def storage_dtype(self) -> torch.dtype:
-        return kv_fp8.STORAGE if self.kv_dtype == "fp8" else self.dtype
+        return {"fp8": kv_fp8.STORAGE, "fp16": torch.float16}.get(self.kv_dtype, self.dtype)
 
     @property
     def row(self) -> int:

@@ -1,9 +1,11 @@
-"""The FP8 KV cache (`--kv-cache-dtype fp8`, radixserve/kernels/fp8_format.py) on CPU: the packed rows round-trip
-within e4m3's precision; a block holds about twice bf16's tokens per byte; and through every cache
-path the engine's greedy tokens are those of a cold FP8 run on a fresh engine (the cached bytes are
-reused as they are: warm hits, hits ending mid-block, forks, swap and the host tier's load-back),
-within an agreement bound where K/V is recomputed (preemption by recompute), and close to
-transformers' own. Every engine checks its integrity after each step (conftest.py).
+"""The KV caches narrower than the model (`--kv-cache-dtype fp8`, radixserve/kernels/fp8_format.py, and
+`fp16`, llama.cpp's layout) on CPU: the packed FP8 rows round-trip within e4m3's precision; a block
+holds about twice bf16's tokens per byte in FP8, twice fp32's in fp16; and through every cache path
+the engine's greedy tokens are those of a cold run on a fresh engine of the same cache dtype (the
+cached bytes are reused as they are: warm hits, hits ending mid-block, forks, swap and the host tier's
+load-back), within an agreement bound where K/V is recomputed (preemption by recompute), and close
+to transformers' own. An fp16 cache is read in place by the C++ attention kernel and the compiled
+step. Every engine checks its integrity after each step (conftest.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from radixserve.model.kv_cache import KVLayout
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
+NARROW = ["fp8", "fp16"]
+
+
 def make(**kw: object) -> LLM:
     kw = {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 64, "kv_cache_dtype": "fp8",
           "num_speculative_tokens": 0} | kw
@@ -29,9 +34,10 @@ def make(**kw: object) -> LLM:
 
 
 @functools.cache
-def cold_fp8(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-    """The greedy reply of a fresh FP8 engine to this prompt alone: the reference of every path."""
-    out = make().generate([list(prompt)], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+def cold(kv: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+    """The greedy reply of a fresh engine with a `kv` cache to this prompt alone: the reference of every path."""
+    out = make(kv_cache_dtype=kv).generate([list(prompt)],
+                                           SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     return out[0].outputs[0].token_ids
 
 
@@ -80,56 +86,73 @@ def test_a_block_holds_about_twice_bf16s_tokens() -> None:
     assert per_token(torch.bfloat16, "auto") / per_token(torch.bfloat16, "fp8") >= 1.9
     assert per_token(torch.float32, "auto") / per_token(torch.float32, "fp8") >= 3.8
     assert per_token(torch.float32, "fp8") == per_token(torch.bfloat16, "fp8")  # the model dtype does not matter
+    assert per_token(torch.float32, "auto") == 2 * per_token(torch.float32, "fp16") == 2 * per_token(torch.bfloat16, "fp16")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         KVLayout(30, 3, 64, 16, torch.float32, "int4")
 
 
-def test_the_pool_gets_the_blocks_its_memory_holds() -> None:
-    auto, fp8 = (LLM(model=str(tiny_model_dir("llama")), kv_cache_memory_mb=4.0, kv_cache_dtype=kv)
-                 for kv in ("auto", "fp8"))
-    ratio = fp8.engine.pool.num_blocks / auto.engine.pool.num_blocks
-    want = auto.engine.runner.kv_layout().bytes_per_block / fp8.engine.runner.kv_layout().bytes_per_block
-    assert abs(ratio - want) < 0.05 and ratio > 3.5  # the tiny model runs fp32 on CPU
-    assert fp8.engine.runner.kv_cache.data.dtype == torch.uint8
+@pytest.mark.parametrize("kv, least, storage", [("fp8", 3.5, torch.uint8), ("fp16", 1.95, torch.float16)])
+def test_the_pool_gets_the_blocks_its_memory_holds(kv: str, least: float, storage: torch.dtype) -> None:
+    auto, narrow = (LLM(model=str(tiny_model_dir("llama")), kv_cache_memory_mb=4.0, kv_cache_dtype=k)
+                    for k in ("auto", kv))
+    ratio = narrow.engine.pool.num_blocks / auto.engine.pool.num_blocks
+    want = auto.engine.runner.kv_layout().bytes_per_block / narrow.engine.runner.kv_layout().bytes_per_block
+    assert abs(ratio - want) < 0.05 and ratio > least  # the tiny model runs fp32 on CPU
+    assert narrow.engine.runner.kv_cache.data.dtype == storage
 
 
+def test_an_fp16_cache_is_read_in_place_by_the_kernel_and_the_compiled_step() -> None:
+    """The C++ attention kernel reads fp16 rows where they lie (no gathered fp32 copy), in the Python
+    layers and the compiled step alike, and both give the cold replies."""
+    from radixserve.model.attention import reads_in_place
+
+    llm = make(kv_cache_dtype="fp16")
+    runner = llm.engine.runner
+    assert runner.kv_cache is not None and reads_in_place(runner.kv_cache.k(0)) and runner.cpu_step is not None
+    prompts = random_prompts([3, 33], seed=9)
+    assert replies(llm, prompts) == [cold("fp16", tuple(p), GREEDY.max_tokens) for p in prompts]
+
+
+@pytest.mark.parametrize("kv", NARROW)
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("eager", [False, True])
-def test_warm_hits_and_hits_ending_mid_block_reuse_the_cold_bytes(eager: bool, overlap: bool) -> None:
-    llm = make(enforce_eager=eager, overlap=overlap)
+def test_warm_hits_and_hits_ending_mid_block_reuse_the_cold_bytes(kv: str, eager: bool, overlap: bool) -> None:
+    llm = make(enforce_eager=eager, overlap=overlap, kv_cache_dtype=kv)
     base = random_prompts([60], seed=1)[0]
     prompts = random_prompts([1, 17, 40], seed=2) + [base]
-    want = [cold_fp8(tuple(p), GREEDY.max_tokens) for p in prompts]
+    want = [cold(kv, tuple(p), GREEDY.max_tokens) for p in prompts]
     assert replies(llm, prompts) == want
     warm = llm.generate(prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in warm] == want
     assert [o.usage.cached_tokens for o in warm] == [len(p) - 1 for p in prompts]
     branches = [base[:k] + random_prompts([9], seed=k)[0] for k in (5, 21, 47)]  # diverge mid-block
     outs = llm.generate(branches, GREEDY)
-    assert [o.outputs[0].token_ids for o in outs] == [cold_fp8(tuple(b), GREEDY.max_tokens) for b in branches]
+    assert [o.outputs[0].token_ids for o in outs] == [cold(kv, tuple(b), GREEDY.max_tokens) for b in branches]
     assert all(o.usage.cached_tokens >= k for k, o in zip((5, 21, 47), outs))
     assert_clean(llm)
 
 
-def test_forks_share_the_fp8_prompt() -> None:
-    llm = make()
+@pytest.mark.parametrize("kv", NARROW)
+def test_forks_share_the_narrow_prompt(kv: str) -> None:
+    llm = make(kv_cache_dtype=kv)
     prompt = random_prompts([37], seed=4)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, n=3, ignore_eos=True))[0]
-    assert [c.token_ids for c in out.outputs] == [cold_fp8(tuple(prompt), 10)] * 3
+    assert [c.token_ids for c in out.outputs] == [cold(kv, tuple(prompt), 10)] * 3
     assert llm.engine.stats().computed_tokens == len(prompt)
     assert_clean(llm)
 
 
+@pytest.mark.parametrize("kv", NARROW)
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_preemption_in_a_tiny_pool(mode: str) -> None:
-    """Swap moves the FP8 bytes and scales out and back as they are: the same tokens. Recompute
-    quantizes K/V computed again in other chunks, so it is held to agreement, not identity."""
+def test_preemption_in_a_tiny_pool(kv: str, mode: str) -> None:
+    """Swap moves the narrow bytes (and FP8's scales) out and back as they are: the same tokens.
+    Recompute rounds K/V computed again in other chunks, so it is held to agreement, not identity."""
     llm = make(num_blocks=8, max_num_batched_tokens=48, new_token_ratio=0.0, host_cache_mb=64.0,
-               preemption_mode=mode)
+               preemption_mode=mode, kv_cache_dtype=kv)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = random_prompts([40] * 6, seed=3)
     got = replies(llm, prompts, params)
-    want = [cold_fp8(tuple(p), params.max_tokens) for p in prompts]
+    want = [cold(kv, tuple(p), params.max_tokens) for p in prompts]
     stats = llm.engine.stats()
     assert stats.preemptions > 0
     if mode == "swap":
@@ -140,10 +163,11 @@ def test_preemption_in_a_tiny_pool(mode: str) -> None:
     assert_clean(llm)
 
 
-def test_the_host_tier_loads_back_the_written_bytes() -> None:
-    llm = make(num_blocks=12, host_cache_mb=64.0, new_token_ratio=0.0)
+@pytest.mark.parametrize("kv", NARROW)
+def test_the_host_tier_loads_back_the_written_bytes(kv: str) -> None:
+    llm = make(num_blocks=12, host_cache_mb=64.0, new_token_ratio=0.0, kv_cache_dtype=kv)
     first, second = random_prompts([70, 90], seed=21), random_prompts([110, 110], seed=22)
-    want = [cold_fp8(tuple(p), GREEDY.max_tokens) for p in first]
+    want = [cold(kv, tuple(p), GREEDY.max_tokens) for p in first]
     assert replies(llm, first) == want
     for prompt in second:  # each takes 8 of the 12 blocks: together they push all of `first` out
         replies(llm, [prompt])
@@ -158,22 +182,22 @@ def test_each_next_token_mostly_agrees_with_transformers() -> None:
     """Teacher-forced: fed transformers' own greedy replies as prompts, the engine's most likely next
     token at each reply position is transformers' token at every position with the model-dtype
     cache, and at most positions with FP8 (the tiny random model's logits are nearly flat, so near
-    ties flip; the embedded model's figures are in docs/kv_fp8.md)."""
+    ties flip; the embedded model's figures are in docs/kv_fp8.md); fp16 agrees everywhere too."""
     prompts = random_prompts([9, 30, 64, 100], seed=6)
     want = [reference("llama", tuple(p), GREEDY.max_tokens) for p in prompts]
     asks = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
     agreeing = {}
-    for kv in ("auto", "fp8"):
+    for kv in ("auto", "fp16", "fp8"):
         outs = make(kv_cache_dtype=kv, enable_prefix_cache=False).generate([p + w for p, w in zip(prompts, want)], asks)
         picks = [[lp.top[0][0] for lp in o.prompt_logprobs[len(p):] if lp is not None]
                  for p, o in zip(prompts, outs) if o.prompt_logprobs is not None]
         agreeing[kv] = agreement(picks, want)
-    assert agreeing["auto"] == 1.0 and agreeing["fp8"] >= 0.8, agreeing
+    assert agreeing["auto"] == agreeing["fp16"] == 1.0 and agreeing["fp8"] >= 0.8, agreeing
 
 
 def test_bad_values_are_refused() -> None:
     with pytest.raises(ValueError, match="kv-cache-dtype"):
-        make(kv_cache_dtype="fp16")
+        make(kv_cache_dtype="int4")
 
 
 def test_the_bench_gives_the_fp8_bounded_pool_the_bounded_pools_bytes(tmp_path) -> None:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <cstring>
@@ -123,6 +124,22 @@ inline Lanes load_lanes(const uint16_t* bf16) {  // bf16 bits widened to fp32: e
     std::memcpy(&narrow, bf16 + p * kNativeFloats, sizeof narrow);
     v.part[p] = bits_as<Native>(__builtin_convertvector(narrow, NativeBits) << 16);
   }
+  return v;
+}
+
+inline Lanes load_lanes(const c10::Half* from) {  // fp16 widened to fp32: exact
+  Lanes v;
+#if defined(__AVX512F__)
+  v.part[0] = bits_as<Native>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from))));
+#elif defined(__AVX__) && defined(__F16C__)
+  for (int p = 0; p < kParts; ++p) {
+    v.part[p] = bits_as<Native>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + p * 8))));
+  }
+#else
+  float values[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) values[i] = static_cast<float>(from[i]);
+  v = load_lanes(values);
+#endif
   return v;
 }
 

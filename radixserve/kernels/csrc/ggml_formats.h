@@ -70,26 +70,8 @@ inline void load_column(const uint8_t* field, int64_t j, NativeInt (&out)[kParts
   }
 }
 
-// 16 fp16 values (exactly widened)
-inline Lanes halves(const uint8_t* from) {
-  Lanes v;
-#if defined(__AVX512F__)
-  v.part[0] = bits_as<Native>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from))));
-#elif defined(__AVX__) && defined(__F16C__)
-  for (int p = 0; p < kParts; ++p) {
-    v.part[p] = bits_as<Native>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + p * 16))));
-  }
-#else
-  float values[kLanes];
-  for (int64_t i = 0; i < kLanes; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, from + 2 * i, sizeof bits);
-    values[i] = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-  }
-  v = load_lanes(values);
-#endif
-  return v;
-}
+// 16 fp16 values (exactly widened) from a block's bytes
+inline Lanes halves(const uint8_t* from) { return load_lanes(reinterpret_cast<const c10::Half*>(from)); }
 
 inline Lanes multiply(const Lanes& a, const Lanes& b) {
   Lanes out;

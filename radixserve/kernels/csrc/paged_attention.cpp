@@ -277,8 +277,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                   k_cache.strides() == v_cache.strides() && k_cache.stride(3) == 1,
               "paged_attention: q [T, heads, dim] and caches [blocks, block_size, kv_heads, dim] alike");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
-                  (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16),
-              "paged_attention: an fp32 or bf16 cache");
+                  (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16 ||
+                   k_cache.scalar_type() == at::kHalf),
+              "paged_attention: an fp32, bf16 or fp16 cache");
   TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "paged_attention: out like q, contiguous");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1,
               "paged_attention: an int32 block table [rows, width]");
@@ -335,6 +336,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   if (tasks.empty()) return;
   if (k_cache.scalar_type() == at::kFloat) {
     dispatch_dim(layout, tasks, first_task, k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(),
+                 scale, out);
+  } else if (k_cache.scalar_type() == at::kHalf) {
+    dispatch_dim(layout, tasks, first_task, k_cache.const_data_ptr<at::Half>(), v_cache.const_data_ptr<at::Half>(),
                  scale, out);
   } else {
     dispatch_dim(layout, tasks, first_task, reinterpret_cast<const uint16_t*>(k_cache.const_data_ptr<at::BFloat16>()),
