@@ -1,10 +1,12 @@
 """The attention of decode steps on CPU, thirty layers of the embedded model's shapes (9 q heads, 3 kv
 heads, head_dim 64, context 512, fp32): the C++ kernel reading the paged cache in place
 (`radixserve::paged_attention`) against the gather into kept buffers plus one padded SDPA call that
-runs without the extension (`TorchAttentionBackend._short`). Micro-timings that guide the design;
-claims about the step come from `radixserve bench step`.
+runs without the extension (`TorchAttentionBackend._short`), and with `--fp16` the kernel over the
+same values in an fp16 cache (`--kv-cache-dtype fp16`). Micro-timings that guide the design; claims
+about the step come from `radixserve bench step`.
 
     radixserve bench cpu-attention --json docs/bench/cpu-step/attention_kernels.json
+    radixserve bench cpu-attention --fp16 --batches 1 --contexts 512,2048,8192 --json docs/bench/quantized/attention_fp16.json
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from radixserve_bench.checks.micro_result import write_result
 HEADS, KV_HEADS, DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
 
 
-def measure(batch: int, context: int, repeats: int, generator: torch.Generator) -> dict[str, Any]:
-    """Milliseconds for thirty layers' attention of `batch` decodes at `context`, both ways (medians)."""
+def measure(batch: int, context: int, repeats: int, generator: torch.Generator, fp16: bool = False) -> dict[str, Any]:
+    """Milliseconds for thirty layers' attention of `batch` decodes at `context`, each way (medians)."""
     width = -(-context // BLOCK)
     blocks = batch * width + 1
     caches = [(torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator),
@@ -51,8 +53,15 @@ def measure(batch: int, context: int, repeats: int, generator: torch.Generator) 
         for k, v in caches:
             backend._short(q, k, v, plan, DIM**-0.5, out)
 
+    halves = [(k.half(), v.half()) for k, v in caches] if fp16 else []
+
+    def in_place_fp16() -> None:
+        for k, v in halves:
+            torch.ops.radixserve.paged_attention(q, k, v, table, lens, news, DIM**-0.5, SHORT_QUERY, out)
+
     row: dict[str, Any] = {"batch": batch, "context": context, "layers": LAYERS}
-    for name, run in (("in_place", in_place), ("gather_sdpa", gather_and_sdpa)):
+    ways = [("in_place", in_place), ("gather_sdpa", gather_and_sdpa)] + ([("in_place_fp16", in_place_fp16)] if fp16 else [])
+    for name, run in ways:
         run()
         times = []
         for _ in range(repeats):
@@ -64,7 +73,8 @@ def measure(batch: int, context: int, repeats: int, generator: torch.Generator) 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--contexts", default="512", help="context lengths, comma-separated")
+    parser.add_argument("--fp16", action="store_true", help="also time the kernel over an fp16 cache")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=7, help="timed passes over the layers (median)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
@@ -74,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     load_extension()
     generator = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
-    for batch in (int(b) for b in args.batches.split(",")):
-        rows.append(measure(batch, args.context, args.repeats, generator))
-        print(json.dumps(rows[-1]))
+    for context in (int(c) for c in args.contexts.split(",")):
+        for batch in (int(b) for b in args.batches.split(",")):
+            rows.append(measure(batch, context, args.repeats, generator, args.fp16))
+            print(json.dumps(rows[-1]))
     write_result(rows, args.json)
     return 0

@@ -1,14 +1,16 @@
-"""Does the embedded model answer the same with an FP8 KV cache (`--kv-cache-dtype fp8`)? For each
-model dtype (fp32, bf16), the chat prompts of `radixserve bench cpu-dtype` run greedy on the CPU
-with the cache in the model's dtype (the reference) and in FP8, speculation off:
+"""Does the embedded model answer the same with an FP8 KV cache (`--kv-cache-dtype fp8`), or an fp16 one
+(`--kv-cache-dtype fp16`)? For each model dtype (fp32, bf16; auto: the shipped GGUF), the chat prompts
+of `radixserve bench cpu-dtype` run greedy on the CPU with the cache in the model's dtype (the
+reference) and in the narrower one, speculation off:
 
 - free-running: identical answers, answers whose first 16 tokens are identical, and the share of
   tokens before an answer's first divergence;
 - per token (teacher-forced): each reference answer is fed back as the prompt to fresh engines
   (prefix cache off) that report their most likely token at every position (`prompt_logprobs`); the
-  share of the answer's positions where the FP8 engine's choice is the reference engine's.
+  share of the answer's positions where the narrower cache's engine's choice is the reference engine's.
 
     radixserve bench kv-fp8 --json docs/bench/kv-fp8/kv_fp8_agreement.json
+    radixserve bench kv-fp8 --kv-cache-dtype fp16 --dtypes auto,float32 --json docs/bench/quantized/kv_fp16_agreement.json
 """
 
 from __future__ import annotations
@@ -48,19 +50,19 @@ def choices(dtype: str, kv: str, texts: list[list[int]], starts: list[int]) -> l
     return picked
 
 
-def compare(dtype: str, max_tokens: int) -> dict[str, Any]:
+def compare(dtype: str, max_tokens: int, kv: str = "fp8") -> dict[str, Any]:
     prompts, ref = answers(dtype, "auto", max_tokens)
-    _, fp8 = answers(dtype, "fp8", max_tokens)
+    _, fp8 = answers(dtype, kv, max_tokens)
     if answers(dtype, "auto", max_tokens)[1] != ref:
         raise SystemExit(f"two {dtype} runs disagree: the comparison would mean nothing")
     leading = [leading_agreement(a, b) for a, b in zip(ref, fp8)]
     texts = [p + a for p, a in zip(prompts, ref)]
     starts = [len(p) for p in prompts]  # position len(p) holds the answer's first token
-    ref_picks, fp8_picks = choices(dtype, "auto", texts, starts), choices(dtype, "fp8", texts, starts)
+    ref_picks, fp8_picks = choices(dtype, "auto", texts, starts), choices(dtype, kv, texts, starts)
     same = sum(a == b for r, f in zip(ref_picks, fp8_picks) for a, b in zip(r, f))
     positions = sum(min(len(r), len(f)) for r, f in zip(ref_picks, fp8_picks))
     return dict(
-        prompts=len(QUESTIONS), max_tokens=max_tokens,
+        kv_cache_dtype=kv, prompts=len(QUESTIONS), max_tokens=max_tokens,
         identical_answers=sum(a == b for a, b in zip(ref, fp8)),
         first_16_identical=sum(a[:HEAD] == b[:HEAD] for a, b in zip(ref, fp8)),
         fraction_of_tokens_before_first_divergence=sum(leading) / sum(min(len(a), len(b)) for a, b in zip(ref, fp8)),
@@ -70,14 +72,16 @@ def compare(dtype: str, max_tokens: int) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="model dtypes, comma-separated (auto: the "
+                        "embedded model as shipped, its GGUF)")
+    parser.add_argument("--kv-cache-dtype", default="fp8", choices=("fp8", "fp16"), help="the narrower cache")
     parser.add_argument("--json", type=Path, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d")}
     for dtype in args.dtypes.split(","):
-        result[dtype] = compare(dtype, args.max_tokens)
+        result[dtype] = compare(dtype, args.max_tokens, args.kv_cache_dtype)
         print(dtype, json.dumps({k: v for k, v in result[dtype].items() if k != "leading_tokens_agreeing"}, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
