@@ -75,15 +75,15 @@ def _case(rows: list[tuple[int, int]], dtype: torch.dtype, seed: int, kv_dtype: 
           window: int | None = WINDOW, block: int = BLOCK, heads: int = HEADS, kv_heads: int = KV_HEADS,
           dim: int = DIM) -> Case:
     """Rows of random K/V (q scaled up, so scores spread and caps and windows matter) in `dtype`, a
-    cache of `dtype` values or FP8 rows (kv_dtype "fp8"); the block no row owns and, under `window`,
-    each row's blocks wholly before its first query's first key hold NaN."""
+    cache of `dtype` values, fp16 values (kv_dtype "fp16") or FP8 rows ("fp8"); the block no row owns
+    and, under `window`, each row's blocks wholly before its first query's first key hold NaN."""
     g = torch.Generator().manual_seed(seed)
     blocks = sum(-(-n // block) for n, _ in rows) + 3
-    fp8 = kv_dtype == "fp8"
+    stored = {"fp8": torch.uint8, "fp16": torch.float16}.get(kv_dtype, dtype)
     # stale values where rows do not write (the tails of their last blocks), NaN in the block no row
     # owns, which pads every table row
     caches = [storable(torch.randn(blocks, block, kv_heads, dim, generator=g).to(dtype), empty) for empty in
-              (torch.empty(0, dtype=torch.uint8 if fp8 else dtype),) * 2]
+              (torch.empty(0, dtype=stored),) * 2]
     outside = [blocks - 1]
     order = torch.randperm(blocks - 1, generator=g).tolist()
     table = torch.full((len(rows), max(-(-n // block) for n, _ in rows) + 2), blocks - 1, dtype=torch.int32)
@@ -108,7 +108,7 @@ def _case(rows: list[tuple[int, int]], dtype: torch.dtype, seed: int, kv_dtype: 
     keys, values = ([readable(cache.view(-1, kv_heads, cache.shape[-1])[s], dtype).double() for s in row_slots]
                     for cache in stored)
     for cache in (*caches, *stored):  # and blocks wholly before any query's window: never to be read
-        cache[outside] = 0x7F if fp8 else float("nan")
+        cache[outside] = 0x7F if kv_dtype == "fp8" else float("nan")
     q = (3 * torch.randn(sum(new for _, new in rows), heads, dim, generator=g)).to(dtype)
     return Case(rows, q, k_new, v_new, caches[0], caches[1], stored[0], stored[1], table, keys, values)
 
@@ -164,7 +164,7 @@ def _tolerance(dtype: torch.dtype) -> dict[str, Any]:
     return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mix", MIXES)
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -250,14 +250,16 @@ def _near(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, sdpa: bool)
 
 @no_compiler
 @pytest.mark.usefixtures("extension")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.float32, "fp16")])
 @pytest.mark.parametrize("mix", MIXES)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_the_kernel_is_the_torch_backend_and_the_reference(variant: str, mix: str, dtype: torch.dtype) -> None:
+def test_the_kernel_is_the_torch_backend_and_the_reference(variant: str, mix: str, dtype: torch.dtype,
+                                                           kv_dtype: str) -> None:
     """The backend with the kernel (short rows in C++, long ones in SDPA or explicit attention)
-    against the backend without it, and the kernel alone against the reference."""
+    against the backend without it, and the kernel alone against the reference; over a cache of the
+    model's dtype or of fp16 (which both read exactly widened)."""
     args = VARIANTS[variant]
-    case = _case(MIXES[mix], dtype, seed=len(variant) * len(mix), window=args.get("window"))
+    case = _case(MIXES[mix], dtype, seed=len(variant) * len(mix), kv_dtype=kv_dtype, window=args.get("window"))
     with_kernel = case.forward(cpu_kernel=True, **args)
     assert with_kernel.isfinite().all()
     _near(with_kernel, case.forward(**args), dtype, sdpa="sinks" not in args and "softcap" not in args)

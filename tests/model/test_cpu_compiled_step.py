@@ -155,10 +155,13 @@ def test_what_the_compiled_step_cannot_take_is_named() -> None:
     assert cpu_step.unsupported(model, plain, object(), TorchOps()) == "the attention backend is not torch's"
     assert cpu_step.unsupported(model, plain, TorchAttentionBackend(), TorchOps()) == \
         "the attention kernel does not read this cache (torch.float32, head_dim 16)"
-    half = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float16), 4,
+    double = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float64), 4,
+                     torch.device("cpu"))
+    assert cpu_step.unsupported(model, double, backend, TorchOps()) == \
+        "the attention kernel does not read this cache (torch.float64, head_dim 16)"
+    half = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float32, "fp16"), 4,
                    torch.device("cpu"))
-    assert cpu_step.unsupported(model, half, backend, TorchOps()) == \
-        "the attention kernel does not read this cache (torch.float16, head_dim 16)"
+    assert cpu_step.unsupported(model, half, backend, TorchOps()) is None  # --kv-cache-dtype fp16 is read in place
     qwen3, _ = _packed("qwen3")
     assert "Qwen3ForCausalLM's layers are not Llama's" in cpu_step.unsupported(qwen3, plain, backend, TorchOps())
     unpacked, _ = load_model(tiny_model_dir("llama"), torch.float32, torch.device("cpu"))
