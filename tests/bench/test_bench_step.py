@@ -108,7 +108,9 @@ def test_step_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
         ahead = r["overlap"] == "on"
         assert r["kv_bytes"] == pytest.approx(
             b * (context + 1 + ahead + warmup + (steps - 1) / 2) * kv_bytes_per_token(TINY))
-        assert 0 <= r["host_unhidden_ms"] < r["ms_median"]  # device_ms is checked finite and > 0 above
+        # device_ms is checked finite and > 0 above; the unhidden host time is a median of other spans
+        # than the steps', so comparing the two medians is a wall-clock bound a busy machine fails
+        assert math.isfinite(r["host_unhidden_ms"]) and r["host_unhidden_ms"] >= 0
         assert r["bytes_per_step"] == pytest.approx(r["weight_bytes"] + r["kv_bytes"])
         assert r["roofline_fraction"] == pytest.approx(
             r["bytes_per_step"] / r["bandwidth_bytes_per_s"] / (r["ms_median"] / 1000))
