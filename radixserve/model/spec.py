@@ -98,6 +98,8 @@ class MlpSpec:
             raise ValueError(f"router {self.routing!r}; supported: {', '.join(ROUTINGS)}")
         if self.num_experts and not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k {self.top_k} must be in [1, num_experts {self.num_experts}]")
+        if (self.gate_scale != 1.0 or self.down_scale != 1.0) and (self.is_moe or not self.gated):
+            raise ValueError("gate_scale and down_scale apply to a dense gated MLP only")
         if self.expert_groups > 1:
             per_group = self.num_experts // self.expert_groups
             if self.routing != "sigmoid_topk" or self.num_experts % self.expert_groups or per_group < 2:

@@ -417,3 +417,14 @@ def test_multi_token_prediction_heads_are_skipped_and_any_other_stray_tensor_nam
     save_file({**tensors, "backbone.layers.1.mixer.stray": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="does not use: backbone.layers.1.mixer.stray"):
         load_model(tmp_path, torch.float32, CPU)
+
+
+def test_mlp_scales_are_refused_where_no_module_would_apply_them():
+    """Falcon-H1's gate and down multipliers belong to a dense gated MLP; experts and squared-ReLU MLPs
+    have no place for them, so a spec asking for that fails rather than dropping them."""
+    from radixserve.model.spec import MlpSpec
+
+    assert MlpSpec(32, gate_scale=0.5, down_scale=2.0).gate_scale == 0.5
+    for bad in (dict(activation="relu2", gate_scale=0.5), dict(num_experts=4, top_k=2, down_scale=2.0)):
+        with pytest.raises(ValueError, match="dense gated MLP only"):
+            MlpSpec(32, **bad)  # type: ignore[arg-type]
