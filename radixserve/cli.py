@@ -104,7 +104,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "default one included, keeps its quantized weights on CPU unless a dtype or --enforce-eager is given)")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPES,
                    help="KV cache storage: auto (the model's dtype), fp16 (half an fp32 model's bytes, as "
-                        "llama.cpp keeps K/V; docs/cpu.md) or fp8 (e4m3 with a scale per token and head: 1.94x the "
+                        "llama.cpp keeps K/V; docs/quantized.md) or fp8 (e4m3 with a scale per token and head: 1.94x the "
                         "cached tokens of bf16 per GB, 3.88x fp32's; docs/kv_fp8.md); default %(default)s")
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda (default %(default)s)")
     g.add_argument("--seed", type=int, default=d.seed, help="engine seed for unseeded requests (default %(default)s)")

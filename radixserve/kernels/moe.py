@@ -144,53 +144,30 @@ def _tiles(rows: torch.Tensor) -> torch.Tensor:
 
 
 def pack_experts(weights: ExpertWeights, gated: bool = True) -> PackedExperts:
-    """`weights` in the C++ kernel's layout (a copy: the caller keeps only this)."""
-    if not gated:
-        return _pack_ungated(weights)
-    experts, two_inter, hidden = weights.gate_up.shape
-    inter = two_inter // 2
-    padded_inter, padded_hidden = _round_up(inter, TILE), _round_up(hidden, 2 * TILE)
-    # [E, 2 (gate, up), Ip, H] -> tiles of 16 gate rows then the matching 16 up rows
-    halves = weights.gate_up.new_zeros(experts, 2, padded_inter, hidden)
-    halves[:, :, :inter] = weights.gate_up.detach().view(experts, 2, inter, hidden)
-    gate_up = halves.view(experts, 2, padded_inter // TILE, TILE, hidden).transpose(1, 2)
+    """`weights` in the C++ kernel's layout (a copy: the caller keeps only this). Gated: tiles of 16
+    gate rows then the matching 16 up rows; ungated: tiles of 32 up rows, as the down projection's."""
+    experts, rows, hidden = weights.gate_up.shape
+    inter, tile = (rows // 2, TILE) if gated else (rows, 2 * TILE)
+    padded_inter, padded_hidden = _round_up(inter, tile), _round_up(hidden, 2 * TILE)
+    halves = 2 if gated else 1  # [E, halves, Ip, H]: (gate, up) or (up,), zero-padded to Ip rows each
+    first = weights.gate_up.new_zeros(experts, halves, padded_inter, hidden)
+    first[:, :, :inter] = weights.gate_up.detach().view(experts, halves, inter, hidden)
+    gate_up = first.view(experts, halves, padded_inter // tile, tile, hidden).transpose(1, 2)
     down = weights.down.new_zeros(experts, padded_hidden, padded_inter)
     down[:, :hidden, :inter] = weights.down.detach()
     gate_up_bias = down_bias = None
     if weights.gate_up_bias is not None:
-        bias = torch.zeros(experts, 2, padded_inter, dtype=torch.float32)
-        bias[:, :, :inter] = weights.gate_up_bias.detach().float().view(experts, 2, inter)
-        gate_up_bias = bias.view(experts, 2, padded_inter // TILE, TILE).transpose(1, 2).reshape(
-            experts, padded_inter // TILE, 2 * TILE).contiguous()
+        bias = torch.zeros(experts, halves, padded_inter, dtype=torch.float32)
+        bias[:, :, :inter] = weights.gate_up_bias.detach().float().view(experts, halves, inter)
+        gate_up_bias = bias.view(experts, halves, padded_inter // tile, tile).transpose(1, 2).reshape(
+            experts, padded_inter // tile, 2 * TILE).contiguous()
     if weights.down_bias is not None:
         down_bias = torch.zeros(experts, padded_hidden, dtype=torch.float32)
         down_bias[:, :hidden] = weights.down_bias.detach().float()
     return PackedExperts(
-        gate_up=_tiles(gate_up.reshape(experts, padded_inter // TILE, 2 * TILE, hidden)),
+        gate_up=_tiles(gate_up.reshape(experts, padded_inter // tile, 2 * TILE, hidden)),
         down=_tiles(down.view(experts, padded_hidden // (2 * TILE), 2 * TILE, padded_inter)),
         gate_up_bias=gate_up_bias, down_bias=down_bias, hidden=hidden, intermediate=inter)
-
-
-def _pack_ungated(weights: ExpertWeights) -> PackedExperts:
-    """Up rows in tiles of 32 outputs, as the down projection's."""
-    experts, inter, hidden = weights.gate_up.shape
-    padded_inter, padded_hidden = _round_up(inter, 2 * TILE), _round_up(hidden, 2 * TILE)
-    up = weights.gate_up.new_zeros(experts, padded_inter, hidden)
-    up[:, :inter] = weights.gate_up.detach()
-    down = weights.down.new_zeros(experts, padded_hidden, padded_inter)
-    down[:, :hidden, :inter] = weights.down.detach()
-    up_bias = down_bias = None
-    if weights.gate_up_bias is not None:
-        up_bias = torch.zeros(experts, padded_inter, dtype=torch.float32)
-        up_bias[:, :inter] = weights.gate_up_bias.detach().float()
-        up_bias = up_bias.view(experts, padded_inter // (2 * TILE), 2 * TILE)
-    if weights.down_bias is not None:
-        down_bias = torch.zeros(experts, padded_hidden, dtype=torch.float32)
-        down_bias[:, :hidden] = weights.down_bias.detach().float()
-    return PackedExperts(
-        gate_up=_tiles(up.view(experts, padded_inter // (2 * TILE), 2 * TILE, hidden)),
-        down=_tiles(down.view(experts, padded_hidden // (2 * TILE), 2 * TILE, padded_inter)),
-        gate_up_bias=up_bias, down_bias=down_bias, hidden=hidden, intermediate=inter)
 
 
 def cpu_kernel_available() -> bool:
