@@ -182,6 +182,23 @@ _FALCON_H1 = dict(
     attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.8,
     ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 0.7], mlp_multipliers=[0.8, 1.25], rms_norm_eps=1e-5, eos_token_id=2)
 HYBRID_CONFIGS["falcon_h1"] = dict(_FALCON_H1, mamba_rms_norm=False)
+# Gemma 4: 5:1-style sliding and global layers where the global ones have wider heads and fewer kv
+# heads, their values taken from the keys' projection; the last two layers read the K/V of the last
+# earlier layer of their kind (with twice-wide MLPs); per-layer embeddings; as the E2B/E4B models
+HYBRID_CONFIGS["gemma4"] = dict(
+    architectures=["Gemma4ForCausalLM"], num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                 "full_attention"], sliding_window=TINY_WINDOW, num_kv_shared_layers=2, use_double_wide_mlp=True,
+    hidden_size_per_layer_input=8, vocab_size_per_layer_input=TINY_VOCAB, final_logit_softcapping=30.0,
+    eos_token_id=2, tie_word_embeddings=True)
+# Gemma 4's MoE model (26B-A4B): routed experts beside every layer's MLP, no per-layer embeddings
+HYBRID_CONFIGS["gemma4_moe"] = dict(
+    architectures=["Gemma4ForCausalLM"], num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=TINY_WINDOW,
+    hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+    final_logit_softcapping=30.0, eos_token_id=2, tie_word_embeddings=True)
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 # Falcon-H1's other Mamba2 outputs, checked at the model level: normed after the gate (its 7B-class
 # models, as Nemotron-H's) and before it
@@ -195,7 +212,8 @@ _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral":
                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen3_next": "qwen3_next", "lfm2": "lfm2",
                 "nemotron_h": "nemotron_h", "granitemoehybrid": "granitemoehybrid",
                 "lfm2_moe": "lfm2_moe", "nemotron_h_moe": "nemotron_h", "granitemoehybrid_moe": "granitemoehybrid",
-                "falcon_h1": "falcon_h1", "falcon_h1_norm": "falcon_h1", "falcon_h1_norm_first": "falcon_h1"}
+                "falcon_h1": "falcon_h1", "falcon_h1_norm": "falcon_h1", "falcon_h1_norm_first": "falcon_h1",
+                "gemma4": "gemma4_text", "gemma4_moe": "gemma4_text"}
 
 
 @functools.cache
@@ -219,10 +237,12 @@ def tiny_model_dir(arch: str) -> Path:
         for name, buffer in model.named_buffers():
             if name.endswith(("expert_bias", "e_score_correction_bias")):  # saved buffers: away from zero, so that they matter
                 buffer.normal_(0.0, 0.2)
+            elif name.endswith("layer_scalar"):  # Gemma 4's, away from one
+                buffer.uniform_(0.5, 1.5)
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0.0, 0.2)
-            elif "norm" in name:
+            elif "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
                 param.uniform_(0.5, 1.5)
             elif "embed_tokens" in name or "lm_head" in name:
                 # logits spread ~4x wider: greedy choices far from ties (Gemma already scales its

@@ -13,6 +13,7 @@ them: a model is only meaningful after the loader has filled every parameter (it
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,10 +25,10 @@ from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.kv_cache import KVCache
 from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.moe import MoE
-from radixserve.model.ops import ModelOps, TorchOps, rms_norm
+from radixserve.model.ops import ModelOps, TorchOps, rms_norm, unit_rms_norm
 from radixserve.model.rope import RopeParams, RotaryEmbedding
 from radixserve.model.short_conv import ShortConv
-from radixserve.model.spec import LayerSpec, MlpSpec, ModelSpec
+from radixserve.model.spec import AttentionSpec, LayerSpec, MlpSpec, ModelSpec
 from radixserve.model.window_kv import window_attention
 
 TORCH_OPS = TorchOps()
@@ -53,11 +54,22 @@ class RMSNorm(nn.Module):
         return (self.weight * x32).to(x.dtype)
 
 
-def rope_key(spec: ModelSpec, params: RopeParams) -> str:
-    """One rotary table per distinct setting, named by its first appearance: layers sharing it share
-    its cos/sin per step."""
-    distinct = list(dict.fromkeys(a.rope for a in spec.attentions if a.rope))
-    return f"rope{distinct.index(params)}"
+def rope_key(spec: ModelSpec, attention: AttentionSpec) -> str:
+    """One rotary table per distinct setting and head size, named by its first appearance: layers
+    sharing it share its cos/sin per step."""
+    distinct = list(dict.fromkeys((a.rope, spec.head_dim_of(a)) for a in spec.attentions if a.rope))
+    return f"rope{distinct.index((attention.rope, spec.head_dim_of(attention)))}"
+
+
+def q_only_key(key: str) -> str:
+    """The rotary entry of a layer that rotates only its queries (it reads another layer's keys): torch's
+    cos/sin, whatever the ops."""
+    return f"{key}/q"
+
+
+def shared_kv_key(layer: int) -> str:
+    """Where layer `layer` leaves its step's keys and values for the layers reading them (`meta.plans`)."""
+    return f"kv_of/{layer}"
 
 
 class Attention(nn.Module):
@@ -67,27 +79,37 @@ class Attention(nn.Module):
         assert a is not None
         self.layer = spec.kv_index(layer)  # the KV cache holds paged attention layers only
         # a window-state layer reads and writes its window's K/V in the state cache instead (model/window_kv.py)
-        self.state_index = spec.state_index(layer) if a.window_state else None
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.q_size, self.kv_size = spec.q_size, spec.kv_size
+        self.state_index = spec.state_index(layer) if a.window_state and a.kv_source is None else None
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.kv_heads_of(a), spec.head_dim_of(a)
+        self.q_size, self.kv_size = spec.num_heads * self.head_dim, spec.kv_size_of(a)
         self.scale, self.window, self.softcap = a.scale, a.window, a.softcap
-        self.rope = None if a.rope is None else rope_key(spec, a.rope)
+        self.rope = None if a.rope is None else rope_key(spec, a)
         self.qk_norm = a.qk_norm
         self.output_gate = a.output_gate
         self.key_scale = a.key_scale
+        self.value_norm, self.eps = a.value_norm, spec.rms_norm_eps
+        # KV sharing (Gemma 4): a source leaves its step's K/V for the later layers reading them
+        self.kv_source, self.window_state = a.kv_source, a.window_state
+        self.kv_key = shared_kv_key(layer) if any(o.kv_source == layer for o in spec.attentions) else None
         self.q_rows = self.q_size * (2 if a.output_gate else 1)  # a gated q_proj: each head's q, then its gate
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_rows + 2 * self.kv_size, bias=a.qkv_bias)
+        # the packed projection's k and v rows: none for a layer reading another's, k only when v is k's
+        self.kv_rows = 0 if a.kv_source is not None else self.kv_size * (1 if a.value_from_key else 2)
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_rows + self.kv_rows, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=a.o_bias)
         q_dim, k_dim = (self.q_size, self.kv_size) if a.qk_norm == "whole" else (self.head_dim, self.head_dim)
         norms = a.qk_norm != "none"
         self.q_norm = RMSNorm(q_dim, spec.rms_norm_eps, spec.norm_style) if norms else None
-        self.k_norm = RMSNorm(k_dim, spec.rms_norm_eps, spec.norm_style) if norms else None
+        self.k_norm = RMSNorm(k_dim, spec.rms_norm_eps, spec.norm_style) if norms and self.kv_rows else None
         self.sinks = nn.Parameter(torch.empty(spec.num_heads)) if a.sinks else None
 
     def forward(self, x: torch.Tensor, ropes: dict[str, tuple[RotaryEmbedding, Any]], kv_cache: KVCache,
                 meta: AttentionMetadata, backend: AttentionBackend, ops: ModelOps) -> torch.Tensor:
+        if self.kv_source is not None:
+            return self._read_shared(x, ropes, kv_cache, meta, backend)
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_rows, self.kv_size, self.kv_size], dim=-1)
+        projected = self.qkv_proj(x)
+        q, k = projected[:, :self.q_rows], projected[:, self.q_rows:self.q_rows + self.kv_size]
+        v = k if self.kv_rows == self.kv_size else projected[:, self.q_rows + self.kv_size:]
         gate = None
         if self.output_gate:
             q, gate = q.reshape(tokens, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
@@ -98,7 +120,8 @@ class Attention(nn.Module):
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         if self.key_scale != 1.0:
             k = k * self.key_scale
-        v = v.reshape(tokens, self.num_kv_heads, self.head_dim).contiguous()
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = unit_rms_norm(v, self.eps) if self.value_norm else v.contiguous()
         if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
@@ -110,12 +133,39 @@ class Attention(nn.Module):
         if self.state_index is not None:
             assert self.window is not None
             windows = None if kv_cache.states is None else kv_cache.states.conv[self.state_index]
+            if self.kv_key is not None:  # the readers need the windows as they were before this step's rows
+                meta.plans[self.kv_key] = (k, v, None if windows is None else windows[meta.state_slots].clone())
             out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap)
         else:
+            if self.kv_key is not None:
+                meta.plans[self.kv_key] = (k, v, None)
             out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
                                   window=self.window, sinks=self.sinks, softcap=self.softcap)
         out = out.reshape(tokens, self.q_size)
         return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
+
+
+    def _read_shared(self, x: torch.Tensor, ropes: dict[str, tuple[RotaryEmbedding, Any]], kv_cache: KVCache,
+                     meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        """Attention of this layer's queries over its source layer's keys and values: the source's
+        paged blocks (the step's rows, written again, are the same) or its windows as they were before
+        the step."""
+        assert self.kv_source is not None
+        tokens = x.shape[0]
+        q = self.qkv_proj(x).reshape(tokens, self.num_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.rope is not None:
+            rotary, prepared = ropes[q_only_key(self.rope)]
+            q = rotary.rotate(q, *prepared)
+        k, v, windows = meta.plans[shared_kv_key(self.kv_source)]
+        if self.window_state:
+            window_meta = meta if windows is None else replace(meta, state_slots=list(range(meta.num_seqs)))
+            out = window_attention(q, k, v, windows, window_meta, self.scale, self.window, self.sinks, self.softcap)
+        else:
+            out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
+                                  window=self.window, sinks=self.sinks, softcap=self.softcap)
+        return self.o_proj(out.reshape(tokens, self.q_size))
 
 
 class MLP(nn.Module):
@@ -191,11 +241,27 @@ class DecoderLayer(nn.Module):
         if self.placement != "pre":
             self.post_feedforward_layernorm = RMSNorm(dim, eps, style)
         self.mlp: nn.Module | None = None if layer_spec.mlp is None else _mlp(spec, layer_spec.mlp)
+        self.experts: MoE | None = None
+        if layer_spec.experts_beside is not None:  # Gemma 4: each branch normed apart, then summed
+            self.experts = MoE(spec, layer_spec.experts_beside)
+            self.pre_feedforward_layernorm_2 = RMSNorm(dim, eps, style)
+            self.post_feedforward_layernorm_1 = RMSNorm(dim, eps, style)
+            self.post_feedforward_layernorm_2 = RMSNorm(dim, eps, style)
+        self.per_layer_input = spec.per_layer_input_size > 0
+        if self.per_layer_input:  # Gemma 4: the token's per-layer vector gates a residual branch
+            assert layer_spec.mlp is not None
+            self.per_layer_activation = _ELEMENTWISE[layer_spec.mlp.activation]
+            self.per_layer_input_gate = nn.Linear(dim, spec.per_layer_input_size, bias=False)
+            self.per_layer_projection = nn.Linear(spec.per_layer_input_size, dim, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(dim, eps, style)
+        self.layer_scalar = nn.Parameter(torch.empty(1)) if spec.layer_scalars else None
         self.fused_norms = self.placement == "pre" and style == "llama"
 
-    def forward(self, x, residual, ropes, kv_cache, meta, backend, ops) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x, residual, ropes, kv_cache, meta, backend, ops,
+                per_layer_input: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(x, residual) -> (output, residual): pre-norm layers return the MLP output and the residual
-        stream before it (the next layer's norm adds them); the others return the sum and None."""
+        stream before it (the next layer's norm adds them); the others return the sum and None.
+        `per_layer_input` [T, width]: this layer's per-layer embeddings (Gemma 4)."""
         if self.placement == "pre":  # x: the previous block's output, not yet added to the residual stream
             if self.mixer_name is not None:
                 h, residual = self._norm(self.input_layernorm, x, residual, ops)
@@ -211,11 +277,28 @@ class DecoderLayer(nn.Module):
         if self.placement == "sandwich":
             h = self.post_attention_layernorm(self._mix(self.input_layernorm(x), ropes, kv_cache, meta, backend, ops))
             x = x + self._scaled(h)
-            h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), ops))
-            return x + self._scaled(h), None
+            h = self.post_feedforward_layernorm(self._feed_forward(x, ops))
+            return self._per_layer_branch(x + self._scaled(h), per_layer_input), None
         h = self.post_attention_layernorm(self._mix(x, ropes, kv_cache, meta, backend, ops))
         x = x + self._scaled(h)
         return x + self._scaled(self.post_feedforward_layernorm(self.mlp(x, ops))), None
+
+    def _feed_forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+        """A sandwich layer's feed-forward block before its post norm: the MLP, and the experts beside it."""
+        assert self.mlp is not None
+        h = self.mlp(self.pre_feedforward_layernorm(x), ops)
+        if self.experts is None:
+            return h
+        routed = self.experts(self.pre_feedforward_layernorm_2(x), ops, route_input=x)
+        return self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
+
+    def _per_layer_branch(self, x: torch.Tensor, per_layer_input: torch.Tensor | None) -> torch.Tensor:
+        """Gemma 4's end of a layer: the per-layer input's gated branch added, then the layer's scalar."""
+        if self.per_layer_input:
+            assert per_layer_input is not None
+            gated = self.per_layer_activation(self.per_layer_input_gate(x)) * per_layer_input
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        return x if self.layer_scalar is None else x * self.layer_scalar
 
     def _mix(self, h, ropes, kv_cache: KVCache, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
         if self.parallel is not None:
@@ -238,6 +321,10 @@ class DecoderLayer(nn.Module):
         return h if self.residual_scale is None else h * self.residual_scale
 
 
+# an MLP activation applied alone, where a branch is gated by it (Gemma 4's per-layer inputs)
+_ELEMENTWISE = {"silu": nn.functional.silu, "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh")}
+
+
 def _mlp(spec: ModelSpec, mlp: MlpSpec) -> nn.Module:
     if not mlp.is_moe:
         return MLP(spec, mlp) if mlp.gated else UngatedMLP(spec, mlp)
@@ -251,6 +338,11 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_style)
+        if spec.per_layer_input_size:  # Gemma 4's per-layer embeddings: a table and a projection of the embedding
+            width = spec.num_layers * spec.per_layer_input_size
+            self.embed_tokens_per_layer = nn.Embedding(spec.per_layer_vocab_size, width)
+            self.per_layer_model_projection = nn.Linear(spec.hidden_size, width, bias=False)
+            self.per_layer_projection_norm = RMSNorm(spec.per_layer_input_size, spec.rms_norm_eps, spec.norm_style)
 
 
 class CausalLM(nn.Module):
@@ -267,9 +359,11 @@ class CausalLM(nn.Module):
         self.to(dtype)
         self.to_empty(device=device)
         self.requires_grad_(False)
-        ropes = {rope_key(spec, a.rope): a.rope for a in spec.attentions if a.rope}
-        self.rotaries = nn.ModuleDict({key: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, params, device)
-                                       for key, params in ropes.items()})
+        ropes = {rope_key(spec, a): (a.rope, spec.head_dim_of(a)) for a in spec.attentions if a.rope}
+        self.rotaries = nn.ModuleDict({key: RotaryEmbedding(head_dim, spec.max_position_embeddings, params, device)
+                                       for key, (params, head_dim) in ropes.items()})
+        # the rotaries of layers that rotate only their queries (they read another layer's keys)
+        self.q_only_ropes = {rope_key(spec, a) for a in spec.attentions if a.rope and a.kv_source is not None}
 
     @property
     def rotary(self) -> RotaryEmbedding:
@@ -296,9 +390,13 @@ class CausalLM(nn.Module):
             assert isinstance(rotary, RotaryEmbedding)
             prepare = ops.prepare_rotary if rotary.plain else TORCH_OPS.prepare_rotary
             ropes[key] = (rotary, prepare(rotary, positions, x.dtype))
+            if key in self.q_only_ropes:
+                ropes[q_only_key(key)] = (rotary, TORCH_OPS.prepare_rotary(rotary, positions, x.dtype))
+        per_layer = self.per_layer_inputs(input_ids, x) if self.spec.per_layer_input_size else None
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, ropes, kv_cache, meta, backend, ops)
+        for i, layer in enumerate(self.model.layers):
+            x, residual = layer(x, residual, ropes, kv_cache, meta, backend, ops,
+                                None if per_layer is None else per_layer[:, i])
         norm = self.model.norm
         if residual is not None and self.spec.norm_style == "llama":
             return ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
@@ -312,6 +410,18 @@ class CausalLM(nn.Module):
         if self.spec.embedding_scale_in_dtype:  # Gemma multiplies by sqrt(hidden) rounded to the weights' dtype
             return x * torch.tensor(scale, dtype=torch.float32).to(x.dtype)
         return x * scale
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """[T, layers, width]: Gemma 4's per-layer embeddings of each token, its row of the per-layer
+        table (scaled by sqrt(width) in the model dtype) and the normed projection of its embedding
+        (scaled by hidden ** -0.5), averaged in norm (their sum over sqrt(2))."""
+        spec, model = self.spec, self.model
+        shape = (input_ids.shape[0], spec.num_layers, spec.per_layer_input_size)
+        table = model.embed_tokens_per_layer(input_ids)
+        table = table * torch.tensor(spec.per_layer_input_size ** 0.5, dtype=torch.float32).to(table.dtype)
+        projected = model.per_layer_model_projection(embedded) * spec.hidden_size ** -0.5
+        projected = model.per_layer_projection_norm(projected.reshape(shape))
+        return (projected + table.reshape(shape)) * 2.0 ** -0.5
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 (callers pass only the rows they sample from)."""

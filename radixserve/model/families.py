@@ -61,6 +61,10 @@ class Family:
     moe: Callable[[Any, int], MlpSpec | None] = lambda config, layer: None
     checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
     extra: Callable[[Any, dict[str, Any]], None] = lambda config, fields: None  # the family's own ModelSpec fields
+    # what multiplies q.k where it is not head_dim ** -0.5 or named by the config (Gemma 4: 1, its q and k are normed)
+    attention_scale: float | None = None
+    # the family's changes to layer i as the shared reader built it (Gemma 4's per-layer head shapes, KV sharing)
+    adjust_layer: Callable[[Any, int, LayerSpec], LayerSpec] = lambda config, i, layer: layer
 
 
 def _gemma_scale(config: Any) -> float:
@@ -73,6 +77,44 @@ def _gemma_extra(config: Any, fields: dict[str, Any]) -> None:
     if getattr(config, "use_bidirectional_attention", None):
         raise ValueError(f"use_bidirectional_attention {config.use_bidirectional_attention!r} is not supported "
                          "(text generation is causal); supported: null")
+
+
+def _gemma4_extra(config: Any, fields: dict[str, Any]) -> None:
+    _gemma_extra(config, fields)
+    fields["layer_scalars"] = True
+    width = int(getattr(config, "hidden_size_per_layer_input", 0) or 0)
+    if width:
+        fields["per_layer_input_size"] = width
+        fields["per_layer_vocab_size"] = int(config.vocab_size_per_layer_input)
+
+
+def _gemma4_layer(config: Any, i: int, layer: LayerSpec) -> LayerSpec:
+    """A Gemma 4 layer: its own head shape where the config's per-layer settings give one (the global
+    layers' wider heads, and with `attention_k_eq_v` their own kv heads and values taken from the keys'
+    projection), values normed, the K/V of the last earlier layer of its kind in the last
+    `num_kv_shared_layers` (whose MLPs are twice as wide with `use_double_wide_mlp`), and routed experts
+    beside the MLP with `enable_moe_block`."""
+    assert layer.attention is not None and layer.mlp is not None
+    own = config.per_layer_config[i]
+    head_dim, kv_heads = int(own.head_dim), int(own.num_key_value_heads)
+    full = config.layer_types[i] == "full_attention"
+    attention = replace(layer.attention, head_dim=None if head_dim == int(config.head_dim) else head_dim,
+                        num_kv_heads=None if kv_heads == int(config.num_key_value_heads) else kv_heads,
+                        value_from_key=bool(config.attention_k_eq_v) and full, value_norm=True)
+    mlp = layer.mlp
+    if config.kv_sharing_modes[i] == "reuse":
+        kinds = config.layer_types
+        first_shared = int(config.num_hidden_layers) - int(config.num_kv_shared_layers)
+        source = max(j for j in range(first_shared) if kinds[j] == kinds[i])
+        attention = replace(attention, kv_source=source, value_from_key=False, value_norm=False)
+        if config.use_double_wide_mlp:
+            mlp = replace(mlp, intermediate_size=2 * mlp.intermediate_size)
+    experts = None
+    if config.enable_moe_block:
+        experts = MlpSpec(int(config.moe_intermediate_size), _activation(config), num_experts=int(config.num_experts),
+                          top_k=int(config.top_k_experts), normalize_topk=True, router_norm=True,
+                          per_expert_scale=True)
+    return replace(layer, attention=attention, mlp=mlp, experts_beside=experts)
 
 
 def _granite_extra(config: Any, fields: dict[str, Any]) -> None:
@@ -231,6 +273,9 @@ FAMILIES: dict[str, Family] = {
                               checkpoint=CheckpointLayout(fused_gate_up=True, norm_names=_GLM_NORMS)),
     "Gemma2ForCausalLM": Family("gemma2", **_GEMMA),  # type: ignore[arg-type]
     "Gemma3ForCausalLM": Family("gemma3_text", qk_norm="per_head", **_GEMMA),  # type: ignore[arg-type]
+    "Gemma4ForCausalLM": Family("gemma4_text", norms="sandwich", norm_style="fp32_weight", qk_norm="per_head",
+                                embedding_scale=_gemma_scale, extra=_gemma4_extra, attention_scale=1.0,
+                                adjust_layer=_gemma4_layer),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qk_norm="per_head", moe=_qwen3_moe),
     "MixtralForCausalLM": Family("mixtral", qkv_bias=False, o_bias=False, window_everywhere=True, moe=_mixtral_moe,
                                  checkpoint=CheckpointLayout(mlp_name="block_sparse_moe", experts="w1w3w2")),
@@ -284,6 +329,10 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
     """The ModelSpec of a transformers config of a supported architecture."""
     arch = supported_architecture(getattr(config, "architectures", None), getattr(config, "model_type", None))
     family = FAMILIES[arch]
+    if getattr(config, "per_layer_config", None) is not None:
+        # transformers guards settings that vary by layer (Gemma 4's head shapes); the global value is
+        # the model's default, and the family reads each layer's own (`adjust_layer`)
+        config.allow_global_per_layer_attribute_access = True
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     bias = bool(getattr(config, "attention_bias", False))
@@ -318,7 +367,8 @@ def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpe
             # transformers switches longrope's frequencies with the batch's length, which cached keys
             # cannot follow; below the pretraining context its short frequencies are exact
             context = min(context, rope.original_max_position_embeddings)
-        layers.append(LayerSpec(_attention(config, kind, rope, head_dim, bias, family), mlp, family.norms))
+        layers.append(family.adjust_layer(
+            config, i, LayerSpec(_attention(config, kind, rope, head_dim, bias, family), mlp, family.norms)))
     eos = int_list(getattr(config, "eos_token_id", None)) + list(extra_eos_token_ids)
     fields: dict[str, Any] = {}
     family.extra(config, fields)
@@ -347,7 +397,7 @@ def _attention(config: Any, kind: str, rope: RopeParams | None, head_dim: int, b
                family: Family) -> AttentionSpec:
     return AttentionSpec(
         rope=rope,
-        scale=_attention_scale(config, head_dim),
+        scale=_attention_scale(config, head_dim) if family.attention_scale is None else family.attention_scale,
         window=int(config.sliding_window) if kind == "sliding_attention" else None,
         qk_norm=family.qk_norm,
         qkv_bias=bias if family.qkv_bias is None else family.qkv_bias,
@@ -451,7 +501,8 @@ def _rope(config: Any, layer_type: str, head_dim: int, family: Family) -> RopePa
         raw.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     rope_type = raw.get("rope_type") or raw.get("type") or "default"
     partial = float(raw.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", 1.0) or 1.0)
-    rotary_dim = int(head_dim * partial)
+    # proportional rope rotates whole heads, its frequencies past the partial factor's share zero
+    rotary_dim = head_dim if rope_type == "proportional" else int(head_dim * partial)
     shape = dict(rotary_dim=None if rotary_dim == head_dim else rotary_dim, interleaved=family.interleaved_rope)
     theta = float(raw.get("rope_theta", 10000.0))
     try:

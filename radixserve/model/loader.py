@@ -126,9 +126,16 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
         mlp = spec.layers[int(index)].mlp or MlpSpec(0)  # a mixer-only layer has no mlp.* parameters
         if module == "self_attn.qkv_proj" and not layout.fused_qkv:
             attention = spec.layers[int(index)].attention
-            q, kv = spec.q_size * (2 if attention is not None and attention.output_gate else 1), spec.kv_size
-            for hf, first, rows in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
+            assert attention is not None
+            q = spec.num_heads * spec.head_dim_of(attention) * (2 if attention.output_gate else 1)
+            kv = spec.kv_size_of(attention)
+            # a layer reading another's K/V projects none; one whose values are its keys, no v_proj
+            pieces = (("q_proj", 0, q),) + (() if attention.kv_source is not None else (("k_proj", q, kv),)) + (
+                () if attention.kv_source is not None or attention.value_from_key else (("v_proj", q + kv, kv),))
+            for hf, first, rows in pieces:
                 targets[f"{layer}self_attn.{hf}.{leaf}"] = Target(name, first, rows)
+        elif rest.startswith("experts."):  # experts beside the MLP (Gemma 4): its router and stacked experts
+            targets[f"{layer}{_BESIDE_NAMES[rest.removeprefix('experts.')]}"] = Target(name)
         elif module in ("mlp.gate_up_proj", "mlp.shared_expert.gate_up_proj") and not layout.fused_gate_up:
             inter = mlp.intermediate_size if module == "mlp.gate_up_proj" else mlp.shared_intermediate_size
             base = module.removesuffix("gate_up_proj")
@@ -145,6 +152,12 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
     if layout.renames:
         targets = {_renamed(name, layout.renames): target for name, target in targets.items()}
     return targets
+
+
+# Gemma 4's names for the parts of the experts beside its MLP: ours are `MoE`'s
+_BESIDE_NAMES = {"router.weight": "router.proj.weight", "router_scale": "router.scale",
+                 "per_expert_scale": "router.per_expert_scale", "gate_up": "experts.gate_up_proj",
+                 "down": "experts.down_proj"}
 
 
 def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:

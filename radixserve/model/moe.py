@@ -7,7 +7,9 @@ Routing follows the family (`MlpSpec.routing`):
 - the top-k logits then a softmax over them (gpt-oss, whose router has a bias);
 - sigmoid scores, the top k chosen by score plus a learned per-expert bias and weighted by the score
   alone, optionally normalised, then scaled (LFM2-MoE); optionally chosen only from the groups of
-  experts whose two best scores sum highest (Nemotron-H, as DeepSeek-V3).
+  experts whose two best scores sum highest (Nemotron-H, as DeepSeek-V3);
+- Gemma 4: the router's input normed and scaled by a learned vector, softmax then the top k
+  rescaled to sum to 1, each times a learned per-expert scale.
 A shared expert (a dense MLP every token runs) is added to the routed experts' sum: scaled by sigmoid
 of its own one-output gate (Qwen3-Next, Qwen3.5-MoE) or as it is (Granite 4, Nemotron-H). Experts
 may be gated (SwiGLU and kin) or not (Nemotron-H's squared ReLU), and may run in a narrower latent
@@ -25,6 +27,7 @@ from torch import nn
 
 from radixserve.kernels.moe import ExpertActivation, ExpertWeights, PackedExperts, prepare, routed_experts
 from radixserve.kernels.mxfp4_format import Mxfp4Experts
+from radixserve.model.ops import unit_rms_norm
 from radixserve.model.spec import MlpSpec, ModelSpec
 
 
@@ -42,6 +45,9 @@ class MoE(nn.Module):
         self.normalize_epsilon = mlp.normalize_epsilon
         self.expert_groups, self.expert_groups_kept = mlp.expert_groups, mlp.expert_groups_kept
         self.router = nn.Linear(hidden, experts, bias=mlp.router_bias)
+        self.router_scale = nn.Parameter(torch.empty(hidden)) if mlp.router_norm else None
+        self.per_expert_scale = nn.Parameter(torch.empty(experts)) if mlp.per_expert_scale else None
+        self.eps = spec.rms_norm_eps
         self.expert_bias = nn.Parameter(torch.empty(experts)) if mlp.expert_bias else None
         self.routed_scaling = mlp.routed_scaling
         # the experts' input and output width: the latent space between the two projections, if any
@@ -59,6 +65,8 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids [T, k] int64, topk_weights [T, k] float32) of each token."""
+        if self.router_scale is not None:
+            x = unit_rms_norm(x, self.eps) * self.router_scale * x.shape[-1] ** -0.5
         logits = self.router(x)
         if self.routing == "topk_softmax":
             top, ids = torch.topk(logits, self.top_k, dim=-1)
@@ -77,6 +85,8 @@ class MoE(nn.Module):
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.per_expert_scale is not None:
+            weights = weights * self.per_expert_scale[ids]
         return ids, weights
 
     def _in_kept_groups(self, choice: torch.Tensor) -> torch.Tensor:
@@ -105,8 +115,10 @@ class MoE(nn.Module):
             self.register_parameter("down", None)
             self.gate_up_bias = self.down_bias = None
 
-    def forward(self, x: torch.Tensor, ops: Any = None) -> torch.Tensor:
-        ids, weights = self.route(x)
+    def forward(self, x: torch.Tensor, ops: Any = None, route_input: torch.Tensor | None = None) -> torch.Tensor:
+        """The experts' sum for x; routed by x itself, or by `route_input` (Gemma 4 routes the residual
+        stream while its experts read it normed)."""
+        ids, weights = self.route(x if route_input is None else route_input)
         if isinstance(self.packed, Mxfp4Experts):
             from radixserve.kernels.fused_moe_mxfp4 import fused_experts_mxfp4  # imports triton: CUDA only
 

@@ -41,6 +41,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x RMS-normed over its last dimension without a weight, in fp32, as transformers' Gemma 4 norms
+    it (`pow(-0.5)`, not `rsqrt`): its value and router norms."""
+    x32 = x.float()
+    return (x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
+
+
 class TorchOps:
     name = "torch"
 

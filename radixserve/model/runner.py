@@ -40,6 +40,7 @@ from radixserve.model.loader import load_model
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
 from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
+from radixserve.model.spec import ModelSpec, load_spec
 from radixserve.model.state_cache import StateCache, StateLayout
 
 log = logging.getLogger(__name__)
@@ -70,11 +71,16 @@ class StepInputs:
     sample_rows: torch.Tensor  # index into the T tokens of each row whose logits are sampled
 
 
-def window_states(sliding_window_kv: str, device: torch.device) -> bool:
+def window_states(sliding_window_kv: str, device: torch.device, spec: ModelSpec) -> bool:
     """Whether sliding-window layers keep their window's K/V as a state (config.SLIDING_WINDOW_KV): "auto"
-    does on CPU only, since a model with states runs every step eagerly and on CUDA that gives up the
-    decode graphs (docs/hybrid_cache.md)."""
-    return sliding_window_kv == "window" or sliding_window_kv == "auto" and device.type != "cuda"
+    does on CPU, since a model with states runs every step eagerly and on CUDA that gives up the decode
+    graphs (docs/hybrid_cache.md), and wherever the paged cache could not hold every layer's head shape
+    (Gemma 4), which "all" refuses."""
+    if sliding_window_kv == "all" and spec.mixed_head_shapes:
+        raise ValueError(f"--sliding-window-kv all: {spec.architecture}'s sliding-window and global layers have "
+                         "different head shapes, which one paged pool cannot hold; use window or auto")
+    return sliding_window_kv == "window" or sliding_window_kv == "auto" and (
+        device.type != "cuda" or spec.mixed_head_shapes)
 
 
 class ModelRunner:
@@ -91,7 +97,8 @@ class ModelRunner:
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format,
                                            keep_quantized=dtype == "auto" and not enforce_eager,
                                            quantized_activations=quantized_activations,
-                                           window_states=window_states(sliding_window_kv, self.device))
+                                           window_states=window_states(sliding_window_kv, self.device,
+                                                                       load_spec(model_dir)))
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
         for module in self.model.modules():
             if isinstance(module, MoE):
@@ -135,7 +142,7 @@ class ModelRunner:
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
-        return KVLayout(len(s.paged_attentions), s.num_kv_heads, s.head_dim, self.block_size, self.dtype, self.kv_cache_dtype)
+        return KVLayout(len(s.paged_attentions), *s.paged_kv_shape, self.block_size, self.dtype, self.kv_cache_dtype)
 
     def state_layout(self) -> StateLayout | None:
         """A hybrid model's recurrent-state slot shape; None for a model of attention layers only."""

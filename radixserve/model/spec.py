@@ -13,8 +13,10 @@ checkpointed them (docs/hybrid_cache.md). Which
 architectures we run and how each family's config maps onto these descriptions is `families.py`;
 how its checkpoint names map onto our parameters is `CheckpointLayout`.
 
-Invariants: at least one layer is attention; num_heads is a multiple of num_kv_heads; every
-attention layer shares the model's head shape; `max_position_embeddings` is the usable context: the
+Invariants: at least one layer is attention; num_heads is a multiple of every layer's kv heads;
+the layers the paged KV cache holds share one head shape (`paged_kv_shape`), while a window-state
+layer may have its own (Gemma 4's sliding and global layers differ); a layer reading another's K/V
+(`AttentionSpec.kv_source`) reads an earlier one of its own window and shape; `max_position_embeddings` is the usable context: the
 config's, except where a rope scheme is only exact below its pretraining context (longrope), where
 it is capped to that. A sliding window does not cap it: the backends attend to the window at every
 position.
@@ -51,6 +53,14 @@ class AttentionSpec:
     softcap: float | None = None  # scores become softcap * tanh(scores / softcap) (Gemma 2)
     output_gate: bool = False  # q_proj also yields a per-head gate: out * sigmoid(gate) before o_proj (Qwen3.5)
     key_scale: float = 1.0  # keys are multiplied by it before the rotary (Falcon-H1's key_multiplier)
+    # this layer's head shape where it differs from the model's (Gemma 4's global layers); None: the model's
+    head_dim: int | None = None
+    num_kv_heads: int | None = None
+    value_from_key: bool = False  # no v_proj: the values are k_proj's output, normed apart from the keys (Gemma 4)
+    value_norm: bool = False  # values RMS-normed per head without a weight (Gemma 4)
+    # the earlier layer whose keys and values this one reads instead of projecting its own (Gemma 4's KV
+    # sharing): it holds no K/V or window state of its own
+    kv_source: int | None = None
     # a window layer whose K/V of the last window - 1 tokens is a per-sequence state (`WindowKVSpec`),
     # not paged blocks: set by `ModelSpec.with_window_states`, never by a config
     window_state: bool = False
@@ -62,6 +72,8 @@ class AttentionSpec:
             raise ValueError(f"sliding window must be >= 1, got {self.window}")
         if self.window_state and self.window is None:
             raise ValueError("only a sliding-window layer keeps its K/V as a state")
+        if self.kv_source is not None and (self.value_from_key or self.qkv_bias):
+            raise ValueError("a layer reading another's K/V projects no keys or values of its own")
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,10 @@ class MlpSpec:
     shared_gate: bool = True  # the shared expert's output is scaled by sigmoid(gate(x)) (Qwen3-Next); else added as is
     gate_scale: float = 1.0  # a dense gated MLP's gate half is multiplied by it before the activation (Falcon-H1)
     down_scale: float = 1.0  # a dense MLP's output is multiplied by it (Falcon-H1)
+    # Gemma 4's router: its input RMS-normed without a weight, times a learned vector and hidden ** -0.5;
+    # each chosen expert's weight times a learned per-expert scale
+    router_norm: bool = False
+    per_expert_scale: bool = False
 
     def __post_init__(self) -> None:
         if self.activation not in EXPERT_ACTIVATIONS:
@@ -271,6 +287,8 @@ class LayerSpec:
     short_conv: ShortConvSpec | None = None
     mamba: Mamba2Spec | None = None
     parallel: ParallelMixers | None = None  # set: `attention` and `mamba` side by side (Falcon-H1)
+    # routed experts beside the dense MLP, each branch normed on its own and summed (Gemma 4's MoE models)
+    experts_beside: MlpSpec | None = None
 
     def __post_init__(self) -> None:
         if self.norms not in NORM_PLACEMENTS:
@@ -287,6 +305,9 @@ class LayerSpec:
             raise ValueError(f"a layer without a mixer or an MLP needs pre norms, not {self.norms!r}")
         if mixers == 0 and self.mlp is None:
             raise ValueError("a layer needs a mixer or an MLP")
+        if self.experts_beside is not None and (not self.experts_beside.is_moe or self.mlp is None
+                                                or self.mlp.is_moe or self.norms != "sandwich"):
+            raise ValueError("experts beside an MLP are an MoE beside a dense MLP, in a sandwich-norm layer")
 
     @property
     def recurrent(self) -> RecurrentSpec | None:
@@ -308,7 +329,8 @@ class LayerSpec:
         a, m = self.attention, self.mlp
         return (a is not None and m is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
                 and self.recurrent is None and a.key_scale == 1.0 and m.gate_scale == m.down_scale == 1.0
-                and not a.window_state
+                and not a.window_state and a.head_dim is None and a.num_kv_heads is None and a.kv_source is None
+                and not a.value_from_key and not a.value_norm and self.experts_beside is None
                 and a.qk_norm == "none" and a.rope is not None and a.rope.rotary_dim is None
                 and not a.rope.interleaved and not a.sinks and a.softcap is None and not a.output_gate)
 
@@ -351,6 +373,11 @@ class ModelSpec:
     logit_divisor: float | None = None  # logits are divided by it (Granite's logits_scaling)
     logit_scale: float | None = None  # logits are multiplied by it (Falcon-H1's lm_head_multiplier)
     final_softcap: float | None = None  # logits become c * tanh(logits / c) (Gemma 2)
+    # Gemma 4's per-layer embeddings: each token's vector of this width for every layer, from a table of
+    # `per_layer_vocab_size` and a projection of its embedding, gates a residual branch after each layer
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    layer_scalars: bool = False  # each layer's output is multiplied by a learned scalar (Gemma 4)
     checkpoint: CheckpointLayout = field(default_factory=CheckpointLayout)
 
     def __post_init__(self) -> None:
@@ -364,6 +391,23 @@ class ModelSpec:
             raise ValueError("model dimensions must be positive")
         if self.norm_style not in NORM_STYLES:
             raise ValueError(f"norm style {self.norm_style!r}; supported: {', '.join(NORM_STYLES)}")
+        if (self.per_layer_input_size or self.layer_scalars) and any(
+                layer.norms != "sandwich" or layer.mlp is None or layer.mlp.activation not in ("silu", "gelu_tanh")
+                for layer in self.layers):
+            raise ValueError("per-layer inputs and layer scalars end sandwich-norm layers with a SiLU or GELU MLP")
+        for i, layer in enumerate(self.layers):
+            a = layer.attention
+            if a is None:
+                continue
+            if self.num_heads % self.kv_heads_of(a):
+                raise ValueError(f"layer {i}: num_heads {self.num_heads} is not a multiple of its "
+                                 f"{self.kv_heads_of(a)} kv heads")
+            if a.kv_source is not None:
+                source = self.layers[a.kv_source].attention if 0 <= a.kv_source < i else None
+                if source is None or source.kv_source is not None or source.window != a.window \
+                        or (self.kv_heads_of(source), self.head_dim_of(source)) != (self.kv_heads_of(a), self.head_dim_of(a)):
+                    raise ValueError(f"layer {i} reads the K/V of layer {a.kv_source}, which is not an earlier "
+                                     "attention layer of its own window and head shape that projects its own")
 
     @property
     def num_layers(self) -> int:
@@ -392,14 +436,44 @@ class ModelSpec:
         """Every attention layer's spec, in order."""
         return [layer.attention for layer in self.layers if layer.attention is not None]
 
+    def head_dim_of(self, attention: AttentionSpec) -> int:
+        return attention.head_dim or self.head_dim
+
+    def kv_heads_of(self, attention: AttentionSpec) -> int:
+        return attention.num_kv_heads or self.num_kv_heads
+
+    def kv_size_of(self, attention: AttentionSpec) -> int:
+        return self.kv_heads_of(attention) * self.head_dim_of(attention)
+
     @property
     def paged_attentions(self) -> list[AttentionSpec]:
-        """The attention layers the paged KV cache holds, in order: all but those keeping a window state."""
-        return [a for a in self.attentions if not a.window_state]
+        """The attention layers the paged KV cache holds, in order: all but those keeping a window state
+        and those reading another layer's K/V."""
+        return [a for a in self.attentions if _paged(a)]
+
+    @property
+    def paged_kv_shape(self) -> tuple[int, int]:
+        """(kv heads, head_dim) of every layer the paged KV cache holds: one tensor holds them all."""
+        shapes = {(self.kv_heads_of(a), self.head_dim_of(a)) for a in self.paged_attentions}
+        if len(shapes) > 1:
+            raise ValueError(f"the paged KV cache holds layers of head shapes {sorted(shapes)} (kv heads, head_dim); "
+                             "one pool holds one shape: keep the sliding-window layers' K/V as states "
+                             "(--sliding-window-kv window)")
+        return shapes.pop() if shapes else (self.num_kv_heads, self.head_dim)
+
+    @property
+    def mixed_head_shapes(self) -> bool:
+        """Its layers projecting K/V differ in head shape, so only some can be paged (Gemma 4's global
+        layers are wider than its sliding ones): the sliding ones must keep window states."""
+        return len({(self.kv_heads_of(a), self.head_dim_of(a)) for a in self.attentions if a.kv_source is None}) > 1
 
     def kv_index(self, layer: int) -> int:
-        """Where attention layer `layer`'s K/V sit in the KV cache (which holds paged attention layers only)."""
-        return sum(1 for earlier in self.layers[:layer] if earlier.attention is not None and not earlier.window_state)
+        """Where attention layer `layer`'s K/V sit in the KV cache (which holds paged attention layers
+        only); a layer reading another's K/V, the other's."""
+        a = self.layers[layer].attention
+        if a is not None and a.kv_source is not None:
+            return self.kv_index(a.kv_source)
+        return sum(1 for earlier in self.layers[:layer] if earlier.attention is not None and _paged(earlier.attention))
 
     def state_index(self, layer: int) -> int:
         """Where layer `layer`'s states sit in the state cache (which holds recurrent and window-state layers only)."""
@@ -415,9 +489,9 @@ class ModelSpec:
         for layer in layers:
             if layer.recurrent is not None:
                 specs.append(layer.recurrent)
-            elif layer.attention is not None and layer.attention.window_state:
+            elif layer.attention is not None and layer.attention.window_state and layer.attention.kv_source is None:
                 assert layer.attention.window is not None
-                specs.append(WindowKVSpec(layer.attention.window, self.kv_size))
+                specs.append(WindowKVSpec(layer.attention.window, self.kv_size_of(layer.attention)))
         return specs
 
     def with_window_states(self) -> ModelSpec:
@@ -446,7 +520,8 @@ class ModelSpec:
     @property
     def llama_shaped(self) -> bool:
         return (all(layer.llama_shaped for layer in self.layers) and self.norm_style == "llama"
-                and self.embedding_scale is None and self.residual_scale is None)
+                and self.embedding_scale is None and self.residual_scale is None
+                and not self.per_layer_input_size and not self.layer_scalars)
 
     @classmethod
     def from_hf_config(cls, config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpec:
@@ -454,6 +529,10 @@ class ModelSpec:
         from radixserve.model.families import describe
 
         return describe(config, extra_eos_token_ids)
+
+
+def _paged(attention: AttentionSpec) -> bool:
+    return not attention.window_state and attention.kv_source is None
 
 
 def load_spec(path: str | Path) -> ModelSpec:

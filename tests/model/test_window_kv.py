@@ -109,10 +109,19 @@ def test_a_llama_shaped_model_with_window_states_leaves_the_compiled_cpu_step() 
     assert not spec.with_window_states().llama_shaped
 
 
-def test_auto_keeps_window_states_off_cuda_only() -> None:
-    """On CUDA a model with states gives up its decode graphs: "auto" pages the windows there."""
+def test_auto_keeps_window_states_off_cuda_only_unless_the_head_shapes_need_them() -> None:
+    """On CUDA a model with states gives up its decode graphs: "auto" pages the windows there, except
+    where one paged pool cannot hold every layer's head shape (Gemma 4), which "all" refuses."""
     from radixserve.model.runner import window_states
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert window_states("auto", cpu) and not window_states("auto", cuda)
-    assert window_states("window", cuda) and not window_states("all", cpu)
+    uniform, mixed = load_spec(tiny_model_dir("gemma3")), load_spec(tiny_model_dir("gemma4"))
+    assert not uniform.mixed_head_shapes and mixed.mixed_head_shapes
+    assert window_states("auto", cpu, uniform) and not window_states("auto", cuda, uniform)
+    assert window_states("window", cuda, uniform) and not window_states("all", cpu, uniform)
+    assert window_states("auto", cuda, mixed) and window_states("window", cuda, mixed)
+    with pytest.raises(ValueError, match="different head shapes"):
+        window_states("all", cpu, mixed)
+    with pytest.raises(ValueError, match="one paged pool holds one shape"):
+        _ = mixed.paged_kv_shape
+    assert mixed.with_window_states().paged_kv_shape == (1, 32)
