@@ -133,8 +133,8 @@ class Attention(nn.Module):
         if self.state_index is not None:
             assert self.window is not None
             windows = None if kv_cache.states is None else kv_cache.states.conv[self.state_index]
-            if self.kv_key is not None:  # the readers need the windows as they were before this step's rows
-                meta.plans[self.kv_key] = (k, v, None if windows is None else windows[meta.state_slots].clone())
+            if self.kv_key is not None:  # the readers need the windows as they were before this step's rows (a copy)
+                meta.plans[self.kv_key] = (k, v, None if windows is None else windows[meta.state_slots])
             out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap)
         else:
             if self.kv_key is not None:
