@@ -272,6 +272,6 @@ FORMAT_OF_FAMILY: dict[str, ChatFormat] = {
     "qwen3-next": QWEN3, "lfm2": LFM2, "lfm2-moe": LFM2, "nemotron-h": NEMOTRON_H, "nemotron-3": NEMOTRON_H,
     "granite-4": GRANITE, "granite-4-moe": GRANITE, "falcon-h1": NEMOTRON_H,
     "mistral": MISTRAL, "mixtral": MISTRAL,
-    "gemma2": GEMMA, "gemma3": GEMMA, "gpt-oss": HARMONY, "phi3": PHI3, "olmo2": OLMO2, "olmo3": OLMO3,
+    "gemma2": GEMMA, "gemma3": GEMMA, "gemma-4": GEMMA, "gpt-oss": HARMONY, "phi3": PHI3, "olmo2": OLMO2, "olmo3": OLMO3,
     "smollm3": SMOLLM3, "glm4": GLM, "glm": GLM, "granite": GRANITE,
 }

@@ -186,6 +186,20 @@ FAMILY_SHAPES: dict[str, FamilyShape] = {
         rope_scaling=None, sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256,
         attn_logit_softcapping=None, final_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh",
         bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0)),
+    # Gemma 4 E2B: 4 sliding layers of 256-wide heads to one global of 512 (a quarter of it rotated), the
+    # last 20 layers reading the K/V of the last earlier layer of their kind with twice-wide MLPs, and
+    # per-layer embeddings of 256 per layer (a chat template of its own is not reproduced: Gemma 3's here)
+    "gemma-4": FamilyShape("gemma4_text", "google/gemma-4-E2B-it", dict(
+        architectures=["Gemma4ForCausalLM"], hidden_size=1536, intermediate_size=6144, num_hidden_layers=35,
+        num_attention_heads=8, num_key_value_heads=1, head_dim=256, global_head_dim=512, vocab_size=262144,
+        vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256, num_kv_shared_layers=20,
+        use_double_wide_mlp=True, attention_k_eq_v=False, enable_moe_block=False, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, sliding_window=512, final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+        layer_types=["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(35)],
+        rope_parameters={"full_attention": dict(rope_type="proportional", partial_rotary_factor=0.25,
+                                                rope_theta=1000000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0)),
     "gpt-oss": FamilyShape("gpt_oss", "openai/gpt-oss-20b", dict(
         architectures=["GptOssForCausalLM"], hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
         num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,

@@ -182,14 +182,15 @@ _FALCON_H1 = dict(
     attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.8,
     ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 0.7], mlp_multipliers=[0.8, 1.25], rms_norm_eps=1e-5, eos_token_id=2)
 HYBRID_CONFIGS["falcon_h1"] = dict(_FALCON_H1, mamba_rms_norm=False)
-# Gemma 4: 5:1-style sliding and global layers where the global ones have wider heads and fewer kv
-# heads, their values taken from the keys' projection; the last two layers read the K/V of the last
-# earlier layer of their kind (with twice-wide MLPs); per-layer embeddings; as the E2B/E4B models
+# Gemma 4: sliding and global layers where the global ones have wider heads and fewer kv heads, their
+# values taken from the keys' projection; the last three layers read the K/V of the last earlier layer of
+# their kind (two the same sliding one's), with twice-wide MLPs; per-layer embeddings; as the E2B/E4B models
 HYBRID_CONFIGS["gemma4"] = dict(
-    architectures=["Gemma4ForCausalLM"], num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    architectures=["Gemma4ForCausalLM"], num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
     head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
     layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
-                 "full_attention"], sliding_window=TINY_WINDOW, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                 "sliding_attention", "full_attention"], sliding_window=TINY_WINDOW, num_kv_shared_layers=3,
+    use_double_wide_mlp=True,
     hidden_size_per_layer_input=8, vocab_size_per_layer_input=TINY_VOCAB, final_logit_softcapping=30.0,
     eos_token_id=2, tie_word_embeddings=True)
 # Gemma 4's MoE model (26B-A4B): routed experts beside every layer's MLP, no per-layer embeddings
@@ -249,6 +250,39 @@ def tiny_model_dir(arch: str) -> Path:
                 # embeddings by sqrt(hidden), and wider still would leave sampling one choice)
                 param.mul_(0.5 if arch.startswith("gemma") else 4.0)
     out = _workdir() / arch
+    model.save_pretrained(out)
+    return out
+
+
+# the towers beside the text model in a tiny multimodal checkpoint, as small as transformers allows
+_TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16)
+_TINY_AUDIO = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                   output_proj_dims=32)
+_MULTIMODAL = {"gemma3": ("gemma3", dict(vision_config=dict(_TINY_VISION, image_size=32, patch_size=16,
+                                                                 model_type="siglip_vision_model"),
+                                         mm_tokens_per_image=4)),
+               "gemma4": ("gemma4", dict(vision_config=_TINY_VISION, audio_config=_TINY_AUDIO))}
+
+
+@functools.cache
+def tiny_multimodal_dir(arch: str) -> Path:
+    """A tiny multimodal checkpoint (Gemma 3 or 4 `...ForConditionalGeneration`) whose text model is
+    `tiny_model_dir(arch)`'s: the same weights under model.language_model, with vision (and audio) towers beside."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    model_type, towers = _MULTIMODAL[arch]
+    text = tiny_model_dir(arch)
+    text_config = AutoConfig.from_pretrained(text).to_dict()
+    config = AutoConfig.for_model(model_type, text_config=text_config, **towers)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    from safetensors.torch import load_file
+
+    own = {f"model.language_model.{name.removeprefix('model.')}": tensor
+           for name, tensor in load_file(text / "model.safetensors").items() if name != "lm_head.weight"}
+    missing, _ = model.load_state_dict(own, strict=False)
+    assert not [name for name in missing if "language_model" in name], "the text model's weights are all given"
+    out = _workdir() / f"{arch}_multimodal"
     model.save_pretrained(out)
     return out
 

@@ -13,7 +13,6 @@ them: a model is only meaningful after the loader has filled every parameter (it
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from radixserve.model.kv_cache import KVCache
 from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.moe import MoE
 from radixserve.model.ops import ModelOps, TorchOps, rms_norm, unit_rms_norm
-from radixserve.model.rope import RopeParams, RotaryEmbedding
+from radixserve.model.rope import RotaryEmbedding
 from radixserve.model.short_conv import ShortConv
 from radixserve.model.spec import AttentionSpec, LayerSpec, MlpSpec, ModelSpec
 from radixserve.model.window_kv import window_attention
@@ -57,7 +56,8 @@ class RMSNorm(nn.Module):
 def rope_key(spec: ModelSpec, attention: AttentionSpec) -> str:
     """One rotary table per distinct setting and head size, named by its first appearance: layers
     sharing it share its cos/sin per step."""
-    distinct = list(dict.fromkeys((a.rope, spec.head_dim_of(a)) for a in spec.attentions if a.rope))
+    distinct: list[tuple[RopeParams | None, int]] = list(dict.fromkeys(
+        (a.rope, spec.head_dim_of(a)) for a in spec.attentions if a.rope))
     return f"rope{distinct.index((attention.rope, spec.head_dim_of(attention)))}"
 
 
@@ -160,8 +160,9 @@ class Attention(nn.Module):
             q = rotary.rotate(q, *prepared)
         k, v, windows = meta.plans[shared_kv_key(self.kv_source)]
         if self.window_state:
-            window_meta = meta if windows is None else replace(meta, state_slots=list(range(meta.num_seqs)))
-            out = window_attention(q, k, v, windows, window_meta, self.scale, self.window, self.sinks, self.softcap)
+            assert self.window is not None
+            out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap,
+                                   slots=list(range(meta.num_seqs)), update=False)
         else:
             out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
                                   window=self.window, sinks=self.sinks, softcap=self.softcap)

@@ -10,6 +10,7 @@ understood.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,6 +66,7 @@ class Family:
     attention_scale: float | None = None
     # the family's changes to layer i as the shared reader built it (Gemma 4's per-layer head shapes, KV sharing)
     adjust_layer: Callable[[Any, int, LayerSpec], LayerSpec] = lambda config, i, layer: layer
+    multimodal: bool = False  # a checkpoint of several modalities: its text config and text model are what we run
 
 
 def _gemma_scale(config: Any) -> float:
@@ -306,10 +308,26 @@ FAMILIES: dict[str, Family] = {
     "GptOssForCausalLM": Family("gpt_oss", sinks=True, moe=_gpt_oss_moe,
                                 checkpoint=CheckpointLayout(router_name="router", experts="stacked_interleaved")),
 }
+# Multimodal checkpoints (as Gemma 3 and 4 are published): their text model served as text, the other
+# towers left unread. The text model's tensors sit under language_model.model (Gemma 3, as transformers
+# saves it too) or model.language_model (Gemma 4).
+_OTHER_MODALITIES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.embed_vision.",
+                     "model.audio_tower.", "model.embed_audio.")
+
+
+def _text_model_of_multimodal(text: Family, model_type: str, text_path: str) -> Family:
+    checkpoint = replace(text.checkpoint, renames=(*text.checkpoint.renames, ("model", text_path)),
+                         skipped_prefixes=_OTHER_MODALITIES)
+    return replace(text, model_type=model_type, checkpoint=checkpoint, multimodal=True)
+
+
+FAMILIES["Gemma3ForConditionalGeneration"] = _text_model_of_multimodal(FAMILIES["Gemma3ForCausalLM"], "gemma3",
+                                                                       "language_model.model")
+FAMILIES["Gemma4ForConditionalGeneration"] = _text_model_of_multimodal(FAMILIES["Gemma4ForCausalLM"], "gemma4",
+                                                                       "model.language_model")
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # Configs written without `architectures` (e.g. converted from GGUF) still name their model_type.
 _ARCHITECTURE_OF_MODEL_TYPE = {family.model_type: name for name, family in FAMILIES.items()}
-_GEMMA3_CONDITIONAL = "Gemma3ForConditionalGeneration"
 
 
 def supported_architecture(architectures: Any, model_type: Any = None) -> str:
@@ -320,19 +338,21 @@ def supported_architecture(architectures: Any, model_type: Any = None) -> str:
     if not architectures and model_type in _ARCHITECTURE_OF_MODEL_TYPE:
         return _ARCHITECTURE_OF_MODEL_TYPE[model_type]
     named = repr(architectures) if architectures else f"model_type {model_type!r}" if model_type else "(none named)"
-    hint = " (the text model of a Gemma 3 checkpoint is Gemma3ForCausalLM)" if _GEMMA3_CONDITIONAL in (
-        architectures or ()) else ""
-    raise ValueError(f"unsupported model architecture {named}{hint}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    raise ValueError(f"unsupported model architecture {named}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
 
 def describe(config: Any, extra_eos_token_ids: tuple[int, ...] = ()) -> ModelSpec:
     """The ModelSpec of a transformers config of a supported architecture."""
     arch = supported_architecture(getattr(config, "architectures", None), getattr(config, "model_type", None))
     family = FAMILIES[arch]
+    if family.multimodal:
+        config = config.get_text_config()
     if getattr(config, "per_layer_config", None) is not None:
-        # transformers guards settings that vary by layer (Gemma 4's head shapes); the global value is
-        # the model's default, and the family reads each layer's own (`adjust_layer`)
+        # transformers guards settings that vary by layer (Gemma 4's head shapes) and warns on reading
+        # them globally; the global value is the model's default, and the family reads each layer's own
+        # (`adjust_layer`)
         config.allow_global_per_layer_attribute_access = True
+        logging.getLogger("transformers.integrations.heterogeneity.configuration_utils").setLevel(logging.ERROR)
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     bias = bool(getattr(config, "attention_bias", False))

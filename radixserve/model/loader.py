@@ -253,7 +253,8 @@ def _load_weights(model: CausalLM, files: list[Path]) -> None:
 def _ignorable(name: str, spec: ModelSpec) -> bool:
     # mtp.*: multi-token-prediction heads (Nemotron 3, Qwen3.5), which transformers skips too; our
     # drafts come from the cache
-    return (name.endswith("rotary_emb.inv_freq") or name.startswith("mtp.")
+    # the other modalities' towers of a multimodal checkpoint whose text model we serve (`skipped_prefixes`)
+    return (name.endswith("rotary_emb.inv_freq") or name.startswith(("mtp.", *spec.checkpoint.skipped_prefixes))
             or (name == "lm_head.weight" and spec.tie_word_embeddings))
 
 

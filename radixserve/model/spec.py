@@ -350,6 +350,9 @@ class CheckpointLayout:
     # (ours, the checkpoint's) module paths, applied last to every name: a family naming its modules
     # its own way (LFM2: self_attn.out_proj, feed_forward.w1, operator_norm, model.embedding_norm)
     renames: tuple[tuple[str, str], ...] = ()
+    # tensors of the checkpoint that are not the text model's, left unread (a multimodal checkpoint's
+    # vision and audio towers)
+    skipped_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

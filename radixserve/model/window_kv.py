@@ -24,38 +24,40 @@ from radixserve.model.attention import EXPLICIT_SCORES, SHORT_QUERY, WINDOW_PIEC
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor | None,
                      meta: AttentionMetadata, scale: float, window: int, sinks: torch.Tensor | None,
-                     softcap: float | None) -> torch.Tensor:
-    """q [T, Hq, D], the step's new k and v [T, Hkv, D] -> out [T, Hq, D]; `windows` is read and
-    updated at `meta.state_slots`. `windows` None: a probe forward (no state cache), each item from
-    an empty window."""
+                     softcap: float | None, slots: list[int] | None = None, update: bool = True) -> torch.Tensor:
+    """q [T, Hq, D], the step's new k and v [T, Hkv, D] -> out [T, Hq, D]; `windows` is read at
+    `slots` (default `meta.state_slots`) and, with `update`, moved on past the step's rows there
+    (a layer reading another's K/V reads the other's windows as they were before the step, and leaves
+    them). `windows` None: a probe forward (no state cache), each item from an empty window."""
     tokens, kv_heads, head_dim = k.shape
     rows = torch.cat([k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=1)  # [T, 2 * Hkv * D]
     keep = window - 1
     if windows is None:
         windows = rows.new_zeros(meta.num_seqs, keep, rows.shape[1])
         slots = list(range(meta.num_seqs))
-    else:
+    elif slots is None:
         slots = meta.state_slots
     out = torch.empty_like(q)
     starts = meta.cu_seqlens_q.tolist()
     single = [b for b, n in enumerate(meta.query_lens) if n == 1]
     if single:
         _one_token_items(q, rows, windows, meta, single, [starts[b] for b in single], [slots[b] for b in single],
-                         kv_heads, scale, window, sinks, softcap, out)
+                         kv_heads, scale, window, sinks, softcap, out, update)
     for b, n in enumerate(meta.query_lens):
         if n > 1:
             first = starts[b]
             _item(q[first:first + n], rows[first:first + n], windows, slots[b], meta.seq_lens_host[b] - n,
-                  kv_heads, scale, window, sinks, softcap, out[first:first + n])
+                  kv_heads, scale, window, sinks, softcap, out[first:first + n], update)
     return out
 
 
-def _one_token_items(q, rows, windows, meta, items, tokens, slots, kv_heads, scale, window, sinks, softcap, out):
+def _one_token_items(q, rows, windows, meta, items, tokens, slots, kv_heads, scale, window, sinks, softcap, out,
+                     update):
     device = q.device
     token_index = torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
     slot_index = torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True)
     seen = torch.cat([windows[slot_index], rows.index_select(0, token_index)[:, None]], dim=1)  # [B, window, C]
-    if window > 1:
+    if window > 1 and update:
         windows[slot_index] = seen[:, 1:]
     keys, vals = _heads(seen, kv_heads)  # [B, Hkv, window, D]
     positions = torch.tensor([meta.seq_lens_host[b] - 1 for b in items], device=device)
@@ -65,12 +67,12 @@ def _one_token_items(q, rows, windows, meta, items, tokens, slots, kv_heads, sca
     out.index_copy_(0, token_index, o[:, :, 0])
 
 
-def _item(q, rows, windows, slot, start, kv_heads, scale, window, sinks, softcap, out):
+def _item(q, rows, windows, slot, start, kv_heads, scale, window, sinks, softcap, out, update):
     """One item's n new tokens at positions start.. after its slot's rows, in pieces of queries: a
     piece's keys start at the first its first query sees."""
     keep, n = window - 1, q.shape[0]
     seen = torch.cat([windows[slot], rows])  # [keep + n, C]: row i is position start - keep + i
-    if keep:
+    if keep and update:
         windows[slot] = seen[-keep:]
     keys, vals = _heads(seen[None], kv_heads)
     piece = WINDOW_PIECE

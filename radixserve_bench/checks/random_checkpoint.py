@@ -200,7 +200,16 @@ def _tiny_fields(shape: FamilyShape, fields: dict[str, Any]) -> dict[str, Any]:
             tiny["num_experts_per_tok"] = min(int(real.num_experts_per_tok), 2)
     if getattr(real, "sliding_window", None):
         tiny["sliding_window"] = min(int(real.sliding_window), TINY_WINDOW)
-    return _with_layers(tiny, real, max(2, pattern_layers(real)))
+    layers = max(2, pattern_layers(real))
+    if fields.get("global_head_dim"):  # Gemma 4: its global layers' wider heads, and their own kv heads
+        tiny["global_head_dim"] = 32
+        if fields.get("num_global_key_value_heads"):
+            tiny["num_global_key_value_heads"] = 1
+    if fields.get("hidden_size_per_layer_input"):  # Gemma 4's per-layer embeddings, of the tiny vocabulary
+        tiny.update(hidden_size_per_layer_input=8, vocab_size_per_layer_input=tiny["vocab_size"])
+    if fields.get("num_kv_shared_layers"):  # twice the pattern: one of each kind projects K/V, one reads it
+        layers *= 2
+    return _with_layers(tiny, real, layers)
 
 
 def _rope_scaled(config: Any) -> bool:
@@ -235,6 +244,10 @@ def _with_layers(fields: dict[str, Any], full: Any, layers: int) -> dict[str, An
         values = getattr(full, name, None)
         if values:
             out[name] = [i for i in values if i < layers]
+    shared = int(getattr(full, "num_kv_shared_layers", 0) or 0)
+    if shared:  # Gemma 4: the same share of the layers read earlier ones' K/V, after one of each kind that projects it
+        total = int(full.num_hidden_layers)
+        out["num_kv_shared_layers"] = max(0, min(shared * layers // total, layers - pattern_layers(full)))
     return out
 
 

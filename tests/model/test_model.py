@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import MISTRAL_WINDOW, TINY_CONFIGS, TINY_VOCAB, hf_model, tiny_model_dir
+from tiny_models import MISTRAL_WINDOW, TINY_CONFIGS, TINY_VOCAB, hf_model, tiny_model_dir, tiny_multimodal_dir
 
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
 from radixserve.model.families import SUPPORTED_ARCHITECTURES, rope_params_from_config
@@ -196,6 +196,25 @@ def test_spec_reads_each_config(tiny):
     eos = config["eos_token_id"]
     assert spec.eos_token_ids == tuple(eos if isinstance(eos, list) else [eos])
     assert spec.max_position_embeddings == config["max_position_embeddings"]
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+def test_a_multimodal_checkpoint_serves_its_text_model(arch):
+    """Gemma 3 and 4 are published as ...ForConditionalGeneration: the text model under
+    model.language_model beside vision (and audio) towers, which are left unread."""
+    from transformers import AutoModelForImageTextToText
+
+    path = tiny_multimodal_dir(arch)
+    model, spec = load_model(path, torch.float32, CPU, window_states=load_spec(path).mixed_head_shapes)
+    assert spec.architecture == f"Gemma{arch[-1]}ForConditionalGeneration"
+    assert spec.layers == load_model(tiny_model_dir(arch), torch.float32, CPU,
+                                     window_states=spec.mixed_head_shapes)[1].layers
+    prompt = random_prompt(29, seed=1)
+    got = PagedRunner(model).step({"a": prompt})["a"]
+    with torch.inference_mode():
+        oracle = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+        expected = oracle(torch.tensor([prompt])).logits[0].float()
+    torch.testing.assert_close(got, expected, **tolerance(model))
 
 
 def test_mistral_window_applies_to_every_layer_without_capping_the_context():

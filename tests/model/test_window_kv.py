@@ -122,6 +122,6 @@ def test_auto_keeps_window_states_off_cuda_only_unless_the_head_shapes_need_them
     assert window_states("auto", cuda, mixed) and window_states("window", cuda, mixed)
     with pytest.raises(ValueError, match="different head shapes"):
         window_states("all", cpu, mixed)
-    with pytest.raises(ValueError, match="one paged pool holds one shape"):
+    with pytest.raises(ValueError, match="one pool holds one shape"):
         _ = mixed.paged_kv_shape
     assert mixed.with_window_states().paged_kv_shape == (1, 32)
