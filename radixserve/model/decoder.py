@@ -25,7 +25,7 @@ from radixserve.model.kv_cache import KVCache
 from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.moe import MoE
 from radixserve.model.ops import ModelOps, TorchOps, rms_norm, unit_rms_norm
-from radixserve.model.rope import RotaryEmbedding
+from radixserve.model.rope import RopeParams, RotaryEmbedding
 from radixserve.model.short_conv import ShortConv
 from radixserve.model.spec import AttentionSpec, LayerSpec, MlpSpec, ModelSpec
 from radixserve.model.window_kv import window_attention
