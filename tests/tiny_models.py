@@ -199,7 +199,7 @@ HYBRID_CONFIGS["gemma4_moe"] = dict(
     head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
     layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=TINY_WINDOW,
     hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
-    final_logit_softcapping=30.0, eos_token_id=2, tie_word_embeddings=True)
+    final_logit_softcapping=30.0, eos_token_id=2, tie_word_embeddings=True, use_bidirectional_attention="vision")
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 # Falcon-H1's other Mamba2 outputs, checked at the model level: normed after the gate (its 7B-class
 # models, as Nemotron-H's) and before it

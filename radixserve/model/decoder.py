@@ -7,8 +7,12 @@ sinks and softcap; a window-state layer's (`--sliding-window-kv window`) runs ov
 (model/window_kv.py). q/k/v and gate/up projections are each packed into one matmul (the loader fills
 them from however the checkpoint stores them, `loader.checkpoint_targets`). Pre-norm layers (Llama's
 placement) carry the residual to the next layer's fused add + norm; sandwich (Gemma, GLM-4) and post
-(OLMo 2) layers add their residual themselves. Construction allocates weights without initialising
-them: a model is only meaningful after the loader has filled every parameter (it checks that it did).
+(OLMo 2) layers add their residual themselves. A layer may read an earlier layer's K/V instead of
+projecting its own (Gemma 4's KV sharing): the source leaves its step's K/V (and, windowed, its windows
+as they were before the step) in the step's `meta.plans`, which the reader takes after it. Gemma 4's
+per-layer embeddings are computed once per forward beside the embedding and handed to each layer.
+Construction allocates weights without initialising them: a model is only meaningful after the loader
+has filled every parameter (it checks that it did).
 """
 
 from __future__ import annotations
@@ -143,7 +147,6 @@ class Attention(nn.Module):
                                   window=self.window, sinks=self.sinks, softcap=self.softcap)
         out = out.reshape(tokens, self.q_size)
         return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
-
 
     def _read_shared(self, x: torch.Tensor, ropes: dict[str, tuple[RotaryEmbedding, Any]], kv_cache: KVCache,
                      meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:

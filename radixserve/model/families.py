@@ -73,16 +73,18 @@ def _gemma_scale(config: Any) -> float:
     return float(config.hidden_size) ** 0.5
 
 
-def _gemma_extra(config: Any, fields: dict[str, Any]) -> None:
+def _gemma_extra(config: Any, fields: dict[str, Any], causal_settings: tuple[Any, ...] = (None, False)) -> None:
     fields["embedding_scale_in_dtype"] = True
     fields["final_softcap"] = getattr(config, "final_logit_softcapping", None)
-    if getattr(config, "use_bidirectional_attention", None):
-        raise ValueError(f"use_bidirectional_attention {config.use_bidirectional_attention!r} is not supported "
-                         "(text generation is causal); supported: null")
+    setting = getattr(config, "use_bidirectional_attention", None)
+    if setting not in causal_settings:
+        raise ValueError(f"use_bidirectional_attention {setting!r} is not supported (text generation is causal); "
+                         f"supported: {', '.join(repr(s) for s in causal_settings if s is not False)}")
 
 
 def _gemma4_extra(config: Any, fields: dict[str, Any]) -> None:
-    _gemma_extra(config, fields)
+    # "vision": image tokens see each other both ways; text, all we take, stays causal
+    _gemma_extra(config, fields, causal_settings=(None, False, "vision"))
     fields["layer_scalars"] = True
     width = int(getattr(config, "hidden_size_per_layer_input", 0) or 0)
     if width:
