@@ -361,6 +361,9 @@ class CausalLM(nn.Module):
             # a Linear, or after `cpu_linear.pack_for_cpu` a PackedLinear (a tied model's too)
             self.lm_head: nn.Module | None = None if tied else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.to(dtype)
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.keep_fp32()
         self.to_empty(device=device)
         self.requires_grad_(False)
         ropes = {rope_key(spec, a): (a.rope, spec.head_dim_of(a)) for a in spec.attentions if a.rope}

@@ -453,7 +453,7 @@ def _nemotron_moe(config: Any, bias: bool) -> MlpSpec:
         raise ValueError("mlp_bias in a Nemotron-H MoE layer is not supported")
     return MlpSpec(int(config.moe_intermediate_size), "relu2", num_experts=int(config.n_routed_experts),
                    top_k=int(config.num_experts_per_tok), routing="sigmoid_topk",
-                   normalize_topk=bool(config.norm_topk_prob), expert_bias=True, normalize_epsilon=1e-20,
+                   normalize_topk=bool(config.norm_topk_prob), expert_bias=True, normalize_epsilon=1e-20, router_fp32=True,
                    routed_scaling=float(config.routed_scaling_factor), expert_groups=int(config.n_group or 1),
                    expert_groups_kept=int(config.topk_group or 1), latent_size=int(config.moe_latent_size or 0),
                    shared_intermediate_size=int(config.moe_shared_expert_intermediate_size), shared_gate=False)

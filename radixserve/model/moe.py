@@ -31,6 +31,14 @@ from radixserve.model.ops import unit_rms_norm
 from radixserve.model.spec import MlpSpec, ModelSpec
 
 
+class Fp32Router(nn.Linear):
+    """A router whose weight and logits are fp32 in a model of any dtype (`MlpSpec.router_fp32`); a
+    subclass of Linear, so that the CPU packing (which swaps plain Linears) leaves it as it is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+
+
 class MoE(nn.Module):
     def __init__(self, spec: ModelSpec, mlp: MlpSpec, shared_expert: nn.Module | None = None) -> None:
         """`shared_expert`: the dense MLP of `mlp.shared_intermediate_size` the decoder built for it."""
@@ -44,7 +52,7 @@ class MoE(nn.Module):
         self.top_k, self.routing, self.normalize_topk = mlp.top_k, mlp.routing, mlp.normalize_topk
         self.normalize_epsilon = mlp.normalize_epsilon
         self.expert_groups, self.expert_groups_kept = mlp.expert_groups, mlp.expert_groups_kept
-        self.router = nn.Linear(hidden, experts, bias=mlp.router_bias)
+        self.router = (Fp32Router if mlp.router_fp32 else nn.Linear)(hidden, experts, bias=mlp.router_bias)
         self.router_scale = nn.Parameter(torch.empty(hidden)) if mlp.router_norm else None
         self.per_expert_scale = nn.Parameter(torch.empty(experts)) if mlp.per_expert_scale else None
         self.eps = spec.rms_norm_eps
@@ -97,6 +105,14 @@ class MoE(nn.Module):
         kept = torch.topk(group_scores, self.expert_groups_kept, dim=-1).indices
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
         return grouped.masked_fill(~keep[:, :, None], float("-inf")).view_as(choice)
+
+    def keep_fp32(self) -> None:
+        """Its routing parameters back in fp32 after the model was cast to its dtype: the expert bias (only
+        ever added in fp32) and an fp32 router's weight. Changes the parameters' dtype, before loading."""
+        if isinstance(self.router, Fp32Router):
+            self.router.float()
+        if self.expert_bias is not None:
+            self.expert_bias.data = self.expert_bias.data.float()
 
     def experts(self) -> ExpertWeights:
         return ExpertWeights(self.gate_up, self.down, self.gate_up_bias, self.down_bias)

@@ -106,6 +106,9 @@ class MlpSpec:
     # each chosen expert's weight times a learned per-expert scale
     router_norm: bool = False
     per_expert_scale: bool = False
+    # the router's weight and logits in fp32 whatever the model's dtype (Nemotron-H: transformers keeps
+    # its gate weight in fp32 and routes in fp32)
+    router_fp32: bool = False
 
     def __post_init__(self) -> None:
         if self.activation not in EXPERT_ACTIVATIONS:

@@ -450,3 +450,22 @@ def test_mlp_scales_are_refused_where_no_module_would_apply_them():
     for bad in (dict(activation="relu2", gate_scale=0.5), dict(num_experts=4, top_k=2, down_scale=2.0)):
         with pytest.raises(ValueError, match="dense gated MLP only"):
             MlpSpec(32, **bad)  # type: ignore[arg-type]
+
+
+def test_nemotron_h_routes_in_fp32_in_a_bf16_model():
+    """transformers keeps Nemotron-H's router weight and correction bias in fp32 and routes in fp32 whatever
+    the model's dtype: a bf16 model chooses the same experts with the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_dir("nemotron_h_moe")
+    model, _ = load_model(path, torch.bfloat16, CPU)
+    ours = model.model.layers[1].mlp
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).model.layers[1].mixer.gate
+    assert ours.router.weight.dtype == ours.expert_bias.dtype == theirs.weight.dtype == torch.float32
+    x = (torch.randn(256, ours.router.in_features, generator=torch.Generator().manual_seed(0)) * 4).to(torch.bfloat16)
+    with torch.inference_mode():
+        _, their_weights, their_ids = theirs(x)
+        our_ids, our_weights = ours.route(x)
+    their_order, our_order = their_ids.argsort(dim=-1), our_ids.argsort(dim=-1)
+    assert torch.equal(our_ids.gather(1, our_order), their_ids.gather(1, their_order))
+    assert torch.equal(our_weights.gather(1, our_order), their_weights.gather(1, their_order))
