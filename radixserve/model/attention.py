@@ -235,9 +235,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.
 
 
 # what `radixserve::paged_attention` reads: a cache of plain fp32, bf16 or fp16 values on CPU, head_dim a
-# multiple of 16 (its lanes) up to 128, or 256
+# multiple of 16 (its lanes) up to 128, or 256, or 512 (Gemma 4's global layers)
 IN_PLACE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-IN_PLACE_HEAD_DIMS = (*range(16, 129, 16), 256)
+IN_PLACE_HEAD_DIMS = (*range(16, 129, 16), 256, 512)
 
 
 def reads_in_place(cache: torch.Tensor) -> bool:

@@ -136,11 +136,12 @@ MIXES = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "block"), [
-    (9, 3, 64, 16), (4, 1, 16, 16), (8, 8, 128, 16), (2, 1, 256, 16), (6, 2, 32, 7), (5, 5, 80, 12)])
+    (9, 3, 64, 16), (4, 1, 16, 16), (8, 8, 128, 16), (2, 1, 256, 16), (4, 1, 512, 16), (6, 2, 32, 7),
+    (5, 5, 80, 12)])
 @pytest.mark.parametrize("rows", MIXES)
 def test_paged_attention_is_causal_softmax_attention(dtype, heads, kv_heads, dim, block, rows) -> None:
     """Against float64 softmax attention: GQA 3:1, 4:1 and none, every head_dim kind (one to sixteen
-    lanes of 16), blocks that do not divide a partition (7, 12), queries with nothing to see in a
+    lanes of 16, and Gemma 4's thirty-two), blocks that do not divide a partition (7, 12), queries with nothing to see in a
     partition."""
     q, k_cache, v_cache, table = _attention_case(rows, heads, kv_heads, dim, dtype, seed=len(rows) + dim, block=block)
     got = _paged(q, k_cache, v_cache, table, rows, scale=dim**-0.5)

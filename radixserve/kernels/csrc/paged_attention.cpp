@@ -264,7 +264,8 @@ void dispatch_dim(const Layout& at, const std::vector<Task>& tasks, const std::v
     case 7: return attend<7>(at, tasks, first_task, k_cache, v_cache, scale, out);
     case 8: return attend<8>(at, tasks, first_task, k_cache, v_cache, scale, out);
     case 16: return attend<16>(at, tasks, first_task, k_cache, v_cache, scale, out);
-    default: TORCH_CHECK(false, "paged_attention: head_dim ", at.head_dim, " is not 16-128 or 256");
+    case 32: return attend<32>(at, tasks, first_task, k_cache, v_cache, scale, out);  // Gemma 4's global layers
+    default: TORCH_CHECK(false, "paged_attention: head_dim ", at.head_dim, " is not 16-128, 256 or 512");
   }
 }
 
