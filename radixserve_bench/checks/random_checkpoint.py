@@ -129,6 +129,8 @@ def write_family_checkpoint(family: str, size: str, out: Path, tokenizer_dir: Pa
     shape, fmt = FAMILY_SHAPES[family], FORMAT_OF_FAMILY[family]
     out.mkdir(parents=True, exist_ok=True)
     fields = dict(shape.config)
+    # the published vocabulary, where the shape leaves it to the config class's default (Granite 4)
+    fields.setdefault("vocab_size", int(AutoConfig.for_model(shape.model_type, **fields).vocab_size))
     if tokenizer_dir is not None:
         tokenizer = _copy_tokenizer(tokenizer_dir, out)
         fields["vocab_size"] = max(int(fields["vocab_size"]), len(tokenizer))

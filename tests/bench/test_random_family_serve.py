@@ -297,3 +297,25 @@ def test_real_shapes_are_cut_to_the_budget_layers_first_then_experts() -> None:
         **mixtral.config, "num_hidden_layers": 1, "num_local_experts": config.num_local_experts + 1}))
     with pytest.raises(ValueError, match="over --max-gb"):
         fit_to_budget(mixtral.model_type, dict(mixtral.config), int(0.5e9))
+
+    # Gemma 4: the share of layers reading earlier layers' K/V is kept, after one of each kind that projects it
+    gemma4 = FAMILY_SHAPES["gemma-4"]
+    config, cuts = fit_to_budget(gemma4.model_type, dict(gemma4.config), int(4e9))
+    assert config.num_hidden_layers < 35 and len(cuts) == 1
+    assert config.num_kv_shared_layers == 20 * config.num_hidden_layers // 35
+    unshared = config.layer_types[:config.num_hidden_layers - config.num_kv_shared_layers]
+    assert set(unshared) == {"sliding_attention", "full_attention"}
+
+
+def test_a_family_shape_may_leave_its_vocabulary_to_the_config_class(tmp_path: Path) -> None:
+    """Granite 4's shape names no vocab_size (it takes the config class's defaults): a copied tokenizer
+    still sizes the embedding, from the class's default."""
+    from tiny_models import tiny_chat_model_dir
+    from transformers import AutoConfig
+
+    shape = FAMILY_SHAPES["granite-4"]
+    assert "vocab_size" not in shape.config
+    written = write_family_checkpoint("granite-4", "tiny", tmp_path / "g4", tokenizer_dir=tiny_chat_model_dir())
+    default = AutoConfig.for_model(shape.model_type).vocab_size
+    assert json.loads((tmp_path / "g4" / "config.json").read_text())["vocab_size"] == default
+    assert "copied from" in written.tokenizer
