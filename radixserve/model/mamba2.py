@@ -10,11 +10,14 @@ half of the state. y is gated by SiLU(z) and RMS-normed per group of heads (or n
 gated: `Mamba2Spec.output`), and projected back.
 
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
-item at position 0 starts from zeros) and leaves the state after its last token there. Steps of
-one-token items run one batched update; a prefill item runs the chunked form of the same scan (the
-state-space duality: within a chunk of `CHUNK` tokens the outputs are one masked, decayed C B^T
-product, and the state passes from chunk to chunk), which equals the token-by-token recurrence up to
-rounding (`recurrent_reference`, what the tests hold it to).
+item at position 0 starts from zeros) and leaves the state after its last token there. Where the C++
+extension runs (`cpu_kernel`, set by the runner), every item of a step is one call of
+`radixserve::mamba2_scan` (csrc/mamba2_scan.cpp): the recurrence token by token, whose results do not
+depend on how a prompt was chunked. In torch, steps of one-token items run one batched update; a
+prefill item runs the chunked form of the same scan (the state-space duality: within a chunk of
+`CHUNK` tokens the outputs are one masked, decayed C B^T product, and the state passes from chunk to
+chunk), which equals the token-by-token recurrence up to rounding (`recurrent_reference`, what the
+tests hold both to).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class Mamba2Mixer(nn.Module):
         self.projection_scale = (None if all(v == 1.0 for v in scales) else torch.cat(
             [torch.full((n,), v, device="cpu") for n, v in zip(sections, scales, strict=True)]))
         self.out_proj = nn.Linear(m.inner_dim, hidden, bias=m.proj_bias)
+        self.cpu_kernel = False  # the C++ extension's scan (the runner sets it where the extension runs)
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
         m, tokens = self.m, x.shape[0]
@@ -90,10 +94,16 @@ class Mamba2Mixer(nn.Module):
         xs, b, c = convolved.split([m.inner_dim, m.groups * m.state_size, m.groups * m.state_size], dim=-1)
         xs = xs.reshape(tokens, m.num_heads, m.head_dim)
         per_group = m.num_heads // m.groups
-        b = b.reshape(tokens, m.groups, m.state_size).repeat_interleave(per_group, dim=1)  # [T, H, N]
-        c = c.reshape(tokens, m.groups, m.state_size).repeat_interleave(per_group, dim=1)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*m.time_step_limit)  # [T, H]
         decay = dt * -torch.exp(self.A_log.float())  # log of each step's decay, [T, H]
+        if self.cpu_kernel:
+            y = torch.empty(tokens, m.num_heads, m.head_dim, dtype=torch.float32, device=x.device)
+            b, c = (t.reshape(tokens, m.groups, m.state_size).contiguous() for t in (b, c))
+            torch.ops.radixserve.mamba2_scan(xs.contiguous(), dt.contiguous(), decay.contiguous(), b, c, ssm, slots,
+                                             meta.query_lens, [int(f) for f in fresh], y)
+            return self._output(x, xs, y, gate)
+        b = b.reshape(tokens, m.groups, m.state_size).repeat_interleave(per_group, dim=1)  # [T, H, N]
+        c = c.reshape(tokens, m.groups, m.state_size).repeat_interleave(per_group, dim=1)
         if meta.all_decode:
             index, keep = decode_slots(slots, fresh, torch.float32, x.device)
             state = ssm[index] * (keep[:, None, None, None] * torch.exp(decay)[:, :, None, None])
@@ -109,8 +119,11 @@ class Mamba2Mixer(nn.Module):
                 outs.append(out)
                 first += n
             y = torch.cat(outs)
-        y = y + self.D.float()[:, None] * xs
-        y = y.reshape(tokens, m.inner_dim)
+        return self._output(x, xs, y, gate)
+
+    def _output(self, x: torch.Tensor, xs: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The scan's outputs y [T, H, P] with the D skip of xs, gated (and normed), projected back."""
+        y = (y + self.D.float()[:, None] * xs).reshape(x.shape[0], self.m.inner_dim)
         h = (y * F.silu(gate.float())).to(x.dtype) if self.norm is None else self.norm(y, gate, x.dtype)
         return self.out_proj(h)
 

@@ -37,6 +37,7 @@ from radixserve.model.device import resolve_device, resolve_dtype, to_device
 from radixserve.model.host_kv import HostKVCache
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
+from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
 from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
@@ -103,7 +104,7 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, MoE):
                 module.pack(use_cpu_kernel=cpu_kernels)
-            elif isinstance(module, GatedDeltaNet):
+            elif isinstance(module, (GatedDeltaNet, Mamba2Mixer)):
                 module.cpu_kernel = cpu_kernels
         self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
         self.ops = make_ops(self.backend.name)

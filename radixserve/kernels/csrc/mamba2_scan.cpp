@@ -1,0 +1,103 @@
+// The selective scan of Mamba2 layers (Nemotron-H, Granite 4, Falcon-H1) on CPU, for every item of a
+// step in one call: `radixserve::mamba2_scan` (model/mamba2.py).
+//
+// Why C++: the scan is a recurrence over a [head_dim, state_size] state per head. torch runs a
+// prefill as the chunked (state-space dual) form, a dozen operators per chunk and layer that took
+// about a fifth of a Granite 4 prefill (docs/bench/hybrid.md); here each (item, head) is one task
+// that keeps its state in cache and passes over it once per token:
+//   S[p, n] <- exp(decay) S[p, n] + (dt x[p]) B[n];   y[p] = sum_n S[p, n] C[n]
+//
+// Layouts (fp32, contiguous): x [T, H, P]; dt and decay (dt * A, the log of the step's decay) [T, H];
+// B and C [T, G, N], group g shared by heads g * H/G .. (g + 1) * H/G - 1; states [S, H, P, N],
+// updated in place at each item's slot; out [T, H, P] (without the D skip). Item b owns tokens
+// cu[b] .. cu[b] + query_lens[b] and starts from zeros when fresh[b], else from its slot.
+//
+// Invariant: a token's result depends only on its own item's tokens and state, in the order the
+// recurrence states: each (item, head) is computed by one thread in token order, each output a
+// fixed-order sum over the state dimension, so it is the same whatever the other items of the call,
+// the thread count, and however a prompt was split into chunks.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <unordered_set>
+#include <vector>
+
+namespace radixserve {
+namespace {
+
+using at::Tensor;
+
+void one_head(float* state, const float* x, const float* dt, const float* decay, const float* b, const float* c,
+              float* out, int64_t tokens, int64_t heads, int64_t groups, int64_t p_dim, int64_t n_dim) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float g = std::exp(decay[t * heads]);
+    const float step = dt[t * heads];
+    const float* xt = x + t * heads * p_dim;
+    const float* bt = b + t * groups * n_dim;
+    const float* ct = c + t * groups * n_dim;
+    float* ot = out + t * heads * p_dim;
+    for (int64_t p = 0; p < p_dim; ++p) {
+      float* row = state + p * n_dim;
+      const float input = step * xt[p];
+      float sum = 0.0f;
+      for (int64_t n = 0; n < n_dim; ++n) {
+        row[n] = row[n] * g + input * bt[n];
+        sum += row[n] * ct[n];
+      }
+      ot[p] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+void mamba2_scan(const Tensor& x, const Tensor& dt, const Tensor& decay, const Tensor& b, const Tensor& c,
+                 Tensor& states, at::IntArrayRef slots, at::IntArrayRef query_lens, at::IntArrayRef fresh,
+                 Tensor& out) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &dt, &decay, &b, &c, &states, &out}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "mamba2_scan: fp32 contiguous tensors");
+  }
+  const int64_t heads = x.size(1), p_dim = x.size(2), groups = b.size(1), n_dim = b.size(2);
+  const int64_t items = static_cast<int64_t>(slots.size());
+  TORCH_CHECK(groups > 0 && heads % groups == 0 && c.sizes() == b.sizes() && b.size(0) == x.size(0),
+              "mamba2_scan: B and C [T, groups, state_size], groups dividing the heads");
+  TORCH_CHECK(states.dim() == 4 && states.size(1) == heads && states.size(2) == p_dim && states.size(3) == n_dim,
+              "mamba2_scan: states must be [slots, heads, head_dim, state_size]");
+  TORCH_CHECK(static_cast<int64_t>(query_lens.size()) == items && static_cast<int64_t>(fresh.size()) == items,
+              "mamba2_scan: one slot, length and fresh flag per item");
+  std::vector<int64_t> first(items + 1, 0);
+  std::unordered_set<int64_t> seen;
+  for (int64_t i = 0; i < items; ++i) {
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < states.size(0), "mamba2_scan: slot ", slots[i], " out of range");
+    TORCH_CHECK(seen.insert(slots[i]).second, "mamba2_scan: slot ", slots[i], " belongs to two items");
+    first[i + 1] = first[i] + query_lens[i];
+  }
+  TORCH_CHECK(first[items] == x.size(0), "mamba2_scan: the items' tokens are not x's ", x.size(0));
+  float* state = states.data_ptr<float>();
+  const float *xp = x.const_data_ptr<float>(), *dtp = dt.const_data_ptr<float>(), *gp = decay.const_data_ptr<float>();
+  const float *bp = b.const_data_ptr<float>(), *cp = c.const_data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t per_group = heads / groups;
+  at::parallel_for(0, items * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / heads, h = task % heads, t0 = first[i], g = h / per_group;
+      float* s = state + (slots[i] * heads + h) * p_dim * n_dim;
+      if (fresh[i]) std::memset(s, 0, sizeof(float) * p_dim * n_dim);
+      one_head(s, xp + (t0 * heads + h) * p_dim, dtp + t0 * heads + h, gp + t0 * heads + h,
+               bp + (t0 * groups + g) * n_dim, cp + (t0 * groups + g) * n_dim, op + (t0 * heads + h) * p_dim,
+               query_lens[i], heads, groups, p_dim, n_dim);
+    }
+  });
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("mamba2_scan(Tensor x, Tensor dt, Tensor decay, Tensor b, Tensor c, Tensor(a!) states, int[] slots, "
+        "int[] query_lens, int[] fresh, Tensor(b!) out) -> ()",
+        radixserve::mamba2_scan);
+}
