@@ -310,10 +310,15 @@ _TINY_CORPUS = [
 ]
 
 
-@functools.cache
 def tiny_chat_model_dir(arch: str = "llama") -> Path:
     """The tiny `arch` checkpoint with a byte-level BPE tokenizer (special tokens at the ids the tiny
-    configs name: 1 BOS, 2 and 3 EOS) and a ChatML template: what text, chat and grammar paths need."""
+    configs name: 1 BOS, 2 and 3 EOS) and a ChatML template: what text, chat and grammar paths need.
+    Built once per arch, whether the arch is named or left to the default."""
+    return _tiny_chat_model_dir(arch)
+
+
+@functools.cache
+def _tiny_chat_model_dir(arch: str) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
