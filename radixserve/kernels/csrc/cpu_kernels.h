@@ -147,6 +147,20 @@ inline void store_lanes(float* to, const Lanes& v) {
   for (int p = 0; p < kParts; ++p) std::memcpy(to + p * kNativeFloats, &v.part[p], sizeof(Native));
 }
 
+// the lanes' sum in a fixed order: the parts, then four-lane pieces, then the last four as a tree
+inline float sum_lanes(const Lanes& v) {
+  Native whole = v.part[0];
+  for (int p = 1; p < kParts; ++p) whole += v.part[p];
+  typedef float Four __attribute__((vector_size(4 * sizeof(float))));
+  Four four = {};
+  for (int64_t i = 0; i < kNativeFloats; i += 4) {
+    Four piece;
+    std::memcpy(&piece, reinterpret_cast<const float*>(&whole) + i, sizeof piece);
+    four += piece;
+  }
+  return (four[0] + four[1]) + (four[2] + four[3]);
+}
+
 // A weight [out, in] laid out for `linear`: [ceil(out / 16), in, 16] (output blocks of 16, each
 // block's 16 weights of one input column side by side; the last block padded with zeros), in the
 // weight's dtype (fp32 or bf16).

@@ -20,6 +20,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu_kernels.h"
+
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -31,8 +33,12 @@ namespace {
 
 using at::Tensor;
 
+// One head's tokens: the state's rows in lanes of 16 (a scalar tail past the last whole lane), each
+// element updated as fma(decay, S, input * B) and the output a lane-wise fma chain over the state
+// dimension summed in `sum_lanes`' fixed order.
 void one_head(float* state, const float* x, const float* dt, const float* decay, const float* b, const float* c,
               float* out, int64_t tokens, int64_t heads, int64_t groups, int64_t p_dim, int64_t n_dim) {
+  const int64_t whole = n_dim / kLanes * kLanes;
   for (int64_t t = 0; t < tokens; ++t) {
     const float g = std::exp(decay[t * heads]);
     const float step = dt[t * heads];
@@ -43,10 +49,17 @@ void one_head(float* state, const float* x, const float* dt, const float* decay,
     for (int64_t p = 0; p < p_dim; ++p) {
       float* row = state + p * n_dim;
       const float input = step * xt[p];
-      float sum = 0.0f;
-      for (int64_t n = 0; n < n_dim; ++n) {
-        row[n] = row[n] * g + input * bt[n];
-        sum += row[n] * ct[n];
+      Lanes acc = zero_lanes();
+      for (int64_t n = 0; n < whole; n += kLanes) {
+        const Lanes updated = fused_multiply_add(g, load_lanes(row + n),
+                                                 fused_multiply_add(input, load_lanes(bt + n), zero_lanes()));
+        store_lanes(row + n, updated);
+        acc = fused_multiply_add(updated, load_lanes(ct + n), acc);
+      }
+      float sum = sum_lanes(acc);
+      for (int64_t n = whole; n < n_dim; ++n) {
+        row[n] = std::fma(g, row[n], input * bt[n]);
+        sum = std::fma(row[n], ct[n], sum);
       }
       ot[p] = sum;
     }

@@ -38,20 +38,6 @@ using at::Tensor;
 constexpr int64_t kPartition = 256;  // keys per task
 constexpr float kMinExponent = -87.0f;  // e^x below this is taken as 0 (fp32's normal range ends at e^-87.3)
 
-// the lanes' sum in a fixed order: the parts, then four-lane pieces, then the last four as a tree
-inline float sum_lanes(const Lanes& v) {
-  Native whole = v.part[0];
-  for (int p = 1; p < kParts; ++p) whole += v.part[p];
-  typedef float Four __attribute__((vector_size(4 * sizeof(float))));
-  Four four = {};
-  for (int64_t i = 0; i < kNativeFloats; i += 4) {
-    Four piece;
-    std::memcpy(&piece, reinterpret_cast<const float*>(&whole) + i, sizeof piece);
-    four += piece;
-  }
-  return (four[0] + four[1]) + (four[2] + four[3]);
-}
-
 // e^x for x <= 0 (scores less their maximum): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
 // polynomial to r^7 (relative error below 1e-7), 2^n put into the exponent bits; e^x below
 // e^kMinExponent, e^-inf included, is 0, and e^NaN is NaN.
