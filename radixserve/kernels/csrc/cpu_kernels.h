@@ -7,7 +7,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <unordered_set>
+#include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
@@ -145,6 +148,33 @@ inline Lanes load_lanes(const c10::Half* from) {  // fp16 widened to fp32: exact
 
 inline void store_lanes(float* to, const Lanes& v) {
   for (int p = 0; p < kParts; ++p) std::memcpy(to + p * kNativeFloats, &v.part[p], sizeof(Native));
+}
+
+// For a recurrent layer's kernel (delta_rule.cpp, mamba2_scan.cpp): its tensors are fp32 and contiguous.
+inline void check_fp32_contiguous(const char* name, std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), name, ": fp32 contiguous tensors");
+  }
+}
+
+// For a recurrent layer's kernel: the first token of each item of a
+// step, and last the step's token count, once checked that every item has one slot of `num_slots`, no
+// slot serves two items, there is one length and one fresh flag per item, and the lengths add up to
+// `tokens`; `name` opens every error.
+inline std::vector<int64_t> item_starts(const char* name, at::IntArrayRef slots, at::IntArrayRef query_lens,
+                                        at::IntArrayRef fresh, int64_t num_slots, int64_t tokens) {
+  const int64_t items = static_cast<int64_t>(slots.size());
+  TORCH_CHECK(static_cast<int64_t>(query_lens.size()) == items && static_cast<int64_t>(fresh.size()) == items,
+              name, ": one slot, length and fresh flag per item");
+  std::vector<int64_t> first(items + 1, 0);
+  std::unordered_set<int64_t> seen;
+  for (int64_t i = 0; i < items; ++i) {
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < num_slots, name, ": slot ", slots[i], " out of range");
+    TORCH_CHECK(seen.insert(slots[i]).second, name, ": slot ", slots[i], " belongs to two items");
+    first[i + 1] = first[i] + query_lens[i];
+  }
+  TORCH_CHECK(first[items] == tokens, name, ": the items' tokens are not the step's ", tokens);
+  return first;
 }
 
 // the lanes' sum in a fixed order: the parts, then four-lane pieces, then the last four as a tree

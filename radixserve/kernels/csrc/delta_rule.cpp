@@ -18,10 +18,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu_kernels.h"
+
 #include <algorithm>
 #include <cstring>
-#include <initializer_list>
-#include <unordered_set>
 #include <vector>
 
 namespace radixserve {
@@ -67,22 +67,11 @@ void one_head(float* state, const float* q, const float* k, const float* v, cons
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& decay,
                       Tensor& states, at::IntArrayRef slots, at::IntArrayRef query_lens, at::IntArrayRef fresh,
                       Tensor& out) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k, &v, &beta, &decay, &states, &out}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "gated_delta_rule: fp32 contiguous tensors");
-  }
+  check_fp32_contiguous("gated_delta_rule", {&q, &k, &v, &beta, &decay, &states, &out});
   const int64_t heads = v.size(1), dk = q.size(2), dv = v.size(2), items = static_cast<int64_t>(slots.size());
   TORCH_CHECK(states.dim() == 4 && states.size(1) == heads && states.size(2) == dk && states.size(3) == dv,
               "gated_delta_rule: states must be [slots, heads, key_dim, value_dim]");
-  TORCH_CHECK(static_cast<int64_t>(query_lens.size()) == items && static_cast<int64_t>(fresh.size()) == items,
-              "gated_delta_rule: one slot, length and fresh flag per item");
-  std::vector<int64_t> first(items + 1, 0);
-  std::unordered_set<int64_t> seen;
-  for (int64_t b = 0; b < items; ++b) {
-    TORCH_CHECK(slots[b] >= 0 && slots[b] < states.size(0), "gated_delta_rule: slot ", slots[b], " out of range");
-    TORCH_CHECK(seen.insert(slots[b]).second, "gated_delta_rule: slot ", slots[b], " belongs to two items");
-    first[b + 1] = first[b] + query_lens[b];
-  }
-  TORCH_CHECK(first[items] == q.size(0), "gated_delta_rule: the items' tokens are not q's ", q.size(0));
+  const std::vector<int64_t> first = item_starts("gated_delta_rule", slots, query_lens, fresh, states.size(0), q.size(0));
   float* state = states.data_ptr<float>();
   const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
   const float *bp = beta.const_data_ptr<float>(), *gp = decay.const_data_ptr<float>();

@@ -24,8 +24,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <initializer_list>
-#include <unordered_set>
 #include <vector>
 
 namespace radixserve {
@@ -71,25 +69,14 @@ void one_head(float* state, const float* x, const float* dt, const float* decay,
 void mamba2_scan(const Tensor& x, const Tensor& dt, const Tensor& decay, const Tensor& b, const Tensor& c,
                  Tensor& states, at::IntArrayRef slots, at::IntArrayRef query_lens, at::IntArrayRef fresh,
                  Tensor& out) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &dt, &decay, &b, &c, &states, &out}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "mamba2_scan: fp32 contiguous tensors");
-  }
+  check_fp32_contiguous("mamba2_scan", {&x, &dt, &decay, &b, &c, &states, &out});
   const int64_t heads = x.size(1), p_dim = x.size(2), groups = b.size(1), n_dim = b.size(2);
   const int64_t items = static_cast<int64_t>(slots.size());
   TORCH_CHECK(groups > 0 && heads % groups == 0 && c.sizes() == b.sizes() && b.size(0) == x.size(0),
               "mamba2_scan: B and C [T, groups, state_size], groups dividing the heads");
   TORCH_CHECK(states.dim() == 4 && states.size(1) == heads && states.size(2) == p_dim && states.size(3) == n_dim,
               "mamba2_scan: states must be [slots, heads, head_dim, state_size]");
-  TORCH_CHECK(static_cast<int64_t>(query_lens.size()) == items && static_cast<int64_t>(fresh.size()) == items,
-              "mamba2_scan: one slot, length and fresh flag per item");
-  std::vector<int64_t> first(items + 1, 0);
-  std::unordered_set<int64_t> seen;
-  for (int64_t i = 0; i < items; ++i) {
-    TORCH_CHECK(slots[i] >= 0 && slots[i] < states.size(0), "mamba2_scan: slot ", slots[i], " out of range");
-    TORCH_CHECK(seen.insert(slots[i]).second, "mamba2_scan: slot ", slots[i], " belongs to two items");
-    first[i + 1] = first[i] + query_lens[i];
-  }
-  TORCH_CHECK(first[items] == x.size(0), "mamba2_scan: the items' tokens are not x's ", x.size(0));
+  const std::vector<int64_t> first = item_starts("mamba2_scan", slots, query_lens, fresh, states.size(0), x.size(0));
   float* state = states.data_ptr<float>();
   const float *xp = x.const_data_ptr<float>(), *dtp = dt.const_data_ptr<float>(), *gp = decay.const_data_ptr<float>();
   const float *bp = b.const_data_ptr<float>(), *cp = c.const_data_ptr<float>();
