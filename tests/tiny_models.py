@@ -269,6 +269,7 @@ _MULTIMODAL = {"gemma3": ("gemma3", dict(vision_config=dict(_TINY_VISION, image_
 def tiny_multimodal_dir(arch: str) -> Path:
     """A tiny multimodal checkpoint (Gemma 3 or 4 `...ForConditionalGeneration`) whose text model is
     `tiny_model_dir(arch)`'s: the same weights under model.language_model, with vision (and audio) towers beside."""
+    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     model_type, towers = _MULTIMODAL[arch]
@@ -276,8 +277,6 @@ def tiny_multimodal_dir(arch: str) -> Path:
     text_config = AutoConfig.from_pretrained(text).to_dict()
     config = AutoConfig.for_model(model_type, text_config=text_config, **towers)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    from safetensors.torch import load_file
-
     own = {f"model.language_model.{name.removeprefix('model.')}": tensor
            for name, tensor in load_file(text / "model.safetensors").items() if name != "lm_head.weight"}
     missing, _ = model.load_state_dict(own, strict=False)
