@@ -395,10 +395,12 @@ class CausalLM(nn.Module):
         ropes = {}  # shared by every layer of one setting
         for key, rotary in self.rotaries.items():
             assert isinstance(rotary, RotaryEmbedding)
-            prepare = ops.prepare_rotary if rotary.plain else TORCH_OPS.prepare_rotary
+            torch_form = not rotary.plain or isinstance(ops, TorchOps)  # cos/sin as `RotaryEmbedding.rotate` takes them
+            prepare = TORCH_OPS.prepare_rotary if torch_form else ops.prepare_rotary
             ropes[key] = (rotary, prepare(rotary, positions, x.dtype))
             if key in self.q_only_ropes:
-                ropes[q_only_key(key)] = (rotary, TORCH_OPS.prepare_rotary(rotary, positions, x.dtype))
+                ropes[q_only_key(key)] = ropes[key] if torch_form else (
+                    rotary, TORCH_OPS.prepare_rotary(rotary, positions, x.dtype))
         per_layer = self.per_layer_inputs(input_ids, x) if self.spec.per_layer_input_size else None
         residual: torch.Tensor | None = None
         for i, layer in enumerate(self.model.layers):

@@ -129,9 +129,11 @@ def checkpoint_targets(model: CausalLM) -> dict[str, Target]:
             assert attention is not None
             q = spec.num_heads * spec.head_dim_of(attention) * (2 if attention.output_gate else 1)
             kv = spec.kv_size_of(attention)
-            # a layer reading another's K/V projects none; one whose values are its keys, no v_proj
-            pieces = (("q_proj", 0, q),) + (() if attention.kv_source is not None else (("k_proj", q, kv),)) + (
-                () if attention.kv_source is not None or attention.value_from_key else (("v_proj", q + kv, kv),))
+            pieces = [("q_proj", 0, q)]
+            if attention.kv_source is None:  # a layer reading another's K/V projects none
+                pieces.append(("k_proj", q, kv))
+                if not attention.value_from_key:  # one whose values are its keys has no v_proj
+                    pieces.append(("v_proj", q + kv, kv))
             for hf, first, rows in pieces:
                 targets[f"{layer}self_attn.{hf}.{leaf}"] = Target(name, first, rows)
         elif rest.startswith("experts."):  # experts beside the MLP (Gemma 4): its router and stacked experts

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
 #include <cstdint>
@@ -175,6 +176,23 @@ inline std::vector<int64_t> item_starts(const char* name, at::IntArrayRef slots,
   }
   TORCH_CHECK(first[items] == tokens, name, ": the items' tokens are not the step's ", tokens);
   return first;
+}
+
+// For a recurrent layer's kernel: task(item, head, its first token, its state) for every (item, head) of a
+// step, in parallel, one thread each; the state is the item's slot's `state_size` floats of the head in
+// `states` [slots, heads, state_size], zeroed first for a fresh item.
+template <typename Task>
+void for_each_item_head(const std::vector<int64_t>& first, at::IntArrayRef slots, at::IntArrayRef fresh,
+                        int64_t heads, float* states, int64_t state_size, const Task& task) {
+  const int64_t items = static_cast<int64_t>(slots.size());
+  at::parallel_for(0, items * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t i = index / heads, h = index % heads;
+      float* state = states + (slots[i] * heads + h) * state_size;
+      if (fresh[i]) std::memset(state, 0, sizeof(float) * state_size);
+      task(i, h, first[i], state);
+    }
+  });
 }
 
 // the lanes' sum in a fixed order: the parts, then four-lane pieces, then the last four as a tree

@@ -68,23 +68,19 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       Tensor& states, at::IntArrayRef slots, at::IntArrayRef query_lens, at::IntArrayRef fresh,
                       Tensor& out) {
   check_fp32_contiguous("gated_delta_rule", {&q, &k, &v, &beta, &decay, &states, &out});
-  const int64_t heads = v.size(1), dk = q.size(2), dv = v.size(2), items = static_cast<int64_t>(slots.size());
+  const int64_t heads = v.size(1), dk = q.size(2), dv = v.size(2);
   TORCH_CHECK(states.dim() == 4 && states.size(1) == heads && states.size(2) == dk && states.size(3) == dv,
               "gated_delta_rule: states must be [slots, heads, key_dim, value_dim]");
   const std::vector<int64_t> first = item_starts("gated_delta_rule", slots, query_lens, fresh, states.size(0), q.size(0));
-  float* state = states.data_ptr<float>();
   const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
   const float *bp = beta.const_data_ptr<float>(), *gp = decay.const_data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, items * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / heads, h = task % heads, t0 = first[b];
-      float* s = state + (slots[b] * heads + h) * dk * dv;
-      if (fresh[b]) std::memset(s, 0, sizeof(float) * dk * dv);
-      one_head(s, qp + (t0 * heads + h) * dk, kp + (t0 * heads + h) * dk, vp + (t0 * heads + h) * dv,
-               bp + t0 * heads + h, gp + t0 * heads + h, op + (t0 * heads + h) * dv, query_lens[b], heads, dk, dv);
-    }
-  });
+  for_each_item_head(first, slots, fresh, heads, states.data_ptr<float>(), dk * dv,
+                     [&](int64_t b, int64_t h, int64_t t0, float* s) {
+                       one_head(s, qp + (t0 * heads + h) * dk, kp + (t0 * heads + h) * dk, vp + (t0 * heads + h) * dv,
+                                bp + t0 * heads + h, gp + t0 * heads + h, op + (t0 * heads + h) * dv, query_lens[b],
+                                heads, dk, dv);
+                     });
 }
 
 }  // namespace radixserve

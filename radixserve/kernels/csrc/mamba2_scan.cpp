@@ -71,27 +71,22 @@ void mamba2_scan(const Tensor& x, const Tensor& dt, const Tensor& decay, const T
                  Tensor& out) {
   check_fp32_contiguous("mamba2_scan", {&x, &dt, &decay, &b, &c, &states, &out});
   const int64_t heads = x.size(1), p_dim = x.size(2), groups = b.size(1), n_dim = b.size(2);
-  const int64_t items = static_cast<int64_t>(slots.size());
   TORCH_CHECK(groups > 0 && heads % groups == 0 && c.sizes() == b.sizes() && b.size(0) == x.size(0),
               "mamba2_scan: B and C [T, groups, state_size], groups dividing the heads");
   TORCH_CHECK(states.dim() == 4 && states.size(1) == heads && states.size(2) == p_dim && states.size(3) == n_dim,
               "mamba2_scan: states must be [slots, heads, head_dim, state_size]");
   const std::vector<int64_t> first = item_starts("mamba2_scan", slots, query_lens, fresh, states.size(0), x.size(0));
-  float* state = states.data_ptr<float>();
   const float *xp = x.const_data_ptr<float>(), *dtp = dt.const_data_ptr<float>(), *gp = decay.const_data_ptr<float>();
   const float *bp = b.const_data_ptr<float>(), *cp = c.const_data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t per_group = heads / groups;
-  at::parallel_for(0, items * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / heads, h = task % heads, t0 = first[i], g = h / per_group;
-      float* s = state + (slots[i] * heads + h) * p_dim * n_dim;
-      if (fresh[i]) std::memset(s, 0, sizeof(float) * p_dim * n_dim);
-      one_head(s, xp + (t0 * heads + h) * p_dim, dtp + t0 * heads + h, gp + t0 * heads + h,
-               bp + (t0 * groups + g) * n_dim, cp + (t0 * groups + g) * n_dim, op + (t0 * heads + h) * p_dim,
-               query_lens[i], heads, groups, p_dim, n_dim);
-    }
-  });
+  for_each_item_head(first, slots, fresh, heads, states.data_ptr<float>(), p_dim * n_dim,
+                     [&](int64_t i, int64_t h, int64_t t0, float* s) {
+                       const int64_t g = h / per_group;
+                       one_head(s, xp + (t0 * heads + h) * p_dim, dtp + t0 * heads + h, gp + t0 * heads + h,
+                                bp + (t0 * groups + g) * n_dim, cp + (t0 * groups + g) * n_dim,
+                                op + (t0 * heads + h) * p_dim, query_lens[i], heads, groups, p_dim, n_dim);
+                     });
 }
 
 }  // namespace radixserve
