@@ -21,6 +21,9 @@
 #  10. quantized weights (issue 47): the FP8 and int4 dequantize-GEMM kernels against their references on
 #      CUDA, and their decode GEMMs of the 8B shapes at batch 1 and 64 against the roofline of their weight
 #      bytes, beside torch's bf16 linear (scripts/quant_gemm_check.py, well under a minute)
+#  11. hybrid models (issue 46): a Qwen3.5-shaped random checkpoint (~2B, its Gated DeltaNet layers on the
+#      Triton recurrent kernels) through `radixserve bench` multi-turn and random, cache on vs off
+#      (tests/engine/test_gpu.py checks the kernels' models against transformers)
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
 # `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
 #
@@ -41,7 +44,7 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TOKENIZER=${RADIXSERVE_TOKENIZER:-.gpu/tokenizer}
 RS="python3 -m radixserve"
-PARTS=${PARTS:-"kernels step equality e2e spec fp8 window moe quant"}  # a subset runs only those parts
+PARTS=${PARTS:-"kernels step equality e2e spec fp8 window moe quant hybrid"}  # a subset runs only those parts
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 status=0
 step() { echo; echo "=== $* ==="; }
@@ -109,6 +112,15 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
   if want quant; then
     step "quantized weights: FP8 / int4 dequantize-GEMM correctness, 8B decode GEMMs vs the weight-bytes roofline"
     run timeout 120 python3 scripts/quant_gemm_check.py --json "$OUT/quant-gemm.json"
+  fi
+  if want hybrid; then
+    step "hybrid: qwen3.5 shape (~2B, random bf16), multi-turn and random, cache on vs off"
+    run timeout 120 $RS bench random-checkpoint --family qwen3.5 --size real --max-gb 4 --tokenizer "$TOKENIZER" \
+        --out /tmp/rs-qwen35
+    run timeout 300 $RS bench --model /tmp/rs-qwen35 --device cuda --workload multi-turn,random --repeats 1 \
+        --systems radixserve,radixserve-nocache --no-micro --no-progress --no-charts --out /tmp/rs-hybrid
+    cp /tmp/rs-hybrid/results.json "$OUT/hybrid-results.json" 2>/dev/null
+    cp /tmp/rs-hybrid/table.md "$OUT/hybrid-table.md" 2>/dev/null
   fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"

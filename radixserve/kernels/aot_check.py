@@ -171,6 +171,32 @@ def check_fused(arch: int, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, to
         return [v for kernel in compiled for v in _compiled(kernel)]
 
 
+def check_recurrent(arch: int) -> list[CompiledVariant]:
+    """Compile the recurrent layers' kernels (kernels.recurrent) at Qwen3.5's, Nemotron-H's and LFM2's
+    head shapes: the delta rule at dk = dv = 128, the Mamba2 scan at 64 x 128, the convolution in bf16
+    with and without a bias."""
+    from radixserve.kernels import recurrent
+
+    compiled = (recurrent._delta_rule_kernel, recurrent._mamba2_kernel, recurrent._conv_kernel,
+                recurrent._conv_window_kernel)
+    with stand_in_gpu(arch):
+        for kernel in compiled:
+            kernel.device_caches.clear()
+        items = recurrent.StepItems.make([3, 1], [0, 1], [True, False], torch.device("cpu"))
+        tokens, heads = 4, 2
+        recurrent.gated_delta_rule(*(torch.zeros(tokens, heads, 128) for _ in range(3)),
+                                   *(torch.zeros(tokens, heads) for _ in range(2)), torch.zeros(2, heads, 128, 128),
+                                   items, torch.zeros(tokens, heads, 128))
+        recurrent.mamba2_scan(torch.zeros(tokens, heads, 64), *(torch.zeros(tokens, heads) for _ in range(2)),
+                              *(torch.zeros(tokens, 1, 128) for _ in range(2)), torch.zeros(2, heads, 64, 128),
+                              items, torch.zeros(tokens, heads, 64))
+        for bias in (None, torch.zeros(6144, dtype=torch.bfloat16)):
+            recurrent.causal_conv(torch.zeros(tokens, 6144, dtype=torch.bfloat16),
+                                  torch.zeros(2, 3, 6144, dtype=torch.bfloat16),
+                                  torch.zeros(6144, 4, dtype=torch.bfloat16), bias, items)
+        return [v for kernel in compiled for v in _compiled(kernel)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixserve.kernels.aot_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(MAX_SHARED))
@@ -194,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                 ok &= len(last) == 4 and all(v.fits for v in last.values())
         for v in check_fused(arch, tuple(getattr(torch, name) for name in args.dtype)):
             print(f"sm_{arch} fused {v.kernel:22} warps={v.num_warps} shared={v.shared:>6} B "
+                  f"{'fits' if v.fits else 'TOO BIG'}")
+            ok &= v.fits
+        for v in check_recurrent(arch):
+            print(f"sm_{arch} recurrent {v.kernel:22} warps={v.num_warps} shared={v.shared:>6} B "
                   f"{'fits' if v.fits else 'TOO BIG'}")
             ok &= v.fits
     return 0 if ok else 1

@@ -3,17 +3,32 @@ convolution), continuing each sequence from its state slot.
 
 Each item of a step convolves its new inputs after its slot's window of the previous kernel - 1
 inputs (zeros for an item at position 0) and leaves the window holding its last kernel - 1 inputs,
-so a slot always holds the window after the sequence's computed tokens. Steps of one-token items
-run as one batched product over the slots; prefill chunks run per item.
+so a slot always holds the window after the sequence's computed tokens. In torch, steps of one-token
+items run as one batched product over the slots and prefill chunks run per item; with the Triton
+kernels (`RecurrentImplementation` "triton": CUDA, or the interpreter under the Triton attention backend) every
+item of a step is one launch (kernels/recurrent.py).
+
+This module also owns what the recurrent layers share: which code runs them (`RecurrentImplementation`,
+set by the runner), the batched decode's slot index (`decode_slots`) and the Triton kernels' per-step item
+table (`step_items`, made once per step).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from radixserve.kernels.recurrent import StepItems
+
+# which code runs a recurrent layer: plain torch, the C++ extension's scans on CPU (the convolution
+# stays torch there), or the Triton kernels
+RecurrentImplementation = Literal["torch", "cpp", "triton"]
 
 
 def decode_slots(slots: list[int], fresh: list[bool], dtype: torch.dtype,
@@ -25,6 +40,17 @@ def decode_slots(slots: list[int], fresh: list[bool], dtype: torch.dtype,
     return index, keep
 
 
+def step_items(meta: AttentionMetadata, slots: list[int], fresh: list[bool], device: torch.device) -> StepItems:
+    """The Triton kernels' item table for this step, made by the first recurrent layer and kept on the
+    step's metadata: every layer of a forward has the same items, slots and fresh flags."""
+    from radixserve.kernels.recurrent import StepItems
+
+    items = meta.plans.get("recurrent_items")
+    if items is None:
+        items = meta.plans["recurrent_items"] = StepItems.make(meta.query_lens, slots, fresh, device)
+    return items
+
+
 class CausalConv(nn.Module):
     """Holds the weight [channels, 1, kernel] (and bias) as checkpoints store them."""
 
@@ -33,10 +59,16 @@ class CausalConv(nn.Module):
         self.channels, self.kernel = channels, kernel
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
         self.bias = nn.Parameter(torch.empty(channels)) if bias else None
+        self.implementation: RecurrentImplementation = "torch"  # the runner sets it
 
     def forward(self, inputs: torch.Tensor, windows: torch.Tensor, slots: list[int], fresh: list[bool],
                 meta: AttentionMetadata) -> torch.Tensor:
         """inputs [T, C] -> outputs [T, C]; `windows` [slots, kernel - 1, C] is read and updated at `slots`."""
+        if self.implementation == "triton":
+            from radixserve.kernels.recurrent import causal_conv
+
+            return causal_conv(inputs.contiguous(), windows, self.weight.reshape(self.channels, self.kernel),
+                               self.bias, step_items(meta, slots, fresh, inputs.device))
         bias = None if self.bias is None else self.bias.to(inputs.dtype)
         if meta.all_decode:  # one token per item: all items at once
             index, keep = decode_slots(slots, fresh, windows.dtype, inputs.device)

@@ -9,10 +9,11 @@ normed per head, gated by SiLU(z) and projected back.
 
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
 item starting at position 0 starts from zeros instead) and leaves the state after its last token
-there, so a slot always holds the state after the sequence's computed tokens. The recurrence runs in
-the C++ extension where it is loaded (`radixserve::gated_delta_rule`, csrc/delta_rule.cpp: every
-item and head of a step in one call); otherwise in torch, one batched update for steps of one-token
-items and token by token per item for prefill chunks (the reference the kernel is tested against).
+there, so a slot always holds the state after the sequence's computed tokens. The recurrence runs
+(`implementation`, set by the runner) in the C++ extension on CPU where it is loaded
+(`radixserve::gated_delta_rule`, csrc/delta_rule.cpp), in Triton on CUDA (kernels/recurrent.py), each
+with every item and head of a step in one call; otherwise in torch, one batched update for steps of
+one-token items and token by token per item for prefill chunks (the reference both are tested against).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model.attention import AttentionMetadata
-from radixserve.model.causal_conv import CausalConv, decode_slots
+from radixserve.model.causal_conv import CausalConv, RecurrentImplementation, decode_slots, step_items
 from radixserve.model.spec import DeltaNetSpec, ModelSpec
 from radixserve.model.state_cache import StateCache
 
@@ -60,7 +61,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(d.num_value_heads))
         self.norm = GatedRMSNorm(d.value_head_dim, spec.rms_norm_eps)
         self.out_proj = nn.Linear(d.value_dim, hidden, bias=False)
-        self.cpu_kernel = False  # the C++ extension's delta rule (the runner sets it where the extension runs)
+        self.implementation: RecurrentImplementation = "torch"  # the runner sets it
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
         d, tokens = self.d, x.shape[0]
@@ -78,9 +79,14 @@ class GatedDeltaNet(nn.Module):
             delta, slots = stored, meta.state_slots
         q, k, v = self._qkv(F.silu(self.conv1d(mixed, conv, slots, fresh, meta)), tokens)
         out = torch.empty(tokens, d.num_value_heads, d.value_head_dim, dtype=torch.float32, device=x.device)
-        if self.cpu_kernel:
+        if self.implementation == "cpp":
             torch.ops.radixserve.gated_delta_rule(q, k, v, beta, decay, delta, slots, meta.query_lens,
                                                   [int(f) for f in fresh], out)
+        elif self.implementation == "triton":
+            from radixserve.kernels.recurrent import gated_delta_rule
+
+            gated_delta_rule(q, k, v, beta.contiguous(), decay.contiguous(), delta,
+                             step_items(meta, slots, fresh, x.device), out)
         elif meta.all_decode:
             index, keep = decode_slots(slots, fresh, torch.float32, x.device)
             delta[index] = self._step(delta[index] * keep[:, None, None, None], q, k, v, beta, decay, out)

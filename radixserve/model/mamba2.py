@@ -11,9 +11,10 @@ gated: `Mamba2Spec.output`), and projected back.
 
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
 item at position 0 starts from zeros) and leaves the state after its last token there. Where the C++
-extension runs (`cpu_kernel`, set by the runner), every item of a step is one call of
-`radixserve::mamba2_scan` (csrc/mamba2_scan.cpp): the recurrence token by token, whose results do not
-depend on how a prompt was chunked. In torch, steps of one-token items run one batched update; a
+extension runs (`implementation` "cpp", set by the runner), every item of a step is one call of
+`radixserve::mamba2_scan` (csrc/mamba2_scan.cpp), and on CUDA one launch of the Triton scan
+(kernels/recurrent.py): the recurrence token by token, whose results do not depend on how a prompt was
+chunked. In torch, steps of one-token items run one batched update; a
 prefill item runs the chunked form of the same scan (the state-space duality: within a chunk of
 `CHUNK` tokens the outputs are one masked, decayed C B^T product, and the state passes from chunk to
 chunk), which equals the token-by-token recurrence up to rounding (`recurrent_reference`, what the
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model.attention import AttentionMetadata
-from radixserve.model.causal_conv import CausalConv, decode_slots
+from radixserve.model.causal_conv import CausalConv, RecurrentImplementation, decode_slots, step_items
 from radixserve.model.spec import Mamba2Spec, ModelSpec
 from radixserve.model.state_cache import StateCache
 
@@ -71,7 +72,7 @@ class Mamba2Mixer(nn.Module):
         self.projection_scale = (None if all(v == 1.0 for v in scales) else torch.cat(
             [torch.full((n,), v, device="cpu") for n, v in zip(sections, scales, strict=True)]))
         self.out_proj = nn.Linear(m.inner_dim, hidden, bias=m.proj_bias)
-        self.cpu_kernel = False  # the C++ extension's scan (the runner sets it where the extension runs)
+        self.implementation: RecurrentImplementation = "torch"  # the runner sets it
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
         m, tokens = self.m, x.shape[0]
@@ -96,11 +97,17 @@ class Mamba2Mixer(nn.Module):
         per_group = m.num_heads // m.groups
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*m.time_step_limit)  # [T, H]
         decay = dt * -torch.exp(self.A_log.float())  # log of each step's decay, [T, H]
-        if self.cpu_kernel:
+        if self.implementation != "torch":
             y = torch.empty(tokens, m.num_heads, m.head_dim, dtype=torch.float32, device=x.device)
             b, c = (t.reshape(tokens, m.groups, m.state_size).contiguous() for t in (b, c))
-            torch.ops.radixserve.mamba2_scan(xs.contiguous(), dt.contiguous(), decay.contiguous(), b, c, ssm, slots,
-                                             meta.query_lens, [int(f) for f in fresh], y)
+            if self.implementation == "cpp":
+                torch.ops.radixserve.mamba2_scan(xs.contiguous(), dt.contiguous(), decay.contiguous(), b, c, ssm,
+                                                 slots, meta.query_lens, [int(f) for f in fresh], y)
+            else:
+                from radixserve.kernels.recurrent import mamba2_scan
+
+                mamba2_scan(xs.contiguous(), dt.contiguous(), decay.contiguous(), b, c, ssm,
+                            step_items(meta, slots, fresh, x.device), y)
             return self._output(x, xs, y, gate)
         b = b.reshape(tokens, m.groups, m.state_size).repeat_interleave(per_group, dim=1)  # [T, H, N]
         c = c.reshape(tokens, m.groups, m.state_size).repeat_interleave(per_group, dim=1)

@@ -29,6 +29,7 @@ from radixserve.kernels.cpu_extension import loaded_or_explained
 from radixserve.kernels.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu, packing_works
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
+from radixserve.model.causal_conv import CausalConv, RecurrentImplementation
 from radixserve.model.cpu_step import CpuStep, compiled_cpu_step
 from radixserve.model.cpu_threads import configure_cpu_threads
 from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
@@ -101,12 +102,18 @@ class ModelRunner:
                                            window_states=window_states(sliding_window_kv, self.device,
                                                                        load_spec(model_dir)))
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
+        self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
+        # the recurrent layers follow the attention backend: Triton with Triton (CUDA, or the interpreter in
+        # tests), the C++ scans where the extension runs, else torch
+        scans: RecurrentImplementation = ("triton" if self.backend.name == "triton" else
+                                          "cpp" if cpu_kernels else "torch")
         for module in self.model.modules():
             if isinstance(module, MoE):
                 module.pack(use_cpu_kernel=cpu_kernels)
             elif isinstance(module, (GatedDeltaNet, Mamba2Mixer)):
-                module.cpu_kernel = cpu_kernels
-        self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
+                module.implementation = scans
+            elif isinstance(module, CausalConv):  # no C++ convolution: torch beside the C++ scans
+                module.implementation = "triton" if scans == "triton" else "torch"
         self.ops = make_ops(self.backend.name)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
             raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")

@@ -204,3 +204,22 @@ def test_fp8_kv_cache_graphs_equal_eager_and_follow_the_torch_backend(arch: str)
         assert llm.engine.leaked_blocks() == 0
     assert replies[("triton", False)] == replies[("triton", True)]
     assert [r[0] for r in replies[("triton", True)]] == [r[0] for r in replies[("torch", True)]]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "falcon_h1"])
+def test_hybrids_on_the_triton_recurrent_kernels_match_transformers(arch: str) -> None:
+    """fp32 on CUDA: the recurrent layers in kernels/recurrent.py (every item of a step in one launch),
+    cold in chunks, a multi-turn hit resuming at the reply's end, and prompts arriving together."""
+    from radixserve.model.causal_conv import CausalConv
+    from radixserve.model.delta_net import GatedDeltaNet
+    from radixserve.model.mamba2 import Mamba2Mixer
+
+    llm = cuda_llm(arch, dtype="float32", max_num_batched_tokens=16)
+    recurrent = [m for m in llm.engine.runner.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))]
+    assert recurrent and {m.implementation for m in recurrent} == {"triton"}
+    base = random_prompts([40])[0]
+    first = check(arch, llm, [base])[0]
+    turn2 = base + first.outputs[0].token_ids + random_prompts([9])[0]
+    assert check(arch, llm, [turn2])[0].usage.cached_tokens > len(base)
+    system = random_prompts([33])[0]
+    check(arch, llm, [system + random_prompts([5 + k])[0] for k in range(4)])

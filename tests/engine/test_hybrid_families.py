@@ -43,8 +43,9 @@ def check(arch: str, llm: LLM, prompts: list[list[int]], params: SamplingParams 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_hybrid_matches_transformers_at_every_kind_of_hit(arch: str, overlap: bool, eager: bool) -> None:
     llm = make(arch, overlap=overlap, enforce_eager=eager, num_speculative_tokens=4)
-    kernels = {m.cpu_kernel for m in llm.engine.runner.model.modules() if isinstance(m, GatedDeltaNet)}
-    assert kernels == ({not eager and loaded_or_explained() is not None} if llm.engine.model.spec.delta_nets else set())
+    kernels = {m.implementation for m in llm.engine.runner.model.modules() if isinstance(m, GatedDeltaNet)}
+    cpp = not eager and loaded_or_explained() is not None
+    assert kernels == ({"cpp" if cpp else "torch"} if llm.engine.model.spec.delta_nets else set())
     base = random_prompts([22], seed=3)[0]
     first = check(arch, llm, [base])[0]
     assert first.usage.cached_tokens == 0
@@ -181,3 +182,32 @@ def test_a_failed_hybrid_forward_fails_its_batch_and_leaves_no_wrong_state(arch:
     fresh = random_prompts([30, 30], seed=52)
     assert {o.outputs[0].finish_reason for o in llm.generate(fresh, GREEDY)} == {"error"}
     check(arch, llm, [p + [7, 8] for p in fresh])
+
+
+# one family per recurrent layer kind: the delta rule, LFM2's short convolution and Mamba2
+@pytest.mark.parametrize("arch", ["qwen3_5", "lfm2", "nemotron_h"])
+def test_hybrid_on_the_triton_kernels_matches_transformers(arch: str) -> None:
+    """The Triton backend runs the recurrent layers in kernels/recurrent.py too (here under the
+    interpreter): cold prefill in chunks, a multi-turn hit resuming mid-block, prompts arriving together,
+    and drafts rejected, greedy token for token with transformers."""
+    from radixserve.model.causal_conv import CausalConv
+    from radixserve.model.mamba2 import Mamba2Mixer
+
+    llm = make(arch, attention_backend="triton", device="cpu", dtype="float32", block_size=16, num_blocks=48,
+               max_num_batched_tokens=16, num_speculative_tokens=4)
+    recurrent = [m for m in llm.engine.runner.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))]
+    assert recurrent and {m.implementation for m in recurrent} == {"triton"}
+    base = random_prompts([22], seed=3)[0]
+    first = check(arch, llm, [base])[0]
+    turn2 = base + first.outputs[0].token_ids + random_prompts([5], seed=4)[0]
+    assert check(arch, llm, [turn2])[0].usage.cached_tokens == len(base) + NEW - 1
+    system = random_prompts([17], seed=41)[0]
+    outs = check(arch, llm, [system + random_prompts([5], seed=42 + k)[0] for k in range(3)])
+    assert sorted(o.usage.cached_tokens for o in outs) == [0, 17, 17]
+    fresh = random_prompts([15], seed=8)[0]
+    llm.generate([fresh], SamplingParams(temperature=1.0, max_tokens=NEW, seed=3, ignore_eos=True))
+    check(arch, llm, [fresh])  # drafts from the sampled reply: rejections roll the states back
+    check(arch, llm, [turn2])  # drafts from the cached greedy reply: accepted
+    stats = llm.engine.stats()
+    assert 0 < sum(stats.spec_accepted.values()) < sum(stats.spec_proposed.values())
+    assert_clean(llm)

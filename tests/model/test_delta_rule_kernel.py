@@ -53,9 +53,9 @@ def test_kernel_equals_the_torch_recurrence(threads: int, heads: tuple[int, int]
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            layer.cpu_kernel = True
+            layer.implementation = "cpp"
             got = layer(x, kernel_states, meta)
-            layer.cpu_kernel = False
+            layer.implementation = "torch"
             want = layer(x, torch_states, meta)
     finally:
         torch.set_num_threads(before)

@@ -126,9 +126,9 @@ def test_the_cpu_kernel_equals_the_torch_scan(threads: int) -> None:
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            layer.cpu_kernel = True
+            layer.implementation = "cpp"
             got = layer(x, kernel, _meta(lens, starts, [0, 1, 2, 3]))
-            layer.cpu_kernel = False
+            layer.implementation = "torch"
             want = layer(x, reference, _meta(lens, starts, [0, 1, 2, 3]))
     finally:
         torch.set_num_threads(before)
