@@ -184,12 +184,12 @@ def check_recurrent(arch: int) -> list[CompiledVariant]:
             kernel.device_caches.clear()
         items = recurrent.StepItems.make([3, 1], [0, 1], [True, False], torch.device("cpu"))
         tokens, heads = 4, 2
-        recurrent.gated_delta_rule(*(torch.zeros(tokens, heads, 128) for _ in range(3)),
-                                   *(torch.zeros(tokens, heads) for _ in range(2)), torch.zeros(2, heads, 128, 128),
-                                   items, torch.zeros(tokens, heads, 128))
-        recurrent.mamba2_scan(torch.zeros(tokens, heads, 64), *(torch.zeros(tokens, heads) for _ in range(2)),
-                              *(torch.zeros(tokens, 1, 128) for _ in range(2)), torch.zeros(2, heads, 64, 128),
-                              items, torch.zeros(tokens, heads, 64))
+        keys, per_head = torch.zeros(tokens, heads, 128), torch.zeros(tokens, heads)
+        recurrent.gated_delta_rule(keys, keys, keys, per_head, per_head, torch.zeros(2, heads, 128, 128), items,
+                                   torch.zeros(tokens, heads, 128))
+        shared = torch.zeros(tokens, 1, 128)
+        recurrent.mamba2_scan(torch.zeros(tokens, heads, 64), per_head, per_head, shared, shared,
+                              torch.zeros(2, heads, 64, 128), items, torch.zeros(tokens, heads, 64))
         for bias in (None, torch.zeros(6144, dtype=torch.bfloat16)):
             recurrent.causal_conv(torch.zeros(tokens, 6144, dtype=torch.bfloat16),
                                   torch.zeros(2, 3, 6144, dtype=torch.bfloat16),
