@@ -1,4 +1,4 @@
-"""What the tests of the newer tool-call formats (granite, glm4, pythonic) share: the checks of a reply
+"""What the tests of the newer tool-call formats (granite, glm4, gemma4, pythonic) share: the checks of a reply
 read whole and streamed however split (on test_tool_formats.py's `joined` and `streamed`), and of one cut
 by max_tokens; tokenizers that have a format's markers as text or as added tokens; and a driver that
 walks a constraint grammar with random allowed tokens, so a test can check that whatever a grammar lets
@@ -67,9 +67,12 @@ def tokenizer(kind: str, markers: tuple[str, ...] = (), special: bool = True) ->
     return tok, llguidance.hf.from_tokenizer(tok)
 
 
-def drive(tokens: tuple[Any, Any], grammar: str, rng: random.Random, forced: str = "", budget: int = 300) -> str:
+def drive(tokens: tuple[Any, Any], grammar: str, rng: random.Random, forced: str = "", budget: int = 300,
+          prefer: tuple[str, ...] = ()) -> str:
     """Text a matcher of `grammar` lets through: `forced` first, then random allowed tokens (the end of
-    the reply half the times it is allowed, short tokens more often than long ones) until it stops."""
+    the reply half the times it is allowed, short tokens more often than long ones, and the texts of
+    `prefer` often where allowed, finished once begun: a string that only a marker ends does end) until
+    it stops."""
     import llguidance
     import llguidance.torch
     import torch
@@ -82,6 +85,7 @@ def drive(tokens: tuple[Any, Any], grammar: str, rng: random.Random, forced: str
     mask = llguidance.torch.allocate_token_bitmask(1, lltok.vocab_size)
     shifts = torch.arange(32, dtype=torch.int32)
     short = _short_tokens(tok, lltok.vocab_size)
+    preferred = [list(tok(text, add_special_tokens=False)["input_ids"]) for text in prefer]
     for _ in range(budget):
         if matcher.is_stopped():
             break
@@ -91,6 +95,12 @@ def drive(tokens: tuple[Any, Any], grammar: str, rng: random.Random, forced: str
         pick = favoured if favoured.any() and rng.random() < 0.7 else allowed
         ending = bool(allowed[tok.eos_token_id]) and rng.random() < 0.5  # or parallel calls could go on and on
         token = tok.eos_token_id if ending else rng.choice(torch.nonzero(pick).flatten().tolist())
+        begun = [ids[n] for ids in preferred for n in range(1, len(ids)) if out[-n:] == ids[:n] and allowed[ids[n]]]
+        starts = [ids[0] for ids in preferred if allowed[ids[0]]]
+        if begun:
+            token = begun[0]
+        elif starts and not ending and rng.random() < 0.3:
+            token = rng.choice(starts)
         assert matcher.consume_token(token), matcher.get_error()
         out.append(token)
     assert matcher.is_stopped(), f"no end within {budget} tokens: {tok.decode(out, skip_special_tokens=False)!r}"

@@ -1,9 +1,9 @@
 """The newer tool-call formats through the official `openai` client: Granite 3.x and Phi-4-mini
-(`<|tool_call|>` lists), GLM-4.5 (`<arg_key>`/`<arg_value>` pairs) and pythonic (a Python list of calls,
-chosen with --tool-call-parser). Each is served over the tiny Llama checkpoint with a tokenizer trained on
-the spot for a chat template that announces the format (written for these tests after the shape of the
-family's own; the pythonic one is plain ChatML, as Llama 3.2 announces nothing), its markers special or
-added tokens as in the family's tokenizer.
+(`<|tool_call|>` lists), GLM-4.5 (`<arg_key>`/`<arg_value>` pairs), Gemma 4 (`<|tool_call>call:f{k:v}`)
+and pythonic (a Python list of calls, chosen with --tool-call-parser). Each is served over the tiny
+Llama checkpoint with a tokenizer trained on the spot for a chat template that announces the format
+(written for these tests after the shape of the family's own; the pythonic one is plain ChatML, as
+Llama 3.2 announces nothing), its markers special or added tokens as in the family's tokenizer.
 
 Replies are forced on the real engine (reasoning_kit.py): a reply with text and two calls comes back as
 content and tool_calls, whole and streamed; the calls sent back as history are rendered in the format's
@@ -91,6 +91,46 @@ GLM45 = ChatFormat(
     stop=("<|user|>", "<|observation|>", "<|endoftext|>"), eos="<|endoftext|>", pad="<|endoftext|>",
     plain=("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
 )
+# Gemma 4: <|turn>ROLE turns, the tools declared in the system turn, calls and their results inside the
+# model's turn (which a result leaves open for the model to go on), values in Gemma's notation
+GEMMA4 = ChatFormat(
+    template=(
+        "{%- macro value(v) -%}"
+        "{%- if v is string -%}{{ '<|\"|>' + v + '<|\"|>' }}"
+        "{%- elif v is mapping -%}{{ '{' }}{%- for k, x in v | dictsort -%}{{ k + ':' }}{{ value(x) }}"
+        "{{ ',' if not loop.last }}{%- endfor -%}{{ '}' }}"
+        "{%- elif v is boolean -%}{{ 'true' if v else 'false' }}"
+        "{%- elif v is none -%}null"
+        "{%- elif v is iterable -%}[{%- for x in v -%}{{ value(x) }}{{ ',' if not loop.last }}{%- endfor -%}]"
+        "{%- else -%}{{ v }}{%- endif -%}"
+        "{%- endmacro -%}"
+        "{{- bos_token -}}"
+        "{%- if tools or messages[0].role == 'system' -%}{{ '<|turn>system\\n' }}"
+        "{{ messages[0].content if messages[0].role == 'system' else '' }}"
+        "{%- for t in tools or [] -%}<|tool>declaration:{{ t.function.name }}{{ value({'description': "
+        "t.function.description or '', 'parameters': t.function.parameters}) }}<tool|>{%- endfor -%}"
+        "{{ '<turn|>\\n' }}{%- endif -%}"
+        "{%- set ns = namespace(open=false, name='') -%}"
+        "{%- for m in messages -%}"
+        "{%- if m.role == 'user' -%}{{ '<turn|>\\n' if ns.open }}{%- set ns.open = false -%}"
+        "{{ '<|turn>user\\n' + (m.content | trim) + '<turn|>\\n' }}"
+        "{%- elif m.role == 'assistant' -%}{{ '' if ns.open else '<|turn>model\\n' }}{%- set ns.open = true -%}"
+        "{{ (m.content or '') | trim }}"
+        "{%- for c in m.tool_calls or [] -%}<|tool_call>call:{{ c.function.name }}{{ value(c.function.arguments) }}"
+        "<tool_call|>{%- endfor -%}"
+        "{%- if not m.tool_calls -%}{{ '<turn|>\\n' }}{%- set ns.open = false -%}{%- endif -%}"
+        "{%- elif m.role == 'tool' -%}"
+        "{%- for p in messages -%}{%- for c in p.tool_calls or [] -%}{%- if c.id == m.tool_call_id -%}"
+        "{%- set ns.name = c.function.name -%}{%- endif -%}{%- endfor -%}{%- endfor -%}"
+        "<|tool_response>response:{{ ns.name }}{{ value({'value': m.content}) }}<tool_response|>"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt and not ns.open -%}{{ '<|turn>model\\n' }}{%- endif -%}"
+    ),
+    control=("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
+             "<|tool_response>", "<tool_response|>", '<|"|>'),
+    stop=("<turn|>", "<|tool_response>", "<eos>"), eos="<eos>", pad="<pad>", bos="<bos>",
+)
 # plain ChatML, which says nothing of tools: they go into the system contents in the format's syntax
 CHATML = ChatFormat(
     template=(
@@ -122,6 +162,11 @@ CASES = {
                               "</arg_value>\n</tool_call>\n<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1"
                               "</arg_value>\n<arg_key>b</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
                  "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"),
+    "gemma4": Case(GEMMA4, None, 'Let me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+                                 "<|tool_call>call:add{a:1,b:2}<tool_call|>",
+                   '<|turn>model\nLet me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+                   '<|tool_call>call:add{a:1,b:2}<tool_call|><|tool_response>response:get_weather{value:<|"|>sunny, '
+                   '21 C<|"|>}<tool_response|><|tool_response>response:add{value:<|"|>3<|"|>}<tool_response|>'),
     "pythonic": Case(CHATML, "pythonic", 'Let me check. <|python_tag|>[get_weather(city="Paris"), add(a=1, b=2)]',
                      '[get_weather(city="Paris"), add(a=1, b=2)]'),
 }
@@ -184,7 +229,7 @@ def test_calls_come_back_whole_and_streamed(name: str, servers: Callable[[str], 
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
     assert made(choice.message.tool_calls) == CALLS
     assert all(c.id.startswith("call_") and c.type == "function" for c in choice.message.tool_calls or ())
-    assert '"get_weather"' in forced.prompt_text()  # the tools reached the prompt
+    assert "get_weather" in forced.prompt_text()  # the tools reached the prompt
 
     forced.force(CASES[name].reply)
     content, calls, finish = "", {}, None

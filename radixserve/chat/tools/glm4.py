@@ -128,10 +128,10 @@ class Glm4Format(KeyedArgumentsFormat):
 
     def _pair(self, c: Cursor) -> Generator[None, None, tuple[str, Any] | None]:
         """After <arg_key>: the pair's key and value; None when it is broken."""
-        key = yield from _until(c, KEY_END)
+        key = yield from c.until(KEY_END)
         if key is None or not (yield from c.skip_ws()) or not (yield from c.accept(VALUE)):
             return None
-        value = yield from _until(c, VALUE_END)
+        value = yield from c.until(VALUE_END)
         return None if value is None else (key.strip(), glm_value(value))
 
     # ---- constraining
@@ -194,15 +194,3 @@ def _call_text(call: ToolCall) -> str:
     pairs = "".join(f"{KEY}{k}{KEY_END}\n{VALUE}{glm_value_text(v)}{VALUE_END}\n" for k, v in arguments.items())
     return f"{OPEN}{call.name}\n{pairs}{CLOSE}"
 
-
-def _until(c: Cursor, marker: str) -> Generator[None, None, str | None]:
-    """The text up to `marker`, which is consumed; None when the reply ends first (all of it consumed)."""
-    start = scan = c.pos
-    while (at := c.text.find(marker, scan)) < 0:
-        if c.final:
-            c.pos, c.starved = len(c.text), True
-            return None
-        scan = max(start, len(c.text) - len(marker) + 1)
-        yield
-    c.pos = at + len(marker)
-    return c.text[start:at]

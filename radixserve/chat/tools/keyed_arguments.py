@@ -106,6 +106,18 @@ def arguments_of(parameters: dict[str, Any]) -> list[Argument]:
     return out
 
 
+def separated_rules(rule: str, items: list[tuple[str, bool]], separator: str) -> list[str]:
+    """Rules whose first, `rule`, is `items` in order, those not required optional, `separator` (a Lark
+    sequence) between those present. Each item is (a Lark sequence, required)."""
+    n = len(items)
+    lines = [f"{rule}: {rule}_first_0", f'{rule}_first_{n}: ""', f'{rule}_more_{n}: ""']
+    for j, (item, required) in enumerate(items):
+        more = f"{rule}_more_{j + 1}"
+        skip_first, skip_more = ("", "") if required else (f" | {rule}_first_{j + 1}", f" | {more}")
+        lines += [f"{rule}_first_{j}: {item} {more}{skip_first}", f"{rule}_more_{j}: {separator} {item} {more}{skip_more}"]
+    return lines
+
+
 def value_json(schema: dict[str, Any], open_objects: bool) -> str:
     """A `%json` lexeme for one value of `schema`, laid out and closed as grammar.py's arguments are."""
     return arguments_rule(schema, open_objects)

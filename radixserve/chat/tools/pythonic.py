@@ -42,6 +42,7 @@ from radixserve.chat.tools.keyed_arguments import (
     arguments_of,
     is_plain,
     no_constant,
+    separated_rules,
     value_json,
 )
 from radixserve.chat.tools.reader import Cursor, Waiting
@@ -192,15 +193,9 @@ class PythonicFormat(KeyedArgumentsFormat):
     def argument_rules(self, i: int, tool: ToolSpec) -> list[str]:
         """`args_i`: the declared properties as `key=value`, ", " between those present."""
         arguments = arguments_of(tool.parameters)
-        n = len(arguments)
-        lines = [f"args_{i}: kw_{i}_first_0", f'kw_{i}_first_{n}: ""', f'kw_{i}_more_{n}: ""']
-        comma = literal(", ", self.special_ids)
-        for j, argument in enumerate(arguments):
-            item, more = f"{literal(argument.key + '=', self.special_ids)} value_{i}_{j}", f"kw_{i}_more_{j + 1}"
-            skip_first, skip_more = ("", "") if argument.required else (f" | kw_{i}_first_{j + 1}", f" | {more}")
-            lines += [f"kw_{i}_first_{j}: {item} {more}{skip_first}", f"kw_{i}_more_{j}: {comma} {item} {more}{skip_more}",
-                      f"value_{i}_{j}: {self._value_rule(argument.schema)}"]
-        return lines
+        items = [(f"{literal(a.key + '=', self.special_ids)} value_{i}_{j}", a.required) for j, a in enumerate(arguments)]
+        lines = [f"args_{i}: kw_{i}", *separated_rules(f"kw_{i}", items, literal(", ", self.special_ids))]
+        return lines + [f"value_{i}_{j}: {self._value_rule(a.schema)}" for j, a in enumerate(arguments)]
 
     def _value_rule(self, schema: dict[str, Any]) -> str:
         if is_plain(schema, "boolean"):

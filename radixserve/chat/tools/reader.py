@@ -108,6 +108,18 @@ class Cursor:
                 return True
         return False
 
+    def until(self, marker: str) -> Generator[None, None, str | None]:
+        """The text up to `marker`, which is consumed; None when the reply ends first (all of it consumed)."""
+        start = scan = self.pos
+        while (at := self.text.find(marker, scan)) < 0:
+            if self.final:
+                self.pos, self.starved = len(self.text), True
+                return None
+            scan = max(start, len(self.text) - len(marker) + 1)
+            yield
+        self.pos = at + len(marker)
+        return self.text[start:at]
+
     # ---- content
     def content_until(self, openers: tuple[str, ...]) -> Generator[None, None, str | None]:
         """Emits content up to the first opener and consumes the opener; None when the reply ends first.

@@ -2,7 +2,8 @@
 
 Invariants: a flag value (`--tool-call-parser`) always wins and an unknown one is an error naming the
 choices; without one, the template's own tool-call markup decides (harmony's channel markers: gpt-oss;
-GLM's <arg_key>; Granite's <|tool_call|> in <|start_of_role|> turns; Phi-4-mini's <|tool|> list), and a
+GLM's <arg_key>; Granite's <|tool_call|> in <|start_of_role|> turns; Phi-4-mini's <|tool|> list; Gemma
+4's <|tool_call>), and a
 template with none (the embedded SmolLM2's) gets hermes, which `ToolCallFormat.system_prompt` then
 teaches the model. `pythonic` is never told from a template (none announces Python-call replies
 reliably): only the flag names it. Every format closes the objects of tool parameters unless asked for
@@ -16,6 +17,8 @@ import re
 from typing import Any
 
 from radixserve.chat.tools.base import ToolCallFormat
+from radixserve.chat.tools.gemma4 import OPEN as GEMMA4_CALL
+from radixserve.chat.tools.gemma4 import Gemma4Format
 from radixserve.chat.tools.glm4 import KEY, Glm4Format
 from radixserve.chat.tools.granite import PHI4_MINI, PHI_CLOSE, TOOL_CALL, GraniteFormat
 from radixserve.chat.tools.harmony import CHANNEL, MESSAGE, HarmonyFormat
@@ -26,7 +29,7 @@ from radixserve.chat.tools.pythonic import PythonicFormat
 
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(),
                                                           HarmonyFormat(), GraniteFormat(), PHI4_MINI, Glm4Format(),
-                                                          PythonicFormat())}
+                                                          PythonicFormat(), Gemma4Format())}
 
 # Llama 3.1's template hands results back in "ipython" turns and asks for {"name": ..., "parameters": ...}
 _LLAMA3_JSON = re.compile(r"ipython|\"parameters\"|'parameters'|<\|python_tag\|>")
@@ -52,6 +55,8 @@ def tool_format(chat_template: str | None, override: str | None = None, tokenize
 def _from_template(template: str) -> ToolCallFormat:
     if CHANNEL in template and MESSAGE in template:  # gpt-oss's harmony: its tools are TypeScript, its calls messages
         return FORMATS["harmony"]
+    if GEMMA4_CALL in template:  # Gemma 4's <|tool_call>call:NAME{...}<tool_call|>
+        return FORMATS["gemma4"]
     if "[TOOL_CALLS]" in template:
         return MistralFormat(args_syntax="[ARGS]" in template)
     if KEY in template:  # GLM-4.5's calls are <tool_call> blocks too, of key/value tags
