@@ -8,6 +8,8 @@ Formats (`REASONING_FORMATS`; `--reasoning-parser` names one, `auto` tells it fr
   the very start of the reply opens reasoning; after `</think>`, tags are answer text.
 - `deepseek_r1`: the reply always begins inside the thinking (a leading `<think>` the model writes
   itself is dropped), `</think>` closes it.
+- `gemma4`: Gemma 4's thought channel, `<|channel>thought` ... `<channel|>`, then the answer; read as
+  `qwen3` reads its tags (the markers are special tokens: `needs_special_tokens`).
 - `gpt_oss`: harmony channels. `<|channel|>analysis<|message|>...<|end|>` is reasoning,
   `<|channel|>final<|message|>...` (and commentary without a recipient: a preamble the user sees) is
   answer, and a message to `functions.NAME` (`... to=functions.NAME ... <|message|>{args}<|call|>`, the
@@ -45,8 +47,9 @@ from radixserve.chat.tools.base import ToolStream
 from radixserve.chat.tools.harmony import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START, harmony_call_text
 from radixserve.chat.tools.types import ContentDelta, ToolCallDelta
 
-REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1", "gpt_oss")  # --reasoning-parser
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1", "gpt_oss", "gemma4")  # --reasoning-parser
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+GEMMA4_THOUGHT_OPEN, GEMMA4_THOUGHT_CLOSE = "<|channel>thought", "<channel|>"
 HEADER_CHARS = 512  # a harmony header longer than this is no header: the text is answer
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
@@ -202,34 +205,35 @@ class ReasoningStream(ABC):
 class _ThinkStream(ReasoningStream):
     """`<think>` ... `</think>`: see the module docstring."""
 
-    def __init__(self, inside: bool, may_open: bool) -> None:
+    def __init__(self, inside: bool, may_open: bool, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> None:
         # "start": may still open with <think>; "open": inside, a leading <think> is dropped;
         # "think": inside; "after": the separator after </think>; "answer": as generated
         super().__init__(True if inside else None if may_open else False)
         self._state = "open" if inside else "start" if may_open else "answer"
         self._trim = _Trimmed()
+        self._open, self._close = tags
 
     def _step(self, final: bool) -> bool:
         buf = self._buf
         if self._state in ("start", "open"):
             head = buf.lstrip()
-            if head.startswith(THINK_OPEN):
+            if head.startswith(self._open):
                 self._settle(True)
-                self._buf, self._state = head[len(THINK_OPEN):], "think"
+                self._buf, self._state = head[len(self._open):], "think"
                 return True
-            if not final and THINK_OPEN.startswith(head):
+            if not final and self._open.startswith(head):
                 return False  # whitespace, or a piece of the opening tag
             self._settle(self._state == "open")
             self._state = "answer" if self._state == "start" else "think"
             return True
         if self._state == "think":
-            at = buf.find(THINK_CLOSE)
+            at = buf.find(self._close)
             if at >= 0:
                 self._reasoning(self._trim.take(buf[:at]))
-                self._run(at + len(THINK_CLOSE), False)
-                self._buf, self._state = buf[at + len(THINK_CLOSE):], "after"
+                self._run(at + len(self._close), False)
+                self._buf, self._state = buf[at + len(self._close):], "after"
                 return True
-            keep = 0 if final else _partial_end(buf, (THINK_CLOSE,))
+            keep = 0 if final else _partial_end(buf, (self._close,))
             self._reasoning(self._trim.take(buf[:len(buf) - keep]))
             self._buf = buf[len(buf) - keep:]
             return False
@@ -347,18 +351,22 @@ class ReasoningFormat(ABC):
 @dataclass(frozen=True)
 class ThinkTags(ReasoningFormat):
     starts_inside: bool = False  # deepseek_r1: the reply always begins inside the thinking
+    open_tag: str = THINK_OPEN
+    close_tag: str = THINK_CLOSE
 
     def stream(self, opened: bool = False, constrained: bool = False) -> ReasoningStream:
+        tags = (self.open_tag, self.close_tag)
         if constrained:
-            return _ThinkStream(inside=False, may_open=False)
-        return _ThinkStream(inside=opened or self.starts_inside, may_open=True)
+            return _ThinkStream(inside=False, may_open=False, tags=tags)
+        return _ThinkStream(inside=opened or self.starts_inside, may_open=True, tags=tags)
 
     def opens_in(self, prompt_tail: str) -> bool:
-        return prompt_tail.rfind(THINK_OPEN) > prompt_tail.rfind(THINK_CLOSE)
+        return prompt_tail.rfind(self.open_tag) > prompt_tail.rfind(self.close_tag)
 
     def for_tokenizer(self, tokenizer: Any) -> ReasoningFormat:
         special = _special_tokens(tokenizer)
-        return dataclasses.replace(self, needs_special_tokens=THINK_OPEN in special or THINK_CLOSE in special)
+        marked = self.open_tag in special or self.close_tag in special or self.needs_special_tokens
+        return dataclasses.replace(self, needs_special_tokens=marked)
 
 
 @dataclass(frozen=True)
@@ -370,7 +378,9 @@ class Harmony(ReasoningFormat):
 
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
-    f.name: f for f in (ThinkTags("qwen3"), ThinkTags("deepseek_r1", starts_inside=True), Harmony("gpt_oss"))}
+    f.name: f for f in (ThinkTags("qwen3"), ThinkTags("deepseek_r1", starts_inside=True), Harmony("gpt_oss"),
+                        ThinkTags("gemma4", needs_special_tokens=True, open_tag=GEMMA4_THOUGHT_OPEN,
+                                  close_tag=GEMMA4_THOUGHT_CLOSE))}
 
 
 def reasoning_format(chat_template: str | None, override: str = "auto", tokenizer: Any = None) -> ReasoningFormat | None:
@@ -387,6 +397,8 @@ def reasoning_format(chat_template: str | None, override: str = "auto", tokenize
 def _from_template(template: str) -> ReasoningFormat | None:
     if CHANNEL in template and MESSAGE in template:
         return REASONING_FORMATS["gpt_oss"]
+    if GEMMA4_THOUGHT_CLOSE in template:  # Gemma 4's thought channel (harmony's markers are <|channel|>)
+        return REASONING_FORMATS["gemma4"]
     if THINK_OPEN in template:
         # DeepSeek-R1's template opens the thinking in the prompt; its turns are marked with full-width bars
         return REASONING_FORMATS["deepseek_r1" if "<｜Assistant｜>" in template else "qwen3"]

@@ -22,6 +22,7 @@ from radixserve.chat.reasoning import (
 from radixserve.chat.tools import FORMATS, ContentDelta, ToolCallDelta
 
 QWEN3, R1, HARMONY = REASONING_FORMATS["qwen3"], REASONING_FORMATS["deepseek_r1"], REASONING_FORMATS["gpt_oss"]
+GEMMA4 = REASONING_FORMATS["gemma4"]
 
 # (format, reply, opened by the prompt, reasoning, answer)
 RECORDED: list[tuple[ReasoningFormat, str, bool, str, str]] = [
@@ -44,6 +45,14 @@ RECORDED: list[tuple[ReasoningFormat, str, bool, str, str]] = [
     (R1, "Let me see.\n</think>\n\nParis.", False, "Let me see.", "Paris."),
     (R1, "<think>\nLet me see.\n</think>\n\nParis.", False, "Let me see.", "Paris."),
     (R1, "No end tag at all", False, "No end tag at all", ""),
+    # Gemma 4: the thought channel, then the answer; without thinking, the answer alone; cut in the channel
+    (GEMMA4, "<|channel>thought\nThe user wants the capital.<channel|>Paris.", False, "The user wants the capital.",
+     "Paris."),
+    (GEMMA4, "<|channel>thought\n<channel|>Paris.", False, "", "Paris."),
+    (GEMMA4, "Paris is the capital.", False, "", "Paris is the capital."),
+    (GEMMA4, "<|channel>thought\nStill", False, "Still", ""),
+    (GEMMA4, "<|channel>thought\nNeed it.<channel|><|tool_call>call:f{}<tool_call|>", False, "Need it.",
+     "<|tool_call>call:f{}<tool_call|>"),
     # gpt-oss: analysis, then the final answer
     (HARMONY, "<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>final"
               "<|message|>Hello! How can I help?<|return|>", False, "User greets. Reply.", "Hello! How can I help?"),
@@ -175,7 +184,9 @@ def test_format_from_the_template_or_the_flag() -> None:
     assert reasoning_format(reasoning_chat_template("qwen3"), "none") is None
     forced = reasoning_format(TINY_CHAT_TEMPLATE, "gpt_oss")
     assert forced is not None and forced.name == "gpt_oss"
-    with pytest.raises(ValueError, match="auto, none, qwen3, deepseek_r1, gpt_oss"):
+    gemma4 = reasoning_format("{{ '<|turn>model\\n<|channel>thought\\n<channel|>' }}")
+    assert gemma4 is not None and gemma4.name == "gemma4" and gemma4.needs_special_tokens
+    with pytest.raises(ValueError, match="auto, none, qwen3, deepseek_r1, gpt_oss, gemma4"):
         reasoning_format(None, "o1")
 
 
@@ -212,6 +223,21 @@ def test_reasoning_then_a_hermes_call() -> None:
         calls = [d for d in out if isinstance(d, ToolCallDelta)]
         assert calls[0].name == "get_weather" and "".join(d.arguments for d in calls) == '{"city": "Paris"}'
         assert reader.called and reader.reasoning_text == "I need the weather."
+
+
+def test_gemma4_thinks_then_calls() -> None:
+    """Gemma 4's thought channel, then a call in its own format: reasoning, then a call, no content."""
+    text = '<|channel>thought\nI need the weather.<channel|><|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+    for size in (1, 3, 1000):
+        reader = ReplyStream(GEMMA4.stream(), FORMATS["gemma4"].stream())
+        out = []
+        for i in range(0, len(text), size):
+            out += reader.feed(text[i:i + size], 1)
+        out += reader.finish()
+        assert reader.reasoning_text == "I need the weather." and reader.called
+        assert not [d for d in out if isinstance(d, ContentDelta)]
+        calls = [d for d in out if isinstance(d, ToolCallDelta)]
+        assert calls[0].name == "get_weather" and "".join(d.arguments for d in calls) == '{"city": "Paris"}'
 
 
 def test_harmony_reasoning_then_a_harmony_call() -> None:
