@@ -22,11 +22,16 @@ one), or loading fails naming what is missing or left over; a file is refused at
 line naming the thing, when it is not a GGUF, its architecture is not one we map, or a tensor's type
 is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` files (each head's two
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
-because a row's blocks never span rows.
+because a row's blocks never span rows. A file means what llama.cpp computes from it: Gemma 3's
+sliding pattern, rope bases and query scale follow llama.cpp's defaults and rules where the metadata
+is silent, and its norm weights are stored as 1 + w (`_SHIFTED_NORMS`). A cached tokenizer splits
+text as the converted one does (`_keep_as_converted`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -51,9 +56,17 @@ log = logging.getLogger(__name__)
 GGUF_MAGIC = b"GGUF"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
+_MODEL_TYPES = {"gemma3": "gemma3_text"}  # the transformers model type, where it is not the GGUF name
 _PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
-TOKENIZER_CACHE_FORMAT = 1  # bump when the layout of a cached tokenizer directory changes
+# the converter writes Gemma's norm weights w as 1 + w (llama.cpp multiplies by them as they are): served
+# with the plain fp32 weight-times-normed style, which is Gemma's x * (1 + w) on these values
+_SHIFTED_NORMS = frozenset({"gemma3"})
+TOKENIZER_CACHE_FORMAT = 2  # bump when the layout of a cached tokenizer directory changes
+# text a saved tokenizer must split as the converted one does: spaces, runs of them, punctuation, digits,
+# newlines, tabs and non-ASCII
+_TOKENIZER_PROBE = "Hello, world! It's 12 345 now.\n  indented\ttab  café ☃ 東京 <b>x</b>"
 
 # GGUF tensor name (after "blk.N.") -> the HF checkpoint name (after "model.layers.N.")
 _LAYER_TENSORS = {
@@ -62,7 +75,13 @@ _LAYER_TENSORS = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# Gemma's sandwich norms: ffn_norm is the norm before the MLP, and each block has a norm after it
+_GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
+                        "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_LAYER_TENSORS_OF = {"gemma3": _GEMMA_LAYER_TENSORS}
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: of every 6 layers, the last is global
+GEMMA3_SWA_ROPE_BASE = 10000.0  # llama.cpp's default base of the sliding layers' rope
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -165,10 +184,10 @@ class GGUFFile:
         vocab = self._arch_value("vocab_size") or (embed.rows if embed is not None else None)
         if vocab is None:
             raise ValueError(f"{self.path.name}: the metadata names no vocabulary size and there is no token_embd")
-        model_type = ARCHITECTURES[self.arch]
+        layers = int(self._arch_value("block_count"))
         fields: dict[str, Any] = dict(
-            architectures=[model_type],
-            num_hidden_layers=int(self._arch_value("block_count")),
+            architectures=[ARCHITECTURES[self.arch]],
+            num_hidden_layers=layers,
             hidden_size=hidden,
             intermediate_size=int(self._arch_value("feed_forward_length")),
             num_attention_heads=heads,
@@ -184,7 +203,35 @@ class GGUFFile:
         )
         if self.arch == "llama":
             fields["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
-        return AutoConfig.for_model(self.arch, **fields)
+        if self.arch == "gemma3":
+            fields.update(self._gemma3_fields(hidden, heads, int(head_dim), layers))
+        return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
+
+    def _gemma3_fields(self, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
+        """Gemma 3's fields as llama.cpp reads the file: its layers sliding by `sliding_window_pattern`
+        (per-layer flags, or a period whose last layer is global; 6 when absent), the sliding layers'
+        rope at `rope.freq_base_swa` (10000 when absent) unscaled, the global layers' at `rope.freq_base`
+        with the file's scaling, and queries scaled by head_dim^-1/2, or (hidden / heads)^-1/2 for
+        62-layer files (the 27B model), as gemma_pytorch and llama.cpp do."""
+        window = int(self._arch_value("attention.sliding_window", 0) or 0)
+        pattern = self._arch_value("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+        if not window:
+            sliding = [False] * layers
+        elif isinstance(pattern, list):
+            sliding = [bool(flag) for flag in pattern[:layers]]
+        else:
+            period = int(pattern)
+            sliding = [period == 0 or i % period < period - 1 for i in range(layers)]
+        softcap = self._arch_value("final_logit_softcapping")
+        local = {"rope_type": "default", "rope_theta": float(self._arch_value("rope.freq_base_swa", GEMMA3_SWA_ROPE_BASE))}
+        return dict(
+            layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+            sliding_window=window or None,
+            query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
+            final_logit_softcapping=float(softcap) if softcap else None,
+            attn_logit_softcapping=None,
+            rope_parameters={"full_attention": self._rope(), "sliding_attention": local},
+        )
 
     def _rope(self) -> dict[str, Any]:
         theta = float(self._arch_value("rope.freq_base", 10000.0))
@@ -202,15 +249,17 @@ class GGUFFile:
         return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
     def spec(self) -> ModelSpec:
-        return ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+        spec = ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+        return dataclasses.replace(spec, norm_style="fp32_weight") if self.arch in _SHIFTED_NORMS else spec
 
     def hf_name(self, name: str) -> str:
         """The HF checkpoint name of a GGUF tensor name (unknown names come back as they are)."""
         base, dot, leaf = name.rpartition(".")
         if base.startswith("blk."):
             _, index, kind = base.split(".", 2)
-            if kind in _LAYER_TENSORS:
-                return f"model.layers.{index}.{_LAYER_TENSORS[kind]}{dot}{leaf}"
+            layer_tensors = _LAYER_TENSORS_OF.get(self.arch, _LAYER_TENSORS)
+            if kind in layer_tensors:
+                return f"model.layers.{index}.{layer_tensors[kind]}{dot}{leaf}"
         elif base in _MODEL_TENSORS:
             return f"{_MODEL_TENSORS[base]}{dot}{leaf}"
         return name
@@ -401,6 +450,7 @@ def _convert_tokenizer(gguf_path: Path, root: Path, target: Path) -> None:
         except Exception as err:  # transformers' converter fails in many ways on metadata it does not know
             raise ValueError(f"{gguf_path.name}: cannot build its tokenizer from the GGUF metadata: {err}") from None
         tokenizer.save_pretrained(tmp)
+        _keep_as_converted(tokenizer, tmp, gguf_path.name)
         if target.exists():  # damaged by hand: never trust a partial directory
             shutil.rmtree(target, ignore_errors=True)
         try:
@@ -410,3 +460,21 @@ def _convert_tokenizer(gguf_path: Path, root: Path, target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep_as_converted(tokenizer: Any, directory: Path, name: str) -> None:
+    """Make the tokenizer saved in `directory` load as the converted one splits text. A model-specific
+    class may rebuild its own pipeline on load and drop the file's (Gemma's class over a byte-level
+    vocabulary turns every space into <unk>); the generic fast class then reads tokenizer.json as saved."""
+    from transformers import AutoTokenizer
+
+    want = tokenizer(_TOKENIZER_PROBE).input_ids
+    if AutoTokenizer.from_pretrained(directory, local_files_only=True)(_TOKENIZER_PROBE).input_ids == want:
+        return
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    if AutoTokenizer.from_pretrained(directory, local_files_only=True)(_TOKENIZER_PROBE).input_ids != want:
+        raise ValueError(f"{name}: its tokenizer, converted from the GGUF metadata, does not split text the same "
+                         "once saved")

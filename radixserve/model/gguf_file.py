@@ -1,9 +1,10 @@
 """A GGUF file's metadata and tensor table, read in milliseconds, its tensor data memory-mapped.
 
 `gguf.GGUFReader` builds a numpy view per element of every metadata array: a 49k-token vocabulary
-costs it about 4 s per open. Serving needs only the scalar and string values (the tokenizer's
-arrays are read once, by transformers, when the tokenizer is converted and cached), so this reader
-steps over arrays without decoding them and keeps each one as its item type and length.
+costs it about 4 s per open. Serving needs only the scalar and string values and short per-layer
+arrays (the tokenizer's arrays are read once, by transformers, when the tokenizer is converted and
+cached), so this reader decodes scalar arrays of at most `SMALL_ARRAY` items into lists and steps over
+every other array without decoding it, keeping it as its item type and length.
 
 Layout (GGUF v2/v3, little-endian): magic, version u32, tensor count u64, metadata count u64; the
 metadata as (key string, type u32, value); the tensor infos as (name string, n_dims u32, dims u64 x
@@ -26,6 +27,7 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 STRING, ARRAY = 8, 9
+SMALL_ARRAY = 1024  # scalar arrays up to this long (per-layer settings) are decoded; longer ones (a vocabulary's) not
 # metadata value types: struct format by GGUF type code
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
@@ -50,13 +52,14 @@ class _Cursor:
     def __init__(self, buf: memoryview, name: str) -> None:
         self.buf, self.pos, self.name = buf, 0, name
 
-    def unpack(self, fmt: str) -> Any:
+    def unpack(self, fmt: str, whole: bool = False) -> Any:
+        """The value `fmt` reads at pos (`whole`: every value it reads, as a tuple)."""
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
             raise ValueError(f"{self.name}: the GGUF header runs past the end of the file (truncated?)")
-        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        values = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
-        return value
+        return values if whole else values[0]
 
     def string(self) -> str:
         length = self.unpack("<Q")
@@ -83,6 +86,8 @@ class _Cursor:
             item_type, count = self.unpack("<I"), self.unpack("<Q")
             if item_type == STRING:
                 self.skip_strings(count)
+            elif item_type in _SCALARS and count <= SMALL_ARRAY:  # per-layer settings: decoded
+                return list(self.unpack("<" + _SCALARS[item_type][1] * count, whole=True))
             elif item_type in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
             else:
@@ -92,8 +97,8 @@ class _Cursor:
 
 
 class GGUFContents:
-    """The metadata (scalars and strings; arrays as `ArrayValue`), the tensor infos in file order,
-    and the memory-mapped file their data is read from."""
+    """The metadata (scalars, strings and short scalar arrays as lists; other arrays as `ArrayValue`),
+    the tensor infos in file order, and the memory-mapped file their data is read from."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

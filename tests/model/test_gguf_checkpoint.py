@@ -1,4 +1,4 @@
-"""GGUF files served directly: tiny llama/qwen2/qwen3 files written here (tiny_gguf.py) in every
+"""GGUF files served directly: tiny llama/qwen2/qwen3/gemma3 files written here (tiny_gguf.py) in every
 GGUF type the CPU kernels read.
 
 Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
@@ -39,7 +39,14 @@ FILES = {
                       tied=True),
     "qwen3": TinyGGUF("qwen3", types={"attn_q": "Q5_K", "attn_k": "Q4_1", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
                                       "output": "Q8_0", "ffn_norm": "BF16"}, tied=False),
+    "gemma3": TinyGGUF("gemma3", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q4_0",
+                                        "token_embd": "Q6_K", "post_ffw_norm": "F16", "output": "Q8_0"}, tied=False),
 }
+_GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                "self_attn.q_norm", "self_attn.k_norm")
+NORMS = {arch: tuple(f"{n}.weight" for n in (_GEMMA_NORMS if arch == "gemma3" else
+                                              ("input_layernorm", "post_attention_layernorm")))
+         for arch in FILES}
 PROMPTS = ["the cat in there", "hi"]
 MAX_TOKENS = 12
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason="the C++ CPU kernels do not build here")
@@ -85,7 +92,7 @@ def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str
     if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
         assert not quantized
     else:  # every GGUF-quantized projection, the embedding and the head; the F16 projection stays a float weight
-        assert len(quantized) == 2 * 4 + 2 - (arch == "llama")
+        assert len(quantized) == kept.engine.spec.num_layers * 4 + 2 - (arch == "llama")
         tied_head = kept.engine.runner.model.lm_head
         if FILES[arch].tied:
             assert isinstance(tied_head, QuantizedLinear)
@@ -141,12 +148,77 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
         assert torch.equal(ours[a + "qkv_proj.weight"], qkv)
         gate_up = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
         assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], gate_up)
-        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
-                     "post_attention_layernorm.weight"):
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
             assert torch.equal(ours[p + name], hf[p + name])
+        for name in NORMS[arch]:  # Gemma's hold 1 + w, as the file stores them; transformers subtracts the 1
+            assert torch.equal(ours[p + name] - 1 if arch == "gemma3" else ours[p + name], hf[p + name]), name
     assert torch.equal(ours["model.embed_tokens.weight"], hf["model.embed_tokens.weight"])
     if not FILES[arch].tied:
         assert torch.equal(ours["lm_head.weight"], hf["lm_head.weight"])
+
+
+def _gemma3_metadata_only(path: Path, layers: int, **extra: object) -> GGUFFile:
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_block_count(layers)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(5376)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(32)
+    writer.add_head_count_kv(16)
+    writer.add_key_length(128)
+    writer.add_value_length(128)
+    writer.add_rope_freq_base(1e6)
+    for key, value in extra.items():
+        if isinstance(value, list):
+            writer.add_array(f"gemma3.{key}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"gemma3.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"gemma3.{key}", value)
+        else:
+            writer.add_uint32(f"gemma3.{key}", int(value))  # type: ignore[call-overload]
+    writer.add_tensor("token_embd.weight", torch.zeros(8, 16).numpy())
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    return GGUFFile(path)
+
+
+def test_gemma3_metadata_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
+    """Layers sliding by llama.cpp's pattern (a period, 6 when absent, or per-layer flags), the sliding
+    layers' rope unscaled at their own base (10000 when absent), the global layers' scaled, and the
+    27B model's query scale; the norm weights used as stored."""
+    big = _gemma3_metadata_only(tmp_path / "27b.gguf", 62, **{"attention.sliding_window": 1024,
+                                                                "rope.scaling.type": "linear",
+                                                                "rope.scaling.factor": 8.0})
+    config = big.hf_config
+    assert config.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"] and len(config.layer_types) == 62
+    assert config.sliding_window == 1024 and config.query_pre_attn_scalar == 5376 // 32
+    assert config.rope_parameters["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
+    assert config.rope_parameters["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
+    assert big.spec().norm_style == "fp32_weight"
+    flags = _gemma3_metadata_only(tmp_path / "flags.gguf", 4, **{
+        "attention.sliding_window": 512, "attention.sliding_window_pattern": [True, False, True, True],
+        "rope.freq_base_swa": 20000.0})
+    assert flags.hf_config.layer_types == ["sliding_attention", "full_attention", "sliding_attention",
+                                           "sliding_attention"]
+    assert flags.hf_config.query_pre_attn_scalar == 128
+    assert flags.hf_config.rope_parameters["sliding_attention"]["rope_theta"] == 20000.0
+    period = _gemma3_metadata_only(tmp_path / "period.gguf", 4, **{"attention.sliding_window": 512,
+                                                                    "attention.sliding_window_pattern": 2})
+    assert period.hf_config.layer_types == ["sliding_attention", "full_attention"] * 2
+    no_window = _gemma3_metadata_only(tmp_path / "global.gguf", 3)
+    assert no_window.hf_config.layer_types == ["full_attention"] * 3
+
+
+def test_a_cached_tokenizer_splits_text_as_the_converted_one(files: dict[str, Path], tokenizer_cache: None) -> None:
+    """Every file's tokenizer, saved and loaded again from the cache, splits text as transformers'
+    conversion of the file does."""
+    from transformers import AutoTokenizer
+
+    text = "the cat in there, hi!  café 12"
+    for path in files.values():
+        converted = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        assert gguf_checkpoint.load_gguf_tokenizer(path)(text).input_ids == converted(text).input_ids
 
 
 def test_llama_rows_are_unpermuted_exactly(files: dict[str, Path]) -> None:
@@ -181,7 +253,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
         writer.close()
 
     message = _refused(tmp_path, "falcon.gguf", write)
-    assert message == "falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3"
+    assert message == "falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, gemma3"
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:

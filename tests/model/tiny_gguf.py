@@ -1,12 +1,13 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
-A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3), its tensors in the GGUF
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, gemma3), its tensors in the GGUF
 types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights
 are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
 Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
 fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the
-converter permutes them (pairs of a head's halves interleaved); qwen2/qwen3 rows are not.
+converter permutes them (pairs of a head's halves interleaved); qwen2/qwen3/gemma3 rows are not. Norm
+weights are drawn near 1, which for Gemma 3 is what the converter writes (1 + w).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ INTERMEDIATE = 512
 LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
-HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1)}
+HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "gemma3": (1, 1)}
+# Gemma 3: 7 layers, so that llama.cpp's pattern (5 sliding, 1 global) has both kinds and a sliding layer after
+# the global one, and a window the tests' prompts cross; transformers reads no query scale from the file
+# and takes its default, 256, which llama.cpp's rule (head_dim) gives for heads of 256
+LAYERS_OF = {"gemma3": 7}
+GEMMA3_WINDOW = 8
 CONTEXT = 512
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_ID = 2
@@ -67,15 +73,60 @@ def vocabulary() -> list[str]:
     return list(SPECIALS) + byte_tokens() + ["".join(m.split()) for m in _MERGES]
 
 
+# Gemma's tokenizers are sentencepiece ("llama" in GGUF) with byte fallback, <unk> and <bos> first
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
+GEMMA_PIECES = ("\u2581", "t", "h", "e", "a", "c", "i", "n", "r", "\u2581t", "he", "\u2581the", "\u2581a", "in")
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def gemma_vocabulary() -> tuple[list[str], list[int]]:
+    """Tokens and their GGUF types (3 control, 6 byte, 1 normal) of a tiny Gemma-style vocabulary."""
+    tokens = list(GEMMA_SPECIALS) + [f"<0x{b:02X}>" for b in range(256)] + list(GEMMA_PIECES)
+    return tokens, [3] * len(GEMMA_SPECIALS) + [6] * 256 + [1] * len(GEMMA_PIECES)
+
+
+def _write_tokenizer(writer: gguf.GGUFWriter, arch: str) -> int:
+    """The file's tokenizer and chat template; returns the vocabulary size."""
+    if arch == "gemma3":
+        tokens, types = gemma_vocabulary()
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores([-float(i) for i in range(len(tokens))])
+        writer.add_token_types(types)
+        writer.add_bos_token_id(2)
+        writer.add_eos_token_id(1)
+        writer.add_unk_token_id(3)
+        writer.add_pad_token_id(0)
+        writer.add_add_bos_token(True)
+        writer.add_chat_template(GEMMA_TEMPLATE)
+        return len(tokens)
+    tokens = vocabulary()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges(list(_MERGES))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_pad_token_id(EOS_ID)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    return len(tokens)
+
+
 def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     rng = np.random.default_rng(spec.seed)
-    tokens = vocabulary()
-    vocab = len(tokens)
     heads, kv_heads = HEADS.get(spec.arch, (4, 2))
     head_dim = HIDDEN // heads
     writer = gguf.GGUFWriter(str(path), spec.arch)
+    vocab = _write_tokenizer(writer, spec.arch)
+    layers = LAYERS_OF.get(spec.arch, LAYERS)
     writer.add_name(f"tiny-{spec.arch}")
-    writer.add_block_count(LAYERS)
+    writer.add_block_count(layers)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(INTERMEDIATE)
@@ -84,21 +135,13 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
+    if spec.arch == "gemma3":
+        writer.add_sliding_window(GEMMA3_WINDOW)
     if spec.arch == "llama":
         writer.add_rope_dimension_count(head_dim)
     else:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (vocab - len(SPECIALS)))
-    writer.add_token_merges(list(_MERGES))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(EOS_ID)
-    writer.add_pad_token_id(EOS_ID)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
 
     def add(name: str, layer: int | None, kind: str, rows: int, cols: int, scale: float = 0.08,
             heads: int | None = None) -> None:
@@ -115,7 +158,7 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
         writer.add_tensor(name, data, raw_dtype=QType[qtype])
 
     add("token_embd.weight", None, "token_embd", vocab, HIDDEN, scale=0.5)
-    for i in range(LAYERS):
+    for i in range(layers):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
         add(b + "attn_q.weight", i, "attn_q", heads * head_dim, HIDDEN, heads=heads)
@@ -125,10 +168,13 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
             add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
             add(b + "attn_v.bias", i, "attn_v.bias", kv_heads * head_dim, 0)
-        if spec.arch == "qwen3":
+        if spec.arch in ("qwen3", "gemma3"):
             add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
             add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
         add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
+        if spec.arch == "gemma3":  # Gemma's sandwich: a norm after attention and after the MLP too
+            add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
+            add(b + "post_ffw_norm.weight", i, "post_ffw_norm", HIDDEN, 0)
         add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
         add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
         add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)

