@@ -22,9 +22,10 @@ one), or loading fails naming what is missing or left over; a file is refused at
 line naming the thing, when it is not a GGUF, its architecture is not one we map, or a tensor's type
 is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` files (each head's two
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
-because a row's blocks never span rows. A file means what llama.cpp computes from it: Gemma 3's
-sliding pattern, rope bases and query scale follow llama.cpp's defaults and rules where the metadata
-is silent, and its norm weights are stored as 1 + w (`_SHIFTED_NORMS`). A cached tokenizer splits
+because a row's blocks never span rows. A file means what llama.cpp computes from it: Gemma 2's and
+3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
+where the metadata is silent (`_GEMMA_RULES`), and their norm weights are stored as 1 + w
+(`_SHIFTED_NORMS`). A cached tokenizer splits
 text as the converted one does (`_keep_as_converted`).
 """
 
@@ -57,12 +58,28 @@ GGUF_MAGIC = b"GGUF"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "gemma3": "Gemma3ForCausalLM"}
+                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 _MODEL_TYPES = {"gemma3": "gemma3_text"}  # the transformers model type, where it is not the GGUF name
 _PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
+
+
+@dataclass(frozen=True)
+class _GemmaRules:
+    """What llama.cpp assumes of a Gemma file where its metadata is silent."""
+
+    period: int  # the sliding pattern: of every `period` layers the last is global
+    window: int  # the sliding window (0: no sliding layers)
+    attention_softcap: float | None
+    final_softcap: float | None
+    sliding_rope_base: float | None  # None: the global layers' base
+    big_model_layers: int  # the layer count of the model whose queries scale by (hidden / heads)^-1/2
+
+
+_GEMMA_RULES = {"gemma2": _GemmaRules(2, 4096, 50.0, 30.0, None, 46),
+                "gemma3": _GemmaRules(6, 0, None, None, 10000.0, 62)}
 # the converter writes Gemma's norm weights w as 1 + w (llama.cpp multiplies by them as they are): served
 # with the plain fp32 weight-times-normed style, which is Gemma's x * (1 + w) on these values
-_SHIFTED_NORMS = frozenset({"gemma3"})
+_SHIFTED_NORMS = frozenset(_GEMMA_RULES)
 TOKENIZER_CACHE_FORMAT = 2  # bump when the layout of a cached tokenizer directory changes
 # text a saved tokenizer must split as the converted one does: spaces, runs of them, punctuation, digits,
 # newlines, tabs and non-ASCII
@@ -78,10 +95,8 @@ _LAYER_TENSORS = {
 # Gemma's sandwich norms: ffn_norm is the norm before the MLP, and each block has a norm after it
 _GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
                         "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_LAYER_TENSORS_OF = {"gemma3": _GEMMA_LAYER_TENSORS}
+_LAYER_TENSORS_OF = {arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES}
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: of every 6 layers, the last is global
-GEMMA3_SWA_ROPE_BASE = 10000.0  # llama.cpp's default base of the sliding layers' rope
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -203,18 +218,18 @@ class GGUFFile:
         )
         if self.arch == "llama":
             fields["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
-        if self.arch == "gemma3":
-            fields.update(self._gemma3_fields(hidden, heads, int(head_dim), layers))
+        if self.arch in _GEMMA_RULES:
+            fields.update(self._gemma_fields(_GEMMA_RULES[self.arch], hidden, heads, int(head_dim), layers))
         return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
 
-    def _gemma3_fields(self, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
-        """Gemma 3's fields as llama.cpp reads the file: its layers sliding by `sliding_window_pattern`
-        (per-layer flags, or a period whose last layer is global; 6 when absent), the sliding layers'
-        rope at `rope.freq_base_swa` (10000 when absent) unscaled, the global layers' at `rope.freq_base`
-        with the file's scaling, and queries scaled by head_dim^-1/2, or (hidden / heads)^-1/2 for
-        62-layer files (the 27B model), as gemma_pytorch and llama.cpp do."""
-        window = int(self._arch_value("attention.sliding_window", 0) or 0)
-        pattern = self._arch_value("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+    def _gemma_fields(self, rules: _GemmaRules, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
+        """Gemma 2's and 3's fields as llama.cpp reads the file, with `rules` where it is silent: the layers
+        sliding by `sliding_window_pattern` (per-layer flags, or a period whose last layer is global), the
+        sliding layers' rope at `rope.freq_base_swa`, unscaled, the global layers' at `rope.freq_base`
+        with the file's scaling, the softcaps, and queries scaled by head_dim^-1/2, or (hidden / heads)^-1/2
+        for the 27B models (by their layer count), as gemma_pytorch and llama.cpp do."""
+        window = int(self._arch_value("attention.sliding_window", rules.window) or 0)
+        pattern = self._arch_value("attention.sliding_window_pattern", rules.period)
         if not window:
             sliding = [False] * layers
         elif isinstance(pattern, list):
@@ -222,15 +237,25 @@ class GGUFFile:
         else:
             period = int(pattern)
             sliding = [period == 0 or i % period < period - 1 for i in range(layers)]
-        softcap = self._arch_value("final_logit_softcapping")
-        local = {"rope_type": "default", "rope_theta": float(self._arch_value("rope.freq_base_swa", GEMMA3_SWA_ROPE_BASE))}
+        global_rope = self._rope()
+        local_base = self._arch_value("rope.freq_base_swa", rules.sliding_rope_base)
+        local_rope = {"rope_type": "default", "rope_theta": float(local_base)} if local_base is not None else None
+        if self.arch == "gemma2":  # one rope for every layer
+            if local_rope is not None and local_rope != global_rope:
+                raise ValueError(f"{self.path.name}: a Gemma 2 file with another rope on its sliding layers "
+                                 f"({local_rope}) than on its global ones ({global_rope}) is not supported")
+            rope: dict[str, Any] = global_rope
+        else:
+            rope = {"full_attention": global_rope, "sliding_attention": local_rope or global_rope}
+        attention_softcap = self._arch_value("attn_logit_softcapping", rules.attention_softcap)
+        final_softcap = self._arch_value("final_logit_softcapping", rules.final_softcap)
         return dict(
             layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
             sliding_window=window or None,
-            query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
-            final_logit_softcapping=float(softcap) if softcap else None,
-            attn_logit_softcapping=None,
-            rope_parameters={"full_attention": self._rope(), "sliding_attention": local},
+            query_pre_attn_scalar=hidden // heads if layers == rules.big_model_layers else head_dim,
+            attn_logit_softcapping=float(attention_softcap) if attention_softcap else None,
+            final_logit_softcapping=float(final_softcap) if final_softcap else None,
+            rope_parameters=rope,
         )
 
     def _rope(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""GGUF files served directly: tiny llama/qwen2/qwen3/gemma3 files written here (tiny_gguf.py) in every
+"""GGUF files served directly: tiny llama/qwen2/qwen3/gemma2/gemma3 files written here (tiny_gguf.py) in every
 GGUF type the CPU kernels read.
 
 Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
@@ -39,14 +39,14 @@ FILES = {
                       tied=True),
     "qwen3": TinyGGUF("qwen3", types={"attn_q": "Q5_K", "attn_k": "Q4_1", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
                                       "output": "Q8_0", "ffn_norm": "BF16"}, tied=False),
+    "gemma2": TinyGGUF("gemma2", types={"attn_q": "Q8_0", "attn_k": "Q4_1", "ffn_gate": "Q5_K", "token_embd": "Q6_K"},
+                       tied=True),
     "gemma3": TinyGGUF("gemma3", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q4_0",
                                         "token_embd": "Q6_K", "post_ffw_norm": "F16", "output": "Q8_0"}, tied=False),
 }
 _GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                 "self_attn.q_norm", "self_attn.k_norm")
-NORMS = {arch: tuple(f"{n}.weight" for n in (_GEMMA_NORMS if arch == "gemma3" else
-                                              ("input_layernorm", "post_attention_layernorm")))
-         for arch in FILES}
+NORMS = {"gemma2": tuple(f"{n}.weight" for n in _GEMMA_NORMS[:4]), "gemma3": tuple(f"{n}.weight" for n in _GEMMA_NORMS)}
 PROMPTS = ["the cat in there", "hi"]
 MAX_TOKENS = 12
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason="the C++ CPU kernels do not build here")
@@ -150,15 +150,16 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
         assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], gate_up)
         for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
             assert torch.equal(ours[p + name], hf[p + name])
-        for name in NORMS[arch]:  # Gemma's hold 1 + w, as the file stores them; transformers subtracts the 1
-            assert torch.equal(ours[p + name] - 1 if arch == "gemma3" else ours[p + name], hf[p + name]), name
+        for name in NORMS.get(arch, ("input_layernorm.weight", "post_attention_layernorm.weight")):
+            # Gemma's hold 1 + w, as the file stores them; transformers subtracts the 1
+            assert torch.equal(ours[p + name] - 1 if arch in NORMS else ours[p + name], hf[p + name]), name
     assert torch.equal(ours["model.embed_tokens.weight"], hf["model.embed_tokens.weight"])
     if not FILES[arch].tied:
         assert torch.equal(ours["lm_head.weight"], hf["lm_head.weight"])
 
 
-def _gemma3_metadata_only(path: Path, layers: int, **extra: object) -> GGUFFile:
-    writer = gguf.GGUFWriter(str(path), "gemma3")
+def _gemma_metadata_only(path: Path, layers: int, arch: str = "gemma3", **extra: object) -> GGUFFile:
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(layers)
     writer.add_context_length(4096)
     writer.add_embedding_length(5376)
@@ -170,13 +171,13 @@ def _gemma3_metadata_only(path: Path, layers: int, **extra: object) -> GGUFFile:
     writer.add_rope_freq_base(1e6)
     for key, value in extra.items():
         if isinstance(value, list):
-            writer.add_array(f"gemma3.{key}", value)
+            writer.add_array(f"{arch}.{key}", value)
         elif isinstance(value, str):
-            writer.add_string(f"gemma3.{key}", value)
+            writer.add_string(f"{arch}.{key}", value)
         elif isinstance(value, float):
-            writer.add_float32(f"gemma3.{key}", value)
+            writer.add_float32(f"{arch}.{key}", value)
         else:
-            writer.add_uint32(f"gemma3.{key}", int(value))  # type: ignore[call-overload]
+            writer.add_uint32(f"{arch}.{key}", int(value))  # type: ignore[call-overload]
     writer.add_tensor("token_embd.weight", torch.zeros(8, 16).numpy())
     writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
     writer.close()
@@ -187,7 +188,7 @@ def test_gemma3_metadata_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
     """Layers sliding by llama.cpp's pattern (a period, 6 when absent, or per-layer flags), the sliding
     layers' rope unscaled at their own base (10000 when absent), the global layers' scaled, and the
     27B model's query scale; the norm weights used as stored."""
-    big = _gemma3_metadata_only(tmp_path / "27b.gguf", 62, **{"attention.sliding_window": 1024,
+    big = _gemma_metadata_only(tmp_path / "27b.gguf", 62, **{"attention.sliding_window": 1024,
                                                                 "rope.scaling.type": "linear",
                                                                 "rope.scaling.factor": 8.0})
     config = big.hf_config
@@ -196,18 +197,34 @@ def test_gemma3_metadata_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
     assert config.rope_parameters["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
     assert config.rope_parameters["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
     assert big.spec().norm_style == "fp32_weight"
-    flags = _gemma3_metadata_only(tmp_path / "flags.gguf", 4, **{
+    flags = _gemma_metadata_only(tmp_path / "flags.gguf", 4, **{
         "attention.sliding_window": 512, "attention.sliding_window_pattern": [True, False, True, True],
         "rope.freq_base_swa": 20000.0})
     assert flags.hf_config.layer_types == ["sliding_attention", "full_attention", "sliding_attention",
                                            "sliding_attention"]
     assert flags.hf_config.query_pre_attn_scalar == 128
     assert flags.hf_config.rope_parameters["sliding_attention"]["rope_theta"] == 20000.0
-    period = _gemma3_metadata_only(tmp_path / "period.gguf", 4, **{"attention.sliding_window": 512,
+    period = _gemma_metadata_only(tmp_path / "period.gguf", 4, **{"attention.sliding_window": 512,
                                                                     "attention.sliding_window_pattern": 2})
     assert period.hf_config.layer_types == ["sliding_attention", "full_attention"] * 2
-    no_window = _gemma3_metadata_only(tmp_path / "global.gguf", 3)
+    no_window = _gemma_metadata_only(tmp_path / "global.gguf", 3)
     assert no_window.hf_config.layer_types == ["full_attention"] * 3
+
+
+def test_gemma2_metadata_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
+    """Gemma 2: every other layer sliding with a window of 4096, softcaps of 50 and 30, when the file is
+    silent; the 27B model's query scale by its 46 layers; one rope for all layers."""
+    silent = _gemma_metadata_only(tmp_path / "2.gguf", 46, "gemma2")
+    config = silent.hf_config
+    assert config.layer_types[:4] == ["sliding_attention", "full_attention"] * 2 and config.sliding_window == 4096
+    assert config.attn_logit_softcapping == 50.0 and config.final_logit_softcapping == 30.0
+    assert config.query_pre_attn_scalar == 5376 // 32 and config.rope_parameters["rope_theta"] == 1e6
+    stated = _gemma_metadata_only(tmp_path / "2s.gguf", 4, "gemma2", **{"attention.sliding_window": 64,
+                                                                         "attn_logit_softcapping": 20.0})
+    assert stated.hf_config.sliding_window == 64 and stated.hf_config.attn_logit_softcapping == 20.0
+    assert stated.hf_config.query_pre_attn_scalar == 128
+    with pytest.raises(ValueError, match="another rope on its sliding layers"):
+        _gemma_metadata_only(tmp_path / "2r.gguf", 4, "gemma2", **{"rope.freq_base_swa": 10.0}).spec()
 
 
 def test_a_cached_tokenizer_splits_text_as_the_converted_one(files: dict[str, Path], tokenizer_cache: None) -> None:
@@ -253,7 +270,8 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
         writer.close()
 
     message = _refused(tmp_path, "falcon.gguf", write)
-    assert message == "falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, gemma3"
+    assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, "
+                       "gemma2, gemma3")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:

@@ -1,13 +1,13 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
-A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, gemma3), its tensors in the GGUF
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, gemma2, gemma3), its tensors in the GGUF
 types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights
 are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
 Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
 fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the
-converter permutes them (pairs of a head's halves interleaved); qwen2/qwen3/gemma3 rows are not. Norm
-weights are drawn near 1, which for Gemma 3 is what the converter writes (1 + w).
+converter permutes them (pairs of a head's halves interleaved); the others' rows are not. Norm weights
+are drawn near 1, which for Gemma is what the converter writes (1 + w).
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ INTERMEDIATE = 512
 LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
-HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "gemma3": (1, 1)}
-# Gemma 3: 7 layers, so that llama.cpp's pattern (5 sliding, 1 global) has both kinds and a sliding layer after
-# the global one, and a window the tests' prompts cross; transformers reads no query scale from the file
-# and takes its default, 256, which llama.cpp's rule (head_dim) gives for heads of 256
-LAYERS_OF = {"gemma3": 7}
-GEMMA3_WINDOW = 8
+HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1)}
+# Gemma: enough layers that llama.cpp's pattern (Gemma 2: every other layer sliding; Gemma 3: 5 sliding, 1
+# global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
+# transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
+# (head_dim) gives for heads of 256; nor Gemma 2's softcaps, whose defaults the file states
+LAYERS_OF = {"gemma2": 3, "gemma3": 7}
+GEMMA_WINDOW = 8
+GEMMA = ("gemma2", "gemma3")
 CONTEXT = 512
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_ID = 2
@@ -90,7 +92,7 @@ def gemma_vocabulary() -> tuple[list[str], list[int]]:
 
 def _write_tokenizer(writer: gguf.GGUFWriter, arch: str) -> int:
     """The file's tokenizer and chat template; returns the vocabulary size."""
-    if arch == "gemma3":
+    if arch in GEMMA:
         tokens, types = gemma_vocabulary()
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
@@ -135,8 +137,11 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
-    if spec.arch == "gemma3":
-        writer.add_sliding_window(GEMMA3_WINDOW)
+    if spec.arch in GEMMA:
+        writer.add_sliding_window(GEMMA_WINDOW)
+    if spec.arch == "gemma2":
+        writer.add_attn_logit_softcapping(50.0)
+        writer.add_final_logit_softcapping(30.0)
     if spec.arch == "llama":
         writer.add_rope_dimension_count(head_dim)
     else:
@@ -157,7 +162,8 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             data = data[llama_permutation(rows, heads)]
         writer.add_tensor(name, data, raw_dtype=QType[qtype])
 
-    add("token_embd.weight", None, "token_embd", vocab, HIDDEN, scale=0.5)
+    # Gemma scales the embedding by sqrt(hidden): smaller rows keep a tied head from echoing the last token
+    add("token_embd.weight", None, "token_embd", vocab, HIDDEN, scale=0.005 if spec.arch in GEMMA else 0.5)
     for i in range(layers):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
@@ -172,7 +178,7 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
             add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
         add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
-        if spec.arch == "gemma3":  # Gemma's sandwich: a norm after attention and after the MLP too
+        if spec.arch in GEMMA:  # Gemma's sandwich: a norm after attention and after the MLP too
             add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
             add(b + "post_ffw_norm.weight", i, "post_ffw_norm", HIDDEN, 0)
         add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
