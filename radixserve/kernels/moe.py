@@ -9,7 +9,9 @@ an ungated expert (Nemotron-H's squared ReLU, `UNGATED_ACTIVATIONS`) has up rows
 - CPU with the C++ extension loaded: `PackedExperts`, run by `radixserve::moe_experts` (csrc/moe.cpp);
 - CUDA: `ExpertWeights` on the device, run by the Triton kernels (`fused_moe.fused_experts`);
 - elsewhere (CPU without the extension, fp16 on CPU): `ExpertWeights`, run by the plain-torch
-  `routed_experts_reference`.
+  `routed_experts_reference`;
+- a GGUF file's quantized experts (the loader makes them, CPU with the extension): `GgmlExperts`, one
+  `radixserve::linear` per routed expert and projection over the file's blocks.
 
 Invariants: only the experts some token routes to are read; a token's result is the sum over its k
 experts in k order. On the C++ and Triton paths it never depends on which other tokens share the step,
@@ -90,28 +92,65 @@ def routed_experts_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
     """[T, H]: Σ_k topk_weights[t, k] · expert_{topk_ids[t, k]}(x[t]), in plain torch, reading only
     the routed experts; each expert runs once over the tokens routed to it. The C++ and Triton
     paths are tested against it."""
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.linear(rows, weights.gate_up[e],
+                                       None if weights.gate_up_bias is None else weights.gate_up_bias[e])
+        return torch.nn.functional.linear(activation(h), weights.down[e],
+                                          None if weights.down_bias is None else weights.down_bias[e])
+
+    return per_expert(x, topk_ids, topk_weights, weights.num_experts, expert)
+
+
+def per_expert(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+               expert: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Σ_k topk_weights[t, k] · expert(topk_ids[t, k], x[t]), each expert called once on the rows routed to
+    it, the weighted outputs summed in k order."""
     tokens, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=weights.num_experts).tolist()
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     outputs = x.new_empty((tokens * k, x.shape[1]))
     start = 0
-    for expert, count in enumerate(counts):
+    for e, count in enumerate(counts):
         if not count:
             continue
         pairs = order[start:start + count]
         start += count
-        rows = x.index_select(0, pairs // k)
-        h = torch.nn.functional.linear(rows, weights.gate_up[expert],
-                                       None if weights.gate_up_bias is None else weights.gate_up_bias[expert])
-        h = torch.nn.functional.linear(activation(h), weights.down[expert],
-                                       None if weights.down_bias is None else weights.down_bias[expert])
-        outputs.index_copy_(0, pairs, h)
+        outputs.index_copy_(0, pairs, expert(e, x.index_select(0, pairs // k)).to(x.dtype))
     weighted = outputs.view(tokens, k, -1) * topk_weights.to(x.dtype)[:, :, None]
     out = weighted[:, 0]
     for j in range(1, k):  # in k order: a token's sum never depends on its neighbours
         out = out + weighted[:, j]
     return out
+
+
+@dataclass
+class GgmlExperts:
+    """Experts kept in a GGUF file's blocks (`ggml_quants.pack_ggml`), one packed gate/up (gate rows then
+    up rows; up alone for ungated experts) and one packed down weight per expert, run by the C++
+    kernel's `radixserve::linear` per routed expert. Each row's result does not depend on the others."""
+
+    gate_up: list[torch.Tensor]
+    down: list[torch.Tensor]
+    gate_up_rows: int
+    width: int  # the experts' input and output width
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.gate_up)
+
+
+def ggml_routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: GgmlExperts,
+                        activation: ExpertActivation) -> torch.Tensor:
+    """`routed_experts` of GGUF-block experts, in fp32."""
+    linear = torch.ops.radixserve.linear
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        h = linear(rows, experts.gate_up[e], None, experts.gate_up_rows)
+        return linear(activation(h).contiguous(), experts.down[e], None, experts.width)
+
+    return per_expert(x.float().contiguous(), topk_ids, topk_weights, experts.num_experts, expert)
 
 
 @dataclass
@@ -190,10 +229,12 @@ def prepare(weights: ExpertWeights, device: torch.device | str, *, use_cpu_kerne
 
 
 def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                   weights: ExpertWeights | PackedExperts, activation: ExpertActivation) -> torch.Tensor:
+                   weights: ExpertWeights | PackedExperts | GgmlExperts, activation: ExpertActivation) -> torch.Tensor:
     """The experts' output [T, H] in x's dtype on this device's fastest path: `PackedExperts` (CPU)
     through the C++ kernel, `ExpertWeights` on CUDA through the Triton kernels, otherwise the
     reference. x [T, H] fp32 or bf16, topk_ids [T, k] int64, topk_weights [T, k] fp32."""
+    if isinstance(weights, GgmlExperts):
+        return ggml_routed_experts(x, topk_ids, topk_weights, weights, activation).to(x.dtype)
     if isinstance(weights, PackedExperts):
         return torch.ops.radixserve.moe_experts(
             x, topk_ids, topk_weights, weights.gate_up, weights.gate_up_bias, weights.down, weights.down_bias,

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -49,6 +50,7 @@ from torch import nn
 
 from radixserve.model.decoder import CausalLM
 from radixserve.model.gguf_file import GGUFContents
+from radixserve.model.moe import MoE
 from radixserve.model.spec import ModelSpec
 from radixserve.paths import cache_root
 
@@ -58,8 +60,12 @@ GGUF_MAGIC = b"GGUF"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
-_MODEL_TYPES = {"gemma3": "gemma3_text"}  # the transformers model type, where it is not the GGUF name
+                 "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# the transformers model type, where it is not the GGUF name
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+# a MoE layer's experts come stacked in one tensor per projection, [experts, out, in]: split per expert here
+_EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.weight$")
+_EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 _PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
 
 
@@ -95,7 +101,8 @@ _LAYER_TENSORS = {
 # Gemma's sandwich norms: ffn_norm is the norm before the MLP, and each block has a norm after it
 _GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
                         "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_LAYER_TENSORS_OF = {arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES}
+_LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
+                     "qwen3moe": {**_LAYER_TENSORS, "ffn_gate_inp": "mlp.gate"}}
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -172,6 +179,13 @@ class GGUFFile:
                 raise ValueError(f"{self.path.name}: tensor {info.name} is {type_name}; supported GGUF types: "
                                  f"{', '.join(SUPPORTED_TYPES + FLOAT_TYPES)}")
             shape = info.dims  # GGUF order: the fastest-moving (input) dimension first
+            stacked = _EXPERT_TENSOR.match(info.name)
+            if len(shape) == 3 and stacked:  # one tensor per expert, named blk.N.ffn_gate_exps.E.weight
+                data, rows = self.contents.data(info), shape[1]
+                for e in range(shape[2]):
+                    name = f"{stacked.group(1)}.{e}.weight"
+                    self.tensors[name] = GGUFTensor(name, type_name, rows, shape[0], data[e * rows:(e + 1) * rows])
+                continue
             if len(shape) not in (1, 2):
                 raise ValueError(f"{self.path.name}: tensor {info.name} has {len(shape)} dimensions; expected 1 or 2")
             rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 0)
@@ -204,7 +218,8 @@ class GGUFFile:
             architectures=[ARCHITECTURES[self.arch]],
             num_hidden_layers=layers,
             hidden_size=hidden,
-            intermediate_size=int(self._arch_value("feed_forward_length")),
+            intermediate_size=int(self._arch_value("feed_forward_length", 0) or self._arch_value(
+                "expert_feed_forward_length")),
             num_attention_heads=heads,
             num_key_value_heads=int(self._arch_value("attention.head_count_kv", heads)),
             head_dim=int(head_dim),
@@ -220,6 +235,11 @@ class GGUFFile:
             fields["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
         if self.arch in _GEMMA_RULES:
             fields.update(self._gemma_fields(_GEMMA_RULES[self.arch], hidden, heads, int(head_dim), layers))
+        if self.arch == "qwen3moe":  # llama.cpp always renormalises the chosen experts' weights
+            fields.update(num_experts=int(self._arch_value("expert_count")),
+                          num_experts_per_tok=int(self._arch_value("expert_used_count")),
+                          moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
 
     def _gemma_fields(self, rules: _GemmaRules, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
@@ -285,6 +305,9 @@ class GGUFFile:
             layer_tensors = _LAYER_TENSORS_OF.get(self.arch, _LAYER_TENSORS)
             if kind in layer_tensors:
                 return f"model.layers.{index}.{layer_tensors[kind]}{dot}{leaf}"
+            part = _EXPERT_PART.match(kind)
+            if part:
+                return f"model.layers.{index}.mlp.experts.{part.group(2)}.{part.group(1)}_proj{dot}{leaf}"
         elif base in _MODEL_TENSORS:
             return f"{_MODEL_TENSORS[base]}{dot}{leaf}"
         return name
@@ -379,13 +402,24 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
         raise ValueError(f"{file.path.name} lacks {len(targets)} tensors: {', '.join(sorted(targets)[:8])}")
     params = dict(model.named_parameters())
     kept_modules: dict[str, list[tuple[Target, GGUFTensor]]] = {}
+    kept_experts: dict[str, dict[str, list[tuple[Target, GGUFTensor]]]] = {}
+    if quantized:  # a MoE layer's experts stay in their blocks when both projections' are quantized
+        for module in {m.rpartition(".")[0] for m in by_param if m.endswith((".gate_up", ".down"))}:
+            leaves = {leaf: by_param.get(f"{module}.{leaf}", []) for leaf in ("gate_up", "down")}
+            if (isinstance(model.get_submodule(module), MoE)
+                    and all(parts and all(t.quantized for _, t in parts) for parts in leaves.values())):
+                kept_experts[module] = leaves
     for param, parts in by_param.items():
         module, _, leaf = param.rpartition(".")
+        if module in kept_experts and leaf in ("gate_up", "down"):
+            continue
         if quantized and leaf == "weight" and all(t.quantized for _, t in parts) and _quantizable(model, module):
             kept_modules[module] = sorted(parts, key=lambda p: p[0].first_row)
             continue
         for target, tensor in parts:
             dest: torch.Tensor = params[param]
+            if target.expert is not None:
+                dest = dest[target.expert]
             if target.rows is not None:
                 dest = dest.narrow(0, target.first_row, target.rows)
             values = _dequantized(file, tensor, spec)
@@ -397,7 +431,42 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
     kept = 0
     for module, parts in kept_modules.items():
         kept += _swap_quantized(model, file, module, parts, activations)
+    for module, by_leaf in kept_experts.items():
+        moe = model.get_submodule(module)
+        assert isinstance(moe, MoE), "kept_experts holds MoE layers only"
+        kept += _keep_experts(moe, file, by_leaf, activations)
     return kept
+
+
+def _keep_experts(moe: MoE, file: GGUFFile, by_leaf: dict[str, list[tuple[Any, GGUFTensor]]], activations: str) -> int:
+    """A MoE layer's experts kept in the file's blocks (`GgmlExperts`), one packed gate/up and down per
+    expert, the stacked parameters dropped; returns the tensors kept."""
+    from radixserve.kernels.ggml_quants import pack_ggml
+    from radixserve.kernels.moe import GgmlExperts
+
+    stacked = {leaf: getattr(moe, leaf) for leaf in ("gate_up", "down")}
+    packed: dict[str, list[torch.Tensor]] = {}
+    for leaf, parts in by_leaf.items():
+        width = stacked[leaf].shape[2]
+        per_expert: dict[int, list[tuple[Any, GGUFTensor]]] = {}
+        for target, tensor in parts:
+            per_expert.setdefault(target.expert, []).append((target, tensor))
+        try:
+            packed[leaf] = [pack_ggml([(t.type_name, t.data) for _, t in sorted(per_expert[e], key=lambda p: p[0].first_row)],
+                                      width, activations) for e in range(len(per_expert))]
+        except ValueError as err:  # a layout the kernel cannot pack (rows not in whole tiles): dequantize
+            log.info("experts stay dequantized: %s", err)
+            spec = file.spec()
+            for each_leaf, each_parts in by_leaf.items():
+                for target, tensor in each_parts:
+                    dest = stacked[each_leaf][target.expert]
+                    dest = dest if target.rows is None else dest.narrow(0, target.first_row, target.rows)
+                    dest.copy_(_dequantized(file, tensor, spec))
+            return 0
+    moe.packed = GgmlExperts(packed["gate_up"], packed["down"], stacked["gate_up"].shape[1], stacked["down"].shape[1])
+    moe.register_parameter("gate_up", None)
+    moe.register_parameter("down", None)
+    return sum(len(parts) for parts in by_leaf.values())
 
 
 def _quantizable(model: CausalLM, module: str) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.kernels.moe import ExpertActivation, ExpertWeights, PackedExperts, prepare, routed_experts
+from radixserve.kernels.moe import ExpertActivation, ExpertWeights, GgmlExperts, PackedExperts, prepare, routed_experts
 from radixserve.kernels.mxfp4_format import Mxfp4Experts
 from radixserve.model.ops import unit_rms_norm
 from radixserve.model.spec import MlpSpec, ModelSpec
@@ -68,8 +68,9 @@ class MoE(nn.Module):
         self.down = nn.Parameter(torch.empty(experts, width, inter))
         self.gate_up_bias = nn.Parameter(torch.empty(experts, rows)) if mlp.bias else None
         self.down_bias = nn.Parameter(torch.empty(experts, width)) if mlp.bias else None
-        # `pack` makes it once the weights are loaded; the loader sets MXFP4 experts the GPU runs as they are
-        self.packed: ExpertWeights | PackedExperts | Mxfp4Experts | None = None
+        # `pack` makes it once the weights are loaded; the loader sets MXFP4 experts the GPU runs as they are,
+        # and a GGUF's quantized experts the CPU runs as they are
+        self.packed: ExpertWeights | PackedExperts | Mxfp4Experts | GgmlExperts | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids [T, k] int64, topk_weights [T, k] float32) of each token."""
@@ -121,8 +122,9 @@ class MoE(nn.Module):
         """The experts in the layout `routed_experts` runs fastest on this device (on CPU the C++
         kernel's tiles, which read only routed experts and keep a token's result independent of its
         batch), made once after loading. Where that is a copy the stacked parameters are dropped: the
-        packed tensors hold the weights from then on. MXFP4 experts are already in their kernels' layout."""
-        if isinstance(self.packed, Mxfp4Experts):
+        packed tensors hold the weights from then on. MXFP4 and GGUF experts are already in their kernels'
+        layout."""
+        if isinstance(self.packed, (Mxfp4Experts, GgmlExperts)):
             return
         self.packed = prepare(self.experts(), self.gate_up.device, use_cpu_kernel=use_cpu_kernel,
                               gated=self.activation.gated)

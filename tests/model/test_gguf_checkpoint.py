@@ -22,9 +22,11 @@ from tiny_gguf import TinyGGUF, write_tiny_gguf
 
 from radixserve import LLM, SamplingParams
 from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, kernels_available, packed_activations
+from radixserve.kernels.moe import GgmlExperts
 from radixserve.model import embedded, gguf_checkpoint
 from radixserve.model.gguf_checkpoint import GGUFFile
 from radixserve.model.loader import load_model
+from radixserve.model.moe import MoE
 
 CPU = torch.device("cpu")
 # every type the kernels read, fused parts of different types (q/k Q4_K with v Q6_K as llama.cpp's
@@ -39,6 +41,8 @@ FILES = {
                       tied=True),
     "qwen3": TinyGGUF("qwen3", types={"attn_q": "Q5_K", "attn_k": "Q4_1", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
                                       "output": "Q8_0", "ffn_norm": "BF16"}, tied=False),
+    "qwen3moe": TinyGGUF("qwen3moe", types={"ffn_gate_inp": "F32", "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_1",
+                                            "ffn_down_exps": "Q6_K", "attn_v": "Q4_0"}, tied=False),
     "gemma2": TinyGGUF("gemma2", types={"attn_q": "Q8_0", "attn_k": "Q4_1", "ffn_gate": "Q5_K", "token_embd": "Q6_K"},
                        tied=True),
     "gemma3": TinyGGUF("gemma3", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q4_0",
@@ -68,7 +72,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _hf(path: Path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    # transformers' Qwen3-MoE default does not renormalise the chosen experts' weights; llama.cpp always does
+    extra = {"norm_topk_prob": True} if "qwen3moe" in path.name else {}
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **extra).eval()
 
 
 def _greedy(llm: LLM) -> list[list[int]]:
@@ -92,7 +98,10 @@ def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str
     if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
         assert not quantized
     else:  # every GGUF-quantized projection, the embedding and the head; the F16 projection stays a float weight
-        assert len(quantized) == kept.engine.spec.num_layers * 4 + 2 - (arch == "llama")
+        per_layer = 2 if arch == "qwen3moe" else 4  # a MoE layer's experts are GgmlExperts, not modules
+        assert len(quantized) == kept.engine.spec.num_layers * per_layer + 2 - (arch == "llama")
+        experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
+        assert all(isinstance(e, GgmlExperts) for e in experts) and len(experts) == (arch == "qwen3moe") * 2
         tied_head = kept.engine.runner.model.lm_head
         if FILES[arch].tied:
             assert isinstance(tied_head, QuantizedLinear)
@@ -146,10 +155,15 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
         a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
         qkv = torch.cat([hf[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
         assert torch.equal(ours[a + "qkv_proj.weight"], qkv)
-        gate_up = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
-        assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], gate_up)
-        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-            assert torch.equal(ours[p + name], hf[p + name])
+        if arch == "qwen3moe":  # stacked experts: [E, gate rows then up rows, H] and [E, H, I], as transformers'
+            assert torch.equal(ours[p + "mlp.gate_up"], hf[p + "mlp.experts.gate_up_proj"])
+            assert torch.equal(ours[p + "mlp.down"], hf[p + "mlp.experts.down_proj"])
+            assert torch.equal(ours[p + "mlp.router.weight"], hf[p + "mlp.gate.weight"])
+        else:
+            gate_up = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], gate_up)
+            assert torch.equal(ours[p + "mlp.down_proj.weight"], hf[p + "mlp.down_proj.weight"])
+        assert torch.equal(ours[p + "self_attn.o_proj.weight"], hf[p + "self_attn.o_proj.weight"])
         for name in NORMS.get(arch, ("input_layernorm.weight", "post_attention_layernorm.weight")):
             # Gemma's hold 1 + w, as the file stores them; transformers subtracts the 1
             assert torch.equal(ours[p + name] - 1 if arch in NORMS else ours[p + name], hf[p + name]), name
@@ -270,7 +284,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
         writer.close()
 
     message = _refused(tmp_path, "falcon.gguf", write)
-    assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, "
+    assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3")
 
 

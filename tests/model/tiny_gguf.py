@@ -1,6 +1,7 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
-A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, gemma2, gemma3), its tensors in the GGUF
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3), its tensors in
+the GGUF
 types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights
 are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
@@ -24,7 +25,10 @@ INTERMEDIATE = 512
 LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
-HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1)}
+HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "qwen3moe": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1)}
+# Qwen3-MoE: every layer's MLP 4 experts, 2 per token, each as wide as transformers' default (it reads no
+# expert width from the file)
+EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
 # Gemma: enough layers that llama.cpp's pattern (Gemma 2: every other layer sliding; Gemma 3: 5 sliding, 1
 # global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
 # transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
@@ -137,6 +141,10 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
+    if spec.arch == "qwen3moe":
+        writer.add_expert_count(EXPERTS)
+        writer.add_expert_used_count(EXPERTS_PER_TOKEN)
+        writer.add_expert_feed_forward_length(EXPERT_WIDTH)
     if spec.arch in GEMMA:
         writer.add_sliding_window(GEMMA_WINDOW)
     if spec.arch == "gemma2":
@@ -149,8 +157,12 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
         writer.add_value_length(head_dim)
 
     def add(name: str, layer: int | None, kind: str, rows: int, cols: int, scale: float = 0.08,
-            heads: int | None = None) -> None:
+            heads: int | None = None, experts: int = 0) -> None:
         qtype = spec.type_of(layer, kind)
+        if experts:  # stacked [experts, rows, cols], as the converter writes a MoE layer's experts
+            writer.add_tensor(name, np.stack([_matrix(rng, QType[qtype], rows, cols, scale) for _ in range(experts)]),
+                              raw_dtype=QType[qtype])
+            return
         if cols == 0:  # a vector: a norm (near 1) or a bias
             values = (1.0 + 0.1 * rng.standard_normal(rows) if kind.endswith("norm")
                       else 0.05 * rng.standard_normal(rows)).astype(np.float32)
@@ -174,7 +186,7 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
             add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
             add(b + "attn_v.bias", i, "attn_v.bias", kv_heads * head_dim, 0)
-        if spec.arch in ("qwen3", "gemma3"):
+        if spec.arch in ("qwen3", "qwen3moe", "gemma3"):
             add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
             add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
         add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
@@ -182,6 +194,12 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
             add(b + "post_ffw_norm.weight", i, "post_ffw_norm", HIDDEN, 0)
         add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
+        if spec.arch == "qwen3moe":
+            add(b + "ffn_gate_inp.weight", i, "ffn_gate_inp", EXPERTS, HIDDEN, scale=0.5)
+            add(b + "ffn_gate_exps.weight", i, "ffn_gate_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
+            add(b + "ffn_up_exps.weight", i, "ffn_up_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
+            add(b + "ffn_down_exps.weight", i, "ffn_down_exps", HIDDEN, EXPERT_WIDTH, experts=EXPERTS)
+            continue
         add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
         add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)
         add(b + "ffn_down.weight", i, "ffn_down", HIDDEN, INTERMEDIATE)
