@@ -13,8 +13,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from test_tool_formats import ADD, TOOLS, WEATHER, check_calls, joined, streamed
-from tool_grammar_kit import accepts, check_cut, check_reply, drive, tokenizer
+from test_tool_formats import WEATHER, joined, streamed
+from tool_grammar_kit import accepts, check_auto_constrains_the_call_once_opened, check_cut, check_forced_calls, check_reply
+from tool_grammar_kit import bound as kit_bound
 
 from radixserve.chat.tools import FORMATS, ToolCall, ToolChoice, ToolSpec, tool_format
 from radixserve.chat.tools.glm4 import CLOSE, KEY, KEY_END, OPEN, VALUE, VALUE_END, Glm4Format, glm_value, glm_value_text
@@ -127,40 +128,19 @@ KINDS = [("tiny", True), ("markers", False), ("markers", True)]
 
 
 def bound(kind: str, special: bool) -> tuple[Glm4Format, tuple[Any, Any]]:
-    tokens = tokenizer(kind, MARKERS, special)
-    fmt = GLM.for_tokenizer(tokens[0])
-    assert isinstance(fmt, Glm4Format)
-    assert set(fmt.special_ids) == (set() if kind == "tiny" else set(MARKERS))
-    return fmt, tokens
+    return kit_bound(GLM, kind, MARKERS, special)
 
 
 @pytest.mark.parametrize("kind,special", KINDS)
 def test_forced_calls_always_parse_and_validate(kind: str, special: bool) -> None:
     fmt, tokens = bound(kind, special)
-    tools = [*TOOLS, FLAGS, NOW]
-    rng = random.Random(f"{kind}:{special}")
-    for parallel in (False, True):
-        c = fmt.constraint(tools, ToolChoice("required"), parallel)
-        assert c is not None and c.grammar and c.field == "tools"
-        for _ in range(3):
-            check_calls(fmt, drive(tokens, c.grammar, rng, budget=800), tools, 1, 99 if parallel else 1)
-    for tool in (ADD, FLAGS, NOW):
-        named = fmt.constraint(tools, ToolChoice("named", tool.name), True)
-        assert named is not None and named.field == "tool_choice" and named.grammar
-        check_calls(fmt, drive(tokens, named.grammar, rng), [tool], 1, 1)
+    check_forced_calls(fmt, tokens, [FLAGS, NOW], random.Random(f"{kind}:{special}"))
 
 
 @pytest.mark.parametrize("kind,special", KINDS)
 def test_auto_with_a_strict_tool_constrains_the_call_once_opened(kind: str, special: bool) -> None:
     fmt, tokens = bound(kind, special)
-    c = fmt.constraint([WEATHER, ADD], ToolChoice("auto"), False)
-    assert c is not None and c.grammar
-    rng = random.Random(11)
-    for _ in range(2):
-        text = drive(tokens, c.grammar, rng, forced="Let me check.\n" + OPEN)
-        check_calls(fmt, text, [WEATHER, ADD], 1, 1)
-        assert fmt.parse(text).content == "Let me check."
-    assert accepts(tokens, c.grammar, "The weather is fine.")
+    check_auto_constrains_the_call_once_opened(fmt, tokens, OPEN)
 
 
 @pytest.mark.parametrize("kind,special", KINDS)

@@ -10,9 +10,9 @@ import random
 from functools import cache
 from typing import Any
 
-from test_tool_formats import joined, streamed
+from test_tool_formats import ADD, TOOLS, WEATHER, check_calls, joined, streamed
 
-from radixserve.chat.tools import ToolCallFormat
+from radixserve.chat.tools import ToolCallFormat, ToolChoice, ToolSpec
 
 TOKENIZERS = ["tiny", "markers"]
 
@@ -42,6 +42,46 @@ def check_cut(fmt: ToolCallFormat, text: str, content: str, calls: int) -> list[
         assert got == content
         contents.append(got)
     return contents
+
+
+def bound(fmt: ToolCallFormat, kind: str, markers: tuple[str, ...], special: bool) -> tuple[Any, tuple[Any, Any]]:
+    """`fmt` for a tokenizer of `kind` with `markers` (special or not): it writes them as that tokenizer's
+    tokens where they are single ones."""
+    tokens = tokenizer(kind, markers, special)
+    bound_fmt = fmt.for_tokenizer(tokens[0])
+    assert type(bound_fmt) is type(fmt)
+    assert set(bound_fmt.special_ids) == (set() if kind == "tiny" else set(markers))
+    return bound_fmt, tokens
+
+
+def check_forced_calls(fmt: ToolCallFormat, tokens: tuple[Any, Any], extra: list[ToolSpec], rng: random.Random,
+                       prefer: tuple[str, ...] = (), named_repeats: int = 1) -> None:
+    """Whatever a random walk through `required` (one call, or several in parallel) and a named choice of
+    ADD and each of `extra` writes parses into calls of the offered tools that validate."""
+    tools = [*TOOLS, *extra]
+    for parallel in (False, True):
+        c = fmt.constraint(tools, ToolChoice("required"), parallel)
+        assert c is not None and c.grammar and c.field == "tools"
+        for _ in range(3):
+            check_calls(fmt, drive(tokens, c.grammar, rng, budget=800, prefer=prefer), tools, 1, 99 if parallel else 1)
+    for tool in (ADD, *extra):
+        named = fmt.constraint(tools, ToolChoice("named", tool.name), True)
+        assert named is not None and named.field == "tool_choice" and named.grammar
+        for _ in range(named_repeats):
+            check_calls(fmt, drive(tokens, named.grammar, rng, budget=800, prefer=prefer), [tool], 1, 1)
+
+
+def check_auto_constrains_the_call_once_opened(fmt: ToolCallFormat, tokens: tuple[Any, Any], opener: str,
+                                               prefer: tuple[str, ...] = ()) -> None:
+    """`auto` with a strict tool: free text, and a call constrained once `opener` is written."""
+    c = fmt.constraint([WEATHER, ADD], ToolChoice("auto"), False)
+    assert c is not None and c.grammar
+    rng = random.Random(11)
+    for _ in range(2):
+        text = drive(tokens, c.grammar, rng, forced="Let me check.\n" + opener, prefer=prefer)
+        check_calls(fmt, text, [WEATHER, ADD], 1, 1)
+        assert fmt.parse(text).content == "Let me check."
+    assert accepts(tokens, c.grammar, "The weather is fine.")
 
 
 @cache
