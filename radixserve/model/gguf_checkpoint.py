@@ -24,9 +24,11 @@ is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` fi
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
 because a row's blocks never span rows. A file means what llama.cpp computes from it: Gemma 2's and
 3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
-where the metadata is silent (`_GEMMA_RULES`), and their norm weights are stored as 1 + w
-(`_SHIFTED_NORMS`). A cached tokenizer splits
-text as the converted one does (`_keep_as_converted`).
+where the metadata is silent (`_GEMMA_RULES`), their norm weights are stored as 1 + w
+(`_SHIFTED_NORMS`), and Qwen3-MoE renormalises its chosen experts' weights. A MoE layer's stacked
+expert tensors are split per expert at load; served quantized, the experts stay in their blocks
+(`kernels.moe.GgmlExperts`). A cached tokenizer splits text as the converted one does
+(`_keep_as_converted`).
 """
 
 from __future__ import annotations
