@@ -1,4 +1,4 @@
-"""GGUF's quantized weights (llama.cpp's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) in the C++ CPU matmul.
+"""GGUF's quantized weights (llama.cpp's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) in the C++ CPU matmul.
 
 A GGUF tensor stores each row as blocks of 32 (or 256) inputs, each block a scale or two and packed
 quants. `pack_ggml` regroups a weight's rows 16 at a time, as the fp32 kernel groups outputs, and
@@ -63,11 +63,13 @@ class GgmlFormat:
     fields: tuple[tuple[int, int, str], ...]
 
 
-# the file blocks are gguf's own: Q4_0 d qs; Q4_1 d m qs; Q8_0 d qs; Q4_K d dmin scales(12) qs;
+# the file blocks are gguf's own: Q4_0 d qs; Q4_1 d m qs; Q5_0 d qh qs; Q5_1 d m qh qs; Q8_0 d qs; Q4_K d dmin scales(12) qs;
 # Q5_K d dmin scales(12) qh qs; Q6_K ql qh scales d
 FORMATS: dict[str, GgmlFormat] = {f.name: f for f in (
     GgmlFormat("Q4_0", 2, 32, 18, 288, ((0, 2, "half"), (2, 16, "columns"))),
     GgmlFormat("Q4_1", 3, 32, 20, 320, ((0, 2, "half"), (2, 2, "half"), (4, 16, "columns"))),
+    GgmlFormat("Q5_0", 6, 32, 22, 352, ((0, 2, "half"), (2, 4, "columns"), (6, 16, "columns"))),
+    GgmlFormat("Q5_1", 7, 32, 24, 384, ((0, 2, "half"), (2, 2, "half"), (4, 4, "columns"), (8, 16, "columns"))),
     GgmlFormat("Q8_0", 8, 32, 34, 544, ((0, 2, "half"), (2, 32, "columns"))),
     GgmlFormat("Q4_K", 12, 256, 144, 2368, ((0, 2, "half"), (2, 2, "half"), (4, 12, "scales"), (16, 128, "columns"))),
     GgmlFormat("Q5_K", 13, 256, 176, 2880,

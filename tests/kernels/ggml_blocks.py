@@ -74,6 +74,17 @@ def sub_blocks(name: str, raw: np.ndarray, in_features: int) -> SubBlocks:
         if name == "Q4_0":
             return SubBlocks(32, d, None, quants, 8)
         return SubBlocks(32, d, _halves(blocks[..., 2:4]), quants, 0)
+    if name in ("Q5_0", "Q5_1"):  # Q4_0's and Q4_1's nibbles and a fifth bit each, bit j of a 32-bit qh for input j
+        start = 2 if name == "Q5_0" else 4
+        blocks = raw.reshape(rows, -1, 22 if name == "Q5_0" else 24)
+        d = _halves(blocks[..., 0:2])
+        qh = np.ascontiguousarray(blocks[..., start:start + 4]).view("<u4").astype(np.int64)  # [rows, groups, 1]
+        qs = blocks[..., start + 4:start + 20].astype(np.int64)
+        low = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [rows, groups, 32]
+        quants = (low | (((qh >> np.arange(32)) & 1) << 4)).reshape(rows, in_features)
+        if name == "Q5_0":
+            return SubBlocks(32, d, None, quants, 16)
+        return SubBlocks(32, d, _halves(blocks[..., 2:4]), quants, 0)
     if name in ("Q4_K", "Q5_K"):
         block_bytes = 144 if name == "Q4_K" else 176
         blocks = raw.reshape(rows, -1, block_bytes)

@@ -30,15 +30,16 @@ from radixserve.model.moe import MoE
 
 CPU = torch.device("cpu")
 # every type the kernels read, fused parts of different types (q/k Q4_K with v Q6_K as llama.cpp's
-# Q4_K_M mixes them, gate Q5_K with up Q4_1), an F16 projection served as an ordinary weight, and
+# Q4_K_M mixes them, gate Q5_K with up Q4_1, gate Q5_0 with up Q5_1), an F16 projection served as an
+# ordinary weight, and
 # F16/BF16 norms
 FILES = {
     "llama": TinyGGUF("llama", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0",
                                       "ffn_gate": "Q5_K", "ffn_up": "Q4_1", "ffn_down": "Q8_0", "output": "Q6_K",
                                       "attn_norm": "F16"},
                       types_by_layer={(1, "attn_output"): "F16"}, tied=False),
-    "qwen2": TinyGGUF("qwen2", types={"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "ffn_down": "Q6_K"},
-                      tied=True),
+    "qwen2": TinyGGUF("qwen2", types={"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "ffn_down": "Q6_K",
+                                      "ffn_gate": "Q5_0", "ffn_up": "Q5_1"}, tied=True),
     "qwen3": TinyGGUF("qwen3", types={"attn_q": "Q5_K", "attn_k": "Q4_1", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
                                       "output": "Q8_0", "ffn_norm": "BF16"}, tied=False),
     "qwen3moe": TinyGGUF("qwen3moe", types={"ffn_gate_inp": "F32", "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_1",

@@ -1,4 +1,4 @@
-// llama.cpp's weight formats (GGUF's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) as the CPU matmul reads them:
+// llama.cpp's weight formats (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as the CPU matmul reads them:
 // each format's tile layout and the decoder that turns a tile back into weights, one input column
 // (16 outputs' weights, one Lanes) at a time.
 //
@@ -28,7 +28,7 @@ namespace radixserve {
 namespace ggml {
 
 // GGUF's type codes (gguf.GGMLQuantizationType), as a packed weight names each block's format
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 inline Native to_native(NativeInt v) { return __builtin_convertvector(v, Native); }
 
@@ -185,6 +185,80 @@ struct Q4_1 {
   static Lanes minimum(const Segment& s) { return s.m; }
 };
 
+// Q5_0 and Q5_1 add a fifth bit to Q4_0's and Q4_1's nibbles: each output's 32 fifth bits, bit j for
+// input j, are one 32-bit lane of a quad. The fp32 path takes bit j of a column; the int8 path spreads
+// the four bits of quad u (inputs 4u .. 4u + 3) to bit 4 of each byte: a multiply by 0x00204081 moves
+// bit i of a nibble to bit 8i (the other products land off the byte boundaries the mask keeps)
+inline void add_fifth_bit(const NativeInt (&qh)[kParts], int64_t j, NativeInt (&q)[kParts]) {
+  for (int p = 0; p < kParts; ++p) q[p] |= ((qh[p] >> static_cast<int>(j)) & 1) << 4;
+}
+
+inline void add_quad_fifth_bits(const NativeInt (&qh)[kParts], int64_t u, NativeInt (&q)[kParts]) {
+  for (int p = 0; p < kParts; ++p) {
+    const NativeInt four = (qh[p] >> static_cast<int>(4 * u)) & 15;
+    q[p] |= ((four * 0x00204081) & kEveryByte) << 4;
+  }
+}
+
+// Q5_0: 32 inputs; d fp16[16] @0, qh (fifth bits) [1 quad][16] @32, qs[16][16] @96 as Q4_0's.
+// w = d * ((q | fifth << 4) - 16)
+struct Q5_0 {
+  static constexpr int64_t kGroup = 32, kTileBytes = 32 + 64 + 256;
+  static constexpr int kOffset = 16, kHalves = 1;
+  static constexpr bool kHasMinimum = false;
+  struct Segment {
+    Lanes d;
+    NativeInt qh[kParts];
+    const uint8_t* qs;
+  };
+  static Segment segment(const uint8_t* tile, int64_t) {
+    Segment s{halves(tile), {}, tile + 96};
+    load_quad(tile + 32, 0, s.qh);
+    return s;
+  }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
+    add_fifth_bit(s.qh, j, q);
+    return multiply(s.d, as_lanes(q, 16));
+  }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    if (u < 4) quad_nibbles<false>(s.qs, u, q); else quad_nibbles<true>(s.qs, u - 4, q);
+    add_quad_fifth_bits(s.qh, u, q);
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.d; }
+  static Lanes minimum(const Segment&) { return zero_lanes(); }
+};
+
+// Q5_1: 32 inputs; d fp16[16] @0, m fp16[16] @32, qh [1 quad][16] @64, qs[16][16] @128. w = d * q + m
+struct Q5_1 {
+  static constexpr int64_t kGroup = 32, kTileBytes = 64 + 64 + 256;
+  static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr bool kHasMinimum = true;
+  struct Segment {
+    Lanes d, m;
+    NativeInt qh[kParts];
+    const uint8_t* qs;
+  };
+  static Segment segment(const uint8_t* tile, int64_t) {
+    Segment s{halves(tile), halves(tile + 32), {}, tile + 128};
+    load_quad(tile + 64, 0, s.qh);
+    return s;
+  }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
+    add_fifth_bit(s.qh, j, q);
+    return fused_multiply_add(s.d, as_lanes(q), s.m);
+  }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    if (u < 4) quad_nibbles<false>(s.qs, u, q); else quad_nibbles<true>(s.qs, u - 4, q);
+    add_quad_fifth_bits(s.qh, u, q);
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.d; }
+  static Lanes minimum(const Segment& s) { return s.m; }
+};
+
 // Q8_0: 32 inputs; d fp16[16] @0, q int8[32 columns][16] @32. w = q * d (the int8 path reads q + 128,
 // the sign bit flipped, as an unsigned quant)
 struct Q8_0 {
@@ -312,6 +386,8 @@ inline bool describe(int64_t format, int64_t& group, int64_t& tile_bytes) {
   switch (format) {
     case kQ4_0: group = Q4_0::kGroup; tile_bytes = Q4_0::kTileBytes; return true;
     case kQ4_1: group = Q4_1::kGroup; tile_bytes = Q4_1::kTileBytes; return true;
+    case kQ5_0: group = Q5_0::kGroup; tile_bytes = Q5_0::kTileBytes; return true;
+    case kQ5_1: group = Q5_1::kGroup; tile_bytes = Q5_1::kTileBytes; return true;
     case kQ8_0: group = Q8_0::kGroup; tile_bytes = Q8_0::kTileBytes; return true;
     case kQ4_K: group = Q4_K::kGroup; tile_bytes = Q4_K::kTileBytes; return true;
     case kQ5_K: group = Q5_K::kGroup; tile_bytes = Q5_K::kTileBytes; return true;
@@ -326,6 +402,8 @@ inline void with_format(int64_t format, F&& f) {
   switch (format) {
     case kQ4_0: return f(Q4_0{});
     case kQ4_1: return f(Q4_1{});
+    case kQ5_0: return f(Q5_0{});
+    case kQ5_1: return f(Q5_1{});
     case kQ8_0: return f(Q8_0{});
     case kQ4_K: return f(Q4_K{});
     case kQ5_K: return f(Q5_K{});
