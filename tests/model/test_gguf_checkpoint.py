@@ -31,8 +31,7 @@ from radixserve.model.moe import MoE
 CPU = torch.device("cpu")
 # every type the kernels read, fused parts of different types (q/k Q4_K with v Q6_K as llama.cpp's
 # Q4_K_M mixes them, gate Q5_K with up Q4_1, gate Q5_0 with up Q5_1), an F16 projection served as an
-# ordinary weight, and
-# F16/BF16 norms
+# ordinary weight, and F16/BF16 norms
 FILES = {
     "llama": TinyGGUF("llama", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0",
                                       "ffn_gate": "Q5_K", "ffn_up": "Q4_1", "ffn_down": "Q8_0", "output": "Q6_K",
