@@ -1,5 +1,5 @@
 """One CPU matmul on GGUF blocks at a time: the C++ kernel on each quantized format (Q4_0, Q4_1,
-Q8_0, Q4_K, Q5_K, Q6_K), with int8 and with fp32 activations, against the same kernel on fp32
+Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), with int8 and with fp32 activations, against the same kernel on fp32
 weights, on the embedded model's shapes, as
 micro-timings that guide the kernel's design (claims about a model's decode come from `radixserve
 bench step` and `bench peers`).
