@@ -419,16 +419,7 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
             kept_modules[module] = sorted(parts, key=lambda p: p[0].first_row)
             continue
         for target, tensor in parts:
-            dest: torch.Tensor = params[param]
-            if target.expert is not None:
-                dest = dest[target.expert]
-            if target.rows is not None:
-                dest = dest.narrow(0, target.first_row, target.rows)
-            values = _dequantized(file, tensor, spec)
-            if tuple(values.shape) != tuple(dest.shape):
-                raise ValueError(f"{file.path.name}: tensor {tensor.name} has shape {tuple(values.shape)}, "
-                                 f"the metadata implies {tuple(dest.shape)}")
-            dest.copy_(values)
+            _fill_dequantized(params[param], target, file, tensor, spec)
     # biases (and every float tensor) are in place before the quantized modules take them over
     kept = 0
     for module, parts in kept_modules.items():
@@ -461,14 +452,24 @@ def _keep_experts(moe: MoE, file: GGUFFile, by_leaf: dict[str, list[tuple[Any, G
             spec = file.spec()
             for each_leaf, each_parts in by_leaf.items():
                 for target, tensor in each_parts:
-                    dest = stacked[each_leaf][target.expert]
-                    dest = dest if target.rows is None else dest.narrow(0, target.first_row, target.rows)
-                    dest.copy_(_dequantized(file, tensor, spec))
+                    _fill_dequantized(stacked[each_leaf], target, file, tensor, spec)
             return 0
     moe.packed = GgmlExperts(packed["gate_up"], packed["down"], stacked["gate_up"].shape[1], stacked["down"].shape[1])
     moe.register_parameter("gate_up", None)
     moe.register_parameter("down", None)
     return sum(len(parts) for parts in by_leaf.values())
+
+
+def _fill_dequantized(param: torch.Tensor, target: Any, file: GGUFFile, tensor: GGUFTensor, spec: ModelSpec) -> None:
+    """Copy `tensor`, dequantized, into its place in `param`: its expert's slice, its rows."""
+    dest = param if target.expert is None else param[target.expert]
+    if target.rows is not None:
+        dest = dest.narrow(0, target.first_row, target.rows)
+    values = _dequantized(file, tensor, spec)
+    if tuple(values.shape) != tuple(dest.shape):
+        raise ValueError(f"{file.path.name}: tensor {tensor.name} has shape {tuple(values.shape)}, "
+                         f"the metadata implies {tuple(dest.shape)}")
+    dest.copy_(values)
 
 
 def _quantizable(model: CausalLM, module: str) -> bool:

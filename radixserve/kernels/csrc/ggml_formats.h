@@ -119,6 +119,16 @@ inline void add_quad_high_bits(const uint8_t* field, int64_t u, int shift, int m
   }
 }
 
+// Q4_0's, Q4_1's, Q5_0's and Q5_1's quants: column j (0..31) and quad u (0..7, inputs 4u .. 4u + 3) of a
+// 16-column qs field holding inputs 0..15 in the low nibbles and 16..31 in the high ones
+inline void split_nibbles(const uint8_t* qs, int64_t j, NativeInt (&q)[kParts]) {
+  if (j < 16) nibbles<false>(qs, j, q); else nibbles<true>(qs, j - 16, q);
+}
+
+inline void split_nibble_quad(const uint8_t* qs, int64_t u, NativeInt (&q)[kParts]) {
+  if (u < 4) quad_nibbles<false>(qs, u, q); else quad_nibbles<true>(qs, u - 4, q);
+}
+
 inline Lanes as_lanes(const NativeInt (&q)[kParts], int offset = 0) {
   Lanes v;
   for (int p = 0; p < kParts; ++p) v.part[p] = to_native(q[p] - offset);
@@ -155,11 +165,11 @@ struct Q4_0 {
   static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), tile + 32}; }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
+    split_nibbles(s.qs, j, q);
     return multiply(s.d, as_lanes(q, 8));
   }
   static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
-    if (u < 4) quad_nibbles<false>(s.qs, u, q); else quad_nibbles<true>(s.qs, u - 4, q);
+    split_nibble_quad(s.qs, u, q);
   }
   static const Lanes& scale(const Segment& s, int) { return s.d; }
   static Lanes minimum(const Segment&) { return zero_lanes(); }
@@ -177,10 +187,10 @@ struct Q4_1 {
   static Segment segment(const uint8_t* tile, int64_t) { return {halves(tile), halves(tile + 32), tile + 64}; }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
+    split_nibbles(s.qs, j, q);
     return fused_multiply_add(s.d, as_lanes(q), s.m);
   }
-  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) { Q4_0::quad({s.d, s.qs}, u, q); }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) { split_nibble_quad(s.qs, u, q); }
   static const Lanes& scale(const Segment& s, int) { return s.d; }
   static Lanes minimum(const Segment& s) { return s.m; }
 };
@@ -218,12 +228,12 @@ struct Q5_0 {
   }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
+    split_nibbles(s.qs, j, q);
     add_fifth_bit(s.qh, j, q);
     return multiply(s.d, as_lanes(q, 16));
   }
   static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
-    if (u < 4) quad_nibbles<false>(s.qs, u, q); else quad_nibbles<true>(s.qs, u - 4, q);
+    split_nibble_quad(s.qs, u, q);
     add_quad_fifth_bits(s.qh, u, q);
   }
   static const Lanes& scale(const Segment& s, int) { return s.d; }
@@ -247,12 +257,12 @@ struct Q5_1 {
   }
   static Lanes column(const Segment& s, int64_t j) {
     NativeInt q[kParts];
-    if (j < 16) nibbles<false>(s.qs, j, q); else nibbles<true>(s.qs, j - 16, q);
+    split_nibbles(s.qs, j, q);
     add_fifth_bit(s.qh, j, q);
     return fused_multiply_add(s.d, as_lanes(q), s.m);
   }
   static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
-    if (u < 4) quad_nibbles<false>(s.qs, u, q); else quad_nibbles<true>(s.qs, u - 4, q);
+    split_nibble_quad(s.qs, u, q);
     add_quad_fifth_bits(s.qh, u, q);
   }
   static const Lanes& scale(const Segment& s, int) { return s.d; }
