@@ -39,6 +39,8 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("moe", "moe", "routed experts of one MoE layer: batch 1 vs its active-bytes floor, batch 16 vs transformers"),
     Check("cpu-dtype", "cpu_dtype", "CPU: greedy answers in bf16 vs fp32, token by token"),
     Check("gguf-agreement", "gguf_agreement", "greedy answers of the embedded GGUF served as shipped vs its fp32 conversion"),
+    Check("llama-agreement", "llama_agreement", "greedy replies on one GGUF: radixserve vs llama-server, and llama.cpp "
+          "with flash attention on vs off", bench_extra=("httpx",)),
     Check("kv-fp8", "kv_fp8", "greedy answers with an FP8 KV cache vs the model's dtype, free-running and teacher-forced"),
     Check("spec-batch-cap", "spec_batch_cap", "decode tok/s with speculation on and off, batch by batch"),
     Check("spec-wrong-prediction", "spec_wrong_prediction", "what an entirely wrong prediction costs a request"),
