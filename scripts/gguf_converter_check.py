@@ -8,7 +8,9 @@ GGUF. The tests (tests/model/test_gguf_checkpoint.py) write their GGUF files the
 layout; this script is how that layout was checked against the converter.
 
     make peers-llama
+    pip install sentencepiece      # the converter imports it for any Llama-family checkpoint
     python scripts/gguf_converter_check.py gemma3 --outtype f32
+    python scripts/gguf_converter_check.py llama --outtype f32     # Llama 3.1's rope factors (rope_freqs)
 
 Prints one line per prompt. With --outtype f32 the GGUF holds the checkpoint's exact weights, and the
 script exits non-zero if radixserve's reply differs from transformers'; a quantized --outtype is another
@@ -30,10 +32,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / ".peers"
-PROMPTS = ["The capital of France is a city with many", "hello there, how are you doing on this fine day?", "1 2 3"]
+# the last reaches positions where a scaled rope's slow pairs have turned visibly
+PROMPTS = ["The capital of France is a city with many", "hello there, how are you doing on this fine day?", "1 2 3",
+           ", ".join(f"item {i} of the list" for i in range(60))]
 NEW_TOKENS = 20
-# a tiny config per GGUF architecture: a window the prompts cross, both kinds of layer, scaled global rope
+# a tiny config per GGUF architecture; Gemma 3: a window the prompts cross, both kinds of layer, scaled global rope
 CONFIGS = {
+    # Llama 3.1's rope scaling, which the converter bakes into a rope_freqs tensor; a pretraining context of 64
+    # puts the 8 rotation pairs in all three of its bands
+    "llama": ("llama", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=4096,
+        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=64))),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -95,7 +106,7 @@ def radixserve_replies(gguf_path: Path, ids: list[list[int]]) -> list[list[int]]
     return [o.outputs[0].token_ids for o in outs]
 
 
-def llama_server_replies(gguf_path: Path, ids: list[list[int]]) -> list[list[int]] | None:
+def llama_server_replies(gguf_path: Path, ids: list[list[int]], extra: list[str]) -> list[list[int]] | None:
     server = PEERS / "llama-server"
     if not server.exists():
         return None
@@ -103,7 +114,7 @@ def llama_server_replies(gguf_path: Path, ids: list[list[int]]) -> list[list[int
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([str(server), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
-                             "-c", "512", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "-c", "1024", "--no-warmup", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(120):
@@ -124,10 +135,17 @@ def llama_server_replies(gguf_path: Path, ids: list[list[int]]) -> list[list[int
         proc.wait(timeout=30)
 
 
+def _same(a: list[int], b: list[int]) -> str:
+    """'=' for equal replies, else '!=' and how many leading tokens they share."""
+    shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return "=" if a == b else f"!= (first {shared} of {NEW_TOKENS} equal)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("arch", choices=sorted(CONFIGS))
     parser.add_argument("--outtype", default="f32", help="the converter's --outtype (f32, f16, q8_0, ...)")
+    parser.add_argument("--llama-args", default="", help="more llama-server arguments, e.g. \"-ctk f32 -ctv f32\"")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"gguf-check-{args.arch}-"))
     try:
@@ -136,13 +154,13 @@ def main() -> int:
         convert(checkpoint, gguf_path, args.outtype)
         reference = transformers_replies(checkpoint, ids)
         ours = radixserve_replies(gguf_path, ids)
-        theirs = llama_server_replies(gguf_path, ids)
+        theirs = llama_server_replies(gguf_path, ids, args.llama_args.split())
         ok = True
         for i, want in enumerate(reference):
-            line = f"prompt {i} ({len(ids[i])} tokens): radixserve {'=' if ours[i] == want else '!='} transformers"
+            line = f"prompt {i} ({len(ids[i])} tokens): radixserve {_same(ours[i], want)} transformers"
             if theirs is not None:
-                line += (f", llama-server {'=' if theirs[i] == want else '!='} transformers, radixserve "
-                         f"{'=' if ours[i] == theirs[i] else '!='} llama-server")
+                line += (f", llama-server {_same(theirs[i], want)} transformers, radixserve "
+                         f"{_same(ours[i], theirs[i])} llama-server")
             print(line)
             ok &= ours[i] == want or args.outtype != "f32"
         return 0 if ok else 1

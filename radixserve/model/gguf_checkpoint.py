@@ -22,7 +22,9 @@ one), or loading fails naming what is missing or left over; a file is refused at
 line naming the thing, when it is not a GGUF, its architecture is not one we map, or a tensor's type
 is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` files (each head's two
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
-because a row's blocks never span rows. A file means what llama.cpp computes from it: Gemma 2's and
+because a row's blocks never span rows. A Llama 3.1+ file's rope scaling comes as a `rope_freqs`
+vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`). A file
+means what llama.cpp computes from it: Gemma 2's and
 3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
 where the metadata is silent (`_GEMMA_RULES`), their norm weights are stored as 1 + w
 (`_SHIFTED_NORMS`), and Qwen3-MoE renormalises its chosen experts' weights. A MoE layer's stacked
@@ -53,7 +55,8 @@ from torch import nn
 from radixserve.model.decoder import CausalLM
 from radixserve.model.gguf_file import GGUFContents
 from radixserve.model.moe import MoE
-from radixserve.model.spec import ModelSpec
+from radixserve.model.rope import inv_frequencies
+from radixserve.model.spec import LayerSpec, ModelSpec
 from radixserve.paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,10 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.weight$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 _PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
+# a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
+# rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
+_ROPE_FACTORS = "rope_freqs.weight"
+_ROPE_FACTOR_ARCHITECTURES = frozenset({"llama"})
 
 
 @dataclass(frozen=True)
@@ -192,9 +199,26 @@ class GGUFFile:
                 raise ValueError(f"{self.path.name}: tensor {info.name} has {len(shape)} dimensions; expected 1 or 2")
             rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 0)
             self.tensors[info.name] = GGUFTensor(info.name, type_name, rows, cols, self.contents.data(info))
-        if "rope_freqs.weight" in self.tensors:
-            raise ValueError(f"{self.path.name}: per-frequency rope factors (tensor rope_freqs, Llama 3.1's rope "
-                             "scaling) are not supported")
+        self.rope_factors = self._rope_factors(self.tensors.pop(_ROPE_FACTORS, None))
+
+    def _rope_factors(self, tensor: GGUFTensor | None) -> tuple[float, ...] | None:
+        """The per-frequency rope divisors of the file's `rope_freqs` tensor (the converter writes it for
+        Llama 3.1's rope scaling), checked: one positive finite fp32 value per rotation pair."""
+        if tensor is None:
+            return None
+        if self.arch not in _ROPE_FACTOR_ARCHITECTURES:
+            raise ValueError(f"{self.path.name}: per-frequency rope factors (tensor rope_freqs) in a "
+                             f"{self.arch!r} file are not supported")
+        if tensor.type_name not in FLOAT_TYPES or tensor.cols:
+            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} is a {tensor.type_name} matrix; "
+                             "llama.cpp reads a vector of floats")
+        import gguf
+
+        values = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType[tensor.type_name]).astype(np.float32)
+        if not (np.isfinite(values).all() and (values > 0).all()):
+            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} holds a factor that is not a positive "
+                             "finite number")
+        return tuple(values.tolist())
 
     def _value(self, key: str, default: Any = None) -> Any:
         return self.contents.metadata.get(key, default)
@@ -297,7 +321,23 @@ class GGUFFile:
 
     def spec(self) -> ModelSpec:
         spec = ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+        if self.rope_factors is not None:
+            spec = dataclasses.replace(spec, layers=tuple(self._with_rope_factors(layer, spec) for layer in spec.layers))
         return dataclasses.replace(spec, norm_style="fp32_weight") if self.arch in _SHIFTED_NORMS else spec
+
+    def _with_rope_factors(self, layer: LayerSpec, spec: ModelSpec) -> LayerSpec:
+        """`layer` with its rope's frequencies divided by the file's factors (`rope_factors`)."""
+        attention = layer.attention
+        if attention is None or attention.rope is None:
+            return layer
+        head_dim = spec.head_dim_of(attention)
+        plain = inv_frequencies(head_dim, attention.rope)
+        factors = torch.tensor(self.rope_factors, dtype=torch.float32)
+        if factors.numel() != plain.numel():
+            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} has {factors.numel()} factors for "
+                             f"{plain.numel()} rotation pairs")
+        rope = dataclasses.replace(attention.rope, frequencies=tuple((plain / factors).tolist()))
+        return dataclasses.replace(layer, attention=dataclasses.replace(attention, rope=rope))
 
     def hf_name(self, name: str) -> str:
         """The HF checkpoint name of a GGUF tensor name (unknown names come back as they are)."""

@@ -33,7 +33,8 @@ class RopeParams:
     rotary_dim: int | None = None  # dimensions rotated, None: the whole head
     interleaved: bool = False  # pairs are neighbours (2i, 2i+1), not halves (i, i + dim/2)
     attention_scaling: float = 1.0  # cos and sin are multiplied by it (yarn's mscale)
-    frequencies: tuple[float, ...] | None = None  # yarn / longrope / proportional: inv_freq as transformers has it
+    # yarn / longrope / proportional: inv_freq as transformers has it; a GGUF file's rope_freqs: divided by them
+    frequencies: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:

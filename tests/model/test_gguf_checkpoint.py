@@ -27,6 +27,7 @@ from radixserve.model import embedded, gguf_checkpoint
 from radixserve.model.gguf_checkpoint import GGUFFile
 from radixserve.model.loader import load_model
 from radixserve.model.moe import MoE
+from radixserve.model.rope import RopeParams, inv_frequencies
 
 CPU = torch.device("cpu")
 # every type the kernels read, fused parts of different types (q/k Q4_K with v Q6_K as llama.cpp's
@@ -294,10 +295,48 @@ def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
     assert message.startswith("q2k.gguf: tensor blk.0.attn_q.weight is Q2_K; supported GGUF types: Q4_0, Q4_1")
 
 
-def test_llama3_rope_factors_are_refused(tmp_path: Path) -> None:
-    message = _refused(tmp_path, "rope.gguf", lambda path: write_tiny_gguf(
-        path, TinyGGUF("llama", extra_vectors=(("rope_freqs.weight", 32),))))
-    assert message.startswith("rope.gguf: per-frequency rope factors (tensor rope_freqs")
+# Llama 3.1's scaling on the tiny model's 32 rotation pairs: a pretraining context of 64 puts pairs in
+# all three bands (kept, blended, slowed by the factor)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@needs_kernels
+def test_llama3_rope_factors_turn_the_rope_as_transformers_llama3_rope(tmp_path: Path, tokenizer_cache: None) -> None:
+    """A Llama 3.1+ file carries its rope scaling as per-frequency divisors (rope_freqs): its model is
+    transformers' Llama with the llama3 rope the divisors were made from, greedy token for token,
+    kept quantized and dequantized."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    path = write_tiny_gguf(tmp_path / "llama3.gguf", TinyGGUF("llama", llama3_rope=LLAMA3_ROPE, tied=False))
+    spec = GGUFFile(path).spec()
+    rope = spec.layers[0].attention.rope if spec.layers[0].attention else None
+    assert rope is not None and all(layer.attention and layer.attention.rope == rope for layer in spec.layers)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                              rope_parameters=LLAMA3_ROPE).eval()
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](hf.config, CPU)
+    ours = inv_frequencies(spec.head_dim, rope)
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=0)
+    plain = inv_frequencies(spec.head_dim, RopeParams(theta=10000.0))
+    kept, slowed = ours == plain, ours == plain / LLAMA3_ROPE["factor"]
+    assert kept.any() and slowed.any() and (~kept & ~slowed).any()  # every band is in the file
+    for llm in (LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32"),
+                LLM(str(path), dtype="float32", kv_cache_memory_mb=16)):
+        for prompt, tokens in zip(PROMPTS, _greedy(llm)):
+            ids = torch.tensor([llm.tokenizer(prompt).input_ids])
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                              min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+            assert tokens == ref
+
+
+def test_rope_factors_that_do_not_fit_are_refused(tmp_path: Path) -> None:
+    short = _refused(tmp_path, "short.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("llama", extra_vectors=(("rope_freqs.weight", 16),))))
+    assert short.startswith("short.gguf: tensor rope_freqs.weight has 16 factors for 32 rotation pairs")
+    qwen = _refused(tmp_path, "qwen.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("qwen2", extra_vectors=(("rope_freqs.weight", 32),))))
+    assert qwen.startswith("qwen.gguf: per-frequency rope factors (tensor rope_freqs) in a 'qwen2' file")
 
 
 def test_a_truncated_file_is_refused(tmp_path: Path, files: dict[str, Path]) -> None:

@@ -57,6 +57,9 @@ class TinyGGUF:
     tied: bool = True
     seed: int = 0
     extra_vectors: tuple[tuple[str, int], ...] = ()  # (name, length): F32 tensors beyond the model's
+    # Llama 3.1's rope scaling (transformers' rope_parameters of type llama3), written as the converter
+    # bakes it: a rope_freqs vector of per-frequency divisors
+    llama3_rope: dict[str, float] | None = None
 
     def type_of(self, layer: int | None, kind: str) -> str:
         if layer is not None and (layer, kind) in self.types_by_layer:
@@ -206,6 +209,8 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     add("output_norm.weight", None, "output_norm", HIDDEN, 0)
     if not spec.tied:
         add("output.weight", None, "output", vocab, HIDDEN, scale=0.5)
+    if spec.llama3_rope is not None:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_divisors(spec.llama3_rope, head_dim))
     for name, length in spec.extra_vectors:
         writer.add_tensor(name, np.ones(length, dtype=np.float32))
     writer.write_header_to_file()
@@ -213,6 +218,19 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def llama3_rope_divisors(rope: dict[str, float], head_dim: int) -> np.ndarray:
+    """What each rotation pair's frequency is divided by under Llama 3.1's scaling: 1 for wavelengths
+    below the pretraining context / high_freq_factor, `factor` above context / low_freq_factor, and
+    between them the divisor that blends 1/factor and 1 linearly in context / wavelength."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+    wavelengths = 2 * np.pi * np.float32(rope["rope_theta"]) ** exponents
+    context, low, high, factor = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
+                                  rope["high_freq_factor"], rope["factor"])
+    blend = np.clip((context / wavelengths - low) / (high - low), 0.0, 1.0)
+    divisors = 1 / ((1 - blend) / factor + blend)
+    return divisors.astype(np.float32)
 
 
 def llama_permutation(rows: int, heads: int) -> np.ndarray:
