@@ -11,6 +11,7 @@ layout; this script is how that layout was checked against the converter.
     pip install sentencepiece      # the converter imports it for any Llama-family checkpoint
     python scripts/gguf_converter_check.py gemma3 --outtype f32
     python scripts/gguf_converter_check.py llama --outtype f32     # Llama 3.1's rope factors (rope_freqs)
+    python scripts/gguf_converter_check.py phi3 --outtype f32      # fused projections, partial rotary, LongRoPE
 
 Prints one line per prompt. With --outtype f32 the GGUF holds the checkpoint's exact weights, and the
 script exits non-zero if radixserve's reply differs from transformers'; a quantized --outtype is another
@@ -45,6 +46,15 @@ CONFIGS = {
         head_dim=16, max_position_embeddings=4096,
         rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
                              high_freq_factor=4.0, original_max_position_embeddings=64))),
+    # Phi-3.5's rope: half of each head turned, LongRoPE; llama-server turns by the short factors while its
+    # context (-c 1024) is within the pretraining one, as radixserve (capped to it) and transformers do. No
+    # window: llama.cpp ignores Phi-3's (it warns "Phi SWA is currently disabled")
+    "phi3": ("phi3", "Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, sliding_window=None,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.5,
+                             original_max_position_embeddings=1024, long_factor=[2.0, 8.0, 32.0, 128.0],
+                             short_factor=[1.0, 4.0, 16.0, 64.0]))),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -72,6 +82,9 @@ def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
             param.normal_(0.0, 0.2 if "norm" in name else 0.08)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if arch == "phi3":  # the converter takes a Phi-3 vocabulary as BPE where the class says so, as Phi-4's does
+        config_path = out / "tokenizer_config.json"
+        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "tokenizer_class": "GPT2Tokenizer"}))
     return [tokenizer(p).input_ids for p in PROMPTS]
 
 

@@ -23,7 +23,8 @@ line naming the thing, when it is not a GGUF, its architecture is not one we map
 is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` files (each head's two
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
 because a row's blocks never span rows. A Llama 3.1+ file's rope scaling comes as a `rope_freqs`
-vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`). A file
+vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`); a Phi-3
+file's LongRoPE factors make transformers' `longrope` (`_phi3_fields`). A file
 means what llama.cpp computes from it: Gemma 2's and
 3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
 where the metadata is silent (`_GEMMA_RULES`), their norm weights are stored as 1 + w
@@ -65,7 +66,8 @@ GGUF_MAGIC = b"GGUF"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                 "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 # a MoE layer's experts come stacked in one tensor per projection, [experts, out, in]: split per expert here
@@ -76,6 +78,9 @@ _PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architect
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
 _ROPE_FACTOR_ARCHITECTURES = frozenset({"llama"})
+# Phi-3.5's and Phi-4-mini's LongRoPE: per-frequency divisors for contexts past the pretraining one (long)
+# and within it (short), which the converter writes beside `rope.scaling.original_context_length`
+_LONGROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,9 @@ _LAYER_TENSORS = {
 _GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
                         "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
-                     "qwen3moe": {**_LAYER_TENSORS, "ffn_gate_inp": "mlp.gate"}}
+                     "qwen3moe": {**_LAYER_TENSORS, "ffn_gate_inp": "mlp.gate"},
+                     # Phi-3's fused projections: q, k and v rows in one tensor, and ffn_up the gate rows then up's
+                     "phi3": {**_LAYER_TENSORS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -200,6 +207,8 @@ class GGUFFile:
             rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 0)
             self.tensors[info.name] = GGUFTensor(info.name, type_name, rows, cols, self.contents.data(info))
         self.rope_factors = self._rope_factors(self.tensors.pop(_ROPE_FACTORS, None))
+        long_short = [self.tensors.pop(name, None) for name in _LONGROPE_FACTORS]
+        self.longrope_factors = self._longrope_factors(*long_short)
 
     def _rope_factors(self, tensor: GGUFTensor | None) -> tuple[float, ...] | None:
         """The per-frequency rope divisors of the file's `rope_freqs` tensor (the converter writes it for
@@ -209,16 +218,18 @@ class GGUFFile:
         if self.arch not in _ROPE_FACTOR_ARCHITECTURES:
             raise ValueError(f"{self.path.name}: per-frequency rope factors (tensor rope_freqs) in a "
                              f"{self.arch!r} file are not supported")
-        if tensor.type_name not in FLOAT_TYPES or tensor.cols:
-            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} is a {tensor.type_name} matrix; "
-                             "llama.cpp reads a vector of floats")
-        import gguf
+        return tuple(_float_vector(self.path, tensor))
 
-        values = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType[tensor.type_name]).astype(np.float32)
-        if not (np.isfinite(values).all() and (values > 0).all()):
-            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} holds a factor that is not a positive "
-                             "finite number")
-        return tuple(values.tolist())
+    def _longrope_factors(self, long: GGUFTensor | None,
+                          short: GGUFTensor | None) -> tuple[list[float], list[float]] | None:
+        """The LongRoPE factors (long, short) of a Phi-3 file, checked; None when it has none."""
+        if long is None and short is None:
+            return None
+        if self.arch != "phi3" or long is None or short is None:
+            present = ", ".join(t.name for t in (long, short) if t is not None)
+            raise ValueError(f"{self.path.name}: LongRoPE factors ({present}) are read from a phi3 file with both "
+                             f"{' and '.join(_LONGROPE_FACTORS)}")
+        return _float_vector(self.path, long), _float_vector(self.path, short)
 
     def _value(self, key: str, default: Any = None) -> Any:
         return self.contents.metadata.get(key, default)
@@ -261,12 +272,39 @@ class GGUFFile:
             fields["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
         if self.arch in _GEMMA_RULES:
             fields.update(self._gemma_fields(_GEMMA_RULES[self.arch], hidden, heads, int(head_dim), layers))
+        if self.arch == "phi3":
+            fields.update(self._phi3_fields(int(head_dim)))
         if self.arch == "qwen3moe":  # llama.cpp always renormalises the chosen experts' weights
             fields.update(num_experts=int(self._arch_value("expert_count")),
                           num_experts_per_tok=int(self._arch_value("expert_used_count")),
                           moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
+
+    def _phi3_fields(self, head_dim: int) -> dict[str, Any]:
+        """Phi-3's fields: its sliding window (0, Phi-4's: none), the share of a head its rope turns
+        (`rope.dimension_count`), and LongRoPE (Phi-3.5, Phi-4-mini) as transformers' `longrope`, whose
+        attention factor is the file's where it states one. Served, like such a checkpoint, within its
+        pretraining context, where transformers and llama.cpp both turn by the short factors."""
+        rotary = int(self._arch_value("rope.dimension_count", head_dim))
+        rope: dict[str, Any] = {**self._rope(), "partial_rotary_factor": rotary / head_dim}
+        fields: dict[str, Any] = dict(sliding_window=int(self._arch_value("attention.sliding_window", 0) or 0) or None)
+        if self.longrope_factors is not None:
+            long, short = self.longrope_factors
+            if len(long) != rotary // 2 or len(short) != rotary // 2:
+                raise ValueError(f"{self.path.name}: LongRoPE factors of {len(long)} and {len(short)} values for "
+                                 f"{rotary // 2} rotation pairs")
+            original = int(self._arch_value("rope.scaling.original_context_length", 0) or 0)
+            if not original:
+                raise ValueError(f"{self.path.name}: LongRoPE factors without "
+                                 f"{self.arch}.rope.scaling.original_context_length")
+            rope.update(rope_type="longrope", long_factor=long, short_factor=short,
+                        original_max_position_embeddings=original)
+            attention_factor = self._arch_value("rope.scaling.attn_factor")
+            if attention_factor is not None:
+                rope["attention_factor"] = float(attention_factor)
+            fields["original_max_position_embeddings"] = original
+        return dict(fields, rope_parameters=rope)
 
     def _gemma_fields(self, rules: _GemmaRules, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
         """Gemma 2's and 3's fields as llama.cpp reads the file, with `rules` where it is silent: the layers
@@ -375,6 +413,19 @@ class GGUFFile:
     def type_counts(self) -> str:
         counts = Counter(t.type_name for t in self.tensors.values())
         return ", ".join(f"{name} x{n}" for name, n in counts.most_common())
+
+
+def _float_vector(path: Path, tensor: GGUFTensor) -> list[float]:
+    """A vector of rope factors: floats, every one positive and finite."""
+    import gguf
+
+    if tensor.type_name not in FLOAT_TYPES or tensor.cols:
+        raise ValueError(f"{path.name}: tensor {tensor.name} is a {tensor.type_name} matrix; llama.cpp reads a "
+                         "vector of floats")
+    values = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType[tensor.type_name]).astype(np.float32)
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise ValueError(f"{path.name}: tensor {tensor.name} holds a factor that is not a positive finite number")
+    return [float(v) for v in values]
 
 
 def load_gguf_spec(path: str | Path) -> ModelSpec:

@@ -48,6 +48,9 @@ FILES = {
                        tied=True),
     "gemma3": TinyGGUF("gemma3", types={"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q4_0",
                                         "token_embd": "Q6_K", "post_ffw_norm": "F16", "output": "Q8_0"}, tied=False),
+    # Phi-3's fused q/k/v and gate/up tensors, each of one type
+    "phi3": TinyGGUF("phi3", types={"attn_qkv": "Q4_K", "ffn_up": "Q5_0", "ffn_down": "Q6_K", "output": "Q8_0"},
+                     tied=False),
 }
 _GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                 "self_attn.q_norm", "self_attn.k_norm")
@@ -154,14 +157,17 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
     ours = dict(model.named_parameters())
     for i in range(spec.num_layers):
         a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
-        qkv = torch.cat([hf[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+        fused = arch == "phi3"  # Phi-3's checkpoints fuse q/k/v and gate/up, as its files do
+        qkv = hf[a + "qkv_proj.weight"] if fused else torch.cat([hf[a + n + ".weight"]
+                                                                 for n in ("q_proj", "k_proj", "v_proj")])
         assert torch.equal(ours[a + "qkv_proj.weight"], qkv)
         if arch == "qwen3moe":  # stacked experts: [E, gate rows then up rows, H] and [E, H, I], as transformers'
             assert torch.equal(ours[p + "mlp.gate_up"], hf[p + "mlp.experts.gate_up_proj"])
             assert torch.equal(ours[p + "mlp.down"], hf[p + "mlp.experts.down_proj"])
             assert torch.equal(ours[p + "mlp.router.weight"], hf[p + "mlp.gate.weight"])
         else:
-            gate_up = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            gate_up = hf[p + "mlp.gate_up_proj.weight"] if fused else torch.cat(
+                [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
             assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], gate_up)
             assert torch.equal(ours[p + "mlp.down_proj.weight"], hf[p + "mlp.down_proj.weight"])
         assert torch.equal(ours[p + "self_attn.o_proj.weight"], hf[p + "self_attn.o_proj.weight"])
@@ -286,7 +292,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
-                       "gemma2, gemma3")
+                       "gemma2, gemma3, phi3")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -330,6 +336,42 @@ def test_llama3_rope_factors_turn_the_rope_as_transformers_llama3_rope(tmp_path:
             assert tokens == ref
 
 
+# Phi-3.5's shape of rope: half of each head turned, LongRoPE factors for a pretraining context of 64 (the
+# file's context is 512), an attention factor other than the one transformers would derive, a window of 8
+LONG_FACTORS = [1.0 + 0.25 * i for i in range(16)]
+SHORT_FACTORS = [1.0 + 0.05 * i for i in range(16)]
+PHI3_LONGROPE = TinyGGUF("phi3", types={"attn_qkv": "Q8_0", "ffn_up": "Q4_1"}, rotary_dims=32, window=8,
+                         longrope=(LONG_FACTORS, SHORT_FACTORS, 64, 1.3))
+
+
+@needs_kernels
+def test_phi3_longrope_partial_rotary_and_window_are_transformers(tmp_path: Path, tokenizer_cache: None) -> None:
+    """A Phi-3.5 / Phi-4-mini file: its rope turns a share of each head (`rope.dimension_count`), by
+    LongRoPE's short factors within the pretraining context it is served to, its cos and sin scaled by the
+    file's attention factor, over its sliding window: transformers' Phi3 with those settings, greedy
+    token for token, kept quantized and dequantized."""
+    from transformers import AutoModelForCausalLM
+
+    path = write_tiny_gguf(tmp_path / "phi35.gguf", PHI3_LONGROPE)
+    spec = GGUFFile(path).spec()
+    attention = spec.layers[0].attention
+    assert attention is not None and attention.rope is not None and attention.window == 8
+    assert attention.rope.rotary_dim == 32 and attention.rope.attention_scaling == pytest.approx(1.3)
+    assert spec.max_position_embeddings == 64  # LongRoPE is served within its pretraining context
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": LONG_FACTORS, "short_factor": SHORT_FACTORS,
+            "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5, "attention_factor": 1.3}
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, rope_parameters=rope,
+                                              sliding_window=8, original_max_position_embeddings=64).eval()
+    for llm in (LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32"),
+                LLM(str(path), dtype="float32", kv_cache_memory_mb=16)):
+        for prompt, tokens in zip(PROMPTS, _greedy(llm)):
+            ids = torch.tensor([llm.tokenizer(prompt).input_ids])
+            assert ids.shape[1] + MAX_TOKENS > 8  # the replies cross the window
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                              min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+            assert tokens == ref
+
+
 def test_rope_factors_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     short = _refused(tmp_path, "short.gguf", lambda path: write_tiny_gguf(
         path, TinyGGUF("llama", extra_vectors=(("rope_freqs.weight", 16),))))
@@ -337,6 +379,12 @@ def test_rope_factors_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     qwen = _refused(tmp_path, "qwen.gguf", lambda path: write_tiny_gguf(
         path, TinyGGUF("qwen2", extra_vectors=(("rope_freqs.weight", 32),))))
     assert qwen.startswith("qwen.gguf: per-frequency rope factors (tensor rope_freqs) in a 'qwen2' file")
+    one = _refused(tmp_path, "one.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("phi3", extra_vectors=(("rope_factors_long.weight", 32),))))
+    assert one.startswith("one.gguf: LongRoPE factors (rope_factors_long.weight) are read from a phi3 file with both")
+    uneven = _refused(tmp_path, "uneven.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("phi3", rotary_dims=32, longrope=(LONG_FACTORS[:8], SHORT_FACTORS, 64, 1.3))))
+    assert uneven.startswith("uneven.gguf: LongRoPE factors of 8 and 16 values for 16 rotation pairs")
 
 
 def test_a_truncated_file_is_refused(tmp_path: Path, files: dict[str, Path]) -> None:

@@ -1,8 +1,7 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
-A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3), its tensors in
-the GGUF
-types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3), its
+tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights
 are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
 Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
@@ -25,7 +24,8 @@ INTERMEDIATE = 512
 LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
-HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "qwen3moe": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1)}
+HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "qwen3moe": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1),
+         "phi3": (4, 2)}
 # Qwen3-MoE: every layer's MLP 4 experts, 2 per token, each as wide as transformers' default (it reads no
 # expert width from the file)
 EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
@@ -60,6 +60,11 @@ class TinyGGUF:
     # Llama 3.1's rope scaling (transformers' rope_parameters of type llama3), written as the converter
     # bakes it: a rope_freqs vector of per-frequency divisors
     llama3_rope: dict[str, float] | None = None
+    # Phi-3: the rotated dimensions of a head (None: all), a sliding window (0: none, as Phi-4's files say),
+    # and LongRoPE's long and short factors with the pretraining context they extend and the attention factor
+    rotary_dims: int | None = None
+    window: int = 0
+    longrope: tuple[list[float], list[float], int, float] | None = None
 
     def type_of(self, layer: int | None, kind: str) -> str:
         if layer is not None and (layer, kind) in self.types_by_layer:
@@ -155,6 +160,12 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
         writer.add_final_logit_softcapping(30.0)
     if spec.arch == "llama":
         writer.add_rope_dimension_count(head_dim)
+    elif spec.arch == "phi3":  # as the converter writes Phi-3: no key length, the rotated width, the window
+        writer.add_rope_dimension_count(spec.rotary_dims or head_dim)
+        writer.add_sliding_window(spec.window)
+        if spec.longrope is not None:
+            writer.add_rope_scaling_orig_ctx_len(spec.longrope[2])
+            writer.add_rope_scaling_attn_factors(spec.longrope[3])
     else:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -182,9 +193,12 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     for i in range(layers):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
-        add(b + "attn_q.weight", i, "attn_q", heads * head_dim, HIDDEN, heads=heads)
-        add(b + "attn_k.weight", i, "attn_k", kv_heads * head_dim, HIDDEN, heads=kv_heads)
-        add(b + "attn_v.weight", i, "attn_v", kv_heads * head_dim, HIDDEN)
+        if spec.arch == "phi3":  # q, k and v rows in one tensor
+            add(b + "attn_qkv.weight", i, "attn_qkv", (heads + 2 * kv_heads) * head_dim, HIDDEN)
+        else:
+            add(b + "attn_q.weight", i, "attn_q", heads * head_dim, HIDDEN, heads=heads)
+            add(b + "attn_k.weight", i, "attn_k", kv_heads * head_dim, HIDDEN, heads=kv_heads)
+            add(b + "attn_v.weight", i, "attn_v", kv_heads * head_dim, HIDDEN)
         if spec.arch == "qwen2":
             add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
             add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
@@ -203,12 +217,18 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "ffn_up_exps.weight", i, "ffn_up_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
             add(b + "ffn_down_exps.weight", i, "ffn_down_exps", HIDDEN, EXPERT_WIDTH, experts=EXPERTS)
             continue
-        add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
-        add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)
+        if spec.arch == "phi3":  # the gate's rows then up's, in one tensor
+            add(b + "ffn_up.weight", i, "ffn_up", 2 * INTERMEDIATE, HIDDEN)
+        else:
+            add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
+            add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)
         add(b + "ffn_down.weight", i, "ffn_down", HIDDEN, INTERMEDIATE)
     add("output_norm.weight", None, "output_norm", HIDDEN, 0)
     if not spec.tied:
         add("output.weight", None, "output", vocab, HIDDEN, scale=0.5)
+    if spec.longrope is not None:
+        writer.add_tensor("rope_factors_long.weight", np.asarray(spec.longrope[0], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(spec.longrope[1], dtype=np.float32))
     if spec.llama3_rope is not None:
         writer.add_tensor("rope_freqs.weight", llama3_rope_divisors(spec.llama3_rope, head_dim))
     for name, length in spec.extra_vectors:
