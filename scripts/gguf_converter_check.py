@@ -12,6 +12,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py gemma3 --outtype f32
     python scripts/gguf_converter_check.py llama --outtype f32     # Llama 3.1's rope factors (rope_freqs)
     python scripts/gguf_converter_check.py phi3 --outtype f32      # fused projections, partial rotary, LongRoPE
+    python scripts/gguf_converter_check.py lfm2 --outtype f32      # a hybrid: gated short convolutions
 
 Prints one line per prompt. With --outtype f32 the GGUF holds the checkpoint's exact weights, and the
 script exits non-zero if radixserve's reply differs from transformers'; a quantized --outtype is another
@@ -55,6 +56,11 @@ CONFIGS = {
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.5,
                              original_max_position_embeddings=1024, long_factor=[2.0, 8.0, 32.0, 128.0],
                              short_factor=[1.0, 4.0, 16.0, 64.0]))),
+    # LFM2: gated short convolutions around one attention layer
+    "lfm2": ("lfm2", "Lfm2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3, block_auto_adjust_ff_dim=False,
+        max_position_embeddings=4096)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,

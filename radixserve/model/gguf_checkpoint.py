@@ -24,7 +24,9 @@ is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` fi
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
 because a row's blocks never span rows. A Llama 3.1+ file's rope scaling comes as a `rope_freqs`
 vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`); a Phi-3
-file's LongRoPE factors make transformers' `longrope` (`_phi3_fields`). A file
+file's LongRoPE factors make transformers' `longrope` (`_phi3_fields`); an LFM2 file names its attention
+layers by a kv head count per layer (`_lfm2_fields`), and a tensor the converter wrote with its size-1
+dimensions dropped (LFM2's convolution kernels) takes its parameter's shape. A file
 means what llama.cpp computes from it: Gemma 2's and
 3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
 where the metadata is silent (`_GEMMA_RULES`), their norm weights are stored as 1 + w
@@ -67,7 +69,7 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM"}
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 # a MoE layer's experts come stacked in one tensor per projection, [experts, out, in]: split per expert here
@@ -118,8 +120,18 @@ _GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm
 _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
                      "qwen3moe": {**_LAYER_TENSORS, "ffn_gate_inp": "mlp.gate"},
                      # Phi-3's fused projections: q, k and v rows in one tensor, and ffn_up the gate rows then up's
-                     "phi3": {**_LAYER_TENSORS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+                     "phi3": {**_LAYER_TENSORS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+                     # LFM2: its own names, and the gated short convolution's three tensors
+                     "lfm2": {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_q": "self_attn.q_proj",
+                              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                              "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+                              "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
+                              "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+                              "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
+                              "shortconv.out_proj": "conv.out_proj"}}
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
+_MODEL_TENSORS_OF = {"lfm2": {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}}
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -258,7 +270,7 @@ class GGUFFile:
             intermediate_size=int(self._arch_value("feed_forward_length", 0) or self._arch_value(
                 "expert_feed_forward_length")),
             num_attention_heads=heads,
-            num_key_value_heads=int(self._arch_value("attention.head_count_kv", heads)),
+            num_key_value_heads=max(self._kv_heads_per_layer(heads, layers)),
             head_dim=int(head_dim),
             max_position_embeddings=int(self._arch_value("context_length")),
             rms_norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
@@ -274,12 +286,35 @@ class GGUFFile:
             fields.update(self._gemma_fields(_GEMMA_RULES[self.arch], hidden, heads, int(head_dim), layers))
         if self.arch == "phi3":
             fields.update(self._phi3_fields(int(head_dim)))
+        if self.arch == "lfm2":
+            fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "qwen3moe":  # llama.cpp always renormalises the chosen experts' weights
             fields.update(num_experts=int(self._arch_value("expert_count")),
                           num_experts_per_tok=int(self._arch_value("expert_used_count")),
                           moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
+
+    def _kv_heads_per_layer(self, heads: int, layers: int) -> list[int]:
+        """`attention.head_count_kv`: one count for every layer, or (LFM2) a count per layer, 0 on a layer
+        without attention."""
+        kv = self._arch_value("attention.head_count_kv", heads)
+        if not isinstance(kv, list):
+            return [int(kv)] * layers
+        if self.arch != "lfm2" or len(kv) != layers or not any(kv):
+            raise ValueError(f"{self.path.name}: per-layer kv head counts ({self.arch}.attention.head_count_kv, "
+                             f"{len(kv)} values for {layers} layers) are read from an lfm2 file only")
+        return [int(n) for n in kv]
+
+    def _lfm2_fields(self, kv_heads: list[int]) -> dict[str, Any]:
+        """LFM2's fields: the layers with kv heads attend, the others are gated short convolutions of
+        `shortconv.l_cache` taps; the MLP width is stated final (no auto-adjustment)."""
+        if len(set(n for n in kv_heads if n)) > 1:
+            raise ValueError(f"{self.path.name}: attention layers with different kv head counts ({kv_heads})")
+        return dict(layer_types=["full_attention" if n else "conv" for n in kv_heads],
+                    conv_L_cache=int(self._arch_value("shortconv.l_cache")), block_auto_adjust_ff_dim=False,
+                    conv_bias=any(name.endswith(".shortconv.in_proj.bias") for name in self.tensors),
+                    norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-5)))
 
     def _phi3_fields(self, head_dim: int) -> dict[str, Any]:
         """Phi-3's fields: its sliding window (0, Phi-4's: none), the share of a head its rope turns
@@ -388,8 +423,8 @@ class GGUFFile:
             part = _EXPERT_PART.match(kind)
             if part:
                 return f"model.layers.{index}.mlp.experts.{part.group(2)}.{part.group(1)}_proj{dot}{leaf}"
-        elif base in _MODEL_TENSORS:
-            return f"{_MODEL_TENSORS[base]}{dot}{leaf}"
+        elif base in _MODEL_TENSORS_OF.get(self.arch, _MODEL_TENSORS):
+            return f"{_MODEL_TENSORS_OF.get(self.arch, _MODEL_TENSORS)[base]}{dot}{leaf}"
         return name
 
     def rows(self, tensor: GGUFTensor, spec: ModelSpec) -> np.ndarray:
@@ -557,10 +592,16 @@ def _fill_dequantized(param: torch.Tensor, target: Any, file: GGUFFile, tensor: 
     if target.rows is not None:
         dest = dest.narrow(0, target.first_row, target.rows)
     values = _dequantized(file, tensor, spec)
+    if _squeezed(values.shape) == _squeezed(dest.shape):  # the converter drops size-1 dimensions (a conv's [C, 1, K])
+        values = values.reshape(dest.shape)
     if tuple(values.shape) != tuple(dest.shape):
         raise ValueError(f"{file.path.name}: tensor {tensor.name} has shape {tuple(values.shape)}, "
                          f"the metadata implies {tuple(dest.shape)}")
     dest.copy_(values)
+
+
+def _squeezed(shape: torch.Size) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
 
 
 def _quantizable(model: CausalLM, module: str) -> bool:

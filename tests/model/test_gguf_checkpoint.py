@@ -1,5 +1,6 @@
-"""GGUF files served directly: tiny llama/qwen2/qwen3/gemma2/gemma3 files written here (tiny_gguf.py) in every
-GGUF type the CPU kernels read.
+"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2 files written here
+(tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry (Llama 3.1's
+factors, Phi-3's partial rotary and LongRoPE).
 
 Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
 dtype), a file's greedy output is transformers' (which reads the same file) token for token; its
@@ -25,7 +26,7 @@ from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, 
 from radixserve.kernels.moe import GgmlExperts
 from radixserve.model import embedded, gguf_checkpoint
 from radixserve.model.gguf_checkpoint import GGUFFile
-from radixserve.model.loader import load_model
+from radixserve.model.loader import checkpoint_targets, load_model
 from radixserve.model.moe import MoE
 from radixserve.model.rope import RopeParams, inv_frequencies
 
@@ -51,6 +52,9 @@ FILES = {
     # Phi-3's fused q/k/v and gate/up tensors, each of one type
     "phi3": TinyGGUF("phi3", types={"attn_qkv": "Q4_K", "ffn_up": "Q5_0", "ffn_down": "Q6_K", "output": "Q8_0"},
                      tied=False),
+    # LFM2: gated short convolutions (their projections quantized, the kernel F32) and an attention layer
+    "lfm2": TinyGGUF("lfm2", types={"shortconv.in_proj": "Q4_1", "shortconv.out_proj": "Q5_K", "attn_q": "Q4_0",
+                                    "ffn_gate": "Q6_K", "token_embd": "Q8_0"}, tied=True),
 }
 _GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                 "self_attn.q_norm", "self_attn.k_norm")
@@ -155,6 +159,13 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
     model, spec = load_model(files[arch], torch.float32, CPU, keep_quantized=False)
     hf = _hf(files[arch]).state_dict()
     ours = dict(model.named_parameters())
+    if arch == "lfm2":  # names of its own: each of transformers' tensors through the checkpoint contract
+        targets = checkpoint_targets(model)
+        assert set(targets) == set(hf) - {"lm_head.weight"}  # tied
+        for name, target in targets.items():
+            mine = ours[target.param].narrow(0, target.first_row, target.rows or ours[target.param].shape[0])
+            assert torch.equal(mine, hf[name]), name
+        return
     for i in range(spec.num_layers):
         a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
         fused = arch == "phi3"  # Phi-3's checkpoints fuse q/k/v and gate/up, as its files do
@@ -292,7 +303,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
-                       "gemma2, gemma3, phi3")
+                       "gemma2, gemma3, phi3, lfm2")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -370,6 +381,26 @@ def test_phi3_longrope_partial_rotary_and_window_are_transformers(tmp_path: Path
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
                               min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
             assert tokens == ref
+
+
+@needs_kernels
+def test_an_lfm2_file_resumes_a_cached_conversation_as_transformers(files: dict[str, Path],
+                                                                    tokenizer_cache: None) -> None:
+    """A hybrid served from its GGUF: the next turn of a conversation resumes from the cache (the
+    convolutions' states checkpointed at the reply's end) and still answers as transformers does."""
+    path = files["lfm2"]
+    llm = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
+    hf = _hf(path)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    first = llm.tokenizer(PROMPTS[0]).input_ids
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    turn = first + reply + llm.tokenizer(" and then the cat").input_ids
+    out = llm.generate([turn], params)[0]
+    assert out.usage.cached_tokens >= len(first)
+    ids = torch.tensor([turn])
+    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                      min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+    assert out.outputs[0].token_ids == ref
 
 
 def test_rope_factors_that_do_not_fit_are_refused(tmp_path: Path) -> None:

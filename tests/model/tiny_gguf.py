@@ -25,7 +25,7 @@ LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
 HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "qwen3moe": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1),
-         "phi3": (4, 2)}
+         "phi3": (4, 2), "lfm2": (4, 2)}
 # Qwen3-MoE: every layer's MLP 4 experts, 2 per token, each as wide as transformers' default (it reads no
 # expert width from the file)
 EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
@@ -33,7 +33,11 @@ EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
 # global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
 # transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
 # (head_dim) gives for heads of 256; nor Gemma 2's softcaps, whose defaults the file states
-LAYERS_OF = {"gemma2": 3, "gemma3": 7}
+LAYERS_OF = {"gemma2": 3, "gemma3": 7, "lfm2": 3}
+# LFM2: which layers attend (the others are gated short convolutions of LFM2_TAPS taps), as the file
+# says it, a kv head count per layer
+LFM2_ATTENDS = (False, True, False)
+LFM2_TAPS = 3
 GEMMA_WINDOW = 8
 GEMMA = ("gemma2", "gemma3")
 CONTEXT = 512
@@ -145,7 +149,11 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(INTERMEDIATE)
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    if spec.arch == "lfm2":
+        writer.add_head_count_kv([kv_heads if attends else 0 for attends in LFM2_ATTENDS])
+        writer.add_shortconv_l_cache(LFM2_TAPS)
+    else:
+        writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
@@ -188,11 +196,33 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             data = data[llama_permutation(rows, heads)]
         writer.add_tensor(name, data, raw_dtype=QType[qtype])
 
+    def feed_forward(b: str, i: int) -> None:
+        add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
+        if spec.arch == "qwen3moe":
+            add(b + "ffn_gate_inp.weight", i, "ffn_gate_inp", EXPERTS, HIDDEN, scale=0.5)
+            add(b + "ffn_gate_exps.weight", i, "ffn_gate_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
+            add(b + "ffn_up_exps.weight", i, "ffn_up_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
+            add(b + "ffn_down_exps.weight", i, "ffn_down_exps", HIDDEN, EXPERT_WIDTH, experts=EXPERTS)
+            return
+        if spec.arch == "phi3":  # the gate's rows then up's, in one tensor
+            add(b + "ffn_up.weight", i, "ffn_up", 2 * INTERMEDIATE, HIDDEN)
+        else:
+            add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
+            add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)
+        add(b + "ffn_down.weight", i, "ffn_down", HIDDEN, INTERMEDIATE)
+
     # Gemma scales the embedding by sqrt(hidden): smaller rows keep a tied head from echoing the last token
     add("token_embd.weight", None, "token_embd", vocab, HIDDEN, scale=0.005 if spec.arch in GEMMA else 0.5)
     for i in range(layers):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
+        if spec.arch == "lfm2" and not LFM2_ATTENDS[i]:  # a gated short convolution, its kernel [channels, taps]
+            add(b + "shortconv.in_proj.weight", i, "shortconv.in_proj", 3 * HIDDEN, HIDDEN)
+            writer.add_tensor(b + "shortconv.conv.weight",
+                              (0.3 * rng.standard_normal((HIDDEN, LFM2_TAPS))).astype(np.float32))
+            add(b + "shortconv.out_proj.weight", i, "shortconv.out_proj", HIDDEN, HIDDEN)
+            feed_forward(b, i)
+            continue
         if spec.arch == "phi3":  # q, k and v rows in one tensor
             add(b + "attn_qkv.weight", i, "attn_qkv", (heads + 2 * kv_heads) * head_dim, HIDDEN)
         else:
@@ -203,27 +233,16 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
             add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
             add(b + "attn_v.bias", i, "attn_v.bias", kv_heads * head_dim, 0)
-        if spec.arch in ("qwen3", "qwen3moe", "gemma3"):
+        if spec.arch in ("qwen3", "qwen3moe", "gemma3", "lfm2"):
             add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
             add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
         add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
         if spec.arch in GEMMA:  # Gemma's sandwich: a norm after attention and after the MLP too
             add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
             add(b + "post_ffw_norm.weight", i, "post_ffw_norm", HIDDEN, 0)
-        add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
-        if spec.arch == "qwen3moe":
-            add(b + "ffn_gate_inp.weight", i, "ffn_gate_inp", EXPERTS, HIDDEN, scale=0.5)
-            add(b + "ffn_gate_exps.weight", i, "ffn_gate_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
-            add(b + "ffn_up_exps.weight", i, "ffn_up_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
-            add(b + "ffn_down_exps.weight", i, "ffn_down_exps", HIDDEN, EXPERT_WIDTH, experts=EXPERTS)
-            continue
-        if spec.arch == "phi3":  # the gate's rows then up's, in one tensor
-            add(b + "ffn_up.weight", i, "ffn_up", 2 * INTERMEDIATE, HIDDEN)
-        else:
-            add(b + "ffn_gate.weight", i, "ffn_gate", INTERMEDIATE, HIDDEN)
-            add(b + "ffn_up.weight", i, "ffn_up", INTERMEDIATE, HIDDEN)
-        add(b + "ffn_down.weight", i, "ffn_down", HIDDEN, INTERMEDIATE)
-    add("output_norm.weight", None, "output_norm", HIDDEN, 0)
+        feed_forward(b, i)
+    # LFM2's final norm is written as the embedding's
+    add("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", None, "output_norm", HIDDEN, 0)
     if not spec.tied:
         add("output.weight", None, "output", vocab, HIDDEN, scale=0.5)
     if spec.longrope is not None:
