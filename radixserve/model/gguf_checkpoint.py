@@ -26,10 +26,12 @@ because a row's blocks never span rows. A Llama 3.1+ file's rope scaling comes a
 vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`); a Phi-3
 file's LongRoPE factors make transformers' `longrope` (`_phi3_fields`); an LFM2 file names its attention
 layers by a kv head count per layer (`_lfm2_fields`), and a tensor the converter wrote with its size-1
-dimensions dropped (LFM2's convolution kernels) takes its parameter's shape. A file
+dimensions dropped (LFM2's convolution kernels) takes its parameter's shape; a Qwen3.5 file's DeltaNet
+value heads are regrouped by key head (`_value_head_rows`, `value_columns`: the converter tiles them), its
+A taken back from -exp(A_log) and its multi-token-prediction block dropped. A file
 means what llama.cpp computes from it: Gemma 2's and
 3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
-where the metadata is silent (`_GEMMA_RULES`), their norm weights are stored as 1 + w
+where the metadata is silent (`_GEMMA_RULES`), their norm weights (and Qwen3.5's) are stored as 1 + w
 (`_SHIFTED_NORMS`), and Qwen3-MoE renormalises its chosen experts' weights. A MoE layer's stacked
 expert tensors are split per expert at load; served quantized, the experts stay in their blocks
 (`kernels.moe.GgmlExperts`). A cached tokenizer splits text as the converted one does
@@ -69,9 +71,9 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM"}
 # the transformers model type, where it is not the GGUF name
-_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text"}
 # a MoE layer's experts come stacked in one tensor per projection, [experts, out, in]: split per expert here
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.weight$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
@@ -101,7 +103,7 @@ _GEMMA_RULES = {"gemma2": _GemmaRules(2, 4096, 50.0, 30.0, None, 46),
                 "gemma3": _GemmaRules(6, 0, None, None, 10000.0, 62)}
 # the converter writes Gemma's norm weights w as 1 + w (llama.cpp multiplies by them as they are): served
 # with the plain fp32 weight-times-normed style, which is Gemma's x * (1 + w) on these values
-_SHIFTED_NORMS = frozenset(_GEMMA_RULES)
+_SHIFTED_NORMS = frozenset({*_GEMMA_RULES, "qwen35"})  # Qwen3.5's too, but for the DeltaNet's gated norm
 TOKENIZER_CACHE_FORMAT = 2  # bump when the layout of a cached tokenizer directory changes
 # text a saved tokenizer must split as the converted one does: spaces, runs of them, punctuation, digits,
 # newlines, tabs and non-ASCII
@@ -128,7 +130,16 @@ _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
                               "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
                               "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
                               "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
-                              "shortconv.out_proj": "conv.out_proj"}}
+                              "shortconv.out_proj": "conv.out_proj"},
+                     # Qwen3.5: Gated DeltaNet layers, and full attention whose q_proj also yields the gate
+                     "qwen35": {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
+                                "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
+                                "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
+                                "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm",
+                                "ssm_out": "linear_attn.out_proj"}}
+# a layer's tensors named whole, without a leaf: GGUF name (after "blk.N.") -> the HF name
+_WHOLE_LAYER_TENSORS_OF = {"qwen35": {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}}
+_BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
 _MODEL_TENSORS_OF = {"lfm2": {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}}
@@ -218,9 +229,20 @@ class GGUFFile:
                 raise ValueError(f"{self.path.name}: tensor {info.name} has {len(shape)} dimensions; expected 1 or 2")
             rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 0)
             self.tensors[info.name] = GGUFTensor(info.name, type_name, rows, cols, self.contents.data(info))
+        self._drop_multi_token_prediction()
         self.rope_factors = self._rope_factors(self.tensors.pop(_ROPE_FACTORS, None))
         long_short = [self.tensors.pop(name, None) for name in _LONGROPE_FACTORS]
         self.longrope_factors = self._longrope_factors(*long_short)
+
+    def _drop_multi_token_prediction(self) -> None:
+        """A Qwen3.5 file writes its multi-token-prediction block as the last `nextn_predict_layers`
+        blocks; like transformers, the server does not run it."""
+        extra = int(self._arch_value("nextn_predict_layers", 0) or 0)
+        if self.arch != "qwen35" or not extra:
+            return
+        first = int(self._arch_value("block_count")) - extra
+        for name in [n for n in self.tensors if (b := _BLOCK_NAME.match(n)) and int(b.group(1)) >= first]:
+            del self.tensors[name]
 
     def _rope_factors(self, tensor: GGUFTensor | None) -> tuple[float, ...] | None:
         """The per-frequency rope divisors of the file's `rope_freqs` tensor (the converter writes it for
@@ -288,6 +310,8 @@ class GGUFFile:
             fields.update(self._phi3_fields(int(head_dim)))
         if self.arch == "lfm2":
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
+        if self.arch == "qwen35":
+            fields.update(self._qwen35_fields(layers, int(head_dim)))
         if self.arch == "qwen3moe":  # llama.cpp always renormalises the chosen experts' weights
             fields.update(num_experts=int(self._arch_value("expert_count")),
                           num_experts_per_tok=int(self._arch_value("expert_used_count")),
@@ -315,6 +339,40 @@ class GGUFFile:
                     conv_L_cache=int(self._arch_value("shortconv.l_cache")), block_auto_adjust_ff_dim=False,
                     conv_bias=any(name.endswith(".shortconv.in_proj.bias") for name in self.tensors),
                     norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-5)))
+
+    def _qwen35_fields(self, blocks: int, head_dim: int) -> dict[str, Any]:
+        """Qwen3.5's fields: every `full_attention_interval`-th layer attends, the others are Gated
+        DeltaNet layers of the `ssm.*` shape (`ssm.inner_size` is every value head's width together);
+        the rope turns `rope.dimension_count` dimensions of a head with its interleaved multimodal
+        sections, which text positions make plain rope."""
+        layers = blocks - int(self._arch_value("nextn_predict_layers", 0) or 0)
+        interval = int(self._arch_value("full_attention_interval", 4))
+        value_heads = int(self._arch_value("ssm.time_step_rank"))
+        sections = [int(n) for n in self._arch_value("rope.dimension_sections", []) if n]
+        rope = {**self._rope(), "partial_rotary_factor": int(self._arch_value("rope.dimension_count")) / head_dim,
+                "mrope_section": sections, "mrope_interleaved": True}
+        return dict(num_hidden_layers=layers, full_attention_interval=interval,
+                    layer_types=["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                 for i in range(layers)],
+                    linear_conv_kernel_dim=int(self._arch_value("ssm.conv_kernel")),
+                    linear_key_head_dim=int(self._arch_value("ssm.state_size")),
+                    linear_num_key_heads=int(self._arch_value("ssm.group_count")), linear_num_value_heads=value_heads,
+                    linear_value_head_dim=int(self._arch_value("ssm.inner_size")) // value_heads,
+                    rope_parameters=rope)
+
+    def hf_values(self, tensor: GGUFTensor, values: np.ndarray, spec: ModelSpec) -> np.ndarray:
+        """A dequantized tensor's values as transformers holds them, where the converter changed more
+        than the rows' order: a Qwen3.5 out_proj's columns (`value_columns`), and its A, stored as
+        -exp(A_log)."""
+        columns = self.value_columns(tensor, spec)
+        if columns is not None:
+            values = values[:, columns]
+        if self.arch == "qwen35" and tensor.name.endswith(".ssm_a"):
+            if not (values < 0).all():
+                raise ValueError(f"{self.path.name}: tensor {tensor.name} holds a value that is not negative; the "
+                                 "converter writes -exp(A_log) there")
+            values = torch.log(-torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))).numpy()
+        return values
 
     def _phi3_fields(self, head_dim: int) -> dict[str, Any]:
         """Phi-3's fields: its sliding window (0, Phi-4's: none), the share of a head its rope turns
@@ -414,6 +472,10 @@ class GGUFFile:
 
     def hf_name(self, name: str) -> str:
         """The HF checkpoint name of a GGUF tensor name (unknown names come back as they are)."""
+        block = _BLOCK_NAME.match(name)
+        whole = _WHOLE_LAYER_TENSORS_OF.get(self.arch, {})
+        if block and block.group(2) in whole:
+            return f"model.layers.{block.group(1)}.{whole[block.group(2)]}"
         base, dot, leaf = name.rpartition(".")
         if base.startswith("blk."):
             _, index, kind = base.split(".", 2)
@@ -428,13 +490,48 @@ class GGUFFile:
         return name
 
     def rows(self, tensor: GGUFTensor, spec: ModelSpec) -> np.ndarray:
-        """The tensor's rows in the HF order: q/k of a permuted architecture un-permuted."""
+        """The tensor's rows in the HF order: q/k of a permuted architecture un-permuted, a DeltaNet's
+        value heads regrouped."""
+        value_rows = self._value_head_rows(tensor, spec)
+        if value_rows is not None:
+            return tensor.data[value_rows]
         heads = self._permuted_heads(tensor.name, spec)
         if heads is None:
             return tensor.data
         # stored row (h, j, i) holds HF row (h, i, j): h the head, i the rotary half, j the index in it
         order = np.arange(tensor.rows).reshape(heads, tensor.rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
         return tensor.data[order]
+
+    def _value_head_rows(self, tensor: GGUFTensor, spec: ModelSpec) -> np.ndarray | None:
+        """Where a Qwen3.5 DeltaNet tensor's HF rows are in the file, or None for any other tensor. With
+        more value heads than key heads, the converter tiles the value heads (the first of every key
+        head's group, then the second, ...) where transformers groups them by key head."""
+        kind = _BLOCK_NAME.match(tensor.name)
+        if self.arch != "qwen35" or kind is None:
+            return None
+        layer = spec.layers[int(kind.group(1))] if int(kind.group(1)) < spec.num_layers else None
+        d = layer.delta_net if layer is not None else None
+        per_row = {"attn_qkv.weight": d.value_head_dim, "attn_gate.weight": d.value_head_dim,
+                   "ssm_conv1d.weight": d.value_head_dim, "ssm_alpha.weight": 1, "ssm_beta.weight": 1,
+                   "ssm_a": 1, "ssm_dt.bias": 1}.get(kind.group(2)) if d is not None else None
+        if d is None or per_row is None:
+            return None
+        value_rows = d.num_value_heads * per_row
+        lead = tensor.rows - value_rows  # q and k rows (in_proj_qkv, conv1d) come first, in order
+        tiled = np.arange(value_rows).reshape(d.num_value_heads // d.num_key_heads, d.num_key_heads, per_row)
+        return np.concatenate([np.arange(lead), lead + tiled.swapaxes(0, 1).reshape(-1)])
+
+    def value_columns(self, tensor: GGUFTensor, spec: ModelSpec) -> np.ndarray | None:
+        """Where a Qwen3.5 DeltaNet out_proj's HF columns are in the file (its inputs are the value
+        heads, tiled as `_value_head_rows` says), or None for any other tensor. Such a tensor is
+        dequantized to be served: its blocks run along the columns that move."""
+        kind = _BLOCK_NAME.match(tensor.name)
+        if self.arch != "qwen35" or kind is None or kind.group(2) != "ssm_out.weight":
+            return None
+        d = spec.layers[int(kind.group(1))].delta_net
+        assert d is not None, "ssm_out is a DeltaNet layer's"
+        tiled = np.arange(tensor.cols).reshape(d.num_value_heads // d.num_key_heads, d.num_key_heads, d.value_head_dim)
+        return tiled.swapaxes(0, 1).reshape(-1)
 
     def _permuted_heads(self, name: str, spec: ModelSpec) -> int | None:
         if self.arch not in _PERMUTED_QK:
@@ -541,7 +638,8 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
         module, _, leaf = param.rpartition(".")
         if module in kept_experts and leaf in ("gate_up", "down"):
             continue
-        if quantized and leaf == "weight" and all(t.quantized for _, t in parts) and _quantizable(model, module):
+        if (quantized and leaf == "weight" and all(t.quantized and file.value_columns(t, spec) is None for _, t in parts)
+                and _quantizable(model, module)):
             kept_modules[module] = sorted(parts, key=lambda p: p[0].first_row)
             continue
         for target, tensor in parts:
@@ -612,7 +710,7 @@ def _dequantized(file: GGUFFile, tensor: GGUFTensor, spec: ModelSpec) -> torch.T
     import gguf
 
     values = gguf.quants.dequantize(file.rows(tensor, spec), gguf.GGMLQuantizationType[tensor.type_name])
-    values = np.ascontiguousarray(values, dtype=np.float32)
+    values = np.ascontiguousarray(file.hf_values(tensor, values, spec), dtype=np.float32)
     return torch.from_numpy(values if values.flags.writeable else values.copy())  # F32 comes back as the file's map
 
 

@@ -1,4 +1,4 @@
-"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2 files written here
+"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2/qwen35 files written here
 (tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry (Llama 3.1's
 factors, Phi-3's partial rotary and LongRoPE).
 
@@ -55,6 +55,11 @@ FILES = {
     # LFM2: gated short convolutions (their projections quantized, the kernel F32) and an attention layer
     "lfm2": TinyGGUF("lfm2", types={"shortconv.in_proj": "Q4_1", "shortconv.out_proj": "Q5_K", "attn_q": "Q4_0",
                                     "ffn_gate": "Q6_K", "token_embd": "Q8_0"}, tied=True),
+    # Qwen3.5: DeltaNet projections quantized (out_proj's columns move, so it is dequantized), the per-head
+    # alpha and beta rows F32 as they are too few for a block of 16 (types transformers' Qwen3.5 reader takes)
+    "qwen35": TinyGGUF("qwen35", types={"attn_qkv": "Q4_K", "attn_gate": "Q4_0", "ssm_out": "Q8_0",
+                                        "ssm_alpha": "F32", "ssm_beta": "F32", "attn_q": "Q4_1", "ffn_down": "Q6_K"},
+                       tied=False),
 }
 _GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                 "self_attn.q_norm", "self_attn.k_norm")
@@ -159,12 +164,14 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
     model, spec = load_model(files[arch], torch.float32, CPU, keep_quantized=False)
     hf = _hf(files[arch]).state_dict()
     ours = dict(model.named_parameters())
-    if arch == "lfm2":  # names of its own: each of transformers' tensors through the checkpoint contract
+    if arch in ("lfm2", "qwen35"):  # names of their own: each of transformers' tensors through the checkpoint contract
         targets = checkpoint_targets(model)
-        assert set(targets) == set(hf) - {"lm_head.weight"}  # tied
+        assert set(targets) == set(hf) - ({"lm_head.weight"} if FILES[arch].tied else set())
         for name, target in targets.items():
             mine = ours[target.param].narrow(0, target.first_row, target.rows or ours[target.param].shape[0])
-            assert torch.equal(mine, hf[name]), name
+            # Qwen3.5's norms are served as the file holds them, 1 + w (but the DeltaNet's gated norm)
+            shifted = arch == "qwen35" and name.endswith("norm.weight") and "linear_attn" not in name
+            assert torch.equal(mine - 1 if shifted else mine, hf[name]), name
         return
     for i in range(spec.num_layers):
         a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
@@ -303,7 +310,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
-                       "gemma2, gemma3, phi3, lfm2")
+                       "gemma2, gemma3, phi3, lfm2, qwen35")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -384,11 +391,12 @@ def test_phi3_longrope_partial_rotary_and_window_are_transformers(tmp_path: Path
 
 
 @needs_kernels
-def test_an_lfm2_file_resumes_a_cached_conversation_as_transformers(files: dict[str, Path],
-                                                                    tokenizer_cache: None) -> None:
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_a_hybrid_file_resumes_a_cached_conversation_as_transformers(files: dict[str, Path], arch: str,
+                                                                     tokenizer_cache: None) -> None:
     """A hybrid served from its GGUF: the next turn of a conversation resumes from the cache (the
-    convolutions' states checkpointed at the reply's end) and still answers as transformers does."""
-    path = files["lfm2"]
+    recurrent states checkpointed at the reply's end) and still answers as transformers does."""
+    path = files[arch]
     llm = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
     hf = _hf(path)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

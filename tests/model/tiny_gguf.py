@@ -1,8 +1,9 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
-A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3), its
-tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
-(262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, lfm2,
+qwen35), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML
+template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to
+convert). Float weights
 are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
 Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
 fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the
@@ -25,19 +26,24 @@ LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
 HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "qwen3moe": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1),
-         "phi3": (4, 2), "lfm2": (4, 2)}
+         "phi3": (4, 2), "lfm2": (4, 2), "qwen35": (4, 2)}
 # Qwen3-MoE: every layer's MLP 4 experts, 2 per token, each as wide as transformers' default (it reads no
 # expert width from the file)
 EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
-# Gemma: enough layers that llama.cpp's pattern (Gemma 2: every other layer sliding; Gemma 3: 5 sliding, 1
-# global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
-# transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
-# (head_dim) gives for heads of 256; nor Gemma 2's softcaps, whose defaults the file states
-LAYERS_OF = {"gemma2": 3, "gemma3": 7, "lfm2": 3}
 # LFM2: which layers attend (the others are gated short convolutions of LFM2_TAPS taps), as the file
 # says it, a kv head count per layer
 LFM2_ATTENDS = (False, True, False)
 LFM2_TAPS = 3
+# Qwen3.5: three Gated DeltaNet layers to one full attention layer, then the multi-token-prediction block the
+# converter writes as one more (the server skips it); DeltaNet heads: 2 key heads of 32, 4 value heads of
+# 32 (two per key head: the converter tiles them), a 4-tap convolution; a quarter of each attention head turned
+QWEN35_LAYERS, QWEN35_INTERVAL = 4, 4
+DELTA_KEY_HEADS, DELTA_VALUE_HEADS, DELTA_HEAD, DELTA_TAPS = 2, 4, 32, 4
+# Gemma: enough layers that llama.cpp's pattern (Gemma 2: every other layer sliding; Gemma 3: 5 sliding, 1
+# global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
+# transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
+# (head_dim) gives for heads of 256; nor Gemma 2's softcaps, whose defaults the file states
+LAYERS_OF = {"gemma2": 3, "gemma3": 7, "lfm2": 3, "qwen35": QWEN35_LAYERS + 1}
 GEMMA_WINDOW = 8
 GEMMA = ("gemma2", "gemma3")
 CONTEXT = 512
@@ -149,6 +155,16 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(INTERMEDIATE)
     writer.add_head_count(heads)
+    if spec.arch == "qwen35":
+        writer.add_full_attention_interval(QWEN35_INTERVAL)
+        writer.add_nextn_predict_layers(1)
+        writer.add_ssm_conv_kernel(DELTA_TAPS)
+        writer.add_ssm_state_size(DELTA_HEAD)
+        writer.add_ssm_group_count(DELTA_KEY_HEADS)
+        writer.add_ssm_time_step_rank(DELTA_VALUE_HEADS)
+        writer.add_ssm_inner_size(DELTA_VALUE_HEADS * DELTA_HEAD)
+        writer.add_rope_dimension_count(head_dim // 4)
+        writer.add_rope_dimension_sections([3, 3, 2, 0])
     if spec.arch == "lfm2":
         writer.add_head_count_kv([kv_heads if attends else 0 for attends in LFM2_ATTENDS])
         writer.add_shortconv_l_cache(LFM2_TAPS)
@@ -197,7 +213,8 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
         writer.add_tensor(name, data, raw_dtype=QType[qtype])
 
     def feed_forward(b: str, i: int) -> None:
-        add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
+        if spec.arch != "qwen35":  # whose norm before the MLP is its post_attention_norm
+            add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
         if spec.arch == "qwen3moe":
             add(b + "ffn_gate_inp.weight", i, "ffn_gate_inp", EXPERTS, HIDDEN, scale=0.5)
             add(b + "ffn_gate_exps.weight", i, "ffn_gate_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
@@ -216,6 +233,24 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     for i in range(layers):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
+        if spec.arch == "qwen35" and i == QWEN35_LAYERS:  # the multi-token-prediction block: a few of its tensors
+            add(b + "nextn.eh_proj.weight", i, "nextn.eh_proj", HIDDEN, 2 * HIDDEN)
+            add(b + "nextn.enorm.weight", i, "nextn.enorm", HIDDEN, 0)
+            continue
+        if spec.arch == "qwen35" and (i + 1) % QWEN35_INTERVAL:  # a Gated DeltaNet layer, as the converter writes it
+            conv = 2 * DELTA_KEY_HEADS * DELTA_HEAD + DELTA_VALUE_HEADS * DELTA_HEAD
+            add(b + "attn_qkv.weight", i, "attn_qkv", conv, HIDDEN)
+            add(b + "attn_gate.weight", i, "attn_gate", DELTA_VALUE_HEADS * DELTA_HEAD, HIDDEN)
+            add(b + "ssm_alpha.weight", i, "ssm_alpha", DELTA_VALUE_HEADS, HIDDEN, scale=0.3)
+            add(b + "ssm_beta.weight", i, "ssm_beta", DELTA_VALUE_HEADS, HIDDEN, scale=0.3)
+            writer.add_tensor(b + "ssm_conv1d.weight", (0.3 * rng.standard_normal((conv, DELTA_TAPS))).astype(np.float32))
+            writer.add_tensor(b + "ssm_dt.bias", rng.uniform(-1.0, 1.0, DELTA_VALUE_HEADS).astype(np.float32))
+            writer.add_tensor(b + "ssm_a", -rng.uniform(0.2, 2.0, DELTA_VALUE_HEADS).astype(np.float32))  # -exp(A_log)
+            add(b + "ssm_norm.weight", i, "ssm_norm", DELTA_HEAD, 0)
+            add(b + "ssm_out.weight", i, "ssm_out", HIDDEN, DELTA_VALUE_HEADS * DELTA_HEAD)
+            add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
+            feed_forward(b, i)
+            continue
         if spec.arch == "lfm2" and not LFM2_ATTENDS[i]:  # a gated short convolution, its kernel [channels, taps]
             add(b + "shortconv.in_proj.weight", i, "shortconv.in_proj", 3 * HIDDEN, HIDDEN)
             writer.add_tensor(b + "shortconv.conv.weight",
@@ -225,6 +260,10 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             continue
         if spec.arch == "phi3":  # q, k and v rows in one tensor
             add(b + "attn_qkv.weight", i, "attn_qkv", (heads + 2 * kv_heads) * head_dim, HIDDEN)
+        elif spec.arch == "qwen35":  # each head's query and its output gate
+            add(b + "attn_q.weight", i, "attn_q", 2 * heads * head_dim, HIDDEN)
+            add(b + "attn_k.weight", i, "attn_k", kv_heads * head_dim, HIDDEN)
+            add(b + "attn_v.weight", i, "attn_v", kv_heads * head_dim, HIDDEN)
         else:
             add(b + "attn_q.weight", i, "attn_q", heads * head_dim, HIDDEN, heads=heads)
             add(b + "attn_k.weight", i, "attn_k", kv_heads * head_dim, HIDDEN, heads=kv_heads)
@@ -233,13 +272,15 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
             add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
             add(b + "attn_v.bias", i, "attn_v.bias", kv_heads * head_dim, 0)
-        if spec.arch in ("qwen3", "qwen3moe", "gemma3", "lfm2"):
+        if spec.arch in ("qwen3", "qwen3moe", "gemma3", "lfm2", "qwen35"):
             add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
             add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
         add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
         if spec.arch in GEMMA:  # Gemma's sandwich: a norm after attention and after the MLP too
             add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
             add(b + "post_ffw_norm.weight", i, "post_ffw_norm", HIDDEN, 0)
+        if spec.arch == "qwen35":  # its norm before the MLP
+            add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
         feed_forward(b, i)
     # LFM2's final norm is written as the embedding's
     add("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", None, "output_norm", HIDDEN, 0)
