@@ -62,11 +62,11 @@ CONFIGS = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3, block_auto_adjust_ff_dim=False,
         max_position_embeddings=4096)),
-    # Qwen3.5: three Gated DeltaNet layers (two value heads per key head, which the converter tiles) to one
+    # Qwen3.5: three Gated DeltaNet layers (three value heads per key head, which the converter tiles) to one
     # full attention layer with its output gate; a quarter of each head turned
     "qwen35": ("qwen3_5_text", "Qwen3_5ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16,
         linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=4096,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
                              mrope_section=[1, 1, 0], mrope_interleaved=True))),

@@ -61,6 +61,10 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(d.num_value_heads))
         self.norm = GatedRMSNorm(d.value_head_dim, spec.rms_norm_eps)
         self.out_proj = nn.Linear(d.value_dim, hidden, bias=False)
+        # the order out_proj takes its inputs in, where its weight's columns are not the value heads' order
+        # (a GGUF file's, kept in its blocks: gguf_checkpoint.value_columns); None: as computed
+        self.out_proj_inputs: torch.Tensor | None
+        self.register_buffer("out_proj_inputs", None, persistent=False)
         self.implementation: RecurrentImplementation = "torch"  # the runner sets it
 
     def forward(self, x: torch.Tensor, states: StateCache | None, meta: AttentionMetadata) -> torch.Tensor:
@@ -99,8 +103,10 @@ class GatedDeltaNet(nn.Module):
                                        decay[t:t + 1], out[t:t + 1])[0]
                 delta[slot] = state
                 first += n
-        h = self.norm(out.to(x.dtype), z)
-        return self.out_proj(h.reshape(tokens, d.value_dim))
+        h = self.norm(out.to(x.dtype), z).reshape(tokens, d.value_dim)
+        if self.out_proj_inputs is not None:
+            h = h.index_select(1, self.out_proj_inputs)
+        return self.out_proj(h)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The convolution's inputs [T, C] (all heads' q, then k, then v), z [T, Hv, dv], b and a [T, Hv]."""

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from radixserve.model.decoder import CausalLM
+from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.gguf_file import GGUFContents
 from radixserve.model.moe import MoE
 from radixserve.model.rope import inv_frequencies
@@ -523,8 +524,9 @@ class GGUFFile:
 
     def value_columns(self, tensor: GGUFTensor, spec: ModelSpec) -> np.ndarray | None:
         """Where a Qwen3.5 DeltaNet out_proj's HF columns are in the file (its inputs are the value
-        heads, tiled as `_value_head_rows` says), or None for any other tensor. Such a tensor is
-        dequantized to be served: its blocks run along the columns that move."""
+        heads, tiled as `_value_head_rows` says), or None for any other tensor. Dequantized, its columns
+        are put in order; kept in its blocks, which run along those columns, it takes its inputs
+        reordered instead (`GatedDeltaNet.out_proj_inputs`)."""
         kind = _BLOCK_NAME.match(tensor.name)
         if self.arch != "qwen35" or kind is None or kind.group(2) != "ssm_out.weight":
             return None
@@ -638,8 +640,7 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
         module, _, leaf = param.rpartition(".")
         if module in kept_experts and leaf in ("gate_up", "down"):
             continue
-        if (quantized and leaf == "weight" and all(t.quantized and file.value_columns(t, spec) is None for _, t in parts)
-                and _quantizable(model, module)):
+        if quantized and leaf == "weight" and all(t.quantized for _, t in parts) and _quantizable(model, module):
             kept_modules[module] = sorted(parts, key=lambda p: p[0].first_row)
             continue
         for target, tensor in parts:
@@ -648,6 +649,11 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
     kept = 0
     for module, parts in kept_modules.items():
         kept += _swap_quantized(model, file, module, parts, activations)
+        columns = file.value_columns(parts[0][1], spec)
+        if columns is not None:  # the blocks keep the file's columns: the layer reorders out_proj's inputs
+            owner = model.get_submodule(module.rpartition(".")[0])
+            assert isinstance(owner, GatedDeltaNet), "value_columns names a DeltaNet's out_proj"
+            owner.out_proj_inputs = torch.from_numpy(np.argsort(columns)).to(owner.A_log.device)
     for module, by_leaf in kept_experts.items():
         moe = model.get_submodule(module)
         assert isinstance(moe, MoE), "kept_experts holds MoE layers only"

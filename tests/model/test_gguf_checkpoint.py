@@ -111,8 +111,9 @@ def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str
     if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
         assert not quantized
     else:  # every GGUF-quantized projection, the embedding and the head; the F16 projection stays a float weight
-        per_layer = 2 if arch == "qwen3moe" else 4  # a MoE layer's experts are GgmlExperts, not modules
-        assert len(quantized) == kept.engine.spec.num_layers * per_layer + 2 - (arch == "llama")
+        # a MoE layer's experts are GgmlExperts, not modules; a DeltaNet layer has 5 (its alpha and beta are F32)
+        per_layer = [2 if arch == "qwen3moe" else 5 if layer.delta_net else 4 for layer in kept.engine.spec.layers]
+        assert len(quantized) == sum(per_layer) + 2 - (arch == "llama")
         experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
         assert all(isinstance(e, GgmlExperts) for e in experts) and len(experts) == (arch == "qwen3moe") * 2
         tied_head = kept.engine.runner.model.lm_head

@@ -35,10 +35,11 @@ EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
 LFM2_ATTENDS = (False, True, False)
 LFM2_TAPS = 3
 # Qwen3.5: three Gated DeltaNet layers to one full attention layer, then the multi-token-prediction block the
-# converter writes as one more (the server skips it); DeltaNet heads: 2 key heads of 32, 4 value heads of
-# 32 (two per key head: the converter tiles them), a 4-tap convolution; a quarter of each attention head turned
+# converter writes as one more (the server skips it); DeltaNet heads: 2 key heads of 32, 6 value heads of
+# 32 (three per key head, which the converter tiles: a reorder that is not its own inverse), a 4-tap
+# convolution; a quarter of each attention head turned
 QWEN35_LAYERS, QWEN35_INTERVAL = 4, 4
-DELTA_KEY_HEADS, DELTA_VALUE_HEADS, DELTA_HEAD, DELTA_TAPS = 2, 4, 32, 4
+DELTA_KEY_HEADS, DELTA_VALUE_HEADS, DELTA_HEAD, DELTA_TAPS = 2, 6, 32, 4
 # Gemma: enough layers that llama.cpp's pattern (Gemma 2: every other layer sliding; Gemma 3: 5 sliding, 1
 # global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
 # transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
