@@ -28,7 +28,8 @@ file's LongRoPE factors make transformers' `longrope` (`_phi3_fields`); an LFM2 
 layers by a kv head count per layer (`_lfm2_fields`), and a tensor the converter wrote with its size-1
 dimensions dropped (LFM2's convolution kernels) takes its parameter's shape; a Qwen3.5 file's DeltaNet
 value heads are regrouped by key head (`_value_head_rows`, `value_columns`: the converter tiles them), its
-A taken back from -exp(A_log) and its multi-token-prediction block dropped. A file
+A taken back from -exp(A_log) and its multi-token-prediction block dropped (Qwen3.5-MoE's too, whose
+shared expert loads as transformers names it). A file
 means what llama.cpp computes from it: Gemma 2's and
 3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
 where the metadata is silent (`_GEMMA_RULES`), their norm weights (and Qwen3.5's) are stored as 1 + w
@@ -72,9 +73,12 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
+                 "qwen35moe": "Qwen3_5MoeForCausalLM"}
 # the transformers model type, where it is not the GGUF name
-_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
+                "qwen35moe": "qwen3_5_moe_text"}
+_QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
 # a MoE layer's experts come stacked in one tensor per projection, [experts, out, in]: split per expert here
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.weight$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
@@ -104,7 +108,7 @@ _GEMMA_RULES = {"gemma2": _GemmaRules(2, 4096, 50.0, 30.0, None, 46),
                 "gemma3": _GemmaRules(6, 0, None, None, 10000.0, 62)}
 # the converter writes Gemma's norm weights w as 1 + w (llama.cpp multiplies by them as they are): served
 # with the plain fp32 weight-times-normed style, which is Gemma's x * (1 + w) on these values
-_SHIFTED_NORMS = frozenset({*_GEMMA_RULES, "qwen35"})  # Qwen3.5's too, but for the DeltaNet's gated norm
+_SHIFTED_NORMS = frozenset({*_GEMMA_RULES, *_QWEN35})  # Qwen3.5's too, but for the DeltaNet's gated norm
 TOKENIZER_CACHE_FORMAT = 2  # bump when the layout of a cached tokenizer directory changes
 # text a saved tokenizer must split as the converted one does: spaces, runs of them, punctuation, digits,
 # newlines, tabs and non-ASCII
@@ -120,6 +124,11 @@ _LAYER_TENSORS = {
 # Gemma's sandwich norms: ffn_norm is the norm before the MLP, and each block has a norm after it
 _GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
                         "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Qwen3.5: Gated DeltaNet layers, and full attention whose q_proj also yields the gate
+_QWEN35_TENSORS = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
+                   "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
+                   "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
+                   "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
 _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
                      "qwen3moe": {**_LAYER_TENSORS, "ffn_gate_inp": "mlp.gate"},
                      # Phi-3's fused projections: q, k and v rows in one tensor, and ffn_up the gate rows then up's
@@ -132,14 +141,15 @@ _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
                               "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
                               "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
                               "shortconv.out_proj": "conv.out_proj"},
-                     # Qwen3.5: Gated DeltaNet layers, and full attention whose q_proj also yields the gate
-                     "qwen35": {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
-                                "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
-                                "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
-                                "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm",
-                                "ssm_out": "linear_attn.out_proj"}}
+                     "qwen35": _QWEN35_TENSORS,
+                     # and its MoE's router, routed experts (split per expert at load) and shared expert
+                     "qwen35moe": {**_QWEN35_TENSORS, "ffn_gate_inp": "mlp.gate",
+                                   "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                                   "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                                   "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}}
 # a layer's tensors named whole, without a leaf: GGUF name (after "blk.N.") -> the HF name
-_WHOLE_LAYER_TENSORS_OF = {"qwen35": {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}}
+_WHOLE_LAYER_TENSORS_OF = dict.fromkeys(_QWEN35, {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"})
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
@@ -239,7 +249,7 @@ class GGUFFile:
         """A Qwen3.5 file writes its multi-token-prediction block as the last `nextn_predict_layers`
         blocks; like transformers, the server does not run it."""
         extra = int(self._arch_value("nextn_predict_layers", 0) or 0)
-        if self.arch != "qwen35" or not extra:
+        if self.arch not in _QWEN35 or not extra:
             return
         first = int(self._arch_value("block_count")) - extra
         for name in [n for n in self.tensors if (b := _BLOCK_NAME.match(n)) and int(b.group(1)) >= first]:
@@ -311,8 +321,14 @@ class GGUFFile:
             fields.update(self._phi3_fields(int(head_dim)))
         if self.arch == "lfm2":
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
-        if self.arch == "qwen35":
+        if self.arch in _QWEN35:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
+        if self.arch == "qwen35moe":  # llama.cpp renormalises the chosen experts' weights
+            fields.update(num_experts=int(self._arch_value("expert_count")),
+                          num_experts_per_tok=int(self._arch_value("expert_used_count")),
+                          moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
+                          shared_expert_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")),
+                          norm_topk_prob=True)
         if self.arch == "qwen3moe":  # llama.cpp always renormalises the chosen experts' weights
             fields.update(num_experts=int(self._arch_value("expert_count")),
                           num_experts_per_tok=int(self._arch_value("expert_used_count")),
@@ -368,7 +384,7 @@ class GGUFFile:
         columns = self.value_columns(tensor, spec)
         if columns is not None:
             values = values[:, columns]
-        if self.arch == "qwen35" and tensor.name.endswith(".ssm_a"):
+        if self.arch in _QWEN35 and tensor.name.endswith(".ssm_a"):
             if not (values < 0).all():
                 raise ValueError(f"{self.path.name}: tensor {tensor.name} holds a value that is not negative; the "
                                  "converter writes -exp(A_log) there")
@@ -508,7 +524,7 @@ class GGUFFile:
         more value heads than key heads, the converter tiles the value heads (the first of every key
         head's group, then the second, ...) where transformers groups them by key head."""
         kind = _BLOCK_NAME.match(tensor.name)
-        if self.arch != "qwen35" or kind is None:
+        if self.arch not in _QWEN35 or kind is None:
             return None
         layer = spec.layers[int(kind.group(1))] if int(kind.group(1)) < spec.num_layers else None
         d = layer.delta_net if layer is not None else None
@@ -528,7 +544,7 @@ class GGUFFile:
         are put in order; kept in its blocks, which run along those columns, it takes its inputs
         reordered instead (`GatedDeltaNet.out_proj_inputs`)."""
         kind = _BLOCK_NAME.match(tensor.name)
-        if self.arch != "qwen35" or kind is None or kind.group(2) != "ssm_out.weight":
+        if self.arch not in _QWEN35 or kind is None or kind.group(2) != "ssm_out.weight":
             return None
         d = spec.layers[int(kind.group(1))].delta_net
         assert d is not None, "ssm_out is a DeltaNet layer's"

@@ -1,4 +1,4 @@
-"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2/qwen35 files written here
+"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2/qwen35(moe) files written here
 (tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry (Llama 3.1's
 factors, Phi-3's partial rotary and LongRoPE).
 
@@ -12,6 +12,7 @@ default model runs its shipped Q4_1 GGUF quantized.
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ FILES = {
     "qwen35": TinyGGUF("qwen35", types={"attn_qkv": "Q4_K", "attn_gate": "Q4_0", "ssm_out": "Q8_0",
                                         "ssm_alpha": "F32", "ssm_beta": "F32", "attn_q": "Q4_1", "ffn_down": "Q6_K"},
                        tied=False),
+    # (its gate and up experts of one type: transformers joins their blocks)
+    "qwen35moe": TinyGGUF("qwen35moe", types={"attn_qkv": "Q8_0", "ssm_alpha": "F32", "ssm_beta": "F32",
+                                              "ffn_gate_inp": "F32", "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K",
+                                              "ffn_down_exps": "Q6_K", "ffn_up_shexp": "Q4_0"}, tied=True),
 }
 _GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                 "self_attn.q_norm", "self_attn.k_norm")
@@ -111,11 +116,13 @@ def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str
     if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
         assert not quantized
     else:  # every GGUF-quantized projection, the embedding and the head; the F16 projection stays a float weight
-        # a MoE layer's experts are GgmlExperts, not modules; a DeltaNet layer has 5 (its alpha and beta are F32)
+        # a MoE layer's experts are GgmlExperts, not modules (Qwen3.5-MoE's shared expert is: 2); a DeltaNet
+        # layer has 5 (its alpha and beta are F32)
         per_layer = [2 if arch == "qwen3moe" else 5 if layer.delta_net else 4 for layer in kept.engine.spec.layers]
         assert len(quantized) == sum(per_layer) + 2 - (arch == "llama")
         experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
-        assert all(isinstance(e, GgmlExperts) for e in experts) and len(experts) == (arch == "qwen3moe") * 2
+        moe_layers = {"qwen3moe": 2, "qwen35moe": kept.engine.spec.num_layers}.get(arch, 0)
+        assert all(isinstance(e, GgmlExperts) for e in experts) and len(experts) == moe_layers
         tied_head = kept.engine.runner.model.lm_head
         if FILES[arch].tied:
             assert isinstance(tied_head, QuantizedLinear)
@@ -158,6 +165,26 @@ def test_int8_activations_by_default_follow_transformers_teacher_forced(files: d
     assert agree >= 0.75 * total  # 22-24 of 24 on these files; a broken path agrees by chance only
 
 
+_STACKED = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _per_expert(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' stacked experts ([E, gate rows then up rows, H] and [E, H, I]) by per-expert names."""
+    out: dict[str, torch.Tensor] = {}
+    for name, weights in hf.items():
+        found = _STACKED.search(name)
+        if found is None:
+            continue
+        prefix = name[:found.start()] + ".mlp.experts"
+        for e, w in enumerate(weights):
+            if found.group(1) == "down_proj":
+                out[f"{prefix}.{e}.down_proj.weight"] = w
+            else:
+                half = w.shape[0] // 2
+                out[f"{prefix}.{e}.gate_proj.weight"], out[f"{prefix}.{e}.up_proj.weight"] = w[:half], w[half:]
+    return out
+
+
 @pytest.mark.parametrize("arch", sorted(FILES))
 def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str) -> None:
     """Every weight dequantized at load equals transformers' reading of the same file, bit for bit:
@@ -165,14 +192,17 @@ def test_dequantized_weights_are_transformers(files: dict[str, Path], arch: str)
     model, spec = load_model(files[arch], torch.float32, CPU, keep_quantized=False)
     hf = _hf(files[arch]).state_dict()
     ours = dict(model.named_parameters())
-    if arch in ("lfm2", "qwen35"):  # names of their own: each of transformers' tensors through the checkpoint contract
+    if arch in ("lfm2", "qwen35", "qwen35moe"):  # names of their own: transformers' tensors via the checkpoint contract
         targets = checkpoint_targets(model)
-        assert set(targets) == set(hf) - ({"lm_head.weight"} if FILES[arch].tied else set())
+        theirs = {**hf, **_per_expert(hf)}  # transformers stacks a MoE layer's experts; the targets name each
+        stacked = {name for name in hf if _STACKED.search(name)}
+        assert set(targets) == set(theirs) - stacked - ({"lm_head.weight"} if FILES[arch].tied else set())
         for name, target in targets.items():
-            mine = ours[target.param].narrow(0, target.first_row, target.rows or ours[target.param].shape[0])
+            param = ours[target.param] if target.expert is None else ours[target.param][target.expert]
+            mine = param.narrow(0, target.first_row, target.rows or param.shape[0])
             # Qwen3.5's norms are served as the file holds them, 1 + w (but the DeltaNet's gated norm)
-            shifted = arch == "qwen35" and name.endswith("norm.weight") and "linear_attn" not in name
-            assert torch.equal(mine - 1 if shifted else mine, hf[name]), name
+            shifted = arch.startswith("qwen35") and name.endswith("norm.weight") and "linear_attn" not in name
+            assert torch.equal(mine - 1 if shifted else mine, theirs[name]), name
         return
     for i in range(spec.num_layers):
         a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
@@ -311,7 +341,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
-                       "gemma2, gemma3, phi3, lfm2, qwen35")
+                       "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -392,7 +422,7 @@ def test_phi3_longrope_partial_rotary_and_window_are_transformers(tmp_path: Path
 
 
 @needs_kernels
-@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35", "qwen35moe"])
 def test_a_hybrid_file_resumes_a_cached_conversation_as_transformers(files: dict[str, Path], arch: str,
                                                                      tokenizer_cache: None) -> None:
     """A hybrid served from its GGUF: the next turn of a conversation resumes from the cache (the

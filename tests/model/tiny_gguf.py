@@ -1,7 +1,7 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, lfm2,
-qwen35), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML
+qwen35, qwen35moe), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML
 template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to
 convert). Float weights
 are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
@@ -26,7 +26,7 @@ LAYERS = 2
 # (heads, kv heads) by architecture: transformers reads no head size from a qwen3 file and takes its
 # config default, 128, so the tiny qwen3 has heads of 128
 HEADS = {"llama": (4, 2), "qwen2": (4, 2), "qwen3": (2, 1), "qwen3moe": (2, 1), "gemma2": (1, 1), "gemma3": (1, 1),
-         "phi3": (4, 2), "lfm2": (4, 2), "qwen35": (4, 2)}
+         "phi3": (4, 2), "lfm2": (4, 2), "qwen35": (4, 2), "qwen35moe": (4, 2)}
 # Qwen3-MoE: every layer's MLP 4 experts, 2 per token, each as wide as transformers' default (it reads no
 # expert width from the file)
 EXPERTS, EXPERTS_PER_TOKEN, EXPERT_WIDTH = 4, 2, 768
@@ -44,7 +44,10 @@ DELTA_KEY_HEADS, DELTA_VALUE_HEADS, DELTA_HEAD, DELTA_TAPS = 2, 6, 32, 4
 # global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
 # transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
 # (head_dim) gives for heads of 256; nor Gemma 2's softcaps, whose defaults the file states
-LAYERS_OF = {"gemma2": 3, "gemma3": 7, "lfm2": 3, "qwen35": QWEN35_LAYERS + 1}
+QWEN35 = ("qwen35", "qwen35moe")
+# Qwen3.5-MoE: 4 routed experts of 256 (2 per token) and a shared one of 256 in every layer
+QWEN35_EXPERT_WIDTH = 256
+LAYERS_OF = {"gemma2": 3, "gemma3": 7, "lfm2": 3, "qwen35": QWEN35_LAYERS + 1, "qwen35moe": QWEN35_LAYERS + 1}
 GEMMA_WINDOW = 8
 GEMMA = ("gemma2", "gemma3")
 CONTEXT = 512
@@ -156,7 +159,12 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(INTERMEDIATE)
     writer.add_head_count(heads)
-    if spec.arch == "qwen35":
+    if spec.arch == "qwen35moe":
+        writer.add_expert_count(EXPERTS)
+        writer.add_expert_used_count(EXPERTS_PER_TOKEN)
+        writer.add_expert_feed_forward_length(QWEN35_EXPERT_WIDTH)
+        writer.add_expert_shared_feed_forward_length(QWEN35_EXPERT_WIDTH)
+    if spec.arch in QWEN35:
         writer.add_full_attention_interval(QWEN35_INTERVAL)
         writer.add_nextn_predict_layers(1)
         writer.add_ssm_conv_kernel(DELTA_TAPS)
@@ -214,8 +222,16 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
         writer.add_tensor(name, data, raw_dtype=QType[qtype])
 
     def feed_forward(b: str, i: int) -> None:
-        if spec.arch != "qwen35":  # whose norm before the MLP is its post_attention_norm
+        if spec.arch not in QWEN35:  # whose norm before the MLP is its post_attention_norm
             add(b + "ffn_norm.weight", i, "ffn_norm", HIDDEN, 0)
+        if spec.arch == "qwen35moe":  # routed experts beside a shared one, whose output a per-token gate scales
+            add(b + "ffn_gate_inp.weight", i, "ffn_gate_inp", EXPERTS, HIDDEN, scale=0.5)
+            for part, rows, cols in (("gate", QWEN35_EXPERT_WIDTH, HIDDEN), ("up", QWEN35_EXPERT_WIDTH, HIDDEN),
+                                     ("down", HIDDEN, QWEN35_EXPERT_WIDTH)):
+                add(b + f"ffn_{part}_exps.weight", i, f"ffn_{part}_exps", rows, cols, experts=EXPERTS)
+                add(b + f"ffn_{part}_shexp.weight", i, f"ffn_{part}_shexp", rows, cols)
+            writer.add_tensor(b + "ffn_gate_inp_shexp.weight", (0.5 * rng.standard_normal(HIDDEN)).astype(np.float32))
+            return
         if spec.arch == "qwen3moe":
             add(b + "ffn_gate_inp.weight", i, "ffn_gate_inp", EXPERTS, HIDDEN, scale=0.5)
             add(b + "ffn_gate_exps.weight", i, "ffn_gate_exps", EXPERT_WIDTH, HIDDEN, experts=EXPERTS)
@@ -234,11 +250,11 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     for i in range(layers):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", i, "attn_norm", HIDDEN, 0)
-        if spec.arch == "qwen35" and i == QWEN35_LAYERS:  # the multi-token-prediction block: a few of its tensors
+        if spec.arch in QWEN35 and i == QWEN35_LAYERS:  # the multi-token-prediction block: a few of its tensors
             add(b + "nextn.eh_proj.weight", i, "nextn.eh_proj", HIDDEN, 2 * HIDDEN)
             add(b + "nextn.enorm.weight", i, "nextn.enorm", HIDDEN, 0)
             continue
-        if spec.arch == "qwen35" and (i + 1) % QWEN35_INTERVAL:  # a Gated DeltaNet layer, as the converter writes it
+        if spec.arch in QWEN35 and (i + 1) % QWEN35_INTERVAL:  # a Gated DeltaNet layer, as the converter writes it
             conv = 2 * DELTA_KEY_HEADS * DELTA_HEAD + DELTA_VALUE_HEADS * DELTA_HEAD
             add(b + "attn_qkv.weight", i, "attn_qkv", conv, HIDDEN)
             add(b + "attn_gate.weight", i, "attn_gate", DELTA_VALUE_HEADS * DELTA_HEAD, HIDDEN)
@@ -261,7 +277,7 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             continue
         if spec.arch == "phi3":  # q, k and v rows in one tensor
             add(b + "attn_qkv.weight", i, "attn_qkv", (heads + 2 * kv_heads) * head_dim, HIDDEN)
-        elif spec.arch == "qwen35":  # each head's query and its output gate
+        elif spec.arch in QWEN35:  # each head's query and its output gate
             add(b + "attn_q.weight", i, "attn_q", 2 * heads * head_dim, HIDDEN)
             add(b + "attn_k.weight", i, "attn_k", kv_heads * head_dim, HIDDEN)
             add(b + "attn_v.weight", i, "attn_v", kv_heads * head_dim, HIDDEN)
@@ -273,14 +289,14 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
             add(b + "attn_q.bias", i, "attn_q.bias", heads * head_dim, 0)
             add(b + "attn_k.bias", i, "attn_k.bias", kv_heads * head_dim, 0)
             add(b + "attn_v.bias", i, "attn_v.bias", kv_heads * head_dim, 0)
-        if spec.arch in ("qwen3", "qwen3moe", "gemma3", "lfm2", "qwen35"):
+        if spec.arch in ("qwen3", "qwen3moe", "gemma3", "lfm2", *QWEN35):
             add(b + "attn_q_norm.weight", i, "attn_q_norm", head_dim, 0)
             add(b + "attn_k_norm.weight", i, "attn_k_norm", head_dim, 0)
         add(b + "attn_output.weight", i, "attn_output", HIDDEN, heads * head_dim)
         if spec.arch in GEMMA:  # Gemma's sandwich: a norm after attention and after the MLP too
             add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
             add(b + "post_ffw_norm.weight", i, "post_ffw_norm", HIDDEN, 0)
-        if spec.arch == "qwen35":  # its norm before the MLP
+        if spec.arch in QWEN35:  # its norm before the MLP
             add(b + "post_attention_norm.weight", i, "post_attention_norm", HIDDEN, 0)
         feed_forward(b, i)
     # LFM2's final norm is written as the embedding's
