@@ -2,7 +2,8 @@
 checkpoint (its own code path, `write_family_checkpoint`, with the family's chat template and a
 tokenizer trained on the spot), a server on 127.0.0.1 serves it with speculative decoding on, and the
 official clients call every API once: OpenAI chat completions (streamed and not), completions and
-responses, Anthropic messages, and the sessions API (two turns).
+responses, Anthropic messages, and the sessions API (two turns). So are tiny GGUF files (`tiny_gguf.py`)
+of the layouts the GGUF loader undoes, served as shipped.
 
 The server is configured by `radixserve serve`'s own parser from the same flags. Four families, one of
 each unusual chat format (Gemma 3's folded system prompt, gpt-oss's harmony, GLM-4's turns without an
@@ -50,6 +51,7 @@ from radixserve_bench.step_shapes import FAMILY_SHAPES
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import leaves_no_process, pump_lines  # noqa: E402
+from tiny_gguf import TinyGGUF, write_tiny_gguf  # noqa: E402
 
 STARTUP_S = 120.0
 MAX_TOKENS = 8
@@ -255,6 +257,32 @@ def test_family_serves_every_api(family: str, tmp_path: Path) -> None:
         name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as oai:
             _check_chat(oai, name, hybrid=_hybrid(model))
+            _check_completions(oai, name)
+            _check_responses(oai, name)
+        with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120) as claude:
+            _check_messages(claude, name)
+        _check_session(url)
+
+
+# GGUF files served as shipped (quantized, in the C++ kernels), one of each layout the loader undoes:
+# Phi-3's fused projections and LongRoPE, Qwen3.5's hybrid with its tiled value heads
+GGUF_FILES = {"phi3": TinyGGUF("phi3", types={"attn_qkv": "Q4_K", "ffn_up": "Q4_1"}, rotary_dims=32,
+                               longrope=([1.0 + 0.25 * i for i in range(16)], [1.0] * 16, 256, 1.2)),
+              "qwen35": TinyGGUF("qwen35", types={"attn_qkv": "Q4_K", "ssm_alpha": "F32", "ssm_beta": "F32"},
+                                 tied=False)}
+
+
+@pytest.mark.parametrize("arch", sorted(GGUF_FILES))
+def test_a_gguf_file_serves_every_api(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve.model import gguf_checkpoint
+
+    monkeypatch.setattr(gguf_checkpoint, "cache_root", lambda: tmp_path / "cache")  # its converted tokenizer
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", GGUF_FILES[arch])
+    with leaves_no_process(timeout_s=30), serving(path, process=False) as url:
+        name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        assert name == f"tiny-{arch}"  # the file's stem
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as oai:
+            _check_chat(oai, name, hybrid=_hybrid(path))
             _check_completions(oai, name)
             _check_responses(oai, name)
         with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120) as claude:
