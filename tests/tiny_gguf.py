@@ -1,14 +1,14 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
-A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, lfm2,
-qwen35, qwen35moe), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML
-template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to
-convert). Float weights
-are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0,
-Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
-fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the
-converter permutes them (pairs of a head's halves interleaved); the others' rows are not. Norm weights
-are drawn near 1, which for Gemma is what the converter writes (1 + w).
+A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
+lfm2, qwen35, qwen35moe), its tensors in the GGUF types a test asks for, and a small byte-level BPE
+tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of a real vocabulary would
+cost seconds per file to convert). Float weights are drawn seeded and quantized with
+`gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float types); the
+K-quants, which it cannot quantize, get random blocks with small fp16 scales, so their values stay in
+a model's range. Llama's q/k rows are stored permuted as the converter permutes them (pairs of a
+head's halves interleaved); the others' rows are not. Norm weights are drawn near 1, which for Gemma
+and Qwen3.5 is what the converter writes (1 + w).
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ LFM2_TAPS = 3
 # convolution; a quarter of each attention head turned
 QWEN35_LAYERS, QWEN35_INTERVAL = 4, 4
 DELTA_KEY_HEADS, DELTA_VALUE_HEADS, DELTA_HEAD, DELTA_TAPS = 2, 6, 32, 4
+QWEN35 = ("qwen35", "qwen35moe")
+# Qwen3.5-MoE: 4 routed experts of 256 (2 per token) and a shared one of 256 in every layer
+QWEN35_EXPERT_WIDTH = 256
 # Gemma: enough layers that llama.cpp's pattern (Gemma 2: every other layer sliding; Gemma 3: 5 sliding, 1
 # global) has both kinds and a sliding layer after a global one, and a window the tests' prompts cross;
 # transformers reads no query scale from the file and takes its default, 256, which llama.cpp's rule
 # (head_dim) gives for heads of 256; nor Gemma 2's softcaps, whose defaults the file states
-QWEN35 = ("qwen35", "qwen35moe")
-# Qwen3.5-MoE: 4 routed experts of 256 (2 per token) and a shared one of 256 in every layer
-QWEN35_EXPERT_WIDTH = 256
 LAYERS_OF = {"gemma2": 3, "gemma3": 7, "lfm2": 3, "qwen35": QWEN35_LAYERS + 1, "qwen35moe": QWEN35_LAYERS + 1}
 GEMMA_WINDOW = 8
 GEMMA = ("gemma2", "gemma3")

@@ -664,9 +664,10 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
     # biases (and every float tensor) are in place before the quantized modules take them over
     kept = 0
     for module, parts in kept_modules.items():
-        kept += _swap_quantized(model, file, module, parts, activations)
+        swapped = _swap_quantized(model, file, module, parts, activations)
+        kept += swapped
         columns = file.value_columns(parts[0][1], spec)
-        if columns is not None:  # the blocks keep the file's columns: the layer reorders out_proj's inputs
+        if swapped and columns is not None:  # the blocks keep the file's columns: the layer reorders out_proj's inputs
             owner = model.get_submodule(module.rpartition(".")[0])
             assert isinstance(owner, GatedDeltaNet), "value_columns names a DeltaNet's out_proj"
             owner.out_proj_inputs = torch.from_numpy(np.argsort(columns)).to(owner.A_log.device)
