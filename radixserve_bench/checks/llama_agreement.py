@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -113,5 +114,7 @@ def run(args: argparse.Namespace) -> int:
               f"leading tokens agreeing {c['leading_tokens_agreeing']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        # one line per list of token IDs: 80 replies and 20 prompts, readable in a diff
+        text = re.sub(r"\[[-\d,\s]+\]", lambda m: json.dumps(json.loads(m.group(0))), json.dumps(result, indent=1))
+        args.json.write_text(text + "\n")
     return 0
