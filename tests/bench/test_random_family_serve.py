@@ -254,14 +254,20 @@ def test_family_serves_every_api(family: str, tmp_path: Path) -> None:
     with leaves_no_process(timeout_s=30) as started, serving(model, family in IN_A_PROCESS) as url:
         if family in IN_A_PROCESS:
             assert started(), "no serve process"
-        name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as oai:
-            _check_chat(oai, name, hybrid=_hybrid(model))
-            _check_completions(oai, name)
-            _check_responses(oai, name)
-        with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120) as claude:
-            _check_messages(claude, name)
-        _check_session(url)
+        _check_every_api(url, model)
+
+
+def _check_every_api(url: str, model: Path) -> str:
+    """Each API once with the official clients (the module docstring says what is checked); the name served."""
+    name = str(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"])
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as oai:
+        _check_chat(oai, name, hybrid=_hybrid(model))
+        _check_completions(oai, name)
+        _check_responses(oai, name)
+    with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120) as claude:
+        _check_messages(claude, name)
+    _check_session(url)
+    return name
 
 
 # GGUF files served as shipped (quantized, in the C++ kernels), one of each layout the loader undoes:
@@ -279,15 +285,7 @@ def test_a_gguf_file_serves_every_api(arch: str, tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(gguf_checkpoint, "cache_root", lambda: tmp_path / "cache")  # its converted tokenizer
     path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", GGUF_FILES[arch])
     with leaves_no_process(timeout_s=30), serving(path, process=False) as url:
-        name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        assert name == f"tiny-{arch}"  # the file's stem
-        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as oai:
-            _check_chat(oai, name, hybrid=_hybrid(path))
-            _check_completions(oai, name)
-            _check_responses(oai, name)
-        with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120) as claude:
-            _check_messages(claude, name)
-        _check_session(url)
+        assert _check_every_api(url, path) == f"tiny-{arch}"  # served under the file's stem
 
 
 # -- the command's own invariants -----------------------------------------------------------
