@@ -15,9 +15,10 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py lfm2 --outtype f32      # a hybrid: gated short convolutions
     python scripts/gguf_converter_check.py qwen35 --outtype f32    # a hybrid: Gated DeltaNet layers
 
-Prints one line per prompt. With --outtype f32 the GGUF holds the checkpoint's exact weights, and the
-script exits non-zero if radixserve's reply differs from transformers'; a quantized --outtype is another
-model, where the line to read is radixserve against llama-server.
+Prints one line per prompt (with --json, also writes them and every reply). With --outtype f32 the GGUF
+holds the checkpoint's exact weights, and the script exits non-zero if radixserve's reply differs from
+transformers'; a quantized --outtype is another model, where the line to read is radixserve against
+llama-server.
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def main() -> int:
     parser.add_argument("arch", choices=sorted(CONFIGS))
     parser.add_argument("--outtype", default="f32", help="the converter's --outtype (f32, f16, q8_0, ...)")
     parser.add_argument("--llama-args", default="", help="more llama-server arguments, e.g. \"-ctk f32 -ctv f32\"")
+    parser.add_argument("--json", type=Path, default=None, help="also write the lines and every reply here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"gguf-check-{args.arch}-"))
     try:
@@ -185,14 +187,20 @@ def main() -> int:
         reference = transformers_replies(checkpoint, ids)
         ours = radixserve_replies(gguf_path, ids)
         theirs = llama_server_replies(gguf_path, ids, args.llama_args.split())
-        ok = True
+        ok, lines = True, []
         for i, want in enumerate(reference):
             line = f"prompt {i} ({len(ids[i])} tokens): radixserve {_same(ours[i], want)} transformers"
             if theirs is not None:
                 line += (f", llama-server {_same(theirs[i], want)} transformers, radixserve "
                          f"{_same(ours[i], theirs[i])} llama-server")
             print(line)
+            lines.append(line)
             ok &= ours[i] == want or args.outtype != "f32"
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(dict(
+                arch=args.arch, outtype=args.outtype, llama_args=args.llama_args, date=time.strftime("%Y-%m-%d"),
+                lines=lines, transformers=reference, radixserve=ours, llama_server=theirs), indent=1) + "\n")
         return 0 if ok else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
