@@ -35,7 +35,7 @@ from radixserve_bench.checks.greedy_agreement import QUESTIONS, leading_agreemen
 from radixserve_bench.peers.runner import peer_versions
 from radixserve_bench.peers.servers import PEERS_DIR, PeerSetup, free_port, launch, serving
 
-# llama-server's flash-attention switch per run: its default (auto, which picks it on CPU) and off
+# llama-server's flash-attention switch per run: on (what its default, auto, picks on CPU) and off
 LLAMA_RUNS = {"llama.cpp": ("-fa", "on"), "llama.cpp-fa-off": ("-fa", "off")}
 # radixserve's runs: engine settings on top of the model
 RADIX_RUNS: dict[str, dict[str, Any]] = {"radixserve": {}, "radixserve-float32-activations":
