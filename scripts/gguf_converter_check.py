@@ -14,6 +14,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py phi3 --outtype f32      # fused projections, partial rotary, LongRoPE
     python scripts/gguf_converter_check.py lfm2 --outtype f32      # a hybrid: gated short convolutions
     python scripts/gguf_converter_check.py qwen35 --outtype f32    # a hybrid: Gated DeltaNet layers
+    python scripts/gguf_converter_check.py qwen3 --outtype f32     # YaRN rope scaling
 
 Prints one line per prompt (with --json, also writes them and every reply). With --outtype f32 the GGUF
 holds the checkpoint's exact weights, and the script exits non-zero if radixserve's reply differs from
@@ -71,12 +72,22 @@ CONFIGS = {
         linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=4096,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
                              mrope_section=[1, 1, 0], mrope_interleaved=True))),
+    # YaRN rope scaling, as Qwen3 checkpoints state it for long contexts: 4x a pretraining context of 64
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=4096,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64))),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
         rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
                          "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
 }
+
+
+# norm weights drawn around this mean (else 0): Qwen3's q/k norms near 1 keep its attention scores large
+# enough that the rope shows in the replies
+NORM_MEAN = {"qwen3": 1.0}
 
 
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
@@ -95,7 +106,7 @@ def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.normal_(0.0, 0.2 if "norm" in name else 0.08)
+            param.normal_(NORM_MEAN.get(arch, 0.0) if "norm" in name else 0.0, 0.2 if "norm" in name else 0.08)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if arch == "phi3":  # the converter takes a Phi-3 vocabulary as BPE where the class says so, as Phi-4's does

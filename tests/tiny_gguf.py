@@ -79,6 +79,8 @@ class TinyGGUF:
     rotary_dims: int | None = None
     window: int = 0
     longrope: tuple[list[float], list[float], int, float] | None = None
+    # `{arch}.rope.scaling.KEY` values (YaRN's: type, factor, original_context_length, ...)
+    rope_scaling: tuple[tuple[str, str | int | float], ...] = ()
 
     def type_of(self, layer: int | None, kind: str) -> str:
         if layer is not None and (layer, kind) in self.types_by_layer:
@@ -180,6 +182,14 @@ def write_tiny_gguf(path: Path, spec: TinyGGUF) -> Path:
     else:
         writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(10000.0)
+    for key, value in spec.rope_scaling:
+        name = f"{spec.arch}.rope.scaling.{key}"
+        if isinstance(value, str):
+            writer.add_string(name, value)
+        elif isinstance(value, int):
+            writer.add_uint32(name, value)
+        else:
+            writer.add_float32(name, value)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
     if spec.arch == "qwen3moe":

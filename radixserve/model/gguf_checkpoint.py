@@ -23,7 +23,8 @@ line naming the thing, when it is not a GGUF, its architecture is not one we map
 is one we cannot read. llama.cpp's converter permutes the q/k rows of `llama` files (each head's two
 rotary halves interleaved); they are un-permuted here as whole byte rows, exact in every block type
 because a row's blocks never span rows. A Llama 3.1+ file's rope scaling comes as a `rope_freqs`
-vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`); a Phi-3
+vector of per-frequency divisors, which divide the layers' rope frequencies (`rope_factors`); YaRN in the
+metadata is transformers' `yarn` (`_yarn`); a Phi-3
 file's LongRoPE factors make transformers' `longrope` (`_phi3_fields`); an LFM2 file names its attention
 layers by a kv head count per layer (`_lfm2_fields`), and a tensor the converter wrote with its size-1
 dimensions dropped (LFM2's convolution kernels) takes its parameter's shape; a Qwen3.5 file's DeltaNet
@@ -459,7 +460,30 @@ class GGUFFile:
             return {"rope_type": "default", "rope_theta": theta}
         if kind == "linear":
             return {"rope_type": "linear", "rope_theta": theta, "factor": float(self._arch_value("rope.scaling.factor"))}
-        raise ValueError(f"{self.path.name}: rope scaling {kind!r} is not supported for GGUF files; supported: none, linear")
+        if kind == "yarn":
+            return self._yarn(theta)
+        raise ValueError(f"{self.path.name}: rope scaling {kind!r} is not supported for GGUF files; supported: none, "
+                         "linear, yarn")
+
+    def _yarn(self, theta: float) -> dict[str, Any]:
+        """YaRN as transformers' `yarn` rope, which is llama.cpp's at its defaults: the file's factor and
+        pretraining context, and its beta_fast / beta_slow where stated. A file that moves what transformers
+        has no setting for (an extrapolation or attention factor other than 1, a log multiplier) is refused."""
+        defaults = {"yarn_ext_factor": 1.0, "yarn_attn_factor": 1.0, "yarn_log_multiplier": 0.0}
+        for key, default in defaults.items():
+            value = self._arch_value(f"rope.scaling.{key}")
+            if value is not None and float(value) != default:
+                raise ValueError(f"{self.path.name}: YaRN with {self.arch}.rope.scaling.{key} = {value} is not "
+                                 f"supported (only {default})")
+        original = int(self._arch_value("rope.scaling.original_context_length", 0) or 0)
+        if not original:
+            raise ValueError(f"{self.path.name}: YaRN without {self.arch}.rope.scaling.original_context_length")
+        rope: dict[str, Any] = {"rope_type": "yarn", "rope_theta": theta, "original_max_position_embeddings": original,
+                                "factor": float(self._arch_value("rope.scaling.factor"))}
+        for key in ("beta_fast", "beta_slow"):
+            if (value := self._arch_value(f"rope.scaling.yarn_{key}")) is not None:
+                rope[key] = float(value)
+        return rope
 
     @cached_property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -442,6 +442,43 @@ def test_a_hybrid_file_resumes_a_cached_conversation_as_transformers(files: dict
     assert out.outputs[0].token_ids == ref
 
 
+# YaRN as a Qwen3 file states it: a factor of 4 over a pretraining context of 64 (the file's context is 512)
+YARN = (("type", "yarn"), ("factor", 4.0), ("original_context_length", 64))
+
+
+@needs_kernels
+def test_yarn_files_turn_the_rope_as_transformers_yarn(tmp_path: Path, tokenizer_cache: None) -> None:
+    """A file with YaRN rope scaling: transformers' `yarn` rope from its factor and pretraining context
+    (frequencies and the scaling of cos and sin), greedy token for token, kept quantized and dequantized."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    path = write_tiny_gguf(tmp_path / "yarn.gguf", TinyGGUF("qwen3", types={"attn_q": "Q4_K"}, rope_scaling=YARN))
+    spec = GGUFFile(path).spec()
+    rope = spec.layers[0].attention.rope if spec.layers[0].attention else None
+    assert rope is not None and rope.rope_type == "yarn"
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}).eval()
+    theirs, scaling = ROPE_INIT_FUNCTIONS["yarn"](hf.config, CPU)
+    assert torch.equal(inv_frequencies(spec.head_dim, rope), theirs) and rope.attention_scaling == scaling != 1.0
+    for llm in (LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32"),
+                LLM(str(path), dtype="float32", kv_cache_memory_mb=16)):
+        for prompt, tokens in zip(PROMPTS, _greedy(llm)):
+            ids = torch.tensor([llm.tokenizer(prompt).input_ids])
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                              min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+            assert tokens == ref
+
+
+def test_yarn_settings_transformers_has_no_counterpart_for_are_refused(tmp_path: Path) -> None:
+    message = _refused(tmp_path, "ext.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("qwen3", rope_scaling=(*YARN, ("yarn_ext_factor", 0.5)))))
+    assert message.startswith("ext.gguf: YaRN with qwen3.rope.scaling.yarn_ext_factor = 0.5 is not supported")
+    bare = _refused(tmp_path, "bare.gguf", lambda path: write_tiny_gguf(
+        path, TinyGGUF("qwen3", rope_scaling=YARN[:2])))
+    assert bare.startswith("bare.gguf: YaRN without qwen3.rope.scaling.original_context_length")
+
+
 def test_rope_factors_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     short = _refused(tmp_path, "short.gguf", lambda path: write_tiny_gguf(
         path, TinyGGUF("llama", extra_vectors=(("rope_freqs.weight", 16),))))
