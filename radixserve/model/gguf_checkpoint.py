@@ -324,18 +324,19 @@ class GGUFFile:
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch in _QWEN35:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
-        if self.arch == "qwen35moe":  # llama.cpp renormalises the chosen experts' weights
-            fields.update(num_experts=int(self._arch_value("expert_count")),
-                          num_experts_per_tok=int(self._arch_value("expert_used_count")),
-                          moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
-                          shared_expert_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")),
-                          norm_topk_prob=True)
-        if self.arch == "qwen3moe":  # llama.cpp always renormalises the chosen experts' weights
-            fields.update(num_experts=int(self._arch_value("expert_count")),
-                          num_experts_per_tok=int(self._arch_value("expert_used_count")),
-                          moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
-                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        if self.arch == "qwen35moe":
+            fields.update(self._expert_fields(),
+                          shared_expert_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")))
+        if self.arch == "qwen3moe":
+            fields.update(self._expert_fields(), decoder_sparse_step=1, mlp_only_layers=[])
         return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
+
+    def _expert_fields(self) -> dict[str, Any]:
+        """A MoE file's routed experts: how many, how many per token, how wide; llama.cpp always renormalises
+        the chosen experts' weights."""
+        return dict(num_experts=int(self._arch_value("expert_count")),
+                    num_experts_per_tok=int(self._arch_value("expert_used_count")),
+                    moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")), norm_topk_prob=True)
 
     def _kv_heads_per_layer(self, heads: int, layers: int) -> list[int]:
         """`attention.head_count_kv`: one count for every layer, or (LFM2) a count per layer, 0 on a layer
