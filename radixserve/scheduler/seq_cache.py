@@ -166,8 +166,8 @@ class SequenceCache:
         sequence's plan and its item in this step only."""
         tokens = seq.token_ids[:-1]
         for other in running:
-            if not other.is_prefill or other.namespace != seq.namespace or other is seq:
-                continue
+            if not other.is_prefill or other.num_drafts or other.namespace != seq.namespace or other is seq:
+                continue  # (a verification's tokens past its last are unverified drafts, and it is never cut)
             shared = common_prefix_len(tokens, other.token_ids[:-1])
             if shared - restored < self.block_size or other.num_computed >= shared:
                 continue  # little to share, or it is past the branch (a checkpoint there is in the tree)

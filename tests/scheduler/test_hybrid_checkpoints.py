@@ -201,6 +201,24 @@ def test_rejected_drafts_put_the_state_back_and_the_kept_tokens_are_computed_aga
     assert seq.token_ids[before + 1:before + 3] == [8, 6]
 
 
+def test_a_prompt_matching_unverified_drafts_does_not_cut_their_verification() -> None:
+    """A prompt equal to a running sequence's tokens with its drafts is no branch of a prefill:
+    the drafts are unverified, and a verifying item is never cut short (once a hypothesis find)."""
+    sched, ghost, proposals = make(num_blocks=24, slots=5, drafts=4), Ghost(), {}
+    script_drafts(sched, proposals)
+    verifier = add(sched, [1, 1], max_tokens=2).sequences[0]
+    step(sched, ghost, [1])
+    proposals[verifier.seq_id] = [1, 1, 1]
+    add(sched, [1] * 6, max_tokens=1)
+    planned = []
+    schedule = sched.schedule
+    sched.schedule = lambda: planned.append(schedule()) or planned[-1]  # type: ignore[method-assign]
+    step(sched, ghost, [7], keep=[1])  # (the ghost and check_integrity see the step too)
+    first = planned[0].items[0]
+    assert (first.seq, first.num_tokens) == (verifier, 4)  # its token and all 3 drafts
+    drain(sched, ghost)
+
+
 class HybridMachine(RuleBasedStateMachine):
     """Random requests sharing prefixes, aborts, forks, drafts verified with random acceptance, a
     small block pool and few state slots; the ghost checks every state every step."""
