@@ -15,8 +15,12 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py lfm2 --outtype f32      # a hybrid: gated short convolutions
     python scripts/gguf_converter_check.py qwen35 --outtype f32    # a hybrid: Gated DeltaNet layers
     python scripts/gguf_converter_check.py qwen3 --outtype f32     # YaRN rope scaling
+    python scripts/gguf_converter_check.py gpt-oss --outtype f32   # sinks, biased experts, sliding layers
+    python scripts/gguf_converter_check.py mixtral --outtype f32   # a llama file with experts
+    python scripts/gguf_converter_check.py lfm2moe --outtype f32   # a hybrid MoE: sigmoid routing, expert bias
 
-Prints one line per prompt (with --json, also writes them and every reply). With --outtype f32 the GGUF
+Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
+counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
 holds the checkpoint's exact weights, and the script exits non-zero if radixserve's reply differs from
 transformers'; a quantized --outtype is another model, where the line to read is radixserve against
 llama-server.
@@ -77,6 +81,24 @@ CONFIGS = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=4096,
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64))),
+    # gpt-oss: sinks, biases, every other layer sliding, YaRN (truncated, as llama.cpp computes it), and experts
+    # the converter splits out of transformers' interleaved gate_up_proj (kept F32 here: the checkpoint is not MXFP4)
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM", dict(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8, max_position_embeddings=4096,
+        tie_word_embeddings=False,  # llama.cpp requires gpt-oss's output.weight
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                             original_max_position_embeddings=64))),
+    # Mixtral: written as a `llama` file with experts (expert_count), q/k rows permuted as Llama's
+    "mixtral": ("mixtral", "MixtralForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=4096)),
+    # LFM2-MoE: a dense convolution layer, then experts (sigmoid routing, an expert bias) under convolution and
+    # attention layers
+    "lfm2moe": ("lfm2_moe", "Lfm2MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
+        layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3, max_position_embeddings=4096)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -99,14 +121,17 @@ def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
     model_type, architecture, fields = CONFIGS[arch]
     tokenizer_dir = embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), tie_word_embeddings=True,
-                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **fields)
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, **{"tie_word_embeddings": True, **fields})
     config.architectures = [architecture]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.normal_(NORM_MEAN.get(arch, 0.0) if "norm" in name else 0.0, 0.2 if "norm" in name else 0.08)
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):  # (LFM2-MoE's: saved with the checkpoint, zero as initialised)
+                buffer.normal_(0.0, 0.2)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if arch == "phi3":  # the converter takes a Phi-3 vocabulary as BPE where the class says so, as Phi-4's does
@@ -183,7 +208,30 @@ def _same(a: list[int], b: list[int]) -> str:
     return "=" if a == b else f"!= (first {shared} of {NEW_TOKENS} equal)"
 
 
+KEPT = ROOT / "docs" / "bench" / "quantized" / "gguf_converter"
+
+
+def table() -> None:
+    """Per kept architecture, per outtype: of the prompts, the replies where radixserve = transformers /
+    llama-server = transformers / radixserve = llama-server, each cell a link to its JSON."""
+    for arch in sorted({path.name.rsplit("-", 1)[0] for path in KEPT.glob("*.json")}):
+        cells = []
+        for outtype in ("f32", "f16", "q8_0"):
+            path = KEPT / f"{arch}-{outtype}.json"
+            if not path.exists():
+                cells.append("")
+                continue
+            kept = json.loads(path.read_text())
+            ours, reference, theirs = kept["radixserve"], kept["transformers"], kept["llama_server"] or []
+            counts = [sum(a == b for a, b in zip(x, y)) for x, y in ((ours, reference), (theirs, reference), (ours, theirs))]
+            cells.append(f"[{' / '.join(map(str, counts))}]({path.relative_to(ROOT / 'docs')})")
+        print(f"| `{arch}` | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--table"]:
+        table()
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("arch", choices=sorted(CONFIGS))
     parser.add_argument("--outtype", default="f32", help="the converter's --outtype (f32, f16, q8_0, ...)")

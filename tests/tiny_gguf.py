@@ -1,9 +1,10 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
-lfm2, qwen35, qwen35moe), its tensors in the GGUF types a test asks for, and a small byte-level BPE
-tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of a real vocabulary would
-cost seconds per file to convert). Float weights are drawn seeded and quantized with
+lfm2, qwen35, qwen35moe; gpt-oss, Mixtral and LFM2-MoE by `write_gpt_oss_gguf`, `write_mixtral_gguf` and
+`write_lfm2_moe_gguf`, from the transformers model they return), its tensors in the GGUF types a test asks
+for, and a small byte-level BPE tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of
+a real vocabulary would cost seconds per file to convert). Float weights are drawn seeded and quantized with
 `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float types); the
 K-quants, which it cannot quantize, get random blocks with small fp16 scales, so their values stay in
 a model's range. Llama's q/k rows are stored permuted as the converter permutes them (pairs of a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -367,3 +369,219 @@ def _matrix(rng: np.random.Generator, qtype: QType, rows: int, cols: int, scale:
         return blocks.reshape(rows, -1)
     values = (scale * rng.standard_normal((rows, cols))).astype(np.float32)
     return values if qtype == QType.F32 else gguf.quants.quantize(values, qtype)
+
+
+# Files written from a transformers model (the families transformers' GGUF reader does not read): the model's
+# weights, quantized into the file, are set back to the file's dequantized values, so the model is the oracle
+# gpt-oss: 4 heads of 64 (2 kv heads), a sliding and a full layer, 4 experts of 64 (2 per token), YaRN
+GPT_OSS_HEADS, GPT_OSS_KV_HEADS, GPT_OSS_EXPERT_WIDTH, GPT_OSS_WINDOW = 4, 2, 64, 8
+GPT_OSS_ROPE = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                    original_max_position_embeddings=64)
+# Mixtral: Llama's attention (q/k rows permuted in the file) and 4 experts of 128 (2 per token)
+MIXTRAL_EXPERT_WIDTH = 128
+# LFM2-MoE: a dense convolution layer, then an attention and a convolution layer with 4 experts of 64 each
+LFM2_MOE_LAYERS, LFM2_MOE_EXPERT_WIDTH = ("conv", "full_attention", "conv"), 64
+
+
+class _FromTransformers:
+    """A GGUF of `arch` being written from a seeded random transformers model of `model_type`: metadata as
+    llama.cpp's converter writes it, then tensors `put` one at a time in `types[kind]` (F32 by default)."""
+
+    def __init__(self, path: Path, arch: str, types: dict[str, str], seed: int, model_type: str,
+                 kv_heads: list[int] | None = None, **fields: Any) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.path, self.types = path, types
+        config = AutoConfig.for_model(model_type, **{
+            "vocab_size": len(vocabulary()), "hidden_size": HIDDEN, "num_hidden_layers": 2,
+            "max_position_embeddings": CONTEXT, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+            "eos_token_id": EOS_ID, "bos_token_id": 1, **fields})
+        self.layers = int(config.num_hidden_layers)
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        rng = np.random.default_rng(seed)
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():  # spread as tests/tiny_models.py spreads its models
+                if name.endswith(("bias", "sinks")):
+                    values = 0.2 * rng.standard_normal(tuple(param.shape))
+                elif "norm" in name:
+                    values = rng.uniform(0.5, 1.5, tuple(param.shape))
+                else:
+                    values = (0.5 if "embed_tokens" in name or "lm_head" in name else 0.08) * rng.standard_normal(
+                        tuple(param.shape))
+                param.copy_(torch.from_numpy(values.astype(np.float32)))
+            for name, buffer in self.model.named_buffers():  # (LFM2-MoE's expert bias is a buffer)
+                if name.endswith("expert_bias"):
+                    buffer.copy_(torch.from_numpy((0.2 * rng.standard_normal(tuple(buffer.shape))).astype(np.float32)))
+        self.state = {**dict(self.model.named_buffers()), **{n: p.detach() for n, p in self.model.named_parameters()}}
+        self.writer = gguf.GGUFWriter(str(path), arch)
+        w = self.writer
+        _write_tokenizer(w, arch)
+        w.add_name(f"tiny-{arch}")
+        w.add_block_count(self.layers)
+        w.add_context_length(CONTEXT)
+        w.add_embedding_length(HIDDEN)
+        w.add_head_count(config.num_attention_heads)
+        w.add_head_count_kv(config.num_key_value_heads if kv_heads is None else kv_heads)
+        w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_expert_count(EXPERTS)
+        w.add_expert_used_count(EXPERTS_PER_TOKEN)
+        w.add_vocab_size(len(vocabulary()))
+
+    def put(self, name: str, kind: str, values: Any) -> Any:
+        """Write `values` (a tensor: [out, in], [experts, out, in] or a vector) as `kind`'s type; returns what
+        the file holds, dequantized, as a tensor."""
+        import torch
+
+        qtype = QType[self.types.get(kind, "F32")]
+        array = np.ascontiguousarray(values.numpy(), dtype=np.float32)
+        raw = array if qtype == QType.F32 else gguf.quants.quantize(array, qtype)
+        self.writer.add_tensor(name, raw, raw_dtype=qtype)
+        stored = array if qtype == QType.F32 else gguf.quants.dequantize(raw, qtype).reshape(array.shape)
+        return torch.from_numpy(np.ascontiguousarray(stored))
+
+    def own(self, hf: str, name: str, kind: str, rows: np.ndarray | None = None) -> None:
+        """Transformers' tensor `hf` written as `name` (its rows in the file's order `rows`), and set to what
+        the file holds."""
+        tensor = self.state[hf]
+        stored = self.put(name, kind, tensor if rows is None else tensor[rows])
+        if rows is None:
+            tensor.copy_(stored)
+        else:
+            tensor[rows] = stored
+
+    def finish(self) -> tuple[Path, Any]:
+        self.writer.write_header_to_file()
+        self.writer.write_kv_data_to_file()
+        self.writer.write_tensors_to_file()
+        self.writer.close()
+        return self.path, self.model
+
+
+def write_gpt_oss_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+    """A tiny gpt-oss GGUF laid out as llama.cpp's converter writes one (its experts' gate and up columns
+    split out of transformers' interleaved gate_up_proj and transposed, as are its down_proj; biases per
+    projection [experts, out]; the sinks as attn_sinks.weight), and the transformers model the file holds.
+    YaRN as the file states it is llama.cpp's (truncated correction range), transformers' default."""
+    f = _FromTransformers(path, "gpt-oss", types, seed, "gpt_oss", num_attention_heads=GPT_OSS_HEADS,
+                          num_key_value_heads=GPT_OSS_KV_HEADS, head_dim=HIDDEN // GPT_OSS_HEADS,
+                          intermediate_size=GPT_OSS_EXPERT_WIDTH, num_local_experts=EXPERTS,
+                          num_experts_per_tok=EXPERTS_PER_TOKEN, sliding_window=GPT_OSS_WINDOW,
+                          layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(GPT_OSS_ROPE))
+    w = f.writer
+    w.add_feed_forward_length(GPT_OSS_EXPERT_WIDTH)
+    w.add_key_length(HIDDEN // GPT_OSS_HEADS)
+    w.add_value_length(HIDDEN // GPT_OSS_HEADS)
+    w.add_sliding_window(GPT_OSS_WINDOW)
+    w.add_expert_feed_forward_length(GPT_OSS_EXPERT_WIDTH)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(GPT_OSS_ROPE["factor"])
+    w.add_rope_scaling_orig_ctx_len(GPT_OSS_ROPE["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(GPT_OSS_ROPE["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(GPT_OSS_ROPE["beta_slow"])
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i in range(f.layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
+        f.own(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight", "post_attention_norm")
+        for ours, theirs in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            f.own(p + f"self_attn.{ours}.weight", b + f"{theirs}.weight", theirs)
+            f.own(p + f"self_attn.{ours}.bias", b + f"{theirs}.bias", f"{theirs}.bias")
+        f.own(p + "self_attn.sinks", b + "attn_sinks.weight", "attn_sinks")
+        f.own(p + "mlp.router.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+        f.own(p + "mlp.router.bias", b + "ffn_gate_inp.bias", "ffn_gate_inp.bias")
+        e = p + "mlp.experts."
+        gate_up, gate_up_bias = f.state[e + "gate_up_proj"], f.state[e + "gate_up_proj_bias"]  # [E, H, 2I], [E, 2I]
+        for half, part in ((0, "gate"), (1, "up")):
+            stored = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, :, half::2].transpose(1, 2))
+            gate_up[:, :, half::2] = stored.transpose(1, 2)
+            gate_up_bias[:, half::2] = f.put(b + f"ffn_{part}_exps.bias", "exps.bias", gate_up_bias[:, half::2])
+        down = f.state[e + "down_proj"]  # [E, I, H]
+        down.copy_(f.put(b + "ffn_down_exps.weight", "ffn_down_exps", down.transpose(1, 2)).transpose(1, 2))
+        f.own(e + "down_proj_bias", b + "ffn_down_exps.bias", "exps.bias")
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_mixtral_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+    """A tiny Mixtral GGUF as llama.cpp's converter writes one: a `llama` file with experts (expert_count),
+    q/k rows permuted as Llama's, the router as ffn_gate_inp and each projection's experts stacked
+    [experts, out, in]; and the transformers model the file holds."""
+    heads, kv_heads = HEADS["llama"]
+    f = _FromTransformers(path, "llama", types, seed, "mixtral", num_attention_heads=heads, num_key_value_heads=kv_heads,
+                          intermediate_size=MIXTRAL_EXPERT_WIDTH, num_local_experts=EXPERTS,
+                          num_experts_per_tok=EXPERTS_PER_TOKEN)
+    f.writer.add_feed_forward_length(MIXTRAL_EXPERT_WIDTH)
+    f.writer.add_rope_dimension_count(HIDDEN // heads)
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i in range(f.layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
+        f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
+        f.own(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
+        f.own(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k",
+              llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
+        f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
+        f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+        f.own(p + "mlp.gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+        gate_up = f.state[p + "mlp.experts.gate_up_proj"]  # [E, 2I, H]: gate rows, then up rows
+        for rows, part in ((slice(0, MIXTRAL_EXPERT_WIDTH), "gate"), (slice(MIXTRAL_EXPERT_WIDTH, None), "up")):
+            gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
+        f.own(p + "mlp.experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_lfm2_moe_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+    """A tiny LFM2-MoE GGUF as llama.cpp's converter writes one: LFM2's names (a kv head count per layer, 0
+    on a convolution layer; convolution kernels [channels, taps]; the final norm as token_embd_norm), a
+    leading dense layer, then experts chosen by sigmoid scores and an expert bias (exp_probs_b); and the
+    transformers model the file holds."""
+    heads, kv_heads = HEADS["lfm2"]
+    f = _FromTransformers(path, "lfm2moe", types, seed, "lfm2_moe",
+                          kv_heads=[kv_heads if kind == "full_attention" else 0 for kind in LFM2_MOE_LAYERS],
+                          num_hidden_layers=len(LFM2_MOE_LAYERS), layer_types=list(LFM2_MOE_LAYERS),
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=INTERMEDIATE,
+                          moe_intermediate_size=LFM2_MOE_EXPERT_WIDTH, num_experts=EXPERTS,
+                          num_experts_per_tok=EXPERTS_PER_TOKEN, num_dense_layers=1, conv_L_cache=LFM2_TAPS)
+    w = f.writer
+    w.add_feed_forward_length(INTERMEDIATE)
+    w.add_key_length(HIDDEN // heads)
+    w.add_value_length(HIDDEN // heads)
+    w.add_expert_feed_forward_length(LFM2_MOE_EXPERT_WIDTH)
+    w.add_leading_dense_block_count(1)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_shortconv_l_cache(LFM2_TAPS)
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i, kind in enumerate(LFM2_MOE_LAYERS):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "operator_norm.weight", b + "attn_norm.weight", "attn_norm")
+        f.own(p + "ffn_norm.weight", b + "ffn_norm.weight", "ffn_norm")
+        if kind == "conv":
+            conv = f.state[p + "conv.conv.weight"]  # [channels, 1, taps], written [channels, taps]
+            conv.copy_(f.put(b + "shortconv.conv.weight", "shortconv.conv", conv[:, 0])[:, None])
+            f.own(p + "conv.in_proj.weight", b + "shortconv.in_proj.weight", "shortconv.in_proj")
+            f.own(p + "conv.out_proj.weight", b + "shortconv.out_proj.weight", "shortconv.out_proj")
+        else:
+            for ours, theirs in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
+                                 ("out_proj", "attn_output"), ("q_layernorm", "attn_q_norm"),
+                                 ("k_layernorm", "attn_k_norm")):
+                f.own(p + f"self_attn.{ours}.weight", b + f"{theirs}.weight", theirs)
+        m = p + "feed_forward."
+        if i == 0:  # the leading dense layer
+            for ours, theirs in (("w1", "ffn_gate"), ("w3", "ffn_up"), ("w2", "ffn_down")):
+                f.own(m + f"{ours}.weight", b + f"{theirs}.weight", theirs)
+            continue
+        f.own(m + "gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+        f.own(m + "expert_bias", b + "exp_probs_b.bias", "exp_probs_b")
+        gate_up = f.state[m + "experts.gate_up_proj"]  # [E, 2I, H]: gate rows, then up rows
+        for rows, part in ((slice(0, LFM2_MOE_EXPERT_WIDTH), "gate"), (slice(LFM2_MOE_EXPERT_WIDTH, None), "up")):
+            gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
+        f.own(m + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+    f.own("model.embedding_norm.weight", "token_embd_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()

@@ -1,4 +1,4 @@
-"""GGUF's quantized weights (llama.cpp's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) in the C++ CPU matmul.
+"""GGUF's quantized weights (llama.cpp's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) in the C++ CPU matmul.
 
 A GGUF tensor stores each row as blocks of 32 (or 256) inputs, each block a scale or two and packed
 quants. `pack_ggml` regroups a weight's rows 16 at a time, as the fp32 kernel groups outputs, and
@@ -51,9 +51,9 @@ class GgmlFormat:
     """One GGUF block type: its code, the inputs per block, the bytes per file block and per packed
     tile (16 rows' blocks interleaved, csrc/ggml_formats.h), and the file block's fields in the
     tile's order as (start, width, kind): "half" keeps a row's fp16 value together, "lanes" lays
-    each byte column out across the 16 rows, "columns" (quants) does so four columns at a time, each
-    row's four bytes together, "scales" unpacks the K types' 12 bytes of 6-bit sub-scales and mins
-    into 8 + 8 byte columns."""
+    each byte column out across the 16 rows (MXFP4's exponent byte too), "columns" (quants) does so
+    four columns at a time, each row's four bytes together, "scales" unpacks the K types' 12 bytes of
+    6-bit sub-scales and mins into 8 + 8 byte columns."""
 
     name: str
     code: int
@@ -64,7 +64,7 @@ class GgmlFormat:
 
 
 # the file blocks are gguf's own: Q4_0 d qs; Q4_1 d m qs; Q5_0 d qh qs; Q5_1 d m qh qs; Q8_0 d qs; Q4_K d dmin scales(12) qs;
-# Q5_K d dmin scales(12) qh qs; Q6_K ql qh scales d
+# Q5_K d dmin scales(12) qh qs; Q6_K ql qh scales d; MXFP4 e (an E8M0 exponent) qs
 FORMATS: dict[str, GgmlFormat] = {f.name: f for f in (
     GgmlFormat("Q4_0", 2, 32, 18, 288, ((0, 2, "half"), (2, 16, "columns"))),
     GgmlFormat("Q4_1", 3, 32, 20, 320, ((0, 2, "half"), (2, 2, "half"), (4, 16, "columns"))),
@@ -76,6 +76,7 @@ FORMATS: dict[str, GgmlFormat] = {f.name: f for f in (
                ((0, 2, "half"), (2, 2, "half"), (4, 12, "scales"), (16, 32, "columns"), (48, 128, "columns"))),
     GgmlFormat("Q6_K", 14, 256, 210, 3360,
                ((208, 2, "half"), (192, 16, "lanes"), (128, 64, "columns"), (0, 128, "columns"))),
+    GgmlFormat("MXFP4", 39, 32, 17, 272, ((0, 1, "lanes"), (1, 16, "columns"))),
 )}
 SUPPORTED_TYPES: tuple[str, ...] = tuple(FORMATS)
 

@@ -135,6 +135,8 @@ class GgmlExperts:
     down: list[torch.Tensor]
     gate_up_rows: int
     width: int  # the experts' input and output width
+    gate_up_bias: torch.Tensor | None = None  # [E, gate_up_rows] fp32 (gpt-oss)
+    down_bias: torch.Tensor | None = None  # [E, width] fp32
 
     @property
     def num_experts(self) -> int:
@@ -146,9 +148,12 @@ def ggml_routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
     """`routed_experts` of GGUF-block experts, in fp32."""
     linear = torch.ops.radixserve.linear
 
+    gate_up_bias, down_bias = experts.gate_up_bias, experts.down_bias
+
     def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
-        h = linear(rows, experts.gate_up[e], None, experts.gate_up_rows)
-        return linear(activation(h).contiguous(), experts.down[e], None, experts.width)
+        h = linear(rows, experts.gate_up[e], None if gate_up_bias is None else gate_up_bias[e], experts.gate_up_rows)
+        return linear(activation(h).contiguous(), experts.down[e], None if down_bias is None else down_bias[e],
+                      experts.width)
 
     return per_expert(x.float().contiguous(), topk_ids, topk_weights, experts.num_experts, expert)
 

@@ -71,17 +71,23 @@ log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 FLOAT_TYPES = ("F32", "F16", "BF16")
-# GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`)
+# GGUF architecture -> the HF architecture it is served as (Mistral files are written as `llama`, and so are
+# Mixtral's, with experts: `_MIXTURE_OF`)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
-                 "qwen35moe": "Qwen3_5MoeForCausalLM"}
+                 "qwen35moe": "Qwen3_5MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
+                 "lfm2moe": "Lfm2MoeForCausalLM"}
+# a `llama` file with experts is Mixtral
+_MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
-                "qwen35moe": "qwen3_5_moe_text"}
+                "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe"}
+_LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
-# a MoE layer's experts come stacked in one tensor per projection, [experts, out, in]: split per expert here
-_EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.weight$")
+# a MoE layer's experts come stacked in one tensor per projection, [experts, out, in], and their biases
+# (gpt-oss) in one per projection, [experts, out]: split per expert here
+_EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 _PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
@@ -107,6 +113,8 @@ class _GemmaRules:
 
 _GEMMA_RULES = {"gemma2": _GemmaRules(2, 4096, 50.0, 30.0, None, 46),
                 "gemma3": _GemmaRules(6, 0, None, None, 10000.0, 62)}
+# llama.cpp's sliding pattern for gpt-oss where the file states none: every other layer, the first sliding
+_GPT_OSS_PERIOD = 2
 # the converter writes Gemma's norm weights w as 1 + w (llama.cpp multiplies by them as they are): served
 # with the plain fp32 weight-times-normed style, which is Gemma's x * (1 + w) on these values
 _SHIFTED_NORMS = frozenset({*_GEMMA_RULES, *_QWEN35})  # Qwen3.5's too, but for the DeltaNet's gated norm
@@ -121,6 +129,7 @@ _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a MoE layer's router (`GGUFFile.spec` names the experts' layout)
 }
 # Gemma's sandwich norms: ffn_norm is the norm before the MLP, and each block has a norm after it
 _GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "ffn_norm": "pre_feedforward_layernorm",
@@ -131,30 +140,33 @@ _QWEN35_TENSORS = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_laye
                    "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
                    "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
 _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
-                     "qwen3moe": {**_LAYER_TENSORS, "ffn_gate_inp": "mlp.gate"},
+                     # gpt-oss: its norm before the MoE is the post-attention one
+                     "gpt-oss": {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm"},
                      # Phi-3's fused projections: q, k and v rows in one tensor, and ffn_up the gate rows then up's
                      "phi3": {**_LAYER_TENSORS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-                     # LFM2: its own names, and the gated short convolution's three tensors
-                     "lfm2": {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_q": "self_attn.q_proj",
-                              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                              "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
-                              "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
-                              "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
-                              "shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
-                              "shortconv.out_proj": "conv.out_proj"},
+                     # LFM2: its own names, and the gated short convolution's three tensors (LFM2-MoE: its
+                     # leading dense layers', beside its MoE layers' generic ones)
+                     **dict.fromkeys(_LFM2, {
+                         "ffn_gate_inp": "mlp.gate", "attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
+                         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                         "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+                         "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
+                         "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2", "shortconv.in_proj": "conv.in_proj",
+                         "shortconv.conv": "conv.conv", "shortconv.out_proj": "conv.out_proj"}),
                      "qwen35": _QWEN35_TENSORS,
                      # and its MoE's router, routed experts (split per expert at load) and shared expert
-                     "qwen35moe": {**_QWEN35_TENSORS, "ffn_gate_inp": "mlp.gate",
-                                   "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                     "qwen35moe": {**_QWEN35_TENSORS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
                                    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
                                    "ffn_up_shexp": "mlp.shared_expert.up_proj",
                                    "ffn_down_shexp": "mlp.shared_expert.down_proj"}}
 # a layer's tensors named whole, without a leaf: GGUF name (after "blk.N.") -> the HF name
-_WHOLE_LAYER_TENSORS_OF = dict.fromkeys(_QWEN35, {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"})
+_WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_QWEN35, {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
+                           "gpt-oss": {"attn_sinks.weight": "self_attn.sinks"},
+                           "lfm2moe": {"exp_probs_b.bias": "mlp.expert_bias"}}
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
-_MODEL_TENSORS_OF = {"lfm2": {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}}
+_MODEL_TENSORS_OF = dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"})
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -231,11 +243,15 @@ class GGUFFile:
                                  f"{', '.join(SUPPORTED_TYPES + FLOAT_TYPES)}")
             shape = info.dims  # GGUF order: the fastest-moving (input) dimension first
             stacked = _EXPERT_TENSOR.match(info.name)
-            if len(shape) == 3 and stacked:  # one tensor per expert, named blk.N.ffn_gate_exps.E.weight
-                data, rows = self.contents.data(info), shape[1]
-                for e in range(shape[2]):
-                    name = f"{stacked.group(1)}.{e}.weight"
-                    self.tensors[name] = GGUFTensor(name, type_name, rows, shape[0], data[e * rows:(e + 1) * rows])
+            if stacked and len(shape) == (3 if stacked.group(2) == "weight" else 2):
+                # one tensor per expert, named blk.N.ffn_gate_exps.E.weight (a matrix) or .bias (a vector)
+                data, rows = self.contents.data(info), shape[1] if len(shape) == 3 else 1
+                cols = shape[0] if len(shape) == 3 else 0
+                for e in range(shape[-1]):
+                    name = f"{stacked.group(1)}.{e}.{stacked.group(2)}"
+                    part = data[e * rows:(e + 1) * rows]
+                    self.tensors[name] = GGUFTensor(name, type_name, rows if cols else shape[0], cols,
+                                                    part if cols else part.reshape(-1))
                 continue
             if len(shape) not in (1, 2):
                 raise ValueError(f"{self.path.name}: tensor {info.name} has {len(shape)} dimensions; expected 1 or 2")
@@ -297,8 +313,9 @@ class GGUFFile:
         if vocab is None:
             raise ValueError(f"{self.path.name}: the metadata names no vocabulary size and there is no token_embd")
         layers = int(self._arch_value("block_count"))
+        architecture, model_type = self._architecture()
         fields: dict[str, Any] = dict(
-            architectures=[ARCHITECTURES[self.arch]],
+            architectures=[architecture],
             num_hidden_layers=layers,
             hidden_size=hidden,
             intermediate_size=int(self._arch_value("feed_forward_length", 0) or self._arch_value(
@@ -320,8 +337,10 @@ class GGUFFile:
             fields.update(self._gemma_fields(_GEMMA_RULES[self.arch], hidden, heads, int(head_dim), layers))
         if self.arch == "phi3":
             fields.update(self._phi3_fields(int(head_dim)))
-        if self.arch == "lfm2":
+        if self.arch in _LFM2:
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
+        if self.arch == "lfm2moe":
+            fields.update(self._lfm2_moe_fields())
         if self.arch in _QWEN35:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
         if self.arch == "qwen35moe":
@@ -329,7 +348,18 @@ class GGUFFile:
                           shared_expert_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")))
         if self.arch == "qwen3moe":
             fields.update(self._expert_fields(), decoder_sparse_step=1, mlp_only_layers=[])
-        return AutoConfig.for_model(_MODEL_TYPES.get(self.arch, self.arch), **fields)
+        if self.arch == "gpt-oss":
+            fields.update(self._gpt_oss_fields(layers))
+        if model_type == "mixtral":
+            fields.update(num_local_experts=int(self._arch_value("expert_count")), sliding_window=None,
+                          num_experts_per_tok=int(self._arch_value("expert_used_count")))
+        return AutoConfig.for_model(model_type, **fields)
+
+    def _architecture(self) -> tuple[str, str]:
+        """The HF architecture and transformers model type the file is served as."""
+        if self.arch in _MIXTURE_OF and int(self._arch_value("expert_count", 0) or 0):
+            return _MIXTURE_OF[self.arch]
+        return ARCHITECTURES[self.arch], _MODEL_TYPES.get(self.arch, self.arch)
 
     def _expert_fields(self) -> dict[str, Any]:
         """A MoE file's routed experts: how many, how many per token, how wide; llama.cpp always renormalises
@@ -338,15 +368,43 @@ class GGUFFile:
                     num_experts_per_tok=int(self._arch_value("expert_used_count")),
                     moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")), norm_topk_prob=True)
 
+    def _gpt_oss_fields(self, layers: int) -> dict[str, Any]:
+        """gpt-oss's fields as llama.cpp reads them: biased attention with sinks, every other layer sliding
+        (the first) unless the file states a pattern, one rope for both kinds of layer, and routed experts of
+        `expert_feed_forward_length` (their clamped SwiGLU's limit and alpha are llama.cpp's constants,
+        which are transformers' defaults)."""
+        window = int(self._arch_value("attention.sliding_window"))
+        rope = self._rope()
+        sliding_base = self._arch_value("rope.freq_base_swa")
+        if sliding_base is not None and float(sliding_base) != rope["rope_theta"]:
+            raise ValueError(f"{self.path.name}: a gpt-oss file with another rope base on its sliding layers "
+                             f"({sliding_base}) than on its full ones ({rope['rope_theta']}) is not supported")
+        return dict(layer_types=["sliding_attention" if s else "full_attention"
+                                 for s in self._sliding_layers(window, _GPT_OSS_PERIOD, layers)],
+                    sliding_window=window, attention_bias=True, num_local_experts=int(self._arch_value("expert_count")),
+                    num_experts_per_tok=int(self._arch_value("expert_used_count")),
+                    intermediate_size=int(self._arch_value("expert_feed_forward_length")))
+
+    def _sliding_layers(self, window: int, period: int, layers: int) -> list[bool]:
+        """Which layers slide, as llama.cpp reads `attention.sliding_window_pattern`: per-layer flags, or a
+        period (`period` where the file states none) whose last layer is global; none without a window."""
+        pattern = self._arch_value("attention.sliding_window_pattern", period)
+        if not window:
+            return [False] * layers
+        if isinstance(pattern, list):
+            return [bool(flag) for flag in pattern[:layers]]
+        period = int(pattern)
+        return [period == 0 or i % period < period - 1 for i in range(layers)]
+
     def _kv_heads_per_layer(self, heads: int, layers: int) -> list[int]:
         """`attention.head_count_kv`: one count for every layer, or (LFM2) a count per layer, 0 on a layer
         without attention."""
         kv = self._arch_value("attention.head_count_kv", heads)
         if not isinstance(kv, list):
             return [int(kv)] * layers
-        if self.arch != "lfm2" or len(kv) != layers or not any(kv):
+        if self.arch not in _LFM2 or len(kv) != layers or not any(kv):
             raise ValueError(f"{self.path.name}: per-layer kv head counts ({self.arch}.attention.head_count_kv, "
-                             f"{len(kv)} values for {layers} layers) are read from an lfm2 file only")
+                             f"{len(kv)} values for {layers} layers) are read from an lfm2 or lfm2moe file only")
         return [int(n) for n in kv]
 
     def _lfm2_fields(self, kv_heads: list[int]) -> dict[str, Any]:
@@ -358,6 +416,18 @@ class GGUFFile:
                     conv_L_cache=int(self._arch_value("shortconv.l_cache")), block_auto_adjust_ff_dim=False,
                     conv_bias=any(name.endswith(".shortconv.in_proj.bias") for name in self.tensors),
                     norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-5)))
+
+    def _lfm2_moe_fields(self) -> dict[str, Any]:
+        """LFM2-MoE's fields as llama.cpp reads them: `leading_dense_block_count` dense layers, then experts
+        chosen by sigmoid scores (plus `exp_probs_b`, where the file has it), their weights renormalised and
+        scaled by `expert_weights_scale` (none written: 1)."""
+        gating = int(self._arch_value("expert_gating_func", 0) or 0)
+        if gating != 2:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+            raise ValueError(f"{self.path.name}: lfm2moe expert gating function {gating} is not supported; "
+                             "supported: 2 (sigmoid)")
+        return dict(self._expert_fields(), num_dense_layers=int(self._arch_value("leading_dense_block_count", 0) or 0),
+                    use_expert_bias=any(name.endswith(".exp_probs_b.bias") for name in self.tensors),
+                    routed_scaling_factor=float(self._arch_value("expert_weights_scale", 0.0) or 1.0))
 
     def _qwen35_fields(self, blocks: int, head_dim: int) -> dict[str, Any]:
         """Qwen3.5's fields: every `full_attention_interval`-th layer attends, the others are Gated
@@ -425,14 +495,7 @@ class GGUFFile:
         with the file's scaling, the softcaps, and queries scaled by head_dim^-1/2, or (hidden / heads)^-1/2
         for the 27B models (by their layer count), as gemma_pytorch and llama.cpp do."""
         window = int(self._arch_value("attention.sliding_window", rules.window) or 0)
-        pattern = self._arch_value("attention.sliding_window_pattern", rules.period)
-        if not window:
-            sliding = [False] * layers
-        elif isinstance(pattern, list):
-            sliding = [bool(flag) for flag in pattern[:layers]]
-        else:
-            period = int(pattern)
-            sliding = [period == 0 or i % period < period - 1 for i in range(layers)]
+        sliding = self._sliding_layers(window, rules.period, layers)
         global_rope = self._rope()
         local_base = self._arch_value("rope.freq_base_swa", rules.sliding_rope_base)
         local_rope = {"rope_type": "default", "rope_theta": float(local_base)} if local_base is not None else None
@@ -494,6 +557,12 @@ class GGUFFile:
 
     def spec(self) -> ModelSpec:
         spec = ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+        if any(layer.mlp is not None and layer.mlp.is_moe for layer in spec.layers):
+            # a MoE file's experts are named once split (blk.N.ffn_gate_exps.E -> mlp.experts.E.gate_proj), and its
+            # router (ffn_gate_inp -> mlp.gate), whatever the family's checkpoints call them (Mixtral's are
+            # block_sparse_moe.experts.E.w1; gpt-oss stacks and interleaves its experts and names its router `router`)
+            layout = dataclasses.replace(spec.checkpoint, mlp_name="mlp", router_name="gate", experts="per_expert")
+            spec = dataclasses.replace(spec, checkpoint=layout)
         if self.rope_factors is not None:
             spec = dataclasses.replace(spec, layers=tuple(self._with_rope_factors(layer, spec) for layer in spec.layers))
         return dataclasses.replace(spec, norm_style="fp32_weight") if self.arch in _SHIFTED_NORMS else spec
@@ -629,9 +698,20 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype, device: torch.device, 
     else:
         raise ValueError(f"unknown load_format {load_format!r}; choose auto or dummy")
     model.eval()
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
-    log.info("weights: %s %s, %d MB", file.path.name, how, round(size / 1e6))
+    log.info("weights: %s %s, %d MB", file.path.name, how, round(_weight_bytes(model) / 1e6))
     return model, spec
+
+
+def _weight_bytes(model: CausalLM) -> int:
+    """The bytes the weights take: the parameters and the experts kept in the file's blocks (`GgmlExperts`)."""
+    from radixserve.kernels.moe import GgmlExperts
+
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    for moe in model.modules():
+        if isinstance(moe, MoE) and isinstance(moe.packed, GgmlExperts):
+            tensors = [*moe.packed.gate_up, *moe.packed.down, moe.packed.gate_up_bias, moe.packed.down_bias]
+            size += sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return size
 
 
 def _how(kept: int, file: GGUFFile, dtype: torch.dtype, activations: str) -> str:
@@ -726,9 +806,12 @@ def _keep_experts(moe: MoE, file: GGUFFile, by_leaf: dict[str, list[tuple[Any, G
                 for target, tensor in each_parts:
                     _fill_dequantized(stacked[each_leaf], target, file, tensor, spec)
             return 0
-    moe.packed = GgmlExperts(packed["gate_up"], packed["down"], stacked["gate_up"].shape[1], stacked["down"].shape[1])
-    moe.register_parameter("gate_up", None)
-    moe.register_parameter("down", None)
+    biases = [None if b is None else b.detach().float().contiguous() for b in (moe.gate_up_bias, moe.down_bias)]
+    moe.packed = GgmlExperts(packed["gate_up"], packed["down"], stacked["gate_up"].shape[1], stacked["down"].shape[1],
+                             *biases)
+    for name in ("gate_up", "down", "gate_up_bias", "down_bias"):  # the packed experts hold them from now on
+        if isinstance(getattr(moe, name), nn.Parameter):
+            moe.register_parameter(name, None)
     return sum(len(parts) for parts in by_leaf.values())
 
 
@@ -815,7 +898,7 @@ def load_gguf_tokenizer(path: str | Path) -> Any:
 
 
 def _convert_tokenizer(gguf_path: Path, root: Path, target: Path) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
@@ -823,7 +906,11 @@ def _convert_tokenizer(gguf_path: Path, root: Path, target: Path) -> None:
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         except Exception as err:  # transformers' converter fails in many ways on metadata it does not know
-            raise ValueError(f"{gguf_path.name}: cannot build its tokenizer from the GGUF metadata: {err}") from None
+            try:  # the generic class reads only the tokenizer's metadata (transformers 5.24 misreads a gpt-oss
+                # file's rope scaling while choosing the model's own class)
+                tokenizer = PreTrainedTokenizerFast.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            except Exception:
+                raise ValueError(f"{gguf_path.name}: cannot build its tokenizer from the GGUF metadata: {err}") from None
         tokenizer.save_pretrained(tmp)
         _keep_as_converted(tokenizer, tmp, gguf_path.name)
         if target.exists():  # damaged by hand: never trust a partial directory

@@ -198,6 +198,11 @@ def _expert_targets(name: str, layer: str, rest: str, mlp: MlpSpec, layout: Chec
             out[f"{prefix}experts.{e}.{up}.weight"] = Target(name, inter, inter, expert=e)
         elif piece == "down":
             out[f"{prefix}experts.{e}.{down}.weight"] = Target(name, expert=e)
+        elif piece == "gate_up_bias" and mlp.gated:  # per-expert biases (a GGUF's gpt-oss experts, split)
+            out[f"{prefix}experts.{e}.{gate}.bias"] = Target(name, 0, inter, expert=e)
+            out[f"{prefix}experts.{e}.{up}.bias"] = Target(name, inter, inter, expert=e)
+        elif piece == "down_bias":
+            out[f"{prefix}experts.{e}.{down}.bias"] = Target(name, expert=e)
         else:
             raise ValueError(f"{layout.experts} experts have no {piece}")
     return out

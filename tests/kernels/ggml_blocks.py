@@ -32,6 +32,10 @@ def random_blocks(name: str, rows: int, in_features: int, seed: int) -> np.ndarr
     fmt = FORMATS[name]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows, in_features // fmt.group, fmt.block_bytes), dtype=np.uint8)
+    if name == "MXFP4":  # exponents near 2^0 (a random one reaches 2^127, where products overflow), and the subnormal two
+        exponents = rng.integers(118, 136, size=blocks.shape[:2])
+        exponents[:, 0] = rng.integers(0, 2, size=rows)
+        blocks[..., 0] = exponents
     for start, _, kind in fmt.fields:
         if kind == "half":
             scales = rng.uniform(-0.02, 0.02, size=blocks.shape[:2]).astype(np.float16)
@@ -61,6 +65,14 @@ def _halves(raw: np.ndarray) -> np.ndarray:
 def sub_blocks(name: str, raw: np.ndarray, in_features: int) -> SubBlocks:
     """The file's rows [rows, row_bytes] of GGUF type `name` split into scales and quants."""
     rows = len(raw)
+    if name == "MXFP4":  # the doubled E2M1 values offset by 12, scaled by 2^(e - 128)
+        blocks = raw.reshape(rows, -1, 17)
+        exponent = blocks[..., 0].astype(np.uint32)
+        bits = np.where(exponent < 2, np.uint32(0x00200000) << exponent, (exponent - 1) << np.uint32(23))
+        qs = blocks[..., 1:].astype(np.int64)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, in_features)
+        values = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])
+        return SubBlocks(32, bits.astype(np.uint32).view(F32), None, values[codes] + 12, 12)
     if name in ("Q4_0", "Q4_1", "Q8_0"):
         block_bytes = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[name]
         blocks = raw.reshape(rows, -1, block_bytes)

@@ -1,6 +1,6 @@
-"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2/qwen35(moe) files written here
-(tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry (Llama 3.1's
-factors, Phi-3's partial rotary and LongRoPE).
+"""GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2/qwen35(moe)/gpt-oss/Mixtral/
+LFM2-MoE files written here (tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry
+(Llama 3.1's factors, Phi-3's partial rotary and LongRoPE).
 
 Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
 dtype), a file's greedy output is transformers' (which reads the same file) token for token; its
@@ -20,11 +20,18 @@ from typing import Any
 
 import gguf
 import pytest
+import tiny_gguf
 import torch
-from tiny_gguf import TinyGGUF, write_tiny_gguf
+from tiny_gguf import TinyGGUF, write_gpt_oss_gguf, write_lfm2_moe_gguf, write_mixtral_gguf, write_tiny_gguf
 
 from radixserve import LLM, SamplingParams
-from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear, kernels_available, packed_activations
+from radixserve.kernels.ggml_quants import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    kernels_available,
+    packed_activations,
+    packed_types,
+)
 from radixserve.kernels.moe import GgmlExperts
 from radixserve.model import embedded, gguf_checkpoint
 from radixserve.model.gguf_checkpoint import GGUFFile
@@ -353,7 +360,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
-                       "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe")
+                       "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -441,6 +448,128 @@ def test_a_hybrid_file_resumes_a_cached_conversation_as_transformers(files: dict
     ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
                       min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
     assert out.outputs[0].token_ids == ref
+
+
+# gpt-oss as its GGUF files ship: MXFP4 experts, the rest in block types (here several) and F32; Mixtral's
+# experts in three types
+FROM_TRANSFORMERS = {
+    "gpt-oss": (write_gpt_oss_gguf, {"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4",
+                                     "attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0",
+                                     "token_embd": "Q8_0", "output": "Q8_0"}),
+    "mixtral": (write_mixtral_gguf, {"ffn_gate_exps": "Q4_0", "ffn_up_exps": "Q4_1", "ffn_down_exps": "Q8_0",
+                                     "attn_q": "Q5_1", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q8_0",
+                                     "token_embd": "Q8_0", "output": "Q8_0"}),
+    # a hybrid: every projection quantized, the convolution kernels and norms F32
+    "lfm2moe": (write_lfm2_moe_gguf, {"ffn_gate_exps": "Q4_0", "ffn_up_exps": "Q4_0", "ffn_down_exps": "Q8_0",
+                                      "ffn_gate": "Q5_0", "ffn_up": "Q5_0", "ffn_down": "Q8_0", "attn_q": "Q8_0",
+                                      "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output": "Q4_1",
+                                      "shortconv.in_proj": "Q4_1", "shortconv.out_proj": "Q8_0", "token_embd": "Q8_0",
+                                      "output": "Q8_0"}),
+}
+
+
+@pytest.fixture(scope="module")
+def from_transformers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """Files written from a transformers model, with that model (whose weights are the file's)."""
+    root = tmp_path_factory.mktemp("from-transformers")
+    return {arch: write(root / f"tiny-{arch}.gguf", types) for arch, (write, types) in FROM_TRANSFORMERS.items()}
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", sorted(FROM_TRANSFORMERS))
+def test_a_moe_file_serves_its_experts_as_shipped_as_transformers(from_transformers: dict[str, tuple[Path, Any]],
+                                                                  arch: str, tokenizer_cache: None,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """gpt-oss (sinks, biases, every other layer sliding, YaRN, MXFP4 experts with biases), Mixtral (a
+    `llama` file with experts) and LFM2-MoE (a hybrid: a dense layer, sigmoid routing with an expert bias)
+    from their GGUF, the experts kept in their blocks (gpt-oss's in the C++
+    kernel's MXFP4 format): greedy token for token as transformers on the same weights, kept (float32
+    activations) and dequantized; a cached prefix resumes as well; with the default int8 activations,
+    transformers' argmax at nearly every position, teacher-forced."""
+    path, hf = from_transformers[arch]
+    with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
+        kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
+    assert kept.engine.spec.architecture == type(hf).__name__
+    if not kept.engine.config.enforce_eager:
+        experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
+        assert len(experts) == 2 and all(isinstance(e, GgmlExperts) for e in experts)
+        assert "served as shipped (" in caplog.text and "dequantized" not in caplog.text  # every block kept
+        if arch == "gpt-oss":
+            blocks = 2 * tiny_gguf.GPT_OSS_EXPERT_WIDTH // 16  # gate rows then up rows, 16 to a block
+            assert all(packed_types(w) == {"MXFP4": blocks} for e in experts for w in e.gate_up)
+            assert all(e.gate_up_bias is not None and e.down_bias is not None for e in experts)
+    if arch == "gpt-oss":
+        assert kept.engine.spec.layers[0].attention.window == tiny_gguf.GPT_OSS_WINDOW
+        assert all(len(kept.tokenizer(p).input_ids) + MAX_TOKENS > tiny_gguf.GPT_OSS_WINDOW for p in PROMPTS)
+    _assert_greedy_is(hf, path)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    first = kept.tokenizer(PROMPTS[0]).input_ids
+    turn = first + kept.generate([first], params)[0].outputs[0].token_ids + kept.tokenizer(" and then").input_ids
+    out = kept.generate([turn], params)[0]
+    ids = torch.tensor([turn])
+    assert out.usage.cached_tokens >= len(first) and out.outputs[0].token_ids == hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+        min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+    llm = LLM(str(path), kv_cache_memory_mb=16)
+    if llm.engine.config.enforce_eager:
+        return
+    agree = total = 0
+    for prompt, tokens in zip(PROMPTS, _greedy(llm)):
+        ids = llm.tokenizer(prompt).input_ids
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
+        agree += sum(int(a == b) for a, b in zip(logits.argmax(-1).tolist(), tokens))
+        total += len(tokens)
+    assert agree >= 0.75 * total
+
+
+@pytest.mark.parametrize("arch", sorted(FROM_TRANSFORMERS))
+def test_a_moe_files_weights_dequantized_are_transformers(from_transformers: dict[str, tuple[Path, Any]],
+                                                          arch: str) -> None:
+    """Every weight of the file, dequantized at load, is transformers' bit for bit: gpt-oss's experts' gate and
+    up columns un-interleaved, transposed, with their biases, its sinks and router bias; Mixtral's q/k rows
+    un-permuted, its experts and router; LFM2-MoE's dense layer, convolutions, experts, router and expert bias."""
+    from radixserve.model.loader import _deinterleave
+
+    path, hf = from_transformers[arch]
+    model, spec = load_model(path, torch.float32, CPU, keep_quantized=False)
+    ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
+    assert torch.equal(ours["model.embed_tokens.weight"], theirs["model.embed_tokens.weight"])
+    assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])
+    if arch == "lfm2moe":
+        buffers = dict(hf.named_buffers())
+        m = "model.layers.0.feed_forward."
+        dense = torch.cat([theirs[m + "w1.weight"], theirs[m + "w3.weight"]])
+        assert torch.equal(ours["model.layers.0.mlp.gate_up_proj.weight"], dense)
+        assert torch.equal(ours["model.layers.0.conv.conv.weight"], theirs["model.layers.0.conv.conv.weight"])
+        attention = [theirs[f"model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv"]
+        assert torch.equal(ours["model.layers.1.self_attn.qkv_proj.weight"], torch.cat(attention))
+        for i in (1, 2):
+            p, m = f"model.layers.{i}.", f"model.layers.{i}.feed_forward."
+            assert torch.equal(ours[p + "mlp.gate_up"], theirs[m + "experts.gate_up_proj"])
+            assert torch.equal(ours[p + "mlp.down"], theirs[m + "experts.down_proj"])
+            assert torch.equal(ours[p + "mlp.router.weight"], theirs[m + "gate.weight"])
+            assert torch.equal(ours[p + "mlp.expert_bias"], buffers[m + "expert_bias"])
+        return
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        e = p + "mlp.experts."
+        attention = [theirs[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+        assert torch.equal(ours[p + "self_attn.qkv_proj.weight"], torch.cat(attention))
+        assert torch.equal(ours[p + "post_attention_layernorm.weight"], theirs[p + "post_attention_layernorm.weight"])
+        if arch == "mixtral":
+            assert torch.equal(ours[p + "mlp.gate_up"], theirs[e + "gate_up_proj"])
+            assert torch.equal(ours[p + "mlp.down"], theirs[e + "down_proj"])
+            assert torch.equal(ours[p + "mlp.router.weight"], theirs[p + "mlp.gate.weight"])
+            continue
+        assert torch.equal(ours[p + "mlp.gate_up"], _deinterleave(theirs[e + "gate_up_proj"]).transpose(1, 2))
+        assert torch.equal(ours[p + "mlp.gate_up_bias"], _deinterleave(theirs[e + "gate_up_proj_bias"]))
+        assert torch.equal(ours[p + "mlp.down"], theirs[e + "down_proj"].transpose(1, 2))
+        assert torch.equal(ours[p + "mlp.down_bias"], theirs[e + "down_proj_bias"])
+        assert torch.equal(ours[p + "mlp.router.bias"], theirs[p + "mlp.router.bias"])
+        assert torch.equal(ours[p + "self_attn.sinks"], theirs[p + "self_attn.sinks"])
+        qkv = torch.cat([theirs[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        assert torch.equal(ours[p + "self_attn.qkv_proj.bias"], qkv)
 
 
 # YaRN as a Qwen3 file states it: a factor of 4 over a pretraining context of 64 (the file's context is 512)

@@ -1,4 +1,4 @@
-// llama.cpp's weight formats (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as the CPU matmul reads them:
+// llama.cpp's weight formats (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) as the CPU matmul reads them:
 // each format's tile layout and the decoder that turns a tile back into weights, one input column
 // (16 outputs' weights, one Lanes) at a time.
 //
@@ -17,7 +17,8 @@
 // and a 4- or 5-bit quant, or an 8-bit quant, add at most 11 more), so where the reference multiplies
 // and then adds (rounding once, since the product is exact) a fused multiply-add rounds identically.
 // Q6_K's second product (an 8-bit sub-scale, then a 6-bit quant) can round, and is rounded as the
-// reference rounds it, as a separate multiply.
+// reference rounds it, as a separate multiply. MXFP4's products (a power of two times a value of
+// at most 4 significant bits) are exact.
 #pragma once
 
 #include "cpu_kernels.h"
@@ -28,7 +29,9 @@ namespace radixserve {
 namespace ggml {
 
 // GGUF's type codes (gguf.GGMLQuantizationType), as a packed weight names each block's format
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+enum Format : int64_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kMXFP4 = 39
+};
 
 inline Native to_native(NativeInt v) { return __builtin_convertvector(v, Native); }
 
@@ -391,6 +394,55 @@ struct Q6_K {
   static Lanes minimum(const Segment&) { return zero_lanes(); }
 };
 
+// MXFP4's 4-bit E2M1 codes as unsigned quants, doubled and offset by 12 (values -12 .. 12 become 0 .. 24),
+// for every byte of a lane at once: the codes are at most 15, so each byte's arithmetic stays in its
+// byte. A code is s e1 e0 m; its doubled magnitude for k = code & 7 is 0 1 2 3 4 6 8 12, that is
+// k + (k >= 4 ? k - 4 : 0) + (k == 7 ? 2 : 0)
+inline NativeInt e2m1_quants(NativeInt codes) {
+  const NativeInt k = codes & (7 * kEveryByte);
+  const NativeInt four = (k >> 2) & kEveryByte;                   // 1 where k >= 4
+  const NativeInt seven = four & (k >> 1) & k & kEveryByte;       // 1 where k == 7
+  const NativeInt magnitude = k + ((four * 0xFF) & k & (3 * kEveryByte)) + (seven << 1);
+  const NativeInt negative = ((codes >> 3) & kEveryByte) * 0xFF;  // 0xFF where the sign bit is set
+  return ((12 * kEveryByte + magnitude) & ~negative) | ((12 * kEveryByte - magnitude) & negative);
+}
+
+// MXFP4 (gpt-oss's experts): 32 inputs; e (E8M0 exponent) u8[16] @0, qs[16][16] @16 as Q4_0's.
+// w = 2^(e - 128) * value(code), value the doubled E2M1 value of the 4-bit code (ggml's
+// e8m0_to_fp32_half: exponents 0 and 1 give the subnormals 2^-128 and 2^-127)
+struct MXFP4 {
+  static constexpr int64_t kGroup = 32, kTileBytes = 16 + 256;
+  static constexpr int kOffset = 12, kHalves = 1;
+  static constexpr bool kHasMinimum = false;
+  struct Segment {
+    Lanes d;
+    const uint8_t* qs;
+  };
+  static Segment segment(const uint8_t* tile, int64_t) {
+    NativeInt e[kParts];
+    load_bytes<false>(tile, e);
+    Lanes d;
+    const NativeInt smallest = NativeInt{} + 0x00200000;  // 2^-128's bits, a subnormal
+    for (int p = 0; p < kParts; ++p) {
+      const NativeInt normal = e[p] >= 2;  // all ones where 2^(e - 128) is a normal float, exponent field e - 1
+      d.part[p] = bits_as<Native>((((e[p] - 1) << 23) & normal) | ((smallest << (e[p] & 1)) & ~normal));
+    }
+    return {d, tile + 16};
+  }
+  static Lanes column(const Segment& s, int64_t j) {
+    NativeInt q[kParts];
+    split_nibbles(s.qs, j, q);
+    for (int p = 0; p < kParts; ++p) q[p] = e2m1_quants(q[p]) & 0xFF;  // (one code per lane: its low byte)
+    return multiply(s.d, as_lanes(q, 12));
+  }
+  static void quad(const Segment& s, int64_t u, NativeInt (&q)[kParts]) {
+    split_nibble_quad(s.qs, u, q);
+    for (int p = 0; p < kParts; ++p) q[p] = e2m1_quants(q[p]);
+  }
+  static const Lanes& scale(const Segment& s, int) { return s.d; }
+  static Lanes minimum(const Segment&) { return zero_lanes(); }
+};
+
 // The tile size and group of a format code; false for a code this file does not know
 inline bool describe(int64_t format, int64_t& group, int64_t& tile_bytes) {
   switch (format) {
@@ -402,6 +454,7 @@ inline bool describe(int64_t format, int64_t& group, int64_t& tile_bytes) {
     case kQ4_K: group = Q4_K::kGroup; tile_bytes = Q4_K::kTileBytes; return true;
     case kQ5_K: group = Q5_K::kGroup; tile_bytes = Q5_K::kTileBytes; return true;
     case kQ6_K: group = Q6_K::kGroup; tile_bytes = Q6_K::kTileBytes; return true;
+    case kMXFP4: group = MXFP4::kGroup; tile_bytes = MXFP4::kTileBytes; return true;
     default: return false;
   }
 }
@@ -417,6 +470,7 @@ inline void with_format(int64_t format, F&& f) {
     case kQ8_0: return f(Q8_0{});
     case kQ4_K: return f(Q4_K{});
     case kQ5_K: return f(Q5_K{});
+    case kMXFP4: return f(MXFP4{});
     default: return f(Q6_K{});
   }
 }
