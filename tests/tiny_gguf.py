@@ -1,8 +1,8 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
-lfm2, qwen35, qwen35moe; gpt-oss, Mixtral and LFM2-MoE by `write_gpt_oss_gguf`, `write_mixtral_gguf` and
-`write_lfm2_moe_gguf`, from the transformers model they return), its tensors in the GGUF types a test asks
+lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE and Qwen3-Next by `write_gpt_oss_gguf`, `write_mixtral_gguf`,
+`write_lfm2_moe_gguf` and `write_qwen3_next_gguf`, from the transformers model they return), its tensors in the GGUF types a test asks
 for, and a small byte-level BPE tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of
 a real vocabulary would cost seconds per file to convert). Float weights are drawn seeded and quantized with
 `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float types); the
@@ -381,6 +381,8 @@ GPT_OSS_ROPE = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fas
 MIXTRAL_EXPERT_WIDTH = 128
 # LFM2-MoE: a dense convolution layer, then an attention and a convolution layer with 4 experts of 64 each
 LFM2_MOE_LAYERS, LFM2_MOE_EXPERT_WIDTH = ("conv", "full_attention", "conv"), 64
+# Qwen3-Next: Qwen3.5's DeltaNet and attention layers, 4 experts of 64 (2 per token) and a shared one of 64
+QWEN3_NEXT_EXPERT_WIDTH = 64
 
 
 class _FromTransformers:
@@ -442,17 +444,20 @@ class _FromTransformers:
         stored = array if qtype == QType.F32 else gguf.quants.dequantize(raw, qtype).reshape(array.shape)
         return torch.from_numpy(np.ascontiguousarray(stored))
 
-    def own(self, hf: str, name: str, kind: str, rows: np.ndarray | None = None) -> None:
-        """Transformers' tensor `hf` written as `name` (its rows in the file's order `rows`), and set to what
-        the file holds."""
+    def own(self, hf: str, name: str, kind: str, rows: np.ndarray | None = None, shift: float = 0.0) -> None:
+        """Transformers' tensor `hf` written as `name` (its rows in the file's order `rows`; plus `shift`, as
+        the converter writes Qwen3.5's norms), and set to what the file holds."""
         tensor = self.state[hf]
-        stored = self.put(name, kind, tensor if rows is None else tensor[rows])
+        stored = self.put(name, kind, (tensor if rows is None else tensor[rows]) + shift) - shift
         if rows is None:
             tensor.copy_(stored)
         else:
             tensor[rows] = stored
 
     def finish(self) -> tuple[Path, Any]:
+        # the oracle's greedy replies run their full length as ignore_eos's do: no end token stops them, or is
+        # suppressed (as generate's min_new_tokens would, where the end token is the argmax)
+        self.model.generation_config.eos_token_id = None
         self.writer.write_header_to_file()
         self.writer.write_kv_data_to_file()
         self.writer.write_tensors_to_file()
@@ -583,5 +588,83 @@ def write_lfm2_moe_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tup
             gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
         f.own(m + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
     f.own("model.embedding_norm.weight", "token_embd_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_qwen3_next_gguf(path: Path, types: dict[str, str], seed: int = 0, fused: bool = False) -> tuple[Path, Any]:
+    """A tiny Qwen3-Next GGUF as llama.cpp's converter writes one: three Gated DeltaNet layers (two key heads,
+    three value heads each) and a gated attention layer, each under routed experts and a gated shared expert;
+    the DeltaNet's q/k/v/z projection split by kind out of its per-key-head groups into attn_qkv and attn_gate
+    (`fused`: kept whole as `ssm_in`, as its first converter wrote it), beta and alpha kept in one `ssm_ba`,
+    A as -exp(A_log), the norms as 1 + w but the DeltaNet's gated one; and the transformers model it holds."""
+    import torch
+
+    heads, kv_heads = HEADS["qwen35"]
+    head_dim = HIDDEN // heads
+    layer_types = ["linear_attention"] * 3 + ["full_attention"]
+    f = _FromTransformers(path, "qwen3next", types, seed, "qwen3_next", num_hidden_layers=len(layer_types),
+                          layer_types=layer_types, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                          head_dim=head_dim, linear_num_key_heads=DELTA_KEY_HEADS,
+                          linear_num_value_heads=DELTA_VALUE_HEADS, linear_key_head_dim=DELTA_HEAD,
+                          linear_value_head_dim=DELTA_HEAD, linear_conv_kernel_dim=DELTA_TAPS, num_experts=EXPERTS,
+                          num_experts_per_tok=EXPERTS_PER_TOKEN, moe_intermediate_size=QWEN3_NEXT_EXPERT_WIDTH,
+                          shared_expert_intermediate_size=QWEN3_NEXT_EXPERT_WIDTH,
+                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
+    w = f.writer
+    w.add_feed_forward_length(INTERMEDIATE)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_expert_feed_forward_length(QWEN3_NEXT_EXPERT_WIDTH)
+    w.add_expert_shared_feed_forward_length(QWEN3_NEXT_EXPERT_WIDTH)
+    w.add_ssm_conv_kernel(DELTA_TAPS)
+    w.add_ssm_state_size(DELTA_HEAD)
+    w.add_ssm_group_count(DELTA_KEY_HEADS)
+    w.add_ssm_time_step_rank(DELTA_VALUE_HEADS)
+    w.add_ssm_inner_size(DELTA_VALUE_HEADS * DELTA_HEAD)
+    w.add_array("qwen3next.attention.recurrent_layers", [kind == "linear_attention" for kind in layer_types])
+    w.add_full_attention_interval(4)
+    w.add_rope_dimension_count(head_dim // 4)
+    # transformers' in_proj_qkvz rows: per key head, its q, its k, its value heads' v, then their z
+    per_key = DELTA_VALUE_HEADS // DELTA_KEY_HEADS * DELTA_HEAD
+    group = np.arange(DELTA_KEY_HEADS * (2 * DELTA_HEAD + 2 * per_key)).reshape(DELTA_KEY_HEADS, -1)
+    q, k, v, z = np.split(group, np.cumsum([DELTA_HEAD, DELTA_HEAD, per_key]), axis=1)
+    qkv, gate = np.concatenate([q.reshape(-1), k.reshape(-1), v.reshape(-1)]), z.reshape(-1)
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i, kind in enumerate(layer_types):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm", shift=1.0)
+        f.own(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight", "post_attention_norm", shift=1.0)
+        if kind == "linear_attention":
+            d = p + "linear_attn."
+            if fused:
+                f.own(d + "in_proj_qkvz.weight", b + "ssm_in.weight", "ssm_in")
+            else:
+                f.own(d + "in_proj_qkvz.weight", b + "attn_qkv.weight", "attn_qkv", rows=qkv)
+                f.own(d + "in_proj_qkvz.weight", b + "attn_gate.weight", "attn_gate", rows=gate)
+            f.own(d + "in_proj_ba.weight", b + "ssm_ba.weight", "ssm_ba")
+            conv = f.state[d + "conv1d.weight"]  # [channels, 1, taps], written [channels, taps]
+            conv.copy_(f.put(b + "ssm_conv1d.weight", "ssm_conv1d", conv[:, 0])[:, None])
+            f.own(d + "dt_bias", b + "ssm_dt.bias", "ssm_dt")
+            a_log = f.state[d + "A_log"]
+            a_log.copy_(torch.log(-f.put(b + "ssm_a", "ssm_a", -torch.exp(a_log))))
+            f.own(d + "norm.weight", b + "ssm_norm.weight", "ssm_norm")
+            f.own(d + "out_proj.weight", b + "ssm_out.weight", "ssm_out")
+        else:
+            for ours, theirs in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+                f.own(p + f"self_attn.{ours}.weight", b + f"{theirs}.weight", theirs)
+            f.own(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight", "attn_q_norm", shift=1.0)
+            f.own(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", "attn_k_norm", shift=1.0)
+        m = p + "mlp."
+        f.own(m + "gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+        gate_up = f.state[m + "experts.gate_up_proj"]  # [E, 2I, H]: gate rows, then up rows
+        for rows, part in ((slice(0, QWEN3_NEXT_EXPERT_WIDTH), "gate"), (slice(QWEN3_NEXT_EXPERT_WIDTH, None), "up")):
+            gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
+        f.own(m + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+        shared_gate = f.state[m + "shared_expert_gate.weight"]  # [1, H], written as a vector
+        shared_gate.copy_(f.put(b + "ffn_gate_inp_shexp.weight", "ffn_gate_inp_shexp", shared_gate[0])[None])
+        for part in ("gate", "up", "down"):
+            f.own(m + f"shared_expert.{part}_proj.weight", b + f"ffn_{part}_shexp.weight", f"ffn_{part}_shexp")
+    f.own("model.norm.weight", "output_norm.weight", "output_norm", shift=1.0)
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()

@@ -77,14 +77,19 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
-                 "lfm2moe": "Lfm2MoeForCausalLM"}
+                 "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
-                "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe"}
+                "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
+                "qwen3next": "qwen3_next"}
 _LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
+# files with Gated DeltaNet layers: Qwen3.5's and Qwen3-Next's, whose converter writes them alike but for the
+# order of the value heads (Qwen3.5's tiled, `_value_head_rows`) and Qwen3-Next's beta and alpha rows (one
+# tensor, `ssm_ba`, grouped by key head as transformers' in_proj_ba; `_split_beta_alpha`)
+_DELTA_NET = frozenset({*_QWEN35, "qwen3next"})
 # a MoE layer's experts come stacked in one tensor per projection, [experts, out, in], and their biases
 # (gpt-oss) in one per projection, [experts, out]: split per expert here
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
@@ -117,7 +122,7 @@ _GEMMA_RULES = {"gemma2": _GemmaRules(2, 4096, 50.0, 30.0, None, 46),
 _GPT_OSS_PERIOD = 2
 # the converter writes Gemma's norm weights w as 1 + w (llama.cpp multiplies by them as they are): served
 # with the plain fp32 weight-times-normed style, which is Gemma's x * (1 + w) on these values
-_SHIFTED_NORMS = frozenset({*_GEMMA_RULES, *_QWEN35})  # Qwen3.5's too, but for the DeltaNet's gated norm
+_SHIFTED_NORMS = frozenset({*_GEMMA_RULES, *_DELTA_NET})  # Qwen3.5's too, but for the DeltaNet's gated norm
 TOKENIZER_CACHE_FORMAT = 2  # bump when the layout of a cached tokenizer directory changes
 # text a saved tokenizer must split as the converted one does: spaces, runs of them, punctuation, digits,
 # newlines, tabs and non-ASCII
@@ -154,13 +159,16 @@ _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
                          "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2", "shortconv.in_proj": "conv.in_proj",
                          "shortconv.conv": "conv.conv", "shortconv.out_proj": "conv.out_proj"}),
                      "qwen35": _QWEN35_TENSORS,
-                     # and its MoE's router, routed experts (split per expert at load) and shared expert
-                     "qwen35moe": {**_QWEN35_TENSORS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-                                   "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-                                   "ffn_up_shexp": "mlp.shared_expert.up_proj",
-                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}}
+                     # and its MoE's router, routed experts (split per expert at load) and shared expert;
+                     # Qwen3-Next's the same, or (files of its first converter) q/k/v/z in one `ssm_in`
+                     **dict.fromkeys(("qwen35moe", "qwen3next"), {
+                         **_QWEN35_TENSORS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                         "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                         "ffn_down_shexp": "mlp.shared_expert.down_proj", "ssm_in": "linear_attn.in_proj_qkvz",
+                         "ssm_ba": "linear_attn.in_proj_ba"})}
 # a layer's tensors named whole, without a leaf: GGUF name (after "blk.N.") -> the HF name
-_WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_QWEN35, {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
+_WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_log",
+                                                          "ssm_dt.bias": "linear_attn.dt_bias"}),
                            "gpt-oss": {"attn_sinks.weight": "self_attn.sinks"},
                            "lfm2moe": {"exp_probs_b.bias": "mlp.expert_bias"}}
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -258,6 +266,7 @@ class GGUFFile:
             rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 0)
             self.tensors[info.name] = GGUFTensor(info.name, type_name, rows, cols, self.contents.data(info))
         self._drop_multi_token_prediction()
+        self._split_beta_alpha()
         self.rope_factors = self._rope_factors(self.tensors.pop(_ROPE_FACTORS, None))
         long_short = [self.tensors.pop(name, None) for name in _LONGROPE_FACTORS]
         self.longrope_factors = self._longrope_factors(*long_short)
@@ -266,11 +275,35 @@ class GGUFFile:
         """A Qwen3.5 file writes its multi-token-prediction block as the last `nextn_predict_layers`
         blocks; like transformers, the server does not run it."""
         extra = int(self._arch_value("nextn_predict_layers", 0) or 0)
-        if self.arch not in _QWEN35 or not extra:
+        if self.arch not in _DELTA_NET or not extra:
             return
         first = int(self._arch_value("block_count")) - extra
         for name in [n for n in self.tensors if (b := _BLOCK_NAME.match(n)) and int(b.group(1)) >= first]:
             del self.tensors[name]
+
+    @property
+    def fused_delta_projections(self) -> bool:
+        """Whether a Qwen3-Next file holds q/k/v/z in one tensor per layer (`ssm_in`, as its first converter
+        wrote them), served as transformers' fused in_proj_qkvz and in_proj_ba; else as Qwen3.5's."""
+        return any(name.endswith(".ssm_in.weight") for name in self.tensors)
+
+    def _split_beta_alpha(self) -> None:
+        """A Qwen3-Next file with q/k/v and z apart (its converter's since 2026) keeps beta and alpha in one
+        tensor, per key head its value heads' beta rows then their alpha rows: served as Qwen3.5's
+        `ssm_beta` and `ssm_alpha` (whole rows of the file, so quantized blocks stay as they are)."""
+        if self.arch != "qwen3next" or self.fused_delta_projections:
+            return
+        key_heads, value_heads = int(self._arch_value("ssm.group_count")), int(self._arch_value("ssm.time_step_rank"))
+        per_key = value_heads // key_heads
+        grouped = np.arange(2 * value_heads).reshape(key_heads, 2, per_key)
+        for name in [n for n in self.tensors if n.endswith(".ssm_ba.weight")]:
+            both = self.tensors.pop(name)
+            if both.rows != 2 * value_heads:
+                raise ValueError(f"{self.path.name}: tensor {name} has {both.rows} rows; expected {2 * value_heads}")
+            for half, kind in enumerate(("ssm_beta", "ssm_alpha")):
+                part = name.replace(".ssm_ba.", f".{kind}.")
+                self.tensors[part] = GGUFTensor(part, both.type_name, value_heads, both.cols,
+                                                both.data[grouped[:, half].reshape(-1)])
 
     def _rope_factors(self, tensor: GGUFTensor | None) -> tuple[float, ...] | None:
         """The per-frequency rope divisors of the file's `rope_freqs` tensor (the converter writes it for
@@ -341,9 +374,9 @@ class GGUFFile:
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "lfm2moe":
             fields.update(self._lfm2_moe_fields())
-        if self.arch in _QWEN35:
+        if self.arch in _DELTA_NET:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
-        if self.arch == "qwen35moe":
+        if self.arch in ("qwen35moe", "qwen3next"):
             fields.update(self._expert_fields(),
                           shared_expert_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")))
         if self.arch == "qwen3moe":
@@ -430,19 +463,22 @@ class GGUFFile:
                     routed_scaling_factor=float(self._arch_value("expert_weights_scale", 0.0) or 1.0))
 
     def _qwen35_fields(self, blocks: int, head_dim: int) -> dict[str, Any]:
-        """Qwen3.5's fields: every `full_attention_interval`-th layer attends, the others are Gated
-        DeltaNet layers of the `ssm.*` shape (`ssm.inner_size` is every value head's width together);
-        the rope turns `rope.dimension_count` dimensions of a head with its interleaved multimodal
-        sections, which text positions make plain rope."""
+        """Qwen3.5's and Qwen3-Next's fields: the layers `attention.recurrent_layers` flags, or else all but
+        every `full_attention_interval`-th, are Gated DeltaNet layers of the `ssm.*` shape (`ssm.inner_size`
+        is every value head's width together); the rope turns `rope.dimension_count` dimensions of a head,
+        with Qwen3.5's interleaved multimodal sections, which text positions make plain rope."""
         layers = blocks - int(self._arch_value("nextn_predict_layers", 0) or 0)
         interval = int(self._arch_value("full_attention_interval", 4))
+        recurrent = self._arch_value("attention.recurrent_layers")  # where absent, every interval-th attends
+        if recurrent is None:
+            recurrent = [(i + 1) % interval != 0 for i in range(layers)]
         value_heads = int(self._arch_value("ssm.time_step_rank"))
         sections = [int(n) for n in self._arch_value("rope.dimension_sections", []) if n]
-        rope = {**self._rope(), "partial_rotary_factor": int(self._arch_value("rope.dimension_count")) / head_dim,
-                "mrope_section": sections, "mrope_interleaved": True}
+        rope = {**self._rope(), "partial_rotary_factor": int(self._arch_value("rope.dimension_count")) / head_dim}
+        if sections:
+            rope.update(mrope_section=sections, mrope_interleaved=True)
         return dict(num_hidden_layers=layers, full_attention_interval=interval,
-                    layer_types=["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                                 for i in range(layers)],
+                    layer_types=["linear_attention" if flag else "full_attention" for flag in recurrent[:layers]],
                     linear_conv_kernel_dim=int(self._arch_value("ssm.conv_kernel")),
                     linear_key_head_dim=int(self._arch_value("ssm.state_size")),
                     linear_num_key_heads=int(self._arch_value("ssm.group_count")), linear_num_value_heads=value_heads,
@@ -456,11 +492,11 @@ class GGUFFile:
         columns = self.value_columns(tensor, spec)
         if columns is not None:
             values = values[:, columns]
-        if self.arch in _QWEN35 and tensor.name.endswith(".ssm_a"):
+        if self.arch in _DELTA_NET and tensor.name.endswith(".ssm_a"):
             if not (values < 0).all():
                 raise ValueError(f"{self.path.name}: tensor {tensor.name} holds a value that is not negative; the "
                                  "converter writes -exp(A_log) there")
-            values = torch.log(-torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))).numpy()
+            values = torch.log(-torch.from_numpy(np.array(values, dtype=np.float32))).numpy()  # (a copy: F32 is mapped)
         return values
 
     def _phi3_fields(self, head_dim: int) -> dict[str, Any]:
@@ -557,6 +593,11 @@ class GGUFFile:
 
     def spec(self) -> ModelSpec:
         spec = ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+        if self.arch == "qwen3next" and not self.fused_delta_projections:
+            spec = dataclasses.replace(spec, layers=tuple(
+                layer if layer.delta_net is None else dataclasses.replace(
+                    layer, delta_net=dataclasses.replace(layer.delta_net, fused_projections=False))
+                for layer in spec.layers))
         if any(layer.mlp is not None and layer.mlp.is_moe for layer in spec.layers):
             # a MoE file's experts are named once split (blk.N.ffn_gate_exps.E -> mlp.experts.E.gate_proj), and its
             # router (ffn_gate_inp -> mlp.gate), whatever the family's checkpoints call them (Mixtral's are
