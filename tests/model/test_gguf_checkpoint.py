@@ -498,10 +498,10 @@ def test_a_moe_file_serves_its_experts_as_shipped_as_transformers(from_transform
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """gpt-oss (sinks, biases, every other layer sliding, YaRN, MXFP4 experts with biases), Mixtral (a
     `llama` file with experts), LFM2-MoE (a hybrid: a dense layer, sigmoid routing with an expert bias) and
-    Qwen3-Next (DeltaNet layers under experts, in both of its converter's layouts) from their GGUF, the experts kept in their blocks (gpt-oss's in the C++
-    kernel's MXFP4 format): greedy token for token as transformers on the same weights, kept (float32
-    activations) and dequantized; a cached prefix resumes as well; with the default int8 activations,
-    transformers' argmax at nearly every position, teacher-forced."""
+    Qwen3-Next (DeltaNet layers under experts, in both of its converter's layouts) from their GGUF, the
+    experts kept in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as
+    transformers on the same weights, kept (float32 activations) and dequantized; a cached prefix resumes
+    as well; with the default int8 activations, transformers' argmax at most positions, teacher-forced."""
     path, hf = from_transformers[arch]
     with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
         kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
