@@ -3,13 +3,13 @@
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
 lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE and Qwen3-Next by `write_gpt_oss_gguf`,
 `write_mixtral_gguf`, `write_lfm2_moe_gguf` and `write_qwen3_next_gguf`, from the transformers model they
-return), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of
-a real vocabulary would cost seconds per file to convert). Float weights are drawn seeded and quantized with
-`gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float types); the
-K-quants, which it cannot quantize, get random blocks with small fp16 scales, so their values stay in
-a model's range. Llama's q/k rows are stored permuted as the converter permutes them (pairs of a
-head's halves interleaved); the others' rows are not. Norm weights are drawn near 1, which for Gemma
-and Qwen3.5 is what the converter writes (1 + w).
+return), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML
+template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to
+convert). Float weights are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the
+type (Q4_0, Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
+fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the converter
+permutes them (pairs of a head's halves interleaved); the others' rows are not. Norm weights are drawn near 1,
+which for Gemma and Qwen3.5 is what the converter writes (1 + w).
 """
 
 from __future__ import annotations
