@@ -454,6 +454,16 @@ class _FromTransformers:
         else:
             tensor[rows] = stored
 
+    def experts(self, experts: str, block: str) -> None:
+        """Transformers' stacked experts under `experts` (gate_up_proj [E, 2I, H], gate rows then up rows;
+        down_proj [E, H, I]) written as blk's ffn_gate_exps, ffn_up_exps and ffn_down_exps, as the converter
+        writes them."""
+        gate_up = self.state[experts + "gate_up_proj"]
+        width = gate_up.shape[1] // 2
+        for rows, part in ((slice(0, width), "gate"), (slice(width, None), "up")):
+            gate_up[:, rows] = self.put(block + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
+        self.own(experts + "down_proj", block + "ffn_down_exps.weight", "ffn_down_exps")
+
     def finish(self) -> tuple[Path, Any]:
         # the oracle's greedy replies run their full length as ignore_eos's do: no end token stops them, or is
         # suppressed (as generate's min_new_tokens would, where the end token is the argmax)
@@ -532,10 +542,7 @@ def write_mixtral_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tupl
         f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
         f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
         f.own(p + "mlp.gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
-        gate_up = f.state[p + "mlp.experts.gate_up_proj"]  # [E, 2I, H]: gate rows, then up rows
-        for rows, part in ((slice(0, MIXTRAL_EXPERT_WIDTH), "gate"), (slice(MIXTRAL_EXPERT_WIDTH, None), "up")):
-            gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
-        f.own(p + "mlp.experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+        f.experts(p + "mlp.experts.", b)
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()
@@ -583,10 +590,7 @@ def write_lfm2_moe_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tup
             continue
         f.own(m + "gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
         f.own(m + "expert_bias", b + "exp_probs_b.bias", "exp_probs_b")
-        gate_up = f.state[m + "experts.gate_up_proj"]  # [E, 2I, H]: gate rows, then up rows
-        for rows, part in ((slice(0, LFM2_MOE_EXPERT_WIDTH), "gate"), (slice(LFM2_MOE_EXPERT_WIDTH, None), "up")):
-            gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
-        f.own(m + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+        f.experts(m + "experts.", b)
     f.own("model.embedding_norm.weight", "token_embd_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()
@@ -657,10 +661,7 @@ def write_qwen3_next_gguf(path: Path, types: dict[str, str], seed: int = 0, fuse
             f.own(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", "attn_k_norm", shift=1.0)
         m = p + "mlp."
         f.own(m + "gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
-        gate_up = f.state[m + "experts.gate_up_proj"]  # [E, 2I, H]: gate rows, then up rows
-        for rows, part in ((slice(0, QWEN3_NEXT_EXPERT_WIDTH), "gate"), (slice(QWEN3_NEXT_EXPERT_WIDTH, None), "up")):
-            gate_up[:, rows] = f.put(b + f"ffn_{part}_exps.weight", f"ffn_{part}_exps", gate_up[:, rows])
-        f.own(m + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+        f.experts(m + "experts.", b)
         shared_gate = f.state[m + "shared_expert_gate.weight"]  # [1, H], written as a vector
         shared_gate.copy_(f.put(b + "ffn_gate_inp_shexp.weight", "ffn_gate_inp_shexp", shared_gate[0])[None])
         for part in ("gate", "up", "down"):

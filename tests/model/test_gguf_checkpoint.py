@@ -132,6 +132,32 @@ def _quantized_modules(llm: LLM) -> list[torch.nn.Module]:
     return [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)]
 
 
+def _teacher_forced_agreement(llm: LLM, hf: Any) -> tuple[int, int]:
+    """Of `llm`'s greedy tokens for PROMPTS, how many are `hf`'s argmax given the same prefix, and of how many."""
+    agree = total = 0
+    for prompt, tokens in zip(PROMPTS, _greedy(llm)):
+        ids = llm.tokenizer(prompt).input_ids
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
+        agree += sum(int(a == b) for a, b in zip(logits.argmax(-1).tolist(), tokens))
+        total += len(tokens)
+    return agree, total
+
+
+def _assert_next_turn_resumes_as(hf: Any, llm: LLM) -> None:
+    """A conversation's next turn resumes from the cache (its first prompt at least) and answers as `hf`."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    first = llm.tokenizer(PROMPTS[0]).input_ids
+    reply = llm.generate([first], params)[0].outputs[0].token_ids
+    turn = first + reply + llm.tokenizer(" and then the cat").input_ids
+    out = llm.generate([turn], params)[0]
+    assert out.usage.cached_tokens >= len(first)
+    ids = torch.tensor([turn])
+    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                      min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+    assert out.outputs[0].token_ids == ref
+
+
 @needs_kernels
 @pytest.mark.parametrize("arch", sorted(FILES))
 def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str, Path], arch: str,
@@ -181,14 +207,7 @@ def test_int8_activations_by_default_follow_transformers_teacher_forced(files: d
         pytest.skip("the suite's eager mode runs no C++ kernel")
     modules = _quantized_modules(llm)
     assert {packed_activations(m.weight) for m in modules if isinstance(m, QuantizedLinear)} == {"int8"}
-    hf = _hf(path)
-    agree = total = 0
-    for prompt, tokens in zip(PROMPTS, _greedy(llm)):
-        ids = llm.tokenizer(prompt).input_ids
-        with torch.no_grad():
-            logits = hf(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
-        agree += sum(int(a == b) for a, b in zip(logits.argmax(-1).tolist(), tokens))
-        total += len(tokens)
+    agree, total = _teacher_forced_agreement(llm, _hf(path))
     assert agree >= 0.75 * total  # 22-24 of 24 on these files; a broken path agrees by chance only
 
 
@@ -444,18 +463,7 @@ def test_a_hybrid_file_resumes_a_cached_conversation_as_transformers(files: dict
     """A hybrid served from its GGUF: the next turn of a conversation resumes from the cache (the
     recurrent states checkpointed at the reply's end) and still answers as transformers does."""
     path = files[arch]
-    llm = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
-    hf = _hf(path)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    first = llm.tokenizer(PROMPTS[0]).input_ids
-    reply = llm.generate([first], params)[0].outputs[0].token_ids
-    turn = first + reply + llm.tokenizer(" and then the cat").input_ids
-    out = llm.generate([turn], params)[0]
-    assert out.usage.cached_tokens >= len(first)
-    ids = torch.tensor([turn])
-    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
-                      min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
-    assert out.outputs[0].token_ids == ref
+    _assert_next_turn_resumes_as(_hf(path), LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32"))
 
 
 QWEN3_NEXT_TYPES = {"attn_qkv": "Q8_0", "attn_gate": "Q4_0", "ssm_in": "Q8_0", "ssm_out": "Q4_1", "attn_q": "Q8_0",
@@ -519,24 +527,11 @@ def test_a_moe_file_serves_its_experts_as_shipped_as_transformers(from_transform
         assert kept.engine.spec.layers[0].attention.window == tiny_gguf.GPT_OSS_WINDOW
         assert all(len(kept.tokenizer(p).input_ids) + MAX_TOKENS > tiny_gguf.GPT_OSS_WINDOW for p in PROMPTS)
     _assert_greedy_is(hf, path)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    first = kept.tokenizer(PROMPTS[0]).input_ids
-    turn = first + kept.generate([first], params)[0].outputs[0].token_ids + kept.tokenizer(" and then").input_ids
-    out = kept.generate([turn], params)[0]
-    ids = torch.tensor([turn])
-    assert out.usage.cached_tokens >= len(first) and out.outputs[0].token_ids == hf.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
-        min_new_tokens=MAX_TOKENS)[0, ids.shape[1]:].tolist()
+    _assert_next_turn_resumes_as(hf, kept)
     llm = LLM(str(path), kv_cache_memory_mb=16)
     if llm.engine.config.enforce_eager:
         return
-    agree = total = 0
-    for prompt, tokens in zip(PROMPTS, _greedy(llm)):
-        ids = llm.tokenizer(prompt).input_ids
-        with torch.no_grad():
-            logits = hf(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1]
-        agree += sum(int(a == b) for a, b in zip(logits.argmax(-1).tolist(), tokens))
-        total += len(tokens)
+    agree, total = _teacher_forced_agreement(llm, hf)
     # 24, 22, 24 and 17 of 24 on the gpt-oss, Mixtral, LFM2-MoE and Qwen3-Next files: 8-bit inputs move a
     # router's choice now and then, which changes a token's output more than a dense layer's rounding does;
     # a broken path agrees by chance only
