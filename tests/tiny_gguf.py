@@ -1,15 +1,15 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
-lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE and Qwen3-Next by `write_gpt_oss_gguf`,
-`write_mixtral_gguf`, `write_lfm2_moe_gguf` and `write_qwen3_next_gguf`, from the transformers model they
-return), its tensors in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML
-template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to
-convert). Float weights are drawn seeded and quantized with `gguf.quants.quantize` where gguf implements the
-type (Q4_0, Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get random blocks with small
-fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored permuted as the converter
-permutes them (pairs of a head's halves interleaved); the others' rows are not. Norm weights are drawn near 1,
-which for Gemma and Qwen3.5 is what the converter writes (1 + w).
+lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next and Nemotron-H by `write_gpt_oss_gguf`,
+`write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf` and `write_nemotron_h_gguf`, from the
+transformers model they return), its tensors in the GGUF types a test asks for, and a small byte-level BPE
+tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost
+seconds per file to convert). Float weights are drawn seeded and quantized with `gguf.quants.quantize` where
+gguf implements the type (Q4_0, Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get
+random blocks with small fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored
+permuted as the converter permutes them (pairs of a head's halves interleaved); the others' rows are not. Norm
+weights are drawn near 1, which for Gemma and Qwen3.5 is what the converter writes (1 + w).
 """
 
 from __future__ import annotations
@@ -383,6 +383,10 @@ MIXTRAL_EXPERT_WIDTH = 128
 LFM2_MOE_LAYERS, LFM2_MOE_EXPERT_WIDTH = ("conv", "full_attention", "conv"), 64
 # Qwen3-Next: Qwen3.5's DeltaNet and attention layers, 4 experts of 64 (2 per token) and a shared one of 64
 QWEN3_NEXT_EXPERT_WIDTH = 64
+# Nemotron-H: one block per layer; Mamba2 mixers of 8 heads of 32 in 2 groups, state 16
+NEMOTRON_H_LAYERS = ("linear_attention", "mlp", "full_attention", "mlp", "linear_attention")
+MAMBA_HEADS, MAMBA_HEAD, MAMBA_GROUPS, MAMBA_STATE = 8, 32, 2, 16
+NEMOTRON_H_EPS = 0.01  # far from any default, so that reading the file's matters
 
 
 class _FromTransformers:
@@ -390,7 +394,8 @@ class _FromTransformers:
     llama.cpp's converter writes it, then tensors `put` one at a time in `types[kind]` (F32 by default)."""
 
     def __init__(self, path: Path, arch: str, types: dict[str, str], seed: int, model_type: str,
-                 kv_heads: list[int] | None = None, **fields: Any) -> None:
+                 kv_heads: list[int] | None = None, experts: bool = True, rms_eps_key: bool = True,
+                 **fields: Any) -> None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -426,10 +431,13 @@ class _FromTransformers:
         w.add_embedding_length(HIDDEN)
         w.add_head_count(config.num_attention_heads)
         w.add_head_count_kv(config.num_key_value_heads if kv_heads is None else kv_heads)
-        w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_expert_count(EXPERTS)
-        w.add_expert_used_count(EXPERTS_PER_TOKEN)
+        if getattr(config, "rope_parameters", None):
+            w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+        if rms_eps_key:  # (Nemotron-H's converter writes the norms' epsilon under layer_norm_epsilon)
+            w.add_layer_norm_rms_eps(1e-5)
+        if experts:
+            w.add_expert_count(EXPERTS)
+            w.add_expert_used_count(EXPERTS_PER_TOKEN)
         w.add_vocab_size(len(vocabulary()))
 
     def put(self, name: str, kind: str, values: Any) -> Any:
@@ -667,5 +675,63 @@ def write_qwen3_next_gguf(path: Path, types: dict[str, str], seed: int = 0, fuse
         for part in ("gate", "up", "down"):
             f.own(m + f"shared_expert.{part}_proj.weight", b + f"ffn_{part}_shexp.weight", f"ffn_{part}_shexp")
     f.own("model.norm.weight", "output_norm.weight", "output_norm", shift=1.0)
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+    """A tiny Nemotron-H GGUF as llama.cpp's converter writes one: a kv head count and an MLP width per layer
+    (0 where the layer has none); the norms' epsilon as `attention.layer_norm_epsilon`; Mamba2 mixers with A as
+    -exp(A_log), A and D as [heads, 1], the gated norm as [groups, width / groups] and the convolution kernels
+    [channels, taps]; q/k rows permuted as Llama's
+    (no rope turns them); and the transformers model the file holds."""
+    import torch
+
+    heads, kv_heads = HEADS["llama"]
+    f = _FromTransformers(path, "nemotron_h", types, seed, "nemotron_h", experts=False, rms_eps_key=False,
+                          kv_heads=[kv_heads if kind == "full_attention" else 0 for kind in NEMOTRON_H_LAYERS],
+                          num_hidden_layers=len(NEMOTRON_H_LAYERS), layers_block_type=list(NEMOTRON_H_LAYERS),
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=HIDDEN // heads,
+                          intermediate_size=INTERMEDIATE, mamba_num_heads=MAMBA_HEADS, mamba_head_dim=MAMBA_HEAD,
+                          ssm_state_size=MAMBA_STATE, n_groups=MAMBA_GROUPS, conv_kernel=DELTA_TAPS,
+                          layer_norm_epsilon=NEMOTRON_H_EPS)
+    w = f.writer
+    w.add_layer_norm_eps(NEMOTRON_H_EPS)
+    w.add_feed_forward_length([INTERMEDIATE if kind == "mlp" else 0 for kind in NEMOTRON_H_LAYERS])
+    w.add_key_length(HIDDEN // heads)
+    w.add_value_length(HIDDEN // heads)
+    w.add_ssm_conv_kernel(DELTA_TAPS)
+    w.add_ssm_state_size(MAMBA_STATE)
+    w.add_ssm_group_count(MAMBA_GROUPS)
+    w.add_ssm_inner_size(MAMBA_HEADS * MAMBA_HEAD)
+    w.add_ssm_time_step_rank(MAMBA_HEADS)
+    f.own("model.embeddings.weight", "token_embd.weight", "token_embd")
+    for i, kind in enumerate(NEMOTRON_H_LAYERS):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "norm.weight", b + "attn_norm.weight", "attn_norm")
+        m = p + "mixer."
+        if kind == "linear_attention":
+            f.own(m + "in_proj.weight", b + "ssm_in.weight", "ssm_in")
+            conv = f.state[m + "conv1d.weight"]  # [channels, 1, taps], written [channels, taps]
+            conv.copy_(f.put(b + "ssm_conv1d.weight", "ssm_conv1d", conv[:, 0])[:, None])
+            f.own(m + "conv1d.bias", b + "ssm_conv1d.bias", "ssm_conv1d.bias")
+            f.own(m + "dt_bias", b + "ssm_dt.bias", "ssm_dt")
+            a_log = f.state[m + "A_log"]
+            a_log.copy_(torch.log(-f.put(b + "ssm_a", "ssm_a", -torch.exp(a_log)[:, None])[:, 0]))
+            d = f.state[m + "D"]
+            d.copy_(f.put(b + "ssm_d", "ssm_d", d[:, None])[:, 0])
+            norm = f.state[m + "norm.weight"]
+            norm.copy_(f.put(b + "ssm_norm.weight", "ssm_norm", norm.reshape(MAMBA_GROUPS, -1)).reshape(-1))
+            f.own(m + "out_proj.weight", b + "ssm_out.weight", "ssm_out")
+        elif kind == "full_attention":
+            f.own(m + "q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
+            f.own(m + "k_proj.weight", b + "attn_k.weight", "attn_k",
+                  llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
+            f.own(m + "v_proj.weight", b + "attn_v.weight", "attn_v")
+            f.own(m + "o_proj.weight", b + "attn_output.weight", "attn_output")
+        else:
+            f.own(m + "up_proj.weight", b + "ffn_up.weight", "ffn_up")
+            f.own(m + "down_proj.weight", b + "ffn_down.weight", "ffn_down")
+    f.own("model.norm_f.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()

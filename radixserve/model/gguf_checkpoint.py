@@ -77,7 +77,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
-                 "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
+                 "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM",
+                 "nemotron_h": "NemotronHForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # the transformers model type, where it is not the GGUF name
@@ -94,7 +95,8 @@ _DELTA_NET = frozenset({*_QWEN35, "qwen3next"})
 # (gpt-oss) in one per projection, [experts, out]: split per expert here
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
-_PERMUTED_QK = frozenset({"llama"})  # the converter interleaves these architectures' rotary halves
+# the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
+_PERMUTED_QK = frozenset({"llama", "nemotron_h"})
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
@@ -170,11 +172,22 @@ _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
 _WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_log",
                                                           "ssm_dt.bias": "linear_attn.dt_bias"}),
                            "gpt-oss": {"attn_sinks.weight": "self_attn.sinks"},
-                           "lfm2moe": {"exp_probs_b.bias": "mlp.expert_bias"}}
+                           "lfm2moe": {"exp_probs_b.bias": "mlp.expert_bias"},
+                           "nemotron_h": {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D", "ssm_dt.bias": "mixer.dt_bias"}}
+# Nemotron-H: one block per layer (a Mamba2 mixer, attention or an MLP), named as its checkpoints name them
+_LAYER_TENSORS_OF["nemotron_h"] = {
+    "attn_norm": "norm", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d", "ssm_norm": "mixer.norm",
+    "ssm_out": "mixer.out_proj", "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj", "attn_v": "mixer.v_proj",
+    "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj", "ffn_down": "mixer.down_proj"}
+_LAYER_PREFIX_OF = {"nemotron_h": "backbone.layers"}  # where not model.layers
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
-_MODEL_TENSORS_OF = dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"})
+_MODEL_TENSORS_OF = {**dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}),
+                     "nemotron_h": {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
+                                    "output": "lm_head"}}
+# files whose A is stored as -exp(A_log): the DeltaNet's and Mamba2's
+_NEGATED_A = frozenset({*_DELTA_NET, "nemotron_h"})
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -267,6 +280,7 @@ class GGUFFile:
             self.tensors[info.name] = GGUFTensor(info.name, type_name, rows, cols, self.contents.data(info))
         self._drop_multi_token_prediction()
         self._split_beta_alpha()
+        self._flatten_group_norms()
         self.rope_factors = self._rope_factors(self.tensors.pop(_ROPE_FACTORS, None))
         long_short = [self.tensors.pop(name, None) for name in _LONGROPE_FACTORS]
         self.longrope_factors = self._longrope_factors(*long_short)
@@ -304,6 +318,14 @@ class GGUFFile:
                 part = name.replace(".ssm_ba.", f".{kind}.")
                 self.tensors[part] = GGUFTensor(part, both.type_name, value_heads, both.cols,
                                                 both.data[grouped[:, half].reshape(-1)])
+
+    def _flatten_group_norms(self) -> None:
+        """A Mamba2 layer's gated norm, which the converter writes [groups, width / groups]: the vector it is."""
+        if self.arch != "nemotron_h":
+            return
+        for name, norm in list(self.tensors.items()):
+            if name.endswith(".ssm_norm.weight") and norm.cols:
+                self.tensors[name] = GGUFTensor(name, norm.type_name, norm.rows * norm.cols, 0, norm.data.reshape(-1))
 
     def _rope_factors(self, tensor: GGUFTensor | None) -> tuple[float, ...] | None:
         """The per-frequency rope divisors of the file's `rope_freqs` tensor (the converter writes it for
@@ -351,13 +373,12 @@ class GGUFFile:
             architectures=[architecture],
             num_hidden_layers=layers,
             hidden_size=hidden,
-            intermediate_size=int(self._arch_value("feed_forward_length", 0) or self._arch_value(
-                "expert_feed_forward_length")),
+            intermediate_size=self._intermediate_size(),
             num_attention_heads=heads,
             num_key_value_heads=max(self._kv_heads_per_layer(heads, layers)),
             head_dim=int(head_dim),
             max_position_embeddings=int(self._arch_value("context_length")),
-            rms_norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
+            rms_norm_eps=self._rms_norm_eps(1e-6),
             vocab_size=int(vocab),
             tie_word_embeddings="output.weight" not in self.tensors,
             rope_parameters=self._rope(),
@@ -374,6 +395,8 @@ class GGUFFile:
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "lfm2moe":
             fields.update(self._lfm2_moe_fields())
+        if self.arch == "nemotron_h":
+            fields.update(self._nemotron_h_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch in _DELTA_NET:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
         if self.arch in ("qwen35moe", "qwen3next"):
@@ -393,6 +416,22 @@ class GGUFFile:
         if self.arch in _MIXTURE_OF and int(self._arch_value("expert_count", 0) or 0):
             return _MIXTURE_OF[self.arch]
         return ARCHITECTURES[self.arch], _MODEL_TYPES.get(self.arch, self.arch)
+
+    def _rms_norm_eps(self, default: float) -> float:
+        """The RMS norms' epsilon: `attention.layer_norm_rms_epsilon`, or (as llama.cpp reads a Nemotron-H file,
+        whose converter writes only it) `attention.layer_norm_epsilon`."""
+        eps = self._arch_value("attention.layer_norm_rms_epsilon")
+        if eps is None and self.arch == "nemotron_h":
+            eps = self._arch_value("attention.layer_norm_epsilon")
+        return float(default if eps is None else eps)
+
+    def _intermediate_size(self) -> int:
+        """The MLP width: `feed_forward_length` (per layer in a Nemotron-H file, 0 where a layer has no MLP: the
+        widest), or the experts' where the file states none."""
+        width = self._arch_value("feed_forward_length", 0)
+        if isinstance(width, list):
+            return max(int(w) for w in width)
+        return int(width or self._arch_value("expert_feed_forward_length"))
 
     def _expert_fields(self) -> dict[str, Any]:
         """A MoE file's routed experts: how many, how many per token, how wide; llama.cpp always renormalises
@@ -435,9 +474,10 @@ class GGUFFile:
         kv = self._arch_value("attention.head_count_kv", heads)
         if not isinstance(kv, list):
             return [int(kv)] * layers
-        if self.arch not in _LFM2 or len(kv) != layers or not any(kv):
+        if self.arch not in (*_LFM2, "nemotron_h") or len(kv) != layers or not any(kv):
             raise ValueError(f"{self.path.name}: per-layer kv head counts ({self.arch}.attention.head_count_kv, "
-                             f"{len(kv)} values for {layers} layers) are read from an lfm2 or lfm2moe file only")
+                             f"{len(kv)} values for {layers} layers) are read from an lfm2, lfm2moe or nemotron_h "
+                             "file only")
         return [int(n) for n in kv]
 
     def _lfm2_fields(self, kv_heads: list[int]) -> dict[str, Any]:
@@ -449,6 +489,25 @@ class GGUFFile:
                     conv_L_cache=int(self._arch_value("shortconv.l_cache")), block_auto_adjust_ff_dim=False,
                     conv_bias=any(name.endswith(".shortconv.in_proj.bias") for name in self.tensors),
                     norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-5)))
+
+    def _nemotron_h_fields(self, kv_heads: list[int]) -> dict[str, Any]:
+        """Nemotron-H's fields: each layer one block, which the per-layer arrays tell (kv heads: attention; an
+        MLP width: a squared-ReLU MLP; neither: a Mamba2 mixer of the `ssm.*` shape, `ssm.time_step_rank`
+        heads); no position embedding."""
+        widths = self._arch_value("feed_forward_length")
+        widths = widths if isinstance(widths, list) else [int(widths)] * len(kv_heads)
+        if len(widths) != len(kv_heads):
+            raise ValueError(f"{self.path.name}: {len(widths)} feed_forward_length values for {len(kv_heads)} layers")
+        heads = int(self._arch_value("ssm.time_step_rank"))
+        return dict(layers_block_type=["full_attention" if kv else "mlp" if width else "linear_attention"
+                                       for kv, width in zip(kv_heads, widths)],
+                    intermediate_size=max(int(w) for w in widths), mamba_num_heads=heads,
+                    mamba_head_dim=int(self._arch_value("ssm.inner_size")) // heads,
+                    ssm_state_size=int(self._arch_value("ssm.state_size")), n_groups=int(self._arch_value("ssm.group_count")),
+                    conv_kernel=int(self._arch_value("ssm.conv_kernel")),
+                    use_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
+                    use_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
+                    layer_norm_epsilon=self._rms_norm_eps(1e-5))
 
     def _lfm2_moe_fields(self) -> dict[str, Any]:
         """LFM2-MoE's fields as llama.cpp reads them: `leading_dense_block_count` dense layers, then experts
@@ -492,7 +551,7 @@ class GGUFFile:
         columns = self.value_columns(tensor, spec)
         if columns is not None:
             values = values[:, columns]
-        if self.arch in _DELTA_NET and tensor.name.endswith(".ssm_a"):
+        if self.arch in _NEGATED_A and tensor.name.endswith(".ssm_a"):
             if not (values < 0).all():
                 raise ValueError(f"{self.path.name}: tensor {tensor.name} holds a value that is not negative; the "
                                  "converter writes -exp(A_log) there")
@@ -626,14 +685,15 @@ class GGUFFile:
         """The HF checkpoint name of a GGUF tensor name (unknown names come back as they are)."""
         block = _BLOCK_NAME.match(name)
         whole = _WHOLE_LAYER_TENSORS_OF.get(self.arch, {})
+        layers = _LAYER_PREFIX_OF.get(self.arch, "model.layers")
         if block and block.group(2) in whole:
-            return f"model.layers.{block.group(1)}.{whole[block.group(2)]}"
+            return f"{layers}.{block.group(1)}.{whole[block.group(2)]}"
         base, dot, leaf = name.rpartition(".")
         if base.startswith("blk."):
             _, index, kind = base.split(".", 2)
             layer_tensors = _LAYER_TENSORS_OF.get(self.arch, _LAYER_TENSORS)
             if kind in layer_tensors:
-                return f"model.layers.{index}.{layer_tensors[kind]}{dot}{leaf}"
+                return f"{layers}.{index}.{layer_tensors[kind]}{dot}{leaf}"
             part = _EXPERT_PART.match(kind)
             if part:
                 return f"model.layers.{index}.mlp.experts.{part.group(2)}.{part.group(1)}_proj{dot}{leaf}"

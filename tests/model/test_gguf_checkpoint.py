@@ -1,6 +1,6 @@
 """GGUF files served directly: tiny llama/qwen2/qwen3/qwen3moe/gemma2/gemma3/phi3/lfm2/qwen35(moe)/gpt-oss/Mixtral/
-LFM2-MoE/Qwen3-Next files written here (tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry
-(Llama 3.1's factors, Phi-3's partial rotary and LongRoPE).
+LFM2-MoE/Qwen3-Next/Nemotron-H files written here (tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope
+settings files carry (Llama 3.1's factors, Phi-3's partial rotary and LongRoPE).
 
 Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
 dtype), a file's greedy output is transformers' (which reads the same file) token for token; its
@@ -28,6 +28,7 @@ from tiny_gguf import (
     write_gpt_oss_gguf,
     write_lfm2_moe_gguf,
     write_mixtral_gguf,
+    write_nemotron_h_gguf,
     write_qwen3_next_gguf,
     write_tiny_gguf,
 )
@@ -387,7 +388,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
-                       "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next")
+                       "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -489,6 +490,10 @@ FROM_TRANSFORMERS = {
     # first version (ssm_in, q/k/v/z grouped per key head as transformers' in_proj_qkvz)
     "qwen3next": (write_qwen3_next_gguf, QWEN3_NEXT_TYPES),
     "qwen3next-ssm_in": (functools.partial(write_qwen3_next_gguf, fused=True), QWEN3_NEXT_TYPES),
+    # Mamba2 mixers, attention and squared-ReLU MLPs (no experts)
+    "nemotron_h": (write_nemotron_h_gguf, {"ssm_in": "Q8_0", "ssm_out": "Q4_1", "attn_q": "Q8_0", "attn_k": "Q8_0",
+                                           "attn_v": "Q4_0", "attn_output": "Q8_0", "ffn_up": "Q4_0", "ffn_down": "Q5_0",
+                                           "token_embd": "Q8_0", "output": "Q8_0"}),
 }
 
 
@@ -501,15 +506,16 @@ def from_transformers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tup
 
 @needs_kernels
 @pytest.mark.parametrize("arch", sorted(FROM_TRANSFORMERS))
-def test_a_moe_file_serves_its_experts_as_shipped_as_transformers(from_transformers: dict[str, tuple[Path, Any]],
-                                                                  arch: str, tokenizer_cache: None,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """gpt-oss (sinks, biases, every other layer sliding, YaRN, MXFP4 experts with biases), Mixtral (a
-    `llama` file with experts), LFM2-MoE (a hybrid: a dense layer, sigmoid routing with an expert bias) and
-    Qwen3-Next (DeltaNet layers under experts, in both of its converter's layouts) from their GGUF, the
-    experts kept in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as
-    transformers on the same weights, kept (float32 activations) and dequantized; a cached prefix resumes
-    as well; with the default int8 activations, transformers' argmax at most positions, teacher-forced."""
+def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
+        from_transformers: dict[str, tuple[Path, Any]], arch: str, tokenizer_cache: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """gpt-oss (sinks, biases, every other layer sliding, YaRN, MXFP4 experts with biases), Mixtral (a `llama`
+    file with experts), LFM2-MoE (a hybrid: a dense layer, sigmoid routing with an expert bias), Qwen3-Next
+    (DeltaNet layers under experts, in both of its converter's layouts) and Nemotron-H (Mamba2 mixers,
+    attention, MLPs: one block a layer) from their GGUF, the experts kept in their blocks (gpt-oss's in the
+    C++ kernel's MXFP4 format): greedy token for token as transformers on the same weights, kept (float32
+    activations) and dequantized; a cached prefix resumes as well; with the default int8 activations,
+    transformers' argmax at most positions, teacher-forced."""
     path, hf = from_transformers[arch]
     with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
         kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
@@ -517,7 +523,7 @@ def test_a_moe_file_serves_its_experts_as_shipped_as_transformers(from_transform
     if not kept.engine.config.enforce_eager:
         experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
         moe_layers = sum(layer.mlp is not None and layer.mlp.is_moe for layer in kept.engine.spec.layers)
-        assert len(experts) == moe_layers > 0 and all(isinstance(e, GgmlExperts) for e in experts)
+        assert len(experts) == moe_layers and all(isinstance(e, GgmlExperts) for e in experts)
         assert "served as shipped (" in caplog.text and "dequantized" not in caplog.text  # every block kept
         if arch == "gpt-oss":
             blocks = 2 * tiny_gguf.GPT_OSS_EXPERT_WIDTH // 16  # gate rows then up rows, 16 to a block
@@ -532,15 +538,14 @@ def test_a_moe_file_serves_its_experts_as_shipped_as_transformers(from_transform
     if llm.engine.config.enforce_eager:
         return
     agree, total = _teacher_forced_agreement(llm, hf)
-    # 24, 22, 24 and 17 of 24 on the gpt-oss, Mixtral, LFM2-MoE and Qwen3-Next files: 8-bit inputs move a
-    # router's choice now and then, which changes a token's output more than a dense layer's rounding does;
-    # a broken path agrees by chance only
+    # 24, 22, 24, 17 and 23 of 24 on the gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next and Nemotron-H files: 8-bit
+    # inputs move a router's choice now and then, which changes a token's output more than a dense layer's
+    # rounding does; a broken path agrees by chance only
     assert agree >= 0.6 * total
 
 
 @pytest.mark.parametrize("arch", sorted(FROM_TRANSFORMERS))
-def test_a_moe_files_weights_dequantized_are_transformers(from_transformers: dict[str, tuple[Path, Any]],
-                                                          arch: str) -> None:
+def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[str, tuple[Path, Any]], arch: str) -> None:
     """Every weight of the file, dequantized at load, is transformers' bit for bit: gpt-oss's experts' gate and
     up columns un-interleaved, transposed, with their biases, its sinks and router bias; Mixtral's q/k rows
     un-permuted, its experts and router; LFM2-MoE's dense layer, convolutions, experts, router and expert bias;
@@ -550,8 +555,24 @@ def test_a_moe_files_weights_dequantized_are_transformers(from_transformers: dic
     path, hf = from_transformers[arch]
     model, spec = load_model(path, torch.float32, CPU, keep_quantized=False)
     ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
-    assert torch.equal(ours["model.embed_tokens.weight"], theirs["model.embed_tokens.weight"])
+    embeddings = "model.embeddings.weight" if arch == "nemotron_h" else "model.embed_tokens.weight"
+    assert torch.equal(ours["model.embed_tokens.weight"], theirs[embeddings])
     assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])
+    if arch == "nemotron_h":
+        for i, kind in enumerate(tiny_gguf.NEMOTRON_H_LAYERS):
+            p, m = f"model.layers.{i}.", f"model.layers.{i}.mixer."
+            norm = "post_attention_layernorm" if kind == "mlp" else "input_layernorm"
+            assert torch.equal(ours[p + norm + ".weight"], theirs[p + "norm.weight"])
+            if kind == "linear_attention":
+                for name in ("in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight",
+                             "out_proj.weight"):
+                    assert torch.equal(ours[p + "mamba." + name], theirs[m + name]), name
+            elif kind == "full_attention":  # q/k un-permuted
+                attention = [theirs[m + f"{n}_proj.weight"] for n in "qkv"]
+                assert torch.equal(ours[p + "self_attn.qkv_proj.weight"], torch.cat(attention))
+            else:
+                assert torch.equal(ours[p + "mlp.up_proj.weight"], theirs[m + "up_proj.weight"])
+        return
     if arch.startswith("qwen3next"):
         d = hf.config
         per_key = d.linear_num_value_heads // d.linear_num_key_heads
