@@ -20,6 +20,8 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py lfm2moe --outtype f32   # a hybrid MoE: sigmoid routing, expert bias
     python scripts/gguf_converter_check.py qwen3next --outtype f32 # Gated DeltaNet layers under experts
     python scripts/gguf_converter_check.py nemotron_h --outtype f32 # Mamba2 mixers, attention, MLPs
+    python scripts/gguf_converter_check.py granitehybrid --outtype f32      # Granite 4: Mamba2 and attention
+    python scripts/gguf_converter_check.py granitehybrid-moe --outtype f32  # ... with experts
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -114,6 +116,21 @@ CONFIGS = {
         mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
         num_hidden_layers=6, max_position_embeddings=4096)),
+    # Granite 4 (dense and MoE): Mamba2 mixers and attention layers, each with the shared MLP; Granite's multipliers
+    # (untied, the logits multiplied by 4, so that greedy replies do not echo the last token)
+    "granitehybrid": ("granitemoehybrid", "GraniteMoeHybridForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, num_local_experts=0,
+        shared_intermediate_size=96, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2,
+        mamba_d_conv=4, mamba_chunk_size=8, mamba_expand=2, embedding_multiplier=4.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=0.25, position_embedding_type="nope", max_position_embeddings=4096,
+        tie_word_embeddings=False, layer_types=["mamba", "attention", "mamba", "mamba"])),
+    "granitehybrid-moe": ("granitemoehybrid", "GraniteMoeHybridForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=96, mamba_n_heads=8, mamba_d_head=16,
+        mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8, mamba_expand=2,
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=0.25,
+        position_embedding_type="nope", max_position_embeddings=4096, tie_word_embeddings=False,
+        layer_types=["mamba", "attention", "mamba", "mamba"])),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -123,8 +140,8 @@ CONFIGS = {
 
 
 # norm weights drawn around this mean (else 0): Qwen3's q/k norms near 1 keep its attention scores large
-# enough that the rope shows in the replies
-NORM_MEAN = {"qwen3": 1.0}
+# enough that the rope shows in the replies; Granite 4's keep its replies from settling into a loop
+NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0}
 
 
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
@@ -160,8 +177,8 @@ def convert(checkpoint: Path, gguf_path: Path, outtype: str) -> None:
     if not sources:
         sys.exit("llama.cpp's converter is not unpacked in .peers/src: run `make peers-llama` first")
     config = (checkpoint / "config.json").read_text()
-    if '"nemotron_h"' in config:
-        checkpoint = _as_published_nemotron_h(checkpoint)
+    if '"nemotron_h"' in config or '"granitemoehybrid"' in config:
+        checkpoint = _as_published(checkpoint)
     # a tiny checkpoint has no multi-token-prediction block, which the converter expects of Qwen3.5's and Qwen3-Next's
     no_mtp = ["--no-mtp"] if "qwen3_5" in config or "qwen3_next" in config else []
     done = subprocess.run([sys.executable, str(sources[-1]), str(checkpoint), "--outfile", str(gguf_path),
@@ -170,25 +187,32 @@ def convert(checkpoint: Path, gguf_path: Path, outtype: str) -> None:
         sys.exit(f"llama.cpp's converter failed:\n{done.stderr[-3000:]}")
 
 
-def _as_published_nemotron_h(checkpoint: Path) -> Path:
-    """A copy of a dense Nemotron-H checkpoint the converter reads as NVIDIA's. transformers 5.24 writes MoE
-    fields into every Nemotron-H config, and the converter, which reads the config through transformers, takes
-    num_experts_per_tok for a MoE model (nemotron_h_moe). NVIDIA's configs name a model type of their own
-    remote code, which transformers does not load, so the converter reads config.json as it is: so does this
-    copy's, without the MoE fields (the converter would write an expert count, which llama.cpp takes for
-    experts). Its layers are NVIDIA's `hybrid_override_pattern` (M, * and -), as the converter reads a dense
-    model's MLPs."""
+def _as_published(checkpoint: Path) -> Path:
+    """A copy of a tiny Nemotron-H or Granite 4 checkpoint with the config its publisher writes, which the
+    converter reads as it is. transformers 5.24 rewrites these configs: it names the layer kinds
+    linear_attention and full_attention (IBM's: mamba and attention; NVIDIA's: a `hybrid_override_pattern` of
+    M, * and -) and writes MoE fields into every config (the converter takes Nemotron-H's num_experts_per_tok
+    for a MoE model and writes expert counts, which llama.cpp takes for experts). The converter reads a
+    config through transformers where it can; the copy names a model type transformers does not know, as the
+    publishers' remote-code configs did, so that it reads config.json instead."""
     copy = checkpoint.with_name(checkpoint.name + "-as-published")
     shutil.copytree(checkpoint, copy)
     config = json.loads((copy / "config.json").read_text())
-    symbols = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
-    pattern = "".join(symbols[kind] for kind in config.pop("layers_block_type"))
-    moe = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
-           "routed_scaling_factor", "norm_topk_prob", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
-           "moe_latent_size")
-    config = {key: value for key, value in config.items() if key not in moe}
-    (copy / "config.json").write_text(json.dumps({**config, "model_type": "nemotron_h_published",
-                                                  "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)}))
+    if config["model_type"] == "nemotron_h":
+        symbols = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
+        pattern = "".join(symbols[kind] for kind in config.pop("layers_block_type"))
+        moe = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
+               "routed_scaling_factor", "norm_topk_prob", "moe_intermediate_size",
+               "moe_shared_expert_intermediate_size", "moe_latent_size")
+        config = {key: value for key, value in config.items() if key not in moe}
+        config.update(hybrid_override_pattern=pattern, num_hidden_layers=len(pattern))
+    else:
+        kinds = {"linear_attention": "mamba", "full_attention": "attention"}
+        config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
+        if not config.get("num_local_experts"):  # a dense model's (transformers writes its defaults: 2 and 11008)
+            config.update(num_experts_per_tok=0, intermediate_size=config["shared_intermediate_size"])
+    config["model_type"] += "_as_published"
+    (copy / "config.json").write_text(json.dumps(config))
     return copy
 
 

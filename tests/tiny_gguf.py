@@ -1,15 +1,16 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
-lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next and Nemotron-H by `write_gpt_oss_gguf`,
-`write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf` and `write_nemotron_h_gguf`, from the
-transformers model they return), its tensors in the GGUF types a test asks for, and a small byte-level BPE
-tokenizer with a ChatML template in its metadata (262 tokens: a tokenizer of a real vocabulary would cost
-seconds per file to convert). Float weights are drawn seeded and quantized with `gguf.quants.quantize` where
-gguf implements the type (Q4_0, Q4_1, Q8_0, the float types); the K-quants, which it cannot quantize, get
-random blocks with small fp16 scales, so their values stay in a model's range. Llama's q/k rows are stored
-permuted as the converter permutes them (pairs of a head's halves interleaved); the others' rows are not. Norm
-weights are drawn near 1, which for Gemma and Qwen3.5 is what the converter writes (1 + w).
+lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H and Granite 4 by
+`write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
+`write_nemotron_h_gguf` and `write_granite_hybrid_gguf`, from the transformers model they return), its tensors
+in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
+(262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights are drawn
+seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float
+types); the K-quants, which it cannot quantize, get random blocks with small fp16 scales, so their values stay
+in a model's range. Llama's q/k rows are stored permuted as the converter permutes them (pairs of a head's
+halves interleaved); the others' rows are not. Norm weights are drawn near 1, which for Gemma and Qwen3.5 is
+what the converter writes (1 + w).
 """
 
 from __future__ import annotations
@@ -387,6 +388,11 @@ QWEN3_NEXT_EXPERT_WIDTH = 64
 NEMOTRON_H_LAYERS = ("linear_attention", "mlp", "full_attention", "mlp", "linear_attention")
 MAMBA_HEADS, MAMBA_HEAD, MAMBA_GROUPS, MAMBA_STATE = 8, 32, 2, 16
 NEMOTRON_H_EPS = 0.01  # far from any default, so that reading the file's matters
+# Granite 4: Mamba2 mixers (as Nemotron-H's) and an attention layer, each with the shared MLP of 96 (and, with
+# experts, 4 experts of 64, 2 per token), no position embedding, Granite's multipliers
+GRANITE_LAYERS = ("linear_attention", "full_attention", "linear_attention")
+GRANITE_SHARED_WIDTH, GRANITE_EXPERT_WIDTH = 96, 64
+GRANITE_SCALES = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
 
 
 class _FromTransformers:
@@ -685,8 +691,6 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> t
     -exp(A_log), A and D as [heads, 1], the gated norm as [groups, width / groups] and the convolution kernels
     [channels, taps]; q/k rows permuted as Llama's
     (no rope turns them); and the transformers model the file holds."""
-    import torch
-
     heads, kv_heads = HEADS["llama"]
     f = _FromTransformers(path, "nemotron_h", types, seed, "nemotron_h", experts=False, rms_eps_key=False,
                           kv_heads=[kv_heads if kind == "full_attention" else 0 for kind in NEMOTRON_H_LAYERS],
@@ -711,18 +715,7 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> t
         f.own(p + "norm.weight", b + "attn_norm.weight", "attn_norm")
         m = p + "mixer."
         if kind == "linear_attention":
-            f.own(m + "in_proj.weight", b + "ssm_in.weight", "ssm_in")
-            conv = f.state[m + "conv1d.weight"]  # [channels, 1, taps], written [channels, taps]
-            conv.copy_(f.put(b + "ssm_conv1d.weight", "ssm_conv1d", conv[:, 0])[:, None])
-            f.own(m + "conv1d.bias", b + "ssm_conv1d.bias", "ssm_conv1d.bias")
-            f.own(m + "dt_bias", b + "ssm_dt.bias", "ssm_dt")
-            a_log = f.state[m + "A_log"]
-            a_log.copy_(torch.log(-f.put(b + "ssm_a", "ssm_a", -torch.exp(a_log)[:, None])[:, 0]))
-            d = f.state[m + "D"]
-            d.copy_(f.put(b + "ssm_d", "ssm_d", d[:, None])[:, 0])
-            norm = f.state[m + "norm.weight"]
-            norm.copy_(f.put(b + "ssm_norm.weight", "ssm_norm", norm.reshape(MAMBA_GROUPS, -1)).reshape(-1))
-            f.own(m + "out_proj.weight", b + "ssm_out.weight", "ssm_out")
+            _mamba2(f, m, b)
         elif kind == "full_attention":
             f.own(m + "q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
             f.own(m + "k_proj.weight", b + "attn_k.weight", "attn_k",
@@ -733,5 +726,80 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> t
             f.own(m + "up_proj.weight", b + "ffn_up.weight", "ffn_up")
             f.own(m + "down_proj.weight", b + "ffn_down.weight", "ffn_down")
     f.own("model.norm_f.weight", "output_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def _mamba2(f: _FromTransformers, mixer: str, block: str) -> None:
+    """A Mamba2 mixer as the converter writes one: A as -exp(A_log), A and D as [heads, 1], the gated norm as
+    [groups, width / groups], the convolution kernel [channels, taps]."""
+    import torch
+
+    f.own(mixer + "in_proj.weight", block + "ssm_in.weight", "ssm_in")
+    conv = f.state[mixer + "conv1d.weight"]  # [channels, 1, taps], written [channels, taps]
+    conv.copy_(f.put(block + "ssm_conv1d.weight", "ssm_conv1d", conv[:, 0])[:, None])
+    f.own(mixer + "conv1d.bias", block + "ssm_conv1d.bias", "ssm_conv1d.bias")
+    f.own(mixer + "dt_bias", block + "ssm_dt.bias", "ssm_dt")
+    a_log = f.state[mixer + "A_log"]
+    a_log.copy_(torch.log(-f.put(block + "ssm_a", "ssm_a", -torch.exp(a_log)[:, None])[:, 0]))
+    d = f.state[mixer + "D"]
+    d.copy_(f.put(block + "ssm_d", "ssm_d", d[:, None])[:, 0])
+    norm = f.state[mixer + "norm.weight"]
+    norm.copy_(f.put(block + "ssm_norm.weight", "ssm_norm", norm.reshape(MAMBA_GROUPS, -1)).reshape(-1))
+    f.own(mixer + "out_proj.weight", block + "ssm_out.weight", "ssm_out")
+
+
+def write_granite_hybrid_gguf(path: Path, types: dict[str, str], seed: int = 0, experts: bool = False
+                              ) -> tuple[Path, Any]:
+    """A tiny Granite 4 GGUF as llama.cpp's converter writes one: a kv head count per layer (0 on a Mamba2
+    layer), Granite's multipliers as its scales, no rope (`rope.scaling.finetuned` false), q/k rows permuted
+    as Llama's, the shared MLP's gate and up rows apart (ffn_gate / ffn_up, or beside `experts` ffn_*_shexp,
+    and then the experts' as Mixtral's); and the transformers model the file holds."""
+    heads, kv_heads = HEADS["llama"]
+    fields: dict[str, Any] = dict(num_local_experts=EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN,
+                                  intermediate_size=GRANITE_EXPERT_WIDTH) if experts else dict(num_local_experts=0)
+    f = _FromTransformers(path, "granitehybrid", types, seed, "granitemoehybrid", experts=experts,
+                          kv_heads=[kv_heads if kind == "full_attention" else 0 for kind in GRANITE_LAYERS],
+                          num_hidden_layers=len(GRANITE_LAYERS), layer_types=list(GRANITE_LAYERS),
+                          num_attention_heads=heads, num_key_value_heads=kv_heads,
+                          shared_intermediate_size=GRANITE_SHARED_WIDTH, mamba_n_heads=MAMBA_HEADS,
+                          mamba_d_head=MAMBA_HEAD, mamba_d_state=MAMBA_STATE, mamba_n_groups=MAMBA_GROUPS,
+                          mamba_d_conv=DELTA_TAPS, mamba_expand=MAMBA_HEADS * MAMBA_HEAD // HIDDEN,
+                          position_embedding_type="nope", **GRANITE_SCALES, **fields)
+    w = f.writer
+    w.add_feed_forward_length(GRANITE_EXPERT_WIDTH if experts else GRANITE_SHARED_WIDTH)
+    w.add_expert_shared_feed_forward_length(GRANITE_SHARED_WIDTH)
+    w.add_ssm_conv_kernel(DELTA_TAPS)
+    w.add_ssm_state_size(MAMBA_STATE)
+    w.add_ssm_group_count(MAMBA_GROUPS)
+    w.add_ssm_inner_size(MAMBA_HEADS * MAMBA_HEAD)
+    w.add_ssm_time_step_rank(MAMBA_HEADS)
+    w.add_attention_scale(GRANITE_SCALES["attention_multiplier"])
+    w.add_embedding_scale(GRANITE_SCALES["embedding_multiplier"])
+    w.add_residual_scale(GRANITE_SCALES["residual_multiplier"])
+    w.add_logit_scale(GRANITE_SCALES["logits_scaling"])
+    w.add_rope_scaling_finetuned(False)
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i, kind in enumerate(GRANITE_LAYERS):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
+        f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
+        if kind == "linear_attention":
+            _mamba2(f, p + "mamba.", b)
+        else:
+            f.own(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
+            f.own(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k",
+                  llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
+            f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
+            f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+        shared = "_shexp" if experts else ""
+        gate_up = f.state[p + "shared_mlp.input_linear.weight"]  # [2S, H]: gate rows, then up rows
+        for rows, part in ((slice(0, GRANITE_SHARED_WIDTH), "gate"), (slice(GRANITE_SHARED_WIDTH, None), "up")):
+            gate_up[rows] = f.put(b + f"ffn_{part}{shared}.weight", f"ffn_{part}{shared}", gate_up[rows])
+        f.own(p + "shared_mlp.output_linear.weight", b + f"ffn_down{shared}.weight", f"ffn_down{shared}")
+        if experts:
+            f.own(p + "block_sparse_moe.router.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+            f.experts(p + "block_sparse_moe.experts.", b)
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()

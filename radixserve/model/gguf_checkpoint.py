@@ -30,14 +30,17 @@ layers by a kv head count per layer (`_lfm2_fields`), and a tensor the converter
 dimensions dropped (LFM2's convolution kernels) takes its parameter's shape; a Qwen3.5 file's DeltaNet
 value heads are regrouped by key head (`_value_head_rows`, `value_columns`: the converter tiles them), its
 A taken back from -exp(A_log) and its multi-token-prediction block dropped (Qwen3.5-MoE's too, whose
-shared expert loads as transformers names it). A file
-means what llama.cpp computes from it: Gemma 2's and
-3's sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules
-where the metadata is silent (`_GEMMA_RULES`), their norm weights (and Qwen3.5's) are stored as 1 + w
-(`_SHIFTED_NORMS`), and Qwen3-MoE renormalises its chosen experts' weights. A MoE layer's stacked
-expert tensors are split per expert at load; served quantized, the experts stay in their blocks
-(`kernels.moe.GgmlExperts`). A cached tokenizer splits text as the converted one does
-(`_keep_as_converted`).
+shared expert loads as transformers names it); Qwen3-Next's are Qwen3.5's but for their value heads, in
+order, and its beta and alpha rows, in one tensor (`_split_beta_alpha`). Nemotron-H and Granite 4 name their
+layers' kinds by per-layer arrays and write Mamba2 mixers alike (`_MAMBA2`: A as -exp(A_log), the gated
+norm by groups, `_flatten_group_norms`). A file means what llama.cpp computes from it: Gemma 2's and 3's
+sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules where
+the metadata is silent (`_GEMMA_RULES`), as do gpt-oss's sliding pattern, Granite's scales and rope switch,
+and Nemotron-H's norm epsilon; Gemma's and Qwen3.5's norm weights are stored as 1 + w (`_SHIFTED_NORMS`),
+and Qwen3-MoE renormalises its chosen experts' weights. A MoE layer's stacked expert tensors (and gpt-oss's
+expert biases) are split per expert at load; served quantized, the experts stay in their blocks
+(`kernels.moe.GgmlExperts`; gpt-oss's MXFP4 too). A `llama` file with experts is Mixtral. A cached tokenizer
+splits text as the converted one does (`_keep_as_converted`).
 """
 
 from __future__ import annotations
@@ -78,13 +81,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM",
-                 "nemotron_h": "NemotronHForCausalLM"}
+                 "nemotron_h": "NemotronHForCausalLM", "granitehybrid": "GraniteMoeHybridForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
                 "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
-                "qwen3next": "qwen3_next"}
+                "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid"}
 _LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
 # files with Gated DeltaNet layers: Qwen3.5's and Qwen3-Next's, whose converter writes them alike but for the
@@ -96,7 +99,8 @@ _DELTA_NET = frozenset({*_QWEN35, "qwen3next"})
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 # the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
-_PERMUTED_QK = frozenset({"llama", "nemotron_h"})
+_PERMUTED_QK = frozenset({"llama", "nemotron_h", "granitehybrid"})
+_MAMBA2 = frozenset({"nemotron_h", "granitehybrid"})  # files with Mamba2 layers, which the converter writes alike
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
@@ -173,12 +177,20 @@ _WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_
                                                           "ssm_dt.bias": "linear_attn.dt_bias"}),
                            "gpt-oss": {"attn_sinks.weight": "self_attn.sinks"},
                            "lfm2moe": {"exp_probs_b.bias": "mlp.expert_bias"},
-                           "nemotron_h": {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D", "ssm_dt.bias": "mixer.dt_bias"}}
+                           "nemotron_h": {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D", "ssm_dt.bias": "mixer.dt_bias"},
+                           "granitehybrid": {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"}}
 # Nemotron-H: one block per layer (a Mamba2 mixer, attention or an MLP), named as its checkpoints name them
 _LAYER_TENSORS_OF["nemotron_h"] = {
     "attn_norm": "norm", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d", "ssm_norm": "mixer.norm",
     "ssm_out": "mixer.out_proj", "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj", "attn_v": "mixer.v_proj",
     "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj", "ffn_down": "mixer.down_proj"}
+# Granite 4: Mamba2 or attention, then its shared MLP (the dense models' MLP, beside the MoE models' experts),
+# whose gate and up rows the converter writes apart; named as its checkpoints name them (the shared MLP's
+# down projection), or by our own names where they hold it fused (gate and up)
+_LAYER_TENSORS_OF["granitehybrid"] = {
+    **_LAYER_TENSORS, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
+    "ssm_out": "mamba.out_proj", "ffn_down": "shared_mlp.output_linear", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "shared_mlp.output_linear"}
 _LAYER_PREFIX_OF = {"nemotron_h": "backbone.layers"}  # where not model.layers
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -187,7 +199,7 @@ _MODEL_TENSORS_OF = {**dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm"
                      "nemotron_h": {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
                                     "output": "lm_head"}}
 # files whose A is stored as -exp(A_log): the DeltaNet's and Mamba2's
-_NEGATED_A = frozenset({*_DELTA_NET, "nemotron_h"})
+_NEGATED_A = frozenset({*_DELTA_NET, *_MAMBA2})
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -321,7 +333,7 @@ class GGUFFile:
 
     def _flatten_group_norms(self) -> None:
         """A Mamba2 layer's gated norm, which the converter writes [groups, width / groups]: the vector it is."""
-        if self.arch != "nemotron_h":
+        if self.arch not in _MAMBA2:
             return
         for name, norm in list(self.tensors.items()):
             if name.endswith(".ssm_norm.weight") and norm.cols:
@@ -397,6 +409,8 @@ class GGUFFile:
             fields.update(self._lfm2_moe_fields())
         if self.arch == "nemotron_h":
             fields.update(self._nemotron_h_fields(self._kv_heads_per_layer(heads, layers)))
+        if self.arch == "granitehybrid":
+            fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
         if self.arch in _DELTA_NET:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
         if self.arch in ("qwen35moe", "qwen3next"):
@@ -474,10 +488,10 @@ class GGUFFile:
         kv = self._arch_value("attention.head_count_kv", heads)
         if not isinstance(kv, list):
             return [int(kv)] * layers
-        if self.arch not in (*_LFM2, "nemotron_h") or len(kv) != layers or not any(kv):
+        if self.arch not in (*_LFM2, *_MAMBA2) or len(kv) != layers or not any(kv):
             raise ValueError(f"{self.path.name}: per-layer kv head counts ({self.arch}.attention.head_count_kv, "
-                             f"{len(kv)} values for {layers} layers) are read from an lfm2, lfm2moe or nemotron_h "
-                             "file only")
+                             f"{len(kv)} values for {layers} layers) are read from an lfm2, lfm2moe, nemotron_h or "
+                             "granitehybrid file only")
         return [int(n) for n in kv]
 
     def _lfm2_fields(self, kv_heads: list[int]) -> dict[str, Any]:
@@ -508,6 +522,36 @@ class GGUFFile:
                     use_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
                     use_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
                     layer_norm_epsilon=self._rms_norm_eps(1e-5))
+
+    def _granite_hybrid_fields(self, kv_heads: list[int], head_dim: int) -> dict[str, Any]:
+        """Granite 4's fields as llama.cpp reads them: layers with kv heads attend, the others are Mamba2 mixers
+        (`ssm.*`); the rope turns only where `rope.scaling.finetuned` (true where absent) says so; its scales
+        where stated (else none, and queries by head_dim^-1/2); the MLP of `feed_forward_length`, or, beside
+        experts, a shared one of `expert_shared_feed_forward_length`."""
+        heads = int(self._arch_value("ssm.time_step_rank"))
+        inner = int(self._arch_value("ssm.inner_size"))
+        experts = int(self._arch_value("expert_count", 0) or 0)
+        fields: dict[str, Any] = dict(
+            layer_types=["full_attention" if kv else "linear_attention" for kv in kv_heads],
+            mamba_n_heads=heads, mamba_d_head=inner // heads, mamba_d_state=int(self._arch_value("ssm.state_size")),
+            mamba_n_groups=int(self._arch_value("ssm.group_count")), mamba_d_conv=int(self._arch_value("ssm.conv_kernel")),
+            mamba_expand=inner // int(self._arch_value("embedding_length")),
+            mamba_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
+            mamba_proj_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
+            position_embedding_type="rope" if self._arch_value("rope.scaling.finetuned", True) else "nope",
+            embedding_multiplier=float(self._arch_value("embedding_scale", 0.0) or 1.0),
+            residual_multiplier=float(self._arch_value("residual_scale", 0.0) or 1.0),
+            logits_scaling=float(self._arch_value("logit_scale", 0.0) or 1.0),
+            attention_multiplier=float(self._arch_value("attention.scale", 0.0) or head_dim ** -0.5),
+            num_local_experts=experts,
+            # (a dense model's shared MLP is its MLP, of feed_forward_length, as llama.cpp reads it)
+            shared_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")) if experts
+            else self._intermediate_size())
+        if experts:
+            fields.update(num_experts_per_tok=int(self._arch_value("expert_used_count")),
+                          intermediate_size=int(self._arch_value("expert_feed_forward_length", 0) or
+                                                self._intermediate_size()))
+        return fields
 
     def _lfm2_moe_fields(self) -> dict[str, Any]:
         """LFM2-MoE's fields as llama.cpp reads them: `leading_dense_block_count` dense layers, then experts
@@ -652,6 +696,8 @@ class GGUFFile:
 
     def spec(self) -> ModelSpec:
         spec = ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)
+        if self.arch == "granitehybrid":  # the converter writes the shared MLP's gate and up rows apart
+            spec = dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint, fused_gate_up=False))
         if self.arch == "qwen3next" and not self.fused_delta_projections:
             spec = dataclasses.replace(spec, layers=tuple(
                 layer if layer.delta_net is None else dataclasses.replace(
