@@ -22,6 +22,8 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py nemotron_h --outtype f32 # Mamba2 mixers, attention, MLPs
     python scripts/gguf_converter_check.py granitehybrid --outtype f32      # Granite 4: Mamba2 and attention
     python scripts/gguf_converter_check.py granitehybrid-moe --outtype f32  # ... with experts
+    python scripts/gguf_converter_check.py olmo3 --outtype f32     # post norms, a window, a scaled global rope
+    python scripts/gguf_converter_check.py smollm3 --outtype f32   # every fourth layer without rope
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -131,6 +133,25 @@ CONFIGS = {
         embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=0.25,
         position_embedding_type="nope", max_position_embeddings=4096, tie_word_embeddings=False,
         layer_types=["mamba", "attention", "mamba", "mamba"])),
+    # OLMo 2 (norms after attention and the MLP, q/k normed over all heads) and OLMo 3 (a window of 8 on three of
+    # every four layers, the global layers' rope scaled), both written as olmo2; untied, as llama.cpp requires
+    "olmo2": ("olmo2", "Olmo2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, tie_word_embeddings=False)),
+    "olmo3": ("olmo3", "Olmo3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, sliding_window=8, tie_word_embeddings=False,
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=10000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    # Llama's layout under names of their own: SmolLM3 (every fourth layer turns no rope) and Granite 3 (its
+    # multipliers); untied, so that greedy replies do not echo the last token
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, tie_word_embeddings=False, no_rope_layers=[1, 1, 1, 0], pad_token_id=None)),
+    "granite": ("granite", "GraniteForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, tie_word_embeddings=False, embedding_multiplier=4.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=0.25)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -140,8 +161,9 @@ CONFIGS = {
 
 
 # norm weights drawn around this mean (else 0): Qwen3's q/k norms near 1 keep its attention scores large
-# enough that the rope shows in the replies; Granite 4's keep its replies from settling into a loop
-NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0}
+# enough that the rope shows in the replies; Granite 4's and OLMo's keep their replies from settling into a loop
+NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0, "olmo2": 1.0, "olmo3": 1.0, "smollm3": 1.0,
+             "granite": 1.0}
 
 
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:

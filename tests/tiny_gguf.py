@@ -1,9 +1,10 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
-lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H and Granite 4 by
-`write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
-`write_nemotron_h_gguf` and `write_granite_hybrid_gguf`, from the transformers model they return), its tensors
+lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 4, OLMo 2 / 3, SmolLM3
+and Granite 3 by `write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
+`write_nemotron_h_gguf`, `write_granite_hybrid_gguf`, `write_olmo_gguf` and `write_llama_like_gguf`, from the
+transformers model they return), its tensors
 in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights are drawn
 seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float
@@ -392,6 +393,9 @@ NEMOTRON_H_EPS = 0.01  # far from any default, so that reading the file's matter
 # experts, 4 experts of 64, 2 per token), no position embedding, Granite's multipliers
 GRANITE_LAYERS = ("linear_attention", "full_attention", "linear_attention")
 GRANITE_SHARED_WIDTH, GRANITE_EXPERT_WIDTH = 96, 64
+# OLMo 3: a window of 8 on three of every four layers (OLMo 2: no window); its global layers' rope scaled
+OLMO_LAYERS, OLMO_WINDOW = 4, 8
+OLMO3_ROPE = dict(rope_type="linear", rope_theta=10000.0, factor=4.0)
 GRANITE_SCALES = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
 
 
@@ -409,7 +413,7 @@ class _FromTransformers:
         config = AutoConfig.for_model(model_type, **{
             "vocab_size": len(vocabulary()), "hidden_size": HIDDEN, "num_hidden_layers": 2,
             "max_position_embeddings": CONTEXT, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-            "eos_token_id": EOS_ID, "bos_token_id": 1, **fields})
+            "eos_token_id": EOS_ID, "bos_token_id": 1, "pad_token_id": None, **fields})
         self.layers = int(config.num_hidden_layers)
         torch.manual_seed(seed)
         self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -437,8 +441,10 @@ class _FromTransformers:
         w.add_embedding_length(HIDDEN)
         w.add_head_count(config.num_attention_heads)
         w.add_head_count_kv(config.num_key_value_heads if kv_heads is None else kv_heads)
-        if getattr(config, "rope_parameters", None):
-            w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+        rope = getattr(config, "rope_parameters", None) or {}
+        rope = rope.get("full_attention", rope)  # (OLMo 3's, per kind of layer: the global layers' base)
+        if "rope_theta" in rope:
+            w.add_rope_freq_base(float(rope["rope_theta"]))
         if rms_eps_key:  # (Nemotron-H's converter writes the norms' epsilon under layer_norm_epsilon)
             w.add_layer_norm_rms_eps(1e-5)
         if experts:
@@ -800,6 +806,76 @@ def write_granite_hybrid_gguf(path: Path, types: dict[str, str], seed: int = 0, 
         if experts:
             f.own(p + "block_sparse_moe.router.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
             f.experts(p + "block_sparse_moe.experts.", b)
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_olmo_gguf(path: Path, types: dict[str, str], seed: int = 0, window: bool = False) -> tuple[Path, Any]:
+    """A tiny OLMo 2 (or, with a `window`, OLMo 3) GGUF as llama.cpp's converter writes both, as `olmo2`: norms
+    after attention and after the MLP only, q and k normed over all their heads, rows not permuted; OLMo 3's
+    window with its default pattern (not written) and its global layers' rope scaling; and the transformers
+    model the file holds."""
+    heads, kv_heads = HEADS["llama"]
+    fields: dict[str, Any] = dict(
+        sliding_window=OLMO_WINDOW, rope_parameters={"full_attention": dict(OLMO3_ROPE), "sliding_attention": dict(
+            rope_type="default", rope_theta=OLMO3_ROPE["rope_theta"])}) if window else dict(
+        rope_parameters=dict(rope_type="default", rope_theta=OLMO3_ROPE["rope_theta"]))
+    f = _FromTransformers(path, "olmo2", types, seed, "olmo3" if window else "olmo2", experts=False,
+                          num_hidden_layers=OLMO_LAYERS, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                          intermediate_size=INTERMEDIATE, **fields)
+    w = f.writer
+    w.add_feed_forward_length(INTERMEDIATE)
+    if window:
+        w.add_sliding_window(OLMO_WINDOW)
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(OLMO3_ROPE["factor"])
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i in range(OLMO_LAYERS):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for ours, theirs in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"),
+                             ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
+            f.own(p + f"self_attn.{ours}.weight", b + f"{theirs}.weight", theirs)
+        f.own(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight", "post_attention_norm")
+        f.own(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight", "post_ffw_norm")
+        for ours, theirs in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            f.own(p + f"mlp.{ours}.weight", b + f"{theirs}.weight", theirs)
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_llama_like_gguf(path: Path, types: dict[str, str], seed: int = 0, arch: str = "smollm3") -> tuple[Path, Any]:
+    """A tiny file of a family llama.cpp's converter writes as Llama's (q/k rows permuted, attn_norm and
+    ffn_norm) under a name of its own: `smollm3` (every fourth layer turns no rope: llama.cpp's constant, not
+    in the file) or `granite` (Granite 3: its multipliers as the file's scales); and the transformers model the
+    file holds."""
+    heads, kv_heads = HEADS["llama"]
+    fields: dict[str, Any] = dict(GRANITE_SCALES) if arch == "granite" else dict(
+        no_rope_layers=[int((i + 1) % 4 != 0) for i in range(OLMO_LAYERS)])
+    f = _FromTransformers(path, arch, types, seed, arch, experts=False, num_hidden_layers=OLMO_LAYERS,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=INTERMEDIATE,
+                          rope_parameters=dict(rope_type="default", rope_theta=10000.0), **fields)
+    w = f.writer
+    w.add_feed_forward_length(INTERMEDIATE)
+    w.add_rope_dimension_count(HIDDEN // heads)
+    if arch == "granite":
+        w.add_attention_scale(GRANITE_SCALES["attention_multiplier"])
+        w.add_embedding_scale(GRANITE_SCALES["embedding_multiplier"])
+        w.add_residual_scale(GRANITE_SCALES["residual_multiplier"])
+        w.add_logit_scale(GRANITE_SCALES["logits_scaling"])
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i in range(OLMO_LAYERS):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
+        f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
+        f.own(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
+        f.own(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k",
+              llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
+        f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
+        f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+        for ours, theirs in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            f.own(p + f"mlp.{ours}.weight", b + f"{theirs}.weight", theirs)
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()

@@ -81,9 +81,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM",
-                 "nemotron_h": "NemotronHForCausalLM", "granitehybrid": "GraniteMoeHybridForCausalLM"}
+                 "nemotron_h": "NemotronHForCausalLM", "granitehybrid": "GraniteMoeHybridForCausalLM",
+                 "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
+# an `olmo2` file with a sliding window is OLMo 3 (llama.cpp's converter writes both as olmo2)
+_WINDOWED_OF = {"olmo2": ("Olmo3ForCausalLM", "olmo3")}
+_OLMO3_PERIOD = 4  # llama.cpp's sliding pattern for OLMo 3 where the file states none: the fourth layer global
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
                 "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
@@ -99,7 +103,8 @@ _DELTA_NET = frozenset({*_QWEN35, "qwen3next"})
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 # the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
-_PERMUTED_QK = frozenset({"llama", "nemotron_h", "granitehybrid"})
+_PERMUTED_QK = frozenset({"llama", "smollm3", "granite", "nemotron_h", "granitehybrid"})
+_SMOLLM3_NOPE_PERIOD = 4  # llama.cpp's SmolLM3: every fourth layer turns no rope (a constant, not in the file)
 _MAMBA2 = frozenset({"nemotron_h", "granitehybrid"})  # files with Mamba2 layers, which the converter writes alike
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
@@ -191,6 +196,9 @@ _LAYER_TENSORS_OF["granitehybrid"] = {
     **_LAYER_TENSORS, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
     "ssm_out": "mamba.out_proj", "ffn_down": "shared_mlp.output_linear", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "shared_mlp.output_linear"}
+# OLMo 2 and 3: norms after attention and after the MLP only, q and k normed over all their heads
+_LAYER_TENSORS_OF["olmo2"] = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
+                              "post_ffw_norm": "post_feedforward_layernorm"}
 _LAYER_PREFIX_OF = {"nemotron_h": "backbone.layers"}  # where not model.layers
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -314,7 +322,7 @@ class GGUFFile:
         return any(name.endswith(".ssm_in.weight") for name in self.tensors)
 
     def _split_beta_alpha(self) -> None:
-        """A Qwen3-Next file with q/k/v and z apart (its converter's since 2026) keeps beta and alpha in one
+        """A Qwen3-Next file with q/k/v and z apart (its converter's current layout) keeps beta and alpha in one
         tensor, per key head its value heads' beta rows then their alpha rows: served as Qwen3.5's
         `ssm_beta` and `ssm_alpha` (whole rows of the file, so quantized blocks stay as they are)."""
         if self.arch != "qwen3next" or self.fused_delta_projections:
@@ -411,6 +419,13 @@ class GGUFFile:
             fields.update(self._nemotron_h_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "granitehybrid":
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
+        if self.arch == "granite":
+            fields.update(self._granite_scales(int(head_dim)))
+            if not fields.pop("position_embedding_type") == "rope":
+                raise ValueError(f"{self.path.name}: a granite file without rope (granite.rope.scaling.finetuned false) "
+                                 "is not supported")
+        if self.arch == "smollm3":
+            fields["no_rope_layers"] = [int((i + 1) % _SMOLLM3_NOPE_PERIOD != 0) for i in range(layers)]
         if self.arch in _DELTA_NET:
             fields.update(self._qwen35_fields(layers, int(head_dim)))
         if self.arch in ("qwen35moe", "qwen3next"):
@@ -420,15 +435,31 @@ class GGUFFile:
             fields.update(self._expert_fields(), decoder_sparse_step=1, mlp_only_layers=[])
         if self.arch == "gpt-oss":
             fields.update(self._gpt_oss_fields(layers))
+        if model_type == "olmo3":
+            fields.update(self._olmo3_fields(layers))
         if model_type == "mixtral":
             fields.update(num_local_experts=int(self._arch_value("expert_count")), sliding_window=None,
                           num_experts_per_tok=int(self._arch_value("expert_used_count")))
         return AutoConfig.for_model(model_type, **fields)
 
+    def _olmo3_fields(self, layers: int) -> dict[str, Any]:
+        """OLMo 3's fields as llama.cpp reads an `olmo2` file with a window: the layers sliding by
+        `attention.sliding_window_pattern` (every fourth global where absent), the sliding layers' rope at
+        `rope.freq_base_swa` (else the global base), unscaled; the global layers' with the file's scaling."""
+        window = int(self._arch_value("attention.sliding_window"))
+        rope = self._rope()
+        local_base = float(self._arch_value("rope.freq_base_swa", rope["rope_theta"]))
+        return dict(layer_types=["sliding_attention" if s else "full_attention"
+                                 for s in self._sliding_layers(window, _OLMO3_PERIOD, layers)],
+                    sliding_window=window, rope_parameters={
+                        "full_attention": rope, "sliding_attention": {"rope_type": "default", "rope_theta": local_base}})
+
     def _architecture(self) -> tuple[str, str]:
         """The HF architecture and transformers model type the file is served as."""
         if self.arch in _MIXTURE_OF and int(self._arch_value("expert_count", 0) or 0):
             return _MIXTURE_OF[self.arch]
+        if self.arch in _WINDOWED_OF and int(self._arch_value("attention.sliding_window", 0) or 0):
+            return _WINDOWED_OF[self.arch]
         return ARCHITECTURES[self.arch], _MODEL_TYPES.get(self.arch, self.arch)
 
     def _rms_norm_eps(self, default: float) -> float:
@@ -525,24 +556,19 @@ class GGUFFile:
 
     def _granite_hybrid_fields(self, kv_heads: list[int], head_dim: int) -> dict[str, Any]:
         """Granite 4's fields as llama.cpp reads them: layers with kv heads attend, the others are Mamba2 mixers
-        (`ssm.*`); the rope turns only where `rope.scaling.finetuned` (true where absent) says so; its scales
-        where stated (else none, and queries by head_dim^-1/2); the MLP of `feed_forward_length`, or, beside
-        experts, a shared one of `expert_shared_feed_forward_length`."""
+        (`ssm.*`); Granite's scales and rope switch (`_granite_scales`); the MLP of `feed_forward_length`, or,
+        beside experts, a shared one of `expert_shared_feed_forward_length`."""
         heads = int(self._arch_value("ssm.time_step_rank"))
         inner = int(self._arch_value("ssm.inner_size"))
         experts = int(self._arch_value("expert_count", 0) or 0)
         fields: dict[str, Any] = dict(
+            self._granite_scales(head_dim),
             layer_types=["full_attention" if kv else "linear_attention" for kv in kv_heads],
             mamba_n_heads=heads, mamba_d_head=inner // heads, mamba_d_state=int(self._arch_value("ssm.state_size")),
             mamba_n_groups=int(self._arch_value("ssm.group_count")), mamba_d_conv=int(self._arch_value("ssm.conv_kernel")),
             mamba_expand=inner // int(self._arch_value("embedding_length")),
             mamba_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
             mamba_proj_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
-            position_embedding_type="rope" if self._arch_value("rope.scaling.finetuned", True) else "nope",
-            embedding_multiplier=float(self._arch_value("embedding_scale", 0.0) or 1.0),
-            residual_multiplier=float(self._arch_value("residual_scale", 0.0) or 1.0),
-            logits_scaling=float(self._arch_value("logit_scale", 0.0) or 1.0),
-            attention_multiplier=float(self._arch_value("attention.scale", 0.0) or head_dim ** -0.5),
             num_local_experts=experts,
             # (a dense model's shared MLP is its MLP, of feed_forward_length, as llama.cpp reads it)
             shared_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")) if experts
@@ -552,6 +578,16 @@ class GGUFFile:
                           intermediate_size=int(self._arch_value("expert_feed_forward_length", 0) or
                                                 self._intermediate_size()))
         return fields
+
+    def _granite_scales(self, head_dim: int) -> dict[str, Any]:
+        """Granite's multipliers as llama.cpp reads them (`embedding_scale`, `residual_scale`, `logit_scale`,
+        `attention.scale`; where absent, none, and queries by head_dim^-1/2), and whether the rope turns
+        (`rope.scaling.finetuned`, which Granite's converter uses as that switch; true where absent)."""
+        return dict(embedding_multiplier=float(self._arch_value("embedding_scale", 0.0) or 1.0),
+                    residual_multiplier=float(self._arch_value("residual_scale", 0.0) or 1.0),
+                    logits_scaling=float(self._arch_value("logit_scale", 0.0) or 1.0),
+                    attention_multiplier=float(self._arch_value("attention.scale", 0.0) or head_dim ** -0.5),
+                    position_embedding_type="rope" if self._arch_value("rope.scaling.finetuned", True) else "nope")
 
     def _lfm2_moe_fields(self) -> dict[str, Any]:
         """LFM2-MoE's fields as llama.cpp reads them: `leading_dense_block_count` dense layers, then experts

@@ -1,6 +1,7 @@
-"""GGUF files served directly: tiny llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, lfm2, qwen35(moe), gpt-oss,
-Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H and Granite 4 files written here (tiny_gguf.py) in every GGUF type the
-CPU kernels read, and the rope settings files carry (Llama 3.1's factors, Phi-3's partial rotary and LongRoPE).
+"""GGUF files served directly: tiny llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, lfm2, qwen35(moe),
+gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 3 and 4, OLMo 2 / 3 and SmolLM3 files written here
+(tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry (Llama 3.1's factors,
+Phi-3's partial rotary and LongRoPE).
 
 Served with their quantized tensors kept (the default on CPU) and dequantized at load (an explicit
 dtype), a file's greedy output is transformers' (which reads the same file) token for token; its
@@ -28,8 +29,10 @@ from tiny_gguf import (
     write_gpt_oss_gguf,
     write_granite_hybrid_gguf,
     write_lfm2_moe_gguf,
+    write_llama_like_gguf,
     write_mixtral_gguf,
     write_nemotron_h_gguf,
+    write_olmo_gguf,
     write_qwen3_next_gguf,
     write_tiny_gguf,
 )
@@ -390,7 +393,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h, "
-                       "granitehybrid")
+                       "granitehybrid, olmo2, smollm3, granite")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -477,6 +480,8 @@ GRANITE_TYPES = {"ssm_in": "Q8_0", "ssm_out": "Q4_0", "attn_q": "Q8_0", "attn_k"
                  "attn_output": "Q8_0", "ffn_gate": "Q5_0", "ffn_up": "Q5_0", "ffn_down": "Q8_0", "ffn_gate_shexp": "Q5_0",
                  "ffn_up_shexp": "Q5_0", "ffn_down_shexp": "Q8_0", "ffn_gate_exps": "Q4_0", "ffn_up_exps": "Q4_0",
                  "ffn_down_exps": "Q8_0", "token_embd": "Q8_0", "output": "Q8_0"}
+OLMO_TYPES = {"attn_q": "Q4_1", "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output": "Q5_1", "ffn_gate": "Q5_0",
+              "ffn_up": "Q5_0", "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q8_0"}
 # gpt-oss as its GGUF files ship: MXFP4 experts, the rest in block types (here several) and F32; Mixtral's
 # experts in three types
 FROM_TRANSFORMERS = {
@@ -503,6 +508,12 @@ FROM_TRANSFORMERS = {
     # Granite 4, dense and with experts: Mamba2 mixers and attention, the shared MLP, Granite's multipliers
     "granitehybrid": (write_granite_hybrid_gguf, GRANITE_TYPES),
     "granitehybrid-moe": (functools.partial(write_granite_hybrid_gguf, experts=True), GRANITE_TYPES),
+    # OLMo 2 and 3 (post norms; OLMo 3's window on three of four layers and its global layers' scaled rope)
+    "olmo2": (write_olmo_gguf, OLMO_TYPES),
+    "olmo3": (functools.partial(write_olmo_gguf, window=True), OLMO_TYPES),
+    # Llama's layout under names of their own: SmolLM3 (every fourth layer without rope) and Granite 3 (its scales)
+    "smollm3": (functools.partial(write_llama_like_gguf, arch="smollm3"), OLMO_TYPES),
+    "granite": (functools.partial(write_llama_like_gguf, arch="granite"), OLMO_TYPES),
 }
 
 
@@ -520,11 +531,12 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
         caplog: pytest.LogCaptureFixture) -> None:
     """gpt-oss (sinks, biases, every other layer sliding, YaRN, MXFP4 experts with biases), Mixtral (a `llama`
     file with experts), LFM2-MoE (a hybrid: a dense layer, sigmoid routing with an expert bias), Qwen3-Next
-    (DeltaNet layers under experts, in both of its converter's layouts), Nemotron-H (Mamba2 mixers,
-    attention, MLPs: one block a layer) and Granite 4 (Mamba2 and attention layers with a shared MLP, with and
-    without experts; Granite's multipliers) from their GGUF, the experts kept in their blocks (gpt-oss's in the
-    C++ kernel's MXFP4 format): greedy token for token as transformers on the same weights, kept (float32
-    activations) and dequantized; a cached prefix resumes as well; with the default int8 activations,
+    (DeltaNet layers under experts, in both of its converter's layouts), Nemotron-H (Mamba2 mixers, attention,
+    MLPs: one block a layer) and Granite 4 (Mamba2 and attention layers with a shared MLP, with and without
+    experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global rope), SmolLM3
+    (every fourth layer without rope) and Granite 3 (its scales) from their GGUF, the experts kept in their blocks
+    (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the same weights, kept
+    (float32 activations) and dequantized; a cached prefix resumes as well; with the default int8 activations,
     transformers' argmax at most positions, teacher-forced."""
     path, hf = from_transformers[arch]
     with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
@@ -548,9 +560,8 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     if llm.engine.config.enforce_eager:
         return
     agree, total = _teacher_forced_agreement(llm, hf)
-    # 24, 22, 24, 17, 23, 23 and 22 of 24 on the gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H and Granite
-    # 4 (dense, MoE) files: 8-bit inputs move a router's choice now and then, which changes a token's output more
-    # than a dense layer's rounding does; a broken path agrees by chance only
+    # 17 (Qwen3-Next) to 24 of 24 on these files: 8-bit inputs move a router's choice now and then, which changes
+    # a token's output more than a dense layer's rounding does; a broken path agrees by chance only
     assert agree >= 0.6 * total
 
 
@@ -560,7 +571,8 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     up columns un-interleaved, transposed, with their biases, its sinks and router bias; Mixtral's q/k rows
     un-permuted, its experts and router; LFM2-MoE's dense layer, convolutions, experts, router and expert bias;
     Qwen3-Next's DeltaNet projections (split out of transformers' per-key-head groups, or kept whole) and A;
-    Nemotron-H's and Granite 4's Mamba2 mixers and un-permuted q/k, Granite's shared MLP and experts."""
+    Nemotron-H's and Granite 4's Mamba2 mixers and un-permuted q/k, Granite's shared MLP and experts; OLMo's
+    post norms and whole-head q/k norms."""
     from radixserve.model.loader import _deinterleave
 
     path, hf = from_transformers[arch]
@@ -569,6 +581,22 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     embeddings = "model.embeddings.weight" if arch == "nemotron_h" else "model.embed_tokens.weight"
     assert torch.equal(ours["model.embed_tokens.weight"], theirs[embeddings])
     assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])
+    if arch in ("smollm3", "granite"):  # q/k un-permuted
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            attention = [theirs[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            assert torch.equal(ours[p + "self_attn.qkv_proj.weight"], torch.cat(attention))
+        return
+    if arch.startswith("olmo"):
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            attention = [theirs[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            assert torch.equal(ours[p + "self_attn.qkv_proj.weight"], torch.cat(attention))
+            mlp = [theirs[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]
+            assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], torch.cat(mlp))
+            for name in ("self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "post_feedforward_layernorm"):
+                assert torch.equal(ours[p + name + ".weight"], theirs[p + name + ".weight"]), name
+        return
     if arch.startswith("granitehybrid"):
         shared = "mlp.shared_expert." if arch == "granitehybrid-moe" else "mlp."
         for i, kind in enumerate(tiny_gguf.GRANITE_LAYERS):
