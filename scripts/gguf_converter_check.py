@@ -20,6 +20,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py lfm2moe --outtype f32   # a hybrid MoE: sigmoid routing, expert bias
     python scripts/gguf_converter_check.py qwen3next --outtype f32 # Gated DeltaNet layers under experts
     python scripts/gguf_converter_check.py nemotron_h --outtype f32 # Mamba2 mixers, attention, MLPs
+    python scripts/gguf_converter_check.py nemotron_h_moe --outtype f32  # ... with Nemotron 3's experts
     python scripts/gguf_converter_check.py granitehybrid --outtype f32      # Granite 4: Mamba2 and attention
     python scripts/gguf_converter_check.py granitehybrid-moe --outtype f32  # ... with experts
     python scripts/gguf_converter_check.py olmo3 --outtype f32     # post norms, a window, a scaled global rope
@@ -152,6 +153,15 @@ CONFIGS = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=4096, tie_word_embeddings=False, embedding_multiplier=4.0, residual_multiplier=0.5,
         attention_multiplier=0.2, logits_scaling=0.25)),
+    # Nemotron 3: Mamba2 mixers and attention with experts (sigmoid routing within the best of 2 groups, a correction
+    # bias, a shared expert, a latent space around the experts)
+    "nemotron_h_moe": ("nemotron_h", "NemotronHForCausalLM", dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=8,
+        mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2,
+        topk_group=1, routed_scaling_factor=2.5, moe_latent_size=24, num_hidden_layers=6,
+        layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"],
+        max_position_embeddings=4096)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -184,7 +194,8 @@ def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
         for name, param in model.named_parameters():
             param.normal_(NORM_MEAN.get(arch, 0.0) if "norm" in name else 0.0, 0.2 if "norm" in name else 0.08)
         for name, buffer in model.named_buffers():
-            if name.endswith("expert_bias"):  # (LFM2-MoE's: saved with the checkpoint, zero as initialised)
+            if name.endswith(("expert_bias", "e_score_correction_bias")):  # (LFM2-MoE's, Nemotron 3's: saved with the
+                # checkpoint, zero as initialised)
                 buffer.normal_(0.0, 0.2)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -221,12 +232,13 @@ def _as_published(checkpoint: Path) -> Path:
     shutil.copytree(checkpoint, copy)
     config = json.loads((copy / "config.json").read_text())
     if config["model_type"] == "nemotron_h":
-        symbols = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
+        symbols = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
         pattern = "".join(symbols[kind] for kind in config.pop("layers_block_type"))
         moe = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
                "routed_scaling_factor", "norm_topk_prob", "moe_intermediate_size",
                "moe_shared_expert_intermediate_size", "moe_latent_size")
-        config = {key: value for key, value in config.items() if key not in moe}
+        if "E" not in pattern:
+            config = {key: value for key, value in config.items() if key not in moe}
         config.update(hybrid_override_pattern=pattern, num_hidden_layers=len(pattern))
     else:
         kinds = {"linear_attention": "mamba", "full_attention": "attention"}

@@ -389,6 +389,9 @@ QWEN3_NEXT_EXPERT_WIDTH = 64
 NEMOTRON_H_LAYERS = ("linear_attention", "mlp", "full_attention", "mlp", "linear_attention")
 MAMBA_HEADS, MAMBA_HEAD, MAMBA_GROUPS, MAMBA_STATE = 8, 32, 2, 16
 NEMOTRON_H_EPS = 0.01  # far from any default, so that reading the file's matters
+# Nemotron 3 (nemotron_h_moe): experts of 64 within a latent space of 64, beside a shared expert of 512
+NEMOTRON_H_MOE_LAYERS = ("linear_attention", "moe", "full_attention", "moe", "linear_attention")
+NEMOTRON_3_EXPERT_WIDTH, NEMOTRON_3_LATENT = 64, 64
 # Granite 4: Mamba2 mixers (as Nemotron-H's) and an attention layer, each with the shared MLP of 96 (and, with
 # experts, 4 experts of 64, 2 per token), no position embedding, Granite's multipliers
 GRANITE_LAYERS = ("linear_attention", "full_attention", "linear_attention")
@@ -429,7 +432,7 @@ class _FromTransformers:
                         tuple(param.shape))
                 param.copy_(torch.from_numpy(values.astype(np.float32)))
             for name, buffer in self.model.named_buffers():  # (LFM2-MoE's expert bias is a buffer)
-                if name.endswith("expert_bias"):
+                if name.endswith(("expert_bias", "e_score_correction_bias")):
                     buffer.copy_(torch.from_numpy((0.2 * rng.standard_normal(tuple(buffer.shape))).astype(np.float32)))
         self.state = {**dict(self.model.named_buffers()), **{n: p.detach() for n, p in self.model.named_parameters()}}
         self.writer = gguf.GGUFWriter(str(path), arch)
@@ -691,23 +694,33 @@ def write_qwen3_next_gguf(path: Path, types: dict[str, str], seed: int = 0, fuse
     return f.finish()
 
 
-def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0, experts: bool = False
+                          ) -> tuple[Path, Any]:
     """A tiny Nemotron-H GGUF as llama.cpp's converter writes one: a kv head count and an MLP width per layer
     (0 where the layer has none); the norms' epsilon as `attention.layer_norm_epsilon`; Mamba2 mixers with A as
     -exp(A_log), A and D as [heads, 1], the gated norm as [groups, width / groups] and the convolution kernels
-    [channels, taps]; q/k rows permuted as Llama's
-    (no rope turns them); and the transformers model the file holds."""
+    [channels, taps]; q/k rows permuted as Llama's (no rope turns them). With `experts`, Nemotron 3's
+    (`nemotron_h_moe`): sigmoid routing within the best of 2 groups with a correction bias (exp_probs_b), a
+    shared expert, a latent space around the experts, its routing settings in the metadata. And the
+    transformers model the file holds."""
     heads, kv_heads = HEADS["llama"]
-    f = _FromTransformers(path, "nemotron_h", types, seed, "nemotron_h", experts=False, rms_eps_key=False,
-                          kv_heads=[kv_heads if kind == "full_attention" else 0 for kind in NEMOTRON_H_LAYERS],
-                          num_hidden_layers=len(NEMOTRON_H_LAYERS), layers_block_type=list(NEMOTRON_H_LAYERS),
+    layers = NEMOTRON_H_MOE_LAYERS if experts else NEMOTRON_H_LAYERS
+    moe: dict[str, Any] = dict(n_routed_experts=EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN,
+                               moe_intermediate_size=NEMOTRON_3_EXPERT_WIDTH, moe_latent_size=NEMOTRON_3_LATENT,
+                               moe_shared_expert_intermediate_size=INTERMEDIATE, n_group=2, topk_group=1,
+                               routed_scaling_factor=2.5, norm_topk_prob=True) if experts else {}
+    arch = "nemotron_h_moe" if experts else "nemotron_h"
+    f = _FromTransformers(path, arch, types, seed, "nemotron_h", experts=experts, rms_eps_key=False,
+                          kv_heads=[kv_heads if kind == "full_attention" else 0 for kind in layers],
+                          num_hidden_layers=len(layers), layers_block_type=list(layers),
                           num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=HIDDEN // heads,
                           intermediate_size=INTERMEDIATE, mamba_num_heads=MAMBA_HEADS, mamba_head_dim=MAMBA_HEAD,
                           ssm_state_size=MAMBA_STATE, n_groups=MAMBA_GROUPS, conv_kernel=DELTA_TAPS,
-                          layer_norm_epsilon=NEMOTRON_H_EPS)
+                          layer_norm_epsilon=NEMOTRON_H_EPS, **moe)
     w = f.writer
     w.add_layer_norm_eps(NEMOTRON_H_EPS)
-    w.add_feed_forward_length([INTERMEDIATE if kind == "mlp" else 0 for kind in NEMOTRON_H_LAYERS])
+    width = {"mlp": INTERMEDIATE, "moe": NEMOTRON_3_EXPERT_WIDTH}
+    w.add_feed_forward_length([width.get(kind, 0) for kind in layers])
     w.add_key_length(HIDDEN // heads)
     w.add_value_length(HIDDEN // heads)
     w.add_ssm_conv_kernel(DELTA_TAPS)
@@ -715,8 +728,16 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> t
     w.add_ssm_group_count(MAMBA_GROUPS)
     w.add_ssm_inner_size(MAMBA_HEADS * MAMBA_HEAD)
     w.add_ssm_time_step_rank(MAMBA_HEADS)
+    if experts:
+        w.add_expert_feed_forward_length(NEMOTRON_3_EXPERT_WIDTH)
+        w.add_expert_shared_feed_forward_length(INTERMEDIATE)
+        w.add_expert_group_count(moe["n_group"])
+        w.add_expert_group_used_count(moe["topk_group"])
+        w.add_expert_weights_norm(moe["norm_topk_prob"])
+        w.add_expert_weights_scale(moe["routed_scaling_factor"])
+        w.add_uint32(f"{arch}.moe_latent_size", NEMOTRON_3_LATENT)
     f.own("model.embeddings.weight", "token_embd.weight", "token_embd")
-    for i, kind in enumerate(NEMOTRON_H_LAYERS):
+    for i, kind in enumerate(layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         f.own(p + "norm.weight", b + "attn_norm.weight", "attn_norm")
         m = p + "mixer."
@@ -728,6 +749,15 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0) -> t
                   llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
             f.own(m + "v_proj.weight", b + "attn_v.weight", "attn_v")
             f.own(m + "o_proj.weight", b + "attn_output.weight", "attn_output")
+        elif kind == "moe":  # experts [E, out, in] within the latent space, as transformers stacks them
+            f.own(m + "gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+            f.own(m + "gate.e_score_correction_bias", b + "exp_probs_b.bias", "exp_probs_b")
+            f.own(m + "experts.up_proj", b + "ffn_up_exps.weight", "ffn_up_exps")
+            f.own(m + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+            f.own(m + "fc1_latent_proj.weight", b + "ffn_latent_down.weight", "ffn_latent_down")
+            f.own(m + "fc2_latent_proj.weight", b + "ffn_latent_up.weight", "ffn_latent_up")
+            f.own(m + "shared_experts.up_proj.weight", b + "ffn_up_shexp.weight", "ffn_up_shexp")
+            f.own(m + "shared_experts.down_proj.weight", b + "ffn_down_shexp.weight", "ffn_down_shexp")
         else:
             f.own(m + "up_proj.weight", b + "ffn_up.weight", "ffn_up")
             f.own(m + "down_proj.weight", b + "ffn_down.weight", "ffn_down")

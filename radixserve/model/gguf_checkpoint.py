@@ -81,7 +81,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "phi3": "Phi3ForCausalLM", "lfm2": "Lfm2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM",
-                 "nemotron_h": "NemotronHForCausalLM", "granitehybrid": "GraniteMoeHybridForCausalLM",
+                 "nemotron_h": "NemotronHForCausalLM", "nemotron_h_moe": "NemotronHForCausalLM",
+                 "granitehybrid": "GraniteMoeHybridForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
@@ -91,7 +92,8 @@ _OLMO3_PERIOD = 4  # llama.cpp's sliding pattern for OLMo 3 where the file state
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
                 "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
-                "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid"}
+                "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid", "nemotron_h_moe": "nemotron_h"}
+_NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})  # Nemotron-H and Nemotron 3 (its MoE): one layout
 _LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
 # files with Gated DeltaNet layers: Qwen3.5's and Qwen3-Next's, whose converter writes them alike but for the
@@ -103,9 +105,9 @@ _DELTA_NET = frozenset({*_QWEN35, "qwen3next"})
 _EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
 _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 # the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
-_PERMUTED_QK = frozenset({"llama", "smollm3", "granite", "nemotron_h", "granitehybrid"})
+_PERMUTED_QK = frozenset({"llama", "smollm3", "granite", *_NEMOTRON_H, "granitehybrid"})
 _SMOLLM3_NOPE_PERIOD = 4  # llama.cpp's SmolLM3: every fourth layer turns no rope (a constant, not in the file)
-_MAMBA2 = frozenset({"nemotron_h", "granitehybrid"})  # files with Mamba2 layers, which the converter writes alike
+_MAMBA2 = frozenset({*_NEMOTRON_H, "granitehybrid"})  # files with Mamba2 layers, which the converter writes alike
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
@@ -182,13 +184,18 @@ _WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_
                                                           "ssm_dt.bias": "linear_attn.dt_bias"}),
                            "gpt-oss": {"attn_sinks.weight": "self_attn.sinks"},
                            "lfm2moe": {"exp_probs_b.bias": "mlp.expert_bias"},
-                           "nemotron_h": {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D", "ssm_dt.bias": "mixer.dt_bias"},
+                           **dict.fromkeys(_NEMOTRON_H, {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
+                                                         "ssm_dt.bias": "mixer.dt_bias",
+                                                         "exp_probs_b.bias": "mixer.gate.e_score_correction_bias"}),
                            "granitehybrid": {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"}}
-# Nemotron-H: one block per layer (a Mamba2 mixer, attention or an MLP), named as its checkpoints name them
-_LAYER_TENSORS_OF["nemotron_h"] = {
+# Nemotron-H: one block per layer (a Mamba2 mixer, attention, an MLP, or Nemotron 3's experts beside a shared
+# one, with a latent space around them), named as its checkpoints name them
+_LAYER_TENSORS_OF.update(dict.fromkeys(_NEMOTRON_H, {
     "attn_norm": "norm", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d", "ssm_norm": "mixer.norm",
     "ssm_out": "mixer.out_proj", "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj", "attn_v": "mixer.v_proj",
-    "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj", "ffn_down": "mixer.down_proj"}
+    "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj", "ffn_down": "mixer.down_proj", "ffn_gate_inp": "mixer.gate",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj", "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj", "ffn_latent_up": "mixer.fc2_latent_proj"}))
 # Granite 4: Mamba2 or attention, then its shared MLP (the dense models' MLP, beside the MoE models' experts),
 # whose gate and up rows the converter writes apart; named as its checkpoints name them (the shared MLP's
 # down projection), or by our own names where they hold it fused (gate and up)
@@ -199,13 +206,14 @@ _LAYER_TENSORS_OF["granitehybrid"] = {
 # OLMo 2 and 3: norms after attention and after the MLP only, q and k normed over all their heads
 _LAYER_TENSORS_OF["olmo2"] = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}
-_LAYER_PREFIX_OF = {"nemotron_h": "backbone.layers"}  # where not model.layers
+_LAYER_PREFIX_OF = dict.fromkeys(_NEMOTRON_H, "backbone.layers")  # where not model.layers
+_MLP_NAME_OF = dict.fromkeys(_NEMOTRON_H, "mixer")  # where a layer's experts sit, where not in mlp
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
 _MODEL_TENSORS_OF = {**dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}),
-                     "nemotron_h": {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
-                                    "output": "lm_head"}}
+                     **dict.fromkeys(_NEMOTRON_H, {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
+                                                   "output": "lm_head"})}
 # files whose A is stored as -exp(A_log): the DeltaNet's and Mamba2's
 _NEGATED_A = frozenset({*_DELTA_NET, *_MAMBA2})
 
@@ -309,7 +317,7 @@ class GGUFFile:
         """A Qwen3.5 file writes its multi-token-prediction block as the last `nextn_predict_layers`
         blocks; like transformers, the server does not run it."""
         extra = int(self._arch_value("nextn_predict_layers", 0) or 0)
-        if self.arch not in _DELTA_NET or not extra:
+        if self.arch not in (*_DELTA_NET, "nemotron_h_moe") or not extra:
             return
         first = int(self._arch_value("block_count")) - extra
         for name in [n for n in self.tensors if (b := _BLOCK_NAME.match(n)) and int(b.group(1)) >= first]:
@@ -415,7 +423,7 @@ class GGUFFile:
             fields.update(self._lfm2_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "lfm2moe":
             fields.update(self._lfm2_moe_fields())
-        if self.arch == "nemotron_h":
+        if self.arch in _NEMOTRON_H:
             fields.update(self._nemotron_h_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "granitehybrid":
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
@@ -466,7 +474,7 @@ class GGUFFile:
         """The RMS norms' epsilon: `attention.layer_norm_rms_epsilon`, or (as llama.cpp reads a Nemotron-H file,
         whose converter writes only it) `attention.layer_norm_epsilon`."""
         eps = self._arch_value("attention.layer_norm_rms_epsilon")
-        if eps is None and self.arch == "nemotron_h":
+        if eps is None and self.arch in _NEMOTRON_H:
             eps = self._arch_value("attention.layer_norm_epsilon")
         return float(default if eps is None else eps)
 
@@ -521,8 +529,8 @@ class GGUFFile:
             return [int(kv)] * layers
         if self.arch not in (*_LFM2, *_MAMBA2) or len(kv) != layers or not any(kv):
             raise ValueError(f"{self.path.name}: per-layer kv head counts ({self.arch}.attention.head_count_kv, "
-                             f"{len(kv)} values for {layers} layers) are read from an lfm2, lfm2moe, nemotron_h or "
-                             "granitehybrid file only")
+                             f"{len(kv)} values for {layers} layers) are read from an lfm2, lfm2moe, nemotron_h, "
+                             "nemotron_h_moe or granitehybrid file only")
         return [int(n) for n in kv]
 
     def _lfm2_fields(self, kv_heads: list[int]) -> dict[str, Any]:
@@ -537,15 +545,27 @@ class GGUFFile:
 
     def _nemotron_h_fields(self, kv_heads: list[int]) -> dict[str, Any]:
         """Nemotron-H's fields: each layer one block, which the per-layer arrays tell (kv heads: attention; an
-        MLP width: a squared-ReLU MLP; neither: a Mamba2 mixer of the `ssm.*` shape, `ssm.time_step_rank`
-        heads); no position embedding."""
+        MLP width: a squared-ReLU MLP, or Nemotron 3's experts; neither: a Mamba2 mixer of the `ssm.*` shape,
+        `ssm.time_step_rank` heads); no position embedding. Nemotron 3's routing as llama.cpp reads it: sigmoid
+        scores plus `exp_probs_b` within the `expert_group_used_count` best of `expert_group_count` groups,
+        renormalised where `expert_weights_norm`, scaled by `expert_weights_scale`."""
         widths = self._arch_value("feed_forward_length")
         widths = widths if isinstance(widths, list) else [int(widths)] * len(kv_heads)
         if len(widths) != len(kv_heads):
             raise ValueError(f"{self.path.name}: {len(widths)} feed_forward_length values for {len(kv_heads)} layers")
         heads = int(self._arch_value("ssm.time_step_rank"))
-        return dict(layers_block_type=["full_attention" if kv else "mlp" if width else "linear_attention"
-                                       for kv, width in zip(kv_heads, widths)],
+        experts = self.arch == "nemotron_h_moe"
+        moe: dict[str, Any] = dict(
+            n_routed_experts=int(self._arch_value("expert_count")), num_experts_per_tok=int(self._arch_value(
+                "expert_used_count")), moe_intermediate_size=int(self._arch_value("expert_feed_forward_length")),
+            moe_shared_expert_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")),
+            n_group=int(self._arch_value("expert_group_count", 1) or 1),
+            topk_group=int(self._arch_value("expert_group_used_count", 1) or 1),
+            routed_scaling_factor=float(self._arch_value("expert_weights_scale", 0.0) or 1.0),
+            norm_topk_prob=bool(self._arch_value("expert_weights_norm", False)),
+            moe_latent_size=int(self._arch_value("moe_latent_size", 0) or 0) or None) if experts else {}
+        return dict(moe, layers_block_type=["full_attention" if kv else ("moe" if experts else "mlp") if width
+                                            else "linear_attention" for kv, width in zip(kv_heads, widths)],
                     intermediate_size=max(int(w) for w in widths), mamba_num_heads=heads,
                     mamba_head_dim=int(self._arch_value("ssm.inner_size")) // heads,
                     ssm_state_size=int(self._arch_value("ssm.state_size")), n_groups=int(self._arch_value("ssm.group_count")),
@@ -778,7 +798,8 @@ class GGUFFile:
                 return f"{layers}.{index}.{layer_tensors[kind]}{dot}{leaf}"
             part = _EXPERT_PART.match(kind)
             if part:
-                return f"model.layers.{index}.mlp.experts.{part.group(2)}.{part.group(1)}_proj{dot}{leaf}"
+                mlp = _MLP_NAME_OF.get(self.arch, "mlp")
+                return f"{layers}.{index}.{mlp}.experts.{part.group(2)}.{part.group(1)}_proj{dot}{leaf}"
         elif base in _MODEL_TENSORS_OF.get(self.arch, _MODEL_TENSORS):
             return f"{_MODEL_TENSORS_OF.get(self.arch, _MODEL_TENSORS)[base]}{dot}{leaf}"
         return name

@@ -393,7 +393,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h, "
-                       "granitehybrid, olmo2, smollm3, granite")
+                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -505,6 +505,11 @@ FROM_TRANSFORMERS = {
     "nemotron_h": (write_nemotron_h_gguf, {"ssm_in": "Q8_0", "ssm_out": "Q4_1", "attn_q": "Q8_0", "attn_k": "Q8_0",
                                            "attn_v": "Q4_0", "attn_output": "Q8_0", "ffn_up": "Q4_0", "ffn_down": "Q5_0",
                                            "token_embd": "Q8_0", "output": "Q8_0"}),
+    # Nemotron 3: experts within a latent space, routed within the best of 2 groups, beside a shared expert
+    "nemotron_h_moe": (functools.partial(write_nemotron_h_gguf, experts=True), {
+        "ssm_in": "Q8_0", "attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output": "Q8_0",
+        "ffn_up_exps": "Q4_0", "ffn_down_exps": "Q8_0", "ffn_up_shexp": "Q5_0", "ffn_down_shexp": "Q8_0",
+        "ffn_latent_down": "Q8_0", "ffn_latent_up": "Q4_1", "token_embd": "Q8_0", "output": "Q8_0"}),
     # Granite 4, dense and with experts: Mamba2 mixers and attention, the shared MLP, Granite's multipliers
     "granitehybrid": (write_granite_hybrid_gguf, GRANITE_TYPES),
     "granitehybrid-moe": (functools.partial(write_granite_hybrid_gguf, experts=True), GRANITE_TYPES),
@@ -532,12 +537,12 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     """gpt-oss (sinks, biases, every other layer sliding, YaRN, MXFP4 experts with biases), Mixtral (a `llama`
     file with experts), LFM2-MoE (a hybrid: a dense layer, sigmoid routing with an expert bias), Qwen3-Next
     (DeltaNet layers under experts, in both of its converter's layouts), Nemotron-H (Mamba2 mixers, attention,
-    MLPs: one block a layer) and Granite 4 (Mamba2 and attention layers with a shared MLP, with and without
-    experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global rope), SmolLM3
-    (every fourth layer without rope) and Granite 3 (its scales) from their GGUF, the experts kept in their blocks
-    (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the same weights, kept
-    (float32 activations) and dequantized; a cached prefix resumes as well; with the default int8 activations,
-    transformers' argmax at most positions, teacher-forced."""
+    MLPs: one block a layer; Nemotron 3's experts) and Granite 4 (Mamba2 and attention layers with a shared MLP,
+    with and without experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global
+    rope), SmolLM3 (every fourth layer without rope) and Granite 3 (its scales) from their GGUF, the experts kept
+    in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the
+    same weights, kept (float32 activations) and dequantized; a cached prefix resumes as well; with the default
+    int8 activations, transformers' argmax at most positions, teacher-forced."""
     path, hf = from_transformers[arch]
     with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
         kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
@@ -571,14 +576,15 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     up columns un-interleaved, transposed, with their biases, its sinks and router bias; Mixtral's q/k rows
     un-permuted, its experts and router; LFM2-MoE's dense layer, convolutions, experts, router and expert bias;
     Qwen3-Next's DeltaNet projections (split out of transformers' per-key-head groups, or kept whole) and A;
-    Nemotron-H's and Granite 4's Mamba2 mixers and un-permuted q/k, Granite's shared MLP and experts; OLMo's
+    Nemotron-H's and Granite 4's Mamba2 mixers and un-permuted q/k, Nemotron 3's experts, Granite's shared MLP
+    and experts; OLMo's
     post norms and whole-head q/k norms."""
     from radixserve.model.loader import _deinterleave
 
     path, hf = from_transformers[arch]
     model, spec = load_model(path, torch.float32, CPU, keep_quantized=False)
     ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
-    embeddings = "model.embeddings.weight" if arch == "nemotron_h" else "model.embed_tokens.weight"
+    embeddings = "model.embeddings.weight" if arch.startswith("nemotron_h") else "model.embed_tokens.weight"
     assert torch.equal(ours["model.embed_tokens.weight"], theirs[embeddings])
     assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])
     if arch in ("smollm3", "granite"):  # q/k un-permuted
@@ -613,10 +619,12 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
                 assert torch.equal(ours[p + "mlp.gate_up"], theirs[p + "block_sparse_moe.experts.gate_up_proj"])
                 assert torch.equal(ours[p + "mlp.router.weight"], theirs[p + "block_sparse_moe.router.weight"])
         return
-    if arch == "nemotron_h":
-        for i, kind in enumerate(tiny_gguf.NEMOTRON_H_LAYERS):
+    if arch.startswith("nemotron_h"):
+        buffers = dict(hf.named_buffers())
+        layers = tiny_gguf.NEMOTRON_H_MOE_LAYERS if arch == "nemotron_h_moe" else tiny_gguf.NEMOTRON_H_LAYERS
+        for i, kind in enumerate(layers):
             p, m = f"model.layers.{i}.", f"model.layers.{i}.mixer."
-            norm = "post_attention_layernorm" if kind == "mlp" else "input_layernorm"
+            norm = "post_attention_layernorm" if kind in ("mlp", "moe") else "input_layernorm"
             assert torch.equal(ours[p + norm + ".weight"], theirs[p + "norm.weight"])
             if kind == "linear_attention":
                 for name in ("in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight",
@@ -625,6 +633,13 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
             elif kind == "full_attention":  # q/k un-permuted
                 attention = [theirs[m + f"{n}_proj.weight"] for n in "qkv"]
                 assert torch.equal(ours[p + "self_attn.qkv_proj.weight"], torch.cat(attention))
+            elif kind == "moe":  # the experts, their latent space, router, correction bias and shared expert
+                assert torch.equal(ours[p + "mlp.gate_up"], theirs[m + "experts.up_proj"])
+                assert torch.equal(ours[p + "mlp.down"], theirs[m + "experts.down_proj"])
+                assert torch.equal(ours[p + "mlp.router.weight"], theirs[m + "gate.weight"])
+                assert torch.equal(ours[p + "mlp.expert_bias"], buffers[m + "gate.e_score_correction_bias"])
+                assert torch.equal(ours[p + "mlp.fc1_latent_proj.weight"], theirs[m + "fc1_latent_proj.weight"])
+                assert torch.equal(ours[p + "mlp.shared_expert.up_proj.weight"], theirs[m + "shared_experts.up_proj.weight"])
             else:
                 assert torch.equal(ours[p + "mlp.up_proj.weight"], theirs[m + "up_proj.weight"])
         return
