@@ -128,8 +128,9 @@ def per_expert(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
 @dataclass
 class GgmlExperts:
     """Experts kept in a GGUF file's blocks (`ggml_quants.pack_ggml`), one packed gate/up (gate rows then
-    up rows; up alone for ungated experts) and one packed down weight per expert, run by the C++
-    kernel's `radixserve::linear` per routed expert. Each row's result does not depend on the others."""
+    up rows; up alone for ungated experts) and one packed down weight per expert, with their biases where
+    they have them (gpt-oss), run by the C++ kernel's `radixserve::linear` per routed expert. Each row's
+    result does not depend on the others."""
 
     gate_up: list[torch.Tensor]
     down: list[torch.Tensor]
