@@ -477,6 +477,15 @@ class _FromTransformers:
         else:
             tensor[rows] = stored
 
+    def permuted_attention(self, attention: str, block: str, heads: int, kv_heads: int) -> None:
+        """Transformers' q/k/v/o projections under `attention` as the converter writes Llama's: q and k rows
+        permuted (`llama_permutation`)."""
+        self.own(attention + "q_proj.weight", block + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
+        self.own(attention + "k_proj.weight", block + "attn_k.weight", "attn_k",
+                 llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
+        self.own(attention + "v_proj.weight", block + "attn_v.weight", "attn_v")
+        self.own(attention + "o_proj.weight", block + "attn_output.weight", "attn_output")
+
     def experts(self, experts: str, block: str) -> None:
         """Transformers' stacked experts under `experts` (gate_up_proj [E, 2I, H], gate rows then up rows;
         down_proj [E, H, I]) written as blk's ffn_gate_exps, ffn_up_exps and ffn_down_exps, as the converter
@@ -559,11 +568,7 @@ def write_mixtral_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tupl
         p, b = f"model.layers.{i}.", f"blk.{i}."
         f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
         f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
-        f.own(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
-        f.own(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k",
-              llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
-        f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
-        f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+        f.permuted_attention(p + "self_attn.", b, heads, kv_heads)
         f.own(p + "mlp.gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
         f.experts(p + "mlp.experts.", b)
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
@@ -744,11 +749,7 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0, expe
         if kind == "linear_attention":
             _mamba2(f, m, b)
         elif kind == "full_attention":
-            f.own(m + "q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
-            f.own(m + "k_proj.weight", b + "attn_k.weight", "attn_k",
-                  llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
-            f.own(m + "v_proj.weight", b + "attn_v.weight", "attn_v")
-            f.own(m + "o_proj.weight", b + "attn_output.weight", "attn_output")
+            f.permuted_attention(m, b, heads, kv_heads)
         elif kind == "moe":  # experts [E, out, in] within the latent space, as transformers stacks them
             f.own(m + "gate.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
             f.own(m + "gate.e_score_correction_bias", b + "exp_probs_b.bias", "exp_probs_b")
@@ -823,11 +824,7 @@ def write_granite_hybrid_gguf(path: Path, types: dict[str, str], seed: int = 0, 
         if kind == "linear_attention":
             _mamba2(f, p + "mamba.", b)
         else:
-            f.own(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
-            f.own(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k",
-                  llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
-            f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
-            f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+            f.permuted_attention(p + "self_attn.", b, heads, kv_heads)
         shared = "_shexp" if experts else ""
         gate_up = f.state[p + "shared_mlp.input_linear.weight"]  # [2S, H]: gate rows, then up rows
         for rows, part in ((slice(0, GRANITE_SHARED_WIDTH), "gate"), (slice(GRANITE_SHARED_WIDTH, None), "up")):
@@ -899,11 +896,7 @@ def write_llama_like_gguf(path: Path, types: dict[str, str], seed: int = 0, arch
         p, b = f"model.layers.{i}.", f"blk.{i}."
         f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
         f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
-        f.own(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", llama_permutation(HIDDEN, heads))
-        f.own(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k",
-              llama_permutation(kv_heads * HIDDEN // heads, kv_heads))
-        f.own(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v")
-        f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+        f.permuted_attention(p + "self_attn.", b, heads, kv_heads)
         for ours, theirs in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
             f.own(p + f"mlp.{ours}.weight", b + f"{theirs}.weight", theirs)
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
