@@ -294,13 +294,12 @@ class GGUFFile:
             stacked = _EXPERT_TENSOR.match(info.name)
             if stacked and len(shape) == (3 if stacked.group(2) == "weight" else 2):
                 # one tensor per expert, named blk.N.ffn_gate_exps.E.weight (a matrix) or .bias (a vector)
-                data, rows = self.contents.data(info), shape[1] if len(shape) == 3 else 1
+                data, out = self.contents.data(info), shape[1] if len(shape) == 3 else shape[0]
                 cols = shape[0] if len(shape) == 3 else 0
                 for e in range(shape[-1]):
                     name = f"{stacked.group(1)}.{e}.{stacked.group(2)}"
-                    part = data[e * rows:(e + 1) * rows]
-                    self.tensors[name] = GGUFTensor(name, type_name, rows if cols else shape[0], cols,
-                                                    part if cols else part.reshape(-1))
+                    part = data[e * out:(e + 1) * out] if cols else data[e]
+                    self.tensors[name] = GGUFTensor(name, type_name, out, cols, part)
                 continue
             if len(shape) not in (1, 2):
                 raise ValueError(f"{self.path.name}: tensor {info.name} has {len(shape)} dimensions; expected 1 or 2")
@@ -429,7 +428,7 @@ class GGUFFile:
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
         if self.arch == "granite":
             fields.update(self._granite_scales(int(head_dim)))
-            if not fields.pop("position_embedding_type") == "rope":
+            if fields.pop("position_embedding_type") != "rope":
                 raise ValueError(f"{self.path.name}: a granite file without rope (granite.rope.scaling.finetuned false) "
                                  "is not supported")
         if self.arch == "smollm3":

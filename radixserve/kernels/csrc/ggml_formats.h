@@ -399,21 +399,23 @@ struct Q6_K {
 // elsewhere it is computed: the codes are at most 15, so each byte's arithmetic stays in its byte. A code
 // is s e1 e0 m; its doubled magnitude for k = code & 7 is 0 1 2 3 4 6 8 12, that is
 // k + (k >= 4 ? k - 4 : 0) + (k == 7 ? 2 : 0)
-inline NativeInt e2m1_quants(NativeInt codes) {
 #if defined(__AVX512BW__) || (defined(__AVX2__) && !defined(__AVX512F__))
-  const __m128i table = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+inline __m128i e2m1_table() { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
 #endif
+
+inline NativeInt e2m1_quants(NativeInt codes) {
 #if defined(__AVX512BW__)
-  return bits_as<NativeInt>(_mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), bits_as<__m512i>(codes)));
+  return bits_as<NativeInt>(_mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1_table()), bits_as<__m512i>(codes)));
 #elif defined(__AVX2__) && !defined(__AVX512F__)
-  return bits_as<NativeInt>(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), bits_as<__m256i>(codes)));
-#endif
+  return bits_as<NativeInt>(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(e2m1_table()), bits_as<__m256i>(codes)));
+#else
   const NativeInt k = codes & (7 * kEveryByte);
   const NativeInt four = (k >> 2) & kEveryByte;                   // 1 where k >= 4
   const NativeInt seven = four & (k >> 1) & k & kEveryByte;       // 1 where k == 7
   const NativeInt magnitude = k + ((four * 0xFF) & k & (3 * kEveryByte)) + (seven << 1);
   const NativeInt negative = ((codes >> 3) & kEveryByte) * 0xFF;  // 0xFF where the sign bit is set
   return ((12 * kEveryByte + magnitude) & ~negative) | ((12 * kEveryByte - magnitude) & negative);
+#endif
 }
 
 // MXFP4 (gpt-oss's experts): 32 inputs; e (E8M0 exponent) u8[16] @0, qs[16][16] @16 as Q4_0's.
