@@ -25,6 +25,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py granitehybrid-moe --outtype f32  # ... with experts
     python scripts/gguf_converter_check.py olmo3 --outtype f32     # post norms, a window, a scaled global rope
     python scripts/gguf_converter_check.py smollm3 --outtype f32   # every fourth layer without rope
+    python scripts/gguf_converter_check.py falcon_h1 --outtype f32 # attention beside Mamba2, muP multipliers folded
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -162,6 +163,15 @@ CONFIGS = {
         topk_group=1, routed_scaling_factor=2.5, moe_latent_size=24, num_hidden_layers=6,
         layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"],
         max_position_embeddings=4096)),
+    # Falcon-H1: attention and a Mamba2 mixer side by side in every layer, the gated norm after the gate, every
+    # muP multiplier away from 1 (the converter folds them into the weights); untied, as published
+    "falcon_h1": ("falcon_h1", "FalconH1ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_chunk_size=8, mamba_rms_norm=True, mamba_norm_before_gate=False,
+        attention_in_multiplier=0.8, attention_out_multiplier=1.25, key_multiplier=0.7, ssm_in_multiplier=1.1,
+        ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05], mlp_multipliers=[1.2, 0.8],
+        embedding_multiplier=2.0, lm_head_multiplier=0.5, tie_word_embeddings=False, max_position_embeddings=4096)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,

@@ -1,10 +1,10 @@
 """Tiny GGUF files written in the test process, laid out as llama.cpp's converter writes them.
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
-lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 4, OLMo 2 / 3, SmolLM3
-and Granite 3 by `write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
-`write_nemotron_h_gguf`, `write_granite_hybrid_gguf`, `write_olmo_gguf` and `write_llama_like_gguf`, from the
-transformers model they return), its tensors
+lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 4, OLMo 2 / 3, SmolLM3,
+Granite 3 and Falcon-H1 by `write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
+`write_nemotron_h_gguf`, `write_granite_hybrid_gguf`, `write_olmo_gguf`, `write_llama_like_gguf` and
+`write_falcon_h1_gguf` (Falcon-H1), from the transformers model they return), its tensors
 in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights are drawn
 seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float
@@ -394,6 +394,12 @@ NEMOTRON_H_MOE_LAYERS = ("linear_attention", "moe", "full_attention", "moe", "li
 NEMOTRON_3_EXPERT_WIDTH, NEMOTRON_3_LATENT = 64, 64
 # Granite 4: Mamba2 mixers (as Nemotron-H's) and an attention layer, each with the shared MLP of 96 (and, with
 # experts, 4 experts of 64, 2 per token), no position embedding, Granite's multipliers
+# Falcon-H1's muP multipliers, none 1, so that a file read as though they were not folded in answers otherwise;
+# powers of two, so that transformers' weights are the file's divided by them exactly
+FALCON_H1_SCALES: dict[str, Any] = dict(
+    attention_in_multiplier=0.5, attention_out_multiplier=2.0, key_multiplier=0.5, ssm_in_multiplier=2.0,
+    ssm_out_multiplier=0.5, ssm_multipliers=[2.0, 0.5, 0.5, 2.0, 0.25], mlp_multipliers=[2.0, 0.5],
+    embedding_multiplier=2.0, lm_head_multiplier=0.5)
 GRANITE_LAYERS = ("linear_attention", "full_attention", "linear_attention")
 GRANITE_SHARED_WIDTH, GRANITE_EXPERT_WIDTH = 96, 64
 # OLMo 3: a window of 8 on three of every four layers (OLMo 2: no window); its global layers' rope scaled
@@ -476,6 +482,16 @@ class _FromTransformers:
             tensor.copy_(stored)
         else:
             tensor[rows] = stored
+
+    def fold(self, hf: str, name: str, kind: str, scale: Any) -> None:
+        """Transformers' tensor `hf` written times `scale` (a number, or a factor per row) as the converter
+        folds a multiplier into a weight, and set to what the file holds divided by it."""
+        import torch
+
+        tensor = self.state[hf]
+        factor = torch.as_tensor(scale, dtype=tensor.dtype)
+        factor = factor.reshape(-1, *[1] * (tensor.dim() - 1)) if factor.dim() else factor
+        tensor.copy_(self.put(name, kind, tensor * factor) / factor)
 
     def permuted_attention(self, attention: str, block: str, heads: int, kv_heads: int) -> None:
         """Transformers' q/k/v/o projections under `attention` as the converter writes Llama's: q and k rows
@@ -767,12 +783,13 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0, expe
     return f.finish()
 
 
-def _mamba2(f: _FromTransformers, mixer: str, block: str) -> None:
+def _mamba2(f: _FromTransformers, mixer: str, block: str, in_scale: Any = 1.0, out_scale: float = 1.0) -> None:
     """A Mamba2 mixer as the converter writes one: A as -exp(A_log), A and D as [heads, 1], the gated norm as
-    [groups, width / groups], the convolution kernel [channels, taps]."""
+    [groups, width / groups], the convolution kernel [channels, taps]; its projections times `in_scale` (a
+    factor per row) and `out_scale` (Falcon-H1's multipliers, which the converter folds in)."""
     import torch
 
-    f.own(mixer + "in_proj.weight", block + "ssm_in.weight", "ssm_in")
+    f.fold(mixer + "in_proj.weight", block + "ssm_in.weight", "ssm_in", in_scale)
     conv = f.state[mixer + "conv1d.weight"]  # [channels, 1, taps], written [channels, taps]
     conv.copy_(f.put(block + "ssm_conv1d.weight", "ssm_conv1d", conv[:, 0])[:, None])
     f.own(mixer + "conv1d.bias", block + "ssm_conv1d.bias", "ssm_conv1d.bias")
@@ -783,7 +800,7 @@ def _mamba2(f: _FromTransformers, mixer: str, block: str) -> None:
     d.copy_(f.put(block + "ssm_d", "ssm_d", d[:, None])[:, 0])
     norm = f.state[mixer + "norm.weight"]
     norm.copy_(f.put(block + "ssm_norm.weight", "ssm_norm", norm.reshape(MAMBA_GROUPS, -1)).reshape(-1))
-    f.own(mixer + "out_proj.weight", block + "ssm_out.weight", "ssm_out")
+    f.fold(mixer + "out_proj.weight", block + "ssm_out.weight", "ssm_out", out_scale)
 
 
 def write_granite_hybrid_gguf(path: Path, types: dict[str, str], seed: int = 0, experts: bool = False
@@ -835,6 +852,55 @@ def write_granite_hybrid_gguf(path: Path, types: dict[str, str], seed: int = 0, 
             f.experts(p + "block_sparse_moe.experts.", b)
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+def write_falcon_h1_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+    """A tiny Falcon-H1 GGUF as llama.cpp's converter writes one: attention and a Mamba2 mixer in every layer
+    (q/k rows as they are: its rope turns halves), the gated norm after the gate, every muP multiplier
+    (`FALCON_H1_SCALES`, none 1) multiplied into the weights it scales, the MLP norm named `ffn_norm` without
+    `.weight`; and the transformers model the file holds."""
+    import torch
+
+    heads, kv_heads = HEADS["llama"]
+    inner, group_state = MAMBA_HEADS * MAMBA_HEAD, MAMBA_GROUPS * MAMBA_STATE
+    scales = FALCON_H1_SCALES
+    f = _FromTransformers(path, "falcon-h1", types, seed, "falcon_h1", experts=False, num_hidden_layers=LAYERS,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=HIDDEN // heads,
+                          intermediate_size=INTERMEDIATE, mamba_d_ssm=inner, mamba_n_heads=MAMBA_HEADS,
+                          mamba_d_head=MAMBA_HEAD, mamba_n_groups=MAMBA_GROUPS, mamba_d_state=MAMBA_STATE,
+                          mamba_d_conv=DELTA_TAPS, mamba_expand=inner // HIDDEN, mamba_rms_norm=True,
+                          mamba_norm_before_gate=False, **scales)
+    w = f.writer
+    w.add_feed_forward_length(INTERMEDIATE)
+    w.add_key_length(HIDDEN // heads)
+    w.add_value_length(HIDDEN // heads)
+    w.add_ssm_conv_kernel(DELTA_TAPS)
+    w.add_ssm_state_size(MAMBA_STATE)
+    w.add_ssm_group_count(MAMBA_GROUPS)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_time_step_rank(MAMBA_HEADS)
+    # in_proj's rows: z, x, B, C, dt, each section by its ssm multiplier, all by the mixer's input multiplier
+    sections = (inner, inner, group_state, group_state, MAMBA_HEADS)
+    in_scale = scales["ssm_in_multiplier"] * torch.cat([torch.full((n,), m) for n, m in zip(sections,
+                                                                                            scales["ssm_multipliers"])])
+    attention_in, (gate, down) = scales["attention_in_multiplier"], scales["mlp_multipliers"]
+    f.fold("model.embed_tokens.weight", "token_embd.weight", "token_embd", scales["embedding_multiplier"])
+    for i in range(f.layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
+        f.fold(p + "self_attn.q_proj.weight", b + "attn_q.weight", "attn_q", attention_in)
+        f.fold(p + "self_attn.k_proj.weight", b + "attn_k.weight", "attn_k", attention_in * scales["key_multiplier"])
+        f.fold(p + "self_attn.v_proj.weight", b + "attn_v.weight", "attn_v", attention_in)
+        f.fold(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output",
+               scales["attention_out_multiplier"])
+        _mamba2(f, p + "mamba.", b, in_scale, scales["ssm_out_multiplier"])
+        f.own(p + "pre_ff_layernorm.weight", b + "ffn_norm", "ffn_norm")
+        f.fold(p + "feed_forward.gate_proj.weight", b + "ffn_gate.weight", "ffn_gate", gate)
+        f.own(p + "feed_forward.up_proj.weight", b + "ffn_up.weight", "ffn_up")
+        f.fold(p + "feed_forward.down_proj.weight", b + "ffn_down.weight", "ffn_down", down)
+    f.own("model.final_layernorm.weight", "output_norm.weight", "output_norm")
+    f.fold("lm_head.weight", "output.weight", "output", scales["lm_head_multiplier"])
     return f.finish()
 
 

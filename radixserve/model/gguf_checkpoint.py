@@ -33,7 +33,9 @@ A taken back from -exp(A_log) and its multi-token-prediction block dropped (Qwen
 shared expert loads as transformers names it); Qwen3-Next's are Qwen3.5's but for their value heads, in
 order, and its beta and alpha rows, in one tensor (`_split_beta_alpha`). Nemotron-H and Granite 4 name their
 layers' kinds by per-layer arrays and write Mamba2 mixers alike (`_MAMBA2`: A as -exp(A_log), the gated
-norm by groups, `_flatten_group_norms`). A file means what llama.cpp computes from it: Gemma 2's and 3's
+norm by groups, `_flatten_group_norms`), as do Falcon-H1's, whose muP multipliers the converter folds into
+the weights (served with each multiplier 1) and whose Mamba2 output llama.cpp gates, then norms. A file
+means what llama.cpp computes from it: Gemma 2's and 3's
 sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules where
 the metadata is silent (`_GEMMA_RULES`), as do gpt-oss's sliding pattern, Granite's scales and rope switch,
 and Nemotron-H's norm epsilon; Gemma's and Qwen3.5's norm weights are stored as 1 + w (`_SHIFTED_NORMS`),
@@ -83,7 +85,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "lfm2moe": "Lfm2MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM",
                  "nemotron_h": "NemotronHForCausalLM", "nemotron_h_moe": "NemotronHForCausalLM",
                  "granitehybrid": "GraniteMoeHybridForCausalLM",
-                 "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM"}
+                 "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
+                 "falcon-h1": "FalconH1ForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # an `olmo2` file with a sliding window is OLMo 3 (llama.cpp's converter writes both as olmo2)
@@ -92,7 +95,8 @@ _OLMO3_PERIOD = 4  # llama.cpp's sliding pattern for OLMo 3 where the file state
 # the transformers model type, where it is not the GGUF name
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
                 "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
-                "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid", "nemotron_h_moe": "nemotron_h"}
+                "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid", "nemotron_h_moe": "nemotron_h",
+                "falcon-h1": "falcon_h1"}
 _NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})  # Nemotron-H and Nemotron 3 (its MoE): one layout
 _LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
@@ -107,7 +111,7 @@ _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 # the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
 _PERMUTED_QK = frozenset({"llama", "smollm3", "granite", *_NEMOTRON_H, "granitehybrid"})
 _SMOLLM3_NOPE_PERIOD = 4  # llama.cpp's SmolLM3: every fourth layer turns no rope (a constant, not in the file)
-_MAMBA2 = frozenset({*_NEMOTRON_H, "granitehybrid"})  # files with Mamba2 layers, which the converter writes alike
+_MAMBA2 = frozenset({*_NEMOTRON_H, "granitehybrid", "falcon-h1"})  # files with Mamba2 layers, written alike
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
@@ -187,7 +191,10 @@ _WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_
                            **dict.fromkeys(_NEMOTRON_H, {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
                                                          "ssm_dt.bias": "mixer.dt_bias",
                                                          "exp_probs_b.bias": "mixer.gate.e_score_correction_bias"}),
-                           "granitehybrid": {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"}}
+                           **dict.fromkeys(("granitehybrid", "falcon-h1"), {
+                               "ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"})}
+# (Falcon-H1's MLP norm the converter names without a `.weight`)
+_WHOLE_LAYER_TENSORS_OF["falcon-h1"]["ffn_norm"] = "pre_ff_layernorm.weight"
 # Nemotron-H: one block per layer (a Mamba2 mixer, attention, an MLP, or Nemotron 3's experts beside a shared
 # one, with a latent space around them), named as its checkpoints name them
 _LAYER_TENSORS_OF.update(dict.fromkeys(_NEMOTRON_H, {
@@ -203,6 +210,12 @@ _LAYER_TENSORS_OF["granitehybrid"] = {
     **_LAYER_TENSORS, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
     "ssm_out": "mamba.out_proj", "ffn_down": "shared_mlp.output_linear", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "shared_mlp.output_linear"}
+# Falcon-H1: attention and a Mamba2 mixer side by side, then the MLP (`feed_forward`), named as its checkpoints
+# name them; its muP multipliers the converter folds into the weights
+_LAYER_TENSORS_OF["falcon-h1"] = {
+    **_LAYER_TENSORS, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
+    "ssm_out": "mamba.out_proj", "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
+    "ffn_down": "feed_forward.down_proj"}
 # OLMo 2 and 3: norms after attention and after the MLP only, q and k normed over all their heads
 _LAYER_TENSORS_OF["olmo2"] = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}
@@ -213,7 +226,8 @@ _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
 _MODEL_TENSORS_OF = {**dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}),
                      **dict.fromkeys(_NEMOTRON_H, {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
-                                                   "output": "lm_head"})}
+                                                   "output": "lm_head"}),
+                     "falcon-h1": {**_MODEL_TENSORS, "output_norm": "model.final_layernorm"}}
 # files whose A is stored as -exp(A_log): the DeltaNet's and Mamba2's
 _NEGATED_A = frozenset({*_DELTA_NET, *_MAMBA2})
 
@@ -426,6 +440,8 @@ class GGUFFile:
             fields.update(self._nemotron_h_fields(self._kv_heads_per_layer(heads, layers)))
         if self.arch == "granitehybrid":
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
+        if self.arch == "falcon-h1":
+            fields.update(self._falcon_h1_fields(hidden))
         if self.arch == "granite":
             fields.update(self._granite_scales(int(head_dim)))
             if fields.pop("position_embedding_type") != "rope":
@@ -597,6 +613,21 @@ class GGUFFile:
                           intermediate_size=int(self._arch_value("expert_feed_forward_length", 0) or
                                                 self._intermediate_size()))
         return fields
+
+    def _falcon_h1_fields(self, hidden: int) -> dict[str, Any]:
+        """Falcon-H1's fields as llama.cpp reads them: a Mamba2 mixer of the `ssm.*` shape beside attention in
+        every layer, its output gated, then normed by groups where the file has the norm; every muP multiplier
+        1 (transformers' default), as the converter multiplied the weights by them."""
+        heads, inner = int(self._arch_value("ssm.time_step_rank")), int(self._arch_value("ssm.inner_size"))
+        return dict(mamba_d_ssm=inner, mamba_n_heads=heads, mamba_d_head=inner // heads,
+                    mamba_d_state=int(self._arch_value("ssm.state_size")),
+                    mamba_n_groups=int(self._arch_value("ssm.group_count")),
+                    mamba_d_conv=int(self._arch_value("ssm.conv_kernel")), mamba_expand=inner // hidden,
+                    mamba_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
+                    mamba_proj_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
+                    projectors_bias=any(name.endswith(".attn_q.bias") for name in self.tensors),
+                    mamba_rms_norm=any(name.endswith(".ssm_norm.weight") for name in self.tensors),
+                    mamba_norm_before_gate=False, hidden_act="silu")
 
     def _granite_scales(self, head_dim: int) -> dict[str, Any]:
         """Granite's multipliers as llama.cpp reads them (`embedding_scale`, `residual_scale`, `logit_scale`,

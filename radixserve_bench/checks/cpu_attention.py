@@ -2,11 +2,13 @@
 heads, head_dim 64, context 512, fp32): the C++ kernel reading the paged cache in place
 (`radixserve::paged_attention`) against the gather into kept buffers plus one padded SDPA call that
 runs without the extension (`TorchAttentionBackend._short`), and with `--fp16` the kernel over the
-same values in an fp16 cache (`--kv-cache-dtype fp16`). Micro-timings that guide the design; claims
-about the step come from `radixserve bench step`.
+same values in an fp16 cache (`--kv-cache-dtype fp16`). The rows' blocks lie one after another, or with
+`--scattered` in a random order over a pool four times their size, as a long-running server's free list
+leaves them. Micro-timings that guide the design; claims about the step come from `radixserve bench step`.
 
     radixserve bench cpu-attention --json docs/bench/cpu-step/attention_kernels.json
     radixserve bench cpu-attention --fp16 --batches 1 --contexts 512,2048,8192 --json docs/bench/quantized/attention_fp16.json
+    radixserve bench cpu-attention --scattered --batches 1,4 --contexts 512,2048 --json docs/bench/cpu-step/scattered.json
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from radixserve_bench.checks.micro_result import write_result
 HEADS, KV_HEADS, DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
 
 
-def measure(batch: int, context: int, repeats: int, generator: torch.Generator, fp16: bool = False) -> dict[str, Any]:
+def measure(batch: int, context: int, repeats: int, generator: torch.Generator, fp16: bool = False,
+            scattered: bool = False) -> dict[str, Any]:
     """Milliseconds for thirty layers' attention of `batch` decodes at `context`, each way (medians)."""
     width = -(-context // BLOCK)
-    blocks = batch * width + 1
+    blocks = (4 if scattered else 1) * batch * width + 1
     caches = [(torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator),
                torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator)) for _ in range(LAYERS)]
-    table = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+    order = torch.randperm(blocks, generator=generator) if scattered else torch.arange(blocks)
+    table = order[:batch * width].to(torch.int32).view(batch, width)
     q = torch.randn(batch, HEADS, DIM, generator=generator)
     lens, news = [context] * batch, [1] * batch
     out = torch.empty_like(q)
@@ -59,7 +63,7 @@ def measure(batch: int, context: int, repeats: int, generator: torch.Generator, 
         for k, v in halves:
             torch.ops.radixserve.paged_attention(q, k, v, table, lens, news, DIM**-0.5, SHORT_QUERY, out)
 
-    row: dict[str, Any] = {"batch": batch, "context": context, "layers": LAYERS}
+    row: dict[str, Any] = {"batch": batch, "context": context, "layers": LAYERS, "scattered": scattered}
     ways = [("in_place", in_place), ("gather_sdpa", gather_and_sdpa)] + ([("in_place_fp16", in_place_fp16)] if fp16 else [])
     for name, run in ways:
         run()
@@ -77,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp16", action="store_true", help="also time the kernel over an fp16 cache")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=7, help="timed passes over the layers (median)")
+    parser.add_argument("--scattered", action="store_true",
+                        help="the rows' blocks in a random order over a pool four times their size")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
 
 
@@ -86,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for context in (int(c) for c in args.contexts.split(",")):
         for batch in (int(b) for b in args.batches.split(",")):
-            rows.append(measure(batch, context, args.repeats, generator, args.fp16))
+            rows.append(measure(batch, context, args.repeats, generator, args.fp16, args.scattered))
             print(json.dumps(rows[-1]))
     write_result(rows, args.json)
     return 0

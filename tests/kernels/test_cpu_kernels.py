@@ -119,10 +119,10 @@ def _attention_reference(q, k_cache, v_cache, table, rows, scale):
     return out
 
 
-def _paged(q, k_cache, v_cache, table, rows, scale, max_query=16):
+def _paged(q, k_cache, v_cache, table, rows, scale, max_query=16, window=0):
     out = torch.full_like(q, 7.0)
     torch.ops.radixserve.paged_attention(q, k_cache, v_cache, table, [n for n, _ in rows], [new for _, new in rows],
-                                         scale, max_query, out)
+                                         scale, max_query, out, window)
     return out
 
 
@@ -174,6 +174,17 @@ def test_a_rows_attention_depends_on_nothing_but_its_own_row(dtype: torch.dtype)
         torch.set_num_threads(threads)
     decode = _paged(q[3:4], k_cache, v_cache, table[1:2], [(600, 1)], 0.125)
     assert torch.equal(decode, together[3:4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_querys_scores_do_not_depend_on_which_keys_are_reduced_together(dtype: torch.dtype) -> None:
+    """The kernel sums q.k's lanes for four keys at once, from the first key any query of a pass
+    sees. In a window of 6, without GQA (one pass takes the three queries of a verification), the
+    verification's first query sees keys from 592 on and the decode's from 594, so the last query's
+    keys are reduced in other groups of four, or alone, than the decode's: bit for bit the same."""
+    q, k_cache, v_cache, table = _attention_case([(600, 3)], 4, 4, 64, dtype, seed=12)
+    windowed = _paged(q, k_cache, v_cache, table, [(600, 3)], 0.125, window=6)
+    assert torch.equal(_paged(q[2:3], k_cache, v_cache, table, [(600, 1)], 0.125, window=6), windowed[2:3])
 
 
 def test_a_nan_key_poisons_the_queries_that_see_it_as_in_sdpa() -> None:

@@ -26,6 +26,7 @@ import tiny_gguf
 import torch
 from tiny_gguf import (
     TinyGGUF,
+    write_falcon_h1_gguf,
     write_gpt_oss_gguf,
     write_granite_hybrid_gguf,
     write_lfm2_moe_gguf,
@@ -393,7 +394,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h, "
-                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite")
+                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -519,6 +520,10 @@ FROM_TRANSFORMERS = {
     # Llama's layout under names of their own: SmolLM3 (every fourth layer without rope) and Granite 3 (its scales)
     "smollm3": (functools.partial(write_llama_like_gguf, arch="smollm3"), OLMO_TYPES),
     "granite": (functools.partial(write_llama_like_gguf, arch="granite"), OLMO_TYPES),
+    # attention and a Mamba2 mixer side by side in every layer, the muP multipliers folded into the weights
+    "falcon-h1": (write_falcon_h1_gguf, {"ssm_in": "Q8_0", "ssm_out": "Q4_1", "attn_q": "Q8_0", "attn_k": "Q8_0",
+                                         "attn_v": "Q4_0", "attn_output": "Q8_0", "ffn_gate": "Q4_0", "ffn_up": "Q4_1",
+                                         "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "Q8_0"}),
 }
 
 
@@ -539,7 +544,8 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     (DeltaNet layers under experts, in both of its converter's layouts), Nemotron-H (Mamba2 mixers, attention,
     MLPs: one block a layer; Nemotron 3's experts) and Granite 4 (Mamba2 and attention layers with a shared MLP,
     with and without experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global
-    rope), SmolLM3 (every fourth layer without rope) and Granite 3 (its scales) from their GGUF, the experts kept
+    rope), SmolLM3 (every fourth layer without rope), Granite 3 (its scales) and Falcon-H1 (attention beside a Mamba2
+    mixer, muP multipliers folded into the weights) from their GGUF, the experts kept
     in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the
     same weights, kept (float32 activations) and dequantized; a cached prefix resumes as well; with the default
     int8 activations, transformers' argmax at most positions, teacher-forced."""
@@ -570,6 +576,38 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     assert agree >= 0.6 * total
 
 
+def _assert_falcon_h1_weights_fold_their_multipliers(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor],
+                                                     layers: int) -> None:
+    """A Falcon-H1 file's weights are transformers' times the muP multipliers that scale them (the converter
+    folds them in; these are powers of two, so exactly), its Mamba2 mixer's other tensors and norms as they are."""
+    s = tiny_gguf.FALCON_H1_SCALES
+    assert torch.equal(ours["model.embed_tokens.weight"], theirs["model.embed_tokens.weight"] * s["embedding_multiplier"])
+    assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"] * s["lm_head_multiplier"])
+    assert torch.equal(ours["model.norm.weight"], theirs["model.final_layernorm.weight"])
+    inner, group_state = tiny_gguf.MAMBA_HEADS * tiny_gguf.MAMBA_HEAD, tiny_gguf.MAMBA_GROUPS * tiny_gguf.MAMBA_STATE
+    rows = torch.tensor([inner, inner, group_state, group_state, tiny_gguf.MAMBA_HEADS])  # in_proj's z, x, B, C, dt
+    section_scale = torch.tensor(s["ssm_multipliers"]).repeat_interleave(rows)[:, None] * s["ssm_in_multiplier"]
+    attention_in = s["attention_in_multiplier"]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name in ("conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight"):
+            assert torch.equal(ours[p + "mamba." + name], theirs[p + "mamba." + name]), name
+        assert torch.equal(ours[p + "mamba.in_proj.weight"], theirs[p + "mamba.in_proj.weight"] * section_scale)
+        assert torch.equal(ours[p + "mamba.out_proj.weight"], theirs[p + "mamba.out_proj.weight"] * s["ssm_out_multiplier"])
+        qkv = [theirs[p + "self_attn.q_proj.weight"] * attention_in,
+               theirs[p + "self_attn.k_proj.weight"] * attention_in * s["key_multiplier"],
+               theirs[p + "self_attn.v_proj.weight"] * attention_in]
+        assert torch.equal(ours[p + "self_attn.qkv_proj.weight"], torch.cat(qkv))
+        assert torch.equal(ours[p + "self_attn.o_proj.weight"],
+                           theirs[p + "self_attn.o_proj.weight"] * s["attention_out_multiplier"])
+        gate, down = s["mlp_multipliers"]
+        mlp = [theirs[p + "feed_forward.gate_proj.weight"] * gate, theirs[p + "feed_forward.up_proj.weight"]]
+        assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], torch.cat(mlp))
+        assert torch.equal(ours[p + "mlp.down_proj.weight"], theirs[p + "feed_forward.down_proj.weight"] * down)
+        assert torch.equal(ours[p + "input_layernorm.weight"], theirs[p + "input_layernorm.weight"])
+        assert torch.equal(ours[p + "post_attention_layernorm.weight"], theirs[p + "pre_ff_layernorm.weight"])
+
+
 @pytest.mark.parametrize("arch", sorted(FROM_TRANSFORMERS))
 def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[str, tuple[Path, Any]], arch: str) -> None:
     """Every weight of the file, dequantized at load, is transformers' bit for bit: gpt-oss's experts' gate and
@@ -578,12 +616,15 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     Qwen3-Next's DeltaNet projections (split out of transformers' per-key-head groups, or kept whole) and A;
     Nemotron-H's and Granite 4's Mamba2 mixers and un-permuted q/k, Nemotron 3's experts, Granite's shared MLP
     and experts; OLMo's
-    post norms and whole-head q/k norms."""
+    post norms and whole-head q/k norms; Falcon-H1's with their multipliers folded in."""
     from radixserve.model.loader import _deinterleave
 
     path, hf = from_transformers[arch]
     model, spec = load_model(path, torch.float32, CPU, keep_quantized=False)
     ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
+    if arch == "falcon-h1":
+        _assert_falcon_h1_weights_fold_their_multipliers(ours, theirs, spec.num_layers)
+        return
     embeddings = "model.embeddings.weight" if arch.startswith("nemotron_h") else "model.embed_tokens.weight"
     assert torch.equal(ours["model.embed_tokens.weight"], theirs[embeddings])
     assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])

@@ -209,6 +209,29 @@ inline float sum_lanes(const Lanes& v) {
   return (four[0] + four[1]) + (four[2] + four[3]);
 }
 
+// sum_lanes of four vectors, each sum's additions exactly sum_lanes's: on AVX-512 the four are
+// transposed by 128-bit pieces so that one vector add does a step of all four sums
+inline void sum_lanes_of_four(const Lanes (&v)[4], float (&sums)[4]) {
+#if defined(__AVX512F__)
+  const __m512 v0 = bits_as<__m512>(v[0].part[0]), v1 = bits_as<__m512>(v[1].part[0]);
+  const __m512 v2 = bits_as<__m512>(v[2].part[0]), v3 = bits_as<__m512>(v[3].part[0]);
+  // pieces[i] holds piece i (lanes 4i..4i+3) of v0, v1, v2 and v3
+  const __m512 low01 = _mm512_shuffle_f32x4(v0, v1, 0x44), high01 = _mm512_shuffle_f32x4(v0, v1, 0xEE);
+  const __m512 low23 = _mm512_shuffle_f32x4(v2, v3, 0x44), high23 = _mm512_shuffle_f32x4(v2, v3, 0xEE);
+  const __m512 pieces[4] = {_mm512_shuffle_f32x4(low01, low23, 0x88), _mm512_shuffle_f32x4(low01, low23, 0xDD),
+                            _mm512_shuffle_f32x4(high01, high23, 0x88), _mm512_shuffle_f32x4(high01, high23, 0xDD)};
+  __m512 four = _mm512_setzero_ps();
+  for (const __m512& piece : pieces) four = _mm512_add_ps(four, piece);
+  const __m512 pairs = _mm512_add_ps(four, _mm512_permute_ps(four, 0xB1));    // four[0] + four[1], four[2] + four[3]
+  const __m512 whole = _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0x4E));  // their sum, in lane 0 of each piece
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, whole);
+  for (int u = 0; u < 4; ++u) sums[u] = lanes[4 * u];
+#else
+  for (int u = 0; u < 4; ++u) sums[u] = sum_lanes(v[u]);
+#endif
+}
+
 // A weight [out, in] laid out for `linear`: [ceil(out / 16), in, 16] (output blocks of 16, each
 // block's 16 weights of one input column side by side; the last block padded with zeros), in the
 // weight's dtype (fp32 or bf16).
