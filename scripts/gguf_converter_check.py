@@ -26,6 +26,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py olmo3 --outtype f32     # post norms, a window, a scaled global rope
     python scripts/gguf_converter_check.py smollm3 --outtype f32   # every fourth layer without rope
     python scripts/gguf_converter_check.py falcon_h1 --outtype f32 # attention beside Mamba2, muP multipliers folded
+    python scripts/gguf_converter_check.py glm4 --outtype f32      # GLM-4-0414: sandwich norms, interleaved rope
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -172,6 +173,11 @@ CONFIGS = {
         attention_in_multiplier=0.8, attention_out_multiplier=1.25, key_multiplier=0.7, ssm_in_multiplier=1.1,
         ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05], mlp_multipliers=[1.2, 0.8],
         embedding_multiplier=2.0, lm_head_multiplier=0.5, tie_word_embeddings=False, max_position_embeddings=4096)),
+    # GLM-4-0414: sandwich norms, q/k/v biases, half of each head turned with interleaved pairs, gate and up fused;
+    # untied (the converter takes GLM's end token and `<|user|>` from the tokenizer's added tokens)
+    "glm4": ("glm4", "Glm4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=None)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -186,6 +192,10 @@ NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0, "olmo
              "granite": 1.0}
 
 
+# the added tokens the converter looks up in a GLM tokenizer: its end token and the user turn's, which ends a reply
+GLM_TOKENS = {"glm4": ("<|endoftext|>", "<|user|>")}
+
+
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -195,6 +205,8 @@ def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
     model_type, architecture, fields = CONFIGS[arch]
     tokenizer_dir = embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if arch in GLM_TOKENS:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(GLM_TOKENS[arch])})
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **{"tie_word_embeddings": True, **fields})
     config.architectures = [architecture]

@@ -2,9 +2,9 @@
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
 lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 4, OLMo 2 / 3, SmolLM3,
-Granite 3 and Falcon-H1 by `write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
-`write_nemotron_h_gguf`, `write_granite_hybrid_gguf`, `write_olmo_gguf`, `write_llama_like_gguf` and
-`write_falcon_h1_gguf` (Falcon-H1), from the transformers model they return), its tensors
+Granite 3, Falcon-H1 and GLM-4-0414 by `write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
+`write_nemotron_h_gguf`, `write_granite_hybrid_gguf`, `write_olmo_gguf`, `write_llama_like_gguf`,
+`write_falcon_h1_gguf` and `write_glm4_gguf`, from the transformers model they return), its tensors
 in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights are drawn
 seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float
@@ -901,6 +901,38 @@ def write_falcon_h1_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tu
         f.fold(p + "feed_forward.down_proj.weight", b + "ffn_down.weight", "ffn_down", down)
     f.own("model.final_layernorm.weight", "output_norm.weight", "output_norm")
     f.fold("lm_head.weight", "output.weight", "output", scales["lm_head_multiplier"])
+    return f.finish()
+
+
+def write_glm4_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
+    """A tiny GLM-4-0414 GGUF as llama.cpp's converter writes one: rows as they are (its rope turns
+    interleaved pairs of the first half of each head, `rope.dimension_count`), q/k/v biases, the sandwich
+    norms as post_attention_norm and post_ffw_norm, gate and up in one ffn_up; and the transformers model
+    the file holds."""
+    heads, kv_heads = HEADS["llama"]
+    head_dim = HIDDEN // heads
+    f = _FromTransformers(path, "glm4", types, seed, "glm4", experts=False, num_hidden_layers=LAYERS,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                          intermediate_size=INTERMEDIATE, attention_bias=True,
+                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
+    w = f.writer
+    w.add_feed_forward_length(INTERMEDIATE)
+    w.add_rope_dimension_count(head_dim // 2)
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    for i in range(f.layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.own(p + "input_layernorm.weight", b + "attn_norm.weight", "attn_norm")
+        for n in "qkv":
+            f.own(p + f"self_attn.{n}_proj.weight", b + f"attn_{n}.weight", f"attn_{n}")
+            f.own(p + f"self_attn.{n}_proj.bias", b + f"attn_{n}.bias", f"attn_{n}.bias")
+        f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
+        f.own(p + "post_self_attn_layernorm.weight", b + "post_attention_norm.weight", "post_attention_norm")
+        f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
+        f.own(p + "mlp.gate_up_proj.weight", b + "ffn_up.weight", "ffn_up")
+        f.own(p + "mlp.down_proj.weight", b + "ffn_down.weight", "ffn_down")
+        f.own(p + "post_mlp_layernorm.weight", b + "post_ffw_norm.weight", "post_ffw_norm")
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
+    f.own("lm_head.weight", "output.weight", "output")
     return f.finish()
 
 

@@ -34,8 +34,8 @@ shared expert loads as transformers names it); Qwen3-Next's are Qwen3.5's but fo
 order, and its beta and alpha rows, in one tensor (`_split_beta_alpha`). Nemotron-H and Granite 4 name their
 layers' kinds by per-layer arrays and write Mamba2 mixers alike (`_MAMBA2`: A as -exp(A_log), the gated
 norm by groups, `_flatten_group_norms`), as do Falcon-H1's, whose muP multipliers the converter folds into
-the weights (served with each multiplier 1) and whose Mamba2 output llama.cpp gates, then norms. A file
-means what llama.cpp computes from it: Gemma 2's and 3's
+the weights (served with each multiplier 1) and whose Mamba2 output llama.cpp gates, then norms. GLM-4-0414's
+sandwich norms are named as its checkpoints name them. A file means what llama.cpp computes from it: Gemma 2's and 3's
 sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules where
 the metadata is silent (`_GEMMA_RULES`), as do gpt-oss's sliding pattern, Granite's scales and rope switch,
 and Nemotron-H's norm epsilon; Gemma's and Qwen3.5's norm weights are stored as 1 + w (`_SHIFTED_NORMS`),
@@ -86,7 +86,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "nemotron_h": "NemotronHForCausalLM", "nemotron_h_moe": "NemotronHForCausalLM",
                  "granitehybrid": "GraniteMoeHybridForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
-                 "falcon-h1": "FalconH1ForCausalLM"}
+                 "falcon-h1": "FalconH1ForCausalLM", "glm4": "Glm4ForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # an `olmo2` file with a sliding window is OLMo 3 (llama.cpp's converter writes both as olmo2)
@@ -216,6 +216,9 @@ _LAYER_TENSORS_OF["falcon-h1"] = {
     **_LAYER_TENSORS, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
     "ssm_out": "mamba.out_proj", "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
     "ffn_down": "feed_forward.down_proj"}
+# GLM-4-0414: sandwich norms (GLM's names: the MLP's input norm is post_attention_layernorm), gate and up in one tensor
+_LAYER_TENSORS_OF["glm4"] = {**_LAYER_TENSORS, "post_attention_norm": "post_self_attn_layernorm",
+                             "post_ffw_norm": "post_mlp_layernorm", "ffn_up": "mlp.gate_up_proj"}
 # OLMo 2 and 3: norms after attention and after the MLP only, q and k normed over all their heads
 _LAYER_TENSORS_OF["olmo2"] = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}
@@ -442,6 +445,10 @@ class GGUFFile:
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
         if self.arch == "falcon-h1":
             fields.update(self._falcon_h1_fields(hidden))
+        if self.arch == "glm4":  # half of each head turned (by interleaved pairs, as llama.cpp's rope turns them)
+            rotary = int(self._arch_value("rope.dimension_count", int(head_dim) // 2))
+            fields.update(attention_bias="blk.0.attn_q.bias" in self.tensors,
+                          rope_parameters={**self._rope(), "partial_rotary_factor": rotary / int(head_dim)})
         if self.arch == "granite":
             fields.update(self._granite_scales(int(head_dim)))
             if fields.pop("position_embedding_type") != "rope":

@@ -27,6 +27,7 @@ import torch
 from tiny_gguf import (
     TinyGGUF,
     write_falcon_h1_gguf,
+    write_glm4_gguf,
     write_gpt_oss_gguf,
     write_granite_hybrid_gguf,
     write_lfm2_moe_gguf,
@@ -394,7 +395,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h, "
-                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1")
+                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1, glm4")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -524,6 +525,9 @@ FROM_TRANSFORMERS = {
     "falcon-h1": (write_falcon_h1_gguf, {"ssm_in": "Q8_0", "ssm_out": "Q4_1", "attn_q": "Q8_0", "attn_k": "Q8_0",
                                          "attn_v": "Q4_0", "attn_output": "Q8_0", "ffn_gate": "Q4_0", "ffn_up": "Q4_1",
                                          "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "Q8_0"}),
+    # GLM-4-0414: sandwich norms, q/k/v biases, half of each head turned by interleaved pairs, gate and up fused
+    "glm4": (write_glm4_gguf, {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0",
+                               "ffn_up": "Q4_0", "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q8_0"}),
 }
 
 
@@ -544,8 +548,9 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     (DeltaNet layers under experts, in both of its converter's layouts), Nemotron-H (Mamba2 mixers, attention,
     MLPs: one block a layer; Nemotron 3's experts) and Granite 4 (Mamba2 and attention layers with a shared MLP,
     with and without experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global
-    rope), SmolLM3 (every fourth layer without rope), Granite 3 (its scales) and Falcon-H1 (attention beside a Mamba2
-    mixer, muP multipliers folded into the weights) from their GGUF, the experts kept
+    rope), SmolLM3 (every fourth layer without rope), Granite 3 (its scales), Falcon-H1 (attention beside a Mamba2
+    mixer, muP multipliers folded into the weights) and GLM-4-0414 (sandwich norms, biases, interleaved partial
+    rope) from their GGUF, the experts kept
     in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the
     same weights, kept (float32 activations) and dequantized; a cached prefix resumes as well; with the default
     int8 activations, transformers' argmax at most positions, teacher-forced."""
@@ -616,7 +621,8 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     Qwen3-Next's DeltaNet projections (split out of transformers' per-key-head groups, or kept whole) and A;
     Nemotron-H's and Granite 4's Mamba2 mixers and un-permuted q/k, Nemotron 3's experts, Granite's shared MLP
     and experts; OLMo's
-    post norms and whole-head q/k norms; Falcon-H1's with their multipliers folded in."""
+    post norms and whole-head q/k norms; Falcon-H1's with their multipliers folded in; GLM-4's sandwich norms and
+    fused gate and up."""
     from radixserve.model.loader import _deinterleave
 
     path, hf = from_transformers[arch]
@@ -624,6 +630,19 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
     if arch == "falcon-h1":
         _assert_falcon_h1_weights_fold_their_multipliers(ours, theirs, spec.num_layers)
+        return
+    if arch == "glm4":
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            for kind in ("weight", "bias"):
+                attention = [theirs[p + f"self_attn.{n}_proj.{kind}"] for n in "qkv"]
+                assert torch.equal(ours[p + f"self_attn.qkv_proj.{kind}"], torch.cat(attention))
+            assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], theirs[p + "mlp.gate_up_proj.weight"])
+            # GLM's names: the norm after attention, before the MLP (its post_attention_layernorm) and after it
+            for name, theirs_name in (("post_attention_layernorm", "post_self_attn_layernorm"),
+                                      ("pre_feedforward_layernorm", "post_attention_layernorm"),
+                                      ("post_feedforward_layernorm", "post_mlp_layernorm")):
+                assert torch.equal(ours[p + name + ".weight"], theirs[p + theirs_name + ".weight"]), name
         return
     embeddings = "model.embeddings.weight" if arch.startswith("nemotron_h") else "model.embed_tokens.weight"
     assert torch.equal(ours["model.embed_tokens.weight"], theirs[embeddings])
