@@ -27,6 +27,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py smollm3 --outtype f32   # every fourth layer without rope
     python scripts/gguf_converter_check.py falcon_h1 --outtype f32 # attention beside Mamba2, muP multipliers folded
     python scripts/gguf_converter_check.py glm4 --outtype f32      # GLM-4-0414: sandwich norms, interleaved rope
+    python scripts/gguf_converter_check.py chatglm --outtype f32   # GLM-4 (9B): the same with pre norms only
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -178,6 +179,13 @@ CONFIGS = {
     "glm4": ("glm4", "Glm4ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=None)),
+    # GLM-4 (9B; llama.cpp's chatglm): pre norms, q/k/v biases, half of each head turned with interleaved pairs;
+    # untied; the converter writes a rope base of 10,000 whatever the config says, and as the context length
+    # `seq_length` (ChatGLM's field), or else the hidden size
+    "chatglm": ("glm", "GlmForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=4096, seq_length=4096, tie_word_embeddings=False, pad_token_id=None,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -193,7 +201,7 @@ NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0, "olmo
 
 
 # the added tokens the converter looks up in a GLM tokenizer: its end token and the user turn's, which ends a reply
-GLM_TOKENS = {"glm4": ("<|endoftext|>", "<|user|>")}
+GLM_TOKENS = {"glm4": ("<|endoftext|>", "<|user|>"), "chatglm": ("<|endoftext|>", "<|user|>")}
 
 
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:

@@ -2,9 +2,10 @@
 
 A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3,
 lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 4, OLMo 2 / 3, SmolLM3,
-Granite 3, Falcon-H1 and GLM-4-0414 by `write_gpt_oss_gguf`, `write_mixtral_gguf`, `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`,
-`write_nemotron_h_gguf`, `write_granite_hybrid_gguf`, `write_olmo_gguf`, `write_llama_like_gguf`,
-`write_falcon_h1_gguf` and `write_glm4_gguf`, from the transformers model they return), its tensors
+Granite 3, Falcon-H1, GLM-4 and GLM-4-0414 by `write_gpt_oss_gguf`, `write_mixtral_gguf`,
+`write_lfm2_moe_gguf`, `write_qwen3_next_gguf`, `write_nemotron_h_gguf`, `write_granite_hybrid_gguf`,
+`write_olmo_gguf`, `write_llama_like_gguf`, `write_falcon_h1_gguf` and `write_glm_gguf`, from the
+transformers model they return), its tensors
 in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights are drawn
 seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float
@@ -904,14 +905,15 @@ def write_falcon_h1_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tu
     return f.finish()
 
 
-def write_glm4_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[Path, Any]:
-    """A tiny GLM-4-0414 GGUF as llama.cpp's converter writes one: rows as they are (its rope turns
-    interleaved pairs of the first half of each head, `rope.dimension_count`), q/k/v biases, the sandwich
-    norms as post_attention_norm and post_ffw_norm, gate and up in one ffn_up; and the transformers model
-    the file holds."""
+def write_glm_gguf(path: Path, types: dict[str, str], seed: int = 0, arch: str = "glm4") -> tuple[Path, Any]:
+    """A tiny GLM-4-0414 (`glm4`) or GLM-4 (`chatglm`) GGUF as llama.cpp's converter writes them: rows as they
+    are (their rope turns interleaved pairs of the first half of each head, `rope.dimension_count`), q/k/v
+    biases, gate and up in one ffn_up; GLM-4-0414's sandwich norms as post_attention_norm and post_ffw_norm;
+    and the transformers model the file holds."""
     heads, kv_heads = HEADS["llama"]
     head_dim = HIDDEN // heads
-    f = _FromTransformers(path, "glm4", types, seed, "glm4", experts=False, num_hidden_layers=LAYERS,
+    sandwich = arch == "glm4"
+    f = _FromTransformers(path, arch, types, seed, "glm4" if sandwich else "glm", experts=False, num_hidden_layers=LAYERS,
                           num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                           intermediate_size=INTERMEDIATE, attention_bias=True,
                           rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
@@ -926,11 +928,12 @@ def write_glm4_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tuple[P
             f.own(p + f"self_attn.{n}_proj.weight", b + f"attn_{n}.weight", f"attn_{n}")
             f.own(p + f"self_attn.{n}_proj.bias", b + f"attn_{n}.bias", f"attn_{n}.bias")
         f.own(p + "self_attn.o_proj.weight", b + "attn_output.weight", "attn_output")
-        f.own(p + "post_self_attn_layernorm.weight", b + "post_attention_norm.weight", "post_attention_norm")
+        if sandwich:
+            f.own(p + "post_self_attn_layernorm.weight", b + "post_attention_norm.weight", "post_attention_norm")
+            f.own(p + "post_mlp_layernorm.weight", b + "post_ffw_norm.weight", "post_ffw_norm")
         f.own(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", "ffn_norm")
         f.own(p + "mlp.gate_up_proj.weight", b + "ffn_up.weight", "ffn_up")
         f.own(p + "mlp.down_proj.weight", b + "ffn_down.weight", "ffn_down")
-        f.own(p + "post_mlp_layernorm.weight", b + "post_ffw_norm.weight", "post_ffw_norm")
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()

@@ -35,7 +35,8 @@ order, and its beta and alpha rows, in one tensor (`_split_beta_alpha`). Nemotro
 layers' kinds by per-layer arrays and write Mamba2 mixers alike (`_MAMBA2`: A as -exp(A_log), the gated
 norm by groups, `_flatten_group_norms`), as do Falcon-H1's, whose muP multipliers the converter folds into
 the weights (served with each multiplier 1) and whose Mamba2 output llama.cpp gates, then norms. GLM-4-0414's
-sandwich norms are named as its checkpoints name them. A file means what llama.cpp computes from it: Gemma 2's and 3's
+sandwich norms are named as its checkpoints name them (GLM-4's `chatglm` file is one without them). A file
+means what llama.cpp computes from it: Gemma 2's and 3's
 sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules where
 the metadata is silent (`_GEMMA_RULES`), as do gpt-oss's sliding pattern, Granite's scales and rope switch,
 and Nemotron-H's norm epsilon; Gemma's and Qwen3.5's norm weights are stored as 1 + w (`_SHIFTED_NORMS`),
@@ -86,7 +87,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "nemotron_h": "NemotronHForCausalLM", "nemotron_h_moe": "NemotronHForCausalLM",
                  "granitehybrid": "GraniteMoeHybridForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
-                 "falcon-h1": "FalconH1ForCausalLM", "glm4": "Glm4ForCausalLM"}
+                 "falcon-h1": "FalconH1ForCausalLM", "glm4": "Glm4ForCausalLM", "chatglm": "GlmForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # an `olmo2` file with a sliding window is OLMo 3 (llama.cpp's converter writes both as olmo2)
@@ -96,7 +97,7 @@ _OLMO3_PERIOD = 4  # llama.cpp's sliding pattern for OLMo 3 where the file state
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
                 "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
                 "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid", "nemotron_h_moe": "nemotron_h",
-                "falcon-h1": "falcon_h1"}
+                "falcon-h1": "falcon_h1", "chatglm": "glm"}
 _NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})  # Nemotron-H and Nemotron 3 (its MoE): one layout
 _LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
@@ -111,6 +112,7 @@ _EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
 # the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
 _PERMUTED_QK = frozenset({"llama", "smollm3", "granite", *_NEMOTRON_H, "granitehybrid"})
 _SMOLLM3_NOPE_PERIOD = 4  # llama.cpp's SmolLM3: every fourth layer turns no rope (a constant, not in the file)
+_GLM = frozenset({"chatglm", "glm4"})  # GLM-4 and GLM-4-0414: half of each head turned, by interleaved pairs
 _MAMBA2 = frozenset({*_NEMOTRON_H, "granitehybrid", "falcon-h1"})  # files with Mamba2 layers, written alike
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
@@ -216,9 +218,11 @@ _LAYER_TENSORS_OF["falcon-h1"] = {
     **_LAYER_TENSORS, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm",
     "ssm_out": "mamba.out_proj", "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
     "ffn_down": "feed_forward.down_proj"}
-# GLM-4-0414: sandwich norms (GLM's names: the MLP's input norm is post_attention_layernorm), gate and up in one tensor
-_LAYER_TENSORS_OF["glm4"] = {**_LAYER_TENSORS, "post_attention_norm": "post_self_attn_layernorm",
-                             "post_ffw_norm": "post_mlp_layernorm", "ffn_up": "mlp.gate_up_proj"}
+# GLM-4 and GLM-4-0414: gate and up in one tensor; GLM-4-0414's sandwich norms (GLM's names: the MLP's input norm
+# is post_attention_layernorm)
+_LAYER_TENSORS_OF["chatglm"] = {**_LAYER_TENSORS, "ffn_up": "mlp.gate_up_proj"}
+_LAYER_TENSORS_OF["glm4"] = {**_LAYER_TENSORS_OF["chatglm"], "post_attention_norm": "post_self_attn_layernorm",
+                             "post_ffw_norm": "post_mlp_layernorm"}
 # OLMo 2 and 3: norms after attention and after the MLP only, q and k normed over all their heads
 _LAYER_TENSORS_OF["olmo2"] = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}
@@ -445,7 +449,7 @@ class GGUFFile:
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
         if self.arch == "falcon-h1":
             fields.update(self._falcon_h1_fields(hidden))
-        if self.arch == "glm4":  # half of each head turned (by interleaved pairs, as llama.cpp's rope turns them)
+        if self.arch in _GLM:  # half of each head turned (by interleaved pairs, as llama.cpp's rope turns them)
             rotary = int(self._arch_value("rope.dimension_count", int(head_dim) // 2))
             fields.update(attention_bias="blk.0.attn_q.bias" in self.tensors,
                           rope_parameters={**self._rope(), "partial_rotary_factor": rotary / int(head_dim)})

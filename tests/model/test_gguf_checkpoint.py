@@ -27,7 +27,7 @@ import torch
 from tiny_gguf import (
     TinyGGUF,
     write_falcon_h1_gguf,
-    write_glm4_gguf,
+    write_glm_gguf,
     write_gpt_oss_gguf,
     write_granite_hybrid_gguf,
     write_lfm2_moe_gguf,
@@ -395,7 +395,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h, "
-                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1, glm4")
+                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1, glm4, chatglm")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -486,6 +486,8 @@ OLMO_TYPES = {"attn_q": "Q4_1", "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output
               "ffn_up": "Q5_0", "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q8_0"}
 # gpt-oss as its GGUF files ship: MXFP4 experts, the rest in block types (here several) and F32; Mixtral's
 # experts in three types
+GLM_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0", "ffn_up": "Q4_0",
+             "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q8_0"}
 FROM_TRANSFORMERS = {
     "gpt-oss": (write_gpt_oss_gguf, {"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4",
                                      "attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0",
@@ -526,8 +528,9 @@ FROM_TRANSFORMERS = {
                                          "attn_v": "Q4_0", "attn_output": "Q8_0", "ffn_gate": "Q4_0", "ffn_up": "Q4_1",
                                          "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "Q8_0"}),
     # GLM-4-0414: sandwich norms, q/k/v biases, half of each head turned by interleaved pairs, gate and up fused
-    "glm4": (write_glm4_gguf, {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0",
-                               "ffn_up": "Q4_0", "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q8_0"}),
+    # and GLM-4 (llama.cpp's chatglm), the same without the norms after attention and the MLP
+    "glm4": (write_glm_gguf, GLM_TYPES),
+    "chatglm": (functools.partial(write_glm_gguf, arch="chatglm"), GLM_TYPES),
 }
 
 
@@ -549,8 +552,8 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     MLPs: one block a layer; Nemotron 3's experts) and Granite 4 (Mamba2 and attention layers with a shared MLP,
     with and without experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global
     rope), SmolLM3 (every fourth layer without rope), Granite 3 (its scales), Falcon-H1 (attention beside a Mamba2
-    mixer, muP multipliers folded into the weights) and GLM-4-0414 (sandwich norms, biases, interleaved partial
-    rope) from their GGUF, the experts kept
+    mixer, muP multipliers folded into the weights), GLM-4 and GLM-4-0414 (biases, interleaved partial rope; the
+    latter's sandwich norms) from their GGUF, the experts kept
     in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the
     same weights, kept (float32 activations) and dequantized; a cached prefix resumes as well; with the default
     int8 activations, transformers' argmax at most positions, teacher-forced."""
@@ -631,7 +634,7 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
     if arch == "falcon-h1":
         _assert_falcon_h1_weights_fold_their_multipliers(ours, theirs, spec.num_layers)
         return
-    if arch == "glm4":
+    if arch in ("glm4", "chatglm"):
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
             for kind in ("weight", "bias"):
@@ -639,9 +642,11 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
                 assert torch.equal(ours[p + f"self_attn.qkv_proj.{kind}"], torch.cat(attention))
             assert torch.equal(ours[p + "mlp.gate_up_proj.weight"], theirs[p + "mlp.gate_up_proj.weight"])
             # GLM's names: the norm after attention, before the MLP (its post_attention_layernorm) and after it
-            for name, theirs_name in (("post_attention_layernorm", "post_self_attn_layernorm"),
-                                      ("pre_feedforward_layernorm", "post_attention_layernorm"),
-                                      ("post_feedforward_layernorm", "post_mlp_layernorm")):
+            norms = (("post_attention_layernorm", "post_self_attn_layernorm"),
+                     ("pre_feedforward_layernorm", "post_attention_layernorm"),
+                     ("post_feedforward_layernorm", "post_mlp_layernorm")) if arch == "glm4" else (
+                         ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_attention_layernorm"))
+            for name, theirs_name in norms:
                 assert torch.equal(ours[p + name + ".weight"], theirs[p + theirs_name + ".weight"]), name
         return
     embeddings = "model.embeddings.weight" if arch.startswith("nemotron_h") else "model.embed_tokens.weight"
