@@ -745,11 +745,7 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0, expe
     w.add_feed_forward_length([width.get(kind, 0) for kind in layers])
     w.add_key_length(HIDDEN // heads)
     w.add_value_length(HIDDEN // heads)
-    w.add_ssm_conv_kernel(DELTA_TAPS)
-    w.add_ssm_state_size(MAMBA_STATE)
-    w.add_ssm_group_count(MAMBA_GROUPS)
-    w.add_ssm_inner_size(MAMBA_HEADS * MAMBA_HEAD)
-    w.add_ssm_time_step_rank(MAMBA_HEADS)
+    _mamba2_metadata(w)
     if experts:
         w.add_expert_feed_forward_length(NEMOTRON_3_EXPERT_WIDTH)
         w.add_expert_shared_feed_forward_length(INTERMEDIATE)
@@ -782,6 +778,15 @@ def write_nemotron_h_gguf(path: Path, types: dict[str, str], seed: int = 0, expe
     f.own("model.norm_f.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
     return f.finish()
+
+
+def _mamba2_metadata(w: gguf.GGUFWriter) -> None:
+    """The `ssm.*` shape of the tiny Mamba2 mixers, as the converter writes it."""
+    w.add_ssm_conv_kernel(DELTA_TAPS)
+    w.add_ssm_state_size(MAMBA_STATE)
+    w.add_ssm_group_count(MAMBA_GROUPS)
+    w.add_ssm_inner_size(MAMBA_HEADS * MAMBA_HEAD)
+    w.add_ssm_time_step_rank(MAMBA_HEADS)
 
 
 def _mamba2(f: _FromTransformers, mixer: str, block: str, in_scale: Any = 1.0, out_scale: float = 1.0) -> None:
@@ -824,11 +829,7 @@ def write_granite_hybrid_gguf(path: Path, types: dict[str, str], seed: int = 0, 
     w = f.writer
     w.add_feed_forward_length(GRANITE_EXPERT_WIDTH if experts else GRANITE_SHARED_WIDTH)
     w.add_expert_shared_feed_forward_length(GRANITE_SHARED_WIDTH)
-    w.add_ssm_conv_kernel(DELTA_TAPS)
-    w.add_ssm_state_size(MAMBA_STATE)
-    w.add_ssm_group_count(MAMBA_GROUPS)
-    w.add_ssm_inner_size(MAMBA_HEADS * MAMBA_HEAD)
-    w.add_ssm_time_step_rank(MAMBA_HEADS)
+    _mamba2_metadata(w)
     w.add_attention_scale(GRANITE_SCALES["attention_multiplier"])
     w.add_embedding_scale(GRANITE_SCALES["embedding_multiplier"])
     w.add_residual_scale(GRANITE_SCALES["residual_multiplier"])
@@ -876,11 +877,7 @@ def write_falcon_h1_gguf(path: Path, types: dict[str, str], seed: int = 0) -> tu
     w.add_feed_forward_length(INTERMEDIATE)
     w.add_key_length(HIDDEN // heads)
     w.add_value_length(HIDDEN // heads)
-    w.add_ssm_conv_kernel(DELTA_TAPS)
-    w.add_ssm_state_size(MAMBA_STATE)
-    w.add_ssm_group_count(MAMBA_GROUPS)
-    w.add_ssm_inner_size(inner)
-    w.add_ssm_time_step_rank(MAMBA_HEADS)
+    _mamba2_metadata(w)
     # in_proj's rows: z, x, B, C, dt, each section by its ssm multiplier, all by the mixer's input multiplier
     sections = (inner, inner, group_state, group_state, MAMBA_HEADS)
     in_scale = scales["ssm_in_multiplier"] * torch.cat([torch.full((n,), m) for n, m in zip(sections,
