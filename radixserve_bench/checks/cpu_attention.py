@@ -8,7 +8,8 @@ leaves them. Micro-timings that guide the design; claims about the step come fro
 
     radixserve bench cpu-attention --json docs/bench/cpu-step/attention_kernels.json
     radixserve bench cpu-attention --fp16 --batches 1 --contexts 512,2048,8192 --json docs/bench/quantized/attention_fp16.json
-    radixserve bench cpu-attention --scattered --batches 1,4 --contexts 512,2048 --json docs/bench/cpu-step/scattered.json
+    radixserve bench cpu-attention --scattered --batches 1,4 --contexts 512,2048 --repeats 11 --json FILE
+      (three runs with and three without --scattered, per kernel: docs/bench/cpu-step/attention-ab/)
 """
 
 from __future__ import annotations
