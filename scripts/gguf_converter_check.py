@@ -201,7 +201,7 @@ NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0, "olmo
 
 
 # the added tokens the converter looks up in a GLM tokenizer: its end token and the user turn's, which ends a reply
-GLM_TOKENS = {"glm4": ("<|endoftext|>", "<|user|>"), "chatglm": ("<|endoftext|>", "<|user|>")}
+GLM_TOKENS = dict.fromkeys(("glm4", "chatglm"), ("<|endoftext|>", "<|user|>"))
 
 
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:

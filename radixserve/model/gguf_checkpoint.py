@@ -186,6 +186,7 @@ _LAYER_TENSORS_OF = {**{arch: _GEMMA_LAYER_TENSORS for arch in _GEMMA_RULES},
                          "ffn_down_shexp": "mlp.shared_expert.down_proj", "ssm_in": "linear_attn.in_proj_qkvz",
                          "ssm_ba": "linear_attn.in_proj_ba"})}
 # a layer's tensors named whole, without a leaf: GGUF name (after "blk.N.") -> the HF name
+_MAMBA_MIXER_TENSORS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"}  # Granite 4's, Falcon-H1's
 _WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_log",
                                                           "ssm_dt.bias": "linear_attn.dt_bias"}),
                            "gpt-oss": {"attn_sinks.weight": "self_attn.sinks"},
@@ -193,10 +194,9 @@ _WHOLE_LAYER_TENSORS_OF = {**dict.fromkeys(_DELTA_NET, {"ssm_a": "linear_attn.A_
                            **dict.fromkeys(_NEMOTRON_H, {"ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
                                                          "ssm_dt.bias": "mixer.dt_bias",
                                                          "exp_probs_b.bias": "mixer.gate.e_score_correction_bias"}),
-                           **dict.fromkeys(("granitehybrid", "falcon-h1"), {
-                               "ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"})}
-# (Falcon-H1's MLP norm the converter names without a `.weight`)
-_WHOLE_LAYER_TENSORS_OF["falcon-h1"]["ffn_norm"] = "pre_ff_layernorm.weight"
+                           "granitehybrid": _MAMBA_MIXER_TENSORS,
+                           # (Falcon-H1's MLP norm the converter names without a `.weight`)
+                           "falcon-h1": {**_MAMBA_MIXER_TENSORS, "ffn_norm": "pre_ff_layernorm.weight"}}
 # Nemotron-H: one block per layer (a Mamba2 mixer, attention, an MLP, or Nemotron 3's experts beside a shared
 # one, with a latent space around them), named as its checkpoints name them
 _LAYER_TENSORS_OF.update(dict.fromkeys(_NEMOTRON_H, {
@@ -347,7 +347,7 @@ class GGUFFile:
     def fused_delta_projections(self) -> bool:
         """Whether a Qwen3-Next file holds q/k/v/z in one tensor per layer (`ssm_in`, as its first converter
         wrote them), served as transformers' fused in_proj_qkvz and in_proj_ba; else as Qwen3.5's."""
-        return any(name.endswith(".ssm_in.weight") for name in self.tensors)
+        return self._has(".ssm_in.weight")
 
     def _split_beta_alpha(self) -> None:
         """A Qwen3-Next file with q/k/v and z apart (its converter's current layout) keeps beta and alpha in one
@@ -395,6 +395,10 @@ class GGUFFile:
             raise ValueError(f"{self.path.name}: LongRoPE factors ({present}) are read from a phi3 file with both "
                              f"{' and '.join(_LONGROPE_FACTORS)}")
         return _float_vector(self.path, long), _float_vector(self.path, short)
+
+    def _has(self, suffix: str) -> bool:
+        """Whether some tensor's name ends with `suffix` (a layer's optional tensor, e.g. ".ssm_in.bias")."""
+        return any(name.endswith(suffix) for name in self.tensors)
 
     def _value(self, key: str, default: Any = None) -> Any:
         return self.contents.metadata.get(key, default)
@@ -566,7 +570,7 @@ class GGUFFile:
             raise ValueError(f"{self.path.name}: attention layers with different kv head counts ({kv_heads})")
         return dict(layer_types=["full_attention" if n else "conv" for n in kv_heads],
                     conv_L_cache=int(self._arch_value("shortconv.l_cache")), block_auto_adjust_ff_dim=False,
-                    conv_bias=any(name.endswith(".shortconv.in_proj.bias") for name in self.tensors),
+                    conv_bias=self._has(".shortconv.in_proj.bias"),
                     norm_eps=float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-5)))
 
     def _nemotron_h_fields(self, kv_heads: list[int]) -> dict[str, Any]:
@@ -596,8 +600,8 @@ class GGUFFile:
                     mamba_head_dim=int(self._arch_value("ssm.inner_size")) // heads,
                     ssm_state_size=int(self._arch_value("ssm.state_size")), n_groups=int(self._arch_value("ssm.group_count")),
                     conv_kernel=int(self._arch_value("ssm.conv_kernel")),
-                    use_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
-                    use_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
+                    use_conv_bias=self._has(".ssm_conv1d.bias"),
+                    use_bias=self._has(".ssm_in.bias"),
                     layer_norm_epsilon=self._rms_norm_eps(1e-5))
 
     def _granite_hybrid_fields(self, kv_heads: list[int], head_dim: int) -> dict[str, Any]:
@@ -613,8 +617,8 @@ class GGUFFile:
             mamba_n_heads=heads, mamba_d_head=inner // heads, mamba_d_state=int(self._arch_value("ssm.state_size")),
             mamba_n_groups=int(self._arch_value("ssm.group_count")), mamba_d_conv=int(self._arch_value("ssm.conv_kernel")),
             mamba_expand=inner // int(self._arch_value("embedding_length")),
-            mamba_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
-            mamba_proj_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
+            mamba_conv_bias=self._has(".ssm_conv1d.bias"),
+            mamba_proj_bias=self._has(".ssm_in.bias"),
             num_local_experts=experts,
             # (a dense model's shared MLP is its MLP, of feed_forward_length, as llama.cpp reads it)
             shared_intermediate_size=int(self._arch_value("expert_shared_feed_forward_length")) if experts
@@ -634,10 +638,10 @@ class GGUFFile:
                     mamba_d_state=int(self._arch_value("ssm.state_size")),
                     mamba_n_groups=int(self._arch_value("ssm.group_count")),
                     mamba_d_conv=int(self._arch_value("ssm.conv_kernel")), mamba_expand=inner // hidden,
-                    mamba_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in self.tensors),
-                    mamba_proj_bias=any(name.endswith(".ssm_in.bias") for name in self.tensors),
-                    projectors_bias=any(name.endswith(".attn_q.bias") for name in self.tensors),
-                    mamba_rms_norm=any(name.endswith(".ssm_norm.weight") for name in self.tensors),
+                    mamba_conv_bias=self._has(".ssm_conv1d.bias"),
+                    mamba_proj_bias=self._has(".ssm_in.bias"),
+                    projectors_bias=self._has(".attn_q.bias"),
+                    mamba_rms_norm=self._has(".ssm_norm.weight"),
                     mamba_norm_before_gate=False, hidden_act="silu")
 
     def _granite_scales(self, head_dim: int) -> dict[str, Any]:
@@ -659,7 +663,7 @@ class GGUFFile:
             raise ValueError(f"{self.path.name}: lfm2moe expert gating function {gating} is not supported; "
                              "supported: 2 (sigmoid)")
         return dict(self._expert_fields(), num_dense_layers=int(self._arch_value("leading_dense_block_count", 0) or 0),
-                    use_expert_bias=any(name.endswith(".exp_probs_b.bias") for name in self.tensors),
+                    use_expert_bias=self._has(".exp_probs_b.bias"),
                     routed_scaling_factor=float(self._arch_value("expert_weights_scale", 0.0) or 1.0))
 
     def _qwen35_fields(self, blocks: int, head_dim: int) -> dict[str, Any]:
