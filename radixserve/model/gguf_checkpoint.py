@@ -35,7 +35,11 @@ order, and its beta and alpha rows, in one tensor (`_split_beta_alpha`). Nemotro
 layers' kinds by per-layer arrays and write Mamba2 mixers alike (`_MAMBA2`: A as -exp(A_log), the gated
 norm by groups, `_flatten_group_norms`), as do Falcon-H1's, whose muP multipliers the converter folds into
 the weights (served with each multiplier 1) and whose Mamba2 output llama.cpp gates, then norms. GLM-4-0414's
-sandwich norms are named as its checkpoints name them (GLM-4's `chatglm` file is one without them). A file
+sandwich norms are named as its checkpoints name them (GLM-4's `chatglm` file is one without them). A Gemma 4
+file gives per-layer head shapes and kv heads, values from the keys where a global layer has no `attn_v`, K/V
+layers shared as llama.cpp shares them (a file where transformers would share others is refused), and its
+proportional rope as a `rope_freqs` of 1 and 1e30 (`_turned_pairs`); its MoE model's stacked experts, beside
+the MLP, are split per expert at load like any MoE's (`_experts_beside_per_expert`). A file
 means what llama.cpp computes from it: Gemma 2's and 3's
 sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules where
 the metadata is silent (`_GEMMA_RULES`), as do gpt-oss's sliding pattern, Granite's scales and rope switch,
@@ -87,7 +91,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
                  "nemotron_h": "NemotronHForCausalLM", "nemotron_h_moe": "NemotronHForCausalLM",
                  "granitehybrid": "GraniteMoeHybridForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
-                 "falcon-h1": "FalconH1ForCausalLM", "glm4": "Glm4ForCausalLM", "chatglm": "GlmForCausalLM"}
+                 "falcon-h1": "FalconH1ForCausalLM", "glm4": "Glm4ForCausalLM", "chatglm": "GlmForCausalLM",
+                 "gemma4": "Gemma4ForCausalLM"}
 # a `llama` file with experts is Mixtral
 _MIXTURE_OF = {"llama": ("MixtralForCausalLM", "mixtral")}
 # an `olmo2` file with a sliding window is OLMo 3 (llama.cpp's converter writes both as olmo2)
@@ -97,7 +102,7 @@ _OLMO3_PERIOD = 4  # llama.cpp's sliding pattern for OLMo 3 where the file state
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text",
                 "qwen35moe": "qwen3_5_moe_text", "gpt-oss": "gpt_oss", "lfm2moe": "lfm2_moe",
                 "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid", "nemotron_h_moe": "nemotron_h",
-                "falcon-h1": "falcon_h1", "chatglm": "glm"}
+                "falcon-h1": "falcon_h1", "chatglm": "glm", "gemma4": "gemma4_text"}
 _NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})  # Nemotron-H and Nemotron 3 (its MoE): one layout
 _LFM2 = frozenset({"lfm2", "lfm2moe"})  # LFM2 dense and MoE: one layout but for the MoE layers
 _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layout but for the MLP
@@ -107,13 +112,18 @@ _QWEN35 = frozenset({"qwen35", "qwen35moe"})  # Qwen3.5 dense and MoE: one layou
 _DELTA_NET = frozenset({*_QWEN35, "qwen3next"})
 # a MoE layer's experts come stacked in one tensor per projection, [experts, out, in], and their biases
 # (gpt-oss) in one per projection, [experts, out]: split per expert here
-_EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(weight|bias)$")
-_EXPERT_PART = re.compile(r"^ffn_(gate|up|down)_exps\.(\d+)$")
+_EXPERT_TENSOR = re.compile(r"^(blk\.\d+\.ffn_(?:gate_up|gate|up|down)_exps)\.(weight|bias)$")
+_EXPERT_PART = re.compile(r"^ffn_(gate_up|gate|up|down)_exps\.(\d+)$")
 # the converter interleaves these architectures' rotary halves (Nemotron-H's too, though it turns none)
 _PERMUTED_QK = frozenset({"llama", "smollm3", "granite", *_NEMOTRON_H, "granitehybrid"})
 _SMOLLM3_NOPE_PERIOD = 4  # llama.cpp's SmolLM3: every fourth layer turns no rope (a constant, not in the file)
 _GLM = frozenset({"chatglm", "glm4"})  # GLM-4 and GLM-4-0414: half of each head turned, by interleaved pairs
 _MAMBA2 = frozenset({*_NEMOTRON_H, "granitehybrid", "falcon-h1"})  # files with Mamba2 layers, written alike
+# Gemma 4's global layers turn a leading part of each head (transformers' `proportional` rope): the converter writes
+# a full rope with a divisor per rotation pair, 1 on the turned pairs and this on the others, which stops them
+_GEMMA4_STILL = 1e30
+# the tokens llama.cpp ends a Gemma 4 reply at besides the file's end token: a turn's end and a tool call's
+_GEMMA4_END_TOKENS = ("<turn|>", "<|tool_response>")
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
@@ -223,18 +233,31 @@ _LAYER_TENSORS_OF["falcon-h1"] = {
 _LAYER_TENSORS_OF["chatglm"] = {**_LAYER_TENSORS, "ffn_up": "mlp.gate_up_proj"}
 _LAYER_TENSORS_OF["glm4"] = {**_LAYER_TENSORS_OF["chatglm"], "post_attention_norm": "post_self_attn_layernorm",
                              "post_ffw_norm": "post_mlp_layernorm"}
+# Gemma 4: Gemma's sandwich norms, the per-layer input's gate, projection and norm; the MoE model's router and the
+# norms around its experts (which sit beside the MLP, `experts.E`, stacked in transformers' checkpoints)
+_LAYER_TENSORS_OF["gemma4"] = {**_GEMMA_LAYER_TENSORS, "inp_gate": "per_layer_input_gate",
+                               "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm",
+                               "ffn_gate_inp": "router.proj", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+                               "post_ffw_norm_1": "post_feedforward_layernorm_1",
+                               "post_ffw_norm_2": "post_feedforward_layernorm_2"}
+_WHOLE_LAYER_TENSORS_OF["gemma4"] = {"layer_output_scale.weight": "layer_scalar", "ffn_gate_inp.scale": "router.scale",
+                                     "ffn_down_exps.scale": "router.per_expert_scale"}
 # OLMo 2 and 3: norms after attention and after the MLP only, q and k normed over all their heads
 _LAYER_TENSORS_OF["olmo2"] = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}
 _LAYER_PREFIX_OF = dict.fromkeys(_NEMOTRON_H, "backbone.layers")  # where not model.layers
 _MLP_NAME_OF = dict.fromkeys(_NEMOTRON_H, "mixer")  # where a layer's experts sit, where not in mlp
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
+_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
 _MODEL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # LFM2's final norm is written as the embedding's (transformers names it embedding_norm too)
 _MODEL_TENSORS_OF = {**dict.fromkeys(_LFM2, {**_MODEL_TENSORS, "token_embd_norm": "model.embedding_norm"}),
                      **dict.fromkeys(_NEMOTRON_H, {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
                                                    "output": "lm_head"}),
-                     "falcon-h1": {**_MODEL_TENSORS, "output_norm": "model.final_layernorm"}}
+                     "falcon-h1": {**_MODEL_TENSORS, "output_norm": "model.final_layernorm"},
+                     "gemma4": {**_MODEL_TENSORS, "per_layer_token_embd": "model.embed_tokens_per_layer",
+                                "per_layer_model_proj": "model.per_layer_model_projection",
+                                "per_layer_proj_norm": "model.per_layer_projection_norm"}}
 # files whose A is stored as -exp(A_log): the DeltaNet's and Mamba2's
 _NEGATED_A = frozenset({*_DELTA_NET, *_MAMBA2})
 
@@ -329,7 +352,9 @@ class GGUFFile:
         self._drop_multi_token_prediction()
         self._split_beta_alpha()
         self._flatten_group_norms()
-        self.rope_factors = self._rope_factors(self.tensors.pop(_ROPE_FACTORS, None))
+        factors = self.tensors.pop(_ROPE_FACTORS, None)
+        self.turned_pairs = self._turned_pairs(factors) if self.arch == "gemma4" else None
+        self.rope_factors = None if self.arch == "gemma4" else self._rope_factors(factors)
         long_short = [self.tensors.pop(name, None) for name in _LONGROPE_FACTORS]
         self.longrope_factors = self._longrope_factors(*long_short)
 
@@ -384,6 +409,20 @@ class GGUFFile:
             raise ValueError(f"{self.path.name}: per-frequency rope factors (tensor rope_freqs) in a "
                              f"{self.arch!r} file are not supported")
         return tuple(_float_vector(self.path, tensor))
+
+    def _turned_pairs(self, tensor: GGUFTensor | None) -> tuple[int, int] | None:
+        """How many leading rotation pairs of a Gemma 4 global layer's head turn, of how many, from the file's
+        `rope_freqs` (None: all of them, as a file without it means): its divisors must be 1 on those and
+        `_GEMMA4_STILL` on the rest, which is the proportional rope the converter writes; any other vector is
+        refused."""
+        if tensor is None:
+            return None
+        factors = _float_vector(self.path, tensor)
+        turned = next((i for i, f in enumerate(factors) if f != 1.0), len(factors))
+        if not turned or any(f < _GEMMA4_STILL / 10 for f in factors[turned:]):
+            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} is not a proportional rope's (leading factors "
+                             f"of 1, then {_GEMMA4_STILL:g}): {factors[:4]}...")
+        return turned, len(factors)
 
     def _longrope_factors(self, long: GGUFTensor | None,
                           short: GGUFTensor | None) -> tuple[list[float], list[float]] | None:
@@ -453,6 +492,8 @@ class GGUFFile:
             fields.update(self._granite_hybrid_fields(self._kv_heads_per_layer(heads, layers), int(head_dim)))
         if self.arch == "falcon-h1":
             fields.update(self._falcon_h1_fields(hidden))
+        if self.arch == "gemma4":
+            fields.update(self._gemma4_fields(layers))
         if self.arch in _GLM:  # half of each head turned (by interleaved pairs, as llama.cpp's rope turns them)
             rotary = int(self._arch_value("rope.dimension_count", int(head_dim) // 2))
             fields.update(attention_bias="blk.0.attn_q.bias" in self.tensors,
@@ -557,10 +598,10 @@ class GGUFFile:
         kv = self._arch_value("attention.head_count_kv", heads)
         if not isinstance(kv, list):
             return [int(kv)] * layers
-        if self.arch not in (*_LFM2, *_MAMBA2) or len(kv) != layers or not any(kv):
+        if self.arch not in (*_LFM2, *_MAMBA2, "gemma4") or len(kv) != layers or not any(kv):
             raise ValueError(f"{self.path.name}: per-layer kv head counts ({self.arch}.attention.head_count_kv, "
                              f"{len(kv)} values for {layers} layers) are read from an lfm2, lfm2moe, nemotron_h, "
-                             "nemotron_h_moe or granitehybrid file only")
+                             "nemotron_h_moe, granitehybrid, falcon-h1 or gemma4 file only")
         return [int(n) for n in kv]
 
     def _lfm2_fields(self, kv_heads: list[int]) -> dict[str, Any]:
@@ -757,6 +798,66 @@ class GGUFFile:
             rope_parameters=rope,
         )
 
+    def _gemma4_fields(self, layers: int) -> dict[str, Any]:
+        """Gemma 4's fields as llama.cpp reads the file: the sliding layers by per-layer flags, their heads of
+        `key_length_swa` and the global layers' of `key_length`, kv heads per layer, the global layers' values
+        taken from their keys where they have no `attn_v` (`attention_k_eq_v`), the last `shared_kv_layers`
+        layers reading an earlier layer's K/V (with twice-wide MLPs where `feed_forward_length` says so),
+        per-layer inputs of `embedding_length_per_layer_input`, the sliding layers' rope at `freq_base_swa`
+        and the global layers' proportional one (`turned_pairs`), the final softcap; the MoE model's experts
+        beside every layer's MLP (`expert_count`)."""
+        window = int(self._arch_value("attention.sliding_window"))
+        sliding = self._sliding_layers(window, 0, layers)
+        if sliding[-1]:
+            raise ValueError(f"{self.path.name}: a Gemma 4 file whose last layer slides is not supported")
+        heads = int(self._arch_value("attention.head_count"))
+        kv = self._kv_heads_per_layer(heads, layers)
+        head_dim, global_head_dim = int(self._arch_value("attention.key_length_swa")), int(
+            self._arch_value("attention.key_length"))
+        if int(self._arch_value("rope.dimension_count_swa", head_dim)) != head_dim:
+            raise ValueError(f"{self.path.name}: a Gemma 4 file whose sliding layers turn part of each head is not "
+                             "supported")
+        shared = int(self._arch_value("attention.shared_kv_layers", 0) or 0)
+        if shared and (layers - shared < 2 or sliding[layers - shared - 1] or not sliding[layers - shared - 2]):
+            # llama.cpp's readers take the last two layers before them for their sources, a sliding one then a global
+            raise ValueError(f"{self.path.name}: a Gemma 4 file whose last layers projecting K/V are not a sliding one "
+                             "and then a global one is not supported (llama.cpp's shared K/V layers read those)")
+        widths = self._arch_value("feed_forward_length")
+        widths = [int(w) for w in widths] if isinstance(widths, list) else [int(widths)] * layers
+        doubled = [w == 2 * widths[0] for w in widths[layers - shared:]]
+        if widths[:layers - shared] != [widths[0]] * (layers - shared) or (shared and len(set(doubled)) > 1) or (
+                not all(doubled) and widths[layers - shared:] != [widths[0]] * shared):
+            raise ValueError(f"{self.path.name}: MLP widths {widths} are not Gemma 4's (one width, or twice it on the "
+                             f"last {shared} layers)")
+        global_layers = [i for i in range(layers) if not sliding[i]]
+        if len({kv[i] for i in global_layers}) > 1 or len({kv[i] for i in range(layers) if sliding[i]}) > 1:
+            raise ValueError(f"{self.path.name}: layers of one kind with different kv head counts ({kv})")
+        value_from_key = not any(f"blk.{i}.attn_v.weight" in self.tensors for i in global_layers if i < layers - shared)
+        per_layer = int(self._arch_value("embedding_length_per_layer_input", 0) or 0)
+        per_layer_embed = self.tensors.get("per_layer_token_embd.weight")
+        if per_layer and per_layer_embed is None:
+            raise ValueError(f"{self.path.name}: per-layer inputs of {per_layer} without per_layer_token_embd")
+        turned, pairs = self.turned_pairs or (global_head_dim // 2, global_head_dim // 2)
+        if pairs != global_head_dim // 2:
+            raise ValueError(f"{self.path.name}: tensor {_ROPE_FACTORS} has {pairs} factors for "
+                             f"{global_head_dim // 2} rotation pairs")
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": float(self._arch_value("rope.freq_base_swa"))},
+                "full_attention": {"rope_type": "proportional", "rope_theta": float(self._arch_value("rope.freq_base")),
+                                   "partial_rotary_factor": 2 * turned / global_head_dim}}
+        softcap = self._arch_value("final_logit_softcapping")
+        experts = int(self._arch_value("expert_count", 0) or 0)
+        moe = dict(enable_moe_block=True, num_experts=experts, top_k_experts=int(self._arch_value("expert_used_count")),
+                   moe_intermediate_size=int(self._arch_value("expert_feed_forward_length"))) if experts else {}
+        return dict(moe,
+            layer_types=["sliding_attention" if s else "full_attention" for s in sliding], sliding_window=window,
+            head_dim=head_dim, num_key_value_heads=kv[sliding.index(True)] if any(sliding) else kv[-1],
+            per_layer_config={i: {"head_dim": global_head_dim, "num_key_value_heads": kv[i]} for i in global_layers},
+            attention_k_eq_v=value_from_key, num_kv_shared_layers=shared,
+            use_double_wide_mlp=bool(shared) and all(doubled), intermediate_size=widths[0],
+            hidden_size_per_layer_input=per_layer, **({"vocab_size_per_layer_input": per_layer_embed.rows} if per_layer
+                                                      and per_layer_embed is not None else {}),
+            final_logit_softcapping=float(softcap) if softcap else None, rope_parameters=rope)
+
     def _rope(self) -> dict[str, Any]:
         theta = float(self._arch_value("rope.freq_base", 10000.0))
         kind = self._arch_value("rope.scaling.type")
@@ -793,6 +894,8 @@ class GGUFFile:
     def eos_token_ids(self) -> tuple[int, ...]:
         """The end-of-sequence and end-of-turn tokens the metadata names."""
         ids = [self._value(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id")]
+        if self.arch == "gemma4":  # (llama.cpp ends a reply at these by their text)
+            ids += self.contents.string_positions("tokenizer.ggml.tokens", _GEMMA4_END_TOKENS).values()
         return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
     def spec(self) -> ModelSpec:
@@ -842,6 +945,8 @@ class GGUFFile:
             if kind in layer_tensors:
                 return f"{layers}.{index}.{layer_tensors[kind]}{dot}{leaf}"
             part = _EXPERT_PART.match(kind)
+            if part and self.arch == "gemma4":  # (experts beside the MLP: `expert_targets` names them per expert)
+                return f"{layers}.{index}.experts.{part.group(2)}.{part.group(1)}_proj"
             if part:
                 mlp = _MLP_NAME_OF.get(self.arch, "mlp")
                 return f"{layers}.{index}.{mlp}.experts.{part.group(2)}.{part.group(1)}_proj{dot}{leaf}"
@@ -981,7 +1086,7 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
     from radixserve.model.loader import Target, checkpoint_targets
 
     spec = model.spec
-    targets = checkpoint_targets(model)
+    targets = _experts_beside_per_expert(checkpoint_targets(model), spec)
     if spec.tie_word_embeddings:
         targets.pop("lm_head.weight", None)
     by_param: dict[str, list[tuple[Target, GGUFTensor]]] = {}
@@ -1030,6 +1135,21 @@ def _fill(model: CausalLM, file: GGUFFile, quantized: bool, activations: str) ->
         assert isinstance(moe, MoE), "kept_experts holds MoE layers only"
         kept += _keep_experts(moe, file, by_leaf, activations)
     return kept
+
+
+def _experts_beside_per_expert(targets: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    """`targets` with the stacked experts beside a layer's MLP (Gemma 4's `experts.gate_up_proj`, `down_proj`) named
+    per expert, `experts.E.gate_up_proj`, as the file's stacked tensors are split at load."""
+    out = {}
+    for name, target in targets.items():
+        layer = _LAYER_NAME.match(name)
+        beside = spec.layers[int(layer.group(1))].experts_beside if layer else None
+        if beside is None or not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            out[name] = target
+            continue
+        stem, _, leaf = name.rpartition(".")
+        out.update({f"{stem}.{e}.{leaf}": dataclasses.replace(target, expert=e) for e in range(beside.num_experts)})
+    return out
 
 
 def _keep_experts(moe: MoE, file: GGUFFile, by_leaf: dict[str, list[tuple[Any, GGUFTensor]]], activations: str) -> int:

@@ -34,10 +34,11 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 
 @dataclass(frozen=True)
 class ArrayValue:
-    """A metadata array left undecoded: its item type code and length."""
+    """A metadata array left undecoded: its item type code, length and where its items start in the file."""
 
     item_type: int
     count: int
+    offset: int = -1
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class _Cursor:
             return self.string()
         if type_code == ARRAY:
             item_type, count = self.unpack("<I"), self.unpack("<Q")
+            offset = self.pos
             if item_type == STRING:
                 self.skip_strings(count)
             elif item_type in _SCALARS and count <= SMALL_ARRAY:  # per-layer settings: decoded
@@ -92,7 +94,7 @@ class _Cursor:
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
             else:
                 raise ValueError(f"{self.name}: GGUF arrays of type {item_type} are not supported")
-            return ArrayValue(item_type, count)
+            return ArrayValue(item_type, count, offset)
         raise ValueError(f"{self.name}: unknown GGUF metadata type {type_code}")
 
 
@@ -122,6 +124,23 @@ class GGUFContents:
             self.tensors.append(TensorInfo(name, cursor.unpack("<I"), dims, cursor.unpack("<Q")))
         alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         self.data_start = -(-cursor.pos // alignment) * alignment
+
+    def string_positions(self, key: str, wanted: tuple[str, ...]) -> dict[str, int]:
+        """Where each of `wanted` first occurs in the string array `key` (a vocabulary: a token's id), found
+        by comparing bytes, without decoding the array; strings not in it are left out."""
+        array = self.metadata.get(key)
+        if not isinstance(array, ArrayValue) or array.item_type != STRING:
+            return {}
+        encoded = {text.encode(): text for text in wanted}
+        lengths = {len(b) for b in encoded}
+        buf, pos = memoryview(self._map), array.offset  # type: ignore[arg-type]
+        found: dict[str, int] = {}
+        for index in range(array.count):
+            length = struct.unpack_from("<Q", buf, pos)[0]
+            if length in lengths and (text := encoded.get(bytes(buf[pos + 8:pos + 8 + length]))) is not None:
+                found.setdefault(text, index)
+            pos += 8 + length
+        return found
 
     def data(self, info: TensorInfo) -> np.ndarray:
         """The tensor's bytes as `gguf.GGUFReader` presents them: F32/F16 (and the integer types) as

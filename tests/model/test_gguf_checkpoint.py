@@ -1,5 +1,6 @@
 """GGUF files served directly: tiny llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, lfm2, qwen35(moe),
-gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 3 and 4, OLMo 2 / 3 and SmolLM3 files written here
+gpt-oss, Mixtral, LFM2-MoE, Qwen3-Next, Nemotron-H, Granite 3 and 4, OLMo 2 / 3, SmolLM3, Falcon-H1, GLM-4 and
+Gemma 4 files written here
 (tiny_gguf.py) in every GGUF type the CPU kernels read, and the rope settings files carry (Llama 3.1's factors,
 Phi-3's partial rotary and LongRoPE).
 
@@ -27,6 +28,7 @@ import torch
 from tiny_gguf import (
     TinyGGUF,
     write_falcon_h1_gguf,
+    write_gemma4_gguf,
     write_glm_gguf,
     write_gpt_oss_gguf,
     write_granite_hybrid_gguf,
@@ -395,7 +397,7 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
     message = _refused(tmp_path, "falcon.gguf", write)
     assert message == ("falcon.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2, qwen3, qwen3moe, "
                        "gemma2, gemma3, phi3, lfm2, qwen35, qwen35moe, gpt-oss, lfm2moe, qwen3next, nemotron_h, "
-                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1, glm4, chatglm")
+                       "nemotron_h_moe, granitehybrid, olmo2, smollm3, granite, falcon-h1, glm4, chatglm, gemma4")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
@@ -531,6 +533,17 @@ FROM_TRANSFORMERS = {
     # and GLM-4 (llama.cpp's chatglm), the same without the norms after attention and the MLP
     "glm4": (write_glm_gguf, GLM_TYPES),
     "chatglm": (functools.partial(write_glm_gguf, arch="chatglm"), GLM_TYPES),
+    # Gemma 4: per-layer head shapes and kv heads, values from the keys, K/V read from earlier layers, per-layer
+    # inputs (their embedding and projections quantized too), a proportional rope, a Gemma 4 tokenizer; seed 1,
+    # whose replies do not settle into repeating one token
+    "gemma4": (functools.partial(write_gemma4_gguf, seed=1), {
+        "attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0", "ffn_gate": "Q4_0",
+        "ffn_up": "Q4_1", "ffn_down": "Q8_0", "inp_gate": "Q8_0", "proj": "Q8_0", "per_layer_model_proj": "Q8_0",
+        "per_layer_token_embd": "Q8_0", "token_embd": "Q8_0"}),
+    # Gemma 4's MoE model: experts beside every layer's MLP, kept in their blocks
+    "gemma4-moe": (functools.partial(write_gemma4_gguf, seed=1, experts=True), {
+        "attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0", "ffn_gate": "Q4_0",
+        "ffn_up": "Q4_1", "ffn_down": "Q8_0", "ffn_gate_up_exps": "Q4_0", "ffn_down_exps": "Q8_0", "token_embd": "Q8_0"}),
 }
 
 
@@ -553,7 +566,8 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     with and without experts; Granite's multipliers), OLMo 2 / 3 (post norms; OLMo 3's window and scaled global
     rope), SmolLM3 (every fourth layer without rope), Granite 3 (its scales), Falcon-H1 (attention beside a Mamba2
     mixer, muP multipliers folded into the weights), GLM-4 and GLM-4-0414 (biases, interleaved partial rope; the
-    latter's sandwich norms) from their GGUF, the experts kept
+    latter's sandwich norms), Gemma 4 (per-layer head shapes, values from keys, shared K/V, per-layer inputs, a
+    proportional rope; its MoE model's experts beside the MLP) from their GGUF, the experts kept
     in their blocks (gpt-oss's in the C++ kernel's MXFP4 format): greedy token for token as transformers on the
     same weights, kept (float32 activations) and dequantized; a cached prefix resumes as well; with the default
     int8 activations, transformers' argmax at most positions, teacher-forced."""
@@ -563,7 +577,8 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     assert kept.engine.spec.architecture == type(hf).__name__
     if not kept.engine.config.enforce_eager:
         experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
-        moe_layers = sum(layer.mlp is not None and layer.mlp.is_moe for layer in kept.engine.spec.layers)
+        moe_layers = sum((layer.mlp is not None and layer.mlp.is_moe) + (layer.experts_beside is not None)
+                         for layer in kept.engine.spec.layers)
         assert len(experts) == moe_layers and all(isinstance(e, GgmlExperts) for e in experts)
         assert "served as shipped (" in caplog.text and "dequantized" not in caplog.text  # every block kept
         if arch == "gpt-oss":
@@ -616,6 +631,30 @@ def _assert_falcon_h1_weights_fold_their_multipliers(ours: dict[str, torch.Tenso
         assert torch.equal(ours[p + "post_attention_layernorm.weight"], theirs[p + "pre_ff_layernorm.weight"])
 
 
+def _assert_gemma4_weights_are(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], layers: int) -> None:
+    """Every weight of a Gemma 4 file is transformers' under its name (the per-layer inputs' embedding,
+    projections and norms, each layer's output scale; the MoE model's experts, router and its scales), q/k/v and
+    gate/up fused in order (no v where the values are the keys', only q in a layer reading another's K/V)."""
+    checked = set()
+    beside = {"experts.gate_up": "experts.gate_up_proj", "experts.down": "experts.down_proj",
+              "experts.router.weight": "router.proj.weight", "experts.router_scale": "router.scale",
+              "experts.per_expert_scale": "router.per_expert_scale"}  # (the MoE model's: ours -> transformers')
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, theirs_name in beside.items():
+            if p + name in ours:
+                assert torch.equal(ours[p + name], theirs[p + theirs_name]), p + name
+                checked.add(p + name)
+        fused = {"self_attn.qkv_proj.weight": [f"self_attn.{n}_proj.weight" for n in "qkv"],
+                 "mlp.gate_up_proj.weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"]}
+        for name, parts in fused.items():
+            assert torch.equal(ours[p + name], torch.cat([theirs[p + n] for n in parts if p + n in theirs])), p + name
+            checked.add(p + name)
+    for name in set(ours) - checked:
+        assert torch.equal(ours[name], theirs[name]), name
+    assert "model.layers.0.layer_scalar" in ours
+
+
 @pytest.mark.parametrize("arch", sorted(FROM_TRANSFORMERS))
 def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[str, tuple[Path, Any]], arch: str) -> None:
     """Every weight of the file, dequantized at load, is transformers' bit for bit: gpt-oss's experts' gate and
@@ -648,6 +687,9 @@ def test_a_files_weights_dequantized_are_transformers(from_transformers: dict[st
                          ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_attention_layernorm"))
             for name, theirs_name in norms:
                 assert torch.equal(ours[p + name + ".weight"], theirs[p + theirs_name + ".weight"]), name
+        return
+    if arch.startswith("gemma4"):
+        _assert_gemma4_weights_are(ours, {**dict(hf.named_buffers()), **theirs}, spec.num_layers)
         return
     embeddings = "model.embeddings.weight" if arch.startswith("nemotron_h") else "model.embed_tokens.weight"
     assert torch.equal(ours["model.embed_tokens.weight"], theirs[embeddings])
@@ -813,6 +855,54 @@ def test_rope_factors_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     uneven = _refused(tmp_path, "uneven.gguf", lambda path: write_tiny_gguf(
         path, TinyGGUF("phi3", rotary_dims=32, longrope=(LONG_FACTORS[:8], SHORT_FACTORS, 64, 1.3))))
     assert uneven.startswith("uneven.gguf: LongRoPE factors of 8 and 16 values for 16 rotation pairs")
+
+
+def test_a_gemma4_file_ends_turns_and_renders_its_template_as_llama_cpp_does(
+        from_transformers: dict[str, tuple[Path, Any]], tokenizer_cache: None) -> None:
+    """A Gemma 4 file's replies end at its end token and, as llama.cpp ends them, at a turn's end and a tool
+    response's start; its `gemma4` tokenizer keeps the turn markers whole and its template renders."""
+    path, _ = from_transformers["gemma4"]
+    llm = LLM(str(path), kv_cache_memory_mb=16)
+    tokens = tiny_gguf.gemma_vocabulary("gemma4")[0]
+    turn, end = tokens.index("<|turn>"), tokens.index("<turn|>")
+    assert llm.engine.spec.eos_token_ids == (1, end, tokens.index("<|tool_response>"))
+    text = llm.tokenizer.apply_chat_template([{"role": "user", "content": "the cat"}], tokenize=False,
+                                             add_generation_prompt=True)
+    assert text == "<bos><|turn>user\nthe cat<turn|>\n<|turn>model\n"
+    ids = llm.tokenizer(text, add_special_tokens=False).input_ids
+    assert ids[:2] == [2, turn] and ids.count(end) == 1 and ids.count(turn) == 2
+    assert llm.tokenizer.decode(llm.tokenizer("the cat in there").input_ids) == "the cat in there"
+
+
+def test_string_positions_are_found_without_decoding_the_array(tmp_path: Path) -> None:
+    """`GGUFContents.string_positions` finds a token's first index by its bytes (a vocabulary left undecoded),
+    multi-byte text included, and leaves out what is not there."""
+    from radixserve.model.gguf_file import ArrayValue, GGUFContents
+
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "<turn|>", "bb", "東京", "<turn|>", "<turn|"])
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    contents = GGUFContents(path)
+    assert isinstance(contents.metadata["tokenizer.ggml.tokens"], ArrayValue)
+    found = contents.string_positions("tokenizer.ggml.tokens", ("<turn|>", "東京", "<|turn>", "bb"))
+    assert found == {"<turn|>": 1, "bb": 2, "東京": 3}
+    assert contents.string_positions("general.architecture", ("llama",)) == {}
+
+
+def test_gemma4_files_llama_cpp_would_read_otherwise_are_refused(tmp_path: Path) -> None:
+    """A Gemma 4 rope that is not the converter's proportional one, and shared K/V layers whose sources llama.cpp
+    would take from other layers than transformers (it takes the last two layers before them), are refused."""
+    pairs = tiny_gguf.GEMMA4_GLOBAL_HEAD // 2
+    rope = _refused(tmp_path, "rope.gguf", lambda path: write_gemma4_gguf(path, {}, rope_freqs=[1.0] * 8 + [2.0] * (
+        pairs - 8)))
+    assert rope.startswith("rope.gguf: tensor rope_freqs.weight is not a proportional rope's")
+    short = _refused(tmp_path, "short.gguf", lambda path: write_gemma4_gguf(path, {}, rope_freqs=[1.0] * 8 + [1e30] * 8))
+    assert short.startswith(f"short.gguf: tensor rope_freqs.weight has 16 factors for {pairs} rotation pairs")
+    kinds = ("sliding_attention",) * 2 + ("full_attention",) * 2 + ("sliding_attention",) * 3 + ("full_attention",)
+    shared = _refused(tmp_path, "shared.gguf", lambda path: write_gemma4_gguf(path, {}, layer_types=kinds))
+    assert shared.startswith("shared.gguf: a Gemma 4 file whose last layers projecting K/V are not a sliding one")
 
 
 def test_a_truncated_file_is_refused(tmp_path: Path, files: dict[str, Path]) -> None:
