@@ -1056,7 +1056,7 @@ def write_gemma4_gguf(path: Path, types: dict[str, str], seed: int = 0, layer_ty
         rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
                          "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.25,
                                                 rope_theta=1000000.0)})
-    w, config = f.writer, f.model.config
+    w = f.writer
     w.add_feed_forward_length([INTERMEDIATE * (2 if i >= layers - shared else 1) for i in range(layers)])
     w.add_key_length(GEMMA4_GLOBAL_HEAD)
     w.add_value_length(GEMMA4_GLOBAL_HEAD)
@@ -1111,11 +1111,10 @@ def write_gemma4_gguf(path: Path, types: dict[str, str], seed: int = 0, layer_ty
         if experts:  # the router's scales near 1 (drawn as weights, they would all but silence the experts)
             for scale in ("router.scale", "router.per_expert_scale"):
                 f.state[p + scale].copy_(torch.from_numpy(rng.uniform(0.5, 1.5, f.state[p + scale].shape).astype(np.float32)))
-            f.own(p + "router.proj.weight", b + "ffn_gate_inp.weight", "ffn_gate_inp")
-            f.own(p + "router.scale", b + "ffn_gate_inp.scale", "ffn_gate_inp.scale")
-            f.own(p + "router.per_expert_scale", b + "ffn_down_exps.scale", "ffn_down_exps.scale")
-            f.own(p + "experts.gate_up_proj", b + "ffn_gate_up_exps.weight", "ffn_gate_up_exps")
-            f.own(p + "experts.down_proj", b + "ffn_down_exps.weight", "ffn_down_exps")
+            for ours, theirs in (("router.proj.weight", "ffn_gate_inp.weight"), ("router.scale", "ffn_gate_inp.scale"),
+                                 ("router.per_expert_scale", "ffn_down_exps.scale"),
+                                 ("experts.gate_up_proj", "ffn_gate_up_exps.weight"),
+                                 ("experts.down_proj", "ffn_down_exps.weight")):
+                f.own(p + ours, b + theirs, theirs.removesuffix(".weight"))
     f.own("model.norm.weight", "output_norm.weight", "output_norm")
-    assert config.num_kv_shared_layers == shared
     return f.finish()
