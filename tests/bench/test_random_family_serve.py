@@ -51,7 +51,7 @@ from radixserve_bench.step_shapes import FAMILY_SHAPES
 
 pytest.register_assert_rewrite("server_testkit")
 from server_testkit import leaves_no_process, pump_lines  # noqa: E402
-from tiny_gguf import TinyGGUF, write_tiny_gguf  # noqa: E402
+from tiny_gguf import TinyGGUF, write_gemma4_gguf, write_tiny_gguf  # noqa: E402
 
 STARTUP_S = 120.0
 MAX_TOKENS = 8
@@ -271,19 +271,26 @@ def _check_every_api(url: str, model: Path) -> str:
 
 
 # GGUF files served as shipped (quantized, in the C++ kernels), one of each layout the loader undoes:
-# Phi-3's fused projections and LongRoPE, Qwen3.5's hybrid with its tiled value heads
+# Phi-3's fused projections and LongRoPE, Qwen3.5's hybrid with its tiled value heads, Gemma 4's per-layer
+# shapes, shared K/V and per-layer inputs (a hybrid of window states) with its own `gemma4` tokenizer and turns
 GGUF_FILES = {"phi3": TinyGGUF("phi3", types={"attn_qkv": "Q4_K", "ffn_up": "Q4_1"}, rotary_dims=32,
                                longrope=([1.0 + 0.25 * i for i in range(16)], [1.0] * 16, 256, 1.2)),
               "qwen35": TinyGGUF("qwen35", types={"attn_qkv": "Q4_K", "ssm_alpha": "F32", "ssm_beta": "F32"},
                                  tied=False)}
+GEMMA4_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q8_0", "ffn_gate": "Q5_0",
+                "ffn_up": "Q5_1", "ffn_down": "Q4_0", "per_layer_token_embd": "Q8_0", "token_embd": "Q8_0"}
 
 
-@pytest.mark.parametrize("arch", sorted(GGUF_FILES))
+@pytest.mark.parametrize("arch", sorted([*GGUF_FILES, "gemma4"]))
 def test_a_gguf_file_serves_every_api(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from radixserve.model import gguf_checkpoint
 
     monkeypatch.setattr(gguf_checkpoint, "cache_root", lambda: tmp_path / "cache")  # its converted tokenizer
-    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", GGUF_FILES[arch])
+    path = tmp_path / f"tiny-{arch}.gguf"
+    if arch == "gemma4":
+        write_gemma4_gguf(path, GEMMA4_TYPES, seed=1)
+    else:
+        write_tiny_gguf(path, GGUF_FILES[arch])
     with leaves_no_process(timeout_s=30), serving(path, process=False) as url:
         assert _check_every_api(url, path) == f"tiny-{arch}"  # served under the file's stem
 

@@ -56,8 +56,7 @@ class Ghost:
         for copy in batch.copies:
             if copy.kind is CopyKind.STATE:
                 self.slots[copy.dst] = self.slots.get(copy.src, ("garbage",))  # type: ignore[assignment]
-        assert sched.tree is not None
-        for node in sched.tree.nodes():  # every checkpoint holds the state after exactly its path
+        for node in sched.tree.nodes() if sched.tree is not None else ():  # every checkpoint: exactly its path's state
             if node.state >= 0:
                 assert self.slots.get(node.state) == RadixTree.path_tokens(node), f"checkpoint of node {node.id}"
         for item in batch.items:
@@ -102,6 +101,46 @@ def test_a_multi_turn_conversation_resumes_from_its_reply_end() -> None:
     # the first reply's last token was sampled, never consumed: the checkpoint ends just before it
     assert req.cached_tokens == len(first.sequences[0].token_ids) - 1
     assert sched.cache.recomputed_state_tokens == 0
+
+
+def test_with_no_reuse_the_cache_changes_nothing_a_step_computes() -> None:
+    """Prompts that share no prefix, arriving while others run: with the cache on, every step computes the
+    same items as with it off (no prefill is cut at a branch point, nothing waits for a checkpoint), and
+    the cache adds no state copy (a finished sequence's own slot becomes its checkpoint). So the cache
+    costs a workload without reuse only its bookkeeping."""
+    def run(cache: bool) -> tuple[list[list[tuple[int, int, int]]], int]:
+        config = EngineConfig(block_size=BLOCK, max_num_seqs=4, max_num_batched_tokens=16, num_blocks=64,
+                              num_speculative_tokens=0)
+        pool, states = BlockPool(64, BLOCK), BlockPool(8, 1)
+        sched = Scheduler(config, pool, RadixTree(pool, None, states) if cache else None, states=states)
+        ghost, steps, copies, first = Ghost(), [], 0, None
+
+        def one_step() -> None:
+            nonlocal copies
+            batch = sched.schedule()
+            steps.append([(item.seq.request.order - first, item.start, item.num_tokens) for item in batch.items])
+            copies += sum(copy.kind is CopyKind.STATE for copy in batch.copies)
+            ghost.run(sched, batch)
+            launch = sched.launched(batch, (), lambda r, i: i)
+            sched.commit(launch, [TokenCommit((7,)) for _ in launch.owners], (), lambda s, t: False)
+            sched.check_integrity()
+
+        for i in range(8):  # distinct first tokens; the next request arrives two steps later, while others run
+            request = add(sched, [100 + i] + [i % 5 + 1] * (3 + 4 * i), max_tokens=3 + i % 4)
+            first = request.order if first is None else first
+            for _ in range(2):
+                if sched.has_work():
+                    one_step()
+        for _ in range(200):
+            if not sched.has_work():
+                break
+            one_step()
+        assert not sched.has_work()
+        return steps, copies
+
+    with_cache, copies = run(True)
+    without, _ = run(False)
+    assert with_cache == without and copies == 0
 
 
 def test_a_shared_prefix_is_checkpointed_where_a_second_prompt_leaves_it() -> None:
