@@ -44,10 +44,11 @@ means what llama.cpp computes from it: Gemma 2's and 3's
 sliding pattern, window, rope bases, softcaps and query scale follow llama.cpp's defaults and rules where
 the metadata is silent (`_GEMMA_RULES`), as do gpt-oss's sliding pattern, Granite's scales and rope switch,
 and Nemotron-H's norm epsilon; Gemma's and Qwen3.5's norm weights are stored as 1 + w (`_SHIFTED_NORMS`),
-and Qwen3-MoE renormalises its chosen experts' weights. A MoE layer's stacked expert tensors (and gpt-oss's
-expert biases) are split per expert at load; served quantized, the experts stay in their blocks
-(`kernels.moe.GgmlExperts`; gpt-oss's MXFP4 too). A `llama` file with experts is Mixtral. A cached tokenizer
-splits text as the converted one does (`_keep_as_converted`).
+and Qwen3-MoE renormalises its chosen experts' weights; a reply ends at the tokens llama.cpp ends it at
+(`eos_token_ids`: the named end tokens and those of `_END_OF_GENERATION`'s texts). A MoE layer's stacked
+expert tensors (and gpt-oss's expert biases) are split per expert at load; served quantized, the experts
+stay in their blocks (`kernels.moe.GgmlExperts`; gpt-oss's MXFP4 too). A `llama` file with experts is
+Mixtral. A cached tokenizer splits text as the converted one does (`_keep_as_converted`).
 """
 
 from __future__ import annotations
@@ -122,8 +123,14 @@ _MAMBA2 = frozenset({*_NEMOTRON_H, "granitehybrid", "falcon-h1"})  # files with 
 # Gemma 4's global layers turn a leading part of each head (transformers' `proportional` rope): the converter writes
 # a full rope with a divisor per rotation pair, 1 on the turned pairs and this on the others, which stops them
 _GEMMA4_STILL = 1e30
-# the tokens llama.cpp ends a Gemma 4 reply at besides the file's end token: a turn's end and a tool call's
-_GEMMA4_END_TOKENS = ("<turn|>", "<|tool_response>")
+# the tokens llama.cpp ends a reply at besides the file's end-of-sequence and end-of-turn tokens, by their text
+# (llama-vocab.cpp: most files name only one end token, and chats end at their template's turn end); but not
+# "<|end|>" where "<|return|>" or "<|flush|>" and a call token say it ends a message only (gpt-oss's harmony),
+# nor "</s>" beside "<|tool_response>" (Gemma 4, whose "</s>" is an ordinary token)
+_END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                      "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                      "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                      "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[")
 # a vector of per-frequency divisors of the rope (Llama 3.1's scaling, as the converter bakes it):
 # rotation pair i turns at theta^(-2i/d) / factor[i], as llama.cpp's rope reads it
 _ROPE_FACTORS = "rope_freqs.weight"
@@ -892,11 +899,16 @@ class GGUFFile:
 
     @cached_property
     def eos_token_ids(self) -> tuple[int, ...]:
-        """The end-of-sequence and end-of-turn tokens the metadata names."""
-        ids = [self._value(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id")]
-        if self.arch == "gemma4":  # (llama.cpp ends a reply at these by their text)
-            ids += self.contents.string_positions("tokenizer.ggml.tokens", _GEMMA4_END_TOKENS).values()
-        return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+        """The tokens a reply ends at, as llama.cpp ends it: the end-of-sequence, end-of-turn and end-of-message
+        tokens the metadata names, and the vocabulary's tokens of `_END_OF_GENERATION`'s texts."""
+        ids = [self._value(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
+        found = self.contents.string_positions("tokenizer.ggml.tokens", _END_OF_GENERATION)
+        if "<|end|>" in found and ("<|return|>" in found or "<|flush|>" in found) and (
+                "<|call|>" in found or "<|calls|>" in found):
+            del found["<|end|>"]
+        if "</s>" in found and "<|tool_response>" in found:
+            del found["</s>"]
+        return tuple(dict.fromkeys(int(i) for i in [*ids, *sorted(found.values())] if i is not None))
 
     def spec(self) -> ModelSpec:
         spec = ModelSpec.from_hf_config(self.hf_config, self.eos_token_ids)

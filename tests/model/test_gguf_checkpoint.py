@@ -891,6 +891,29 @@ def test_string_positions_are_found_without_decoding_the_array(tmp_path: Path) -
     assert contents.string_positions("general.architecture", ("llama",)) == {}
 
 
+@pytest.mark.parametrize(("tokens", "eos", "ends"), [
+    # Gemma 3: the file names <eos>, chats end at <end_of_turn>
+    (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "a"], 1, (1, 4)),
+    # Phi-3: <|endoftext|> named, <|end|> ends a turn; </s> too, as llama.cpp takes it
+    (["<unk>", "<s>", "</s>", "a", "<|endoftext|>", "<|end|>", "<|user|>"], 4, (4, 2, 5)),
+    # gpt-oss's harmony: <|end|> ends a message only, where <|return|> and <|call|> end the reply
+    (["<|endoftext|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>", "a"], 3, (3, 0, 4)),
+    # Gemma 4: its </s> is an ordinary token beside <|tool_response>
+    (["<pad>", "<eos>", "</s>", "<|turn>", "<turn|>", "<|tool_response>"], 1, (1, 4, 5)),
+])
+def test_replies_end_where_llama_cpp_ends_them(tmp_path: Path, tokens: list[str], eos: int,
+                                               ends: tuple[int, ...]) -> None:
+    """A file names one end token, but llama.cpp ends a reply at every token whose text it knows to end one
+    (a turn's end, a message's): the spec's end tokens are those, the named one first."""
+    path = tmp_path / "ends.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(tokens)
+    writer.add_eos_token_id(eos)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    assert GGUFFile(path).eos_token_ids == ends
+
+
 def test_gemma4_files_llama_cpp_would_read_otherwise_are_refused(tmp_path: Path) -> None:
     """A Gemma 4 rope that is not the converter's proportional one, and shared K/V layers whose sources llama.cpp
     would take from other layers than transformers (it takes the last two layers before them), are refused."""
