@@ -853,17 +853,19 @@ class GGUFFile:
                                    "partial_rotary_factor": 2 * turned / global_head_dim}}
         softcap = self._arch_value("final_logit_softcapping")
         experts = int(self._arch_value("expert_count", 0) or 0)
-        moe = dict(enable_moe_block=True, num_experts=experts, top_k_experts=int(self._arch_value("expert_used_count")),
-                   moe_intermediate_size=int(self._arch_value("expert_feed_forward_length"))) if experts else {}
-        return dict(moe,
+        optional: dict[str, Any] = dict(
+            enable_moe_block=True, num_experts=experts, top_k_experts=int(self._arch_value("expert_used_count")),
+            moe_intermediate_size=int(self._arch_value("expert_feed_forward_length"))) if experts else {}
+        if per_layer and per_layer_embed is not None:
+            optional["vocab_size_per_layer_input"] = per_layer_embed.rows
+        return dict(
             layer_types=["sliding_attention" if s else "full_attention" for s in sliding], sliding_window=window,
             head_dim=head_dim, num_key_value_heads=kv[sliding.index(True)] if any(sliding) else kv[-1],
             per_layer_config={i: {"head_dim": global_head_dim, "num_key_value_heads": kv[i]} for i in global_layers},
             attention_k_eq_v=value_from_key, num_kv_shared_layers=shared,
             use_double_wide_mlp=bool(shared) and all(doubled), intermediate_size=widths[0],
-            hidden_size_per_layer_input=per_layer, **({"vocab_size_per_layer_input": per_layer_embed.rows} if per_layer
-                                                      and per_layer_embed is not None else {}),
-            final_logit_softcapping=float(softcap) if softcap else None, rope_parameters=rope)
+            hidden_size_per_layer_input=per_layer, final_logit_softcapping=float(softcap) if softcap else None,
+            rope_parameters=rope, **optional)
 
     def _rope(self) -> dict[str, Any]:
         theta = float(self._arch_value("rope.freq_base", 10000.0))
@@ -957,7 +959,7 @@ class GGUFFile:
             if kind in layer_tensors:
                 return f"{layers}.{index}.{layer_tensors[kind]}{dot}{leaf}"
             part = _EXPERT_PART.match(kind)
-            if part and self.arch == "gemma4":  # (experts beside the MLP: `expert_targets` names them per expert)
+            if part and self.arch == "gemma4":  # experts beside the MLP (`_experts_beside_per_expert`)
                 return f"{layers}.{index}.experts.{part.group(2)}.{part.group(1)}_proj"
             if part:
                 mlp = _MLP_NAME_OF.get(self.arch, "mlp")
