@@ -30,6 +30,7 @@ layout; this script is how that layout was checked against the converter.
     python scripts/gguf_converter_check.py glm4 --outtype f32      # GLM-4-0414: sandwich norms, interleaved rope
     python scripts/gguf_converter_check.py chatglm --outtype f32   # GLM-4 (9B): the same with pre norms only
     python scripts/gguf_converter_check.py gemma4 --outtype f32    # per-layer heads and inputs, shared K/V, a Gemma tokenizer
+    python scripts/gguf_converter_check.py gemma4-moe --outtype f32  # ... its MoE model: experts beside the MLP
 
 Prints one line per prompt (with --json, also writes them and every reply). `--table` prints, instead, the
 counts docs/models.md tabulates, from the JSON files kept in docs/bench/quantized/gguf_converter/. With --outtype f32 the GGUF
@@ -237,19 +238,19 @@ def gemma4_tokenizer(vocab_size: int = 800) -> Any:
     """A Gemma-style tokenizer (sentencepiece-like BPE: spaces as U+2581, byte fallback) trained on the prompts
     and the Zen of Python (a text that does not change): the converter's Gemma 4 vocabulary (`gguf.LlamaHfVocab`)
     reads only such a tokenizer.json, and the embedded model's is byte-level."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    model = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    model.normalizer = normalizers.Replace(" ", "\u2581")
-    model.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
-    model.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     import codecs
     import contextlib
     import io
 
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     with contextlib.redirect_stdout(io.StringIO()):  # (importing `this` prints it)
         import this
+    model = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    model.normalizer = normalizers.Replace(" ", "\u2581")
+    model.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    model.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     texts = [*PROMPTS, codecs.decode(this.s, "rot13")]
     specials = [*GEMMA4_SPECIALS, *(f"<0x{b:02X}>" for b in range(256))]
     model.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
