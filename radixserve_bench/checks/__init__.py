@@ -34,7 +34,7 @@ class Check:
 CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("cpu-linear", "cpu_linear", "CPU: one matmul, the C++ kernel vs oneDNN, on the embedded model's shapes"),
     Check("cpu-ggml", "cpu_ggml", "CPU: one matmul on GGUF blocks (Q4_0 ... Q6_K) vs fp32 weights, embedded model shapes"),
-    Check("cpu-attention", "cpu_attention", "CPU: decode attention, the C++ paged kernel vs gather + SDPA"),
+    Check("cpu-attention", "cpu_attention", "CPU: attention of decodes and longer rows, the C++ paged kernel vs gather + SDPA"),
     Check("cpu-prefill", "cpu_prefill", "CPU: a prompt's prefill with the C++ kernels vs oneDNN (--enforce-eager)"),
     Check("moe", "moe", "routed experts of one MoE layer: batch 1 vs its active-bytes floor, batch 16 vs transformers"),
     Check("cpu-dtype", "cpu_dtype", "CPU: greedy answers in bf16 vs fp32, token by token"),

@@ -70,3 +70,32 @@ def test_host_tier_fits_renders_the_ratio_table(tmp_path: Path, capsys: pytest.C
 def test_leading_agreement_counts_the_shared_head() -> None:
     assert leading_agreement([1, 2, 3], [1, 2, 4, 5]) == 2
     assert leading_agreement([7], [8]) == 0 and leading_agreement([1, 2], [1, 2, 3]) == 2
+
+
+def test_cpu_attention_tables_share_the_prefix_blocks_and_nothing_else() -> None:
+    import torch
+
+    from radixserve_bench.checks.cpu_attention import BLOCK, block_table
+
+    for scattered in (False, True):
+        table, pool = block_table(3, 5 * BLOCK + 3, 2 * BLOCK + 5, scattered, torch.Generator().manual_seed(0))
+        assert table.shape == (3, 6) and table.dtype == torch.int32 and table.is_contiguous()
+        assert (table[:, :2] == table[0, :2]).all()  # the shared tokens' whole blocks, in every row
+        own = table[:, 2:].flatten().tolist()
+        assert len(set(own) | set(table[0, :2].tolist())) == len(own) + 2  # every other block a row's own
+        assert int(table.min()) >= 0 and int(table.max()) < pool
+
+
+@pytest.mark.parametrize("queries", [1, 3, 20])
+def test_cpu_attention_times_decodes_and_longer_rows_over_a_shared_prefix(queries: int) -> None:
+    import torch
+
+    from radixserve.kernels.cpu_extension import load_extension
+    from radixserve_bench.checks.cpu_attention import measure
+
+    load_extension()
+    row = measure(2, 70, 1, torch.Generator().manual_seed(0), shared=40, queries=queries)
+    assert (row["batch"], row["context"], row["shared"], row["queries"]) == (2, 70, 32, queries)
+    assert row["in_place_ms"] > 0
+    # short rows are also run through the gather and SDPA, and their outputs compared inside `measure`
+    assert ("gather_sdpa_ms" in row) == (queries <= 16)

@@ -95,9 +95,28 @@ int heads_per_pass(int64_t query_heads) {
 
 // Asks for the cache row at `row` (dim values) to be brought in: a head's rows lie a token stride apart,
 // a gap the hardware's prefetchers do not bridge far enough ahead of the loop.
-template <int64_t Bytes>
+// Locality 3 brings the row into every cache level, 2 into L2 and below (for a read later than the next).
+template <int64_t Bytes, int Locality = 3>
 inline void prefetch_row(const void* row) {
-  for (int64_t line = 0; line < Bytes; line += 64) __builtin_prefetch(static_cast<const char*>(row) + line);
+  for (int64_t line = 0; line < Bytes; line += 64) __builtin_prefetch(static_cast<const char*>(row) + line, 0, Locality);
+}
+
+// The largest of `count` scores, as a loop of std::max from -inf finds it (a NaN is passed over), a
+// vector at a time: a scalar maximum is a chain of dependent compares, as slow per key as a key's dot
+// products. Which order finds a maximum changes nothing but the sign of a zero maximum, and
+// e^(s - m) is the same for m = +0 and m = -0.
+inline float largest(const float* scores, int64_t count) {
+  Native most = broadcast_native(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kNativeFloats <= count; j += kNativeFloats) {
+    Native chunk;
+    std::memcpy(&chunk, scores + j, sizeof chunk);
+    most = most < chunk ? chunk : most;
+  }
+  float maximum = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < kNativeFloats; ++i) maximum = std::max(maximum, most[i]);
+  for (; j < count; ++j) maximum = std::max(maximum, scores[j]);
+  return maximum;
 }
 
 // One task: for each query i and q head of the kv head, the partition's maximum score, the sum of
@@ -156,7 +175,11 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
     for (; j + 4 <= most; j += 4) {  // four keys' sums at once: the same sums, fewer shuffles
       Lanes dots[N][4];
       for (int u = 0; u < 4; ++u) {
-        if (j + u + kPrefetchAhead < most) prefetch_row<dim * sizeof(T)>(key_at[j + u + kPrefetchAhead]);
+        if (j + u + kPrefetchAhead < most) {
+          prefetch_row<dim * sizeof(T)>(key_at[j + u + kPrefetchAhead]);
+          // the pass over the values reads them next: in L2 by then, its own prefetch finds them near
+          prefetch_row<dim * sizeof(T), 2>(value_at[j + u + kPrefetchAhead]);
+        }
         Lanes key[V];
         for (int c = 0; c < V; ++c) key[c] = load_lanes(key_at[j + u] + c * kLanes);
         for (int n = 0; n < N; ++n) dots[n][u] = dot(n, key);
@@ -181,15 +204,23 @@ void attend_partition(const Layout& at, const Task& task, const T* k_cache, cons
     float maximum[N], total[N];
     for (int n = 0; n < N; ++n) {
       float* scores = score_rows.data() + n * keys;
-      maximum[n] = -std::numeric_limits<float>::infinity();
-      for (int64_t j = from[n]; j < seen[n]; ++j) maximum[n] = std::max(maximum[n], scores[j]);
+      maximum[n] = largest(scores + from[n], seen[n] - from[n]);
       Lanes sum = {};
       for (int64_t j = from[n]; j < seen[n]; j += kLanes) {
-        Lanes chunk = broadcast(-std::numeric_limits<float>::infinity());
         const int64_t count = std::min(kLanes, seen[n] - j);
-        std::memcpy(&chunk, scores + j, count * sizeof(float));
+        Lanes chunk = broadcast(-std::numeric_limits<float>::infinity());
+        // whole vectors as loads and stores: a copy of a count known only at run time is a string move
+        if (count == kLanes) {
+          chunk = load_lanes(scores + j);
+        } else {
+          std::memcpy(&chunk, scores + j, count * sizeof(float));
+        }
         chunk = exp_lanes(chunk - maximum[n]);
-        std::memcpy(scores + j, &chunk, count * sizeof(float));
+        if (count == kLanes) {
+          store_lanes(scores + j, chunk);
+        } else {
+          std::memcpy(scores + j, &chunk, count * sizeof(float));
+        }
         sum = sum + chunk;
       }
       total[n] = sum_lanes(sum);
