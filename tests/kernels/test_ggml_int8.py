@@ -53,6 +53,25 @@ def test_int8_linear_is_the_reference_bit_for_bit_whatever_the_rows(name: str, t
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("name", SUPPORTED_TYPES)
+@pytest.mark.parametrize("fill", [0xFF, 0x7F, 0x80, 0x77])
+def test_the_largest_quants_times_the_largest_inputs_are_counted_exactly(name: str, fill: int) -> None:
+    """Every quant byte set alike (0x7F: Q8_0's largest, 127; 0x80: its smallest; 0xFF: the nibble
+    formats' largest; 0x77: MXFP4's largest) against inputs that all round to +-127: the products an
+    8-bit multiply adding pairs into 16 bits would saturate on (AVX2's vpmaddubsw) if it took them."""
+    in_features = 2 * FORMATS[name].group
+    raw = random_blocks(name, 16, in_features, seed=18).reshape(16, -1, FORMATS[name].block_bytes)
+    for start, width, kind in FORMATS[name].fields:
+        if kind == "columns":
+            raw[..., start:start + width] = fill
+    raw = raw.reshape(16, -1)
+    x = torch.ones(3, in_features)
+    x[1] = -1.0
+    x[2, 1::2] = -1.0  # the pairs' products of opposite signs
+    got = torch.ops.radixserve.linear(x, pack_ggml([(name, raw)], in_features), None, 16)
+    assert torch.equal(got, torch.from_numpy(int8_linear(x.numpy(), [(name, raw)], in_features)))
+
+
 def test_a_fused_weight_of_mixed_formats_takes_int8_inputs_part_by_part() -> None:
     in_features = 256
     parts = [("Q4_K", random_blocks("Q4_K", 32, in_features, 5)), ("Q6_K", random_blocks("Q6_K", 16, in_features, 7)),

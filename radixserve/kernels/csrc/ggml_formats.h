@@ -60,7 +60,13 @@ inline void load_bytes(const uint8_t* from, NativeInt (&out)[kParts]) {
 
 // Quad u of a quant field: 16 outputs' four bytes (columns 4u .. 4u + 3), one output per 32-bit lane
 inline void load_quad(const uint8_t* field, int64_t u, NativeInt (&out)[kParts]) {
-  for (int p = 0; p < kParts; ++p) std::memcpy(&out[p], field + u * 64 + p * kNativeFloats * 4, sizeof(NativeInt));
+  // through a local: a memcpy straight into `out` is lowered as a copy in memory, which GCC tuned for
+  // AMD Zen does in 16-byte halves that the 32-byte read after it must wait for (AVX2: 2x the tile's time)
+  for (int p = 0; p < kParts; ++p) {
+    NativeInt quads;
+    std::memcpy(&quads, field + u * 64 + p * kNativeFloats * 4, sizeof quads);
+    out[p] = quads;
+  }
 }
 
 // Column j of a quant field, one byte per output widened to int32 lanes (sign-extended where Signed)
@@ -152,7 +158,8 @@ inline Lanes byte_lanes(const uint8_t* from) {
 // unsigned quants (u = 0..7) and the segment's weights are
 //   w = scale(s, half) * (quant - kOffset) + minimum(s)
 // with `half` the 16-input half for Q6_K's two sub-scales (kHalves = 2), else 0, and the minimum
-// zero where kHasMinimum is false. Kernels interleave several blocks' segments, so a format is plain
+// zero where kHasMinimum is false; a quant is at most kLargestQuant (without VNNI, `dot4` multiplies
+// bytes into 16-bit sums, which quants above 128 would overflow). Kernels interleave several blocks' segments, so a format is plain
 // data and inline functions, not a loop of its own.
 
 // Q4_0: 32 inputs; d fp16[16] @0, qs[16 columns][16] @32 (column j: input j in the low nibble, j + 16
@@ -160,6 +167,7 @@ inline Lanes byte_lanes(const uint8_t* from) {
 struct Q4_0 {
   static constexpr int64_t kGroup = 32, kTileBytes = 32 + 256;
   static constexpr int kOffset = 8, kHalves = 1;
+  static constexpr int kLargestQuant = 15;
   static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes d;
@@ -182,6 +190,7 @@ struct Q4_0 {
 struct Q4_1 {
   static constexpr int64_t kGroup = 32, kTileBytes = 64 + 256;
   static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr int kLargestQuant = 15;
   static constexpr bool kHasMinimum = true;
   struct Segment {
     Lanes d, m;
@@ -218,6 +227,7 @@ inline void add_quad_fifth_bits(const NativeInt (&qh)[kParts], int64_t u, Native
 struct Q5_0 {
   static constexpr int64_t kGroup = 32, kTileBytes = 32 + 64 + 256;
   static constexpr int kOffset = 16, kHalves = 1;
+  static constexpr int kLargestQuant = 31;
   static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes d;
@@ -247,6 +257,7 @@ struct Q5_0 {
 struct Q5_1 {
   static constexpr int64_t kGroup = 32, kTileBytes = 64 + 64 + 256;
   static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr int kLargestQuant = 31;
   static constexpr bool kHasMinimum = true;
   struct Segment {
     Lanes d, m;
@@ -277,6 +288,7 @@ struct Q5_1 {
 struct Q8_0 {
   static constexpr int64_t kGroup = 32, kTileBytes = 32 + 512;
   static constexpr int kOffset = 128, kHalves = 1;
+  static constexpr int kLargestQuant = 255;
   static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes d;
@@ -303,6 +315,7 @@ struct Q8_0 {
 struct Q4_K {
   static constexpr int64_t kGroup = 256, kTileBytes = 320 + 128 * 16;
   static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr int kLargestQuant = 15;
   static constexpr bool kHasMinimum = true;
   struct Segment {
     Lanes scale, negative_min;
@@ -335,6 +348,7 @@ struct Q4_K {
 struct Q5_K {
   static constexpr int64_t kGroup = 256, kTileBytes = 320 + 32 * 16 + 128 * 16;
   static constexpr int kOffset = 0, kHalves = 1;
+  static constexpr int kLargestQuant = 31;
   static constexpr bool kHasMinimum = true;
   struct Segment {
     Q4_K::Segment low;
@@ -366,6 +380,7 @@ struct Q5_K {
 struct Q6_K {
   static constexpr int64_t kGroup = 256, kTileBytes = 32 + 256 + 64 * 16 + 128 * 16;
   static constexpr int kOffset = 32, kHalves = 2;
+  static constexpr int kLargestQuant = 63;
   static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes scale[2];
@@ -424,6 +439,7 @@ inline NativeInt e2m1_quants(NativeInt codes) {
 struct MXFP4 {
   static constexpr int64_t kGroup = 32, kTileBytes = 16 + 256;
   static constexpr int kOffset = 12, kHalves = 1;
+  static constexpr int kLargestQuant = 24;
   static constexpr bool kHasMinimum = false;
   struct Segment {
     Lanes d;

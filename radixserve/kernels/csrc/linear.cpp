@@ -10,7 +10,8 @@
 // GGUF weights (ggml_formats.h) run either way their header says: decoded to fp32 in registers and
 // multiplied as fp32 weights are, or (int8 activations, llama.cpp's way) with each row's inputs
 // rounded to 8 bits per block of 32 and integer dot products, four quants per 32-bit lane at a time
-// (AVX-512 VNNI's vpdpbusd: 64 multiply-adds per instruction, against 16 for an fp32 FMA).
+// (AVX-512 VNNI's vpdpbusd: 64 multiply-adds per instruction, against 16 for an fp32 FMA; AVX2's
+// vpmaddubsw and vpmaddwd: 32 in two).
 //
 // Invariant: every output element is one fp32 chain of multiply-adds (fused where the CPU can) over
 // the input columns in ascending order, then + bias, rounded once to the output dtype (int8
@@ -200,8 +201,9 @@ Int8Rows quantize_rows(const float* x, int64_t rows, int64_t in) {
   return a;
 }
 
-// acc + the dot products of 16 outputs' four unsigned quants (one per byte of each lane) with four
-// signed 8-bit inputs (one per byte of `inputs`), exact in int32
+// acc + the dot products of 16 outputs' four unsigned quants (one per byte of each lane, at most
+// Largest) with four signed 8-bit inputs (one per byte of `inputs`, each within +-127), exact in int32
+template <int Largest>
 inline NativeInt dot4(NativeInt acc, NativeInt quads, int32_t inputs) {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
   return bits_as<NativeInt>(
@@ -209,6 +211,25 @@ inline NativeInt dot4(NativeInt acc, NativeInt quads, int32_t inputs) {
 #elif defined(__AVX__) && defined(__AVXVNNI__)
   return bits_as<NativeInt>(
       _mm256_dpbusd_avx_epi32(bits_as<__m256i>(acc), bits_as<__m256i>(quads), _mm256_set1_epi32(inputs)));
+#elif defined(__AVX2__) && !defined(__AVX512F__)
+  // vpmaddubsw multiplies the bytes and adds adjacent products into int16, saturating, so it is exact
+  // while two products stay within int16: quants up to 128 (2 * 128 * 127 < 2^15). Larger ones
+  // (Q8_0's, 0 .. 255) go as q - 128: its magnitude (at most 128) times the input carrying its sign,
+  // and 128 times the inputs' sum added back, which gives the unsigned count exactly
+  const __m256i x = _mm256_set1_epi32(inputs), ones = _mm256_set1_epi16(1);
+  __m256i q = bits_as<__m256i>(quads), signed_inputs = x;
+  if constexpr (Largest > 128) {
+    const __m256i centred = _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
+    q = _mm256_sign_epi8(centred, centred);
+    signed_inputs = _mm256_sign_epi8(x, centred);
+  }
+  NativeInt sums = bits_as<NativeInt>(_mm256_madd_epi16(_mm256_maddubs_epi16(q, signed_inputs), ones));
+  if constexpr (Largest > 128) {
+    int32_t total = 0;
+    for (int i = 0; i < 4; ++i) total += static_cast<int8_t>(inputs >> (8 * i));
+    sums += 128 * total;
+  }
+  return acc + sums;
 #else
   for (int i = 0; i < 4; ++i) {
     acc += ((quads >> (8 * i)) & 255) * static_cast<int32_t>(static_cast<int8_t>(inputs >> (8 * i)));
@@ -282,7 +303,9 @@ void int8_tile(const uint8_t* const* block, int64_t groups, const Inputs& inputs
           for (int r = 0; r < Rows; ++r) {
             const int32_t word = a.word(row + r, start + 4 * u);
             for (int b = 0; b < Blocks; ++b) {
-              for (int p = 0; p < kParts; ++p) count[r][b][p] = dot4(count[r][b][p], quads[b][p], word);
+              for (int p = 0; p < kParts; ++p) {
+                count[r][b][p] = dot4<F::kLargestQuant>(count[r][b][p], quads[b][p], word);
+              }
             }
           }
         }
