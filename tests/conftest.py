@@ -1,5 +1,6 @@
 """Test-suite setup: Triton runs on CPU only under its interpreter, which must be chosen before import."""
 
+import importlib.util
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -8,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # every engine a test builds checks the cache state's invariants after each of its steps
 os.environ.setdefault("RADIXSERVE_CHECK_INTEGRITY", "1")
 
-if os.environ["TRITON_INTERPRET"] == "1":
+if os.environ["TRITON_INTERPRET"] == "1" and importlib.util.find_spec("triton") is not None:
     import numpy as np
     from triton.runtime import interpreter
 

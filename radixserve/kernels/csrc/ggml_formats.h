@@ -61,7 +61,8 @@ inline void load_bytes(const uint8_t* from, NativeInt (&out)[kParts]) {
 // Quad u of a quant field: 16 outputs' four bytes (columns 4u .. 4u + 3), one output per 32-bit lane
 inline void load_quad(const uint8_t* field, int64_t u, NativeInt (&out)[kParts]) {
   // through a local: a memcpy straight into `out` is lowered as a copy in memory, which GCC tuned for
-  // AMD Zen does in 16-byte halves that the 32-byte read after it must wait for (AVX2: 2x the tile's time)
+  // AMD Zen does in 16-byte halves that the 32-byte read after it must wait for (on Zen 3 the one-row
+  // int8 tile took 5.6x its time)
   for (int p = 0; p < kParts; ++p) {
     NativeInt quads;
     std::memcpy(&quads, field + u * 64 + p * kNativeFloats * 4, sizeof quads);
@@ -159,8 +160,8 @@ inline Lanes byte_lanes(const uint8_t* from) {
 //   w = scale(s, half) * (quant - kOffset) + minimum(s)
 // with `half` the 16-input half for Q6_K's two sub-scales (kHalves = 2), else 0, and the minimum
 // zero where kHasMinimum is false; a quant is at most kLargestQuant (without VNNI, `dot4` multiplies
-// bytes into 16-bit sums, which quants above 128 would overflow). Kernels interleave several blocks' segments, so a format is plain
-// data and inline functions, not a loop of its own.
+// bytes into 16-bit sums, which quants above 128 would overflow). Kernels interleave several blocks'
+// segments, so a format is plain data and inline functions, not a loop of its own.
 
 // Q4_0: 32 inputs; d fp16[16] @0, qs[16 columns][16] @32 (column j: input j in the low nibble, j + 16
 // in the high one). w = d * (q - 8)
