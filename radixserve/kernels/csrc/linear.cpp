@@ -201,8 +201,21 @@ Int8Rows quantize_rows(const float* x, int64_t rows, int64_t in) {
   return a;
 }
 
-// acc + the dot products of 16 outputs' four unsigned quants (one per byte of each lane, at most
-// Largest) with four signed 8-bit inputs (one per byte of `inputs`, each within +-127), exact in int32
+#if defined(__AVX2__) && !defined(__AVX512F__) && !defined(__AVXVNNI__)
+constexpr bool kBytePairs = true;  // dot4 multiplies bytes into 16-bit pairs (AVX2 without VNNI)
+#else
+constexpr bool kBytePairs = false;
+#endif
+// vpmaddubsw adds two byte products into int16, saturating: exact while both fit, that is for quants
+// up to 128 (2 * 128 * 127 < 2^15). Larger ones (Q8_0's, 0 .. 255) are counted centred, as q - 128
+// (its magnitude, at most 128, times the input carrying its sign), and the half's epilogue takes
+// kCentring off the format's offset: the same exact integer in the end
+template <int Largest>
+constexpr int kCentring = kBytePairs && Largest > 128 ? 128 : 0;
+
+// acc + the dot products of 16 outputs' four unsigned quants less kCentring (one per byte of each lane,
+// at most Largest) with four signed 8-bit inputs (one per byte of `inputs`, each within +-127), exact
+// in int32
 template <int Largest>
 inline NativeInt dot4(NativeInt acc, NativeInt quads, int32_t inputs) {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
@@ -212,24 +225,16 @@ inline NativeInt dot4(NativeInt acc, NativeInt quads, int32_t inputs) {
   return bits_as<NativeInt>(
       _mm256_dpbusd_avx_epi32(bits_as<__m256i>(acc), bits_as<__m256i>(quads), _mm256_set1_epi32(inputs)));
 #elif defined(__AVX2__) && !defined(__AVX512F__)
-  // vpmaddubsw multiplies the bytes and adds adjacent products into int16, saturating, so it is exact
-  // while two products stay within int16: quants up to 128 (2 * 128 * 127 < 2^15). Larger ones
-  // (Q8_0's, 0 .. 255) go as q - 128: its magnitude (at most 128) times the input carrying its sign,
-  // and 128 times the inputs' sum added back, which gives the unsigned count exactly
-  const __m256i x = _mm256_set1_epi32(inputs), ones = _mm256_set1_epi16(1);
+  static_assert(kBytePairs);
+  const __m256i x = _mm256_set1_epi32(inputs);
   __m256i q = bits_as<__m256i>(quads), signed_inputs = x;
-  if constexpr (Largest > 128) {
+  if constexpr (kCentring<Largest> != 0) {
     const __m256i centred = _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
     q = _mm256_sign_epi8(centred, centred);
     signed_inputs = _mm256_sign_epi8(x, centred);
   }
-  NativeInt sums = bits_as<NativeInt>(_mm256_madd_epi16(_mm256_maddubs_epi16(q, signed_inputs), ones));
-  if constexpr (Largest > 128) {
-    int32_t total = 0;
-    for (int i = 0; i < 4; ++i) total += static_cast<int8_t>(inputs >> (8 * i));
-    sums += 128 * total;
-  }
-  return acc + sums;
+  const __m256i pairs = _mm256_maddubs_epi16(q, signed_inputs);
+  return acc + bits_as<NativeInt>(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 #else
   for (int i = 0; i < 4; ++i) {
     acc += ((quads >> (8 * i)) & 255) * static_cast<int32_t>(static_cast<int8_t>(inputs >> (8 * i)));
@@ -315,8 +320,9 @@ void int8_tile(const uint8_t* const* block, int64_t groups, const Inputs& inputs
           const float d = a.d[(row + r) * (in / 32) + start / 32];
           const Lanes d_lanes = broadcast(d);
           for (int b = 0; b < Blocks; ++b) {
+            const int32_t offset = (F::kOffset - kCentring<F::kLargestQuant>) * sum;  // dot4 counted less kCentring
             acc[r][b] = acc[r][b] + ggml::multiply(ggml::multiply(F::scale(segment[b], half), d_lanes),
-                                                   ggml::as_lanes(count[r][b], F::kOffset * sum));
+                                                   ggml::as_lanes(count[r][b], offset));
             if constexpr (F::kHasMinimum) {
               acc[r][b] = acc[r][b] + ggml::multiply(F::minimum(segment[b]), broadcast(d * static_cast<float>(sum)));
             }
