@@ -79,10 +79,14 @@ struct Task {
   int64_t first_token, queries, length;       // the row's q rows, how many, its total tokens
 };
 
-// Query heads scored together, sharing each key's and value's loads: up to 4, their accumulators
-// taking at most half the vector registers.
+// Query heads scored together, sharing each key's and value's loads: up to 4. With 32 vector
+// registers their queries take at most half of them. With 16 (AVX2) a head_dim of 64 would allow one
+// head per pass, and a kv head's keys and values were then read once per q head: the passes after the
+// first find them in L2 but no longer overlap the stream from memory. Queries and sums spilled to L1
+// cost less, so 16 registers' worth per head is allowed there (docs/quantized.md, the AVX2 section).
 template <int V>
-constexpr int kHeadsTogether = std::max(1, std::min(4, kVectorRegisters / 2 / (V * kParts)));
+constexpr int kHeadsTogether =
+    std::max(1, std::min(4, (kVectorRegisters == 16 ? 2 * kVectorRegisters : kVectorRegisters / 2) / (V * kParts)));
 
 // How many query heads a task's passes take together: as few passes as kHeadsTogether allows, split
 // evenly, so that no pass scores a head only to drop it (a kv head shared by 3 q heads: one pass of 3,
