@@ -22,10 +22,14 @@ logprobs), and only in a step with at most `max_batch` decoding
 sequences (above it the step stops being memory-bound and drafts cost what they save). Rows: while
 recent verifications kept fewer than PAYING_RATE of their drafts (`kept_rate`, over about the last
 RATE_HORIZON draft tokens of every sequence; 0 at start), a step's drafts together fill at most what
-its decodes and prompt chunks leave of `max_rows`, the knee of the device's cost curve, in running
-order; past the knee a draft row costs about what a decode does and pays only if mostly kept. Drafts
-kept at that rate lift the cap (the batch cap still holds). A draft is cut so that it and the token
-sampled after it stay within the request's max_tokens and the engine's longest sequence.
+its decodes and prompt chunks leave of `max_rows`, the knee of the device's cost curve; past the knee
+a draft row costs about what a decode does and pays only if mostly kept. Drafts kept at that rate
+lift the cap (the batch cap still holds). A step's room is shared out one draft token at a time,
+those sequences with the most tokens left first (`shares`): the first draft token of a sequence is
+the likeliest kept, and sequences started together finish with the slowest, so rows that let one
+sequence run ahead shorten nothing (in running order the first sequence took every row). A draft is
+cut so that it and the token sampled after it stay within the request's max_tokens and the engine's
+longest sequence.
 
 k: starts at `num_speculative_tokens`; after a verification that kept every draft it grows by 2
 (to the cap), after one that kept a < k it becomes a + 1; after MISS_LIMIT verifications in a row
@@ -36,6 +40,7 @@ These functions read the tree and write only the sequence's `spec` state (the sc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from collections.abc import Sequence as ListOf
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -89,6 +94,36 @@ class DraftProposer:
             return decodes * self.num_tokens
         left = self.max_rows - decodes
         return max(0, left - prompt_rows(left)) if left > 0 else 0
+
+    def shares(self, decodes: ListOf[Sequence], room: int) -> dict[Sequence, int]:
+        """How many of a step's `room` draft tokens each decoding sequence may propose: one token at a
+        time to each in turn, the sequences with the most tokens left first, until the room or every
+        sequence's k runs out. A sequence drafts only after a token known on the host, and not before
+        its forks (they copy its tokens, which must not hold unverified drafts). Counts down the
+        cool-downs of those it passes over (writes `seq.spec`, as `propose` would)."""
+        takers: list[tuple[Sequence, int]] = []
+        for seq in decodes:
+            if seq.pending_forks or seq.has_pending_token or not self.eligible(seq):
+                continue
+            spec = seq.spec
+            if spec.cooldown > 0:
+                spec.cooldown -= 1
+                continue
+            length = len(seq.token_ids)
+            most = min(spec.k if spec.k >= 0 else self.num_tokens, seq.length_limit - length - 1,
+                       self.max_seq_len - length - 1)
+            if most > 0:
+                takers.append((seq, most))
+        if sum(most for _, most in takers) <= room:
+            return dict(takers)
+        takers.sort(key=lambda taker: taker[0].length_limit - len(taker[0].token_ids), reverse=True)
+        given = [0] * len(takers)
+        while room > 0:  # some taker has more to take: the room is less than their sum
+            for i, (_, most) in enumerate(takers):
+                if room > 0 and given[i] < most:
+                    given[i] += 1
+                    room -= 1
+        return {seq: n for (seq, _), n in zip(takers, given) if n}
 
     @property
     def enabled(self) -> bool:

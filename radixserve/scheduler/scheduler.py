@@ -181,12 +181,14 @@ class Scheduler:
         return batch
 
     def _schedule_decodes(self, decodes: list[Sequence], batch: Batch, budget: int, prefills: list[Sequence]) -> int:
-        """One token each, or drafts to verify after it, in running order while `budget` lasts; returns
+        """One token each, or drafts to verify after it (each its share of the drafts' room:
+        `DraftProposer.shares`), in running order while `budget` lasts; returns
         the budget left. The loop every running sequence passes through each step: kept to the checks
         a decode needs (its one token needs a block only at a block's start or a shared block); its
         item is the sequence's own `decode_item`, moved on to this step (core.py's Batch invariants)."""
         running, drafts = SequenceStatus.RUNNING, self.drafts
         room = drafts.room(len(decodes), lambda limit: self._prompt_rows(prefills, limit))
+        shares = drafts.shares(decodes, room) if room else {}
         needs_blocks, items = self.cache.needs_blocks, batch.items  # (bound once: a call per sequence)
         for seq in decodes:
             if budget == 0:
@@ -194,13 +196,13 @@ class Scheduler:
             if seq.status is not running:
                 continue  # preempted earlier in this step
             # (not before its forks: they copy its tokens, which must not hold unverified drafts)
-            if room and not seq.pending_forks and drafts.eligible(seq):
-                if seq.has_pending_token and drafts.waits_for_token(seq):
-                    continue  # overlap: drafts are likely; wait a step for its token, then draft after it
-                if not seq.has_pending_token and budget > 1 and self._draft(seq, min(budget - 1, room), batch):
-                    budget -= batch.items[-1].num_tokens
-                    room -= batch.items[-1].num_tokens - 1
-                    continue
+            if room and seq.has_pending_token and not seq.pending_forks and drafts.eligible(seq) \
+                    and drafts.waits_for_token(seq):
+                continue  # overlap: drafts are likely; wait a step for its token, then draft after it
+            share = shares.get(seq, 0)
+            if share and budget > 1 and self._draft(seq, min(budget - 1, share), batch):
+                budget -= batch.items[-1].num_tokens
+                continue
             if needs_blocks(seq, 1) and not self._reserve_or_preempt(seq, 1, batch):
                 continue  # it was the one preempted
             item = seq.decode_item

@@ -10,7 +10,7 @@ import torch
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.core import Batch, Request, Sequence
+from radixserve.core import PENDING_TOKEN, Batch, Request, Sequence
 from radixserve.engine.features import SamplingStep
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.speculation import DraftVerifier
@@ -222,3 +222,36 @@ def test_without_a_knee_the_prompt_rows_are_never_counted() -> None:
         raise AssertionError("prompt rows counted without a knee")
 
     assert DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=64).room(3, counted) == 12
+
+
+def test_a_steps_room_is_shared_a_draft_token_at_a_time_most_tokens_left_first() -> None:
+    """Sequences started together finish with the slowest: the room goes round one token at a time,
+    to the sequences with the most tokens left first, never past a sequence's k or its max_tokens."""
+    drafts = DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=256)
+    # max_tokens 64 after a 2-token prompt: 60, 50, 40 and 30 tokens left
+    behind, second, third, ahead = seqs = [seq_of(list(range(2 + out)), 2) for out in (4, 14, 24, 34)]
+    want = {behind: 2, second: 2, third: 1, ahead: 1}
+    assert drafts.shares(seqs, 6) == want
+    assert drafts.shares(list(reversed(seqs)), 6) == want  # the running order does not matter
+    assert drafts.shares(seqs, 2) == {behind: 1, second: 1}
+    assert drafts.shares(seqs, 100) == dict.fromkeys(seqs, 4)  # room for every k
+    ahead.spec.k = 1
+    assert drafts.shares(seqs, 11) == {behind: 4, second: 3, third: 3, ahead: 1}
+    last = seq_of(list(range(2 + 61)), 2)  # 3 tokens left: 2 drafts and the token sampled after them
+    assert drafts.shares([last], 8) == {last: 2}
+
+
+def test_a_share_skips_sequences_that_cannot_draft_now() -> None:
+    """Cooling down (counted down, as a proposal would), waiting for its pending token, or with
+    forks still to copy its tokens: no share, and the room goes to the others."""
+    drafts = DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=256)
+    cooling, pending, forking, free = seqs = [seq_of(list(range(10)), 2) for _ in range(4)]
+    cooling.spec.cooldown = 2
+    pending.token_ids.append(PENDING_TOKEN)
+    forking.pending_forks = 1
+    assert drafts.shares(seqs, 3) == {free: 3}
+    assert cooling.spec.cooldown == 1 and pending.spec.cooldown == 0
+    assert drafts.shares(seqs, 8) == {free: 4}
+    assert drafts.shares(seqs, 8) == {cooling: 4, free: 4}  # its cool-down is over
+    assert DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=256,
+                         ).shares([seq_of([1, 2, 3], 2, SamplingParams(max_tokens=1))], 8) == {}

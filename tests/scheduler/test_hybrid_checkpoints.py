@@ -245,7 +245,7 @@ def test_a_prompt_matching_unverified_drafts_does_not_cut_their_verification() -
     the drafts are unverified, and a verifying item is never cut short (once a hypothesis find)."""
     sched, ghost, proposals = make(num_blocks=24, slots=5, drafts=4), Ghost(), {}
     script_drafts(sched, proposals)
-    verifier = add(sched, [1, 1], max_tokens=2).sequences[0]
+    verifier = add(sched, [1, 1], max_tokens=5).sequences[0]  # room for its token, 3 drafts and the one after
     step(sched, ghost, [1])
     proposals[verifier.seq_id] = [1, 1, 1]
     add(sched, [1] * 6, max_tokens=1)
