@@ -40,7 +40,6 @@ These functions read the tree and write only the sequence's `spec` state (the sc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from collections.abc import Sequence as ListOf
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -95,7 +94,7 @@ class DraftProposer:
         left = self.max_rows - decodes
         return max(0, left - prompt_rows(left)) if left > 0 else 0
 
-    def shares(self, decodes: ListOf[Sequence], room: int) -> dict[Sequence, int]:
+    def shares(self, decodes: list[Sequence], room: int) -> dict[Sequence, int]:
         """How many of a step's `room` draft tokens each decoding sequence may propose: one token at a
         time to each in turn, the sequences with the most tokens left first, until the room or every
         sequence's k runs out. A sequence drafts only after a token known on the host, and not before

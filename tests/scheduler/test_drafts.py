@@ -243,14 +243,16 @@ def test_a_steps_room_is_shared_a_draft_token_at_a_time_most_tokens_left_first()
 
 def test_a_share_skips_sequences_that_cannot_draft_now() -> None:
     """Cooling down (counted down, as a proposal would), waiting for its pending token, or with
-    forks still to copy its tokens: no share, and the room goes to the others."""
+    forks still to copy its tokens: no share, and the room goes to the others; nor one whose
+    max_tokens leaves no room for a draft and the token after it."""
     drafts = DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=256)
     cooling, pending, forking, free = seqs = [seq_of(list(range(10)), 2) for _ in range(4)]
-    cooling.spec.cooldown = 2
+    cooling.spec.cooldown = pending.spec.cooldown = 2
     pending.token_ids.append(PENDING_TOKEN)
     forking.pending_forks = 1
     assert drafts.shares(seqs, 3) == {free: 3}
-    assert cooling.spec.cooldown == 1 and pending.spec.cooldown == 0
+    # a pending token's wait counts its cool-down down (`waits_for_token`), not the shares
+    assert cooling.spec.cooldown == 1 and pending.spec.cooldown == 2
     assert drafts.shares(seqs, 8) == {free: 4}
     assert drafts.shares(seqs, 8) == {cooling: 4, free: 4}  # its cool-down is over
     assert DraftProposer(None, num_tokens=4, max_batch=8, max_seq_len=256,
