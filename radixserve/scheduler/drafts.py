@@ -108,9 +108,7 @@ class DraftProposer:
             if spec.cooldown > 0:
                 spec.cooldown -= 1
                 continue
-            length = len(seq.token_ids)
-            most = min(spec.k if spec.k >= 0 else self.num_tokens, seq.length_limit - length - 1,
-                       self.max_seq_len - length - 1)
+            most = self._most_drafts(seq)
             if most > 0:
                 takers.append((seq, most))
         if sum(most for _, most in takers) <= room:
@@ -123,6 +121,13 @@ class DraftProposer:
                     given[i] += 1
                     room -= 1
         return {seq: n for (seq, _), n in zip(takers, given) if n}
+
+    def _most_drafts(self, seq: Sequence) -> int:
+        """The most draft tokens `seq` may propose now: its k, and room for the drafts and the token
+        sampled after them within its max_tokens and the engine's longest sequence. A query."""
+        length = len(seq.token_ids)
+        k = seq.spec.k if seq.spec.k >= 0 else self.num_tokens
+        return min(k, seq.length_limit - length - 1, self.max_seq_len - length - 1)
 
     @property
     def enabled(self) -> bool:
@@ -169,9 +174,7 @@ class DraftProposer:
             spec.cooldown -= 1
             return None
         tokens = seq.token_ids
-        limit = min(spec.k, budget,
-                    seq.length_limit - len(tokens) - 1,
-                    self.max_seq_len - len(tokens) - 1)
+        limit = min(self._most_drafts(seq), budget)
         if limit <= 0:
             return None
         prediction = seq.request.prediction_ids
