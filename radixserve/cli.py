@@ -45,8 +45,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default=d.sliding_window_kv,
                    help="models with sliding-window layers (Gemma 3, gpt-oss): window keeps each sequence's last "
                         "window of their K/V as a state, resumed from the prefix cache's checkpoints like a "
-                        "recurrent layer's; all keeps every token's K/V in the paged pool; auto: window on CPU, "
+                        "recurrent layer's; all keeps every token's K/V in the paged pool; window-blocks keeps "
+                        "window states and caches the sliding layers' K/V in window blocks of their own, dropped "
+                        "block by block, so a hit resumes at any token; auto: window on CPU, "
                         "all on CUDA (where states would give up CUDA graphs) (default %(default)s)")
+    g.add_argument("--window-blocks", type=int, default=None,
+                   help="--sliding-window-kv window-blocks: blocks of the sliding layers' K/V the prefix cache keeps "
+                        "(default: what as much memory as the KV budget holds)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")
@@ -149,7 +154,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
-        state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv,
+        state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv, window_blocks=a.window_blocks,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
         preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, max_queue_wait_s=a.max_queue_wait_s,

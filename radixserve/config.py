@@ -19,8 +19,10 @@ STATE_CHECKPOINT_POLICIES = ("branches", "request-ends", "every-block")  # sched
 STATE_EVICTIONS = ("lru", "saved-compute")  # which checkpoint goes first (scheduler/checkpoint_policy.py)
 # window: a sliding-window layer keeps its last window's K/V as a per-sequence state; all: every token's
 # K/V in the paged pool, as a full-attention layer does; auto: window on CPU, all on CUDA, where window
-# states would take the model off CUDA graphs (docs/hybrid_cache.md, "Sliding-window layers")
-SLIDING_WINDOW_KV = ("auto", "window", "all")
+# states would take the model off CUDA graphs; window-blocks: window states, and the prefix cache keeps the
+# sliding layers' K/V of cached blocks in window blocks it drops block by block (docs/hybrid_cache.md,
+# "Sliding-window layers")
+SLIDING_WINDOW_KV = ("auto", "window", "all", "window-blocks")
 
 
 @dataclass
@@ -41,6 +43,9 @@ class EngineConfig:
     state_checkpoints: str = "branches"
     state_eviction: str = "lru"  # lru | saved-compute (recency plus the prefill a checkpoint saves)
     sliding_window_kv: str = "auto"  # SLIDING_WINDOW_KV: where sliding-window layers keep their K/V
+    # --sliding-window-kv window-blocks: window blocks for the sliding layers' K/V of cached blocks. None: what
+    # the KV budget (its MB) holds as well
+    window_blocks: int | None = None
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
@@ -124,6 +129,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.window_blocks is not None and self.window_blocks < 1:
+            raise ValueError(f"window_blocks must be >= 1, got {self.window_blocks}")
         if self.state_slots is not None and self.state_slots < 1:
             raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
         for name, choices in (("state_checkpoints", STATE_CHECKPOINT_POLICIES), ("state_eviction", STATE_EVICTIONS),

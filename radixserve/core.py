@@ -321,6 +321,8 @@ class CopyKind(enum.Enum):
     TO_HOST = "to_host"  # device block -> host block (write-back, swap-out)
     TO_DEVICE = "to_device"  # host block -> device block (load-back, swap-in)
     STATE = "state"  # recurrent-state slot -> slot (hybrid models: restoring or taking a checkpoint, forks)
+    WINDOW = "window"  # window-block rows -> a state slot's windows (a hit resumed from window blocks: `rows`)
+    WINDOW_BLOCK = "window_block"  # window block -> window block (copy-on-write of a KV block's companion)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +330,8 @@ class BlockCopy:
     kind: CopyKind
     src: int
     dst: int
+    # WINDOW: the window-store rows (block * block_size + offset) that become slot `dst`'s last rows, oldest first
+    rows: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -348,6 +352,8 @@ class ScheduledSeq:
 class Batch:
     items: list[ScheduledSeq] = field(default_factory=list)
     copies: list[BlockCopy] = field(default_factory=list)  # to run, in order, before the forward
+    # --sliding-window-kv window-blocks: the window block of each KV block the step writes that has one
+    window_blocks: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -7,7 +7,9 @@ Invariants (checked by `check_integrity`):
   node that lists the block holds one reference;
 - copy-on-write: a block with more than one owner is never written (the scheduler copies it first).
 
-The pool knows nothing of the cache above it: `allocate` only hands out free blocks. Whoever needs
+The pool knows nothing of the cache above it: `allocate` only hands out free blocks. One hook,
+`on_free`, tells the owner of what is attached to a block (the window blocks, cache/window_blocks.py)
+that the block went free, so that nothing stays attached to a block someone else may be handed next. Whoever needs
 blocks the free list lacks evicts first, explicitly (the scheduler's `SequenceCache` and the radix
 tree's own tier moves call `RadixTree.evict`), so cached prefixes are evicted only under memory
 pressure and every eviction is visible at its call site.
@@ -16,6 +18,7 @@ pressure and every eviction is visible at its call site.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 
 
 class OutOfBlocksError(RuntimeError):
@@ -30,6 +33,7 @@ class BlockPool:
         self.block_size = block_size
         self.refcount = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
+        self.on_free: Callable[[int], None] | None = None  # called with each block whose refcount drops to 0
 
     @property
     def num_free(self) -> int:
@@ -56,6 +60,8 @@ class BlockPool:
         self.refcount[block] -= 1
         if self.refcount[block] == 0:
             self._free.append(block)
+            if self.on_free is not None:
+                self.on_free(block)
             return True
         return False
 

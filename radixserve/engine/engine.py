@@ -36,6 +36,7 @@ import torch
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
+from radixserve.cache.window_blocks import WindowBlocks
 from radixserve.config import EngineConfig
 from radixserve.core import Batch, Request, RequestOutput, Sequence
 from radixserve.engine.features import INVALID_LOGITS, LogitsFeatures, SamplingStep
@@ -93,14 +94,17 @@ class CachePools:
     host_pool: BlockPool | None
     tree: RadixTree | None
     states: BlockPool | None = None  # recurrent-state slots, one-slot "blocks" (None: attention layers only)
+    windows: WindowBlocks | None = None  # --sliding-window-kv window-blocks: the sliding layers' K/V of cached blocks
 
     @classmethod
-    def of(cls, config: EngineConfig, sizes: Sizes) -> CachePools:
+    def of(cls, config: EngineConfig, sizes: Sizes, window: int = 0) -> CachePools:
+        """`window`: the longest sliding window, which window blocks need."""
         pool = BlockPool(sizes.num_blocks, config.block_size)
         host_pool = BlockPool(sizes.host_blocks, config.block_size) if sizes.host_blocks else None
         states = BlockPool(sizes.state_slots, 1) if sizes.state_slots else None
         tree = RadixTree(pool, host_pool, states) if config.enable_prefix_cache else None
-        return cls(pool, host_pool, tree, states)
+        windows = WindowBlocks(sizes.window_blocks, window, pool) if sizes.window_blocks else None
+        return cls(pool, host_pool, tree, states, windows)
 
 
 @dataclass
@@ -137,10 +141,10 @@ class LLMEngine:
         spec = self.runner.spec
         self.model = ModelFacts(str(model_dir), model_name, spec, frozenset(spec.eos_token_ids), sizes.max_model_len,
                                 sizes.max_seq_len)
-        self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks, sizes.state_slots)
-        self.cache = CachePools.of(config, sizes)
+        self.runner.allocate_kv_cache(sizes.num_blocks, sizes.host_blocks, sizes.state_slots, sizes.window_blocks)
+        self.cache = CachePools.of(config, sizes, max((a.window or 0 for a in spec.attentions), default=0))
         self.scheduler = Scheduler(config, self.cache.pool, self.cache.tree, max_seq_len=sizes.max_seq_len,
-                                   states=self.cache.states)
+                                   states=self.cache.states, windows=self.cache.windows)
         self.pins = PinRegistry(self.scheduler, pin_budget_blocks(config.pin_budget, sizes.num_blocks,
                                                                   sizes.max_seq_len, config.block_size))
         self.recorder = StepRecorder(self.runner, self.scheduler, self.cache.pool,

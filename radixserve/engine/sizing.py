@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from radixserve.config import DEFAULT_CPU_KV_MB, EngineConfig
 from radixserve.engine.host_tier import host_tier_blocks
 from radixserve.model.runner import ModelRunner
+from radixserve.model.spec import WindowKVSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Sizes:
     max_model_len: int  # the context length the engine advertises
     max_seq_len: int  # the longest sequence (prompt + generated) it runs
     state_slots: int = 0  # a hybrid model's recurrent-state slots (0: no recurrent layers)
+    window_blocks: int = 0  # --sliding-window-kv window-blocks: the window pool (0: off)
 
 
 def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
@@ -50,7 +52,22 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
         # (and a block to copy on write) free, or no prefix could ever be pinned (engine/pins.py)
         usable = max(1, num_blocks - int(config.pin_budget * num_blocks) - 1)
     return Sizes(num_blocks, host_tier_blocks(config.host_cache_mb, layout.bytes_per_block), max_model_len,
-                 min(max_model_len, usable * config.block_size), state_slots)
+                 min(max_model_len, usable * config.block_size), state_slots, _window_blocks(config, runner))
+
+
+def _window_blocks(config: EngineConfig, runner: ModelRunner) -> int:
+    """The window pool: what `--window-blocks` asks, or as much memory as the KV budget holds. Only a
+    model whose every state is a sliding window's can resume from window blocks."""
+    if config.sliding_window_kv != "window-blocks" or not config.enable_prefix_cache:
+        return 0
+    states = runner.state_layout()
+    if states is None or not all(isinstance(layer, WindowKVSpec) for layer in states.layers):
+        raise ValueError("--sliding-window-kv window-blocks needs a model with sliding-window layers and no "
+                         f"recurrent ones; {runner.spec.architecture} has " +
+                         ("none" if states is None else "recurrent layers"))
+    if config.window_blocks is not None:
+        return config.window_blocks
+    return max(1, int((config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB) * 2**20) // runner.window_block_bytes())
 
 
 def _state_slots(config: EngineConfig, runner: ModelRunner) -> int:

@@ -82,6 +82,10 @@ class EngineStats:
     state_recomputed_tokens: int = 0  # cached K/V recomputed because no checkpoint was at the match's end
     state_checkpoints_taken: int = 0
     state_checkpoints_evicted: int = 0
+    # window blocks (--sliding-window-kv window-blocks; all 0 without): gauges, then a counter
+    window_blocks_total: int = 0
+    window_blocks_free: int = 0
+    window_blocks_evicted: int = 0  # companions dropped to make room
     # the host-memory tier (all 0 while it is off): gauges
     host_blocks_total: int = 0
     host_blocks_free: int = 0
@@ -173,6 +177,9 @@ class EngineStats:
         if scheduler.tree is not None:
             self.state_checkpoints, self.state_checkpoints_evicted = (scheduler.tree.num_checkpoints,
                                                                       scheduler.tree.checkpoints_evicted)
+        if cache.windows is not None:
+            self.window_blocks_total, self.window_blocks_free = cache.windows.pool.num_blocks, cache.windows.pool.num_free
+            self.window_blocks_evicted = cache.windows.evicted
 
     @property
     def hit_rate(self) -> float:

@@ -140,6 +140,8 @@ class Attention(nn.Module):
             if self.kv_key is not None:  # the readers need the windows as they were before this step's rows (a copy)
                 meta.plans[self.kv_key] = (k, v, None if windows is None else windows[meta.state_slots])
             out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap)
+            if kv_cache.windows is not None and meta.window_rows is not None:
+                kv_cache.windows.write(self.state_index, k, v, meta.window_rows)
         else:
             if self.kv_key is not None:
                 meta.plans[self.kv_key] = (k, v, None)

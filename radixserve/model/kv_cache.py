@@ -1,5 +1,6 @@
 """Physical KV storage: one tensor holding K and V of every attention layer for every block, and for
-a hybrid model the recurrent layers' states by slot beside it (`states`, model/state_cache.py).
+a hybrid model the recurrent layers' states by slot beside it (`states`, model/state_cache.py), and
+with window blocks on, the sliding-window layers' rows of cached blocks (`windows`, model/window_store.py).
 
 Layout [num_layers, 2, num_blocks + 1, block_size, num_kv_heads, row]; `k(layer)` / `v(layer)`
 are views of shape [num_blocks + 1, block_size, num_kv_heads, row], the layout the attention
@@ -21,6 +22,7 @@ from radixserve.config import KV_CACHE_DTYPES
 from radixserve.model import kv_fp8
 from radixserve.model.device import to_device
 from radixserve.model.state_cache import StateCache
+from radixserve.model.window_store import WindowStore
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class KVCache:
         self.num_blocks = num_blocks
         self.scratch_block = num_blocks
         self.states: StateCache | None = None  # a hybrid model's recurrent states (the runner sets them)
+        self.windows: WindowStore | None = None  # --sliding-window-kv window-blocks (the runner sets them)
         self.data = torch.zeros(
             layout.num_layers, 2, num_blocks + 1, layout.block_size, layout.num_kv_heads, layout.row,
             dtype=layout.storage_dtype, device=device,

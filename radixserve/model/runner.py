@@ -44,10 +44,12 @@ from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
 from radixserve.model.spec import ModelSpec, load_spec
 from radixserve.model.state_cache import StateCache, StateLayout
+from radixserve.model.window_store import WindowStore
 
 log = logging.getLogger(__name__)
 
 
+_SLOT_SIDE = (CopyKind.STATE, CopyKind.WINDOW, CopyKind.WINDOW_BLOCK)  # copies in the state slots or window blocks
 PROMPT_LOGPROB_SLICE = 256  # rows whose full-vocabulary logits exist at once (a 128k vocabulary: 128 MiB)
 
 
@@ -81,7 +83,7 @@ def window_states(sliding_window_kv: str, device: torch.device, spec: ModelSpec)
     if sliding_window_kv == "all" and spec.mixed_head_shapes:
         raise ValueError(f"--sliding-window-kv all: {spec.architecture}'s sliding-window and global layers have "
                          "different head shapes, which one paged pool cannot hold; use window or auto")
-    return sliding_window_kv == "window" or sliding_window_kv == "auto" and (
+    return sliding_window_kv in ("window", "window-blocks") or sliding_window_kv == "auto" and (
         device.type != "cuda" or spec.mixed_head_shapes)
 
 
@@ -156,11 +158,21 @@ class ModelRunner:
         """A hybrid model's recurrent-state slot shape; None for a model of attention layers only."""
         return StateLayout(tuple(self.spec.recurrents), self.dtype) if self.spec.is_hybrid else None
 
-    def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0, state_slots: int = 0) -> None:
+    def window_block_bytes(self) -> int:
+        """The bytes of one window block (model/window_store.py): every window-state layer's rows of a block."""
+        layout = self.state_layout()
+        assert layout is not None
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return sum(self.block_size * layer.conv_dim * elem for layer in layout.layers)
+
+    def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0, state_slots: int = 0,
+                          window_blocks: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)
         layout = self.state_layout()
         if layout is not None:
             self.kv_cache.states = StateCache(layout, state_slots, self.device)
+            if window_blocks:
+                self.kv_cache.windows = WindowStore(self.kv_cache.states, window_blocks, self.block_size, self.device)
         self.host_cache = HostKVCache(self.kv_cache, host_blocks)
         if self.device.type == "cpu" and not self.enforce_eager:
             self.cpu_step = compiled_cpu_step(self.model, self.kv_cache, self.backend, self.ops)
@@ -169,11 +181,19 @@ class ModelRunner:
         """Run a step's block copies, in order, queued ahead of its forward."""
         assert self.host_cache is not None and self.kv_cache is not None, "allocate_kv_cache first"
         with torch.inference_mode():
-            if self.kv_cache.states is not None:  # (a hybrid model; no other step has state copies)
-                # slots and blocks are separate storage: only each kind's own order matters
-                states = [c for c in copies if c.kind is CopyKind.STATE]
-                self.kv_cache.states.copy_slots([c.src for c in states], [c.dst for c in states])
-                copies = [c for c in copies if c.kind is not CopyKind.STATE]
+            states, windows = self.kv_cache.states, self.kv_cache.windows
+            if states is not None:  # (a hybrid model; no other step has state copies)
+                # slots (and window blocks) and KV blocks are separate storage: only each side's own order matters
+                for c in copies:
+                    if c.kind is CopyKind.STATE:
+                        states.copy_slots([c.src], [c.dst])
+                    elif c.kind is CopyKind.WINDOW:
+                        assert windows is not None
+                        windows.restore(states, c.dst, c.rows)
+                    elif c.kind is CopyKind.WINDOW_BLOCK:
+                        assert windows is not None
+                        windows.copy_block(c.src, c.dst)
+                copies = [c for c in copies if c.kind not in _SLOT_SIDE]
             self.host_cache.apply(copies)
 
     def kv_blocks_for_device(self, utilization: float, max_step_tokens: int, max_batch: int) -> int:
@@ -254,6 +274,11 @@ class ModelRunner:
             seq_lens_host=x.seq_lens,
             state_slots=x.state_slots,
         )
+        windows = self.kv_cache.windows if self.kv_cache is not None else None
+        if windows is not None:
+            bs, companion, scratch = self.block_size, batch.window_blocks, windows.scratch_row
+            meta.window_rows = to_device([companion[s // bs] * bs + s % bs if s // bs in companion else scratch
+                                          for s in x.slots], torch.long, dev)
         input_ids = to_device(x.token_ids, torch.long, dev)
         if x.pending_at:
             assert pending is not None

@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterable
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.events import CacheEventLog
 from radixserve.cache.radix_tree import RadixNode, RadixTree
+from radixserve.cache.window_blocks import WindowBlocks
 from radixserve.config import EngineConfig
 from radixserve.core import Batch, BlockCopy, Request, ScheduledSeq, Sequence, SequenceStatus
 from radixserve.errors import TokenRefused
@@ -89,7 +90,7 @@ class Scheduler:
 
     def __init__(self, config: EngineConfig, pool: BlockPool, tree: RadixTree | None,
                  clock: Callable[[], float] = time.monotonic, max_seq_len: int | None = None,
-                 states: BlockPool | None = None) -> None:
+                 states: BlockPool | None = None, windows: WindowBlocks | None = None) -> None:
         self.config = config
         # the longest a sequence may grow (tokens): the engine's limit, by default the pool's size
         self.max_seq_len = max_seq_len or pool.num_blocks * pool.block_size
@@ -111,7 +112,7 @@ class Scheduler:
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
         self.cache = SequenceCache(pool, tree, states, CheckpointPolicy(config.state_checkpoints, pool.block_size,
-                                                                          config.state_eviction))
+                                                                          config.state_eviction), windows)
         self.states = states  # a hybrid model's recurrent-state slots (seq_cache.py); None: attention only
         # state copies decided after a step's forward was queued (checkpoints, forks): the next step runs them first
         self.pending_copies: list[BlockCopy] = []
@@ -178,6 +179,7 @@ class Scheduler:
                 budget -= n
         if budget > 0:
             self._admit(batch, budget)
+        self.cache.map_windows(batch)
         return batch
 
     def _schedule_decodes(self, decodes: list[Sequence], batch: Batch, budget: int, prefills: list[Sequence]) -> int:
@@ -583,6 +585,8 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         check_integrity(self.live_sequences(), self.pool, self.tree, self.held_prefixes, self.states)
+        if self.cache.windows is not None:
+            self.cache.windows.check_integrity()
 
     def leaked_blocks(self) -> int:
         return leaked_blocks(self.live_sequences(), self.pool, self.tree, self.states)

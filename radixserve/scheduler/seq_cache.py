@@ -21,6 +21,13 @@ slots run out the tree drops one (`RadixTree.evict_checkpoint`). A sequence veri
 holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the
 state goes back to it and the kept tokens are computed again (`restore_state`).
 
+Window blocks (`windows` set, `--sliding-window-kv window-blocks`, cache/window_blocks.py): a model
+whose states are all sliding windows takes no checkpoints. Each fresh KV block a sequence will write
+gets a window block beside it, which the model fills with the sliding layers' rows of its tokens
+(copy-on-write copies it too). A hit resumes where the match ends, or before the first position
+whose window reaches a block without one (its K/V past there is recomputed and counted in
+`recomputed_state_tokens`), and the window rows are copied into the working slot.
+
 Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
 pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
 write-backs and load-backs) is appended to the `copies` list the caller passes in, which is the step
@@ -30,17 +37,21 @@ the scheduler is building (`Batch.copies`), so all of a step's copies keep the o
 from __future__ import annotations
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import RadixNode, RadixTree, common_prefix_len
-from radixserve.core import BlockCopy, CopyKind, ScheduledSeq, Sequence
+from radixserve.cache.radix_tree import Match, RadixNode, RadixTree, common_prefix_len
+from radixserve.cache.window_blocks import WindowBlocks
+from radixserve.core import Batch, BlockCopy, CopyKind, ScheduledSeq, Sequence
 from radixserve.scheduler.checkpoint_policy import CheckpointPolicy
 
 
 class SequenceCache:
     def __init__(self, pool: BlockPool, tree: RadixTree | None, states: BlockPool | None = None,
-                 policy: CheckpointPolicy | None = None) -> None:
+                 policy: CheckpointPolicy | None = None, windows: WindowBlocks | None = None) -> None:
         self.pool = pool
         self.tree = tree
         self.states = states  # a hybrid model's recurrent-state slots; None: attention layers only
+        self.windows = windows  # window blocks (then every state is a sliding window's, and none is checkpointed)
+        # a hybrid resumes hits at state checkpoints, unless window blocks restore its states at any token
+        self.checkpoints = states is not None and windows is None
         self.policy = policy or CheckpointPolicy(interval=pool.block_size)
         self.block_size = pool.block_size
         self.recomputed_state_tokens = 0  # cached K/V recomputed because no checkpoint was at the match's end
@@ -108,7 +119,7 @@ class SequenceCache:
         takes = self.tree is not None and not (seq.index == 0 and seq.request.params.prompt_logprobs is not None)
         wanted = seq.token_ids[:-1] if takes else []
         cached, resumes = 0, None  # hybrids: how much of the prompt the tree holds; the checkpoint to resume from
-        if self.states is not None and takes:
+        if self.checkpoints and takes:
             wanted, cached, resumes = self._restorable(seq, wanted)
         if self.states is not None and seq.state_slot < 0:
             seq.state_slot = self._allocate_state(keep=resumes)
@@ -120,13 +131,16 @@ class SequenceCache:
         on_device = match.length - match.host_tokens
         match, loaded = self.tree.load_back(match)
         copies.extend(loaded)
-        if self.states is None and _prefix_in_flight(seq, match.length, prefills, self.block_size):
+        if not self.checkpoints and _prefix_in_flight(seq, match.length, prefills, self.block_size):
+            self._release_state(seq)
             return None
-        if (self.states is not None and self.policy.at_branches
+        if (self.checkpoints and self.policy.at_branches
                 and self._branch_in_flight(seq, match.length, prefills, scheduled or {})):
             self._release_state(seq)
             return None
-        if self.states is not None and match.length:
+        if self.windows is not None:
+            match = self._resume_windows(seq, wanted, match, copies)
+        elif self.states is not None and match.length:
             if match.node.state < 0:  # not all of it could stay on the device: resume from scratch
                 match = self.tree.match([], namespace=seq.namespace)
             else:
@@ -142,6 +156,19 @@ class SequenceCache:
         seq.num_cached = match.length // self.block_size * self.block_size
         pinned = sum(min(n.end, match.length) - n.start for n in match.path if n.hold_count)
         return match.length, max(0, match.length - on_device), pinned
+
+    def _resume_windows(self, seq: Sequence, wanted: list[int], match: Match, copies: list[BlockCopy]) -> Match:
+        """Window blocks: cut `match` back to where its window blocks can restore the sliding layers'
+        windows and queue the copy of their rows into the sequence's working slot. Changes the cache."""
+        assert self.tree is not None and self.windows is not None
+        on_device = match.length - match.host_tokens
+        resume = self.windows.restorable(match.blocks, on_device)
+        self.recomputed_state_tokens += match.length - resume
+        if resume < match.length:
+            match = self.tree.match(wanted[:resume], namespace=seq.namespace)
+        if resume:
+            copies.append(BlockCopy(CopyKind.WINDOW, 0, seq.state_slot, self.windows.rows(match.blocks, resume)))
+        return match
 
     def _restorable(self, seq: Sequence, tokens: list[int]) -> tuple[list[int], int, RadixNode | None]:
         """The part of `tokens` a hybrid model can resume: up to the deepest checkpoint on their
@@ -182,7 +209,7 @@ class SequenceCache:
     def cut_at_checkpoint(self, seq: Sequence, n: int) -> int:
         """How many of the next n tokens a prefill chunk of `seq` takes: it stops where the policy
         checkpoints next, which becomes its `checkpoint_at`. Changes the sequence's plan only."""
-        if self.states is None:
+        if not self.checkpoints:
             return n
         seq.checkpoint_at = self.policy.next_stop(seq.num_computed, seq.checkpoint_at, len(seq.token_ids))
         stop = seq.checkpoint_at - seq.num_computed
@@ -240,17 +267,34 @@ class SequenceCache:
             shared, fresh = False, self._allocate(missing, copies)
         if fresh is None:
             return False
+        windows = self.windows
+        if windows is not None and self.tree is not None:
+            windows.make_room(len(fresh), self.tree)
         if shared:
             dst = fresh.pop()
             src = table[first]
             if self.pool.refcount[src] > 1:  # allocating may have evicted the other owner
                 copies.append(BlockCopy(CopyKind.DEVICE, src, dst))
+                if windows is not None:
+                    windows.copy(src, dst, copies)
                 self.pool.decref(src)
                 table[first] = dst
             else:
                 self.pool.decref(dst)
+        if windows is not None:
+            windows.attach(fresh)
         table.extend(fresh)
         return True
+
+    def map_windows(self, batch: Batch) -> None:
+        """Window blocks: tell the step which window block each KV block it writes has. Changes the step only."""
+        if self.windows is None:
+            return
+        bs, blocks = self.block_size, []
+        for item in batch.items:
+            table = item.seq.block_table
+            blocks += table[item.start // bs:(item.start + item.num_tokens - 1) // bs + 1]
+        batch.window_blocks = self.windows.of_blocks(blocks)
 
     def loosen_lock(self, seq: Sequence) -> bool:
         """Move the sequence's lock up to the longest block-aligned part of its locked path that
@@ -304,7 +348,7 @@ class SequenceCache:
                 copies.extend(moved)
                 seq.swapped_node, swapped = node, True
             # its working state is the state after exactly `computed` tokens: the node keeps it
-            if (keep_state and seq.state_slot >= 0 and computed == seq.num_computed
+            if (self.checkpoints and keep_state and seq.state_slot >= 0 and computed == seq.num_computed
                     and self.tree.attach_state(node, seq.state_slot)):
                 self.checkpoints_taken += 1
                 seq.state_slot = -1

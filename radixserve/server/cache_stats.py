@@ -108,7 +108,10 @@ def cache_stats_json(st: EngineStats, block_size: int, sessions: int, system_pro
         # hybrid models (docs/hybrid_cache.md): recurrent-state slots and the tree's checkpoints of them
         "states": {"slots": st.state_slots_total, "free": st.state_slots_free, "checkpoints": st.state_checkpoints,
                    "recomputed_tokens": st.state_recomputed_tokens, "checkpoints_taken": st.state_checkpoints_taken,
-                   "checkpoints_evicted": st.state_checkpoints_evicted},
+                   "checkpoints_evicted": st.state_checkpoints_evicted,
+                   # --sliding-window-kv window-blocks: the sliding layers' K/V of cached blocks
+                   "window_blocks": {"total": st.window_blocks_total, "free": st.window_blocks_free,
+                                     "evicted": st.window_blocks_evicted}},
         "admission_blocked": by_cause(st.admission_blocked), "preemptions_by_cause": by_cause(st.preemptions_by_cause),
         "admission": {"new_token_ratio": st.new_token_ratio, "growth_reserve_blocks": st.growth_reserve_blocks},
         "steps": steps if steps is not None else StepUtilization().to_json(),

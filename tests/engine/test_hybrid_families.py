@@ -211,3 +211,73 @@ def test_hybrid_on_the_triton_kernels_matches_transformers(arch: str) -> None:
     stats = llm.engine.stats()
     assert 0 < sum(stats.spec_accepted.values()) < sum(stats.spec_proposed.values())
     assert_clean(llm)
+
+
+# --sliding-window-kv window-blocks: the sliding layers' K/V of cached blocks in window blocks, no checkpoints
+WINDOW_BLOCK_ARCHS = ["gemma3", "gpt_oss"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("arch", WINDOW_BLOCK_ARCHS)
+def test_window_blocks_resume_at_every_token_equal_to_transformers(arch: str, overlap: bool) -> None:
+    llm = make(arch, sliding_window_kv="window-blocks", overlap=overlap, num_speculative_tokens=4)
+    base = random_prompts([22], seed=3)[0]
+    first = check(arch, llm, [base])[0]
+    assert first.usage.cached_tokens == 0
+    turn2 = base + first.outputs[0].token_ids + random_prompts([5], seed=4)[0]
+    reply_end = len(base) + NEW - 1
+    assert check(arch, llm, [turn2])[0].usage.cached_tokens == reply_end and reply_end % 4  # mid-block
+    # a prompt leaving the cached path mid-block, inside the first prompt: resumed there at once
+    branch = base[:13] + random_prompts([6], seed=6)[0]
+    assert check(arch, llm, [branch])[0].usage.cached_tokens == 13
+    assert check(arch, llm, [base])[0].usage.cached_tokens == len(base) - 1
+    stats = llm.engine.stats()
+    assert stats.state_recomputed_tokens == 0 and stats.state_checkpoints == stats.state_checkpoints_taken == 0
+    fork = llm.generate([turn2], SamplingParams(temperature=0.0, max_tokens=NEW, n=3, ignore_eos=True))[0]
+    assert [c.token_ids for c in fork.outputs] == [reference(arch, tuple(turn2), NEW)] * 3
+    # drafts looked up in a prompt that repeats a sampled reply: rejected ones wrote their window rows
+    # too, which the kept tokens' recompute overwrites before a later hit reads them
+    fresh = random_prompts([15], seed=8)[0]
+    sampled = llm.generate([fresh], SamplingParams(temperature=1.0, max_tokens=NEW, seed=3, ignore_eos=True))
+    prompt = sampled[0].outputs[0].token_ids + fresh + sampled[0].outputs[0].token_ids[:2]
+    stats = llm.engine.stats()
+    proposed, accepted = stats.spec_proposed["lookup"], stats.spec_accepted["lookup"]
+    for _ in range(3):  # each turn extends the last, whose reply drafted by lookup
+        out = check(arch, llm, [prompt])[0]
+        assert out.usage.cached_tokens == 0 or out.usage.cached_tokens == len(prompt) - 2
+        prompt = prompt + out.outputs[0].token_ids[:-1] + [3, 4]
+    stats = llm.engine.stats()
+    proposed, accepted = stats.spec_proposed["lookup"] - proposed, stats.spec_accepted["lookup"] - accepted
+    assert overlap or arch != "gemma3" or accepted < proposed  # (gpt-oss's greedy replies leave nothing to look up)
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("arch", WINDOW_BLOCK_ARCHS)
+def test_window_blocks_few_of_them_cut_hits_back_and_stay_exact(arch: str) -> None:
+    # 6 window blocks of 4 tokens for pools of 160 KV blocks: most cached blocks lose their window K/V,
+    # hits end before the first window reaching one of them, and what they could not restore is counted
+    llm = make(arch, sliding_window_kv="window-blocks", window_blocks=6, host_cache_mb=1)
+    convs = random_prompts([30, 30, 30], seed=21)
+    check(arch, llm, convs)
+    outs = check(arch, llm, convs)
+    windows = llm.engine.cache.windows
+    stats = llm.engine.stats()
+    assert windows is not None and stats.window_blocks_evicted == windows.evicted > 0
+    assert stats.window_blocks_total == 6 and stats.state_recomputed_tokens > 0
+    assert all(o.usage.cached_tokens < 29 for o in outs)
+    # preemption with few KV blocks, and the host tier: K/V loaded back has no window blocks
+    small = make(arch, sliding_window_kv="window-blocks", num_blocks=24, new_token_ratio=0.0, host_cache_mb=1)
+    prompts = random_prompts([23] * 4, seed=12)
+    check(arch, small, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert small.engine.stats().preemptions > 0
+    check(arch, small, prompts)
+    beams = make(arch, sliding_window_kv="window-blocks")
+    beam_prompts = random_prompts([7, 20], seed=31)
+    out = beams.beam_search(beam_prompts, BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True))
+    assert_equal_to_reference(hf_model(tiny_model_dir(arch)), beam_prompts, out, 2, 1.0, 8, None)
+    assert_clean(beams)
+
+
+def test_window_blocks_refuse_a_model_with_recurrent_layers() -> None:
+    with pytest.raises(ValueError, match="window-blocks needs a model with sliding-window layers and no recurrent"):
+        make("qwen3_5", sliding_window_kv="window-blocks")

@@ -1,0 +1,130 @@
+"""Window blocks: the sliding-window layers' K/V of the paged KV blocks, in a pool of their own, so
+that the prefix cache can drop it block by block while the full-attention layers' K/V stays.
+
+With `--sliding-window-kv window-blocks` a sliding-window layer attends over its sequence's window
+state, as with `window` (model/window_kv.py), and also writes every new token's K/V rows to the
+window block of the KV block that holds the token, its **companion**. A cached path can then resume
+at any position p whose last `window - 1` tokens all lie in blocks that still have companions:
+their rows, copied into the sequence's window state (`CopyKind.WINDOW`), are exactly the state the
+model left there. No state checkpoints are taken; a hit ends where the KV match ends, or earlier
+where a companion in its window is gone (`restorable`).
+
+Invariants (`check_integrity`):
+- a KV block has at most one companion and a window block belongs to at most one KV block; the
+  window pool's references are exactly the companions;
+- only an allocated KV block has a companion: a KV block going free drops it (`BlockPool.on_free`);
+- a companion holds the rows of every token written to its KV block: it is given only to a fresh
+  KV block before any write (`attach`), or to a copy-on-write copy as a copy of the source's
+  (`copy`); a KV block that has none never gets one later.
+
+Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cache layer calls
+`make_room`, which drops companions of blocks the radix tree lists (never of a running sequence's
+own blocks, which it is still writing). Tree blocks are never written again (copy-on-write), so
+any of theirs may go. First those no hit at a node's end reads (more than `window - 1` tokens
+before the end of every node listing the block), then by the least recently used node, the
+shallowest block first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.radix_tree import RadixTree
+from radixserve.core import BlockCopy, CopyKind
+
+
+class WindowBlocks:
+    def __init__(self, num_blocks: int, window: int, kv_pool: BlockPool) -> None:
+        if window < 2:
+            raise ValueError(f"window blocks need a window of at least 2 tokens, got {window}")
+        self.pool = BlockPool(num_blocks, kv_pool.block_size)
+        self.block_size = kv_pool.block_size
+        self.keep = window - 1  # the rows before a position that resuming there needs
+        self.kv_pool = kv_pool
+        self.companion: dict[int, int] = {}  # KV block -> its window block
+        self.evicted = 0  # companions dropped to make room
+        kv_pool.on_free = self._kv_block_freed
+
+    def _kv_block_freed(self, block: int) -> None:
+        window_block = self.companion.pop(block, -1)
+        if window_block >= 0:
+            self.pool.decref(window_block)
+
+    # -- queries --------------------------------------------------------------------------------
+    def restorable(self, blocks: list[int], length: int) -> int:
+        """The deepest position p <= `length` at which a sequence whose first blocks are `blocks`
+        (a match's device blocks, covering at least `length` tokens) can resume: every position in
+        [p - keep, p) lies in a block with a companion. 0 when none is. A query."""
+        bs, p = self.block_size, length
+        while p > 0:
+            first, last = max(0, p - self.keep) // bs, (p - 1) // bs
+            missing = next((i for i in range(last, first - 1, -1) if blocks[i] not in self.companion), None)
+            if missing is None:
+                return p
+            p = missing * bs  # the window must end before that block
+        return 0
+
+    def rows(self, blocks: list[int], end: int) -> tuple[int, ...]:
+        """The window-store rows (window block * block_size + offset) of positions [end - keep, end)
+        (from 0 when that is negative), oldest first: what resuming at `end` copies. A query."""
+        bs = self.block_size
+        return tuple(self.companion[blocks[p // bs]] * bs + p % bs for p in range(max(0, end - self.keep), end))
+
+    def of_blocks(self, blocks: list[int]) -> dict[int, int]:
+        """The companions of those of `blocks` that have one (a step's map for its writes). A query."""
+        companion = self.companion
+        return {b: companion[b] for b in blocks if b in companion}
+
+    # -- changes ----------------------------------------------------------------------------------
+    def attach(self, kv_blocks: list[int]) -> None:
+        """Give fresh KV blocks (nothing written yet) a companion each while free window blocks last;
+        the rest stay without (their window K/V is not cached). Changes the cache."""
+        for b in kv_blocks:
+            assert b not in self.companion, f"KV block {b} already has a companion"
+            got = self.pool.allocate(1)
+            if got is None:
+                return
+            self.companion[b] = got[0]
+
+    def copy(self, src: int, dst: int, copies: list[BlockCopy]) -> None:
+        """`dst`, a fresh KV block, becomes a copy of `src` (copy-on-write): it gets a copy of `src`'s
+        companion when `src` has one and a window block is free, else none. Changes the cache."""
+        assert dst not in self.companion, f"KV block {dst} already has a companion"
+        source = self.companion.get(src)
+        if source is None:
+            return
+        got = self.pool.allocate(1)
+        if got is not None:
+            self.companion[dst] = got[0]
+            copies.append(BlockCopy(CopyKind.WINDOW_BLOCK, source, got[0]))
+
+    def make_room(self, needed: int, tree: RadixTree) -> int:
+        """Drop companions of tree blocks until `needed` window blocks are free (or none is left to
+        drop), in the order of the module docstring; returns how many were dropped. Changes the cache."""
+        short = needed - self.pool.num_free
+        if short <= 0:
+            return 0
+        bs, keep = self.block_size, self.keep
+        order: dict[int, tuple[int, int, int]] = {}  # KV block -> its eviction key (lowest goes first)
+        for node in tree.nodes():
+            first = node.start // bs
+            for i, b in enumerate(node.blocks):
+                if b in self.companion:
+                    start = (first + i) * bs
+                    key = (int(start + bs + keep > node.end), node.last_access, start)
+                    order[b] = max(order.get(b, key), key)  # a block two nodes list: the one keeping it longer
+        dropped = 0
+        for b in sorted(order, key=order.__getitem__)[:short]:
+            self.pool.decref(self.companion.pop(b))
+            dropped += 1
+        self.evicted += dropped
+        return dropped
+
+    def check_integrity(self) -> None:
+        """Assert the module docstring's invariants. A query."""
+        owners = Counter(self.companion.values())
+        assert all(n == 1 for n in owners.values()), "a window block is the companion of two KV blocks"
+        self.pool.check_integrity(owners)
+        freed = [b for b in self.companion if self.kv_pool.refcount[b] == 0]
+        assert not freed, f"free KV blocks keep companions: {freed[:5]}"
