@@ -4,9 +4,10 @@ workload. Writes OUT/table.md, OUT/policies.png and each run's results.json as O
 
 Token hit rate is the servers' cached prompt tokens over prompt tokens, every turn; the state memory
 is the engine's state slots times the bytes of one (model/state_cache.StateLayout of the run's model,
-its sliding-window layers as the run's --sliding-window-kv kept them); the KV pool's memory is its
-blocks times a block's bytes. Tokens per GB of pool: the tokens the radix tree held when the run was
-over (`bench agent`'s `cache_held`) over the state and KV memory together.
+its sliding-window layers as the run's --sliding-window-kv kept them), and with window blocks their
+pool's blocks times a block's bytes too; the KV pool's memory is its blocks times a block's bytes.
+Tokens per GB of pool: the tokens the radix tree held when the run was over (`bench agent`'s
+`cache_held`) over the state and KV memory together.
 
     python scripts/hybrid_policies.py docs/bench/hybrid/policies /tmp/pol/branches-8 /tmp/pol/off ...
 """
@@ -39,7 +40,7 @@ def _row(run_dir: Path) -> dict[str, Any]:
     spec = load_spec(options["model"])
     held = run.get("cache_held") or {}
     layout = held.get("sliding_window_kv", options.get("sliding_window_kv"))  # as the engine resolved the flag
-    if layout == "window":
+    if layout in ("window", "window-blocks"):
         spec = spec.with_window_states()
     states = StateLayout(tuple(spec.recurrents), torch.float32)
     kv = KVLayout(len(spec.paged_attentions), spec.num_kv_heads, spec.head_dim, options["block_size"], torch.float32)
@@ -52,7 +53,12 @@ def _row(run_dir: Path) -> dict[str, Any]:
     windows = f"sliding-window K/V: {layout}, " if layout else ""
     label = (f"{run_dir.name}: cache off" if cache == "off" else f"{run_dir.name}: {windows}"
              f"{options.get('state_checkpoints', 'branches')}, {options.get('state_eviction', 'lru')}, {slots} slots")
-    state_mb, kv_mb = slots * states.bytes_per_slot / 2**20, run["num_blocks"] * kv.bytes_per_block / 2**20
+    window_blocks = held.get("window_blocks", 0)
+    if window_blocks:  # each holds a block of every window-state layer's rows (model/window_store.py)
+        label += f", {window_blocks} window blocks"
+    window_mb = window_blocks * options["block_size"] * sum(layer.conv_dim * 4 for layer in states.layers) / 2**20
+    state_mb = slots * states.bytes_per_slot / 2**20 + window_mb
+    kv_mb = run["num_blocks"] * kv.bytes_per_block / 2**20
     return {"run": run_dir.name, "label": label, "api": api, "turns": summary["turns"],
             "prompt_tokens": summary["prompt_tokens"], "cached_tokens": summary["cached_tokens"],
             "computed_tokens": summary["computed_tokens"], "hit_rate": summary["cached_fraction"],
@@ -84,7 +90,7 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     hits.set_xlabel("token hit rate, % of prompt tokens")
     hits.invert_yaxis()
     memory.barh(labels, [r["state_mb"] for r in rows], color="C1")
-    memory.set_xlabel("state slots' memory, MB")
+    memory.set_xlabel("state slots' (and window blocks') memory, MB")
     memory.invert_yaxis()
     memory.set_yticklabels([])
     fig.tight_layout()

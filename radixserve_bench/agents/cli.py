@@ -71,8 +71,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--state-eviction", choices=STATE_EVICTIONS, default="lru",
                    help="hybrid models: which checkpoint goes first (default %(default)s)")
     e.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default="auto",
-                   help="sliding-window layers: their window's K/V as a state, or every token's in the pool "
-                        "(default %(default)s)")
+                   help="sliding-window layers: their window's K/V as a state, or every token's in the pool, "
+                        "or window states with window blocks (default %(default)s)")
+    e.add_argument("--window-blocks", type=int, default=None,
+                   help="--sliding-window-kv window-blocks: the window pool's blocks (default: the engine's)")
 
 
 def run_agent_command(args: argparse.Namespace) -> int:
@@ -101,7 +103,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
             loop_output_tokens=a.loop_output_tokens, max_num_batched_tokens=a.max_num_batched_tokens,
             max_num_seqs=a.max_num_seqs, num_blocks=a.num_blocks, max_model_len=a.max_model_len,
             cpu_threads=a.cpu_threads, state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
-            state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv, timeout_s=a.timeout,
+            state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv, window_blocks=a.window_blocks,
+            timeout_s=a.timeout,
             partial_path=str(Path(a.out) / "partial.json"))
         return run_agents(options, argv)
 

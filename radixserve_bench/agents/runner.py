@@ -80,6 +80,7 @@ class AgentBenchOptions:
     state_checkpoints: str = "branches"  # hybrid models: the engine's checkpoint policy
     state_eviction: str = "lru"  # hybrid models: which checkpoint goes first
     sliding_window_kv: str = "auto"  # sliding-window layers: K/V as a state or in the pool (config.SLIDING_WINDOW_KV)
+    window_blocks: int | None = None  # --sliding-window-kv window-blocks: the window pool (None: the engine's default)
     timeout_s: float = 14400.0  # per client run
     partial_path: str | None = None  # where the runs finished so far are written after each one
 
@@ -144,7 +145,7 @@ def serving(o: AgentBenchOptions, model_dir: str, cache: bool, num_blocks: int, 
                           max_num_seqs=max(o.max_num_seqs, clients), max_model_len=o.max_model_len,
                           enable_prefix_cache=cache, cpu_threads=o.cpu_threads, state_slots=o.state_slots,
                           state_checkpoints=o.state_checkpoints, state_eviction=o.state_eviction,
-                          sliding_window_kv=o.sliding_window_kv)
+                          sliding_window_kv=o.sliding_window_kv, window_blocks=o.window_blocks)
     # every loop of a run comes from one client address: let all of them generate at once
     config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.2, max_generations_per_client=max(64, clients + 8))
     with BackgroundServer(lambda: AsyncEngine(engine), config) as srv:
@@ -177,16 +178,22 @@ def ttft_totals(url: str) -> tuple[float, float]:
 
 def cache_held(engine: Any) -> dict[str, Any]:
     """What the prefix cache holds once a run is over (every turn finished): its tokens, and the bytes
-    holding them, the KV blocks only the tree keeps plus its checkpoints' state slots."""
+    holding them, the KV blocks only the tree keeps plus its checkpoints' state slots and its window
+    blocks (with --sliding-window-kv window-blocks: nothing else runs, so every one in use is the tree's)."""
     stats, runner = engine.stats(), engine.engine.runner
     states = runner.state_layout()
     kv_bytes = stats.blocks_cached * runner.kv_layout().bytes_per_block
     state_bytes = stats.state_checkpoints * (states.bytes_per_slot if states is not None else 0)
-    held = kv_bytes + state_bytes
+    window_bytes = ((stats.window_blocks_total - stats.window_blocks_free) * runner.window_block_bytes()
+                    if stats.window_blocks_total else 0)
+    held = kv_bytes + state_bytes + window_bytes
     windows = [a for a in runner.spec.attentions if a.window is not None]
+    layout = (None if not windows else "window-blocks" if stats.window_blocks_total else
+              "window" if windows[0].window_state else "all")
     return {"tree_tokens": stats.tree_tokens, "kv_bytes": kv_bytes, "state_bytes": state_bytes,
+            "window_bytes": window_bytes, "window_blocks": stats.window_blocks_total,
             "checkpoints": stats.state_checkpoints, "tokens_per_gb": stats.tree_tokens / (held / 1e9) if held else 0.0,
-            "sliding_window_kv": None if not windows else "window" if windows[0].window_state else "all"}
+            "sliding_window_kv": layout}
 
 
 def run_client(plan: ClientPlan, timeout_s: float) -> dict[str, Any]:
