@@ -214,7 +214,7 @@ def test_hybrid_on_the_triton_kernels_matches_transformers(arch: str) -> None:
 
 
 # --sliding-window-kv window-blocks: the sliding layers' K/V of cached blocks in window blocks, no checkpoints
-WINDOW_BLOCK_ARCHS = ["gemma3", "gpt_oss"]
+WINDOW_BLOCK_ARCHS = ["gemma2", "gemma3", "gemma4", "gpt_oss", "olmo3"]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -235,11 +235,10 @@ def test_window_blocks_resume_at_every_token_equal_to_transformers(arch: str, ov
     assert stats.state_recomputed_tokens == 0 and stats.state_checkpoints == stats.state_checkpoints_taken == 0
     fork = llm.generate([turn2], SamplingParams(temperature=0.0, max_tokens=NEW, n=3, ignore_eos=True))[0]
     assert [c.token_ids for c in fork.outputs] == [reference(arch, tuple(turn2), NEW)] * 3
-    # drafts looked up in a prompt that repeats a sampled reply: rejected ones wrote their window rows
+    # drafts looked up in a prompt that repeats its start: rejected ones wrote their window rows
     # too, which the kept tokens' recompute overwrites before a later hit reads them
     fresh = random_prompts([15], seed=8)[0]
-    sampled = llm.generate([fresh], SamplingParams(temperature=1.0, max_tokens=NEW, seed=3, ignore_eos=True))
-    prompt = sampled[0].outputs[0].token_ids + fresh + sampled[0].outputs[0].token_ids[:2]
+    prompt = fresh + random_prompts([4], seed=9)[0] + fresh[:3]
     stats = llm.engine.stats()
     proposed, accepted = stats.spec_proposed["lookup"], stats.spec_accepted["lookup"]
     for _ in range(3):  # each turn extends the last, whose reply drafted by lookup
@@ -248,7 +247,9 @@ def test_window_blocks_resume_at_every_token_equal_to_transformers(arch: str, ov
         prompt = prompt + out.outputs[0].token_ids[:-1] + [3, 4]
     stats = llm.engine.stats()
     proposed, accepted = stats.spec_proposed["lookup"] - proposed, stats.spec_accepted["lookup"] - accepted
-    assert overlap or arch != "gemma3" or accepted < proposed  # (gpt-oss's greedy replies leave nothing to look up)
+    # (the overlapped loop drafts nothing here, and Gemma 4's and gpt-oss's tiny models' greedy replies
+    # leave nothing to look up: the other three reject drafts)
+    assert overlap or arch in ("gemma4", "gpt_oss") or accepted < proposed
     assert_clean(llm)
 
 
