@@ -20,9 +20,14 @@ Invariants (`check_integrity`):
 Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cache layer calls
 `make_room`, which drops companions of blocks the radix tree lists (never of a running sequence's
 own blocks, which it is still writing). Tree blocks are never written again (copy-on-write), so
-any of theirs may go. First those no hit at a node's end reads (more than `window - 1` tokens
-before the end of every node listing the block), then by the least recently used node, the
-shallowest block first.
+any of theirs may go. A node's end is where hits are likeliest (a branch point, a reply's end), and
+the next turn of an agent often leaves a path a little before it (a tool call's text tokenized
+otherwise than the model wrote it). So by d, the tokens between a block's end and its node's end:
+1. blocks with d >= 2 x keep, least recently used node first;
+2. blocks with keep <= d < 2 x keep, the largest d first: every node's window keeps the margin
+   just before it longest;
+3. blocks a hit at their node's end reads (d < keep), least recently used node first, so paths no
+   request took again (a reply's tail past where the next turn left it) go before live ones.
 """
 
 from __future__ import annotations
@@ -112,7 +117,9 @@ class WindowBlocks:
             for i, b in enumerate(node.blocks):
                 if b in self.companion:
                     start = (first + i) * bs
-                    key = (int(start + bs + keep > node.end), node.last_access, start)
+                    after = node.end - start - bs  # d of the module docstring
+                    key = ((0, node.last_access, start) if after >= 2 * keep else
+                           (1, -after, node.last_access) if after >= keep else (2, node.last_access, start))
                     order[b] = max(order.get(b, key), key)  # a block two nodes list: the one keeping it longer
         dropped = 0
         for b in sorted(order, key=order.__getitem__)[:short]:

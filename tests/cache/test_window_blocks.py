@@ -57,23 +57,33 @@ def test_companions_go_with_their_kv_blocks_and_copies_copy_them() -> None:
     windows.check_integrity()
 
 
-def test_room_is_made_from_tree_blocks_no_hit_at_a_node_end_reads_first() -> None:
-    pool, windows = pools(kv=16, window_blocks=7)
+def test_room_is_made_from_tree_blocks_far_from_node_ends_first() -> None:
+    pool, windows = pools(kv=16, window_blocks=13, window=9)  # keep = 8
     tree = RadixTree(pool)
-    blocks = pool.allocate(6)
-    assert blocks is not None
-    windows.attach(blocks)
-    tree.insert(list(range(24)), blocks)  # one node, positions 0-23; a hit at 24 reads [19, 24)
-    for b in blocks:
-        pool.decref(b)  # the tree's references only
+    paths = []
+    for first_token in (1, 2):  # two paths of 24 tokens: d = 20, 16 | 12, 8 | 4, 0 per block
+        blocks = pool.allocate(6)
+        assert blocks is not None
+        windows.attach(blocks)
+        tree.insert([first_token] + [0] * 23, blocks)  # the second is the more recently used
+        for b in blocks:
+            pool.decref(b)  # the tree's references only
+        paths.append(blocks)
     private = pool.allocate(1)  # a running sequence's block, still being written
     assert private is not None
     windows.attach(private)
-    assert windows.make_room(3, tree) == 3
-    assert [b in windows.companion for b in blocks] == [False, False, False, True, True, True]
-    windows.make_room(5, tree)  # then the ones a hit at the node's end reads, shallowest first
-    assert [b in windows.companion for b in blocks] == [False, False, False, False, False, True]
-    assert windows.make_room(7, tree) == 1 and private[0] in windows.companion  # never a private block's
+
+    def kept() -> list[list[bool]]:
+        return [[b in windows.companion for b in blocks] for blocks in paths]
+
+    assert windows.make_room(4, tree) == 4  # d >= 2 x keep: the older path's first
+    assert kept() == [[False, False, True, True, True, True]] * 2
+    windows.make_room(6, tree)  # keep <= d < 2 x keep: the largest d first, on every path
+    assert kept() == [[False, False, False, True, True, True]] * 2
+    windows.make_room(8, tree)
+    windows.make_room(10, tree)  # then what a hit at the node's end reads, the older path first
+    assert kept() == [[False] * 6, [False, False, False, False, True, True]]
+    assert windows.make_room(13, tree) == 2 and private[0] in windows.companion  # never a private block's
     windows.check_integrity()
 
 
