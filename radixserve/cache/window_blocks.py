@@ -14,8 +14,9 @@ Invariants (`check_integrity`):
   window pool's references are exactly the companions;
 - only an allocated KV block has a companion: a KV block going free drops it (`BlockPool.on_free`);
 - a companion holds the rows of every token written to its KV block: it is given only to a fresh
-  KV block before any write (`attach`), or to a copy-on-write copy as a copy of the source's
-  (`copy`); a KV block that has none never gets one later.
+  KV block before any write (`attach`), to a copy-on-write copy as a copy of the source's (`copy`),
+  or to a tree block whose every token a sequence computed again in a block of its own, taken
+  from that one (`adopt`).
 
 Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cache layer calls
 `make_room`, which drops companions of blocks the radix tree lists (never of a running sequence's
@@ -49,6 +50,7 @@ class WindowBlocks:
         self.kv_pool = kv_pool
         self.companion: dict[int, int] = {}  # KV block -> its window block
         self.evicted = 0  # companions dropped to make room
+        self.adopted = 0  # companions the tree's blocks took from sequences that computed their tokens again
         kv_pool.on_free = self._kv_block_freed
 
     def _kv_block_freed(self, block: int) -> None:
@@ -103,6 +105,22 @@ class WindowBlocks:
         if got is not None:
             self.companion[dst] = got[0]
             copies.append(BlockCopy(CopyKind.WINDOW_BLOCK, source, got[0]))
+
+    def adopt(self, cached: list[int], own: list[int]) -> int:
+        """A sequence computed again tokens the tree holds in blocks without companions (a hit cut back
+        before them): where `cached[i]`, the tree's block, has none and `own[i]`, the sequence's full block
+        of the same tokens at the same positions, has one, the tree's block takes it. It holds the
+        window rows of exactly those tokens, and the sequence never reads its own (it attends over its
+        window state). Else a path that lost companions would lose its hits for good. Returns how many
+        moved. Changes the cache."""
+        moved = 0
+        for tree_block, own_block in zip(cached, own):
+            if tree_block != own_block and tree_block >= 0 and tree_block not in self.companion \
+                    and own_block in self.companion:
+                self.companion[tree_block] = self.companion.pop(own_block)
+                moved += 1
+        self.adopted += moved
+        return moved
 
     def make_room(self, needed: int, tree: RadixTree) -> int:
         """Drop companions of tree blocks until `needed` window blocks are free (or none is left to

@@ -378,7 +378,7 @@ class Scheduler:
     def _should_swap(self, seq: Sequence) -> bool:
         if self.tree is None or self.tree.host_pool is None or self.config.preemption_mode == "recompute":
             return False
-        if self.states is not None:  # its working state becomes a checkpoint: resuming recomputes nothing
+        if self.states is not None:  # its working state becomes a checkpoint (or its window blocks restore it)
             return False
         if self.config.preemption_mode == "swap":
             return True

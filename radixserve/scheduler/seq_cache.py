@@ -24,7 +24,8 @@ state goes back to it and the kept tokens are computed again (`restore_state`).
 Window blocks (`windows` set, `--sliding-window-kv window-blocks`, cache/window_blocks.py): a model
 whose states are all sliding windows takes no checkpoints. Each fresh KV block a sequence will write
 gets a window block beside it, which the model fills with the sliding layers' rows of its tokens
-(copy-on-write copies it too). A hit resumes where the match ends, or before the first position
+(copy-on-write copies it too; where the tree holds the same tokens in a block without one, that block
+takes it). A hit resumes where the match ends, or before the first position
 whose window reaches a block without one (its K/V past there is recomputed and counted in
 `recomputed_state_tokens`), and the window rows are copied into the working slot.
 
@@ -286,6 +287,15 @@ class SequenceCache:
         table.extend(fresh)
         return True
 
+    def _adopt_windows(self, seq: Sequence, length: int) -> None:
+        """Window blocks: the tree's blocks of `seq`'s first `length` tokens that have no companion take
+        those of the sequence's own full blocks of the same tokens (`WindowBlocks.adopt`). Changes the cache."""
+        if self.windows is None or self.tree is None:
+            return
+        full = length // self.block_size
+        cached = self.tree.match(seq.token_ids[:full * self.block_size], split=False, namespace=seq.namespace)
+        self.windows.adopt(cached.blocks[:full], seq.block_table[:full])
+
     def map_windows(self, batch: Batch) -> None:
         """Window blocks: tell the step which window block each KV block it writes has. Changes the step only."""
         if self.windows is None:
@@ -343,6 +353,7 @@ class SequenceCache:
         swapped = False
         if self.tree is not None and computed > 0:
             node = self.tree.insert(seq.token_ids[:computed], seq.block_table, namespace=seq.namespace)
+            self._adopt_windows(seq, computed)
             moved = self.tree.swap_out(node) if copies is not None and seq.swapped_node is None else None
             if moved is not None and copies is not None:
                 copies.extend(moved)
@@ -382,6 +393,7 @@ class SequenceCache:
         if self.tree.foreign_blocks(node, seq.block_table, stop=seq.locked_node):
             # another sequence cached these tokens first: locking its copy would pin blocks this
             # one does not use (it may need the whole pool), so the lock stays where it was
+            self._adopt_windows(seq, full)
             return
         if seq.locked_node is None:
             self.tree.lock(node)

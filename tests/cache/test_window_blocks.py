@@ -54,6 +54,10 @@ def test_companions_go_with_their_kv_blocks_and_copies_copy_them() -> None:
     assert copies == [BlockCopy(CopyKind.WINDOW_BLOCK, windows.companion[blocks[1]], windows.companion[dst[0]])]
     windows.copy(blocks[2], dst[1], copies)  # a source without one: the copy has none either
     assert dst[1] not in windows.companion and len(copies) == 1
+    # blocks[2] (no companion) holds tokens a sequence computed again in dst[0]: it takes dst[0]'s
+    assert windows.adopt([blocks[1], blocks[2]], [blocks[1], dst[0]]) == 1
+    assert blocks[2] in windows.companion and dst[0] not in windows.companion
+    assert windows.adopt([blocks[2]], [dst[1]]) == 0  # it has one now; dst[1] has none
     windows.check_integrity()
 
 

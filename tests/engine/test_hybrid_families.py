@@ -166,9 +166,9 @@ class FailsAfterRunning:
         return getattr(self.inner, name)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_failed_hybrid_forward_fails_its_batch_and_leaves_no_wrong_state(arch: str) -> None:
-    llm = make(arch)
+@pytest.mark.parametrize("arch, sliding_window_kv", [(a, "window") for a in ARCHS] + [("gemma3", "window-blocks")])
+def test_a_failed_hybrid_forward_fails_its_batch_and_leaves_no_wrong_state(arch: str, sliding_window_kv: str) -> None:
+    llm = make(arch, sliding_window_kv=sliding_window_kv)
     prompts = random_prompts([9, 14], seed=51)
     check(arch, llm, prompts)  # cached, with a checkpoint at each reply's end
     llm.engine.runner = FailsAfterRunning(llm.engine.runner)  # type: ignore[assignment]
@@ -265,6 +265,7 @@ def test_window_blocks_few_of_them_cut_hits_back_and_stay_exact(arch: str) -> No
     stats = llm.engine.stats()
     assert windows is not None and stats.window_blocks_evicted == windows.evicted > 0
     assert stats.window_blocks_total == 6 and stats.state_recomputed_tokens > 0
+    assert windows.adopted > 0  # what was computed again gave the tree's blocks their window K/V back
     assert all(o.usage.cached_tokens < 29 for o in outs)
     # preemption with few KV blocks, and the host tier: K/V loaded back has no window blocks
     small = make(arch, sliding_window_kv="window-blocks", num_blocks=24, new_token_ratio=0.0, host_cache_mb=1)
