@@ -255,6 +255,8 @@ class Sequence:
     state_backup: int = -1
     # hybrid models: a position its prefill stops at to checkpoint its state there (-1: none), see seq_cache.py
     checkpoint_at: int = -1
+    # window blocks: where its prompt left a cached path whose window K/V was gone there (0: none), see seq_cache.py
+    window_branch: int = 0
     # swapped out: the tree node ending at its computed tokens, whose path it pins in the host tier
     swapped_node: RadixNode | None = None
     finish_reason: str | None = None

@@ -166,6 +166,9 @@ class SequenceCache:
         resume = self.windows.restorable(match.blocks, on_device)
         self.recomputed_state_tokens += match.length - resume
         if resume < match.length:
+            # the path's end is a likely hit again (a branch point): the blocks this sequence computes
+            # before it are worth window blocks, which the tree's blocks take over (`_adopt_windows`)
+            seq.window_branch = match.length
             match = self.tree.match(wanted[:resume], namespace=seq.namespace)
         if resume:
             copies.append(BlockCopy(CopyKind.WINDOW, 0, seq.state_slot, self.windows.rows(match.blocks, resume)))
@@ -268,9 +271,10 @@ class SequenceCache:
             shared, fresh = False, self._allocate(missing, copies)
         if fresh is None:
             return False
-        windows = self.windows
+        windows, worth = self.windows, []
         if windows is not None and self.tree is not None:
-            windows.make_room(len(fresh), self.tree)
+            worth = self._worth_windows(seq, len(table), len(fresh) - shared)
+            windows.make_room(sum(worth) + shared, self.tree)
         if shared:
             dst = fresh.pop()
             src = table[first]
@@ -283,9 +287,24 @@ class SequenceCache:
             else:
                 self.pool.decref(dst)
         if windows is not None:
-            windows.attach(fresh)
+            # blocks near a likely hit first (room was made for them), then the others while blocks are free
+            windows.attach([b for b, w in zip(fresh, worth) if w])
+            windows.attach([b for b, w in zip(fresh, worth) if not w])
         table.extend(fresh)
         return True
+
+    def _worth_windows(self, seq: Sequence, first: int, count: int) -> list[bool]:
+        """Window blocks: of `count` fresh blocks at indices `first`.. of `seq`'s table, which are worth
+        making room for: those within a window before where a hit is likely, the end of its tokens so
+        far (a reply's end, a prompt's, where a next turn resumes) or the branch it left a cached path
+        at (`window_branch`). A long prompt's other blocks take window blocks only while some are free,
+        or one prefill would evict every other path's windows. A query."""
+        assert self.windows is not None
+        bs = self.block_size
+        reach = self.windows.keep + bs
+        end, branch = len(seq.token_ids), seq.window_branch
+        return [(i + 1) * bs > end - reach or (branch > 0 and branch - reach < (i + 1) * bs and i * bs < branch)
+                for i in range(first, first + count)]
 
     def _adopt_windows(self, seq: Sequence, length: int) -> None:
         """Window blocks: the tree's blocks of `seq`'s first `length` tokens that have no companion take
