@@ -32,13 +32,15 @@ class WindowStore:
         flat.index_copy_(0, at, torch.cat([k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=1))
 
     def restore(self, states: StateCache, slot: int, rows: tuple[int, ...]) -> None:
-        """Make `rows` (oldest first) the last rows of `slot`'s windows in every layer: the window
-        state right-aligned as model/window_kv.py keeps it (earlier rows are masked, left as they are)."""
+        """Make `rows` (oldest first, the longest window's) the last rows of `slot`'s windows in every
+        layer: the window state right-aligned as model/window_kv.py keeps it (earlier rows are masked,
+        left as they are)."""
         if not rows:
             return
-        index = to_device(list(rows), torch.long, self.rows[0].device)
         for store, windows in zip(self.rows, states.conv):
-            windows[slot, windows.shape[1] - len(rows):] = store.view(-1, store.shape[-1])[index]
+            kept = min(len(rows), windows.shape[1])  # a layer with a shorter window than the longest keeps fewer
+            index = to_device(list(rows[len(rows) - kept:]), torch.long, store.device)
+            windows[slot, windows.shape[1] - kept:] = store.view(-1, store.shape[-1])[index]
 
     def copy_block(self, src: int, dst: int) -> None:
         for store in self.rows:
