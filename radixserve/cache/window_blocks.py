@@ -21,14 +21,13 @@ Invariants (`check_integrity`):
 Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cache layer calls
 `make_room`, which drops companions of blocks the radix tree lists (never of a running sequence's
 own blocks, which it is still writing). Tree blocks are never written again (copy-on-write), so
-any of theirs may go. A node's end is where hits are likeliest (a branch point, a reply's end), and
-the next turn of an agent often leaves a path a little before it (a tool call's text tokenized
-otherwise than the model wrote it). So by d, the tokens between a block's end and its node's end:
-1. blocks with d >= 2 x keep, least recently used node first;
-2. blocks with keep <= d < 2 x keep, the largest d first: every node's window keeps the margin
-   just before it longest;
-3. blocks a hit at their node's end reads (d < keep), least recently used node first, so paths no
-   request took again (a reply's tail past where the next turn left it) go before live ones.
+any of theirs may go. A hit is likeliest at a path's end (a leaf: a reply's end, where the next
+turn resumes, often a little before it) or at a prefix paths share (a node with two children that
+requests took since). A companion within a window (and a margin) before such an end is live, as
+recently as that end was used. A branch point one path left behind (where an agent's next turn left
+the reply before it) is no such end, and the tail left there is a leaf no request used since. The
+others go first, the least recently used node first; then the live ones, those of the least
+recently used end first.
 """
 
 from __future__ import annotations
@@ -38,6 +37,10 @@ from collections import Counter
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.core import BlockCopy, CopyKind
+
+# how far before a likely end a hit may land and still be worth its window (an agent's next turn
+# leaves its path a little before the reply's end: a tool call's text tokenized otherwise)
+_MARGIN_BLOCKS = 4
 
 
 class WindowBlocks:
@@ -128,17 +131,25 @@ class WindowBlocks:
         short = needed - self.pool.num_free
         if short <= 0:
             return 0
-        bs, keep = self.block_size, self.keep
-        order: dict[int, tuple[int, int, int]] = {}  # KV block -> its eviction key (lowest goes first)
-        for node in tree.nodes():
-            first = node.start // bs
-            for i, b in enumerate(node.blocks):
+        bs, reach = self.block_size, self.keep + self.block_size * _MARGIN_BLOCKS
+        nodes = tree.nodes()
+        live: dict[int, int] = {}  # KV block -> the latest use of a likely end whose window reaches it
+        for end in nodes:
+            if end.children and sum(1 for c in end.children.values() if c.hits) < 2:
+                continue  # neither a path's end nor a prefix that paths share
+            low, node = end.end - reach, end
+            while node.parent is not None and node.end > low:
+                first = node.start // bs
+                for i, b in enumerate(node.blocks):
+                    if (first + i + 1) * bs > low and b in self.companion and live.get(b, -1) < end.last_access:
+                        live[b] = end.last_access
+                node = node.parent
+        order: dict[int, tuple[int, int]] = {}  # KV block -> its eviction key (lowest goes first)
+        for node in nodes:
+            for b in node.blocks:
                 if b in self.companion:
-                    start = (first + i) * bs
-                    after = node.end - start - bs  # d of the module docstring
-                    key = ((0, node.last_access, start) if after >= 2 * keep else
-                           (1, -after, node.last_access) if after >= keep else (2, node.last_access, start))
-                    order[b] = max(order.get(b, key), key)  # a block two nodes list: the one keeping it longer
+                    key = (1, live[b]) if b in live else (0, node.last_access)
+                    order[b] = max(order.get(b, key), key)
         dropped = 0
         for b in sorted(order, key=order.__getitem__)[:short]:
             self.pool.decref(self.companion.pop(b))

@@ -61,33 +61,48 @@ def test_companions_go_with_their_kv_blocks_and_copies_copy_them() -> None:
     windows.check_integrity()
 
 
-def test_room_is_made_from_tree_blocks_far_from_node_ends_first() -> None:
-    pool, windows = pools(kv=16, window_blocks=13, window=9)  # keep = 8
+def _cached(pool: BlockPool, windows: WindowBlocks, tree: RadixTree, tokens: list[int], shared: list[int]) -> list[int]:
+    """Cache `tokens` as a sequence would: `shared` blocks taken from the tree, fresh ones with companions."""
+    fresh = pool.allocate(-(-len(tokens) // BS) - len(shared))
+    assert fresh is not None
+    windows.attach(fresh)
+    for b in shared:
+        pool.incref(b)
+    blocks = shared + fresh
+    tree.insert(tokens, blocks)
+    pool.release(blocks)  # the tree's references only
+    return blocks
+
+
+def test_room_is_made_first_from_blocks_no_likely_hit_reads() -> None:
+    pool, windows = pools(kv=40, window_blocks=40, window=9)  # keep 8; a window and 4 blocks: 24 tokens
     tree = RadixTree(pool)
-    paths = []
-    for first_token in (1, 2):  # two paths of 24 tokens: d = 20, 16 | 12, 8 | 4, 0 per block
-        blocks = pool.allocate(6)
-        assert blocks is not None
-        windows.attach(blocks)
-        tree.insert([first_token] + [0] * 23, blocks)  # the second is the more recently used
-        for b in blocks:
-            pool.decref(b)  # the tree's references only
-        paths.append(blocks)
-    private = pool.allocate(1)  # a running sequence's block, still being written
-    assert private is not None
-    windows.attach(private)
+    a = _cached(pool, windows, tree, [1] + [0] * 39, [])  # two paths, b the more recently used
+    b = _cached(pool, windows, tree, [2] + [0] * 39, [])
 
-    def kept() -> list[list[bool]]:
-        return [[b in windows.companion for b in blocks] for blocks in paths]
+    def kept(blocks: list[int]) -> list[bool]:
+        return [x in windows.companion for x in blocks]
 
-    assert windows.make_room(4, tree) == 4  # d >= 2 x keep: the older path's first
-    assert kept() == [[False, False, True, True, True, True]] * 2
-    windows.make_room(6, tree)  # keep <= d < 2 x keep: the largest d first, on every path
-    assert kept() == [[False, False, False, True, True, True]] * 2
-    windows.make_room(8, tree)
-    windows.make_room(10, tree)  # then what a hit at the node's end reads, the older path first
-    assert kept() == [[False] * 6, [False, False, False, False, True, True]]
-    assert windows.make_room(13, tree) == 2 and private[0] in windows.companion  # never a private block's
+    windows.make_room(windows.pool.num_free + 4, tree)  # no end's window reaches them: a's, older
+    assert kept(a) == [False] * 4 + [True] * 6 and kept(b) == [True] * 10
+    windows.make_room(windows.pool.num_free + 4, tree)
+    assert kept(b) == [False] * 4 + [True] * 6
+    windows.make_room(windows.pool.num_free + 6, tree)  # then the windows of the least recently used end
+    assert kept(a) == [False] * 10 and kept(b) == [False] * 4 + [True] * 6
+    windows.check_integrity()
+
+
+def test_a_branch_point_one_path_left_is_not_a_likely_end() -> None:
+    pool, windows = pools(kv=40, window_blocks=40, window=9)
+    tree = RadixTree(pool)
+    turn = [5] * 28  # a reply's end at 28; the next turn leaves it at 20 and goes on to 60
+    first = _cached(pool, windows, tree, turn, [])
+    tree.record_hit(tree.match(turn[:20]))
+    second = _cached(pool, windows, tree, turn[:20] + [6] * 40, first[:5])
+    tree.record_hit(tree.match(turn[:20] + [6] * 40))
+    short = windows.pool.num_free + len(windows.companion)
+    windows.make_room(short - 6, tree)  # six kept: the newest end's (60) window and margin, and nothing else
+    assert [b in windows.companion for b in second] == [False] * 9 + [True] * 6
     windows.check_integrity()
 
 
