@@ -23,7 +23,7 @@ Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cach
 own blocks, which it is still writing). Tree blocks are never written again (copy-on-write), so
 any of theirs may go. A hit is likeliest at a path's end (a leaf: a reply's end, where the next
 turn resumes, often a little before it) or at a prefix paths share (a node with two children that
-requests took since). A companion within a window (and a margin) before such an end is live, as
+requests took). A companion within a window (and a margin) before such an end is live, as
 recently as that end was used. A branch point one path left behind (where an agent's next turn left
 the reply before it) is no such end, and the tail left there is a leaf no request used since. The
 others go first, the least recently used node first; then the live ones, those of the least
