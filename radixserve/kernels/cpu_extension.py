@@ -4,11 +4,13 @@ The extension (`csrc/`) holds what the CPU path runs: the matmul kernel every pr
 LM head use (`radixserve::linear`, `csrc/linear.cpp`; `cpu_linear.BlockedLinear`, and on a GGUF
 file's quantized blocks `ggml_quants.QuantizedLinear`, decoded by `csrc/ggml_formats.h`), the paged
 attention of short rows (`radixserve::paged_attention`, windows, sinks and softcaps included), the
-routed experts of a mixture-of-experts layer (`radixserve::moe_experts`, `csrc/moe.cpp`;
-`kernels/moe.py`), the gated delta rule of Gated DeltaNet layers (`radixserve::gated_delta_rule`,
-`csrc/delta_rule.cpp`; `model/delta_net.py`), the selective scan of Mamba2 layers (`radixserve::mamba2_scan`,
-`csrc/mamba2_scan.cpp`; `model/mamba2.py`), and the compiled step that runs every decoder layer of a short-row step in one
-call (`radixserve::short_step`, `csrc/cpu_step.cpp`; `cpu_step.CpuStep`).
+decoder layer's residual add + RMSNorm and SiLU-and-mul (`radixserve::add_rms_norm`,
+`radixserve::silu_and_mul`, `csrc/elementwise.cpp`; `model/ops.CpuKernelOps`), the routed experts of a
+mixture-of-experts layer (`radixserve::moe_experts`, `csrc/moe.cpp`; `kernels/moe.py`), the gated delta
+rule of Gated DeltaNet layers (`radixserve::gated_delta_rule`, `csrc/delta_rule.cpp`;
+`model/delta_net.py`), the selective scan of Mamba2 layers (`radixserve::mamba2_scan`,
+`csrc/mamba2_scan.cpp`; `model/mamba2.py`), and the compiled step that runs every decoder layer of a
+short-row step in one call (`radixserve::short_step`, `csrc/cpu_step.cpp`; `cpu_step.CpuStep`).
 
 It is built with the system's C++ compiler for this machine's CPU (`-march=native`: the kernels'
 16 lanes become one AVX-512 vector, two AVX2 ones or four NEON or SSE ones), once per source text,
@@ -42,8 +44,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIRECTORY = Path(__file__).with_name("csrc")
 # the .cpp files are compiled; the header, which they include, is part of the source text all the same
-SOURCES = ("cpu_kernels.h", "ggml_formats.h", "cpu_step.cpp", "delta_rule.cpp", "linear.cpp", "mamba2_scan.cpp",
-           "moe.cpp", "paged_attention.cpp")
+SOURCES = ("cpu_kernels.h", "ggml_formats.h", "cpu_step.cpp", "delta_rule.cpp", "elementwise.cpp", "linear.cpp",
+           "mamba2_scan.cpp", "moe.cpp", "paged_attention.cpp")
 EXTENSION = "radixserve_cpu"
 # -march: this CPU's vectors (RADIXSERVE_CPU_MARCH names another target, e.g. haswell or x86-64 to
 # test the AVX2 or SSE path on a wider machine); -ffp-contract=off: cpu_step.cpp's

@@ -3,18 +3,17 @@
 On CPU a batch-1 decode step of the embedded model is about 120 matmuls and a thousand small ops.
 From Python each small op costs several microseconds of interpreter and binding time, more than its
 arithmetic. `csrc/cpu_step.cpp` runs the whole layer stack in one `radixserve::short_step` call: the
-matmuls and attention as the kernels the Python layers call too (`BlockedLinear`, the torch
-backend's in-place attention), reductions and transcendentals as the same ATen operators, and the
-residual add, the norm's scaling and rotary as plain loops with the same rounding, without changing
-a bit.
+matmuls, attention, the norm and SiLU-and-mul as the kernels the Python layers call too
+(`BlockedLinear`, the torch backend's in-place attention, `CpuKernelOps`), and rotary and the cache
+writes as plain loops with the same rounding, without changing a bit.
 
 This module decides when a step may take it (the extension itself is built and loaded by
 `cpu_extension`):
 - the model's projections run the extension's kernel (`cpu_linear.BlockedLinear`, or a GGUF file's
   quantized blocks, `ggml_quants.QuantizedLinear`), the attention
   backend is torch's with the extension's in-place attention (`attention.reads_in_place`: a cache
-  of fp32 or bf16 values, not FP8), the hot-path ops are `TorchOps`, and the architecture has no
-  q/k norm (Qwen3's);
+  of fp32, bf16 or fp16 values, not FP8), the hot-path ops are `CpuKernelOps` (the extension's norm
+  and SiLU-and-mul, which the step calls too), and the architecture has no q/k norm (Qwen3's);
 - every row of the step has at most `SHORT_QUERY` new tokens (decodes, verifications of drafts).
 Other steps, and every step under `--enforce-eager`, run the Python layers.
 
@@ -52,8 +51,10 @@ def unsupported(model: CausalLM, kv_cache: KVCache, backend: object, ops: ModelO
     """Why this model and cache cannot take the C++ step, or None when they can."""
     if kv_cache.data.device.type != "cpu":
         return "not on CPU"
-    if not isinstance(backend, TorchAttentionBackend) or ops.name != "torch":
+    if not isinstance(backend, TorchAttentionBackend):
         return "the attention backend is not torch's"
+    if ops.name != "cpp":
+        return "the norm and SiLU-and-mul are not the C++ extension's (model/ops.py CpuKernelOps)"
     if is_packed(kv_cache.data):
         return "the KV cache is FP8"
     if not backend.cpu_kernel or not reads_in_place(kv_cache.k(0)):

@@ -1,8 +1,10 @@
 """The model's elementwise hot-path operations, in plain torch or as fused Triton kernels.
 
 Three operations run between the matmuls of every layer: residual add + RMSNorm, rotary embedding
-of q and k, and SiLU-and-mul of the packed gate/up projection. `TorchOps` is the reference (and the
-CPU default): the exact rounding steps of the HF models. `TritonOps` launches one fused kernel per
+of q and k, and SiLU-and-mul of the packed gate/up projection. `TorchOps` is the reference: the exact
+rounding steps of the HF models. `CpuKernelOps` runs the norm and SiLU-and-mul in the CPU extension's
+loops (the same rounding steps; the norm's sum in its own fixed order), which the compiled CPU step
+shares. `TritonOps` launches one fused kernel per
 operation (from the top-level `kernels` package) with the same rounding steps, which cuts a decode
 step's launches several-fold; the two agree bit for bit in fp32 and to rounding in bf16.
 
@@ -67,6 +69,26 @@ class TorchOps:
         return torch.nn.functional.silu(gate) * up
 
 
+class CpuKernelOps(TorchOps):
+    """TorchOps with the norm and SiLU-and-mul of the C++ extension (`csrc/elementwise.cpp`), which
+    the compiled CPU step calls too: where the extension runs the projections, both paths then round
+    alike without the step paying ATen's per-call setup for each. Other dtypes, devices or shapes
+    (a norm weight of another dtype) take TorchOps' torch form."""
+
+    name = "cpp"
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        if x.device.type != "cpu" or weight.dtype != x.dtype or weight.shape != x.shape[-1:] or \
+                (residual is not None and (residual.dtype != x.dtype or residual.shape != x.shape)):
+            return super().add_rms_norm(x, residual, weight, eps)
+        return torch.ops.radixserve.add_rms_norm(x, residual, weight, eps)
+
+    def silu_and_mul(self, gate_up):
+        if gate_up.device.type != "cpu":
+            return super().silu_and_mul(gate_up)
+        return torch.ops.radixserve.silu_and_mul(gate_up)
+
+
 class TritonOps:
     name = "triton"
 
@@ -90,6 +112,9 @@ class TritonOps:
         return self._silu_and_mul(gate_up)
 
 
-def make_ops(backend_name: str) -> ModelOps:
-    """Fused kernels go with the Triton attention backend; the torch backend keeps the torch oracle."""
-    return TritonOps() if backend_name == "triton" else TorchOps()
+def make_ops(backend_name: str, cpu_kernels: bool = False) -> ModelOps:
+    """Fused kernels go with the Triton attention backend; the torch backend keeps the torch oracle,
+    except where the C++ extension runs the CPU's projections (`cpu_kernels`): its elementwise ops."""
+    if backend_name == "triton":
+        return TritonOps()
+    return CpuKernelOps() if cpu_kernels else TorchOps()

@@ -116,7 +116,7 @@ class ModelRunner:
                 module.implementation = scans
             elif isinstance(module, CausalConv):  # no C++ convolution: torch beside the C++ scans
                 module.implementation = "triton" if scans == "triton" else "torch"
-        self.ops = make_ops(self.backend.name)
+        self.ops = make_ops(self.backend.name, cpu_kernels)
         if self.backend.name == "triton" and block_size < 16:  # tl.dot needs K >= 16 on NVIDIA GPUs
             raise ValueError(f"the triton attention backend needs block_size >= 16, got {block_size}")
         if (kv_cache_dtype == "fp8" and self.backend.name == "triton" and self.device.type == "cuda"

@@ -384,7 +384,7 @@ def test_the_compiled_step_with_attention_variants_is_the_python_layers_bit_for_
         arch: str, variants: list[dict[str, Any]] | None, dtype: torch.dtype) -> None:
     from radixserve.model import cpu_step
     from radixserve.model.kv_cache import KVCache
-    from radixserve.model.ops import TorchOps
+    from radixserve.model.ops import CpuKernelOps
 
     model, cache, meta, ids, positions = _windowed_step(arch, dtype, STEP_ROWS, seed=len(arch))
     if variants is not None:
@@ -393,15 +393,15 @@ def test_the_compiled_step_with_attention_variants_is_the_python_layers_bit_for_
     assert any(windows), "a layer with a window"
     python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
     python_cache.data.copy_(cache.data)
-    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
+    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), CpuKernelOps())
     assert step is not None
     with torch.inference_mode():
         got = step.forward(ids, positions, meta())
-        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), TorchOps())
+        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), CpuKernelOps())
         full_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
         full_cache.data.copy_(python_cache.data)
         full = _without_windows(model, lambda: model(ids, positions, full_cache, meta(),
-                                                     TorchAttentionBackend(cpu_kernel=True), TorchOps()))
+                                                     TorchAttentionBackend(cpu_kernel=True), CpuKernelOps()))
     assert got is not None and got.isfinite().all()
     assert torch.equal(got, want)
     assert torch.equal(cache.data.nan_to_num(), python_cache.data.nan_to_num())

@@ -21,7 +21,7 @@ from radixserve.model import cpu_step
 from radixserve.model.attention import AttentionMetadata, TorchAttentionBackend
 from radixserve.model.kv_cache import KVCache, KVLayout
 from radixserve.model.loader import load_model
-from radixserve.model.ops import TorchOps
+from radixserve.model.ops import CpuKernelOps, TorchOps
 from radixserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
@@ -89,11 +89,11 @@ def _assert_the_step_is_the_python_layers(model, spec, rows: list[tuple[int, int
     cache, meta, ids, positions = _step(rows, spec, dtype, seed=len(rows))
     python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
     python_cache.data.copy_(cache.data)
-    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
+    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), CpuKernelOps())
     assert step is not None
     with torch.inference_mode():
         got = step.forward(ids, positions, meta())
-        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), TorchOps())
+        want = model(ids, positions, python_cache, meta(), TorchAttentionBackend(cpu_kernel=True), CpuKernelOps())
     assert got is not None and got.dtype == dtype and got.isfinite().all()
     assert torch.equal(got, want)
     assert torch.equal(cache.data.nan_to_num(), python_cache.data.nan_to_num())
@@ -135,7 +135,7 @@ def test_the_compiled_step_runs_gguf_blocks_as_the_python_layers_do(arch: str, t
 def test_a_long_row_leaves_the_step_to_the_python_layers() -> None:
     model, spec = _packed("llama")
     cache, meta, ids, positions = _step([(37, 1), (40, 20)], spec, torch.float32, seed=3)
-    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), TorchOps())
+    step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), CpuKernelOps())
     assert step is not None
     before = cache.data.clone()
     with torch.inference_mode():
@@ -148,27 +148,29 @@ def test_what_the_compiled_step_cannot_take_is_named() -> None:
     backend = TorchAttentionBackend(cpu_kernel=True)
     fp8 = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float32, "fp8"), 4,
                   torch.device("cpu"))
-    assert cpu_step.unsupported(model, fp8, backend, TorchOps()) == "the KV cache is FP8"
+    assert cpu_step.unsupported(model, fp8, backend, CpuKernelOps()) == "the KV cache is FP8"
     plain = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float32), 4,
                     torch.device("cpu"))
-    assert cpu_step.unsupported(model, plain, backend, TorchOps()) is None
-    assert cpu_step.unsupported(model, plain, object(), TorchOps()) == "the attention backend is not torch's"
-    assert cpu_step.unsupported(model, plain, TorchAttentionBackend(), TorchOps()) == \
+    assert cpu_step.unsupported(model, plain, backend, CpuKernelOps()) is None
+    assert cpu_step.unsupported(model, plain, object(), CpuKernelOps()) == "the attention backend is not torch's"
+    assert cpu_step.unsupported(model, plain, backend, TorchOps()) == \
+        "the norm and SiLU-and-mul are not the C++ extension's (model/ops.py CpuKernelOps)"
+    assert cpu_step.unsupported(model, plain, TorchAttentionBackend(), CpuKernelOps()) == \
         "the attention kernel does not read this cache (torch.float32, head_dim 16)"
     double = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float64), 4,
                      torch.device("cpu"))
-    assert cpu_step.unsupported(model, double, backend, TorchOps()) == \
+    assert cpu_step.unsupported(model, double, backend, CpuKernelOps()) == \
         "the attention kernel does not read this cache (torch.float64, head_dim 16)"
     half = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, torch.float32, "fp16"), 4,
                    torch.device("cpu"))
-    assert cpu_step.unsupported(model, half, backend, TorchOps()) is None  # --kv-cache-dtype fp16 is read in place
+    assert cpu_step.unsupported(model, half, backend, CpuKernelOps()) is None  # --kv-cache-dtype fp16 is read in place
     qwen3, _ = _packed("qwen3")
-    assert "Qwen3ForCausalLM's layers are not Llama's" in cpu_step.unsupported(qwen3, plain, backend, TorchOps())
+    assert "Qwen3ForCausalLM's layers are not Llama's" in cpu_step.unsupported(qwen3, plain, backend, CpuKernelOps())
     unpacked, _ = load_model(tiny_model_dir("llama"), torch.float32, torch.device("cpu"))
-    assert cpu_step.unsupported(unpacked, plain, backend, TorchOps()) == "the weights are not in the C++ kernel's layout"
+    assert cpu_step.unsupported(unpacked, plain, backend, CpuKernelOps()) == "the weights are not in the C++ kernel's layout"
     if torch.backends.mkldnn.is_available():
         onednn, _ = _packed("llama", kind=PackedLinear)
-        assert cpu_step.unsupported(onednn, plain, backend, TorchOps()) == "the weights are not in the C++ kernel's layout"
+        assert cpu_step.unsupported(onednn, plain, backend, CpuKernelOps()) == "the weights are not in the C++ kernel's layout"
 
 
 def _greedy(llm: LLM, prompts: list[list[int]], tokens: int) -> list[list[int]]:

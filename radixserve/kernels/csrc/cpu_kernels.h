@@ -151,6 +151,32 @@ inline void store_lanes(float* to, const Lanes& v) {
   for (int p = 0; p < kParts; ++p) std::memcpy(to + p * kNativeFloats, &v.part[p], sizeof(Native));
 }
 
+constexpr float kMinExponent = -87.0f;  // e^x below this is taken as 0 (fp32's normal range ends at e^-87.3)
+
+// e^x for x <= 0 (attention's scores less their maximum, SiLU's -|x|): x = n ln 2 + r with
+// |r| <= ln 2 / 2, e^r by its Taylor polynomial to r^7 (relative error below 1e-7), 2^n put into the
+// exponent bits; e^x below e^kMinExponent, e^-inf included, is 0, and e^NaN is NaN.
+inline Native exp_native(Native x) {
+  const NativeInt kept = (x >= kMinExponent) | (x != x);  // NaN is kept: a NaN score poisons its row, as in SDPA
+  const NativeInt floor_bits = bits_as<NativeInt>(broadcast_native(kMinExponent));
+  x = bits_as<Native>((bits_as<NativeInt>(x) & kept) | (floor_bits & ~kept));
+  const Native round = broadcast_native(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Native n = fused_multiply_add(x, broadcast_native(1.44269504f), round) - round;
+  const Native r = fused_multiply_add(n, broadcast_native(2.12194440e-4f),
+                                      fused_multiply_add(n, broadcast_native(-0.693359375f), x));
+  Native p = broadcast_native(1.0f / 5040);
+  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
+    p = fused_multiply_add(p, r, broadcast_native(coefficient));
+  }
+  const NativeInt power = (__builtin_convertvector(n, NativeInt) + 127) << 23;
+  return bits_as<Native>(bits_as<NativeInt>(p * bits_as<Native>(power)) & kept);
+}
+
+inline Lanes exp_lanes(Lanes x) {
+  for (int p = 0; p < kParts; ++p) x.part[p] = exp_native(x.part[p]);
+  return x;
+}
+
 // For a recurrent layer's kernel (delta_rule.cpp, mamba2_scan.cpp): its tensors are fp32 and contiguous.
 inline void check_fp32_contiguous(const char* name, std::initializer_list<const at::Tensor*> tensors) {
   for (const at::Tensor* t : tensors) {
@@ -231,6 +257,18 @@ inline void sum_lanes_of_four(const Lanes (&v)[4], float (&sums)[4]) {
   for (int u = 0; u < 4; ++u) sums[u] = sum_lanes(v[u]);
 #endif
 }
+
+// The layer's elementwise operations, which the Python layers (model/ops.py CpuKernelOps) and the
+// compiled step (cpu_step.cpp) share so that both round alike (elementwise.cpp):
+// (x + residual) and weight * ((x + residual) / sqrt(mean((x + residual)^2) + eps)) over the last
+// dimension, x alone where there is no residual; each row's sum of squares in one fixed order.
+struct NormedRows {
+  at::Tensor out, residual;
+};
+NormedRows add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+                        double eps);
+// silu(gate) * up for gate_up [..., 2 * n] = (gate, up): [..., n] in gate_up's dtype
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
 // A weight [out, in] laid out for `linear`: [ceil(out / 16), in, 16] (output blocks of 16, each
 // block's 16 weights of one input column side by side; the last block padded with zeros), in the

@@ -6,13 +6,13 @@
 // Python each small op costs several microseconds of interpreter and binding time, far more than
 // its arithmetic; issued from here it costs the dispatcher's fraction of that.
 //
-// Invariant: its result equals the Python path's bit for bit (model/llama.py, model/ops.py TorchOps,
-// model/rope.py, model/attention.py, model/cpu_linear.py). The matmuls and attention are the kernels
-// that path calls too (cpu_kernels.h: BlockedLinear's and the torch backend's in-place attention);
-// reductions and approximated transcendentals are the very ATen operators it calls, with the same
-// arguments; the residual add, the rest of the norm, the cache writes and rotary are loops doing its
-// arithmetic with its rounding (below). A change to one is a change to both; tests/model/test_cpu_compiled_step.py compares
-// them with torch.equal in fp32 and bf16.
+// Invariant: its result equals the Python path's bit for bit (model/decoder.py, model/ops.py
+// CpuKernelOps, model/rope.py, model/attention.py, kernels/cpu_linear.py). The matmuls, attention,
+// the norm and SiLU-and-mul are the kernels that path calls too (cpu_kernels.h: BlockedLinear's,
+// the torch backend's in-place attention, CpuKernelOps' add_rms_norm and silu_and_mul); the cache
+// writes and rotary are loops doing its arithmetic with its rounding (below), built with
+// -ffp-contract=off so that no multiply and add fuse into one rounding. A change to one is a change
+// to both; tests/model/test_cpu_compiled_step.py compares them with torch.equal in fp32 and bf16.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -34,67 +34,6 @@ using radixserve::linear;
 
 constexpr int64_t kPerLayer = 6;  // weights per layer, in `CpuStep.weights` order
 constexpr int64_t kBiasesPerLayer = 4;
-
-// The elementwise steps are written out below: each is one IEEE operation per element, rounded to
-// the tensor's dtype after each, as ATen's elementwise kernels round (bf16: computed in float, then
-// rounded to nearest even, which is what c10::BFloat16's operators do). The build passes
-// -ffp-contract=off so that no multiply and add are fused into one rounding. Reductions (the sum
-// inside the norm's mean) and approximated transcendentals (SiLU's exp) stay ATen's: their order of
-// summation and their approximations are its own. The rest of the norm is IEEE operations: ATen's
-// CPU mean is that sum divided by the row length, `+ eps` adds eps rounded to float, and its rsqrt
-// is 1 / sqrt (Vectorized<float>::rsqrt), so they are written out here.
-
-template <typename T>
-void add_and_square(const T* x, const T* residual, T* sum, float* squares, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    sum[i] = x[i] + residual[i];
-    const float value = static_cast<float>(sum[i]);
-    squares[i] = value * value;
-  }
-}
-
-template <typename T>
-void scale_rows(const T* x, const float* inverse_rms, const T* weight, T* out, int64_t rows, int64_t dim) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < dim; ++d) {
-      const T normed = static_cast<T>(static_cast<float>(x[r * dim + d]) * inverse_rms[r]);
-      out[r * dim + d] = weight[d] * normed;
-    }
-  }
-}
-
-// TorchOps.add_rms_norm (ops.rms_norm): the new residual (x + residual; x at the first layer) and
-// weight * (r * rsqrt(mean(r^2) + eps)) with r in float
-struct Normed {
-  Tensor out, residual;
-};
-Normed add_rms_norm(const Tensor& x, const std::optional<Tensor>& residual, const Tensor& weight, double eps) {
-  const int64_t dim = x.size(-1), rows = x.numel() / dim;
-  const Tensor input = x.contiguous();
-  const Tensor sum = residual ? at::empty_like(input) : input;
-  Tensor squares = at::empty({rows, dim}, x.options().dtype(at::kFloat));
-  if (residual) {
-    const Tensor previous = residual->contiguous();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_and_square", [&] {
-      add_and_square(input.const_data_ptr<scalar_t>(), previous.const_data_ptr<scalar_t>(),
-                     sum.mutable_data_ptr<scalar_t>(), squares.mutable_data_ptr<float>(), rows * dim);
-    });
-  } else {
-    squares.copy_(sum.view({rows, dim}).to(at::kFloat)).mul_(squares);  // pow(2) is x * x
-  }
-  const Tensor sums = at::sum(squares, -1);
-  const float* row_sums = sums.const_data_ptr<float>();
-  std::vector<float> inverse_rms(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    inverse_rms[r] = 1.f / std::sqrt(row_sums[r] / static_cast<float>(dim) + static_cast<float>(eps));
-  }
-  Tensor out = at::empty_like(sum);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "scale_rows", [&] {
-    scale_rows(sum.const_data_ptr<scalar_t>(), inverse_rms.data(),
-               weight.contiguous().const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), rows, dim);
-  });
-  return {out, sum};
-}
 
 template <typename T>
 void rotate_rows(const T* x, int64_t token_stride, int64_t tokens, int64_t heads, int64_t dim, const T* cos,
@@ -203,7 +142,7 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
   const int64_t tokens_in_step = x.size(0);
   std::optional<Tensor> residual;
   auto norm = [&](const Tensor& h, const Tensor& weight) {
-    Normed normed = add_rms_norm(h, residual, weight, eps);
+    radixserve::NormedRows normed = radixserve::add_rms_norm(h, residual, weight, eps);
     residual = normed.residual;
     return normed.out;
   };
@@ -218,8 +157,7 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
     Tensor attended = attend(q, k, v, k_caches[l], v_caches[l], rows, {scales[l], windows[l], sinks.get(l), softcaps[l]});
     h = linear(attended.reshape({tokens_in_step, q_size}), w[2], bias(1), hidden);
     h = norm(h, w[3]);
-    auto gate_up = linear(h, w[4], bias(2), 2 * intermediate).chunk(2, -1);
-    x = linear(at::silu(gate_up[0]) * gate_up[1], w[5], bias(3), hidden);
+    x = linear(radixserve::silu_and_mul(linear(h, w[4], bias(2), 2 * intermediate)), w[5], bias(3), hidden);
   }
   return norm(x, final_norm);
 }

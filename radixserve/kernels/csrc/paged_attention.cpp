@@ -37,32 +37,6 @@ using at::Tensor;
 
 constexpr int64_t kPartition = 256;  // keys per task
 constexpr int64_t kPrefetchAhead = 16;  // keys: a row's lines are requested this many keys before they are read
-constexpr float kMinExponent = -87.0f;  // e^x below this is taken as 0 (fp32's normal range ends at e^-87.3)
-
-// e^x for x <= 0 (scores less their maximum): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
-// polynomial to r^7 (relative error below 1e-7), 2^n put into the exponent bits; e^x below
-// e^kMinExponent, e^-inf included, is 0, and e^NaN is NaN.
-inline Native exp_native(Native x) {
-  const NativeInt kept = (x >= kMinExponent) | (x != x);  // NaN is kept: a NaN score poisons its row, as in SDPA
-  const NativeInt floor_bits = bits_as<NativeInt>(broadcast_native(kMinExponent));
-  x = bits_as<Native>((bits_as<NativeInt>(x) & kept) | (floor_bits & ~kept));
-  const Native round = broadcast_native(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const Native n = fused_multiply_add(x, broadcast_native(1.44269504f), round) - round;
-  const Native r = fused_multiply_add(n, broadcast_native(2.12194440e-4f),
-                                      fused_multiply_add(n, broadcast_native(-0.693359375f), x));
-  Native p = broadcast_native(1.0f / 5040);
-  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
-    p = fused_multiply_add(p, r, broadcast_native(coefficient));
-  }
-  const NativeInt power = (__builtin_convertvector(n, NativeInt) + 127) << 23;
-  return bits_as<Native>(bits_as<NativeInt>(p * bits_as<Native>(power)) & kept);
-}
-
-inline Lanes exp_lanes(Lanes x) {
-  for (int p = 0; p < kParts; ++p) x.part[p] = exp_native(x.part[p]);
-  return x;
-}
-
 struct Layout {  // where a step's rows, queries and cache lie, and the layer's attention variant
   const float* q;  // [T, heads, head_dim] as fp32
   int64_t heads, group, head_dim;
