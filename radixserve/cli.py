@@ -108,9 +108,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights/KV dtype (default %(default)s: fp32 on CPU, bf16 on CUDA; a GGUF model, the "
                         "default one included, keeps its quantized weights on CPU unless a dtype or --enforce-eager is given)")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPES,
-                   help="KV cache storage: auto (the model's dtype), fp16 (half an fp32 model's bytes, as "
-                        "llama.cpp keeps K/V; docs/quantized.md) or fp8 (e4m3 with a scale per token and head: 1.94x the "
-                        "cached tokens of bf16 per GB, 3.88x fp32's; docs/kv_fp8.md); default %(default)s")
+                   help="KV cache storage: auto (the model's dtype; fp16 for a GGUF file's quantized weights on CPU, "
+                        "as llama.cpp keeps K/V), model (the model's dtype always), fp16 (half an fp32 model's bytes; "
+                        "docs/quantized.md) or fp8 (e4m3 with a scale per token and head: 1.94x the cached tokens of "
+                        "bf16 per GB, 3.88x fp32's; docs/kv_fp8.md); default %(default)s")
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda (default %(default)s)")
     g.add_argument("--seed", type=int, default=d.seed, help="engine seed for unseeded requests (default %(default)s)")
     g.add_argument("--speculation", choices=["on", "off"], default="on",

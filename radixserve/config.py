@@ -12,7 +12,9 @@ POLICIES = ("fcfs", "cache-aware", "priority", "sjf")
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
-KV_CACHE_DTYPES = ("auto", "fp16", "fp8")  # the model's dtype, fp16 values (llama.cpp's), or FP8 rows (docs/kv_fp8.md)
+# auto: the model's dtype, except fp16 for a GGUF file's quantized weights on CPU (llama.cpp's default);
+# model: the model's dtype always; fp16 values; FP8 rows (docs/kv_fp8.md)
+KV_CACHE_DTYPES = ("auto", "model", "fp16", "fp8")
 QUANTIZED_ACTIVATIONS = ("int8", "float32")  # how GGUF weights take their inputs (kernels/ggml_quants.ACTIVATIONS)
 DEFAULT_CPU_KV_MB = 256.0
 STATE_CHECKPOINT_POLICIES = ("branches", "request-ends", "every-block")  # scheduler/checkpoint_policy.py
@@ -70,7 +72,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     attention_backend: str = "auto"  # auto (triton on CUDA, torch otherwise) | triton | torch
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | float16 | bfloat16
-    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp16 | fp8 (e4m3 with a scale per token and head)
+    kv_cache_dtype: str = "auto"  # auto | model | fp16 | fp8 (e4m3 with a scale per token and head): KV_CACHE_DTYPES
     # a GGUF's quantized weights in the CPU kernels (docs/quantized.md): int8 quantizes each row of inputs
     # to 8 bits per block of 32 for integer dot products, as llama.cpp does; float32 multiplies the
     # decoded weights in fp32, computing exactly what the dequantized model (--dtype float32) computes

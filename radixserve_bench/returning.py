@@ -27,14 +27,16 @@ TTFT_GOAL = 0.25  # returning-turn TTFT, host tier / recompute, at most
 MIB = 2**20
 
 
-def kv_block_bytes(spec: Any, block_size: int, device: str, dtype: str, kv_cache_dtype: str = "auto") -> int:
-    """Bytes of one KV block of `spec` as the engine will lay it out (same device and dtype rules)."""
+def kv_block_bytes(spec: Any, block_size: int, device: str, dtype: str, kv_cache_dtype: str = "auto",
+                   gguf_quantized: bool = False) -> int:
+    """Bytes of one KV block of `spec` as the engine will lay it out (same device, dtype and cache dtype
+    rules; `gguf_quantized`: the model is a GGUF file served with its quantized weights)."""
     from radixserve.model.device import resolve_device_dtype
-    from radixserve.model.kv_cache import KVLayout
+    from radixserve.model.kv_cache import KVLayout, resolve_kv_dtype
 
     _, torch_dtype = resolve_device_dtype(device, dtype)
     return KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, torch_dtype,
-                    kv_cache_dtype).bytes_per_block
+                    resolve_kv_dtype(kv_cache_dtype, gguf_quantized)).bytes_per_block
 
 
 def host_cache_mb(blocks: int, block_bytes: int) -> float:

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -42,6 +43,14 @@ from radixserve_bench.textsource import byte_encoder
 from radixserve_bench.workloads import Workload
 
 
+def _gguf_quantized(model_dir: str, o: BenchOptions) -> bool:
+    """Whether the systems serve a GGUF file with its quantized weights (their K/V then in fp16)."""
+    from radixserve.model.device import resolve_device
+    from radixserve.model.gguf_checkpoint import serves_quantized
+
+    return Path(model_dir).is_file() and serves_quantized(o.dtype, resolve_device(o.device))
+
+
 def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
     import torch
 
@@ -62,7 +71,7 @@ def run_benchmark(o: BenchOptions, argv: list[str] | None = None) -> dict:
             raise BenchConfigError(f"no requested system runs on {w.name}: " + "; ".join(why))
         skipped += why
     warm_prompt = [spec.eos_token_ids[0] if spec.eos_token_ids else 0] * 8
-    block_bytes = kv_block_bytes(spec, o.block_size, o.device, o.dtype)
+    block_bytes = kv_block_bytes(spec, o.block_size, o.device, o.dtype, gguf_quantized=_gguf_quantized(model_dir, o))
     fp8_block_bytes = kv_block_bytes(spec, o.block_size, o.device, o.dtype, "fp8")
     sizing = {name: dataclasses.replace(s, bounded_fp8_blocks=s.bounded_blocks * block_bytes // fp8_block_bytes)
               for name, s in sizing.items()}

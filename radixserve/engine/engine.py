@@ -160,7 +160,8 @@ class LLMEngine:
         self._in_flight: InFlight | None = None
         log.info("engine ready in %.1f s: %s on %s (%s, %d threads), %d KV blocks%s", time.perf_counter() - started,
                  model_name, self.runner.device, str(self.runner.dtype).removeprefix("torch."),
-                 torch.get_num_threads(), sizes.num_blocks, " (FP8)" if config.kv_cache_dtype == "fp8" else "")
+                 torch.get_num_threads(), sizes.num_blocks,
+                 {"fp8": " (FP8)", "fp16": " (fp16 K/V)"}.get(self.runner.kv_cache_dtype, ""))
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,

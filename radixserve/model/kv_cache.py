@@ -25,6 +25,18 @@ from radixserve.model.state_cache import StateCache
 from radixserve.model.window_store import WindowStore
 
 
+def resolve_kv_dtype(kv_cache_dtype: str, gguf_quantized: bool) -> str:
+    """What `--kv-cache-dtype` stores: "auto" is fp16 where a GGUF file's weights run quantized (on
+    CPU), as llama.cpp keeps K/V by default: half an fp32 model's bytes per token, so twice the cached
+    tokens in the same memory, and a long decode reads half the bytes (docs/quantized.md). Otherwise,
+    and for "model", the model's dtype."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "auto":
+        return "fp16" if gguf_quantized else "model"
+    return kv_cache_dtype
+
+
 @dataclass(frozen=True)
 class KVLayout:
     num_layers: int
@@ -32,7 +44,8 @@ class KVLayout:
     head_dim: int
     block_size: int
     dtype: torch.dtype  # the model's: what attention computes in
-    kv_dtype: str = "auto"  # "auto": the cache stores `dtype`; "fp16": fp16 values; "fp8": packed e4m3 rows (model/kv_fp8.py)
+    kv_dtype: str = "model"  # "model" (or "auto", resolved by the runner): the cache stores `dtype`; "fp16": fp16
+    # values; "fp8": packed e4m3 rows (model/kv_fp8.py)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_CACHE_DTYPES:

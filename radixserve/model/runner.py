@@ -27,6 +27,7 @@ import torch
 from radixserve.core import Batch, BlockCopy, CopyKind
 from radixserve.kernels.cpu_extension import loaded_or_explained
 from radixserve.kernels.cpu_linear import BlockedLinear, PackedLinear, pack_for_cpu, packing_works
+from radixserve.kernels.ggml_quants import QuantizedEmbedding, QuantizedLinear
 from radixserve.model.attention import AttentionMetadata, make_backend
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
 from radixserve.model.causal_conv import CausalConv, RecurrentImplementation
@@ -36,7 +37,7 @@ from radixserve.model.decode_graphs import PaddedDecoder, capture_sizes
 from radixserve.model.delta_net import GatedDeltaNet
 from radixserve.model.device import resolve_device, resolve_dtype, to_device
 from radixserve.model.host_kv import HostKVCache
-from radixserve.model.kv_cache import KVCache, KVLayout
+from radixserve.model.kv_cache import KVCache, KVLayout, resolve_kv_dtype
 from radixserve.model.loader import load_model
 from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
@@ -123,7 +124,9 @@ class ModelRunner:
                 and torch.cuda.get_device_capability(self.device) < (8, 9)):
             raise ValueError("--kv-cache-dtype fp8 in the Triton kernels needs e4m3 conversions, native from sm_89 (Ada, "
                              "Hopper) on: use --attention-backend torch on this GPU")
-        self.kv_cache_dtype = kv_cache_dtype
+        # a GGUF file's quantized weights keep K/V in fp16, as llama.cpp does, unless asked otherwise
+        self.kv_cache_dtype = resolve_kv_dtype(kv_cache_dtype, any(
+            isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in self.model.modules()))
         self.block_size = block_size
         self.enforce_eager = enforce_eager
         self.kv_cache: KVCache | None = None

@@ -1,7 +1,8 @@
 """Does the embedded model answer the same served as shipped (its Q4_1 GGUF in the C++ kernels) as
 from its fp32 conversion (`--dtype float32`)? The twenty chat prompts run greedy through the engine
-three ways (speculation off): as shipped with int8 activations (the default, llama.cpp's way), as
-shipped with fp32 activations (`--quantized-activations float32`) and converted.
+three ways (speculation off): as shipped with int8 activations and K/V in fp16 (the defaults,
+llama.cpp's way), as shipped with fp32 activations and K/V (`--quantized-activations float32
+--kv-cache-dtype model`) and converted.
 
 - fp32 activations must answer exactly what the conversion answers: the kernels decode the file's
   blocks to the weights the conversion holds and multiply them in the fp32 kernel's order (the exit
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prompts, int8 = _answers(_llm(), args.max_tokens)
-    _, float_activations = _answers(_llm(quantized_activations="float32"), args.max_tokens)
+    _, float_activations = _answers(_llm(quantized_activations="float32", kv_cache_dtype="model"), args.max_tokens)
     converted_llm = _llm(dtype="float32")
     _, converted = _answers(converted_llm, args.max_tokens)
     agree, total = teacher_forced(converted_llm, prompts, int8)

@@ -51,14 +51,14 @@ def choices(dtype: str, kv: str, texts: list[list[int]], starts: list[int]) -> l
 
 
 def compare(dtype: str, max_tokens: int, kv: str = "fp8") -> dict[str, Any]:
-    prompts, ref = answers(dtype, "auto", max_tokens)
+    prompts, ref = answers(dtype, "model", max_tokens)
     _, fp8 = answers(dtype, kv, max_tokens)
-    if answers(dtype, "auto", max_tokens)[1] != ref:
+    if answers(dtype, "model", max_tokens)[1] != ref:
         raise SystemExit(f"two {dtype} runs disagree: the comparison would mean nothing")
     leading = [leading_agreement(a, b) for a, b in zip(ref, fp8)]
     texts = [p + a for p, a in zip(prompts, ref)]
     starts = [len(p) for p in prompts]  # position len(p) holds the answer's first token
-    ref_picks, fp8_picks = choices(dtype, "auto", texts, starts), choices(dtype, kv, texts, starts)
+    ref_picks, fp8_picks = choices(dtype, "model", texts, starts), choices(dtype, kv, texts, starts)
     same = sum(a == b for r, f in zip(ref_picks, fp8_picks) for a, b in zip(r, f))
     positions = sum(min(len(r), len(f)) for r, f in zip(ref_picks, fp8_picks))
     return dict(

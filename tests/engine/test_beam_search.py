@@ -177,7 +177,8 @@ def test_embedded_model_chat_equals_transformers() -> None:
     from radixserve.chat.template import ChatFormatter
     from radixserve.model.embedded import embedded_model_dir
 
-    llm = LLM(kv_cache_memory_mb=256, quantized_activations="float32")  # transformers' fp32 model, exactly
+    llm = LLM(kv_cache_memory_mb=256, quantized_activations="float32",  # transformers' fp32 model, exactly,
+              kv_cache_dtype="model")  # with K/V in its fp32 (a GGUF's cache is fp16 by default)
     model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
     prompts = [ChatFormatter(llm.tokenizer).prompt_tokens(c) for c in CHATS]
     eos = sorted(llm.engine.eos_token_ids)

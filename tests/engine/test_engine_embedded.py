@@ -29,8 +29,9 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    # transformers runs the fp32 model: the GGUF's float32 activations compute exactly that model
-    return LLM(max_num_batched_tokens=512, kv_cache_memory_mb=512, quantized_activations="float32")
+    # transformers runs the fp32 model: the GGUF's float32 activations with K/V in fp32 (a GGUF's cache is fp16
+    # by default) compute exactly that model
+    return LLM(max_num_batched_tokens=512, kv_cache_memory_mb=512, quantized_activations="float32", kv_cache_dtype="model")
 
 
 def chat_ids(tok, messages: list[dict]) -> list[int]:
@@ -66,7 +67,8 @@ def test_stop_strings_cut_the_greedy_reply_with_overlap_on_and_off(llm: LLM, ove
     words = free.text.split()
     assert len(words) > 4, free.text
     stop = " " + words[3]
-    engine = LLM(max_num_batched_tokens=512, kv_cache_memory_mb=64, overlap=overlap, quantized_activations="float32")
+    engine = LLM(max_num_batched_tokens=512, kv_cache_memory_mb=64, overlap=overlap, quantized_activations="float32",
+                 kv_cache_dtype="model")
     out = engine.chat(conv, SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]))[0].outputs[0]
     assert out.finish_reason == "stop" and stop not in out.text
     assert free.text.startswith(out.text) and free.text[len(out.text):].startswith(stop)
@@ -122,7 +124,7 @@ def test_host_tier_write_back_load_back_and_swap_match_transformers() -> None:
     hf = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
     tiered = LLM(max_num_batched_tokens=256, num_blocks=36, host_cache_mb=128, preemption_mode="swap",
                  new_token_ratio=0.0,  # no growth reserve at admission: swaps must happen
-                 quantized_activations="float32")  # transformers' fp32 model, exactly
+                 quantized_activations="float32", kv_cache_dtype="model")  # transformers' fp32 model, exactly
     tok = tiered.tokenizer
     other = "You are a patient tutor of geography and arithmetic. Explain each answer in one sentence. " * 12
     groups = [[chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": q}])

@@ -19,7 +19,7 @@ from tiny_models import tiny_model_dir
 
 from radixserve import LLM, SamplingParams
 from radixserve.kernels import fp8_format
-from radixserve.model.kv_cache import KVLayout
+from radixserve.model.kv_cache import KVLayout, resolve_kv_dtype
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -89,6 +89,19 @@ def test_a_block_holds_about_twice_bf16s_tokens() -> None:
     assert per_token(torch.float32, "auto") == 2 * per_token(torch.float32, "fp16") == 2 * per_token(torch.bfloat16, "fp16")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         KVLayout(30, 3, 64, 16, torch.float32, "int4")
+
+
+def test_auto_keeps_a_quantized_gguf_files_cache_in_fp16_and_other_models_in_their_dtype() -> None:
+    """llama.cpp's default for a GGUF file's K/V; `model` asks for the model's dtype whatever the weights."""
+    assert resolve_kv_dtype("auto", gguf_quantized=True) == "fp16"
+    assert resolve_kv_dtype("auto", gguf_quantized=False) == "model"
+    assert resolve_kv_dtype("model", gguf_quantized=True) == "model"
+    assert [resolve_kv_dtype(k, True) for k in ("fp16", "fp8")] == ["fp16", "fp8"]
+    assert KVLayout(30, 3, 64, 16, torch.float32, "model").storage_dtype == torch.float32
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, model, fp16, fp8"):
+        resolve_kv_dtype("f16", gguf_quantized=True)
+    llm = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory_mb=4.0)  # an fp32 directory: no GGUF weights
+    assert llm.engine.runner.kv_cache_dtype == "model" and llm.engine.runner.kv_cache.data.dtype == torch.float32
 
 
 @pytest.mark.parametrize("kv, least, storage", [("fp8", 3.5, torch.uint8), ("fp16", 1.95, torch.float16)])

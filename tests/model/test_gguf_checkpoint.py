@@ -127,8 +127,9 @@ def _greedy(llm: LLM) -> list[list[int]]:
 
 
 def _assert_greedy_is(hf: Any, path: Path) -> None:
-    """The file's greedy replies, kept quantized (float32 activations) and dequantized, are `hf`'s."""
-    for llm in (LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32"),
+    """The file's greedy replies, kept quantized (float32 activations; K/V in the model's dtype, where
+    `auto` keeps a quantized file's in fp16) and dequantized, are `hf`'s."""
+    for llm in (LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32", kv_cache_dtype="model"),
                 LLM(str(path), dtype="float32", kv_cache_memory_mb=16)):
         for prompt, tokens in zip(PROMPTS, _greedy(llm)):
             ids = torch.tensor([llm.tokenizer(prompt).input_ids])
@@ -172,7 +173,7 @@ def _assert_next_turn_resumes_as(hf: Any, llm: LLM) -> None:
 def test_greedy_output_is_transformers_quantized_and_dequantized(files: dict[str, Path], arch: str,
                                                                  tokenizer_cache: None) -> None:
     path = files[arch]
-    kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
+    kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32", kv_cache_dtype="model")
     assert kept.engine.model_name == f"tiny-{arch}"
     quantized = _quantized_modules(kept)
     if kept.engine.config.enforce_eager:  # the suite's eager mode: no C++ kernel, so dequantized
@@ -473,7 +474,8 @@ def test_a_hybrid_file_resumes_a_cached_conversation_as_transformers(files: dict
     """A hybrid served from its GGUF: the next turn of a conversation resumes from the cache (the
     recurrent states checkpointed at the reply's end) and still answers as transformers does."""
     path = files[arch]
-    _assert_next_turn_resumes_as(_hf(path), LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32"))
+    _assert_next_turn_resumes_as(_hf(path), LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32",
+                                                 kv_cache_dtype="model"))
 
 
 QWEN3_NEXT_TYPES = {"attn_qkv": "Q8_0", "attn_gate": "Q4_0", "ssm_in": "Q8_0", "ssm_out": "Q4_1", "attn_q": "Q8_0",
@@ -573,7 +575,7 @@ def test_a_file_written_from_transformers_serves_as_shipped_as_transformers(
     int8 activations, transformers' argmax at most positions, teacher-forced."""
     path, hf = from_transformers[arch]
     with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
-        kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32")
+        kept = LLM(str(path), kv_cache_memory_mb=16, quantized_activations="float32", kv_cache_dtype="model")
     assert kept.engine.spec.architecture == type(hf).__name__
     if not kept.engine.config.enforce_eager:
         experts = [m.packed for m in kept.engine.runner.model.modules() if isinstance(m, MoE)]
@@ -982,4 +984,6 @@ def test_embedded_default_serves_its_gguf_quantized(caplog: pytest.LogCaptureFix
     assert len(said) == 1 and said[0].startswith(shipped_as)
     megabytes = int(said[0].rsplit(", ", 1)[1].removesuffix(" MB"))
     assert abs(megabytes - shipped.stat().st_size / 1e6) < 0.05 * megabytes  # the file's bytes, held once
+    assert llm.engine.runner.kv_cache_dtype == "fp16"  # as llama.cpp keeps a GGUF's K/V
+    assert llm.engine.runner.kv_cache.data.dtype == torch.float16
     assert _greedy(llm)[0]  # it runs
