@@ -1,12 +1,13 @@
-"""The model's elementwise hot-path operations, in plain torch or as fused Triton kernels.
+"""The model's elementwise hot-path operations: in plain torch, in the CPU extension's loops, or as fused
+Triton kernels.
 
 Three operations run between the matmuls of every layer: residual add + RMSNorm, rotary embedding
 of q and k, and SiLU-and-mul of the packed gate/up projection. `TorchOps` is the reference: the exact
-rounding steps of the HF models. `CpuKernelOps` runs the norm and SiLU-and-mul in the CPU extension's
-loops (the same rounding steps; the norm's sum in its own fixed order), which the compiled CPU step
-shares. `TritonOps` launches one fused kernel per
-operation (from the top-level `kernels` package) with the same rounding steps, which cuts a decode
-step's launches several-fold; the two agree bit for bit in fp32 and to rounding in bf16.
+rounding steps of the HF models. `TritonOps` launches one fused kernel per operation (from the
+top-level `kernels` package) with the same rounding steps, which cuts a decode step's launches
+several-fold; it agrees with TorchOps bit for bit in fp32 and to rounding in bf16. `CpuKernelOps`
+runs the norm and SiLU-and-mul in the CPU extension's loops (the same rounding steps, the norm's sum
+in its own fixed order: to rounding of TorchOps), which the compiled CPU step calls too.
 
 Contract: `add_rms_norm(x, residual, ...)` returns (normed, new_residual) with new_residual = x +
 residual (x when residual is None); `rotary(q, k, rope)` may rotate q and k in place and returns

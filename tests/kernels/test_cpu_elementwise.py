@@ -90,6 +90,14 @@ def test_silu_at_the_edges_of_the_exponential() -> None:
     torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-6, atol=1e-30)
 
 
+def test_empty_rows_give_empty_results() -> None:
+    norm, act = torch.ops.radixserve.add_rms_norm, torch.ops.radixserve.silu_and_mul
+    out, residual = norm(torch.empty(0, 8), torch.empty(0, 8), torch.ones(8), 1e-6)
+    assert out.shape == residual.shape == (0, 8)
+    assert norm(torch.empty(3, 0), None, torch.ones(0), 1e-6)[0].shape == (3, 0)
+    assert act(torch.empty(0, 8)).shape == (0, 4) and act(torch.empty(2, 0)).shape == (2, 0)
+
+
 def test_cpu_kernel_ops_go_with_the_extensions_projections() -> None:
     assert make_ops("torch", cpu_kernels=True).name == "cpp"
     assert make_ops("torch").name == "torch"

@@ -41,7 +41,8 @@ void load_floats(const T* from, int64_t count, float (&to)[kLanes]) {
 template <typename T>
 void add_rms_norm_rows(const T* x, const T* residual, const T* weight, T* sum, T* out, int64_t rows, int64_t dim,
                        float eps) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kElementsPerTask / dim), [&](int64_t first, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, dim));
+  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t end) {
     for (int64_t r = first; r < end; ++r) {
       const T* row_x = x + r * dim;
       T* row_sum = sum + r * dim;
@@ -88,7 +89,8 @@ inline Lanes silu_lanes(const Lanes& g) {
 
 template <typename T>
 void silu_and_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kElementsPerTask / n), [&](int64_t first, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, n));
+  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t end) {
     for (int64_t r = first; r < end; ++r) {
       const T* gate = gate_up + r * 2 * n;
       const T* up = gate + n;
