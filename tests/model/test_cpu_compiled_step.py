@@ -36,12 +36,12 @@ def _packed(arch: str, dtype: torch.dtype = torch.float32, kind: type = BlockedL
     return model, spec
 
 
-def _step(rows: list[tuple[int, int]], spec, dtype: torch.dtype, seed: int):
+def _step(rows: list[tuple[int, int]], spec, dtype: torch.dtype, seed: int, kv_cache_dtype: str = "model"):
     """A cache of random K/V over shuffled blocks (NaN in the scratch block every row's table pads
     with), and the metadata and inputs of a step where row b has rows[b] = (length, new tokens)."""
     g = torch.Generator().manual_seed(seed)
-    cache = KVCache(KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, dtype), BLOCKS - 1,
-                    torch.device("cpu"))
+    layout = KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, BLOCK, dtype, kv_cache_dtype)
+    cache = KVCache(layout, BLOCKS - 1, torch.device("cpu"))
     cache.data.copy_(torch.randn(cache.data.shape, generator=g))
     cache.data[:, :, cache.scratch_block] = float("nan")
     width = max(-(-n // BLOCK) for n, _ in rows) + 1
@@ -85,8 +85,9 @@ def test_the_compiled_step_is_the_python_layers_bit_for_bit(arch: str, dtype: to
     _assert_the_step_is_the_python_layers(model, spec, rows, dtype)
 
 
-def _assert_the_step_is_the_python_layers(model, spec, rows: list[tuple[int, int]], dtype: torch.dtype) -> None:
-    cache, meta, ids, positions = _step(rows, spec, dtype, seed=len(rows))
+def _assert_the_step_is_the_python_layers(model, spec, rows: list[tuple[int, int]], dtype: torch.dtype,
+                                          kv_cache_dtype: str = "model") -> None:
+    cache, meta, ids, positions = _step(rows, spec, dtype, seed=len(rows), kv_cache_dtype=kv_cache_dtype)
     python_cache = KVCache(cache.layout, cache.num_blocks, torch.device("cpu"))
     python_cache.data.copy_(cache.data)
     step = cpu_step.compiled_cpu_step(model, cache, TorchAttentionBackend(cpu_kernel=True), CpuKernelOps())
@@ -130,6 +131,15 @@ def test_the_compiled_step_runs_gguf_blocks_as_the_python_layers_do(arch: str, t
                                                                      rows: list[tuple[int, int]]) -> None:
     model, spec = _quantized(arch, type_name)
     _assert_the_step_is_the_python_layers(model, spec, rows, torch.float32)
+
+
+@pytest.mark.parametrize("rows", MIXES)
+def test_the_compiled_step_rounds_k_and_v_into_an_fp16_cache_as_the_python_layers_do(
+        rows: list[tuple[int, int]]) -> None:
+    """A GGUF file's default cache (fp16 K/V beside fp32 activations): the step's own fp32 -> fp16
+    stores give the bits of the Python layers' index_copy_."""
+    model, spec = _quantized("llama", "Q4_1")
+    _assert_the_step_is_the_python_layers(model, spec, rows, torch.float32, kv_cache_dtype="fp16")
 
 
 def test_a_long_row_leaves_the_step_to_the_python_layers() -> None:

@@ -20,12 +20,9 @@
 
 #include "cpu_kernels.h"
 
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <string>
-#include <vector>
 
 namespace {
 
@@ -77,26 +74,48 @@ struct Variant {  // a layer's attention as the Python layers pass it: scale, wi
   double softcap;
 };
 
-// cache's token slots[t] = rows[t] ([T, kv_heads, head_dim]): index_copy_'s result, written as one copy
-// per token where the dtypes match and each token's heads are one contiguous run
+// fp32 values rounded to fp16 as ATen's .to(kHalf) rounds them (to nearest, ties to even)
+void to_half(const float* from, int64_t count, c10::Half* to) {
+  int64_t i = 0;
+#if defined(__AVX__) && defined(__F16C__)
+  for (; i + 8 <= count; i += 8) {
+    const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i), half);
+  }
+#endif
+  for (; i < count; ++i) to[i] = c10::Half(from[i]);
+}
+
+// cache's token slots[t] = rows[t] ([T, kv_heads, head_dim]): index_copy_'s result of the rows in the
+// cache's dtype, written as one copy (or one fp32 -> fp16 rounding) per token where each token's heads
+// are one contiguous run; ATen's index_copy_ otherwise
 void store_rows(const Tensor& rows, const Tensor& cache, const Tensor& slots) {
   const int64_t kv_heads = cache.size(2), head_dim = cache.size(3), width = kv_heads * head_dim;
-  const Tensor flat = cache.view({-1, kv_heads, head_dim});
-  const bool direct = rows.scalar_type() == cache.scalar_type() && slots.scalar_type() == at::kLong &&
-                      slots.is_contiguous() && cache.is_contiguous() && rows.stride(2) == 1 &&
-                      rows.stride(1) == head_dim;
+  const bool same = rows.scalar_type() == cache.scalar_type();
+  const bool halved = rows.scalar_type() == at::kFloat && cache.scalar_type() == at::kHalf;
+  const bool direct = (same || halved) && slots.scalar_type() == at::kLong && slots.is_contiguous() &&
+                      cache.is_contiguous() && rows.stride(2) == 1 && rows.stride(1) == head_dim;
   if (!direct) {
-    flat.index_copy_(0, slots, rows.to(cache.scalar_type()));
+    cache.view({-1, kv_heads, head_dim}).index_copy_(0, slots, rows.to(cache.scalar_type()));
     return;
   }
-  const int64_t tokens = rows.size(0), cache_slots = flat.size(0), bytes = width * rows.element_size();
+  const int64_t tokens = rows.size(0), cache_slots = cache.size(0) * cache.size(1);
   TORCH_CHECK(slots.numel() == tokens && rows.size(1) == kv_heads && rows.size(2) == head_dim,
               "short_step: one slot per token of [tokens, kv_heads, head_dim] rows");
   const int64_t* slot = slots.const_data_ptr<int64_t>();
-  const auto* from = static_cast<const char*>(rows.const_data_ptr());
-  auto* to = static_cast<char*>(flat.mutable_data_ptr());
   for (int64_t t = 0; t < tokens; ++t) {
     TORCH_CHECK(0 <= slot[t] && slot[t] < cache_slots, "short_step: slot ", slot[t], " is outside the cache");
+  }
+  if (halved) {
+    const float* from = rows.const_data_ptr<float>();
+    auto* to = static_cast<c10::Half*>(cache.mutable_data_ptr());
+    for (int64_t t = 0; t < tokens; ++t) to_half(from + t * rows.stride(0), width, to + slot[t] * width);
+    return;
+  }
+  const int64_t bytes = width * rows.element_size();
+  const auto* from = static_cast<const char*>(rows.const_data_ptr());
+  auto* to = static_cast<char*>(cache.mutable_data_ptr());
+  for (int64_t t = 0; t < tokens; ++t) {
     std::memcpy(to + slot[t] * bytes, from + t * rows.stride(0) * rows.element_size(), bytes);
   }
 }
@@ -153,7 +172,7 @@ Tensor short_step(const Tensor& input_ids, const Tensor& embed, const Tensor& co
     auto qkv = linear(h, w[1], bias(0), q_size + 2 * kv_size).split_with_sizes({q_size, kv_size, kv_size}, -1);
     Tensor q = rotate(qkv[0].reshape({tokens_in_step, heads, head_dim}), cos, signed_sin);
     Tensor k = rotate(qkv[1].reshape({tokens_in_step, kv_heads, head_dim}), cos, signed_sin);
-    Tensor v = qkv[2].reshape({tokens_in_step, kv_heads, head_dim}).contiguous();
+    Tensor v = qkv[2].reshape({tokens_in_step, kv_heads, head_dim});  // stored as it lies
     Tensor attended = attend(q, k, v, k_caches[l], v_caches[l], rows, {scales[l], windows[l], sinks.get(l), softcaps[l]});
     h = linear(attended.reshape({tokens_in_step, q_size}), w[2], bias(1), hidden);
     h = norm(h, w[3]);

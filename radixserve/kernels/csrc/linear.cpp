@@ -139,13 +139,18 @@ QuantizedWeight read_quantized(const Tensor& packed) {
                   (activations == kFloatActivations || activations == kInt8Activations),
               "packed GGUF weight: bad header");
   const auto* table = reinterpret_cast<const int64_t*>(base) + kHeaderWords;
+  // a weight is read on every step: a format is looked up once per run of blocks in it
+  int64_t format = -1, block_bytes = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    int64_t group = 0, tile_bytes = 0;
-    TORCH_CHECK(ggml::describe(table[2 * b + 1], group, tile_bytes), "packed GGUF weight: block ", b,
-                " has unknown format ", table[2 * b + 1]);
-    TORCH_CHECK(in % group == 0, "packed GGUF weight: ", in, " inputs are not whole groups of ", group);
+    if (table[2 * b + 1] != format) {
+      int64_t group = 0, tile_bytes = 0;
+      TORCH_CHECK(ggml::describe(table[2 * b + 1], group, tile_bytes), "packed GGUF weight: block ", b,
+                  " has unknown format ", table[2 * b + 1]);
+      TORCH_CHECK(in % group == 0, "packed GGUF weight: ", in, " inputs are not whole groups of ", group);
+      format = table[2 * b + 1], block_bytes = in / group * tile_bytes;
+    }
     const int64_t offset = table[2 * b];
-    TORCH_CHECK(offset >= (kHeaderWords + 2 * blocks) * 8 && offset + in / group * tile_bytes <= size,
+    TORCH_CHECK(offset >= (kHeaderWords + 2 * blocks) * 8 && offset <= size - block_bytes,
                 "packed GGUF weight: block ", b, " lies outside the buffer");
   }
   return {base, table, blocks, in, activations == kInt8Activations};
@@ -169,6 +174,42 @@ struct Int8Rows {
   }
 };
 
+// One block of 32 inputs, finite and not all zero, the scalar loop's arithmetic a vector at a time:
+// the largest magnitude (a maximum is exact in any order), the products by 127 / max rounded to the
+// nearest integer, ties to even (the rounding mode std::nearbyint uses); false, with nothing
+// written, for a block the scalar loop must take (a NaN or infinity, all zeros, 127 / max not finite).
+inline bool quantize_block_vectors(const float* from, int8_t* to, float& scale) {
+#if defined(__AVX2__)
+  const __m256 magnitude_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 infinity = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 values[4], most = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (int v = 0; v < 4; ++v) {
+    values[v] = _mm256_loadu_ps(from + 8 * v);
+    const __m256 magnitude = _mm256_and_ps(values[v], magnitude_mask);
+    finite = _mm256_and_ps(finite, _mm256_cmp_ps(magnitude, infinity, _CMP_LT_OQ));  // false for NaN too
+    most = _mm256_max_ps(most, magnitude);
+  }
+  if (_mm256_movemask_ps(finite) != 0xff) return false;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, most);
+  float largest = 0.f;
+  for (const float lane : lanes) largest = std::max(largest, lane);
+  const float inverse = 127.f / largest;
+  if (!(largest > 0.f) || !std::isfinite(inverse)) return false;
+  scale = static_cast<float>(c10::Half(largest / 127.f));
+  alignas(32) int32_t quants[32];
+  for (int v = 0; v < 4; ++v) {
+    const __m256i rounded = _mm256_cvtps_epi32(_mm256_mul_ps(values[v], _mm256_set1_ps(inverse)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(quants + 8 * v), rounded);
+  }
+  for (int i = 0; i < 32; ++i) to[i] = static_cast<int8_t>(quants[i]);
+  return true;
+#else
+  (void)from, (void)to, (void)scale;
+  return false;
+#endif
+}
+
 Int8Rows quantize_rows(const float* x, int64_t rows, int64_t in) {
   Int8Rows a;
   a.in = in;
@@ -178,19 +219,21 @@ Int8Rows quantize_rows(const float* x, int64_t rows, int64_t in) {
   at::parallel_for(0, rows * in / 32, 64, [&](int64_t first, int64_t end) {
     for (int64_t block = first; block < end; ++block) {
       const float* from = x + block * 32;
-      float most = 0.f;
-      bool finite = true;
-      for (int64_t i = 0; i < 32; ++i) {
-        most = std::max(most, std::fabs(from[i]));
-        finite = finite && std::isfinite(from[i]);
-      }
-      // a NaN or infinite input makes its block's scale NaN, so it reaches the outputs as the fp32
-      // path would carry it; a block too small for 127 / max to be finite scales to fp16 zero anyway
-      const float inverse = 127.f / most;
-      const bool zero = !finite || !(most > 0.f) || !std::isfinite(inverse);
-      a.d[block] = finite ? static_cast<float>(c10::Half(most / 127.f)) : std::numeric_limits<float>::quiet_NaN();
       int8_t* to = a.q.data() + block * 32;
-      for (int64_t i = 0; i < 32; ++i) to[i] = zero ? 0 : static_cast<int8_t>(std::nearbyint(from[i] * inverse));
+      if (!quantize_block_vectors(from, to, a.d[block])) {
+        float most = 0.f;
+        bool finite = true;
+        for (int64_t i = 0; i < 32; ++i) {
+          most = std::max(most, std::fabs(from[i]));
+          finite = finite && std::isfinite(from[i]);
+        }
+        // a NaN or infinite input makes its block's scale NaN, so it reaches the outputs as the fp32
+        // path would carry it; a block too small for 127 / max to be finite scales to fp16 zero anyway
+        const float inverse = 127.f / most;
+        const bool zero = !finite || !(most > 0.f) || !std::isfinite(inverse);
+        a.d[block] = finite ? static_cast<float>(c10::Half(most / 127.f)) : std::numeric_limits<float>::quiet_NaN();
+        for (int64_t i = 0; i < 32; ++i) to[i] = zero ? 0 : static_cast<int8_t>(std::nearbyint(from[i] * inverse));
+      }
       for (int half = 0; half < 2; ++half) {
         int32_t sum = 0;
         for (int64_t i = 0; i < 16; ++i) sum += to[half * 16 + i];
