@@ -12,7 +12,7 @@ import sys
 from radixserve.cli import main
 from radixserve.engine.engine import LLMEngine
 
-log = open(os.environ["STEPLOG"], "w")
+log = open(os.environ["STEPLOG"], "w")  # noqa: SIM115 (open for the server's whole life)
 plain_init = LLMEngine.__init__
 
 
