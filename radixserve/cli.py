@@ -45,13 +45,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default=d.sliding_window_kv,
                    help="models with sliding-window layers (Gemma 3, gpt-oss): window keeps each sequence's last "
                         "window of their K/V as a state, resumed from the prefix cache's checkpoints like a "
-                        "recurrent layer's; all keeps every token's K/V in the paged pool; window-blocks keeps "
-                        "window states and caches the sliding layers' K/V in window blocks of their own, dropped "
-                        "block by block, so a hit resumes at any token; auto: window on CPU, "
+                        "recurrent layer's; all keeps every token's K/V in the paged pool; window-blocks pages the "
+                        "sliding layers' K/V in window blocks of their own, which attention reads in place and "
+                        "the prefix cache drops block by block, so a hit resumes at any token; auto: window on CPU, "
                         "all on CUDA (where states would give up CUDA graphs) (default %(default)s)")
     g.add_argument("--window-blocks", type=int, default=None,
-                   help="--sliding-window-kv window-blocks: blocks of the sliding layers' K/V the prefix cache keeps "
-                        "(default: what as much memory as the KV budget holds)")
+                   help="--sliding-window-kv window-blocks: blocks of the sliding layers' K/V, for the running "
+                        "sequences' windows and the prefix cache (default: what as much memory as the KV budget "
+                        "holds)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="CUDA: fraction of device memory for weights, activations, graphs and the KV pool "
                         "(default %(default)s)")

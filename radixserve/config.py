@@ -21,9 +21,9 @@ STATE_CHECKPOINT_POLICIES = ("branches", "request-ends", "every-block")  # sched
 STATE_EVICTIONS = ("lru", "saved-compute")  # which checkpoint goes first (scheduler/checkpoint_policy.py)
 # window: a sliding-window layer keeps its last window's K/V as a per-sequence state; all: every token's
 # K/V in the paged pool, as a full-attention layer does; auto: window on CPU, all on CUDA, where window
-# states would take the model off CUDA graphs; window-blocks: window states, and the prefix cache keeps the
-# sliding layers' K/V of cached blocks in window blocks it drops block by block (docs/hybrid_cache.md,
-# "Sliding-window layers")
+# states would take the model off CUDA graphs; window-blocks: the sliding layers' K/V paged in window blocks
+# of their own, which attention reads in place and the prefix cache drops block by block (docs/hybrid_cache.md,
+# "Window blocks")
 SLIDING_WINDOW_KV = ("auto", "window", "all", "window-blocks")
 
 
@@ -45,8 +45,8 @@ class EngineConfig:
     state_checkpoints: str = "branches"
     state_eviction: str = "lru"  # lru | saved-compute (recency plus the prefill a checkpoint saves)
     sliding_window_kv: str = "auto"  # SLIDING_WINDOW_KV: where sliding-window layers keep their K/V
-    # --sliding-window-kv window-blocks: window blocks for the sliding layers' K/V of cached blocks. None: what
-    # the KV budget (its MB) holds as well
+    # --sliding-window-kv window-blocks: window blocks for the sliding layers' K/V (the running windows' and
+    # the cached blocks'). None: what the KV budget (its MB) holds as well
     window_blocks: int | None = None
     max_num_batched_tokens: int = 512  # token budget per step: decodes + prefill chunks
     max_num_seqs: int = 256  # running sequences at most

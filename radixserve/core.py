@@ -255,8 +255,6 @@ class Sequence:
     state_backup: int = -1
     # hybrid models: a position its prefill stops at to checkpoint its state there (-1: none), see seq_cache.py
     checkpoint_at: int = -1
-    # window blocks: where its prompt left a cached path whose window K/V was gone there (0: none), see seq_cache.py
-    window_branch: int = 0
     # swapped out: the tree node ending at its computed tokens, whose path it pins in the host tier
     swapped_node: RadixNode | None = None
     finish_reason: str | None = None
@@ -323,7 +321,6 @@ class CopyKind(enum.Enum):
     TO_HOST = "to_host"  # device block -> host block (write-back, swap-out)
     TO_DEVICE = "to_device"  # host block -> device block (load-back, swap-in)
     STATE = "state"  # recurrent-state slot -> slot (hybrid models: restoring or taking a checkpoint, forks)
-    WINDOW = "window"  # window-block rows -> a state slot's windows (a hit resumed from window blocks: `rows`)
     WINDOW_BLOCK = "window_block"  # window block -> window block (copy-on-write of a KV block's companion)
 
 
@@ -332,8 +329,6 @@ class BlockCopy:
     kind: CopyKind
     src: int
     dst: int
-    # WINDOW: the window-store rows (block * block_size + offset) that become slot `dst`'s last rows, oldest first
-    rows: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -354,7 +349,7 @@ class ScheduledSeq:
 class Batch:
     items: list[ScheduledSeq] = field(default_factory=list)
     copies: list[BlockCopy] = field(default_factory=list)  # to run, in order, before the forward
-    # --sliding-window-kv window-blocks: the window block of each KV block the step writes that has one
+    # --sliding-window-kv window-blocks: the window block of each KV block the step reads or writes in a window
     window_blocks: dict[int, int] = field(default_factory=dict)
 
     @property

@@ -5,7 +5,9 @@ workload. Writes OUT/table.md, OUT/policies.png and each run's results.json as O
 Token hit rate is the servers' cached prompt tokens over prompt tokens, every turn; the state memory
 is the engine's state slots times the bytes of one (model/state_cache.StateLayout of the run's model,
 its sliding-window layers as the run's --sliding-window-kv kept them), and with window blocks their
-pool's blocks times a block's bytes too; the KV pool's memory is its blocks times a block's bytes.
+pool's blocks times a block's bytes too (each every sliding layer's K/V of a block); the KV pool's
+memory is its blocks times a block's bytes. Runs from before 2026-12-01 evening, when window blocks
+came with window states, record no `state_slots`: their slots are the options'.
 Tokens per GB of pool: the tokens the radix tree held when the run was over (`bench agent`'s
 `cache_held`) over the state and KV memory together.
 
@@ -44,7 +46,7 @@ def _row(run_dir: Path) -> dict[str, Any]:
         spec = spec.with_window_states()
     states = StateLayout(tuple(spec.recurrents), torch.float32)
     kv = KVLayout(len(spec.paged_attentions), spec.num_kv_heads, spec.head_dim, options["block_size"], torch.float32)
-    slots = options.get("state_slots")
+    slots = held.get("state_slots", options.get("state_slots"))
     if not spec.is_hybrid or cache == "off":
         slots = 0
     elif slots is None:  # the engine's default (engine/sizing.py, CPU): what the KV budget's memory holds
@@ -54,7 +56,7 @@ def _row(run_dir: Path) -> dict[str, Any]:
     label = (f"{run_dir.name}: cache off" if cache == "off" else f"{run_dir.name}: {windows}"
              f"{options.get('state_checkpoints', 'branches')}, {options.get('state_eviction', 'lru')}, {slots} slots")
     window_blocks = held.get("window_blocks", 0)
-    if window_blocks:  # each holds a block of every window-state layer's rows (model/window_store.py)
+    if window_blocks:  # each holds a block of every sliding layer's K/V (cache/window_blocks.py)
         label += f", {window_blocks} window blocks"
     window_mb = window_blocks * options["block_size"] * sum(layer.conv_dim * 4 for layer in states.layers) / 2**20
     state_mb = slots * states.bytes_per_slot / 2**20 + window_mb

@@ -1,13 +1,13 @@
-"""Window blocks: the sliding-window layers' K/V of the paged KV blocks, in a pool of their own, so
-that the prefix cache can drop it block by block while the full-attention layers' K/V stays.
+"""Window blocks: the window group's pool. The sliding-window layers' K/V of a KV block's tokens sit
+in a window block of their own, its **companion**, so that the prefix cache can drop it block by
+block while the full-attention layers' K/V stays.
 
-With `--sliding-window-kv window-blocks` a sliding-window layer attends over its sequence's window
-state, as with `window` (model/window_kv.py), and also writes every new token's K/V rows to the
-window block of the KV block that holds the token, its **companion**. A cached path can then resume
-at any position p whose last `window - 1` tokens all lie in blocks that still have companions:
-their rows, copied into the sequence's window state (`CopyKind.WINDOW`), are exactly the state the
-model left there. No state checkpoints are taken; a hit ends where the KV match ends, or earlier
-where a companion in its window is gone (`restorable`).
+With `--sliding-window-kv window-blocks` a sliding-window layer writes every new token's K/V rows to
+the companion of the KV block holding the token, and attends over its sequence's window by reading
+the companions of the blocks it spans, in place (model/runner.py maps a step's block tables through
+`of_blocks`). A cached path can then resume at any position p whose last `window - 1` tokens all lie
+in blocks that still have companions (`restorable`): they are exactly the K/V the model left there.
+A hit ends where the KV match ends, or earlier where a companion in its window is gone.
 
 Invariants (`check_integrity`):
 - a KV block has at most one companion and a window block belongs to at most one KV block; the
@@ -16,37 +16,48 @@ Invariants (`check_integrity`):
 - a companion holds the rows of every token written to its KV block: it is given only to a fresh
   KV block before any write (`attach`), to a copy-on-write copy as a copy of the source's (`copy`),
   or to a tree block whose every token a sequence computed again in a block of its own, taken
-  from that one (`adopt`).
+  from that one (`adopt`);
+- every block a live sequence's window spans (from `keep` tokens before its next position to the
+  end of its table) has a companion: what its next step reads and writes.
 
 Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cache layer calls
-`make_room`, which drops companions of blocks the radix tree lists (never of a running sequence's
-own blocks, which it is still writing). Tree blocks are never written again (copy-on-write), so
-any of theirs may go. A hit is likeliest at a path's end (a leaf: a reply's end, where the next
-turn resumes, often a little before it) or at a prefix paths share (a node with two children that
-requests took). A companion within a window (and a margin) before such an end is live, as
-recently as that end was used. A branch point one path left behind (where an agent's next turn left
-the reply before it) is no such end, and the tail left there is a leaf no request used since. The
-others go first, the least recently used node first; then the live ones, those of the least
-recently used end first.
+`make_room`, which drops companions of blocks no live sequence's window spans (`windows_in_use`):
+those of the tree's blocks, and those of the sequences' own blocks behind their windows, which
+nothing reads again unless the tree holds them. Those the tree does not list go first. Of the
+tree's, a hit is likeliest at a path's end (a leaf: a reply's end, where the next turn resumes,
+often a little before it) or at a prefix paths share (a node with two children that requests took).
+A companion within a window (and a margin) before such an end is live, as recently as that end was
+used. A branch point one path left behind (where an agent's next turn left the reply before it) is
+no such end, and the tail left there is a leaf no request used since. The others go first, the
+least recently used node first; then the live ones, those of the least recently used end first.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.core import BlockCopy, CopyKind
+from radixserve.core import BlockCopy, CopyKind, Sequence
 
 # how far before a likely end a hit may land and still be worth its window (an agent's next turn
 # leaves its path a little before the reply's end: a tool call's text tokenized otherwise)
 _MARGIN_BLOCKS = 4
 
 
+def least_window_blocks(window: int, block_size: int) -> int:
+    """The fewest window blocks that hold one sequence's window and a new token wherever it lies."""
+    return -(-(window - 1) // block_size) + 2
+
+
 class WindowBlocks:
     def __init__(self, num_blocks: int, window: int, kv_pool: BlockPool) -> None:
         if window < 2:
             raise ValueError(f"window blocks need a window of at least 2 tokens, got {window}")
+        if num_blocks < least_window_blocks(window, kv_pool.block_size):
+            raise ValueError(f"{num_blocks} window blocks cannot hold a window of {window} tokens and a step's "
+                             f"block: at least {least_window_blocks(window, kv_pool.block_size)} are needed")
         self.pool = BlockPool(num_blocks, kv_pool.block_size)
         self.block_size = kv_pool.block_size
         self.keep = window - 1  # the rows before a position that resuming there needs
@@ -75,64 +86,78 @@ class WindowBlocks:
             p = missing * bs  # the window must end before that block
         return 0
 
-    def rows(self, blocks: list[int], end: int) -> tuple[int, ...]:
-        """The window-store rows (window block * block_size + offset) of positions [end - keep, end)
-        (from 0 when that is negative), oldest first: what resuming at `end` copies. A query."""
-        bs = self.block_size
-        return tuple(self.companion[blocks[p // bs]] * bs + p % bs for p in range(max(0, end - self.keep), end))
-
     def of_blocks(self, blocks: list[int]) -> dict[int, int]:
-        """The companions of those of `blocks` that have one (a step's map for its writes). A query."""
+        """The companions of those of `blocks` that have one (a step's map for its windows). A query."""
         companion = self.companion
         return {b: companion[b] for b in blocks if b in companion}
 
+    def longest_chunk(self, start: int) -> int:
+        """The most tokens a step may compute from position `start` on for one sequence whose window
+        and chunk the whole pool holds (at least 1: the pool holds a window and two blocks). A query."""
+        bs = self.block_size
+        first = max(0, start - self.keep) // bs
+        return max(1, (first + self.pool.num_blocks) * bs - start)
+
+    def window_start(self, seq: Sequence) -> int:
+        """The index in `seq`'s table of the first block its window spans: its next step reads from
+        `keep` tokens before its next position on. A query."""
+        return max(0, seq.num_computed - self.keep) // self.block_size
+
+    def windows_in_use(self, readers: Iterable[Sequence]) -> tuple[set[int], list[int]]:
+        """The KV blocks the windows of `readers` (the live sequences) span, whose companions must stay,
+        and their other blocks that have a companion, behind every window. A query."""
+        in_use: set[int] = set()
+        behind: list[int] = []
+        for seq in readers:
+            first = self.window_start(seq)
+            in_use.update(seq.block_table[first:])
+            behind += [b for b in seq.block_table[:first] if b in self.companion]
+        return in_use, [b for b in behind if b not in in_use]
+
     # -- changes ----------------------------------------------------------------------------------
     def attach(self, kv_blocks: list[int]) -> None:
-        """Give fresh KV blocks (nothing written yet) a companion each while free window blocks last;
-        the rest stay without (their window K/V is not cached). Changes the cache."""
-        for b in kv_blocks:
+        """Give fresh KV blocks (nothing written yet) a companion each; the caller made room for them.
+        Changes the cache."""
+        got = self.pool.allocate(len(kv_blocks))
+        assert got is not None, f"{len(kv_blocks)} window blocks wanted, {self.pool.num_free} free: make room first"
+        for b, window_block in zip(kv_blocks, got):
             assert b not in self.companion, f"KV block {b} already has a companion"
-            got = self.pool.allocate(1)
-            if got is None:
-                return
-            self.companion[b] = got[0]
+            self.companion[b] = window_block
 
     def copy(self, src: int, dst: int, copies: list[BlockCopy]) -> None:
-        """`dst`, a fresh KV block, becomes a copy of `src` (copy-on-write): it gets a copy of `src`'s
-        companion when `src` has one and a window block is free, else none. Changes the cache."""
+        """`dst`, a fresh KV block, becomes a copy of `src` (copy-on-write), whose companion it gets a
+        copy of; the caller made room for it. Changes the cache."""
         assert dst not in self.companion, f"KV block {dst} already has a companion"
-        source = self.companion.get(src)
-        if source is None:
-            return
+        source = self.companion[src]  # (a block being written lies in its writer's window: it has one)
         got = self.pool.allocate(1)
-        if got is not None:
-            self.companion[dst] = got[0]
-            copies.append(BlockCopy(CopyKind.WINDOW_BLOCK, source, got[0]))
+        assert got is not None, "no window block free: make room first"
+        self.companion[dst] = got[0]
+        copies.append(BlockCopy(CopyKind.WINDOW_BLOCK, source, got[0]))
 
-    def adopt(self, cached: list[int], own: list[int]) -> int:
+    def adopt(self, cached: list[int], own: list[int], in_use: set[int]) -> int:
         """A sequence computed again tokens the tree holds in blocks without companions (a hit cut back
         before them): where `cached[i]`, the tree's block, has none and `own[i]`, the sequence's full block
-        of the same tokens at the same positions, has one, the tree's block takes it. It holds the
-        window rows of exactly those tokens, and the sequence never reads its own (it attends over its
-        window state). Else a path that lost companions would lose its hits for good. Returns how many
-        moved. Changes the cache."""
+        of the same tokens at the same positions, has one that no live window spans (`in_use`), the
+        tree's block takes it. It holds the window rows of exactly those tokens. Else a path that lost
+        companions would lose its hits for good. Returns how many moved. Changes the cache."""
         moved = 0
         for tree_block, own_block in zip(cached, own):
             if tree_block != own_block and tree_block >= 0 and tree_block not in self.companion \
-                    and own_block in self.companion:
+                    and own_block in self.companion and own_block not in in_use:
                 self.companion[tree_block] = self.companion.pop(own_block)
                 moved += 1
         self.adopted += moved
         return moved
 
-    def make_room(self, needed: int, tree: RadixTree) -> int:
-        """Drop companions of tree blocks until `needed` window blocks are free (or none is left to
-        drop), in the order of the module docstring; returns how many were dropped. Changes the cache."""
+    def make_room(self, needed: int, tree: RadixTree | None, readers: Iterable[Sequence]) -> bool:
+        """Drop companions no window of `readers` (the live sequences) spans until `needed` window
+        blocks are free, in the order of the module docstring; False if they cannot be. Changes the cache."""
         short = needed - self.pool.num_free
         if short <= 0:
-            return 0
+            return True
+        in_use, behind = self.windows_in_use(readers)
         bs, reach = self.block_size, self.keep + self.block_size * _MARGIN_BLOCKS
-        nodes = tree.nodes()
+        nodes = tree.nodes() if tree is not None else []
         live: dict[int, int] = {}  # KV block -> the latest use of a likely end whose window reaches it
         for end in nodes:
             if end.children and sum(1 for c in end.children.values() if c.hits) < 2:
@@ -147,18 +172,22 @@ class WindowBlocks:
         order: dict[int, tuple[int, int]] = {}  # KV block -> its eviction key (lowest goes first)
         for node in nodes:
             for b in node.blocks:
-                if b in self.companion:
+                if b in self.companion and b not in in_use:
                     key = (1, live[b]) if b in live else (0, node.last_access)
                     order[b] = max(order.get(b, key), key)
-        dropped = 0
-        for b in sorted(order, key=order.__getitem__)[:short]:
+        for b in behind:
+            order.setdefault(b, (-1, 0))  # a sequence's own block behind its window that the tree has not
+        victims = sorted(order, key=order.__getitem__)[:short]
+        for b in victims:
             self.pool.decref(self.companion.pop(b))
-            dropped += 1
-        self.evicted += dropped
-        return dropped
+        self.evicted += len(victims)
+        return self.pool.num_free >= needed
 
-    def check_integrity(self) -> None:
-        """Assert the module docstring's invariants. A query."""
+    def check_integrity(self, live: Iterable[Sequence] = ()) -> None:
+        """Assert the module docstring's invariants, the last over `live` (the live sequences). A query."""
+        for seq in live:
+            missing = [b for b in seq.block_table[self.window_start(seq):] if b not in self.companion]
+            assert not missing, f"sequence {seq.seq_id}: blocks {missing[:5]} in its window have no window block"
         owners = Counter(self.companion.values())
         assert all(n == 1 for n in owners.values()), "a window block is the companion of two KV blocks"
         self.pool.check_integrity(owners)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from radixserve.config import DEFAULT_CPU_KV_MB, EngineConfig
 from radixserve.engine.host_tier import host_tier_blocks
 from radixserve.model.runner import ModelRunner
-from radixserve.model.spec import WindowKVSpec
 
 
 @dataclass(frozen=True)
@@ -56,18 +55,18 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
 
 
 def _window_blocks(config: EngineConfig, runner: ModelRunner) -> int:
-    """The window pool: what `--window-blocks` asks, or as much memory as the KV budget holds. Only a
-    model whose every state is a sliding window's can resume from window blocks."""
-    if config.sliding_window_kv != "window-blocks" or not config.enable_prefix_cache:
+    """The window group's pool (`--sliding-window-kv window-blocks`): what `--window-blocks` asks, or as
+    much memory as the KV budget holds. It holds the sliding-window layers' K/V, the cache on or off."""
+    if config.sliding_window_kv != "window-blocks":
         return 0
-    states = runner.state_layout()
-    if states is None or not all(isinstance(layer, WindowKVSpec) for layer in states.layers):
+    layout = runner.window_layout()
+    if layout is None or runner.state_layout() is not None:
         raise ValueError("--sliding-window-kv window-blocks needs a model with sliding-window layers and no "
                          f"recurrent ones; {runner.spec.architecture} has " +
-                         ("none" if states is None else "recurrent layers"))
+                         ("none" if layout is None else "recurrent layers"))
     if config.window_blocks is not None:
         return config.window_blocks
-    return max(1, int((config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB) * 2**20) // runner.window_block_bytes())
+    return max(1, int((config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB) * 2**20) // layout.bytes_per_block)
 
 
 def _state_slots(config: EngineConfig, runner: ModelRunner) -> int:

@@ -168,15 +168,17 @@ class EngineStats:
         return s
 
     def add_states(self, scheduler: Scheduler) -> None:
-        """A hybrid model's state slots and checkpoints (nothing for an attention-only model)."""
+        """A hybrid model's state slots and checkpoints, or the window group's blocks (nothing for a model
+        of paged attention layers only)."""
         states, cache = scheduler.states, scheduler.cache
-        if states is None:
+        if states is None and cache.windows is None:
             return
-        self.state_slots_total, self.state_slots_free = states.num_blocks, states.num_free
         self.state_recomputed_tokens, self.state_checkpoints_taken = cache.recomputed_state_tokens, cache.checkpoints_taken
-        if scheduler.tree is not None:
-            self.state_checkpoints, self.state_checkpoints_evicted = (scheduler.tree.num_checkpoints,
-                                                                      scheduler.tree.checkpoints_evicted)
+        if states is not None:
+            self.state_slots_total, self.state_slots_free = states.num_blocks, states.num_free
+            if scheduler.tree is not None:
+                self.state_checkpoints, self.state_checkpoints_evicted = (scheduler.tree.num_checkpoints,
+                                                                          scheduler.tree.checkpoints_evicted)
         if cache.windows is not None:
             self.window_blocks_total, self.window_blocks_free = cache.windows.pool.num_blocks, cache.windows.pool.num_free
             self.window_blocks_evicted = cache.windows.evicted

@@ -39,7 +39,9 @@ class AttentionMetadata:
     max_seq_len: int = 0
     plans: dict[str, Any] = field(default_factory=dict)  # a backend's launch plans for this step, made once
     state_slots: list[int] = field(default_factory=list)  # [B] hybrid models: each item's recurrent-state slot
-    window_rows: torch.Tensor | None = None  # [T] int64, window blocks on: where each new token's window rows go
+    # window blocks on: the step as the window group's layers see it, its slots and block table in window
+    # blocks (a block outside every item's window may map to the group's scratch block)
+    window: AttentionMetadata | None = None
 
     def __post_init__(self) -> None:
         if not self.max_seq_len and self.seq_lens_host:

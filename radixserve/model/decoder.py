@@ -82,8 +82,10 @@ class Attention(nn.Module):
         a = layer_spec.attention
         assert a is not None
         self.layer = spec.kv_index(layer)  # the KV cache holds paged attention layers only
-        # a window-state layer reads and writes its window's K/V in the state cache instead (model/window_kv.py)
+        # a window-state layer reads and writes its window's K/V in the state cache instead (model/window_kv.py),
+        # a window-group layer in the window group's blocks (through `meta.window`)
         self.state_index = spec.state_index(layer) if a.window_state and a.kv_source is None else None
+        self.window_index = spec.window_index(layer) if a.window_group else None
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.kv_heads_of(a), spec.head_dim_of(a)
         self.q_size, self.kv_size = spec.num_heads * self.head_dim, spec.kv_size_of(a)
         self.scale, self.window, self.softcap = a.scale, a.window, a.softcap
@@ -140,13 +142,10 @@ class Attention(nn.Module):
             if self.kv_key is not None:  # the readers need the windows as they were before this step's rows (a copy)
                 meta.plans[self.kv_key] = (k, v, None if windows is None else windows[meta.state_slots])
             out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap)
-            if kv_cache.windows is not None and meta.window_rows is not None:
-                kv_cache.windows.write(self.state_index, k, v, meta.window_rows)
         else:
             if self.kv_key is not None:
                 meta.plans[self.kv_key] = (k, v, None)
-            out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
-                                  window=self.window, sinks=self.sinks, softcap=self.softcap)
+            out = self._paged(q, k, v, kv_cache, meta, backend)
         out = out.reshape(tokens, self.q_size)
         return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 
@@ -169,9 +168,19 @@ class Attention(nn.Module):
             out = window_attention(q, k, v, windows, meta, self.scale, self.window, self.sinks, self.softcap,
                                    slots=list(range(meta.num_seqs)), update=False)
         else:
-            out = backend.forward(q, k, v, kv_cache.k(self.layer), kv_cache.v(self.layer), meta, self.scale,
-                                  window=self.window, sinks=self.sinks, softcap=self.softcap)
+            out = self._paged(q, k, v, kv_cache, meta, backend)
         return self.o_proj(out.reshape(tokens, self.q_size))
+
+    def _paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata,
+               backend: AttentionBackend) -> torch.Tensor:
+        """Paged attention over this layer's blocks: the KV cache's, or a window-group layer's in the window group."""
+        if self.window_index is None:
+            cache, index, view = kv_cache, self.layer, meta
+        else:
+            assert kv_cache.windows is not None and meta.window is not None, "a window-group layer needs its blocks"
+            cache, index, view = kv_cache.windows, self.window_index, meta.window
+        return backend.forward(q, k, v, cache.k(index), cache.v(index), view, self.scale,
+                               window=self.window, sinks=self.sinks, softcap=self.softcap)
 
 
 class MLP(nn.Module):

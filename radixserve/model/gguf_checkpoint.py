@@ -1046,16 +1046,16 @@ def load_gguf_spec(path: str | Path) -> ModelSpec:
 
 def load_gguf_model(path: str | Path, dtype: torch.dtype, device: torch.device, keep_quantized: bool,
                     load_format: str = "auto", activations: str = "int8",
-                    window_states: bool = False) -> tuple[CausalLM, ModelSpec]:
+                    sliding_window_kv: str = "all") -> tuple[CausalLM, ModelSpec]:
     """The model of a GGUF file: with `keep_quantized` (no dtype was asked for), its quantized
     tensors as they are where the device and kernels run them (`serves_quantized`), taking
     `activations` inputs ("int8" or "float32", ggml_quants.ACTIVATIONS), else every tensor
     dequantized into `dtype` parameters. load_format "dummy" fills the file's shapes with seeded
-    random weights instead. `window_states`: as `loader.load_model`'s."""
+    random weights instead. `sliding_window_kv`: as `loader.load_model`'s."""
     from radixserve.model.loader import fill_dummy_weights
 
     file = GGUFFile(path)  # refuses a file we cannot serve before anything is built or loaded
-    spec = file.spec().with_window_states() if window_states else file.spec()
+    spec = file.spec().with_sliding_window_kv(sliding_window_kv)
     quantized = keep_quantized and serves_quantized("auto", device)
     model = CausalLM(spec, dtype, device)
     if load_format == "dummy":

@@ -1,6 +1,7 @@
 """Physical KV storage: one tensor holding K and V of every attention layer for every block, and for
 a hybrid model the recurrent layers' states by slot beside it (`states`, model/state_cache.py), and
-with window blocks on, the sliding-window layers' rows of cached blocks (`windows`, model/window_store.py).
+with window blocks on, the window group's (`windows`): a KVCache of its own holding the sliding-window
+layers' K/V by window block (cache/window_blocks.py says which KV block each belongs to).
 
 Layout [num_layers, 2, num_blocks + 1, block_size, num_kv_heads, row]; `k(layer)` / `v(layer)`
 are views of shape [num_blocks + 1, block_size, num_kv_heads, row], the layout the attention
@@ -22,7 +23,6 @@ from radixserve.config import KV_CACHE_DTYPES
 from radixserve.model import kv_fp8
 from radixserve.model.device import to_device
 from radixserve.model.state_cache import StateCache
-from radixserve.model.window_store import WindowStore
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, gguf_quantized: bool) -> str:
@@ -82,7 +82,7 @@ class KVCache:
         self.num_blocks = num_blocks
         self.scratch_block = num_blocks
         self.states: StateCache | None = None  # a hybrid model's recurrent states (the runner sets them)
-        self.windows: WindowStore | None = None  # --sliding-window-kv window-blocks (the runner sets them)
+        self.windows: KVCache | None = None  # --sliding-window-kv window-blocks: the window group (the runner sets it)
         self.data = torch.zeros(
             layout.num_layers, 2, num_blocks + 1, layout.block_size, layout.num_kv_heads, layout.row,
             dtype=layout.storage_dtype, device=device,

@@ -28,20 +28,20 @@ _LAYER_PREFIX = "model.layers."
 
 def load_model(
     path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
-    keep_quantized: bool = False, quantized_activations: str = "int8", window_states: bool = False,
+    keep_quantized: bool = False, quantized_activations: str = "int8", sliding_window_kv: str = "all",
 ) -> tuple[CausalLM, ModelSpec]:
     """Build the model of `path`'s config.json. load_format "auto" fills it from the checkpoint;
     "dummy" fills it with seeded random weights of the same shapes (speed tests need no checkpoint).
     A GGUF file keeps its quantized tensors with `keep_quantized` where the CPU kernels run them,
     taking `quantized_activations` inputs (`gguf_checkpoint.load_gguf_model`), else is dequantized
-    into `dtype`. `window_states`: sliding-window layers keep their window's K/V as a state
-    (`ModelSpec.with_window_states`)."""
+    into `dtype`. `sliding_window_kv` (all, window or window-blocks): where sliding-window layers keep
+    their K/V (`ModelSpec.with_sliding_window_kv`)."""
     if is_gguf_path(path):
-        return load_gguf_model(path, dtype, device, keep_quantized, load_format, quantized_activations, window_states)
+        return load_gguf_model(path, dtype, device, keep_quantized, load_format, quantized_activations,
+                               sliding_window_kv)
     root = Path(path)
-    spec = load_spec(root)  # raises for a missing directory, config.json or an unsupported architecture
-    if window_states:
-        spec = spec.with_window_states()
+    # raises for a missing directory, config.json or an unsupported architecture
+    spec = load_spec(root).with_sliding_window_kv(sliding_window_kv)
     if load_format == "dummy":
         model = CausalLM(spec, dtype, device)
         fill_dummy_weights(model)

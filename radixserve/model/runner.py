@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
+import numpy as np
 import torch
 
 from radixserve.core import Batch, BlockCopy, CopyKind
@@ -45,12 +46,11 @@ from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
 from radixserve.model.spec import ModelSpec, load_spec
 from radixserve.model.state_cache import StateCache, StateLayout
-from radixserve.model.window_store import WindowStore
 
 log = logging.getLogger(__name__)
 
 
-_SLOT_SIDE = (CopyKind.STATE, CopyKind.WINDOW, CopyKind.WINDOW_BLOCK)  # copies in the state slots or window blocks
+_SLOT_SIDE = (CopyKind.STATE, CopyKind.WINDOW_BLOCK)  # copies in the state slots or window blocks
 PROMPT_LOGPROB_SLICE = 256  # rows whose full-vocabulary logits exist at once (a 128k vocabulary: 128 MiB)
 
 
@@ -76,16 +76,17 @@ class StepInputs:
     sample_rows: torch.Tensor  # index into the T tokens of each row whose logits are sampled
 
 
-def window_states(sliding_window_kv: str, device: torch.device, spec: ModelSpec) -> bool:
-    """Whether sliding-window layers keep their window's K/V as a state (config.SLIDING_WINDOW_KV): "auto"
-    does on CPU, since a model with states runs every step eagerly and on CUDA that gives up the decode
-    graphs (docs/hybrid_cache.md), and wherever the paged cache could not hold every layer's head shape
-    (Gemma 4), which "all" refuses."""
+def sliding_layout(sliding_window_kv: str, device: torch.device, spec: ModelSpec) -> str:
+    """Where sliding-window layers keep their K/V (config.SLIDING_WINDOW_KV), resolved: "all", "window"
+    or "window-blocks". "auto" is "window" on CPU, since a model with states runs every step eagerly and
+    on CUDA that gives up the decode graphs (docs/hybrid_cache.md), and wherever the paged cache could
+    not hold every layer's head shape (Gemma 4), which "all" refuses; else "all"."""
     if sliding_window_kv == "all" and spec.mixed_head_shapes:
         raise ValueError(f"--sliding-window-kv all: {spec.architecture}'s sliding-window and global layers have "
                          "different head shapes, which one paged pool cannot hold; use window or auto")
-    return sliding_window_kv in ("window", "window-blocks") or sliding_window_kv == "auto" and (
-        device.type != "cuda" or spec.mixed_head_shapes)
+    if sliding_window_kv == "auto":
+        return "window" if device.type != "cuda" or spec.mixed_head_shapes else "all"
+    return sliding_window_kv
 
 
 class ModelRunner:
@@ -102,8 +103,8 @@ class ModelRunner:
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, load_format,
                                            keep_quantized=dtype == "auto" and not enforce_eager,
                                            quantized_activations=quantized_activations,
-                                           window_states=window_states(sliding_window_kv, self.device,
-                                                                       load_spec(model_dir)))
+                                           sliding_window_kv=sliding_layout(sliding_window_kv, self.device,
+                                                                            load_spec(model_dir)))
         cpu_kernels = self.device.type == "cpu" and self._pack_for_cpu(enforce_eager)
         self.backend = make_backend(backend, self.device, cpu_kernel=cpu_kernels)
         # the recurrent layers follow the attention backend: Triton with Triton (CUDA, or the interpreter in
@@ -151,7 +152,9 @@ class ModelRunner:
     @property
     def uses_cuda_graphs(self) -> bool:
         # the torch backend reads host copies of lengths inside its forward, which a graph cannot replay
-        return self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
+        # (window-group layers read the step's window view, which the padded decode buffers have not)
+        return (self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
+                and not self.spec.window_group_attentions)
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
@@ -161,21 +164,23 @@ class ModelRunner:
         """A hybrid model's recurrent-state slot shape; None for a model of attention layers only."""
         return StateLayout(tuple(self.spec.recurrents), self.dtype) if self.spec.is_hybrid else None
 
-    def window_block_bytes(self) -> int:
-        """The bytes of one window block (model/window_store.py): every window-state layer's rows of a block."""
-        layout = self.state_layout()
-        assert layout is not None
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return sum(self.block_size * layer.conv_dim * elem for layer in layout.layers)
+    def window_layout(self) -> KVLayout | None:
+        """The window group's block shape (`--sliding-window-kv window-blocks`): every sliding-window
+        layer's K/V of a block, in the KV cache's dtype; None without a window group."""
+        s = self.spec
+        if not s.window_group_attentions:
+            return None
+        return KVLayout(len(s.window_group_attentions), *s.window_group_shape, self.block_size, self.dtype,
+                        self.kv_cache_dtype)
 
     def allocate_kv_cache(self, num_blocks: int, host_blocks: int = 0, state_slots: int = 0,
                           window_blocks: int = 0) -> None:
         self.kv_cache = KVCache(self.kv_layout(), num_blocks, self.device)
-        layout = self.state_layout()
+        layout, windows = self.state_layout(), self.window_layout()
         if layout is not None:
             self.kv_cache.states = StateCache(layout, state_slots, self.device)
-            if window_blocks:
-                self.kv_cache.windows = WindowStore(self.kv_cache.states, window_blocks, self.block_size, self.device)
+        if windows is not None:
+            self.kv_cache.windows = KVCache(windows, window_blocks, self.device)
         self.host_cache = HostKVCache(self.kv_cache, host_blocks)
         if self.device.type == "cpu" and not self.enforce_eager:
             self.cpu_step = compiled_cpu_step(self.model, self.kv_cache, self.backend, self.ops)
@@ -185,17 +190,15 @@ class ModelRunner:
         assert self.host_cache is not None and self.kv_cache is not None, "allocate_kv_cache first"
         with torch.inference_mode():
             states, windows = self.kv_cache.states, self.kv_cache.windows
-            if states is not None:  # (a hybrid model; no other step has state copies)
-                # slots (and window blocks) and KV blocks are separate storage: only each side's own order matters
+            if states is not None or windows is not None:  # (no other model's steps have such copies)
+                # slots, window blocks and KV blocks are separate storage: only each one's own order matters
                 for c in copies:
                     if c.kind is CopyKind.STATE:
+                        assert states is not None
                         states.copy_slots([c.src], [c.dst])
-                    elif c.kind is CopyKind.WINDOW:
-                        assert windows is not None
-                        windows.restore(states, c.dst, c.rows)
                     elif c.kind is CopyKind.WINDOW_BLOCK:
                         assert windows is not None
-                        windows.copy_block(c.src, c.dst)
+                        windows.copy_blocks([c.src], [c.dst])
                 copies = [c for c in copies if c.kind not in _SLOT_SIDE]
             self.host_cache.apply(copies)
 
@@ -204,6 +207,9 @@ class ModelRunner:
         of the largest step and (unless eager) the decode graphs, all measured before the pool exists."""
         layout = self.kv_layout()
         probe = KVCache(layout, 1, self.device)  # padding-style rows write only its scratch block
+        windows = self.window_layout()
+        if windows is not None:
+            probe.windows = KVCache(windows, 1, self.device)
         activations = peak_bytes(partial(self._probe, probe, max_step_tokens, min(max_step_tokens, max_batch)), self.device)
         largest = capture_sizes(max_batch)[-1]
         graphs = peak_bytes(partial(self._probe, probe, largest, largest), self.device) if self.uses_cuda_graphs else 0
@@ -228,6 +234,8 @@ class ModelRunner:
             block_table=torch.full((tokens, 1), cache.scratch_block, dtype=torch.int32, device=dev),
             query_lens=[1] * tokens, seq_lens_host=[1] * tokens,
         )
+        if cache.windows is not None:  # both scratch blocks have the same index: the same view
+            meta.window = replace(meta, plans={})
         ids = torch.zeros(tokens, dtype=torch.long, device=dev)
         hidden = self.model(ids, ids, cache, meta, self.backend, self.ops)
         self.model.compute_logits(hidden[:sampled_rows])
@@ -235,7 +243,8 @@ class ModelRunner:
     def prepare_decode(self, max_batch: int, max_seq_len: int) -> None:
         """Set up the padded decode path for batches up to `max_batch` (and capture its CUDA graphs)."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
-        if self.enforce_eager or self.spec.is_hybrid:  # recurrent layers read their slots on the eager path
+        # recurrent layers read their slots on the eager path, and window-group layers its window view
+        if self.enforce_eager or self.spec.is_hybrid or self.spec.window_group_attentions:
             return
         self.decoder = PaddedDecoder(max_batch, max_seq_len, self.block_size, self.kv_cache.scratch_block,
                                      self.spec.vocab_size, self.device, self.build_time)
@@ -267,21 +276,20 @@ class ModelRunner:
     def _prepare(self, batch: Batch, pending: PendingInputs | None) -> StepInputs:
         x = build_inputs(batch, self.block_size, pending)
         dev = self.device
+        table = x.block_table_array()
         meta = AttentionMetadata(
             slot_mapping=to_device(x.slots, torch.long, dev),
             cu_seqlens_q=to_device(x.cu_seqlens, torch.int32, dev),
             seq_lens=to_device(x.seq_lens, torch.int32, dev),
             # numpy builds the [B, max blocks] rows several times faster than torch.tensor(list of lists)
-            block_table=torch.from_numpy(x.block_table_array()).to(dev, non_blocking=True),
+            block_table=torch.from_numpy(table).to(dev, non_blocking=True),
             query_lens=x.query_lens,
             seq_lens_host=x.seq_lens,
             state_slots=x.state_slots,
         )
         windows = self.kv_cache.windows if self.kv_cache is not None else None
         if windows is not None:
-            bs, companion, scratch = self.block_size, batch.window_blocks, windows.scratch_row
-            meta.window_rows = to_device([companion[s // bs] * bs + s % bs if s // bs in companion else scratch
-                                          for s in x.slots], torch.long, dev)
+            meta.window = self._window_view(meta, x.slots, table, batch.window_blocks, windows.scratch_block)
         input_ids = to_device(x.token_ids, torch.long, dev)
         if x.pending_at:
             assert pending is not None
@@ -293,6 +301,20 @@ class ModelRunner:
             meta=meta,
             sample_rows=to_device(x.sample_rows, torch.long, dev),
         )
+
+    def _window_view(self, meta: AttentionMetadata, slots: list[int], table: np.ndarray, companion: dict[int, int],
+                     scratch: int) -> AttentionMetadata:
+        """The step as the window group sees it: each KV block through its companion, the window block
+        beside it (the scheduler maps every block an item writes or reads in its window); a block
+        outside every window to the group's scratch block, which no key a query sees lies in."""
+        bs, dev = self.block_size, self.device
+        window_slots = [companion[s // bs] * bs + s % bs for s in slots]
+        assert self.kv_cache is not None
+        lookup = np.full(self.kv_cache.num_blocks + 1, scratch, dtype=np.int32)
+        lookup[list(companion)] = list(companion.values())
+        window_table = lookup[table]
+        return replace(meta, slot_mapping=to_device(window_slots, torch.long, dev),
+                       block_table=torch.from_numpy(window_table).to(dev, non_blocking=True), plans={})
 
     @torch.inference_mode()
     def run(self, batch: Batch, pending: PendingInputs | None = None, asked: RowLogprobs | None = None) -> torch.Tensor:
@@ -343,7 +365,7 @@ class ModelRunner:
             start = end
             try:
                 # a copy: the padded path returns a view of a buffer the next item overwrites
-                out.append(self.run(Batch([item]), pending, sub).clone())
+                out.append(self.run(Batch([item], window_blocks=batch.window_blocks), pending, sub).clone())
                 if sub is not None:
                     parts.append((picks, sub))
             except Exception:

@@ -64,14 +64,19 @@ class AttentionSpec:
     # a window layer whose K/V of the last window - 1 tokens is a per-sequence state (`WindowKVSpec`),
     # not paged blocks: set by `ModelSpec.with_window_states`, never by a config
     window_state: bool = False
+    # a window layer whose K/V is paged in the window group, a pool of its own beside the KV cache's
+    # (cache/window_blocks.py), which attention reads in place: set by `ModelSpec.with_window_group`
+    window_group: bool = False
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm {self.qk_norm!r}; supported: {', '.join(QK_NORMS)}")
         if self.window is not None and self.window < 1:
             raise ValueError(f"sliding window must be >= 1, got {self.window}")
-        if self.window_state and self.window is None:
-            raise ValueError("only a sliding-window layer keeps its K/V as a state")
+        if (self.window_state or self.window_group) and self.window is None:
+            raise ValueError("only a sliding-window layer keeps its K/V as a state or in the window group")
+        if self.window_state and self.window_group:
+            raise ValueError("a sliding-window layer keeps its K/V as a state or in the window group, not both")
         if self.kv_source is not None and (self.value_from_key or self.qkv_bias):
             raise ValueError("a layer reading another's K/V projects no keys or values of its own")
 
@@ -332,7 +337,7 @@ class LayerSpec:
         a, m = self.attention, self.mlp
         return (a is not None and m is not None and self.norms == "pre" and not m.is_moe and m.activation == "silu"
                 and self.recurrent is None and a.key_scale == 1.0 and m.gate_scale == m.down_scale == 1.0
-                and not a.window_state and a.head_dim is None and a.num_kv_heads is None and a.kv_source is None
+                and _paged(a) and a.head_dim is None and a.num_kv_heads is None
                 and not a.value_from_key and not a.value_norm and self.experts_beside is None
                 and a.qk_norm == "none" and a.rope is not None and a.rope.rotary_dim is None
                 and not a.rope.interleaved and not a.sinks and a.softcap is None and not a.output_gate)
@@ -453,9 +458,31 @@ class ModelSpec:
 
     @property
     def paged_attentions(self) -> list[AttentionSpec]:
-        """The attention layers the paged KV cache holds, in order: all but those keeping a window state
-        and those reading another layer's K/V."""
+        """The attention layers the paged KV cache holds, in order: all but those keeping a window state,
+        those in the window group and those reading another layer's K/V."""
         return [a for a in self.attentions if _paged(a)]
+
+    @property
+    def window_group_attentions(self) -> list[AttentionSpec]:
+        """The attention layers whose K/V the window group holds, in order (none reads another's)."""
+        return [a for a in self.attentions if a.window_group and a.kv_source is None]
+
+    @property
+    def window_group_shape(self) -> tuple[int, int]:
+        """(kv heads, head_dim) of every layer the window group holds: one tensor holds them all."""
+        shapes = {(self.kv_heads_of(a), self.head_dim_of(a)) for a in self.window_group_attentions}
+        if len(shapes) != 1:
+            raise ValueError(f"the window group holds layers of head shapes {sorted(shapes)}: one pool holds one shape")
+        return shapes.pop()
+
+    def window_index(self, layer: int) -> int:
+        """Where window-group layer `layer`'s K/V sit in the window group; a layer reading another's, the other's."""
+        a = self.layers[layer].attention
+        assert a is not None and a.window_group
+        if a.kv_source is not None:
+            return self.window_index(a.kv_source)
+        return sum(1 for earlier in self.layers[:layer] if earlier.attention is not None
+                   and earlier.attention.window_group and earlier.attention.kv_source is None)
 
     @property
     def paged_kv_shape(self) -> tuple[int, int]:
@@ -470,7 +497,8 @@ class ModelSpec:
     @property
     def mixed_head_shapes(self) -> bool:
         """Its layers projecting K/V differ in head shape, so only some can be paged (Gemma 4's global
-        layers are wider than its sliding ones): the sliding ones must keep window states."""
+        layers are wider than its sliding ones): the sliding ones must keep window states or be in the
+        window group."""
         return len({(self.kv_heads_of(a), self.head_dim_of(a)) for a in self.attentions if a.kv_source is None}) > 1
 
     def kv_index(self, layer: int) -> int:
@@ -505,11 +533,25 @@ class ModelSpec:
         (`--sliding-window-kv window`, docs/hybrid_cache.md). Itself if it has no such layer, or no
         other: a model windowed everywhere (Mistral v0.1, Phi-3 mini) keeps paged blocks, which the radix
         tree needs at least one layer of."""
+        return self._with_windows(state=True)
+
+    def with_window_group(self) -> ModelSpec:
+        """This model with every sliding-window attention layer's K/V paged in the window group
+        (`--sliding-window-kv window-blocks`, docs/hybrid_cache.md). Itself where `with_window_states` is."""
+        return self._with_windows(state=False)
+
+    def with_sliding_window_kv(self, layout: str) -> ModelSpec:
+        """`layout`, a resolved `--sliding-window-kv` (all, window or window-blocks): this model with its
+        sliding-window layers' K/V kept that way."""
+        return {"all": self, "window": self.with_window_states(), "window-blocks": self.with_window_group()}[layout]
+
+    def _with_windows(self, state: bool) -> ModelSpec:
+        """Every sliding-window layer's K/V as a window state (`state`) or in the window group."""
         windows = [a.window is not None for a in self.attentions]
         if all(windows) or not any(windows):
             return self
         layers = tuple(layer if layer.attention is None or layer.attention.window is None
-                       else replace(layer, attention=replace(layer.attention, window_state=True))
+                       else replace(layer, attention=replace(layer.attention, window_state=state, window_group=not state))
                        for layer in self.layers)
         return replace(self, layers=layers)
 
@@ -538,7 +580,7 @@ class ModelSpec:
 
 
 def _paged(attention: AttentionSpec) -> bool:
-    return not attention.window_state and attention.kv_source is None
+    return not attention.window_state and not attention.window_group and attention.kv_source is None
 
 
 def load_spec(path: str | Path) -> ModelSpec:

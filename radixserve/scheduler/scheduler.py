@@ -112,7 +112,8 @@ class Scheduler:
         self.swaps_in = 0
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
         self.cache = SequenceCache(pool, tree, states, CheckpointPolicy(config.state_checkpoints, pool.block_size,
-                                                                          config.state_eviction), windows)
+                                                                          config.state_eviction), windows,
+                                   readers=self.live_sequences)
         self.states = states  # a hybrid model's recurrent-state slots (seq_cache.py); None: attention only
         # state copies decided after a step's forward was queued (checkpoints, forks): the next step runs them first
         self.pending_copies: list[BlockCopy] = []
@@ -378,7 +379,7 @@ class Scheduler:
     def _should_swap(self, seq: Sequence) -> bool:
         if self.tree is None or self.tree.host_pool is None or self.config.preemption_mode == "recompute":
             return False
-        if self.states is not None:  # its working state becomes a checkpoint (or its window blocks restore it)
+        if self.states is not None:  # its working state becomes a checkpoint
             return False
         if self.config.preemption_mode == "swap":
             return True
@@ -586,7 +587,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         check_integrity(self.live_sequences(), self.pool, self.tree, self.held_prefixes, self.states)
         if self.cache.windows is not None:
-            self.cache.windows.check_integrity()
+            self.cache.windows.check_integrity(self.live_sequences())
 
     def leaked_blocks(self) -> int:
         return leaked_blocks(self.live_sequences(), self.pool, self.tree, self.states)

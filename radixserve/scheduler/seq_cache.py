@@ -21,13 +21,15 @@ slots run out the tree drops one (`RadixTree.evict_checkpoint`). A sequence veri
 holds a copy of its state from before them (`back_up_state`): when the verification rejects any, the
 state goes back to it and the kept tokens are computed again (`restore_state`).
 
-Window blocks (`windows` set, `--sliding-window-kv window-blocks`, cache/window_blocks.py): a model
-whose states are all sliding windows takes no checkpoints. Each fresh KV block a sequence will write
-gets a window block beside it, which the model fills with the sliding layers' rows of its tokens
-(copy-on-write copies it too; where the tree holds the same tokens in a block without one, that block
-takes it). A hit resumes where the match ends, or before the first position
-whose window reaches a block without one (its K/V past there is recomputed and counted in
-`recomputed_state_tokens`), and the window rows are copied into the working slot.
+Window blocks (`windows` set, `--sliding-window-kv window-blocks`, cache/window_blocks.py): the
+sliding-window layers' K/V sit in window blocks, one beside each KV block whose tokens a window still
+reads or the tree may resume from. Each fresh KV block a sequence will write gets one, which the model
+fills with the sliding layers' rows of its tokens and reads in place (copy-on-write copies it too;
+where the tree holds the same tokens in a block without one, that block takes it). Making room for
+them drops those no live sequence's window spans (`readers`); a step they cannot be found for fails
+like one short of KV blocks. A hit resumes where the match ends, or before the first position whose
+window reaches a block without one (its K/V past there is recomputed and counted in
+`recomputed_state_tokens`).
 
 Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
 pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
@@ -36,6 +38,8 @@ the scheduler is building (`Batch.copies`), so all of a step's copies keep the o
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import Match, RadixNode, RadixTree, common_prefix_len
@@ -46,13 +50,14 @@ from radixserve.scheduler.checkpoint_policy import CheckpointPolicy
 
 class SequenceCache:
     def __init__(self, pool: BlockPool, tree: RadixTree | None, states: BlockPool | None = None,
-                 policy: CheckpointPolicy | None = None, windows: WindowBlocks | None = None) -> None:
+                 policy: CheckpointPolicy | None = None, windows: WindowBlocks | None = None,
+                 readers: Callable[[], Iterable[Sequence]] = tuple) -> None:
         self.pool = pool
         self.tree = tree
         self.states = states  # a hybrid model's recurrent-state slots; None: attention layers only
-        self.windows = windows  # window blocks (then every state is a sliding window's, and none is checkpointed)
-        # a hybrid resumes hits at state checkpoints, unless window blocks restore its states at any token
-        self.checkpoints = states is not None and windows is None
+        self.windows = windows  # the window group's pool (sliding-window layers' K/V); None: no such group
+        self.readers = readers  # the live sequences (the scheduler's): whose windows' blocks must stay
+        self.checkpoints = states is not None  # a hybrid resumes hits at state checkpoints
         self.policy = policy or CheckpointPolicy(interval=pool.block_size)
         self.block_size = pool.block_size
         self.recomputed_state_tokens = 0  # cached K/V recomputed because no checkpoint was at the match's end
@@ -140,14 +145,14 @@ class SequenceCache:
             self._release_state(seq)
             return None
         if self.windows is not None:
-            match = self._resume_windows(seq, wanted, match, copies)
+            match = self._resume_windows(seq, wanted, match)
         elif self.states is not None and match.length:
             if match.node.state < 0:  # not all of it could stay on the device: resume from scratch
                 match = self.tree.match([], namespace=seq.namespace)
             else:
                 copies.append(BlockCopy(CopyKind.STATE, match.node.state, seq.state_slot))
                 self.tree.resumed_from(match.node)
-        if self.states is not None:
+        if self.checkpoints:
             self.recomputed_state_tokens += max(0, cached - match.length)
         self.tree.lock(match.node)
         self.tree.record_hit(match)
@@ -158,20 +163,15 @@ class SequenceCache:
         pinned = sum(min(n.end, match.length) - n.start for n in match.path if n.hold_count)
         return match.length, max(0, match.length - on_device), pinned
 
-    def _resume_windows(self, seq: Sequence, wanted: list[int], match: Match, copies: list[BlockCopy]) -> Match:
-        """Window blocks: cut `match` back to where its window blocks can restore the sliding layers'
-        windows and queue the copy of their rows into the sequence's working slot. Changes the cache."""
+    def _resume_windows(self, seq: Sequence, wanted: list[int], match: Match) -> Match:
+        """Window blocks: cut `match` back to where its window blocks hold the sliding layers' windows.
+        Reads the cache."""
         assert self.tree is not None and self.windows is not None
         on_device = match.length - match.host_tokens
         resume = self.windows.restorable(match.blocks, on_device)
         self.recomputed_state_tokens += match.length - resume
         if resume < match.length:
-            # the path's end is a likely hit again (a branch point): the blocks this sequence computes
-            # before it are worth window blocks, which the tree's blocks take over (`_adopt_windows`)
-            seq.window_branch = match.length
             match = self.tree.match(wanted[:resume], namespace=seq.namespace)
-        if resume:
-            copies.append(BlockCopy(CopyKind.WINDOW, 0, seq.state_slot, self.windows.rows(match.blocks, resume)))
         return match
 
     def _restorable(self, seq: Sequence, tokens: list[int]) -> tuple[list[int], int, RadixNode | None]:
@@ -212,7 +212,10 @@ class SequenceCache:
 
     def cut_at_checkpoint(self, seq: Sequence, n: int) -> int:
         """How many of the next n tokens a prefill chunk of `seq` takes: it stops where the policy
-        checkpoints next, which becomes its `checkpoint_at`. Changes the sequence's plan only."""
+        checkpoints next, which becomes its `checkpoint_at`; with window blocks, where the window pool
+        could no longer hold its window and chunk together. Changes the sequence's plan only."""
+        if self.windows is not None:
+            n = min(n, self.windows.longest_chunk(seq.num_computed))
         if not self.checkpoints:
             return n
         seq.checkpoint_at = self.policy.next_stop(seq.num_computed, seq.checkpoint_at, len(seq.token_ids))
@@ -271,10 +274,10 @@ class SequenceCache:
             shared, fresh = False, self._allocate(missing, copies)
         if fresh is None:
             return False
-        windows, worth = self.windows, []
-        if windows is not None and self.tree is not None:
-            worth = self._worth_windows(seq, len(table), len(fresh) - shared)
-            windows.make_room(sum(worth) + shared, self.tree)
+        windows = self.windows
+        if windows is not None and not windows.make_room(len(fresh), self.tree, self._readers(seq)):
+            self.pool.release(fresh)  # (fresh: nothing refers to them yet)
+            return False
         if shared:
             dst = fresh.pop()
             src = table[first]
@@ -287,42 +290,35 @@ class SequenceCache:
             else:
                 self.pool.decref(dst)
         if windows is not None:
-            # blocks near a likely hit first (room was made for them), then the others while blocks are free
-            windows.attach([b for b, w in zip(fresh, worth) if w])
-            windows.attach([b for b, w in zip(fresh, worth) if not w])
+            windows.attach(fresh)
         table.extend(fresh)
         return True
 
-    def _worth_windows(self, seq: Sequence, first: int, count: int) -> list[bool]:
-        """Window blocks: of `count` fresh blocks at indices `first`.. of `seq`'s table, which are worth
-        making room for: those within a window before where a hit is likely, the end of its tokens so
-        far (a reply's end, a prompt's, where a next turn resumes) or the branch it left a cached path
-        at (`window_branch`). A long prompt's other blocks take window blocks only while some are free,
-        or one prefill would evict every other path's windows. A query."""
-        assert self.windows is not None
-        bs = self.block_size
-        reach = self.windows.keep + bs
-        end, branch = len(seq.token_ids), seq.window_branch
-        return [(i + 1) * bs > end - reach or (branch > 0 and branch - reach < (i + 1) * bs and i * bs < branch)
-                for i in range(first, first + count)]
+    def _readers(self, seq: Sequence) -> list[Sequence]:
+        """The live sequences, `seq` among them (one being admitted may not be listed yet). A query."""
+        readers = list(self.readers())
+        return readers if any(r is seq for r in readers) else readers + [seq]
 
-    def _adopt_windows(self, seq: Sequence, length: int) -> None:
+    def _adopt_windows(self, seq: Sequence, length: int, leaving: bool = False) -> None:
         """Window blocks: the tree's blocks of `seq`'s first `length` tokens that have no companion take
-        those of the sequence's own full blocks of the same tokens (`WindowBlocks.adopt`). Changes the cache."""
+        those of the sequence's own full blocks of the same tokens that no live window spans (`seq`'s
+        too, unless it is `leaving`) (`WindowBlocks.adopt`). Changes the cache."""
         if self.windows is None or self.tree is None:
             return
         full = length // self.block_size
         cached = self.tree.match(seq.token_ids[:full * self.block_size], split=False, namespace=seq.namespace)
-        self.windows.adopt(cached.blocks[:full], seq.block_table[:full])
+        readers = [r for r in self._readers(seq) if not (leaving and r is seq)]
+        self.windows.adopt(cached.blocks[:full], seq.block_table[:full], self.windows.windows_in_use(readers)[0])
 
     def map_windows(self, batch: Batch) -> None:
-        """Window blocks: tell the step which window block each KV block it writes has. Changes the step only."""
+        """Window blocks: tell the step which window block each KV block its items read or write in their
+        windows has. Changes the step only."""
         if self.windows is None:
             return
-        bs, blocks = self.block_size, []
+        bs, keep, blocks = self.block_size, self.windows.keep, []
         for item in batch.items:
             table = item.seq.block_table
-            blocks += table[item.start // bs:(item.start + item.num_tokens - 1) // bs + 1]
+            blocks += table[max(0, item.start - keep) // bs:(item.start + item.num_tokens - 1) // bs + 1]
         batch.window_blocks = self.windows.of_blocks(blocks)
 
     def loosen_lock(self, seq: Sequence) -> bool:
@@ -372,7 +368,7 @@ class SequenceCache:
         swapped = False
         if self.tree is not None and computed > 0:
             node = self.tree.insert(seq.token_ids[:computed], seq.block_table, namespace=seq.namespace)
-            self._adopt_windows(seq, computed)
+            self._adopt_windows(seq, computed, leaving=True)
             moved = self.tree.swap_out(node) if copies is not None and seq.swapped_node is None else None
             if moved is not None and copies is not None:
                 copies.extend(moved)

@@ -184,14 +184,16 @@ def cache_held(engine: Any) -> dict[str, Any]:
     states = runner.state_layout()
     kv_bytes = stats.blocks_cached * runner.kv_layout().bytes_per_block
     state_bytes = stats.state_checkpoints * (states.bytes_per_slot if states is not None else 0)
-    window_bytes = ((stats.window_blocks_total - stats.window_blocks_free) * runner.window_block_bytes()
-                    if stats.window_blocks_total else 0)
+    window_layout = runner.window_layout()
+    window_bytes = ((stats.window_blocks_total - stats.window_blocks_free) * window_layout.bytes_per_block
+                    if window_layout is not None else 0)
     held = kv_bytes + state_bytes + window_bytes
     windows = [a for a in runner.spec.attentions if a.window is not None]
-    layout = (None if not windows else "window-blocks" if stats.window_blocks_total else
+    layout = (None if not windows else "window-blocks" if windows[0].window_group else
               "window" if windows[0].window_state else "all")
     return {"tree_tokens": stats.tree_tokens, "kv_bytes": kv_bytes, "state_bytes": state_bytes,
             "window_bytes": window_bytes, "window_blocks": stats.window_blocks_total,
+            "state_slots": stats.state_slots_total,
             "checkpoints": stats.state_checkpoints, "tokens_per_gb": stats.tree_tokens / (held / 1e9) if held else 0.0,
             "sliding_window_kv": layout}
 

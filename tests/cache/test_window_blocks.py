@@ -1,17 +1,21 @@
-"""Window blocks (cache/window_blocks.py): which positions a path can resume at, the rows a resume
-copies, companions following their KV blocks (freed, copied on write), eviction order, and a
-hypothesis state machine over KV blocks, the tree and the window pool with `check_integrity` after
-every step."""
+"""Window blocks (cache/window_blocks.py): which positions a path can resume at, companions following
+their KV blocks (freed, copied on write, adopted), eviction order and the windows it never touches, the
+longest chunk a pool holds, and a hypothesis state machine over sequences' windows, the tree and the
+window pool with `check_integrity` after every step."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixserve.cache.block_pool import BlockPool
 from radixserve.cache.radix_tree import RadixTree
-from radixserve.cache.window_blocks import WindowBlocks
+from radixserve.cache.window_blocks import WindowBlocks, least_window_blocks
 from radixserve.core import BlockCopy, CopyKind
 
 BS = 4
@@ -28,8 +32,6 @@ def test_a_path_resumes_where_every_block_of_its_window_has_a_companion() -> Non
     assert blocks is not None
     windows.attach(blocks)
     assert windows.restorable(blocks, 15) == 15
-    assert windows.rows(blocks, 7) == tuple(windows.companion[blocks[p // BS]] * BS + p % BS for p in range(2, 7))
-    assert windows.rows(blocks, 3) == tuple(windows.companion[blocks[0]] * BS + p for p in range(3))
     windows.pool.decref(windows.companion.pop(blocks[1]))  # block 1 (positions 4-7) loses its window K/V
     assert windows.restorable(blocks, 15) == 15  # the window [10, 15) lies in blocks 2 and 3
     assert windows.restorable(blocks, 12) == 4  # [7, 12) reaches block 1: resume before it
@@ -39,26 +41,42 @@ def test_a_path_resumes_where_every_block_of_its_window_has_a_companion() -> Non
     windows.check_integrity()
 
 
+def reader(blocks: list[int], computed: int, seq_id: int = 0) -> Any:
+    """A live sequence as the window pool sees it: its table and how far it computed."""
+    return SimpleNamespace(block_table=blocks, num_computed=computed, seq_id=seq_id)
+
+
 def test_companions_go_with_their_kv_blocks_and_copies_copy_them() -> None:
-    pool, windows = pools(kv=8, window_blocks=2)
+    pool, windows = pools(kv=8, window_blocks=4)
     blocks = pool.allocate(3)
     assert blocks is not None
     windows.attach(blocks)
-    assert sorted(windows.companion) == blocks[:2]  # the pool ran out: the third has none
+    with pytest.raises(AssertionError, match="make room first"):
+        windows.attach(pool.allocate(2) or [])
     copies: list[BlockCopy] = []
     pool.decref(blocks[0])  # freed: its companion with it
-    assert blocks[0] not in windows.companion and windows.pool.num_free == 1
+    assert blocks[0] not in windows.companion and windows.pool.num_free == 2
     dst = pool.allocate(2)
     assert dst is not None
     windows.copy(blocks[1], dst[0], copies)
     assert copies == [BlockCopy(CopyKind.WINDOW_BLOCK, windows.companion[blocks[1]], windows.companion[dst[0]])]
-    windows.copy(blocks[2], dst[1], copies)  # a source without one: the copy has none either
-    assert dst[1] not in windows.companion and len(copies) == 1
-    # blocks[2] (no companion) holds tokens a sequence computed again in dst[0]: it takes dst[0]'s
-    assert windows.adopt([blocks[1], blocks[2]], [blocks[1], dst[0]]) == 1
+    windows.pool.decref(windows.companion.pop(blocks[2]))  # blocks[2] lost its window K/V
+    # it holds tokens a sequence computed again in dst[0]: it takes dst[0]'s, unless a window spans dst[0]
+    assert windows.adopt([blocks[2]], [dst[0]], in_use={dst[0]}) == 0
+    assert windows.adopt([blocks[1], blocks[2]], [blocks[1], dst[0]], in_use=set()) == 1
     assert blocks[2] in windows.companion and dst[0] not in windows.companion
-    assert windows.adopt([blocks[2]], [dst[1]]) == 0  # it has one now; dst[1] has none
     windows.check_integrity()
+
+
+def test_the_longest_chunk_is_what_the_pool_holds_beside_the_window() -> None:
+    pool, windows = pools(kv=8, window_blocks=least_window_blocks(6, BS), window=6)  # keep 5: 2 + 2 blocks
+    assert windows.pool.num_blocks == 4
+    assert windows.longest_chunk(0) == 16  # no window yet: four blocks of chunk
+    assert windows.longest_chunk(5) == 11  # the window [0, 5) is block 0: [5, 16)
+    assert windows.longest_chunk(7) == 9  # [2, 7) spans blocks 0 and 1: [7, 16)
+    assert windows.longest_chunk(10) == 10  # [5, 10) starts in block 1: [10, 20)
+    with pytest.raises(ValueError, match="at least 4 are needed"):
+        pools(window_blocks=3, window=6)
 
 
 def _cached(pool: BlockPool, windows: WindowBlocks, tree: RadixTree, tokens: list[int], shared: list[int]) -> list[int]:
@@ -83,13 +101,28 @@ def test_room_is_made_first_from_blocks_no_likely_hit_reads() -> None:
     def kept(blocks: list[int]) -> list[bool]:
         return [x in windows.companion for x in blocks]
 
-    windows.make_room(windows.pool.num_free + 4, tree)  # no end's window reaches them: a's, older
+    assert windows.make_room(windows.pool.num_free + 4, tree, ())  # no end's window reaches them: a's, older
     assert kept(a) == [False] * 4 + [True] * 6 and kept(b) == [True] * 10
-    windows.make_room(windows.pool.num_free + 4, tree)
+    windows.make_room(windows.pool.num_free + 4, tree, ())
     assert kept(b) == [False] * 4 + [True] * 6
-    windows.make_room(windows.pool.num_free + 6, tree)  # then the windows of the least recently used end
+    windows.make_room(windows.pool.num_free + 6, tree, ())  # then the windows of the least recently used end
     assert kept(a) == [False] * 10 and kept(b) == [False] * 4 + [True] * 6
     windows.check_integrity()
+
+
+def test_room_is_never_made_from_a_live_window() -> None:
+    pool, windows = pools(kv=40, window_blocks=40, window=9)  # keep 8
+    tree = RadixTree(pool)
+    a = _cached(pool, windows, tree, [1] + [0] * 39, [])
+    for b in a:
+        pool.incref(b)
+    live = reader(a, 30)  # a sequence that took a's path and computed 30 of it: its window is [22, 30)
+    assert not windows.make_room(40, tree, [live])  # its window's blocks 5 to 9 stay (the table's end too)
+    assert [b in windows.companion for b in a] == [False] * 5 + [True] * 5
+    windows.check_integrity([live])
+    live.num_computed = 40  # moved on: block 5 is behind its window now
+    assert windows.make_room(36, tree, [live]) and a[5] not in windows.companion
+    pool.release(a)
 
 
 def test_a_branch_point_one_path_left_is_not_a_likely_end() -> None:
@@ -101,66 +134,88 @@ def test_a_branch_point_one_path_left_is_not_a_likely_end() -> None:
     second = _cached(pool, windows, tree, turn[:20] + [6] * 40, first[:5])
     tree.record_hit(tree.match(turn[:20] + [6] * 40))
     short = windows.pool.num_free + len(windows.companion)
-    windows.make_room(short - 6, tree)  # six kept: the newest end's (60) window and margin, and nothing else
+    windows.make_room(short - 6, tree, ())  # six kept: the newest end's (60) window and margin, and nothing else
     assert [b in windows.companion for b in second] == [False] * 9 + [True] * 6
     windows.check_integrity()
 
 
 class WindowBlocksMachine(RuleBasedStateMachine):
-    """Sequences' private blocks, blocks cached in the tree, copies on write and evictions, in any order."""
+    """Sequences computing into blocks with companions (taking cached paths, copying a shared block on
+    write, moving on, finishing into the tree), and evictions, in any order: every live window keeps
+    its companions."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool, self.windows = pools(kv=24, window_blocks=10, window=7)
+        self.pool, self.windows = pools(kv=24, window_blocks=10, window=7)  # keep 6
         self.tree = RadixTree(self.pool)
-        self.private: list[int] = []
-        self.cached = 0
+        self.live: list[Any] = []
+        self.finished = 0
 
-    @rule(n=st.integers(1, 4))
-    def allocate(self, n: int) -> None:
+    def _fresh(self, n: int, seq: Any) -> list[int] | None:
         if self.pool.num_free < n:
             self.tree.evict(n - self.pool.num_free)
         fresh = self.pool.allocate(n)
-        if fresh is not None:
-            self.windows.make_room(n, self.tree)
-            self.windows.attach(fresh)
-            self.private += fresh
+        if fresh is not None and not self.windows.make_room(n, self.tree, self.live + [seq]):
+            self.pool.release(fresh)
+            return None
+        return fresh
 
-    @precondition(lambda self: self.private)
+    @rule(n=st.integers(1, 3), resume=st.booleans())
+    def start(self, n: int, resume: bool) -> None:
+        seq = reader([], 0, seq_id=len(self.live) + 100 * self.finished)
+        if resume and self.finished:  # take a cached path where its window can resume
+            match = self.tree.match([1] + [0] * (2 * BS - 2))
+            at = self.windows.restorable(match.blocks, match.length)
+            seq.block_table, seq.num_computed = list(match.blocks[:-(-at // BS)]), at
+            for b in seq.block_table:
+                self.pool.incref(b)
+        fresh = self._fresh(n, seq)
+        if fresh is None:
+            self.pool.release(seq.block_table)
+            return
+        self.windows.attach(fresh)
+        seq.block_table += fresh
+        self.live.append(seq)
+
+    @precondition(lambda self: self.live)
     @rule(data=st.data())
-    def free_one(self, data: st.DataObject) -> None:
-        self.pool.decref(self.private.pop(data.draw(st.integers(0, len(self.private) - 1))))
+    def advance(self, data: st.DataObject) -> None:
+        seq = self.live[data.draw(st.integers(0, len(self.live) - 1))]
+        seq.num_computed = min(seq.num_computed + data.draw(st.integers(1, BS)), len(seq.block_table) * BS)
+        last = (seq.num_computed - 1) // BS if seq.num_computed else 0
+        if seq.block_table and self.pool.refcount[seq.block_table[last]] > 1:  # written: copied first
+            dst = self._fresh(1, seq)
+            if dst is not None:
+                copies: list[BlockCopy] = []
+                self.windows.copy(seq.block_table[last], dst[0], copies)
+                self.pool.decref(seq.block_table[last])
+                seq.block_table[last] = dst[0]
+        if len(seq.block_table) * BS == seq.num_computed:
+            grown = self._fresh(1, seq)
+            if grown is not None:
+                self.windows.attach(grown)
+                seq.block_table += grown
 
-    @precondition(lambda self: self.private)
+    @precondition(lambda self: self.live)
     @rule(data=st.data())
-    def copy_on_write(self, data: st.DataObject) -> None:
-        src = self.private[data.draw(st.integers(0, len(self.private) - 1))]
-        dst = self.pool.allocate(1)
-        if dst is not None:
-            copies: list[BlockCopy] = []
-            self.windows.copy(src, dst[0], copies)
-            assert len(copies) == int(dst[0] in self.windows.companion)
-            self.private.append(dst[0])
-
-    @precondition(lambda self: len(self.private) >= 2)
-    @rule()
-    def cache_two(self) -> None:
-        blocks = self.private[:2]
-        self.cached += 1
-        self.tree.insert([self.cached] + [0] * (2 * BS - 1), blocks)
-        for b in blocks:
-            self.pool.decref(b)
-        del self.private[:2]
+    def finish(self, data: st.DataObject) -> None:
+        seq = self.live.pop(data.draw(st.integers(0, len(self.live) - 1)))
+        full = seq.num_computed // BS
+        if full:
+            self.finished += 1
+            self.tree.insert([1] + [0] * (full * BS - 1), seq.block_table[:full])
+        self.pool.release(seq.block_table)
 
     @rule(n=st.integers(1, 10))
     def make_room(self, n: int) -> None:
-        self.windows.make_room(n, self.tree)
-        tree_blocks = set(self.tree.block_refs())
-        assert self.windows.pool.num_free >= n or all(b not in tree_blocks for b in self.windows.companion)
+        if not self.windows.make_room(n, self.tree, self.live):
+            in_use, behind = self.windows.windows_in_use(self.live)
+            tree_blocks = set(self.tree.block_refs())
+            assert all(b in in_use or b not in tree_blocks and b not in behind for b in self.windows.companion)
 
     @invariant()
     def consistent(self) -> None:
-        self.windows.check_integrity()
+        self.windows.check_integrity(self.live)
         self.tree.check_integrity()
 
 

@@ -19,6 +19,7 @@ from test_families import make as make_family
 from tiny_models import HYBRID_CONFIGS, hf_model, tiny_model_dir
 
 from radixserve import LLM, BeamSearchParams, SamplingParams
+from radixserve.cache.window_blocks import least_window_blocks
 from radixserve.core import Batch
 from radixserve.kernels.cpu_extension import loaded_or_explained
 from radixserve.model.delta_net import GatedDeltaNet
@@ -166,9 +167,9 @@ class FailsAfterRunning:
         return getattr(self.inner, name)
 
 
-@pytest.mark.parametrize("arch, sliding_window_kv", [(a, "window") for a in ARCHS] + [("gemma3", "window-blocks")])
-def test_a_failed_hybrid_forward_fails_its_batch_and_leaves_no_wrong_state(arch: str, sliding_window_kv: str) -> None:
-    llm = make(arch, sliding_window_kv=sliding_window_kv)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_failed_hybrid_forward_fails_its_batch_and_leaves_no_wrong_state(arch: str) -> None:
+    llm = make(arch)
     prompts = random_prompts([9, 14], seed=51)
     check(arch, llm, prompts)  # cached, with a checkpoint at each reply's end
     llm.engine.runner = FailsAfterRunning(llm.engine.runner)  # type: ignore[assignment]
@@ -221,6 +222,7 @@ WINDOW_BLOCK_ARCHS = ["gemma2", "gemma3", "gemma4", "gpt_oss", "olmo3"]
 @pytest.mark.parametrize("arch", WINDOW_BLOCK_ARCHS)
 def test_window_blocks_resume_at_every_token_equal_to_transformers(arch: str, overlap: bool) -> None:
     llm = make(arch, sliding_window_kv="window-blocks", overlap=overlap, num_speculative_tokens=4)
+    assert llm.engine.cache.states is None  # attention reads the window blocks in place: no window states
     base = random_prompts([22], seed=3)[0]
     first = check(arch, llm, [base])[0]
     assert first.usage.cached_tokens == 0
@@ -273,11 +275,31 @@ def test_window_blocks_few_of_them_cut_hits_back_and_stay_exact(arch: str) -> No
     check(arch, small, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert small.engine.stats().preemptions > 0
     check(arch, small, prompts)
+    # the cache off and the fewest window blocks: each sequence's blocks behind its window give theirs
+    # up as it goes, and two sequences share what is left
+    window = max(a.window or 0 for a in small.engine.model.spec.attentions)
+    tight = make(arch, sliding_window_kv="window-blocks", window_blocks=least_window_blocks(window, 4),
+                 enable_prefix_cache=False)
+    check(arch, tight, random_prompts([41, 30], seed=13))
+    assert tight.engine.stats().window_blocks_evicted > 0
     beams = make(arch, sliding_window_kv="window-blocks")
     beam_prompts = random_prompts([7, 20], seed=31)
     out = beams.beam_search(beam_prompts, BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True))
     assert_equal_to_reference(hf_model(tiny_model_dir(arch)), beam_prompts, out, 2, 1.0, 8, None)
     assert_clean(beams)
+
+
+def test_window_blocks_rerun_a_failed_batch_item_by_item() -> None:
+    # no state moves in place: as on any paged model, each item runs again on its own and writes the
+    # same window rows again
+    llm = make("gemma3", sliding_window_kv="window-blocks")
+    prompts = random_prompts([9, 14], seed=51)
+    check("gemma3", llm, prompts)
+    llm.engine.runner = FailsAfterRunning(llm.engine.runner)  # type: ignore[assignment]
+    turns = [p + reference("gemma3", tuple(p), NEW)[:-1] + [7, 8] for p in prompts]
+    assert [o.usage.cached_tokens for o in check("gemma3", llm, turns)] == [len(p) + NEW - 1 for p in prompts]
+    assert llm.engine.runner.failed  # type: ignore[attr-defined]
+    assert_clean(llm)
 
 
 def test_window_blocks_refuse_a_model_with_recurrent_layers() -> None:

@@ -88,6 +88,11 @@ class PagedRunner:
         return {seq: logits[cu[b] : cu[b + 1]] for b, seq in enumerate(chunks)}
 
 
+def _windows(spec) -> str:
+    """Where the sliding layers keep K/V: as states where one paged pool cannot hold every head shape."""
+    return "window" if spec.mixed_head_shapes else "all"
+
+
 def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> list[int]:
     # Ids from 3 up: never a tiny model's eos, so generate cannot stop early.
     return torch.randint(3, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -140,7 +145,7 @@ def check_chunked_prefill_then_decode(path: Path, model, prompt: list[int], chun
 def tiny(request):
     path = tiny_model_dir(request.param)
     # Gemma 4's global layers have wider heads than its sliding ones: the paged cache holds only them
-    model, spec = load_model(path, torch.float32, CPU, window_states=load_spec(path).mixed_head_shapes)
+    model, spec = load_model(path, torch.float32, CPU, sliding_window_kv=_windows(load_spec(path)))
     return request.param, path, model, spec
 
 
@@ -205,10 +210,10 @@ def test_a_multimodal_checkpoint_serves_its_text_model(arch):
     from transformers import AutoModelForImageTextToText
 
     path = tiny_multimodal_dir(arch)
-    model, spec = load_model(path, torch.float32, CPU, window_states=load_spec(path).mixed_head_shapes)
+    model, spec = load_model(path, torch.float32, CPU, sliding_window_kv=_windows(load_spec(path)))
     assert spec.architecture == f"Gemma{arch[-1]}ForConditionalGeneration"
     assert spec.layers == load_model(tiny_model_dir(arch), torch.float32, CPU,
-                                     window_states=spec.mixed_head_shapes)[1].layers
+                                     sliding_window_kv=_windows(spec))[1].layers
     prompt = random_prompt(29, seed=1)
     got = PagedRunner(model).step({"a": prompt})["a"]
     with torch.inference_mode():

@@ -90,7 +90,13 @@ def test_the_spec_keeps_window_layers_as_states_where_a_full_layer_remains() -> 
     mistral = load_spec(tiny_model_dir("mistral"))
     assert all(a.window for a in mistral.attentions) and mistral.with_window_states() is mistral
     llama = load_spec(tiny_model_dir("llama"))
-    assert llama.with_window_states() is llama
+    assert llama.with_window_states() is llama and llama.with_window_group() is llama
+    # window blocks: the window layers in a paged group of their own, no states
+    grouped = gemma3.with_sliding_window_kv("window-blocks")
+    assert not grouped.is_hybrid and len(grouped.paged_attentions) == 1 and len(grouped.window_group_attentions) == 2
+    assert [grouped.kv_index(2), grouped.window_index(0), grouped.window_index(1)] == [0, 0, 1]
+    assert grouped.window_group_shape == grouped.paged_kv_shape and not grouped.llama_shaped
+    assert gemma3.with_sliding_window_kv("all") is gemma3
 
 
 def test_a_llama_shaped_model_with_window_states_leaves_the_compiled_cpu_step() -> None:
@@ -112,16 +118,18 @@ def test_a_llama_shaped_model_with_window_states_leaves_the_compiled_cpu_step() 
 def test_auto_keeps_window_states_off_cuda_only_unless_the_head_shapes_need_them() -> None:
     """On CUDA a model with states gives up its decode graphs: "auto" pages the windows there, except
     where one paged pool cannot hold every layer's head shape (Gemma 4), which "all" refuses."""
-    from radixserve.model.runner import window_states
+    from radixserve.model.runner import sliding_layout
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     uniform, mixed = load_spec(tiny_model_dir("gemma3")), load_spec(tiny_model_dir("gemma4"))
     assert not uniform.mixed_head_shapes and mixed.mixed_head_shapes
-    assert window_states("auto", cpu, uniform) and not window_states("auto", cuda, uniform)
-    assert window_states("window", cuda, uniform) and not window_states("all", cpu, uniform)
-    assert window_states("auto", cuda, mixed) and window_states("window", cuda, mixed)
+    assert sliding_layout("auto", cpu, uniform) == "window" and sliding_layout("auto", cuda, uniform) == "all"
+    assert sliding_layout("window", cuda, uniform) == "window" and sliding_layout("all", cpu, uniform) == "all"
+    assert sliding_layout("auto", cuda, mixed) == "window" and sliding_layout("window-blocks", cuda, mixed) == "window-blocks"
     with pytest.raises(ValueError, match="different head shapes"):
-        window_states("all", cpu, mixed)
+        sliding_layout("all", cpu, mixed)
     with pytest.raises(ValueError, match="one pool holds one shape"):
         _ = mixed.paged_kv_shape
     assert mixed.with_window_states().paged_kv_shape == (1, 32)
+    grouped = mixed.with_window_group()  # the global layers paged, the sliding ones in their group: one shape each
+    assert grouped.paged_kv_shape == (1, 32) and grouped.window_group_shape != grouped.paged_kv_shape
