@@ -100,8 +100,9 @@ class WindowBlocks:
 
     def window_start(self, seq: Sequence) -> int:
         """The index in `seq`'s table of the first block its window spans: its next step reads from
-        `keep` tokens before its next position on. A query."""
-        return max(0, seq.num_computed - self.keep) // self.block_size
+        `keep` tokens before its next position on, which drafts being verified may yet move back to
+        just past their first token. A query."""
+        return max(0, seq.num_computed - seq.num_drafts - self.keep) // self.block_size
 
     def windows_in_use(self, readers: Iterable[Sequence]) -> tuple[set[int], list[int]]:
         """The KV blocks the windows of `readers` (the live sequences) span, whose companions must stay,
@@ -176,7 +177,7 @@ class WindowBlocks:
                     key = (1, live[b]) if b in live else (0, node.last_access)
                     order[b] = max(order.get(b, key), key)
         for b in behind:
-            order.setdefault(b, (-1, 0))  # a sequence's own block behind its window that the tree has not
+            order.setdefault(b, (-1, 0))  # behind its sequence's window and not the tree's: nothing reads it again
         victims = sorted(order, key=order.__getitem__)[:short]
         for b in victims:
             self.pool.decref(self.companion.pop(b))

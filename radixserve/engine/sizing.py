@@ -55,15 +55,12 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
 
 
 def _window_blocks(config: EngineConfig, runner: ModelRunner) -> int:
-    """The window group's pool (`--sliding-window-kv window-blocks`): what `--window-blocks` asks, or as
-    much memory as the KV budget holds. It holds the sliding-window layers' K/V, the cache on or off."""
-    if config.sliding_window_kv != "window-blocks":
-        return 0
+    """The window group's pool (`--sliding-window-kv window-blocks`, or what auto chose): what
+    `--window-blocks` asks, or as much memory as the KV budget holds. It holds the sliding-window
+    layers' K/V, the cache on or off."""
     layout = runner.window_layout()
-    if layout is None or runner.state_layout() is not None:
-        raise ValueError("--sliding-window-kv window-blocks needs a model with sliding-window layers and no "
-                         f"recurrent ones; {runner.spec.architecture} has " +
-                         ("none" if layout is None else "recurrent layers"))
+    if layout is None:
+        return 0
     if config.window_blocks is not None:
         return config.window_blocks
     return max(1, int((config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB) * 2**20) // layout.bytes_per_block)

@@ -78,14 +78,22 @@ class StepInputs:
 
 def sliding_layout(sliding_window_kv: str, device: torch.device, spec: ModelSpec) -> str:
     """Where sliding-window layers keep their K/V (config.SLIDING_WINDOW_KV), resolved: "all", "window"
-    or "window-blocks". "auto" is "window" on CPU, since a model with states runs every step eagerly and
-    on CUDA that gives up the decode graphs (docs/hybrid_cache.md), and wherever the paged cache could
-    not hold every layer's head shape (Gemma 4), which "all" refuses; else "all"."""
+    or "window-blocks". "auto" is "all" on CUDA where one paged pool holds every layer's head shape, since
+    a model off the padded decode path gives up the decode graphs (docs/hybrid_cache.md); else
+    "window-blocks" where the model mixes sliding-window and full-attention layers and has no recurrent
+    ones, else "window"."""
     if sliding_window_kv == "all" and spec.mixed_head_shapes:
         raise ValueError(f"--sliding-window-kv all: {spec.architecture}'s sliding-window and global layers have "
                          "different head shapes, which one paged pool cannot hold; use window or auto")
+    groups = spec.with_window_group() is not spec and not spec.is_hybrid
+    if sliding_window_kv == "window-blocks" and not groups:
+        raise ValueError("--sliding-window-kv window-blocks needs a model with sliding-window and full-attention "
+                         f"layers and no recurrent ones; {spec.architecture} has " +
+                         ("recurrent layers" if spec.is_hybrid else "no such mix"))
     if sliding_window_kv == "auto":
-        return "window" if device.type != "cuda" or spec.mixed_head_shapes else "all"
+        if device.type == "cuda" and not spec.mixed_head_shapes:
+            return "all"
+        return "window-blocks" if groups else "window"
     return sliding_window_kv
 
 

@@ -72,7 +72,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                    help="hybrid models: which checkpoint goes first (default %(default)s)")
     e.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default="auto",
                    help="sliding-window layers: their window's K/V as a state, or every token's in the pool, "
-                        "or window states with window blocks (default %(default)s)")
+                        "or in window blocks that attention reads in place (default %(default)s)")
     e.add_argument("--window-blocks", type=int, default=None,
                    help="--sliding-window-kv window-blocks: the window pool's blocks (default: the engine's)")
 

@@ -121,11 +121,12 @@ def _serving_url(proc: subprocess.Popen[str], lines: queue.Queue[str], log: list
 
 
 def _hybrid(model: Path) -> bool:
-    """Whether the served model keeps fixed-size states (recurrent layers, or sliding-window layers
-    under the default --sliding-window-kv window): no speculation, hits only at checkpoints."""
+    """Whether the served model keeps fixed-size states (recurrent layers; sliding-window layers beside
+    full ones go to the window group under the default --sliding-window-kv auto): no speculation, hits
+    only at checkpoints."""
     from radixserve.model.spec import load_spec
 
-    return load_spec(model).with_window_states().is_hybrid
+    return load_spec(model).is_hybrid
 
 
 def _speculation(usage: Any) -> dict[str, Any]:
@@ -272,7 +273,7 @@ def _check_every_api(url: str, model: Path) -> str:
 
 # GGUF files served as shipped (quantized, in the C++ kernels), one of each layout the loader undoes:
 # Phi-3's fused projections and LongRoPE, Qwen3.5's hybrid with its tiled value heads, Gemma 4's per-layer
-# shapes, shared K/V and per-layer inputs (a hybrid of window states) with its own `gemma4` tokenizer and turns
+# shapes, shared K/V and per-layer inputs (its sliding layers in the window group) with its own `gemma4` tokenizer and turns
 GGUF_FILES = {"phi3": TinyGGUF("phi3", types={"attn_qkv": "Q4_K", "ffn_up": "Q4_1"}, rotary_dims=32,
                                longrope=([1.0 + 0.25 * i for i in range(16)], [1.0] * 16, 256, 1.2)),
               "qwen35": TinyGGUF("qwen35", types={"attn_qkv": "Q4_K", "ssm_alpha": "F32", "ssm_beta": "F32"},

@@ -41,9 +41,9 @@ def test_a_path_resumes_where_every_block_of_its_window_has_a_companion() -> Non
     windows.check_integrity()
 
 
-def reader(blocks: list[int], computed: int, seq_id: int = 0) -> Any:
-    """A live sequence as the window pool sees it: its table and how far it computed."""
-    return SimpleNamespace(block_table=blocks, num_computed=computed, seq_id=seq_id)
+def reader(blocks: list[int], computed: int, seq_id: int = 0, drafts: int = 0) -> Any:
+    """A live sequence as the window pool sees it: its table, how far it computed, the drafts among those."""
+    return SimpleNamespace(block_table=blocks, num_computed=computed, seq_id=seq_id, num_drafts=drafts)
 
 
 def test_companions_go_with_their_kv_blocks_and_copies_copy_them() -> None:
@@ -120,6 +120,8 @@ def test_room_is_never_made_from_a_live_window() -> None:
     assert not windows.make_room(40, tree, [live])  # its window's blocks 5 to 9 stay (the table's end too)
     assert [b in windows.companion for b in a] == [False] * 5 + [True] * 5
     windows.check_integrity([live])
+    # verifying 4 drafts up to 40, it may go back to 36: its window then reaches back to 28, in block 7
+    assert windows.window_start(reader(a, 40)) == 8 and windows.window_start(reader(a, 40, drafts=4)) == 7
     live.num_computed = 40  # moved on: block 5 is behind its window now
     assert windows.make_room(36, tree, [live]) and a[5] not in windows.companion
     pool.release(a)

@@ -270,11 +270,14 @@ def test_window_blocks_few_of_them_cut_hits_back_and_stay_exact(arch: str) -> No
     assert windows.adopted > 0  # what was computed again gave the tree's blocks their window K/V back
     assert all(o.usage.cached_tokens < 29 for o in outs)
     # preemption with few KV blocks, and the host tier: K/V loaded back has no window blocks
-    small = make(arch, sliding_window_kv="window-blocks", num_blocks=24, new_token_ratio=0.0, host_cache_mb=1)
     prompts = random_prompts([23] * 4, seed=12)
-    check(arch, small, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
-    assert small.engine.stats().preemptions > 0
-    check(arch, small, prompts)
+    for mode in ("recompute", "swap"):  # a swapped sequence resumes as far as its window blocks reach
+        small = make(arch, sliding_window_kv="window-blocks", num_blocks=24, new_token_ratio=0.0, host_cache_mb=1,
+                     preemption_mode=mode)
+        check(arch, small, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+        stats = small.engine.stats()
+        assert stats.preemptions > 0 and (stats.swaps_out > 0) == (mode == "swap")
+        check(arch, small, prompts)
     # the cache off and the fewest window blocks: each sequence's blocks behind its window give theirs
     # up as it goes, and two sequences share what is left
     window = max(a.window or 0 for a in small.engine.model.spec.attentions)
@@ -287,6 +290,21 @@ def test_window_blocks_few_of_them_cut_hits_back_and_stay_exact(arch: str) -> No
     out = beams.beam_search(beam_prompts, BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True))
     assert_equal_to_reference(hf_model(tiny_model_dir(arch)), beam_prompts, out, 2, 1.0, 8, None)
     assert_clean(beams)
+
+
+def test_window_blocks_on_the_triton_kernels_match_transformers() -> None:
+    """The Triton attention kernels (here under the interpreter) read the window group's blocks in place:
+    a cold prefill in chunks, a hit mid-block and drafts."""
+    llm = make("gemma3", sliding_window_kv="window-blocks", attention_backend="triton", device="cpu", dtype="float32",
+               block_size=16, num_blocks=48, max_num_batched_tokens=16, num_speculative_tokens=4)
+    assert llm.engine.runner.backend.name == "triton" and llm.engine.cache.windows is not None
+    base = random_prompts([22], seed=3)[0]
+    first = check("gemma3", llm, [base])[0]
+    turn2 = base + first.outputs[0].token_ids + random_prompts([5], seed=4)[0]
+    assert check("gemma3", llm, [turn2])[0].usage.cached_tokens == len(base) + NEW - 1
+    check("gemma3", llm, [turn2])  # its reply drafted from the cached one
+    assert llm.engine.stats().spec_accepted.get("tree", 0) > 0
+    assert_clean(llm)
 
 
 def test_window_blocks_rerun_a_failed_batch_item_by_item() -> None:
@@ -303,5 +321,5 @@ def test_window_blocks_rerun_a_failed_batch_item_by_item() -> None:
 
 
 def test_window_blocks_refuse_a_model_with_recurrent_layers() -> None:
-    with pytest.raises(ValueError, match="window-blocks needs a model with sliding-window layers and no recurrent"):
+    with pytest.raises(ValueError, match="window-blocks needs a model with sliding-window and full-attention layers"):
         make("qwen3_5", sliding_window_kv="window-blocks")
