@@ -325,7 +325,7 @@ class Scheduler:
         self._admitted(head, taken, n, batch)
         return n
 
-    def _take(self, seq: Sequence, batch: Batch) -> tuple[int, int, int] | None:
+    def _take(self, seq: Sequence, batch: Batch) -> tuple[int, int, int, int] | None:
         # (hybrids: this step's chunks of the running sequences, which may be cut at a branch point)
         scheduled = {it.seq.seq_id: it for it in batch.items} if self.states is not None else {}
         taken = self.cache.take_prefix(seq, self.running, batch.copies, scheduled)
@@ -341,7 +341,7 @@ class Scheduler:
         needed = max(0, -(-(seq.num_computed + n) // self.block_size) - len(seq.block_table))
         return self.pool.num_free + evictable - needed
 
-    def _admitted(self, seq: Sequence, taken: tuple[int, int, int], n: int, batch: Batch) -> None:
+    def _admitted(self, seq: Sequence, taken: tuple[int, int, int, int], n: int, batch: Batch) -> None:
         if seq.swapped_node is not None:  # resumed: its path may leave the host tier again
             assert self.tree is not None
             self.tree.unpin(seq.swapped_node)
@@ -352,6 +352,7 @@ class Scheduler:
             seq.request.cached_tokens = taken[0]
             seq.request.host_cached_tokens = min(taken[0], seq.request.host_cached_tokens)
             seq.request.pinned_cached_tokens = taken[2]
+        self.cache.count_recomputed(taken[3])
         seq.waiting_since = None
         seq.running_since = self.clock()
         self.waiting.remove(seq)

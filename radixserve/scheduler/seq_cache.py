@@ -114,10 +114,12 @@ class SequenceCache:
         return self.pool.allocate(n)
 
     def take_prefix(self, seq: Sequence, prefills: list[Sequence], copies: list[BlockCopy],
-                    scheduled: dict[int, ScheduledSeq] | None = None) -> tuple[int, int, int] | None:
+                    scheduled: dict[int, ScheduledSeq] | None = None) -> tuple[int, int, int, int] | None:
         """Share the longest cached prefix (never the last token: its logits are needed), loading
         back the part that lives only in the host tier, and lock it. Returns the matched length, how
-        much of it came from the host tier and how much from pinned prefixes, or None when the sequence should wait for one of
+        much of it came from the host tier, how much from pinned prefixes and how many cached tokens past
+        it a hybrid or the window group could not resume (`count_recomputed` counts them once the
+        sequence is admitted), or None when the sequence should wait for one of
         `prefills` (running prefills) to cache it. Changes the cache. The whole match is always
         taken: how long the sequence may grow later never decides how much of the cache it uses now
         (`loosen_lock` is what keeps it alive). A request's first sample that asks for prompt logprobs
@@ -132,7 +134,7 @@ class SequenceCache:
             if seq.state_slot < 0:
                 return None  # every slot runs a sequence: it waits for one to end
         if self.tree is None or not takes:
-            return 0, 0, 0
+            return 0, 0, 0, 0
         match = self.tree.match(wanted, namespace=seq.namespace)
         on_device = match.length - match.host_tokens
         match, loaded = self.tree.load_back(match)
@@ -145,6 +147,7 @@ class SequenceCache:
             self._release_state(seq)
             return None
         if self.windows is not None:
+            cached = match.length
             match = self._resume_windows(seq, wanted, match)
         elif self.states is not None and match.length:
             if match.node.state < 0:  # not all of it could stay on the device: resume from scratch
@@ -152,8 +155,6 @@ class SequenceCache:
             else:
                 copies.append(BlockCopy(CopyKind.STATE, match.node.state, seq.state_slot))
                 self.tree.resumed_from(match.node)
-        if self.checkpoints:
-            self.recomputed_state_tokens += max(0, cached - match.length)
         self.tree.lock(match.node)
         self.tree.record_hit(match)
         for b in match.blocks:
@@ -161,7 +162,12 @@ class SequenceCache:
         seq.locked_node, seq.block_table, seq.num_computed = match.node, match.blocks, match.length
         seq.num_cached = match.length // self.block_size * self.block_size
         pinned = sum(min(n.end, match.length) - n.start for n in match.path if n.hold_count)
-        return match.length, max(0, match.length - on_device), pinned
+        return match.length, max(0, match.length - on_device), pinned, max(0, cached - match.length)
+
+    def count_recomputed(self, tokens: int) -> None:
+        """An admitted sequence will compute again `tokens` cached tokens that its hit could not resume
+        (counted here, not at each attempt to admit it). Changes the counters only."""
+        self.recomputed_state_tokens += tokens
 
     def _resume_windows(self, seq: Sequence, wanted: list[int], match: Match) -> Match:
         """Window blocks: cut `match` back to where its window blocks hold the sliding layers' windows.
@@ -169,7 +175,6 @@ class SequenceCache:
         assert self.tree is not None and self.windows is not None
         on_device = match.length - match.host_tokens
         resume = self.windows.restorable(match.blocks, on_device)
-        self.recomputed_state_tokens += match.length - resume
         if resume < match.length:
             match = self.tree.match(wanted[:resume], namespace=seq.namespace)
         return match

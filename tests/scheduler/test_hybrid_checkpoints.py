@@ -181,6 +181,20 @@ def test_request_ends_only_checkpoints_no_branch_point() -> None:
     assert sched.cache.checkpoints_taken == 5  # one per request end
 
 
+def test_what_a_hit_cannot_resume_is_counted_once_however_often_admission_is_tried() -> None:
+    sched, ghost = make(num_blocks=8, policy="request-ends"), Ghost()
+    shared = [1, 2, 3, 4, 5, 6, 7]
+    add(sched, shared + [8], max_tokens=2)  # cached, with its only checkpoint past `shared`
+    drain(sched, ghost)
+    add(sched, [9] * 9, max_tokens=12)  # its growth holds back the next admission for a while
+    step(sched, ghost, [7])
+    second = add(sched, shared + [5, 5], max_tokens=2)
+    drain(sched, ghost)
+    # each try took the prefix, found no checkpoint in it and gave it back; one admission computed it again
+    assert sched.admission_blocked["watermark"] > 1 and second.cached_tokens == 0
+    assert sched.cache.recomputed_state_tokens == len(shared)
+
+
 def test_every_block_checkpoints_each_block_boundary_of_a_prompt() -> None:
     sched, ghost = make(policy="every-block"), Ghost()
     first = add(sched, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], max_tokens=2)
