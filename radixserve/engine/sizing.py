@@ -3,8 +3,9 @@ model: the device pool's blocks (a memory budget, or what the GPU has left after
 the host tier's blocks, a hybrid model's recurrent-state slots, the context length, and the longest
 sequence the engine accepts.
 
-On CUDA without a budget, the profiled memory holds the state slots too: they take their bytes out
-of the KV blocks (by default half of it, as the CPU default gives them as much as the KV budget).
+On CUDA without a budget, the profiled memory holds the state slots or the window blocks too: they
+take their bytes out of the KV blocks (by default half of it, as the CPU default gives them as much
+as the KV budget).
 
 Invariant: `max_seq_len` <= the device pool's capacity in tokens (less the pin budget when the
 operator set neither the context nor the pool), so every accepted sequence fits the
@@ -35,13 +36,14 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
     if config.max_model_len is not None and config.max_model_len > limit:
         raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {limit} positions")
     layout = runner.kv_layout()
-    state_slots = _state_slots(config, runner)
+    state_slots, window_blocks = _state_slots(config, runner), _window_blocks(config, runner)
     if config.num_blocks:
         num_blocks = config.num_blocks
     elif config.kv_cache_memory_mb is None and runner.device.type == "cuda":
         num_blocks = runner.kv_blocks_for_device(config.gpu_memory_utilization, config.max_num_batched_tokens,
                                                  config.max_num_seqs)
         num_blocks, state_slots = _share_with_states(config, runner, num_blocks, state_slots)
+        num_blocks, window_blocks = _share_with_windows(config, runner, num_blocks, window_blocks)
     else:
         num_blocks = layout.blocks_for_budget(config.kv_cache_memory_mb or DEFAULT_CPU_KV_MB)
     max_model_len = config.max_model_len or limit
@@ -51,7 +53,7 @@ def engine_sizes(config: EngineConfig, runner: ModelRunner) -> Sizes:
         # (and a block to copy on write) free, or no prefix could ever be pinned (engine/pins.py)
         usable = max(1, num_blocks - int(config.pin_budget * num_blocks) - 1)
     return Sizes(num_blocks, host_tier_blocks(config.host_cache_mb, layout.bytes_per_block), max_model_len,
-                 min(max_model_len, usable * config.block_size), state_slots, _window_blocks(config, runner))
+                 min(max_model_len, usable * config.block_size), state_slots, window_blocks)
 
 
 def _window_blocks(config: EngineConfig, runner: ModelRunner) -> int:
@@ -92,3 +94,21 @@ def _share_with_states(config: EngineConfig, runner: ModelRunner, num_blocks: in
         raise ValueError(f"{slots} state slots of {per_slot / 2**20:.1f} MiB leave no device memory for K/V; "
                          "lower --state-slots or raise --gpu-memory-utilization")
     return left, slots
+
+
+def _share_with_windows(config: EngineConfig, runner: ModelRunner, num_blocks: int,
+                        window_blocks: int) -> tuple[int, int]:
+    """The profiled device memory's `num_blocks` of K/V, less what the window blocks take (their
+    default: half of it)."""
+    windows = runner.window_layout()
+    if windows is None:
+        return num_blocks, 0
+    per_block, per_window = runner.kv_layout().bytes_per_block, windows.bytes_per_block
+    if config.window_blocks is None:
+        window_blocks = num_blocks * per_block // 2 // per_window
+    left = num_blocks - -(-window_blocks * per_window // per_block)
+    if left < 1 or window_blocks < 1:
+        raise ValueError(f"{num_blocks} blocks of device memory for K/V cannot hold {window_blocks} window blocks "
+                         f"of {per_window / 2**20:.1f} MiB beside any KV block; lower --window-blocks or raise "
+                         "--gpu-memory-utilization")
+    return left, window_blocks

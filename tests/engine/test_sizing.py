@@ -1,6 +1,7 @@
-"""engine/sizing.py on CUDA without a budget: a hybrid's state slots come out of the profiled
-memory's K/V blocks (half of it by default, or what --state-slots asks), never on top of it; too
-many slots is a clear error. (A fake runner stands in for the profiled device.)"""
+"""engine/sizing.py on CUDA without a budget: a hybrid's state slots, or a window group's blocks, come
+out of the profiled memory's K/V blocks (half of it by default, or what --state-slots or
+--window-blocks asks), never on top of it; too many is a clear error. (A fake runner stands in for
+the profiled device.)"""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ import torch
 from radixserve.config import EngineConfig
 from radixserve.engine.sizing import engine_sizes
 
-BLOCK_BYTES, SLOT_BYTES, PROFILED_BLOCKS = 1000, 10_000, 1000
+BLOCK_BYTES, SLOT_BYTES, WINDOW_BLOCK_BYTES, PROFILED_BLOCKS = 1000, 10_000, 5000, 1000
 
 
 class FakeRunner:
-    def __init__(self, hybrid: bool) -> None:
+    def __init__(self, hybrid: bool, windows: bool = False) -> None:
         self.spec = SimpleNamespace(max_position_embeddings=1 << 20)
         self.device = torch.device("cuda")  # only its type is read: nothing is allocated
-        self.hybrid = hybrid
+        self.hybrid, self.windows = hybrid, windows
+
+    def window_layout(self) -> SimpleNamespace | None:
+        return SimpleNamespace(bytes_per_block=WINDOW_BLOCK_BYTES) if self.windows else None
 
     def kv_layout(self) -> SimpleNamespace:
         return SimpleNamespace(bytes_per_block=BLOCK_BYTES)
@@ -49,3 +53,16 @@ def test_state_slots_share_the_profiled_memory_with_the_kv_blocks() -> None:
 def test_an_explicit_pool_or_budget_leaves_the_slots_apart() -> None:
     assert _sizes(True, num_blocks=64, state_slots=10) == (64, 10)
     assert _sizes(True, num_blocks=64) == (64, 4)  # the CPU default: what the budget holds, at least 4
+
+
+def test_window_blocks_share_the_profiled_memory_with_the_kv_blocks() -> None:
+    def sizes(**config: object) -> tuple[int, int]:
+        got = engine_sizes(EngineConfig(**config), FakeRunner(False, windows=True))  # type: ignore[arg-type]
+        return got.num_blocks, got.window_blocks
+
+    # by default half the bytes: 500 KV blocks' worth holds 100 window blocks
+    assert sizes() == (PROFILED_BLOCKS // 2, PROFILED_BLOCKS * BLOCK_BYTES // 2 // WINDOW_BLOCK_BYTES)
+    assert sizes(window_blocks=10) == (PROFILED_BLOCKS - 10 * WINDOW_BLOCK_BYTES // BLOCK_BYTES, 10)
+    assert sizes(num_blocks=64, window_blocks=10) == (64, 10)  # an explicit pool: apart
+    with pytest.raises(ValueError, match="lower --window-blocks"):
+        sizes(window_blocks=200)
