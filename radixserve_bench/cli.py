@@ -31,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from radixserve.config import KV_CACHE_DTYPES, QUANTIZED_ACTIVATIONS
+from radixserve.config import KV_CACHE_DTYPES, QUANTIZED_ACTIVATIONS, SLIDING_WINDOW_KV
 from radixserve_bench import extra
 from radixserve_bench.agents.cli import add_agent_arguments
 from radixserve_bench.checks import CHECKS, run_check
@@ -196,6 +196,8 @@ def _add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--quantized-activations", default="int8", choices=QUANTIZED_ACTIVATIONS,
                    help="a GGUF's quantized weights on CPU: int8 (as llama.cpp) or float32 (default %(default)s)")
+    p.add_argument("--sliding-window-kv", default="auto", choices=SLIDING_WINDOW_KV,
+                   help="where sliding-window layers keep their K/V, as `serve` takes it (default %(default)s)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: max(8192, largest batch)")
@@ -218,7 +220,7 @@ def _run_step(args: argparse.Namespace) -> int:
         penalties=args.penalties, rounds=args.rounds, speculation=args.speculation,
         num_speculative_tokens=args.num_speculative_tokens, device=args.device,
         dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, quantized_activations=args.quantized_activations,
-        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        sliding_window_kv=args.sliding_window_kv, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         bandwidth_mib=args.bandwidth_mib, seed=args.seed, hf_forward=args.hf_forward)
     result = run_step_bench(options)

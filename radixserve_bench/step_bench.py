@@ -105,6 +105,7 @@ class StepBenchOptions:
     device: str = "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # auto | fp16 | fp8 (docs/kv_fp8.md)
+    sliding_window_kv: str = "auto"  # where sliding-window layers keep their K/V (config.SLIDING_WINDOW_KV)
     quantized_activations: str = "int8"  # a GGUF's quantized weights on CPU: int8 | float32 (docs/quantized.md)
     block_size: int = 16
     max_num_seqs: int | None = None  # None: the largest batch
@@ -264,7 +265,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
     for graphs, overlap, drafting in [(g, v, sp) for g in o.graphs for v in o.overlap for sp in o.speculation]:
         config = EngineConfig(
             model=model_dir, device=o.device, dtype=o.dtype, kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size,
-            quantized_activations=o.quantized_activations, seed=o.seed,
+            quantized_activations=o.quantized_activations, seed=o.seed, sliding_window_kv=o.sliding_window_kv,
             enforce_eager=graphs == "off", overlap=overlap == "on", load_format=load_format,
             num_speculative_tokens=o.num_speculative_tokens if drafting == "on" else 0,
             max_num_seqs=o.max_num_seqs or max(batches),
@@ -273,6 +274,7 @@ def run_step_bench(o: StepBenchOptions) -> dict[str, Any]:
         engine = LLMEngine(config)
         spec = engine.spec
         result.update(dtype=str(engine.runner.dtype).removeprefix("torch."), kv_cache_dtype=o.kv_cache_dtype,
+                      sliding_window_kv=o.sliding_window_kv,
                       attention_backend=engine.runner.backend.name,
                       num_blocks=engine.pool.num_blocks, model=dict(
                           layers=spec.num_layers, hidden=spec.hidden_size, intermediate=spec.intermediate_size,

@@ -27,6 +27,8 @@ def render_table(result: dict[str, Any]) -> str:
                "step / transformers (greedy / top-p)", "tokens / step (greedy / top-p)", "tok/s (greedy)",
                "roofline (greedy)"]
     kv = {"fp8": ", FP8 KV cache", "fp16": ", fp16 KV cache"}.get(result.get("kv_cache_dtype") or "auto", "")
+    if result.get("sliding_window_kv") not in (None, "auto"):
+        kv += f", sliding-window K/V: {result['sliding_window_kv']}"
     lines = [f"## decode step: {result['shape']} ({result['dtype']}{kv}, {result['device_name']})", "",
              f"bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (copy{_beside(rows)}), context {rows[0]['context']}"
              f", {rows[0]['steps']} timed steps, attention {result['attention_backend']}"

@@ -15,7 +15,8 @@
 #   7. the FP8 KV cache (issue 30): the 8B shape's decode step at batch 64 x 4k context with the cache
 #      in bf16 and in FP8 (`--kv-cache-dtype fp8`); tests/engine/test_gpu.py checks the FP8 kernels' bytes
 #   8. sliding windows (issue 45): a Gemma-3-1B-shaped decode step at 32k context, as published (5 sliding
-#      layers of 512 to 1 full) and with every layer full, at batch 1 and 16
+#      layers of 512 to 1 full) and with every layer full, at batch 1 and 16; and (issue 46) the published
+#      layout with the sliding layers in window blocks (`--sliding-window-kv window-blocks`, eager)
 #   9. mixture-of-experts (issue 45): the fused Triton MoE at batch 1 and 64 against the active experts'
 #      bytes (`radixserve bench check moe`), and a Qwen3-30B-A3B-shaped decode step (layers cut to fit)
 #  10. quantized weights (issue 47): the FP8 and int4 dequantize-GEMM kernels against their references on
@@ -100,6 +101,9 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
       run timeout 240 $RS bench step --model "/tmp/rs-$variant" --load-format dummy --batch 1,16 --context 32768 \
           --sampling greedy --steps 16 --graphs on --json "$OUT/step-window-$variant.json"
     done
+    run timeout 240 $RS bench step --model /tmp/rs-gemma3 --load-format dummy --batch 1,16 --context 32768 \
+        --sampling greedy --steps 16 --graphs off --sliding-window-kv window-blocks \
+        --json "$OUT/step-window-gemma3-window-blocks.json"
   fi
   if want moe; then
     step "mixture-of-experts: fused Triton MoE against the active bytes, and a qwen3-moe shaped decode step"
