@@ -213,6 +213,10 @@ def test_a_context_nobody_asked_for_leaves_the_pin_budget_free() -> None:
         def state_layout() -> None:  # no recurrent layers
             return None
 
+        @staticmethod
+        def window_layout() -> None:  # no sliding-window layers
+            return None
+
     def sizes(**kw: object) -> tuple[int, int]:
         s = engine_sizes(EngineConfig(model="unused", block_size=16, **kw), Runner())  # type: ignore[arg-type]
         return s.num_blocks, s.max_seq_len
