@@ -7,14 +7,16 @@ linear attention), a gated short convolution (`ShortConvSpec`, LFM2) or a Mamba2
 space layer (`Mamba2Spec`, Nemotron-H, Granite 4), or attention and a Mamba2 layer side by side
 (`ParallelMixers`, Falcon-H1). A pre-norm layer may hold only one of the two blocks (Nemotron-H's
 layers are each a mixer or an MLP). A sliding-window attention layer may keep its
-window's K/V as a fixed-size state too (`with_window_states`, `WindowKVSpec`). A model with any such
+window's K/V as a fixed-size state too (`with_window_states`, `WindowKVSpec`), or paged in a window
+group of its own, which is no state (`with_window_group`). A model with any such
 stateful layer is a hybrid (`is_hybrid`), whose prefix cache restores states only where it
 checkpointed them (docs/hybrid_cache.md). Which
 architectures we run and how each family's config maps onto these descriptions is `families.py`;
 how its checkpoint names map onto our parameters is `CheckpointLayout`.
 
 Invariants: at least one layer is attention; num_heads is a multiple of every layer's kv heads;
-the layers the paged KV cache holds share one head shape (`paged_kv_shape`), while a window-state
+the layers the paged KV cache holds share one head shape (`paged_kv_shape`), those of the window group
+another (`window_group_shape`), while a window-state
 layer may have its own (Gemma 4's sliding and global layers differ); a layer reading another's K/V
 (`AttentionSpec.kv_source`) reads an earlier one of its own window and shape; `max_position_embeddings` is the usable context: the
 config's, except where a rope scheme is only exact below its pretraining context (longrope), where
