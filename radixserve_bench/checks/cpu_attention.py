@@ -5,7 +5,10 @@ runs without the extension (`TorchAttentionBackend._short`), and with `--fp16` t
 same values in an fp16 cache (`--kv-cache-dtype fp16`). The rows' blocks lie one after another, or with
 `--scattered` in a random order over a pool four times their size, as a long-running server's free list
 leaves them; with `--shared N` the rows' first N tokens are the same blocks, as a shared system prompt
-leaves them (rows that read them one after another find them in the last-level cache). `--queries Q`
+leaves them (rows that read them one after another find them in the last-level cache); with `--cold MB`
+each pass first writes MB megabytes outside the timing, so that it reads its K/V from memory, as a
+decode step does after its weights went through the caches (without it, the K/V stays cached from
+pass to pass, and short contexts time far faster than inside a step). `--queries Q`
 gives each row Q new tokens: a verification of drafts, or a prefill chunk over a cached prefix (the
 gather and SDPA way takes short rows only, so longer ones time the kernel alone). Each way's output is
 checked against the other's. Micro-timings that guide the design; claims about the step come from
@@ -17,6 +20,8 @@ checked against the other's. Micro-timings that guide the design; claims about t
       (three runs with and three without --scattered, per kernel: docs/bench/cpu-step/attention-ab/)
     radixserve bench cpu-attention --batches 1,8 --contexts 1100 --shared 1024 --queries 1,40 --repeats 11 --json FILE
       (the shared-prompt workload's decodes and prefills: docs/bench/cpu-step/attention-ab2/)
+    radixserve bench cpu-attention --fp16 --batches 1 --contexts 300,1024,4096 --repeats 11 --cold 128 --json FILE
+      (K/V read from memory, as inside a step: docs/bench/quantized/avx2/attention_cold/)
 """
 
 from __future__ import annotations
@@ -51,9 +56,9 @@ def block_table(batch: int, context: int, shared: int, scattered: bool,
 
 
 def measure(batch: int, context: int, repeats: int, generator: torch.Generator, fp16: bool = False,
-            scattered: bool = False, shared: int = 0, queries: int = 1) -> dict[str, Any]:
+            scattered: bool = False, shared: int = 0, queries: int = 1, cold_mb: int = 0) -> dict[str, Any]:
     """Milliseconds for thirty layers' attention of `batch` rows of `queries` new tokens at `context`,
-    each way (medians)."""
+    each way (medians); with `cold_mb`, each pass after that many MB were written outside the timing."""
     table, blocks = block_table(batch, context, shared, scattered, generator)
     caches = [(torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator),
                torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=generator)) for _ in range(LAYERS)]
@@ -85,13 +90,17 @@ def measure(batch: int, context: int, repeats: int, generator: torch.Generator, 
                                                  outputs["in_place_fp16"])
 
     row: dict[str, Any] = {"batch": batch, "context": context, "layers": LAYERS, "scattered": scattered,
-                           "shared": min(shared, context) // BLOCK * BLOCK, "queries": queries}
+                           "shared": min(shared, context) // BLOCK * BLOCK, "queries": queries, "cold_mb": cold_mb}
+    # a decode step streams its weights (the embedded model's: ~90 MB) between two layers' attention,
+    # so the K/V it reads has left the caches: writing more than the last-level cache holds does the same
+    evictor = torch.zeros(cold_mb * 2**20 // 4)
     ways = [("in_place", in_place)] + ([("gather_sdpa", gather_and_sdpa)] if plan is not None else []) + (
         [("in_place_fp16", in_place_fp16)] if fp16 else [])
     for name, run in ways:
         run()
         times = []
         for _ in range(repeats):
+            evictor.add_(1.0)
             started = time.perf_counter()
             run()
             times.append(1000 * (time.perf_counter() - started))
@@ -112,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens at the start of every row held once, in the same blocks (whole blocks)")
     parser.add_argument("--queries", default="1",
                         help="new tokens per row, comma-separated (1: decodes; more: verifications, prefill chunks)")
+    parser.add_argument("--cold", type=int, default=0, metavar="MB",
+                        help="before each timed pass, write this many MB outside the timing, so that the pass "
+                             "reads its K/V from memory as a decode step does after its weights went through the "
+                             "caches (more than the last-level cache, e.g. 128); 0: the K/V stays cached")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
 
 
@@ -123,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         for queries in (int(n) for n in args.queries.split(",")):
             for batch in (int(b) for b in args.batches.split(",")):
                 rows.append(measure(batch, context, args.repeats, generator, args.fp16, args.scattered, args.shared,
-                                    queries))
+                                    queries, args.cold))
                 print(json.dumps(rows[-1]))
     write_result(rows, args.json)
     return 0

@@ -86,16 +86,16 @@ def test_cpu_attention_tables_share_the_prefix_blocks_and_nothing_else() -> None
         assert int(table.min()) >= 0 and int(table.max()) < pool
 
 
-@pytest.mark.parametrize("queries", [1, 3, 20])
-def test_cpu_attention_times_decodes_and_longer_rows_over_a_shared_prefix(queries: int) -> None:
+@pytest.mark.parametrize(("queries", "cold_mb"), [(1, 0), (1, 1), (3, 0), (20, 0)])
+def test_cpu_attention_times_decodes_and_longer_rows_over_a_shared_prefix(queries: int, cold_mb: int) -> None:
     import torch
 
     from radixserve.kernels.cpu_extension import load_extension
     from radixserve_bench.checks.cpu_attention import measure
 
     load_extension()
-    row = measure(2, 70, 1, torch.Generator().manual_seed(0), shared=40, queries=queries)
-    assert (row["batch"], row["context"], row["shared"], row["queries"]) == (2, 70, 32, queries)
+    row = measure(2, 70, 1, torch.Generator().manual_seed(0), shared=40, queries=queries, cold_mb=cold_mb)
+    assert (row["batch"], row["context"], row["shared"], row["queries"], row["cold_mb"]) == (2, 70, 32, queries, cold_mb)
     assert row["in_place_ms"] > 0
     # short rows are also run through the gather and SDPA, and their outputs compared inside `measure`
     assert ("gather_sdpa_ms" in row) == (queries <= 16)
