@@ -545,7 +545,13 @@ class ModelSpec:
     def with_sliding_window_kv(self, layout: str) -> ModelSpec:
         """`layout`, a resolved `--sliding-window-kv` (all, window or window-blocks): this model with its
         sliding-window layers' K/V kept that way."""
-        return {"all": self, "window": self.with_window_states(), "window-blocks": self.with_window_group()}[layout]
+        if layout == "all":
+            return self
+        if layout == "window":
+            return self.with_window_states()
+        if layout == "window-blocks":
+            return self.with_window_group()
+        raise ValueError(f"sliding-window K/V kept as {layout!r}: expected all, window or window-blocks")
 
     def _with_windows(self, state: bool) -> ModelSpec:
         """Every sliding-window layer's K/V as a window state (`state`) or in the window group."""
