@@ -91,8 +91,9 @@ def measure(batch: int, context: int, repeats: int, generator: torch.Generator, 
 
     row: dict[str, Any] = {"batch": batch, "context": context, "layers": LAYERS, "scattered": scattered,
                            "shared": min(shared, context) // BLOCK * BLOCK, "queries": queries, "cold_mb": cold_mb}
-    # a decode step streams its weights (the embedded model's: ~90 MB) between two layers' attention,
-    # so the K/V it reads has left the caches: writing more than the last-level cache holds does the same
+    # between a layer's attention in one decode step and in the next, the step streams every weight
+    # (the embedded model's: ~90 MB), so the K/V has left the caches: writing more than the last-level
+    # cache holds does the same
     evictor = torch.zeros(cold_mb * 2**20 // 4)
     ways = [("in_place", in_place)] + ([("gather_sdpa", gather_and_sdpa)] if plan is not None else []) + (
         [("in_place_fp16", in_place_fp16)] if fp16 else [])
@@ -110,6 +111,14 @@ def measure(batch: int, context: int, repeats: int, generator: torch.Generator, 
     return row
 
 
+def megabytes(text: str) -> int:
+    """--cold's value: a whole number of MB, 0 or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of MB, 0 or more, not {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", default="512", help="context lengths, comma-separated")
     parser.add_argument("--fp16", action="store_true", help="also time the kernel over an fp16 cache")
@@ -121,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens at the start of every row held once, in the same blocks (whole blocks)")
     parser.add_argument("--queries", default="1",
                         help="new tokens per row, comma-separated (1: decodes; more: verifications, prefill chunks)")
-    parser.add_argument("--cold", type=int, default=0, metavar="MB",
+    parser.add_argument("--cold", type=megabytes, default=0, metavar="MB",
                         help="before each timed pass, write this many MB outside the timing, so that the pass "
                              "reads its K/V from memory as a decode step does after its weights went through the "
                              "caches (more than the last-level cache, e.g. 128); 0: the K/V stays cached")

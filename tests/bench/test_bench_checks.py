@@ -99,3 +99,13 @@ def test_cpu_attention_times_decodes_and_longer_rows_over_a_shared_prefix(querie
     assert row["in_place_ms"] > 0
     # short rows are also run through the gather and SDPA, and their outputs compared inside `measure`
     assert ("gather_sdpa_ms" in row) == (queries <= 16)
+
+
+def test_cpu_attention_cold_takes_whole_megabytes_from_zero() -> None:
+    import argparse
+
+    from radixserve_bench.checks.cpu_attention import megabytes
+
+    assert megabytes("0") == 0 and megabytes("128") == 128
+    with pytest.raises(argparse.ArgumentTypeError, match="0 or more"):
+        megabytes("-1")
