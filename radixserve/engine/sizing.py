@@ -86,10 +86,10 @@ def _share_with_states(config: EngineConfig, runner: ModelRunner, num_blocks: in
     states = runner.state_layout()
     if states is None:
         return num_blocks, 0
-    per_slot = states.bytes_per_slot
+    per_block, per_slot = runner.kv_layout().bytes_per_block, states.bytes_per_slot
     if config.state_slots is None:
-        slots = max(4, min(2 * config.max_num_seqs, num_blocks * runner.kv_layout().bytes_per_block // 2 // per_slot))
-    return _blocks_beside(runner, num_blocks, slots, per_slot, "state slots", "--state-slots"), slots
+        slots = max(4, min(2 * config.max_num_seqs, num_blocks * per_block // 2 // per_slot))
+    return _blocks_beside(num_blocks, per_block, slots, per_slot, "state slots", "--state-slots"), slots
 
 
 def _share_with_windows(config: EngineConfig, runner: ModelRunner, num_blocks: int,
@@ -99,17 +99,18 @@ def _share_with_windows(config: EngineConfig, runner: ModelRunner, num_blocks: i
     windows = runner.window_layout()
     if windows is None:
         return num_blocks, 0
-    per_window = windows.bytes_per_block
+    per_block, per_window = runner.kv_layout().bytes_per_block, windows.bytes_per_block
     if config.window_blocks is None:
-        window_blocks = num_blocks * runner.kv_layout().bytes_per_block // 2 // per_window
-    return (_blocks_beside(runner, num_blocks, window_blocks, per_window, "window blocks", "--window-blocks"),
+        window_blocks = num_blocks * per_block // 2 // per_window
+    return (_blocks_beside(num_blocks, per_block, window_blocks, per_window, "window blocks", "--window-blocks"),
             window_blocks)
 
 
-def _blocks_beside(runner: ModelRunner, num_blocks: int, units: int, per_unit: int, what: str, option: str) -> int:
-    """The KV blocks left of `num_blocks` once `units` of `per_unit` bytes each take their memory out
-    (whole blocks); at least one of each, or a clear error naming the option to lower."""
-    left = num_blocks - -(-units * per_unit // runner.kv_layout().bytes_per_block)
+def _blocks_beside(num_blocks: int, per_block: int, units: int, per_unit: int, what: str, option: str) -> int:
+    """The KV blocks (of `per_block` bytes) left of `num_blocks` once `units` of `per_unit` bytes each
+    take their memory out (whole blocks); at least one of each, or a clear error naming the option to
+    lower."""
+    left = num_blocks - -(-units * per_unit // per_block)
     if left < 1 or units < 1:
         raise ValueError(f"{num_blocks} blocks of device memory for K/V cannot hold {units} {what} of "
                          f"{per_unit / 2**20:.1f} MiB beside any KV block; lower {option} or raise "
