@@ -109,3 +109,32 @@ def test_cpu_attention_cold_takes_whole_megabytes_from_zero() -> None:
     assert megabytes("0") == 0 and megabytes("128") == 128
     with pytest.raises(argparse.ArgumentTypeError, match="0 or more"):
         megabytes("-1")
+
+
+def test_cpu_ggml_layers_times_the_four_projections_in_step_order(capsys: pytest.CaptureFixture[str]) -> None:
+    from radixserve.kernels.cpu_extension import load_extension
+    from radixserve_bench.checks.cpu_ggml import LAYER_SHAPES, layer_rows
+    from radixserve_bench.checks.cpu_linear import SHAPES
+
+    load_extension()
+    rows = layer_rows(["Q4_1", "Q8_0"], ["int8"], layers=2, repeats=3)
+    assert [(r["weights"], r["activations"], r["layers"]) for r in rows] == [("Q4_1", "int8", 2), ("Q8_0", "int8", 2)]
+    for row in rows:
+        assert len(row["passes_us"]) == 3 and row["us"] in row["passes_us"]  # the median of three passes
+        assert row["GBps"] == pytest.approx(row["bytes"] / row["us"] / 1e3)
+    # Q4_1 packs 16 outputs x 32 inputs in 320 bytes (fp16 scale and minimum, 4-bit quants); Q8_0 in 544
+    weights = sum(out * inp for out, inp in (SHAPES[name] for name in LAYER_SHAPES))
+    assert rows[0]["bytes"] > 2 * weights * 320 // 512 and rows[1]["bytes"] > 2 * weights * 544 // 512
+    assert rows[1]["bytes"] - 2 * weights * 544 // 512 == rows[0]["bytes"] - 2 * weights * 320 // 512  # headers alike
+    assert capsys.readouterr().out.count('"shape": "layers"') == 2
+
+
+def test_cpu_ggml_layers_refuses_a_type_whose_blocks_do_not_divide_the_inputs() -> None:
+    import argparse
+
+    from radixserve_bench.checks.cpu_ggml import layer_rows, positive
+
+    with pytest.raises(SystemExit, match="Q4_K's blocks of 256 inputs do not divide"):
+        layer_rows(["Q4_K"], ["int8"], layers=1, repeats=1)
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):
+        positive("0")

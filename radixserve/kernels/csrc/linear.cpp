@@ -293,6 +293,24 @@ struct Inputs {
   int64_t in;
 };
 
+// How far ahead of an int8 tile's reads its weights are requested (bytes). From memory, the
+// hardware's prefetchers alone held the embedded model's layer matmuls (Q4_1, one row) to 8-10 GB/s on
+// the AVX2 VM, where a plain read by two threads ran at 13-17 GB/s. 1,280 bytes ahead (four Q4_1
+// groups; two to six did alike), with one block per int8 tile (quantized_tiles): the layer matmuls 19%
+// faster, the batch-1 decode step 18% (docs/quantized.md, the 2026-12-02 section). The fp32-activation
+// tiles take no prefetch: their multiply-adds bind them at 5-6 GB/s, and it changed nothing there.
+constexpr int64_t kWeightPrefetchBytes = 1280;
+
+// Requests the weight bytes kWeightPrefetchBytes past segment s of group g of a block: as many as one
+// segment reads, so that the requests advance with the reads. Past the block's end they reach the next
+// block, the one the thread reads next (a weight's blocks lie in order); a prefetch never faults.
+template <typename F>
+inline void prefetch_ahead(const uint8_t* block, int64_t g, int64_t s) {
+  constexpr int64_t kSegmentBytes = F::kTileBytes * 32 / F::kGroup;
+  const uint8_t* from = block + g * F::kTileBytes + s * kSegmentBytes + kWeightPrefetchBytes;
+  for (int64_t line = 0; line < kSegmentBytes; line += 64) __builtin_prefetch(from + line, 0, 3);
+}
+
 // out[r][b * 16 + j] = bias + sum over k ascending of x[r][k] * w_b[k][j] for Rows rows (from `row`)
 // and Blocks blocks of one format, the weights decoded column by column in registers: Rows <=
 // kTileRows (decode, verification). Blocks > 1 gives a row several independent chains of
@@ -341,7 +359,10 @@ void int8_tile(const uint8_t* const* block, int64_t groups, const Inputs& inputs
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t s = 0; s < F::kGroup / 32; ++s) {
       typename F::Segment segment[Blocks];
-      for (int b = 0; b < Blocks; ++b) segment[b] = F::segment(block[b] + g * F::kTileBytes, s);
+      for (int b = 0; b < Blocks; ++b) {
+        prefetch_ahead<F>(block[b], g, s);
+        segment[b] = F::segment(block[b] + g * F::kTileBytes, s);
+      }
       const int64_t start = g * F::kGroup + s * 32;
       for (int half = 0; half < F::kHalves; ++half) {
         NativeInt count[Rows][Blocks][kParts] = {};
@@ -390,8 +411,11 @@ constexpr int64_t kInt8TileRows = 4;  // rows per int8 tile: 2 x 4 counts and 2 
 template <bool Int8, int Rows, int Blocks, typename F>
 void quantized_tiles(const uint8_t* const* block, int64_t groups, const Inputs& inputs, int64_t row,
                      const float* bias, float* out, int64_t out_stride) {
-  // more rows, fewer blocks per tile: the accumulators stay within the registers
-  constexpr int kPerTile = Rows <= 2 || Blocks == 1 ? Blocks : Blocks / 2;
+  // fp32 tiles: more rows, fewer blocks per tile, so that the accumulators stay within the registers.
+  // int8 tiles: one block each. A thread's tiles then read its share of the weight as one stream that
+  // prefetch_ahead stays ahead of; two blocks side by side were two streams a block apart, the second
+  // unrequested at each tile's start (the prefetch alone, with two blocks per tile, gained little).
+  constexpr int kPerTile = Int8 ? 1 : Rows <= 2 || Blocks == 1 ? Blocks : Blocks / 2;
   for (int b = 0; b < Blocks; b += kPerTile) {
     const float* tile_bias = bias ? bias + b * kLanes : nullptr;
     if constexpr (Int8) {
