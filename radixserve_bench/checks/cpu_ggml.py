@@ -101,10 +101,14 @@ def layer_rows(types: list[str], activations: list[str], layers: int, repeats: i
 
 
 def run(args: argparse.Namespace) -> int:
+    types, activations = args.types.split(","), args.activations.split(",")
+    unknown = [t for t in types if t not in FORMATS] + [a for a in activations if a not in ACTIVATIONS]
+    if unknown:
+        raise SystemExit(f"radixserve bench cpu-ggml: unknown {', '.join(unknown)} (types: {', '.join(FORMATS)}; "
+                         f"activations: {', '.join(ACTIVATIONS)})")
     load_extension()
     if args.layers:
-        write_result(layer_rows(args.types.split(","), args.activations.split(","), args.layers, args.repeats),
-                     args.json)
+        write_result(layer_rows(types, activations, args.layers, args.repeats), args.json)
         return 0
     rng = np.random.default_rng(0)
     generator = torch.Generator().manual_seed(0)
@@ -114,23 +118,23 @@ def run(args: argparse.Namespace) -> int:
         kinds: dict[tuple[str, str], list[torch.nn.Module]] = {
             ("fp32", "float32"): [BlockedLinear(torch.randn(out, inp, generator=generator), None)
                                   for _ in range(copies)]}
-        for type_name in args.types.split(","):
-            for activations in args.activations.split(","):
+        for type_name in types:
+            for kind in activations:
                 if inp % FORMATS[type_name].group == 0:
-                    kinds[type_name, activations] = [
-                        QuantizedLinear(random_packed(type_name, out, inp, rng, activations), out, inp)
+                    kinds[type_name, kind] = [
+                        QuantizedLinear(random_packed(type_name, out, inp, rng, kind), out, inp)
                         for _ in range(copies)]
         for count in ROW_COUNTS:
             if count == 512 and name == "lm_head":
                 continue  # a prefill chunk's logits are never all taken
             x = torch.randn(count, inp, generator=generator)
-            for (kind, activations), weights in kinds.items():
+            for (weights_kind, inputs_kind), weights in kinds.items():
                 seconds = best_seconds(lambda m, x: m(x), weights[:4] if count == 512 else weights, x)
                 packed = weights[0].weight
                 assert isinstance(packed, torch.Tensor)
                 read = packed.numel() * packed.element_size()
-                row: dict[str, Any] = {"shape": name, "out": out, "in": inp, "rows": count, "weights": kind,
-                                       "activations": activations, "us": seconds * 1e6, "bytes": read}
+                row: dict[str, Any] = {"shape": name, "out": out, "in": inp, "rows": count, "weights": weights_kind,
+                                       "activations": inputs_kind, "us": seconds * 1e6, "bytes": read}
                 if count < 512:
                     row["Gweights_per_s"] = out * inp / seconds / 1e9
                     row["GBps"] = read / seconds / 1e9

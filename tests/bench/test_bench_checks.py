@@ -138,3 +138,10 @@ def test_cpu_ggml_layers_refuses_a_type_whose_blocks_do_not_divide_the_inputs() 
         layer_rows(["Q4_K"], ["int8"], layers=1, repeats=1)
     with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):
         positive("0")
+
+
+@pytest.mark.parametrize("flags", [["--types", "Q4_1,Q9_9"], ["--activations", "int4"]])
+def test_cpu_ggml_names_an_unknown_type_or_activation(flags: list[str]) -> None:
+    check = CHECKS["cpu-ggml"]
+    with pytest.raises(SystemExit, match=f"unknown {flags[1].split(',')[-1]} "):
+        run_check(check, flags)
