@@ -113,6 +113,7 @@ def test_cpu_attention_cold_takes_whole_megabytes_from_zero() -> None:
 
 def test_cpu_ggml_layers_times_the_four_projections_in_step_order(capsys: pytest.CaptureFixture[str]) -> None:
     from radixserve.kernels.cpu_extension import load_extension
+    from radixserve.kernels.ggml_quants import FORMATS
     from radixserve_bench.checks.cpu_ggml import LAYER_SHAPES, layer_rows
     from radixserve_bench.checks.cpu_linear import SHAPES
 
@@ -122,10 +123,11 @@ def test_cpu_ggml_layers_times_the_four_projections_in_step_order(capsys: pytest
     for row in rows:
         assert len(row["passes_us"]) == 3 and row["us"] in row["passes_us"]  # the median of three passes
         assert row["GBps"] == pytest.approx(row["bytes"] / row["us"] / 1e3)
-    # Q4_1 packs 16 outputs x 32 inputs in 320 bytes (fp16 scale and minimum, 4-bit quants); Q8_0 in 544
+    # each format's tiles hold its GGUF blocks of `group` inputs, as the file stores them, plus the header
     weights = sum(out * inp for out, inp in (SHAPES[name] for name in LAYER_SHAPES))
-    assert rows[0]["bytes"] > 2 * weights * 320 // 512 and rows[1]["bytes"] > 2 * weights * 544 // 512
-    assert rows[1]["bytes"] - 2 * weights * 544 // 512 == rows[0]["bytes"] - 2 * weights * 320 // 512  # headers alike
+    q4_1, q8_0 = (2 * weights // FORMATS[t].group * FORMATS[t].block_bytes for t in ("Q4_1", "Q8_0"))
+    assert rows[0]["bytes"] > q4_1 and rows[1]["bytes"] > q8_0
+    assert rows[1]["bytes"] - q8_0 == rows[0]["bytes"] - q4_1  # headers alike
     assert capsys.readouterr().out.count('"shape": "layers"') == 2
 
 
