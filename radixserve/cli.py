@@ -47,10 +47,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "window of their K/V as a state, resumed from the prefix cache's checkpoints like a "
                         "recurrent layer's; all keeps every token's K/V in the paged pool; window-blocks pages the "
                         "sliding layers' K/V in window blocks of their own, which attention reads in place and "
-                        "the prefix cache drops block by block, so a hit resumes at any token; auto: all on CUDA "
-                        "(where the others would give up CUDA graphs) unless the layers' head shapes differ, else "
-                        "window-blocks, or window where a model has no full layers or has recurrent ones "
-                        "(default %(default)s)")
+                        "the prefix cache drops block by block, so a hit resumes at any token; auto: window-blocks "
+                        "where the model mixes sliding and full layers and has no recurrent ones, else all on CUDA "
+                        "(where window states would give up CUDA graphs) unless the layers' head shapes differ, "
+                        "else window (default %(default)s)")
     g.add_argument("--window-blocks", type=int, default=None,
                    help="--sliding-window-kv window-blocks: blocks of the sliding layers' K/V, for the running "
                         "sequences' windows and the prefix cache (default: what as much memory as the KV budget "

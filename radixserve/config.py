@@ -22,9 +22,9 @@ STATE_EVICTIONS = ("lru", "saved-compute")  # which checkpoint goes first (sched
 # window: a sliding-window layer keeps its last window's K/V as a per-sequence state; all: every token's
 # K/V in the paged pool, as a full-attention layer does; window-blocks: the sliding layers' K/V paged in
 # window blocks of their own, which attention reads in place and the prefix cache drops block by block;
-# auto: all on CUDA (where the others would take the model off CUDA graphs) unless one pool cannot hold
-# every layer's head shape, else window-blocks where the model mixes sliding and full layers and has no
-# recurrent ones, else window (docs/hybrid_cache.md, "Sliding-window layers")
+# auto: window-blocks where the model mixes sliding and full layers and has no recurrent ones, else all
+# on CUDA (where window states would take the model off CUDA graphs) unless one pool cannot hold every
+# layer's head shape, else window (docs/hybrid_cache.md, "Sliding-window layers")
 SLIDING_WINDOW_KV = ("auto", "window", "all", "window-blocks")
 
 

@@ -93,7 +93,7 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
     done
   fi
   if want window; then
-    step "sliding windows: gemma-3-1b shape at 32k context, published layer types vs every layer full"
+    step "sliding windows: gemma-3-1b shape at 32k context: window blocks (auto), every token's K/V paged, every layer full"
     run timeout 120 $RS bench random-checkpoint --family gemma3 --size real --tokenizer "$TOKENIZER" --out /tmp/rs-gemma3
     mkdir -p /tmp/rs-gemma3-full && cp /tmp/rs-gemma3/*.json /tmp/rs-gemma3-full/ 2>/dev/null
     python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['layer_types'] = ['full_attention'] * len(c['layer_types']); json.dump(c, open(p, 'w'))" /tmp/rs-gemma3-full/config.json
@@ -102,8 +102,8 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
           --sampling greedy --steps 16 --graphs on --json "$OUT/step-window-$variant.json"
     done
     run timeout 240 $RS bench step --model /tmp/rs-gemma3 --load-format dummy --batch 1,16 --context 32768 \
-        --sampling greedy --steps 16 --graphs off --sliding-window-kv window-blocks \
-        --json "$OUT/step-window-gemma3-window-blocks.json"
+        --sampling greedy --steps 16 --graphs on --sliding-window-kv all \
+        --json "$OUT/step-window-gemma3-all.json"
   fi
   if want moe; then
     step "mixture-of-experts: fused Triton MoE against the active bytes, and a qwen3-moe shaped decode step"

@@ -12,9 +12,17 @@ graph at engine start and a step is one replay; elsewhere (CPU, or the torch bac
 very same padded path runs eagerly, so its padding and bucketing are exercised by every CPU test.
 `--enforce-eager` bypasses this module altogether.
 
+Window blocks (`--sliding-window-kv window-blocks`): the sliding layers read their K/V from the window
+group's pool, through the step's window view. Each step stages its map of KV block -> window block
+(`Batch.window_blocks`, every block its rows read or write in their windows) beside the other inputs;
+on the device a lookup over every KV block is reset to the group's scratch block, takes the map, and
+turns the static block table and slots into the window view's static twins, as the eager path's
+`ModelRunner._window_view` does on the host. A graph then replays over those twins.
+
 Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
 slot of the KV cache's scratch block and their block-table row is the scratch row, so they
-write and read only the scratch block, which no sequence ever owns; a captured graph's launch
+write and read only the scratch block, which no sequence ever owns (and, in the window view, only the
+window group's scratch block, which the lookup gives every KV block outside this step's map); a captured graph's launch
 parameters (decode split counts) are sized for the longest sequence the engine allows, so a replay
 is right for any live lengths; the logits buffer is overwritten by the next step, so callers use
 the returned view before they run another step.
@@ -35,6 +43,7 @@ from radixserve.model.attention import AttentionMetadata
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
 from radixserve.model.device import to_device
 from radixserve.model.step_buffers import BlockTableRows, StagedCopy
+from radixserve.model.window_view import WindowView, check_written_blocks_mapped
 
 log = logging.getLogger(__name__)
 _SEGMENTS = 5  # staged per row: token id, position, slot, length, block-table row
@@ -85,7 +94,9 @@ class PaddedDecoder:
     """Runs decode-only batches through the padded static-buffer path, from CUDA graphs when captured."""
 
     def __init__(self, max_batch: int, max_seq_len: int, block_size: int, scratch_block: int, vocab: int,
-                 device: torch.device, build_time: BuildTime | None = None) -> None:
+                 device: torch.device, build_time: BuildTime | None = None, window_scratch_block: int | None = None) -> None:
+        """`window_scratch_block`: the window group's scratch block where the model has one (the KV
+        cache's scratch block is its last, so its blocks number `scratch_block`)."""
         self.sizes = capture_sizes(max_batch)
         self.max_seq_len = max_seq_len
         self.block_size = block_size
@@ -94,6 +105,8 @@ class PaddedDecoder:
         max_blocks = -(-max_seq_len // block_size)
         self.rows = self.sizes[-1]
         self.buffers = DecodeBuffers.allocate(self.rows, max_blocks, vocab, device)
+        self.window = None if window_scratch_block is None else \
+            WindowView.allocate(scratch_block, window_scratch_block, self.rows, self.rows, max_blocks, device)
         # then per pending row its token index and sampled-id row, then block-table deltas
         self.staging = StagedCopy((_SEGMENTS + 2) * self.rows + 3 * 4 * self.rows, device)
         self.tables = BlockTableRows(2 * self.rows, max_blocks, scratch_block, device)
@@ -130,7 +143,11 @@ class PaddedDecoder:
         deltas: list[int] = []
         table_rows = self.tables.assign([it.seq for it in batch.items], x.positions, self.block_size, deltas)
         fixed = _SEGMENTS * m
-        used = fixed + 2 * p + len(deltas)
+        at_map = fixed + 2 * p + len(deltas)  # then the window blocks' map: its KV blocks, then theirs
+        companions = batch.window_blocks if self.window is not None else {}
+        if self.window is not None:
+            check_written_blocks_mapped(x.slots, companions, self.block_size)
+        used = at_map + 2 * len(companions)
         host = self.staging.host(used)
         for k, (values, filler) in enumerate(zip((x.token_ids, x.positions, x.slots, x.seq_lens, table_rows),
                                                  self._padding)):
@@ -138,10 +155,12 @@ class PaddedDecoder:
             host[k * m + n:k * m + size] = filler
         host[fixed:fixed + p] = x.pending_at
         host[fixed + p:fixed + 2 * p] = x.pending_rows
-        host[fixed + 2 * p:used] = deltas
+        host[fixed + 2 * p:at_map] = deltas
+        host[at_map:at_map + len(companions)] = list(companions)
+        host[at_map + len(companions):used] = list(companions.values())
         dev = self.staging.send(used)
         seg = dev[:fixed].view(_SEGMENTS, m)[:, :size]
-        self.tables.apply(dev[fixed + 2 * p:])
+        self.tables.apply(dev[fixed + 2 * p:at_map])
         b = self.buffers
         b.input_ids[:size] = seg[0]
         if p:
@@ -151,15 +170,24 @@ class PaddedDecoder:
         b.slot_mapping[:size] = seg[2]
         b.seq_lens[:size] = seg[3]
         torch.index_select(self.tables.table, 0, seg[4], out=b.block_table[:size])
+        if self.window is not None:
+            self.window.fill(dev[at_map:used], b.slot_mapping[:size], b.block_table[:size], self.block_size)
         return x.seq_lens + [1] * (size - n), x.sample_rows
 
     def _meta(self, size: int, lens: list[int], graph: bool = False) -> AttentionMetadata:
         b = self.buffers
-        return AttentionMetadata(
-            slot_mapping=b.slot_mapping[:size], cu_seqlens_q=b.cu_seqlens_q[: size + 1], seq_lens=b.seq_lens[:size],
-            block_table=b.block_table[:size], query_lens=[1] * size, seq_lens_host=lens,
-            max_seq_len=self.max_seq_len if graph else max(lens),
-        )
+
+        def over(slots: torch.Tensor, table: torch.Tensor) -> AttentionMetadata:
+            return AttentionMetadata(
+                slot_mapping=slots[:size], cu_seqlens_q=b.cu_seqlens_q[: size + 1], seq_lens=b.seq_lens[:size],
+                block_table=table[:size], query_lens=[1] * size, seq_lens_host=lens,
+                max_seq_len=self.max_seq_len if graph else max(lens),
+            )
+
+        meta = over(b.slot_mapping, b.block_table)
+        if self.window is not None:
+            meta.window = over(self.window.slot_mapping, self.window.block_table)
+        return meta
 
     def capture(self, forward: Forward) -> None:
         """Capture one CUDA graph per size, largest first so the smaller ones reuse its memory pool."""

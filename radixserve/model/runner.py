@@ -46,6 +46,7 @@ from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
 from radixserve.model.spec import ModelSpec, load_spec
 from radixserve.model.state_cache import StateCache, StateLayout
+from radixserve.model.window_view import WindowView, check_written_blocks_mapped
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,10 @@ class StepInputs:
 
 def sliding_layout(sliding_window_kv: str, device: torch.device, spec: ModelSpec) -> str:
     """Where sliding-window layers keep their K/V (config.SLIDING_WINDOW_KV), resolved: "all", "window"
-    or "window-blocks". "auto" is "all" on CUDA where one paged pool holds every layer's head shape, since
-    a model off the padded decode path gives up the decode graphs (docs/hybrid_cache.md); else
-    "window-blocks" where the model mixes sliding-window and full-attention layers and has no recurrent
-    ones, else "window"."""
+    or "window-blocks". "auto" is "window-blocks" where the model mixes sliding-window and full-attention
+    layers and has no recurrent ones (their decode steps keep the padded path and its CUDA graphs); else
+    "all" on CUDA where one paged pool holds every layer's head shape, since window states take a model
+    off the padded decode path and its graphs (docs/hybrid_cache.md); else "window"."""
     if sliding_window_kv == "all" and spec.mixed_head_shapes:
         raise ValueError(f"--sliding-window-kv all: {spec.architecture}'s sliding-window and global layers have "
                          "different head shapes, which one paged pool cannot hold; use window or auto")
@@ -91,9 +92,9 @@ def sliding_layout(sliding_window_kv: str, device: torch.device, spec: ModelSpec
                          f"layers and no recurrent ones; {spec.architecture} has " +
                          ("recurrent layers" if spec.is_hybrid else "no such mix"))
     if sliding_window_kv == "auto":
-        if device.type == "cuda" and not spec.mixed_head_shapes:
-            return "all"
-        return "window-blocks" if groups else "window"
+        if groups:
+            return "window-blocks"
+        return "all" if device.type == "cuda" and not spec.mixed_head_shapes else "window"
     return sliding_window_kv
 
 
@@ -160,9 +161,7 @@ class ModelRunner:
     @property
     def uses_cuda_graphs(self) -> bool:
         # the torch backend reads host copies of lengths inside its forward, which a graph cannot replay
-        # (window-group layers read the step's window view, which the padded decode buffers have not)
-        return (self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
-                and not self.spec.window_group_attentions)
+        return self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
@@ -251,11 +250,13 @@ class ModelRunner:
     def prepare_decode(self, max_batch: int, max_seq_len: int) -> None:
         """Set up the padded decode path for batches up to `max_batch` (and capture its CUDA graphs)."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
-        # recurrent layers read their slots on the eager path, and window-group layers its window view
-        if self.enforce_eager or self.spec.is_hybrid or self.spec.window_group_attentions:
+        # recurrent layers read their slots on the eager path
+        if self.enforce_eager or self.spec.is_hybrid:
             return
+        windows = self.kv_cache.windows
         self.decoder = PaddedDecoder(max_batch, max_seq_len, self.block_size, self.kv_cache.scratch_block,
-                                     self.spec.vocab_size, self.device, self.build_time)
+                                     self.spec.vocab_size, self.device, self.build_time,
+                                     window_scratch_block=None if windows is None else windows.scratch_block)
         if self.uses_cuda_graphs:
             with torch.inference_mode():
                 self.decoder.capture(self._forward)
@@ -310,19 +311,16 @@ class ModelRunner:
             sample_rows=to_device(x.sample_rows, torch.long, dev),
         )
 
-    def _window_view(self, meta: AttentionMetadata, slots: list[int], table: np.ndarray, companion: dict[int, int],
+    def _window_view(self, meta: AttentionMetadata, slots: list[int], table: np.ndarray, companions: dict[int, int],
                      scratch: int) -> AttentionMetadata:
-        """The step as the window group sees it: each KV block through its companion, the window block
-        beside it (the scheduler maps every block an item writes or reads in its window); a block
-        outside every window to the group's scratch block, which no key a query sees lies in."""
-        bs, dev = self.block_size, self.device
-        window_slots = [companion[s // bs] * bs + s % bs for s in slots]
+        """The step as the window group sees it (model/window_view.py)."""
         assert self.kv_cache is not None
-        lookup = np.full(self.kv_cache.num_blocks + 1, scratch, dtype=np.int32)
-        lookup[list(companion)] = list(companion.values())
-        window_table = lookup[table]
-        return replace(meta, slot_mapping=to_device(window_slots, torch.long, dev),
-                       block_table=torch.from_numpy(window_table).to(dev, non_blocking=True), plans={})
+        check_written_blocks_mapped(slots, companions, self.block_size)
+        rows, width = table.shape
+        view = WindowView.allocate(self.kv_cache.num_blocks, scratch, len(slots), rows, width, self.device)
+        view.fill(to_device(list(companions) + list(companions.values()), torch.long, self.device), meta.slot_mapping,
+                  meta.block_table, self.block_size)
+        return replace(meta, slot_mapping=view.slot_mapping, block_table=view.block_table, plans={})
 
     @torch.inference_mode()
     def run(self, batch: Batch, pending: PendingInputs | None = None, asked: RowLogprobs | None = None) -> torch.Tensor:

@@ -208,16 +208,20 @@ def test_fp8_kv_cache_graphs_equal_eager_and_follow_the_torch_backend(arch: str)
 
 @pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gpt_oss"])
 def test_window_blocks_on_cuda_match_transformers(arch: str) -> None:
-    """fp32 on CUDA, eager: the sliding layers' K/V in window blocks the Triton kernels read in place,
-    cold in chunks, a multi-turn hit mid-block and prompts arriving together."""
-    llm = cuda_llm(arch, dtype="float32", sliding_window_kv="window-blocks", max_num_batched_tokens=16)
-    assert llm.engine.cache.windows is not None and not llm.engine.runner.uses_cuda_graphs
-    base = random_prompts([40])[0]
-    first = check(arch, llm, [base])[0]
-    turn2 = base + first.outputs[0].token_ids + random_prompts([9])[0]
-    assert check(arch, llm, [turn2])[0].usage.cached_tokens == len(base) + len(first.outputs[0].token_ids) - 1
-    system = random_prompts([33])[0]
-    check(arch, llm, [system + random_prompts([5 + k])[0] for k in range(4)])
+    """fp32 on CUDA: the sliding layers' K/V in window blocks the Triton kernels read in place (the
+    default layout), decode steps replayed from CUDA graphs over the window view's static buffers; cold
+    in chunks, a multi-turn hit mid-block and prompts arriving together, each also with every step eager."""
+    for eager in (False, True):
+        llm = cuda_llm(arch, dtype="float32", max_num_batched_tokens=16, enforce_eager=eager)
+        decoder = llm.engine.runner.decoder
+        assert llm.engine.cache.windows is not None and llm.engine.runner.uses_cuda_graphs == (not eager)
+        assert eager or decoder is not None and decoder.window is not None and decoder.graphs
+        base = random_prompts([40])[0]
+        first = check(arch, llm, [base])[0]
+        turn2 = base + first.outputs[0].token_ids + random_prompts([9])[0]
+        assert check(arch, llm, [turn2])[0].usage.cached_tokens == len(base) + len(first.outputs[0].token_ids) - 1
+        system = random_prompts([33])[0]
+        check(arch, llm, [system + random_prompts([5 + k])[0] for k in range(4)])
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "falcon_h1"])

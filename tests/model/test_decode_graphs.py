@@ -19,6 +19,7 @@ from radixserve.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 from radixserve.model.decode_graphs import bucket_for, capture_sizes
 from radixserve.model.memory import DeviceBudget
+from radixserve.model.window_view import WindowView, check_written_blocks_mapped
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -76,6 +77,73 @@ def test_padding_rows_never_write_a_live_block() -> None:
     assert live_changed == written, "a padded step wrote a slot of a live block it did not own"
     assert scratch * bs in changed_slots, "the padding row did not write its scratch slot"
     assert not any(o.finished and o.outputs[0].finish_reason == "error" for o in engine.step())
+    engine.check_integrity()
+
+
+def test_the_window_view_maps_each_kv_block_through_the_step_map_and_the_rest_to_scratch() -> None:
+    kv_blocks, window_scratch, bs = 40, 9, 4
+    g = torch.Generator().manual_seed(3)
+    view = WindowView.allocate(kv_blocks, window_scratch, max_tokens=6, max_rows=4, max_blocks=5,
+                               device=torch.device("cpu"))
+    for step in range(3):  # each step starts from a fresh lookup: no entry of an earlier map survives
+        mapped = torch.randperm(kv_blocks, generator=g)[:7].tolist()
+        companions = dict(zip(mapped, torch.randperm(window_scratch, generator=g)[:7].tolist()))
+        table = torch.randint(0, kv_blocks + 1, (3, 5), generator=g, dtype=torch.int32)
+        table[2] = kv_blocks  # a padding row: the KV cache's scratch row
+        slots = torch.tensor([mapped[0] * bs + 1, mapped[step + 1] * bs + 3, kv_blocks * bs])
+        view.fill(torch.tensor(list(companions) + list(companions.values())), slots, table, bs)
+        want = [[companions.get(b, window_scratch) for b in row] for row in table.tolist()]
+        assert view.block_table[:3].tolist() == want
+        assert view.slot_mapping[:3].tolist() == [companions[mapped[0]] * bs + 1, companions[mapped[step + 1]] * bs + 3,
+                                                  window_scratch * bs]
+    check_written_blocks_mapped([8, 9, 21], {2: 0, 5: 1}, bs)
+    with pytest.raises(RuntimeError, match=r"writes KV blocks \[3\] that have no window block"):
+        check_written_blocks_mapped([8, 13], {2: 0}, bs)
+
+
+@about_the_padded_path
+def test_window_blocks_take_the_padded_path_whose_padding_writes_only_the_scratch_blocks() -> None:
+    """--sliding-window-kv window-blocks: decode steps run the padded path (CUDA graphs on GPU) with the
+    window view in static buffers; the same tokens as every step eager, and a padded step writes the
+    window pool only at its rows' own slots and the group's scratch block."""
+    prompts = [torch.randint(4, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (21, 16, 40)]
+    kw = {"model": str(tiny_model_dir("gemma3")), "sliding_window_kv": "window-blocks", "block_size": 4,
+          "num_blocks": 96, "max_num_seqs": 8}
+    eager = LLM(**kw, enforce_eager=True).generate(prompts, GREEDY)
+    engine = LLM(**kw).engine
+    decoder = engine.runner.decoder
+    assert decoder is not None and decoder.window is not None
+    for i, p in enumerate(prompts):  # three live sequences -> padded to 4 rows
+        engine.add_request(p, GREEDY, request_id=str(i))
+    outs: dict[str, list[int]] = {}
+
+    def step() -> None:  # each output carries its request's new tokens
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).extend(o.outputs[0].token_ids)
+
+    while any(s.num_computed < len(s.token_ids) - 1 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        step()
+    running = list(engine.scheduler.running)
+    assert len(running) == 3 and bucket_for(3, decoder.sizes) == 4
+    kv, cache, bs = engine.runner.kv_cache, engine.cache, engine.config.block_size
+    assert kv is not None and kv.windows is not None and cache.windows is not None
+    windows = kv.windows
+    newest = {s.seq_id: len(s.token_ids) - 1 for s in running}  # the position each one writes this step
+    windows.data[:, :, windows.scratch_block] = float("nan")
+    before = windows.data.clone()
+    step()
+    written = {cache.windows.companion[s.block_table[newest[s.seq_id] // bs]] * bs + newest[s.seq_id] % bs
+               for s in running}
+    flat_before, flat_after = before.flatten(2, 3), windows.data.flatten(2, 3)
+    changed = (flat_before != flat_after) & ~(flat_before.isnan() & flat_after.isnan())
+    changed_slots = set(changed.flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist())
+    assert {s for s in changed_slots if s // bs != windows.scratch_block} == written
+    assert windows.scratch_block * bs in changed_slots, "the padding row did not write the window scratch slot"
+    for _ in range(100):
+        if not engine.has_unfinished():
+            break
+        step()
+    assert [outs[k] for k in sorted(outs, key=int)] == [o.outputs[0].token_ids for o in eager]
     engine.check_integrity()
 
 

@@ -115,20 +115,21 @@ def test_a_llama_shaped_model_with_window_states_leaves_the_compiled_cpu_step() 
     assert not spec.with_window_states().llama_shaped
 
 
-def test_auto_pages_windows_in_their_group_off_cuda_and_where_the_head_shapes_need_it() -> None:
-    """On CUDA a model off the padded decode path gives up its decode graphs: "auto" pages the windows
-    with the other layers there, except where one paged pool cannot hold every layer's head shape
-    (Gemma 4), which "all" refuses; elsewhere in the window group, or as states where there is none."""
+def test_auto_pages_windows_in_their_group_and_keeps_window_states_off_cuda() -> None:
+    """"auto" pages the sliding layers' K/V in the window group wherever a model mixes sliding and full
+    layers (its decode steps keep the padded path and CUDA graphs); a model windowed everywhere keeps its
+    windows as states, except on CUDA, where states would give up the decode graphs and the windows are
+    paged with every token's K/V."""
     from radixserve.model.runner import sliding_layout
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     uniform, mixed = load_spec(tiny_model_dir("gemma3")), load_spec(tiny_model_dir("gemma4"))
     assert not uniform.mixed_head_shapes and mixed.mixed_head_shapes
-    assert sliding_layout("auto", cpu, uniform) == "window-blocks" and sliding_layout("auto", cuda, uniform) == "all"
+    assert sliding_layout("auto", cpu, uniform) == "window-blocks" and sliding_layout("auto", cuda, uniform) == "window-blocks"
     assert sliding_layout("window", cuda, uniform) == "window" and sliding_layout("all", cpu, uniform) == "all"
     assert sliding_layout("auto", cuda, mixed) == sliding_layout("window-blocks", cuda, mixed) == "window-blocks"
     mistral = load_spec(tiny_model_dir("mistral"))  # windowed everywhere: no group, its windows as states
-    assert sliding_layout("auto", cpu, mistral) == "window"
+    assert sliding_layout("auto", cpu, mistral) == "window" and sliding_layout("auto", cuda, mistral) == "all"
     with pytest.raises(ValueError, match="has no such mix"):
         sliding_layout("window-blocks", cpu, mistral)
     with pytest.raises(ValueError, match="different head shapes"):
