@@ -344,63 +344,52 @@ void float_tile(const uint8_t* const* block, int64_t groups, const Inputs& input
   }
 }
 
-// The int8 path's tile: for each segment (half) of 32 (16) inputs, an exact integer count
-// c = sum of quant * q over it, then, in fp32, each a separate multiply and add (no fusing):
+// The int8 path's tile: one block of 16 outputs for Rows rows (from `row`). For each segment (half)
+// of 32 (16) inputs, an exact integer count c = sum of quant * q over it, then, in fp32, each a
+// separate multiply and add (no fusing):
 //   acc = acc + (scale * d) * (c - kOffset * sum q)       [per half]
 //   acc = acc + minimum * (d * sum q)                      [kHasMinimum: Q4_1 and the K types]
 // over the segments in ascending order, then + bias. d * sum q is exact (11 + 12 significant bits).
-template <int Rows, int Blocks, typename F>
-void int8_tile(const uint8_t* const* block, int64_t groups, const Inputs& inputs, int64_t row, const float* bias,
+// One block per tile: a thread's tiles then read its share of the weight as one stream that
+// prefetch_ahead stays ahead of (two blocks side by side were two streams a block apart, the second
+// unrequested at each tile's start).
+template <int Rows, typename F>
+void int8_tile(const uint8_t* block, int64_t groups, const Inputs& inputs, int64_t row, const float* bias,
                float* out, int64_t out_stride) {
   const Int8Rows& a = *inputs.int8;
   const int64_t in = inputs.in;
   constexpr int64_t kQuadsPerHalf = 8 / F::kHalves;
-  Lanes acc[Rows][Blocks] = {};
+  Lanes acc[Rows] = {};
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t s = 0; s < F::kGroup / 32; ++s) {
-      typename F::Segment segment[Blocks];
-      for (int b = 0; b < Blocks; ++b) {
-        prefetch_ahead<F>(block[b], g, s);
-        segment[b] = F::segment(block[b] + g * F::kTileBytes, s);
-      }
+      prefetch_ahead<F>(block, g, s);
+      const typename F::Segment segment = F::segment(block + g * F::kTileBytes, s);
       const int64_t start = g * F::kGroup + s * 32;
       for (int half = 0; half < F::kHalves; ++half) {
-        NativeInt count[Rows][Blocks][kParts] = {};
+        NativeInt count[Rows][kParts] = {};
         for (int64_t u = half * kQuadsPerHalf; u < (half + 1) * kQuadsPerHalf; ++u) {
-          NativeInt quads[Blocks][kParts];
-          for (int b = 0; b < Blocks; ++b) F::quad(segment[b], u, quads[b]);
+          NativeInt quads[kParts];
+          F::quad(segment, u, quads);
           for (int r = 0; r < Rows; ++r) {
             const int32_t word = a.word(row + r, start + 4 * u);
-            for (int b = 0; b < Blocks; ++b) {
-              for (int p = 0; p < kParts; ++p) {
-                count[r][b][p] = dot4<F::kLargestQuant>(count[r][b][p], quads[b][p], word);
-              }
-            }
+            for (int p = 0; p < kParts; ++p) count[r][p] = dot4<F::kLargestQuant>(count[r][p], quads[p], word);
           }
         }
         for (int r = 0; r < Rows; ++r) {
           const int64_t sixteens = (row + r) * (in / 16) + start / 16;
           const int32_t sum = F::kHalves == 2 ? a.sums[sixteens + half] : a.sums[sixteens] + a.sums[sixteens + 1];
           const float d = a.d[(row + r) * (in / 32) + start / 32];
-          const Lanes d_lanes = broadcast(d);
-          for (int b = 0; b < Blocks; ++b) {
-            const int32_t offset = (F::kOffset - kCentring<F::kLargestQuant>) * sum;  // dot4 counted less kCentring
-            acc[r][b] = acc[r][b] + ggml::multiply(ggml::multiply(F::scale(segment[b], half), d_lanes),
-                                                   ggml::as_lanes(count[r][b], offset));
-            if constexpr (F::kHasMinimum) {
-              acc[r][b] = acc[r][b] + ggml::multiply(F::minimum(segment[b]), broadcast(d * static_cast<float>(sum)));
-            }
+          const int32_t offset = (F::kOffset - kCentring<F::kLargestQuant>) * sum;  // dot4 counted less kCentring
+          acc[r] = acc[r] + ggml::multiply(ggml::multiply(F::scale(segment, half), broadcast(d)),
+                                           ggml::as_lanes(count[r], offset));
+          if constexpr (F::kHasMinimum) {
+            acc[r] = acc[r] + ggml::multiply(F::minimum(segment), broadcast(d * static_cast<float>(sum)));
           }
         }
       }
     }
   }
-  for (int r = 0; r < Rows; ++r) {
-    for (int b = 0; b < Blocks; ++b) {
-      store_lanes(out + r * out_stride + b * kLanes,
-                  bias ? acc[r][b] + load_lanes(bias + b * kLanes) : acc[r][b]);
-    }
-  }
+  for (int r = 0; r < Rows; ++r) store_lanes(out + r * out_stride, bias ? acc[r] + load_lanes(bias) : acc[r]);
 }
 
 // Blocks per register tile: accumulators, weights and a broadcast input within the vector registers
@@ -412,14 +401,12 @@ template <bool Int8, int Rows, int Blocks, typename F>
 void quantized_tiles(const uint8_t* const* block, int64_t groups, const Inputs& inputs, int64_t row,
                      const float* bias, float* out, int64_t out_stride) {
   // fp32 tiles: more rows, fewer blocks per tile, so that the accumulators stay within the registers.
-  // int8 tiles: one block each. A thread's tiles then read its share of the weight as one stream that
-  // prefetch_ahead stays ahead of; two blocks side by side were two streams a block apart, the second
-  // unrequested at each tile's start (the prefetch alone, with two blocks per tile, gained little).
+  // int8 tiles: one block each (int8_tile says why).
   constexpr int kPerTile = Int8 ? 1 : Rows <= 2 || Blocks == 1 ? Blocks : Blocks / 2;
   for (int b = 0; b < Blocks; b += kPerTile) {
     const float* tile_bias = bias ? bias + b * kLanes : nullptr;
     if constexpr (Int8) {
-      int8_tile<Rows, kPerTile, F>(block + b, groups, inputs, row, tile_bias, out + b * kLanes, out_stride);
+      int8_tile<Rows, F>(block[b], groups, inputs, row, tile_bias, out + b * kLanes, out_stride);
     } else {
       float_tile<Rows, kPerTile, F>(block + b, groups, inputs, row, tile_bias, out + b * kLanes, out_stride);
     }
