@@ -23,7 +23,8 @@
 #      CUDA, and their decode GEMMs of the 8B shapes at batch 1 and 64 against the roofline of their weight
 #      bytes, beside torch's bf16 linear (scripts/quant_gemm_check.py, well under a minute)
 #  11. hybrid models (issue 46): a Qwen3.5-shaped random checkpoint (~2B, its Gated DeltaNet layers on the
-#      Triton recurrent kernels) through `radixserve bench` multi-turn and random, cache on vs off
+#      Triton recurrent kernels) through `radixserve bench` multi-turn and random, cache on vs off, and
+#      its decode step with CUDA graphs on and off
 #      (tests/engine/test_gpu.py checks the kernels' models against transformers)
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
 # `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
@@ -125,6 +126,9 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
         --systems radixserve,radixserve-nocache --no-micro --no-progress --no-charts --out /tmp/rs-hybrid
     cp /tmp/rs-hybrid/results.json "$OUT/hybrid-results.json" 2>/dev/null
     cp /tmp/rs-hybrid/table.md "$OUT/hybrid-table.md" 2>/dev/null
+    # its decode step replayed from CUDA graphs (the recurrent kernels' items in static buffers) and eager
+    run timeout 240 $RS bench step --model /tmp/rs-qwen35 --load-format dummy --batch 1,16 --context 2048 \
+        --sampling greedy --steps 16 --graphs on,off --json "$OUT/step-hybrid-qwen35.json"
   fi
   echo; echo "gpu_check: exit $status"
 } 2>&1 | tee "$LOG"

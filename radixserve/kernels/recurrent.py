@@ -23,7 +23,9 @@ csrc/mamba2_scan.cpp); a chunked (WY / state-space-dual) prefill is not written.
 Invariants: the wrappers check shapes and dtypes on the host, and index values only on CPU under
 the interpreter (on CUDA that would cost a sync per layer); they never sync, allocate only outputs,
 and launch on the inputs' device. Scans are fp32 throughout; the convolution reads and writes the
-model's dtype and sums in fp32, rounding once.
+model's dtype and sums in fp32, rounding once. Items own distinct slots, except the padding rows of
+the padded decode path (model/decode_graphs.py): they all start fresh in the pool's last slot, its
+scratch, which nothing reads, so their racing writes there change nothing.
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ class StepItems:
             if starts[0] != 0 or starts[-1] != tokens or any(a >= b for a, b in zip(starts, starts[1:])):
                 raise ValueError(f"item starts {starts} do not split {tokens} tokens")
             slots = self.slots.tolist()
-            if any(not 0 <= s < num_slots for s in slots) or len(set(slots)) != len(slots):
-                raise ValueError(f"slots {slots}: each item needs its own slot of a pool of {num_slots}")
+            owned = [s for s in slots if s != num_slots - 1]  # the scratch slot, which padding rows share
+            if any(not 0 <= s < num_slots for s in slots) or len(set(owned)) != len(owned):
+                raise ValueError(f"slots {slots}: each item needs its own slot of a pool of {num_slots} "
+                                 "(only padding rows share the last, scratch slot)")
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> None:

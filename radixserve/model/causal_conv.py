@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # stays torch there), or the Triton kernels
 RecurrentImplementation = Literal["torch", "cpp", "triton"]
 
+# where a step's `StepItems` sit in its metadata's plans (the padded decode path puts its static ones there)
+RECURRENT_ITEMS = "recurrent_items"
+
 
 def decode_slots(slots: list[int], fresh: list[bool], dtype: torch.dtype,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,9 +48,9 @@ def step_items(meta: AttentionMetadata, slots: list[int], fresh: list[bool], dev
     step's metadata: every layer of a forward has the same items, slots and fresh flags."""
     from radixserve.kernels.recurrent import StepItems
 
-    items = meta.plans.get("recurrent_items")
+    items = meta.plans.get(RECURRENT_ITEMS)
     if items is None:
-        items = meta.plans["recurrent_items"] = StepItems.make(meta.query_lens, slots, fresh, device)
+        items = meta.plans[RECURRENT_ITEMS] = StepItems.make(meta.query_lens, slots, fresh, device)
     return items
 
 

@@ -19,6 +19,11 @@ on the device a lookup over every KV block is reset to the group's scratch block
 turns the static block table and slots into the window view's static twins, as the eager path's
 `ModelRunner._window_view` does on the host. A graph then replays over those twins.
 
+Recurrent layers (hybrid models, on the Triton kernels): each row is one item of the kernels' item
+table (`kernels/recurrent.StepItems`), whose slots and fresh flags are staged with the other inputs
+into static buffers and put in the step's plans, where every recurrent layer finds them
+(`causal_conv.step_items`). Padding rows start fresh in the state pool's scratch slot.
+
 Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
 slot of the KV cache's scratch block and their block-table row is the scratch row, so they
 write and read only the scratch block, which no sequence ever owns (and, in the window view, only the
@@ -41,6 +46,7 @@ import torch
 from radixserve.core import Batch
 from radixserve.model.attention import AttentionMetadata
 from radixserve.model.batch_inputs import BuildTime, PendingInputs, build_inputs
+from radixserve.model.causal_conv import RECURRENT_ITEMS
 from radixserve.model.device import to_device
 from radixserve.model.step_buffers import BlockTableRows, StagedCopy
 from radixserve.model.window_view import WindowView, check_written_blocks_mapped
@@ -90,13 +96,31 @@ class DecodeBuffers:
         )
 
 
+@dataclass
+class RecurrentRows:
+    """The recurrent layers' item table over the padded rows, in static buffers: row b is item b."""
+
+    starts: torch.Tensor  # [max_batch + 1] int32: 0, 1, 2, ... (never changes)
+    slots: torch.Tensor  # [max_batch] int32: each row's state slot, the scratch slot for padding
+    fresh: torch.Tensor  # [max_batch] int32: 1 where a row starts from zeros (position 0, and padding)
+    scratch_slot: int
+
+    @classmethod
+    def allocate(cls, max_batch: int, scratch_slot: int, device: torch.device) -> RecurrentRows:
+        return cls(starts=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
+                   slots=torch.full((max_batch,), scratch_slot, dtype=torch.int32, device=device),
+                   fresh=torch.ones(max_batch, dtype=torch.int32, device=device), scratch_slot=scratch_slot)
+
+
 class PaddedDecoder:
     """Runs decode-only batches through the padded static-buffer path, from CUDA graphs when captured."""
 
     def __init__(self, max_batch: int, max_seq_len: int, block_size: int, scratch_block: int, vocab: int,
-                 device: torch.device, build_time: BuildTime | None = None, window_scratch_block: int | None = None) -> None:
+                 device: torch.device, build_time: BuildTime | None = None, window_scratch_block: int | None = None,
+                 scratch_slot: int | None = None) -> None:
         """`window_scratch_block`: the window group's scratch block where the model has one (the KV
-        cache's scratch block is its last, so its blocks number `scratch_block`)."""
+        cache's scratch block is its last, so its blocks number `scratch_block`). `scratch_slot`: the
+        state pool's scratch slot where the model has recurrent layers (on the Triton kernels)."""
         self.sizes = capture_sizes(max_batch)
         self.max_seq_len = max_seq_len
         self.block_size = block_size
@@ -107,6 +131,8 @@ class PaddedDecoder:
         self.buffers = DecodeBuffers.allocate(self.rows, max_blocks, vocab, device)
         self.window = None if window_scratch_block is None else \
             WindowView.allocate(scratch_block, window_scratch_block, self.rows, self.rows, max_blocks, device)
+        self.recurrent = None if scratch_slot is None else RecurrentRows.allocate(self.rows, scratch_slot, device)
+        self._state_slots: list[int] = []  # the last step's, padding included (host copies for the meta)
         # then per pending row its token index and sampled-id row, then block-table deltas
         self.staging = StagedCopy((_SEGMENTS + 2) * self.rows + 3 * 4 * self.rows, device)
         self.tables = BlockTableRows(2 * self.rows, max_blocks, scratch_block, device)
@@ -147,7 +173,8 @@ class PaddedDecoder:
         companions = batch.window_blocks if self.window is not None else {}
         if self.window is not None:
             check_written_blocks_mapped(x.slots, companions, self.block_size)
-        used = at_map + 2 * len(companions)
+        at_items = at_map + 2 * len(companions)  # then, with recurrent layers, each row's slot and fresh flag
+        used = at_items + (2 * size if self.recurrent is not None else 0)
         host = self.staging.host(used)
         for k, (values, filler) in enumerate(zip((x.token_ids, x.positions, x.slots, x.seq_lens, table_rows),
                                                  self._padding)):
@@ -157,7 +184,11 @@ class PaddedDecoder:
         host[fixed + p:fixed + 2 * p] = x.pending_rows
         host[fixed + 2 * p:at_map] = deltas
         host[at_map:at_map + len(companions)] = list(companions)
-        host[at_map + len(companions):used] = list(companions.values())
+        host[at_map + len(companions):at_items] = list(companions.values())
+        if self.recurrent is not None:
+            self._state_slots = x.state_slots + [self.recurrent.scratch_slot] * (size - n)
+            host[at_items:at_items + size] = self._state_slots
+            host[at_items + size:used] = [int(length == 1) for length in x.seq_lens] + [1] * (size - n)
         dev = self.staging.send(used)
         seg = dev[:fixed].view(_SEGMENTS, m)[:, :size]
         self.tables.apply(dev[fixed + 2 * p:at_map])
@@ -171,7 +202,10 @@ class PaddedDecoder:
         b.seq_lens[:size] = seg[3]
         torch.index_select(self.tables.table, 0, seg[4], out=b.block_table[:size])
         if self.window is not None:
-            self.window.fill(dev[at_map:used], b.slot_mapping[:size], b.block_table[:size], self.block_size)
+            self.window.fill(dev[at_map:at_items], b.slot_mapping[:size], b.block_table[:size], self.block_size)
+        if self.recurrent is not None:
+            self.recurrent.slots[:size] = dev[at_items:at_items + size]
+            self.recurrent.fresh[:size] = dev[at_items + size:used]
         return x.seq_lens + [1] * (size - n), x.sample_rows
 
     def _meta(self, size: int, lens: list[int], graph: bool = False) -> AttentionMetadata:
@@ -187,6 +221,12 @@ class PaddedDecoder:
         meta = over(b.slot_mapping, b.block_table)
         if self.window is not None:
             meta.window = over(self.window.slot_mapping, self.window.block_table)
+        if self.recurrent is not None:
+            from radixserve.kernels.recurrent import StepItems
+
+            r = self.recurrent
+            meta.state_slots = self._state_slots[:size]
+            meta.plans[RECURRENT_ITEMS] = StepItems(r.starts[:size + 1], r.slots[:size], r.fresh[:size], longest=1)
         return meta
 
     def capture(self, forward: Forward) -> None:

@@ -44,7 +44,7 @@ from radixserve.model.mamba2 import Mamba2Mixer
 from radixserve.model.memory import DeviceBudget, in_use_bytes, peak_bytes
 from radixserve.model.moe import MoE
 from radixserve.model.ops import make_ops
-from radixserve.model.spec import ModelSpec, load_spec
+from radixserve.model.spec import ModelSpec, WindowKVSpec, load_spec
 from radixserve.model.state_cache import StateCache, StateLayout
 from radixserve.model.window_view import WindowView, check_written_blocks_mapped
 
@@ -159,9 +159,21 @@ class ModelRunner:
         return extension is not None
 
     @property
+    def decodes_padded(self) -> bool:
+        """Whether decode steps may take the padded path: every model, except one with recurrent layers
+        off the Triton kernels (the torch and C++ scans read host lists of slots, which a graph cannot
+        replay; on CPU the eager path is no slower) or with window states (their layers index the
+        states by host lists too)."""
+        if not self.spec.is_hybrid:
+            return True
+        scans = {m.implementation for m in self.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))}
+        return scans == {"triton"} and not any(isinstance(r, WindowKVSpec) for r in self.spec.recurrents)
+
+    @property
     def uses_cuda_graphs(self) -> bool:
         # the torch backend reads host copies of lengths inside its forward, which a graph cannot replay
-        return self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
+        return (self.device.type == "cuda" and self.backend.name == "triton" and not self.enforce_eager
+                and self.decodes_padded)
 
     def kv_layout(self) -> KVLayout:
         s = self.spec
@@ -250,13 +262,13 @@ class ModelRunner:
     def prepare_decode(self, max_batch: int, max_seq_len: int) -> None:
         """Set up the padded decode path for batches up to `max_batch` (and capture its CUDA graphs)."""
         assert self.kv_cache is not None, "allocate_kv_cache first"
-        # recurrent layers read their slots on the eager path
-        if self.enforce_eager or self.spec.is_hybrid:
+        if self.enforce_eager or not self.decodes_padded:
             return
-        windows = self.kv_cache.windows
+        windows, states = self.kv_cache.windows, self.kv_cache.states
         self.decoder = PaddedDecoder(max_batch, max_seq_len, self.block_size, self.kv_cache.scratch_block,
                                      self.spec.vocab_size, self.device, self.build_time,
-                                     window_scratch_block=None if windows is None else windows.scratch_block)
+                                     window_scratch_block=None if windows is None else windows.scratch_block,
+                                     scratch_slot=None if states is None else states.scratch_slot)
         if self.uses_cuda_graphs:
             with torch.inference_mode():
                 self.decoder.capture(self._forward)

@@ -227,17 +227,23 @@ def test_window_blocks_on_cuda_match_transformers(arch: str) -> None:
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "falcon_h1"])
 def test_hybrids_on_the_triton_recurrent_kernels_match_transformers(arch: str) -> None:
     """fp32 on CUDA: the recurrent layers in kernels/recurrent.py (every item of a step in one launch),
-    cold in chunks, a multi-turn hit resuming at the reply's end, and prompts arriving together."""
+    decode steps replayed from CUDA graphs over the kernels' item table in static buffers; cold in
+    chunks, a multi-turn hit resuming at the reply's end, and prompts arriving together (3 rows padded
+    to 4), each also with every step eager."""
     from radixserve.model.causal_conv import CausalConv
     from radixserve.model.delta_net import GatedDeltaNet
     from radixserve.model.mamba2 import Mamba2Mixer
 
-    llm = cuda_llm(arch, dtype="float32", max_num_batched_tokens=16)
-    recurrent = [m for m in llm.engine.runner.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))]
-    assert recurrent and {m.implementation for m in recurrent} == {"triton"}
-    base = random_prompts([40])[0]
-    first = check(arch, llm, [base])[0]
-    turn2 = base + first.outputs[0].token_ids + random_prompts([9])[0]
-    assert check(arch, llm, [turn2])[0].usage.cached_tokens > len(base)
-    system = random_prompts([33])[0]
-    check(arch, llm, [system + random_prompts([5 + k])[0] for k in range(4)])
+    for eager in (False, True):
+        llm = cuda_llm(arch, dtype="float32", max_num_batched_tokens=16, enforce_eager=eager)
+        recurrent = [m for m in llm.engine.runner.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))]
+        assert recurrent and {m.implementation for m in recurrent} == {"triton"}
+        decoder = llm.engine.runner.decoder
+        assert llm.engine.runner.uses_cuda_graphs == (not eager)
+        assert eager or decoder is not None and decoder.recurrent is not None and decoder.graphs
+        base = random_prompts([40])[0]
+        first = check(arch, llm, [base])[0]
+        turn2 = base + first.outputs[0].token_ids + random_prompts([9])[0]
+        assert check(arch, llm, [turn2])[0].usage.cached_tokens > len(base)
+        system = random_prompts([33])[0]
+        check(arch, llm, [system + random_prompts([5 + k])[0] for k in range(3)])

@@ -7,6 +7,7 @@ moving states on (its whole batch fails; no checkpoint keeps a half-moved state)
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -198,6 +199,11 @@ def test_hybrid_on_the_triton_kernels_matches_transformers(arch: str) -> None:
                max_num_batched_tokens=16, num_speculative_tokens=4)
     recurrent = [m for m in llm.engine.runner.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))]
     assert recurrent and {m.implementation for m in recurrent} == {"triton"}
+    # decode steps take the padded path (CUDA graphs on GPU): the kernels' item table in static buffers,
+    # padding rows fresh in the scratch slot (three prompts together: 3 rows padded to 4)
+    decoder = llm.engine.runner.decoder
+    assert decoder is not None and decoder.recurrent is not None
+    padded_steps = count_calls(decoder, "run")
     base = random_prompts([22], seed=3)[0]
     first = check(arch, llm, [base])[0]
     turn2 = base + first.outputs[0].token_ids + random_prompts([5], seed=4)[0]
@@ -211,7 +217,28 @@ def test_hybrid_on_the_triton_kernels_matches_transformers(arch: str) -> None:
     check(arch, llm, [turn2])  # drafts from the cached greedy reply: accepted
     stats = llm.engine.stats()
     assert 0 < sum(stats.spec_accepted.values()) < sum(stats.spec_proposed.values())
+    assert padded_steps[3] > 0 and padded_steps[1] > 0  # batch sizes the padded path ran
     assert_clean(llm)
+
+
+def count_calls(decoder: Any, name: str) -> Counter[int]:
+    """Counts the padded path's steps by their batch size, from now on."""
+    sizes: Counter[int] = Counter()
+    run = getattr(decoder, name)
+
+    def counted(batch: Batch, *args: Any, **kwargs: Any) -> Any:
+        sizes[len(batch.items)] += 1
+        return run(batch, *args, **kwargs)
+
+    setattr(decoder, name, counted)
+    return sizes
+
+
+def test_hybrids_off_the_triton_kernels_decode_eagerly() -> None:
+    """The C++ and torch scans take host lists of slots: their decode steps stay off the padded path."""
+    for eager in (False, True):
+        llm = make("qwen3_5", enforce_eager=eager)
+        assert llm.engine.runner.decoder is None and not llm.engine.runner.decodes_padded
 
 
 # --sliding-window-kv window-blocks: the sliding layers' K/V of cached blocks in window blocks, no checkpoints

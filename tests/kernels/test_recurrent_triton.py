@@ -197,7 +197,9 @@ def test_bad_calls_are_refused() -> None:
         StepItems.make([2, 0], [0, 1], [True, False], CPU)
     inputs = _delta_inputs(3, 1, 8, 8, seed=0)
     with pytest.raises(ValueError, match="its own slot"):
-        _delta(inputs, torch.zeros(2, 1, 8, 8), [2, 1], [1, 1], [True, False])
+        _delta(inputs, torch.zeros(3, 1, 8, 8), [2, 1], [1, 1], [True, False])
+    # padding rows of the padded decode path share the last slot, the pool's scratch
+    _delta(_delta_inputs(2, 1, 8, 8, seed=0), torch.zeros(3, 1, 8, 8), [1, 1], [2, 2], [True, True])
     with pytest.raises(ValueError, match="its own slot"):
         _delta(inputs, torch.zeros(2, 1, 8, 8), [2, 1], [0, 2], [True, False])
     with pytest.raises(ValueError, match="do not split 3 tokens"):
