@@ -162,8 +162,9 @@ class ModelRunner:
     def decodes_padded(self) -> bool:
         """Whether decode steps may take the padded path: every model, except one with recurrent layers
         off the Triton kernels (the torch and C++ scans read host lists of slots, which a graph cannot
-        replay; on CPU the eager path is no slower) or with window states (their layers index the
-        states by host lists too)."""
+        replay, and the C++ ones refuse the slot padding rows share; without a graph the padded path
+        would only add padding rows) or with window states (their layers index the states by host lists
+        too)."""
         if not self.spec.is_hybrid:
             return True
         scans = {m.implementation for m in self.model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer, CausalConv))}
