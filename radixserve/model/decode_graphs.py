@@ -13,11 +13,10 @@ very same padded path runs eagerly, so its padding and bucketing are exercised b
 `--enforce-eager` bypasses this module altogether.
 
 Window blocks (`--sliding-window-kv window-blocks`): the sliding layers read their K/V from the window
-group's pool, through the step's window view. Each step stages its map of KV block -> window block
-(`Batch.window_blocks`, every block its rows read or write in their windows) beside the other inputs;
-on the device a lookup over every KV block is reset to the group's scratch block, takes the map, and
-turns the static block table and slots into the window view's static twins, as the eager path's
-`ModelRunner._window_view` does on the host. A graph then replays over those twins.
+group's pool, through the step's window view (model/window_view.py). Each step stages its map of KV
+block -> window block (`Batch.window_blocks`, every block its rows read or write in their windows)
+beside the other inputs, and the view, kept in static buffers here, is made from it on the device,
+as the eager path makes one per step. A graph then replays over those buffers.
 
 Recurrent layers (hybrid models, on the Triton kernels): each row is one item of the kernels' item
 table (`kernels/recurrent.StepItems`), whose slots and fresh flags are staged with the other inputs
@@ -26,8 +25,8 @@ into static buffers and put in the step's plans, where every recurrent layer fin
 
 Invariants: padding rows hold token 0 at position 0 with one cached token, their slot is the first
 slot of the KV cache's scratch block and their block-table row is the scratch row, so they
-write and read only the scratch block, which no sequence ever owns (and, in the window view, only the
-window group's scratch block, which the lookup gives every KV block outside this step's map); a captured graph's launch
+write and read only the scratch block, which no sequence ever owns (in the window view, only the
+window group's scratch block; in the state pool, only its scratch slot); a captured graph's launch
 parameters (decode split counts) are sized for the longest sequence the engine allows, so a replay
 is right for any live lengths; the logits buffer is overwritten by the next step, so callers use
 the returned view before they run another step.
