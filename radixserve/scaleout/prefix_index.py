@@ -11,8 +11,10 @@ picture also forgets on its own: `prune` removes the part of a prompt that only 
 there, and `evict` removes the least recently inserted leaves beyond a size (routing.py bounds each
 picture by a multiple of its replica's pool). Per edge it keeps `refs` (requests in flight whose
 prompt covers it: never pruned or evicted), `held` (the replica is believed to have cached it: a
-finished request's tokens, or a prompt that was prefilled; never pruned) and `tick` (the last insert
-through it: the eviction order).
+finished request's tokens, or a prompt that was prefilled; never pruned), `tick` (the last insert
+through it: the eviction order) and `born` (the insert that made its tokens an edge). An insert with
+a ref returns its clock, and `unref` takes that back only from edges born no later: a prompt's path
+may have been cut since and built again by other requests, whose refs are not its to release.
 
 Namespaces mirror the replica's tree (cache/radix_tree.py): each one is its own trie under its own
 root, so a lookup in one namespace never sees what another cached (the router must never send a
@@ -42,6 +44,7 @@ class _Edge:
     refs: int = 0
     held: bool = False
     tick: int = 0
+    born: int = 0  # the clock of the insert that made these tokens an edge (a split keeps it)
 
 
 class PrefixIndex:
@@ -72,19 +75,19 @@ class PrefixIndex:
             edge = child
         return pos
 
-    def insert(self, tokens: Sequence[int], namespace: str = "", held: bool = False, ref: bool = False) -> None:
+    def insert(self, tokens: Sequence[int], namespace: str = "", held: bool = False, ref: bool = False) -> int:
         """Add `tokens` to `namespace` as the most recent entry; `held`: the replica cached them;
-        `ref`: a request in flight holds them until `unref`."""
+        `ref`: a request in flight holds them until `unref`, which takes the clock returned here."""
         key = list(tokens)
         self._clock += 1
         if not key:
-            return
+            return self._clock
         edge, pos = self._roots.get(namespace) or self._roots.setdefault(namespace, _Edge([])), 0
         while pos < len(key):
             child = edge.children.get(key[pos])
             if child is None:
                 self.prefixes += int(bool(edge.children) or edge.parent is None)
-                child = edge.children[key[pos]] = _Edge(key[pos:], edge)
+                child = edge.children[key[pos]] = _Edge(key[pos:], edge, born=self._clock)
                 self.tokens += len(key) - pos
             else:
                 k = common_prefix_len(child.tokens, key[pos:pos + len(child.tokens)])
@@ -95,11 +98,12 @@ class PrefixIndex:
             child.refs += int(ref)
             pos += len(child.tokens)
             edge = child
+        return self._clock
 
     @staticmethod
     def _split(parent: _Edge, child: _Edge, k: int) -> _Edge:
         """Cut `child` after k tokens; returns the new upper part (which keeps the child's marks)."""
-        head = _Edge(child.tokens[:k], parent, {child.tokens[k]: child}, child.refs, child.held, child.tick)
+        head = _Edge(child.tokens[:k], parent, {child.tokens[k]: child}, child.refs, child.held, child.tick, child.born)
         child.tokens, child.parent = child.tokens[k:], head
         parent.children[head.tokens[0]] = head
         return head
@@ -117,11 +121,12 @@ class PrefixIndex:
             edge = child
         return path
 
-    def unref(self, tokens: Sequence[int], namespace: str = "") -> None:
-        """A request in flight with this prompt ended (never below 0: the picture may have been cut
-        and rebuilt since its insert)."""
+    def unref(self, tokens: Sequence[int], ticket: int, namespace: str = "") -> None:
+        """A request in flight with this prompt ended; `ticket`: what its `insert` returned. Edges born
+        after it never held its ref (its path was cut and built again since)."""
         for edge in self._path(tokens, namespace):
-            edge.refs = max(0, edge.refs - 1)
+            if edge.born <= ticket:
+                edge.refs -= 1
 
     def prune(self, tokens: Sequence[int], namespace: str = "") -> int:
         """Forget the tail of `tokens` that nothing else holds (no request in flight, not cached, no
@@ -222,6 +227,7 @@ class PrefixIndex:
                 assert c.tokens[0] == first, "child keyed by a token it does not start with"
                 assert c.parent is e, "child with a wrong parent"
                 assert c.tick <= e.tick and c.refs <= e.refs and (e.held or not c.held), "marks not monotone"
+            assert e.refs >= 0, "a ref released twice"
             tokens += len(e.tokens)
             leaves += int(not e.children)
             stack.extend(e.children.values())

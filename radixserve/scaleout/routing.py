@@ -110,7 +110,8 @@ class RoutingTable:
         self._untracked: Counter[tuple[str, str]] = Counter()
         # request id -> (replica, namespace, prompt) of a request in flight whose prompt its index holds
         # a ref on; and request id -> prefilled, for an end the ingress saw before the router saw the sending
-        self._tracked: OrderedDict[str, tuple[str, str, tuple[int, ...]]] = OrderedDict()
+        # request id -> replica, namespace, prompt, and the index's ticket for its ref
+        self._tracked: OrderedDict[str, tuple[str, str, tuple[int, ...], int]] = OrderedDict()
         self._finished_early: OrderedDict[str, bool] = OrderedDict()
         self._rng = rng or random.Random()
         self.lock = threading.Lock()
@@ -225,8 +226,9 @@ class RoutingTable:
         old = self._tracked.pop(request_id, None)
         if old is not None:  # sent again: the replica it went to first refused it
             self._release(*old, prune=True)
-        self._index(replica, namespace, tokens, ref=True)
-        self._tracked[request_id] = (replica, namespace, tuple(tokens))
+        ticket = self._index(replica, namespace, tokens, ref=True)
+        if ticket is not None:
+            self._tracked[request_id] = (replica, namespace, tuple(tokens), ticket)
         while len(self._tracked) > MAX_TRACKED:  # never finished (cannot happen unless ends are lost)
             self._release(*self._tracked.popitem(last=False)[1], prune=False)
 
@@ -239,15 +241,15 @@ class RoutingTable:
             while len(self._finished_early) > MAX_TRACKED:
                 self._finished_early.popitem(last=False)
             return
-        replica, namespace, tokens = tracked
+        replica, namespace, tokens, ticket = tracked
         if prefilled:
             self._index(replica, namespace, tokens, held=True)
-        self._release(replica, namespace, tokens, prune=not prefilled)
+        self._release(replica, namespace, tokens, ticket, prune=not prefilled)
 
-    def _release(self, replica: str, namespace: str, tokens: Sequence[int], prune: bool) -> None:
+    def _release(self, replica: str, namespace: str, tokens: Sequence[int], ticket: int, prune: bool) -> None:
         index = self.indexes.get(replica)
         if index is not None:
-            index.unref(tokens, namespace)
+            index.unref(tokens, ticket, namespace)
             if prune:
                 index.prune(tokens, namespace)
 
@@ -259,17 +261,18 @@ class RoutingTable:
     def cached(self, replica: str, tokens: Sequence[int], served_seq: int, namespace: str = "") -> None:
         """The replica cached `tokens` in `namespace` (a finished request's prompt and reply);
         `served_seq`: its newest cache event when it took the request."""
-        if self._index(replica, namespace, tokens, held=True):
+        if self._index(replica, namespace, tokens, held=True) is not None:
             self.reports[replica].recent.append((served_seq, namespace, tuple(tokens)))
 
     def _index(self, replica: str, namespace: str, tokens: Sequence[int], held: bool = False,
-               ref: bool = False) -> bool:
+               ref: bool = False) -> int | None:
+        """Insert into `replica`'s index; its ticket (PrefixIndex.insert), or None where it keeps none."""
         index, rep = self.indexes.get(replica), self.reports.get(replica)
         if index is None or rep is None or rep.cacheless:
-            return False
-        index.insert(tokens, namespace, held=held, ref=ref)
+            return None
+        ticket = index.insert(tokens, namespace, held=held, ref=ref)
         self._bound(replica)
-        return True
+        return ticket
 
     def view_limit(self, replica: str) -> int | None:
         """The most tokens `replica`'s index keeps (None until its pool is known)."""

@@ -149,6 +149,28 @@ def test_prompts_in_flight_are_never_evicted() -> None:
     assert view_tokens(t)["a"] <= cap and index.match(busy[-1]) == 500 and index.match(busy[0]) == 0
 
 
+def test_a_ref_is_released_only_where_it_was_taken() -> None:
+    """A prompt's path cut (the replica dropped it) and built again by later requests: the first
+    request's end releases none of their refs, so another prompt in flight on that path is never
+    evicted (found by the state machine below)."""
+    index = PrefixIndex()
+    index.insert([0])
+    first = index.insert([0], ref=True)
+    assert index.cut([0]) == 1
+    index.insert([0])
+    longer = index.insert([0, 0], ref=True)
+    index.unref([0], first)
+    index.check_integrity()
+    again = index.insert([0], ref=True)
+    index.unref([0, 0], longer)
+    index.evict(0)
+    index.check_integrity()
+    assert index.match([0]) == 1 and index.match([0, 0]) == 1
+    index.unref([0], again)
+    index.evict(0)
+    assert index.tokens == 0
+
+
 @settings(max_examples=300, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["insert", "held", "send", "end", "abort", "evict", "cut"]),
                               st.lists(st.integers(0, 3), min_size=1, max_size=10), st.integers(0, 40)),
@@ -157,26 +179,25 @@ def test_forgetting_keeps_the_index_sound(ops: list[tuple[str, list[int], int]])
     """Whatever is inserted, released, pruned, evicted or cut: the index stays well formed, a prompt
     in flight is never forgotten but by a replica's drop, and eviction reaches its target unless only
     prompts in flight are left."""
-    index, in_flight, cut_any = PrefixIndex(), list[list[int]](), False
+    index, in_flight, cut_any = PrefixIndex(), list[tuple[list[int], int]](), False
     for op, tokens, n in ops:
         if op == "insert":
             index.insert(tokens)
         elif op == "held":
             index.insert(tokens, held=True)
         elif op == "send":
-            index.insert(tokens, ref=True)
-            in_flight.append(tokens)
+            in_flight.append((tokens, index.insert(tokens, ref=True)))
         elif op in ("end", "abort") and in_flight:
-            done = in_flight.pop(n % len(in_flight))
-            index.unref(done)
+            done, ticket = in_flight.pop(n % len(in_flight))
+            index.unref(done, ticket)
             if op == "abort":
                 index.prune(done)
         elif op == "evict":
             index.evict(n)
             index.check_integrity()
-            assert index.tokens <= n or (in_flight and index.tokens <= sum(map(len, in_flight))), index.tokens
+            assert index.tokens <= n or (in_flight and index.tokens <= sum(len(p) for p, _ in in_flight)), index.tokens
         elif op == "cut":
             cut_any |= index.cut(tokens) > 0
         index.check_integrity()
         if not cut_any:
-            assert all(index.match(p) == len(p) for p in in_flight)
+            assert all(index.match(p) == len(p) for p, _ in in_flight)
