@@ -22,9 +22,10 @@
 #  10. quantized weights (issue 47): the FP8 and int4 dequantize-GEMM kernels against their references on
 #      CUDA, and their decode GEMMs of the 8B shapes at batch 1 and 64 against the roofline of their weight
 #      bytes, beside torch's bf16 linear (scripts/quant_gemm_check.py, well under a minute)
-#  11. hybrid models (issue 46): a Qwen3.5-shaped random checkpoint (~2B, its Gated DeltaNet layers on the
-#      Triton recurrent kernels) through `radixserve bench` multi-turn and random, cache on vs off, and
-#      its decode step with CUDA graphs on and off
+#  11. hybrid models (issue 46): the recurrent scans' chunked prefill against token by token, correctness
+#      and speed at Qwen3.5's and Nemotron-H's layer shapes (scripts/recurrent_check.py); a Qwen3.5-shaped
+#      random checkpoint (~2B, its Gated DeltaNet layers on the Triton recurrent kernels) through
+#      `radixserve bench` multi-turn and random, cache on vs off, and its decode step with CUDA graphs on and off
 #      (tests/engine/test_gpu.py checks the kernels' models against transformers)
 # Results go to $OUT (default ./gpu-results); docs/gpu-results.md shows them (copied into docs/gpu/,
 # `radixserve bench gpu-results docs/gpu > docs/gpu-results.md` renders that page).
@@ -119,7 +120,8 @@ run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
     run timeout 120 python3 scripts/quant_gemm_check.py --json "$OUT/quant-gemm.json"
   fi
   if want hybrid; then
-    step "hybrid: qwen3.5 shape (~2B, random bf16), multi-turn and random, cache on vs off"
+    step "hybrid: the scans' chunked prefill vs token by token; qwen3.5 shape (~2B, random bf16), cache on vs off"
+    run timeout 120 python3 scripts/recurrent_check.py --json "$OUT/recurrent-scans.json"
     run timeout 120 $RS bench random-checkpoint --family qwen3.5 --size real --max-gb 4 --tokenizer "$TOKENIZER" \
         --out /tmp/rs-qwen35
     run timeout 300 $RS bench --model /tmp/rs-qwen35 --device cuda --workload multi-turn,random --repeats 1 \

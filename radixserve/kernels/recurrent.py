@@ -16,9 +16,15 @@ one token; prefill chunks and their mixes with decodes are the same call.
 
 One program owns a slice of one item's state (an item, a head and a tile of value or head channels)
 and keeps it in registers across the item's tokens, so a token's result is one fixed-order chain of
-fp32 operations whatever the other items of the step: batch invariant, and independent of how a prompt
-was chunked. The scans run token by token, like the C++ kernels on CPU (csrc/delta_rule.cpp,
-csrc/mamba2_scan.cpp); a chunked (WY / state-space-dual) prefill is not written.
+fp32 operations whatever the other items of the step: batch invariant. The scans take an item's whole
+chunks of `PREFILL_CHUNK` tokens (counted from the item's first token) in the chunked form, each chunk
+a few [chunk, chunk] and [chunk, state] products on tensor cores (tf32x3, about fp32's precision): the
+WY form of the delta rule (the written values solve a unit lower-triangular system, inverted by
+forward substitution) and the state-space-dual form of Mamba2. They take the item's last tokens, and
+every item shorter than a chunk (decodes, draft verification), token by token, as the C++ kernels on
+CPU do (csrc/delta_rule.cpp, csrc/mamba2_scan.cpp). So an item's results depend only on its own
+tokens, state and length: a prompt split across steps on a chunk's edge gives the same bits, split
+elsewhere it rounds differently (`chunk` 0 runs every token one by one, which no split changes).
 
 Invariants: the wrappers check shapes and dtypes on the host, and index values only on CPU under
 the interpreter (on CUDA that would cost a sync per layer); they never sync, allocate only outputs,
@@ -36,8 +42,12 @@ import torch
 import triton
 import triton.language as tl
 
-from radixserve.kernels.common import check_device, next_pow2, should_check_values, upcast_in_kernel
+from radixserve.kernels.common import check_device, head_dim_pad, next_pow2, should_check_values, upcast_in_kernel
 
+PREFILL_CHUNK = 16  # tokens per chunk of the scans' chunked form (sm_90: 32 spills the fp32 products out of registers)
+TILE = 4096  # state elements per program: a [dk, BLOCK_V] or [BLOCK_P, N] tile in registers beside a chunk's
+SCAN_WARPS = 8  # the scans' warps: at 4 the sm_90 compile of the chunked form spills more
+PRECISION: tl.constexpr = tl.constexpr("tf32x3")  # fp32 products on tensor cores, to about fp32's precision
 CONV_TOKENS = 16  # tokens per program of the convolution
 CONV_CHANNELS = 128  # channels per program of the convolution
 
@@ -83,6 +93,11 @@ class StepItems:
                                  "(only padding rows share the last, scratch slot)")
 
 
+def _check_chunk(chunk: int) -> None:
+    if chunk and (chunk < 16 or chunk & (chunk - 1)):
+        raise ValueError(f"a chunk of the chunked scans is a power of two of at least 16 tokens (or 0), got {chunk}")
+
+
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> None:
     if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous {dtype} tensor {list(shape)}, "
@@ -90,9 +105,52 @@ def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtyp
 
 
 @triton.jit
+def _lower_inverse(strictly_lower, CHUNK: tl.constexpr):
+    """(I + N)^-1 for N [CHUNK, CHUNK] strictly lower triangular, by forward substitution, row by row."""
+    rows = tl.arange(0, CHUNK)
+    inverse = (rows[:, None] == rows[None, :]).to(tl.float32)
+    for i in range(1, CHUNK):
+        below = tl.sum(tl.where(rows[:, None] == i, strictly_lower, 0.0), axis=0)  # N[i, :]
+        inverse = tl.where(rows[:, None] == i, inverse - tl.sum(below[:, None] * inverse, axis=0)[None, :], inverse)
+    return inverse
+
+
+@triton.jit
+def _delta_rule_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, decay_ptr, out_ptr, state, first, head, keys, values,
+                      key_mask, value_mask, HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    """CHUNK tokens from `first` at once (the WY form): with G the running sum of log decays in the chunk,
+    the written values U solve (I + diag(beta) L) U = diag(beta) (V - diag(e^G) K S), L[t, s] =
+    e^(G_t - G_s) k_t.k_s for s < t; then O = diag(e^G) Q S + (e^(G_t - G_s) q_t.k_s)_(s <= t) U and
+    S <- e^G_last S + (K e^(G_last - G))^T U. Returns the state after the chunk."""
+    rows = tl.arange(0, CHUNK)
+    at = (first + rows) * HEADS + head
+    k = tl.load(k_ptr + at[:, None] * DK + keys[None, :], mask=key_mask[None, :], other=0.0)
+    q = tl.load(q_ptr + at[:, None] * DK + keys[None, :], mask=key_mask[None, :], other=0.0)
+    v = tl.load(v_ptr + at[:, None] * DV + values[None, :], mask=value_mask[None, :], other=0.0)
+    beta = tl.load(beta_ptr + at)
+    # a decay that underflowed to 0 stays a finite log: the state it clears is still cleared, to 1e-30
+    logs = tl.cumsum(tl.log(tl.maximum(tl.load(decay_ptr + at), 1e-30)), axis=0)
+    last = tl.sum(tl.where(rows == CHUNK - 1, logs, 0.0), axis=0)
+    causal = rows[:, None] >= rows[None, :]
+    decays = tl.exp(tl.where(causal, logs[:, None] - logs[None, :], 0.0))
+    keys_keys = tl.dot(k, tl.trans(k), input_precision=PRECISION)
+    strictly_lower = tl.where(rows[:, None] > rows[None, :], beta[:, None] * decays * keys_keys, 0.0)
+    grown = tl.exp(logs)
+    targets = beta[:, None] * (v - grown[:, None] * tl.dot(k, state, input_precision=PRECISION))
+    written = tl.dot(_lower_inverse(strictly_lower, CHUNK), targets, input_precision=PRECISION)
+    scores = tl.where(causal, decays * tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)
+    out = grown[:, None] * tl.dot(q, state, input_precision=PRECISION) + tl.dot(scores, written,
+                                                                                 input_precision=PRECISION)
+    tl.store(out_ptr + at[:, None] * DV + values[None, :], out, mask=value_mask[None, :])
+    aged = k * tl.exp(last - logs)[:, None]
+    return state * tl.exp(last) + tl.dot(tl.trans(aged), written, input_precision=PRECISION)
+
+
+@triton.jit
 def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, decay_ptr, state_ptr, out_ptr, starts_ptr, slots_ptr,
                        fresh_ptr, HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
+                       BLOCK_V: tl.constexpr, CHUNK: tl.constexpr):
     item, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     first, end = tl.load(starts_ptr + item).to(tl.int64), tl.load(starts_ptr + item + 1).to(tl.int64)
     slot = tl.load(slots_ptr + item).to(tl.int64)
@@ -102,7 +160,13 @@ def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, decay_ptr, state_ptr, out_
     mask = key_mask[:, None] & value_mask[None, :]
     state_at = state_ptr + (slot * HEADS + head) * DK * DV + keys[:, None] * DV + values[None, :]
     state = tl.load(state_at, mask=mask & (tl.load(fresh_ptr + item) == 0), other=0.0)
-    for t in range(first, end):
+    chunked_end = first
+    if CHUNK > 0:
+        chunked_end = first + (end - first) // CHUNK * CHUNK
+        for start in range(first, chunked_end, CHUNK):
+            state = _delta_rule_chunk(q_ptr, k_ptr, v_ptr, beta_ptr, decay_ptr, out_ptr, state, start, head, keys,
+                                      values, key_mask, value_mask, HEADS, DK, DV, CHUNK)
+    for t in range(chunked_end, end):
         row = t * HEADS + head
         k = tl.load(k_ptr + row * DK + keys, mask=key_mask, other=0.0)
         q = tl.load(q_ptr + row * DK + keys, mask=key_mask, other=0.0)
@@ -116,9 +180,10 @@ def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, decay_ptr, state_ptr, out_
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor,
-                     states: torch.Tensor, items: StepItems, out: torch.Tensor) -> None:
+                     states: torch.Tensor, items: StepItems, out: torch.Tensor, chunk: int = PREFILL_CHUNK) -> None:
     """q, k [T, H, dk] (q L2-normed and scaled, k L2-normed, key heads repeated over value heads); v, out
-    [T, H, dv]; beta, decay [T, H]; states [S, H, dk, dv], updated at the items' slots. All fp32."""
+    [T, H, dv]; beta, decay [T, H]; states [S, H, dk, dv], updated at the items' slots. All fp32. Each
+    item's whole `chunk`s of tokens run in the chunked form, the rest token by token (`chunk` 0: all)."""
     tokens, heads, dk = q.shape
     dv = v.shape[-1]
     for name, t, shape in (("q", q, (tokens, heads, dk)), ("k", k, (tokens, heads, dk)), ("v", v, (tokens, heads, dv)),
@@ -126,17 +191,44 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
                            ("states", states, (states.shape[0], heads, dk, dv)), ("out", out, (tokens, heads, dv))):
         _check(name, t, shape)
     items.check(_delta_rule_kernel, tokens, states.shape[0], q, k, v, beta, decay, states, out)
-    block_k = next_pow2(dk)
-    block_v = min(next_pow2(dv), max(16, 8192 // block_k))  # a [dk, BLOCK_V] tile of at most 8k registers
+    _check_chunk(chunk)
+    block_k = head_dim_pad(dk)
+    block_v = min(head_dim_pad(dv), max(16, TILE // block_k))
     grid = (items.num_items, heads, triton.cdiv(dv, block_v))
     _delta_rule_kernel[grid](q, k, v, beta, decay, states, out, items.starts, items.slots, items.fresh,
-                             HEADS=heads, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v)
+                             HEADS=heads, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, CHUNK=chunk, num_warps=SCAN_WARPS)
+
+
+@triton.jit
+def _mamba2_chunk(x_ptr, dt_ptr, decay_ptr, b_ptr, c_ptr, out_ptr, state, first, head, group, channels, sizes,
+                  channel_mask, size_mask, HEADS: tl.constexpr, GROUPS: tl.constexpr, P: tl.constexpr,
+                  N: tl.constexpr, CHUNK: tl.constexpr):
+    """CHUNK tokens from `first` at once (the state-space dual form): with G the running sum of log decays,
+    Y = diag(e^G) C S^T + ((e^(G_t - G_s) c_t.b_s)_(s <= t)) (dt X) and S <- e^G_last S +
+    (dt X e^(G_last - G))^T B. Returns the state after the chunk."""
+    rows = tl.arange(0, CHUNK)
+    at = (first + rows) * HEADS + head
+    shared = ((first + rows) * GROUPS + group)[:, None] * N + sizes[None, :]
+    b = tl.load(b_ptr + shared, mask=size_mask[None, :], other=0.0)
+    c = tl.load(c_ptr + shared, mask=size_mask[None, :], other=0.0)
+    x = tl.load(x_ptr + at[:, None] * P + channels[None, :], mask=channel_mask[None, :], other=0.0)
+    written = x * tl.load(dt_ptr + at)[:, None]
+    logs = tl.cumsum(tl.load(decay_ptr + at), axis=0)
+    last = tl.sum(tl.where(rows == CHUNK - 1, logs, 0.0), axis=0)
+    causal = rows[:, None] >= rows[None, :]
+    scores = tl.where(causal, tl.exp(tl.where(causal, logs[:, None] - logs[None, :], 0.0))
+                      * tl.dot(c, tl.trans(b), input_precision=PRECISION), 0.0)
+    out = (tl.exp(logs)[:, None] * tl.dot(c, tl.trans(state), input_precision=PRECISION)
+           + tl.dot(scores, written, input_precision=PRECISION))
+    tl.store(out_ptr + at[:, None] * P + channels[None, :], out, mask=channel_mask[None, :])
+    aged = written * tl.exp(last - logs)[:, None]
+    return state * tl.exp(last) + tl.dot(tl.trans(aged), b, input_precision=PRECISION)
 
 
 @triton.jit
 def _mamba2_kernel(x_ptr, dt_ptr, decay_ptr, b_ptr, c_ptr, state_ptr, out_ptr, starts_ptr, slots_ptr, fresh_ptr,
                    HEADS: tl.constexpr, GROUPS: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
     item, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = head // (HEADS // GROUPS)
     first, end = tl.load(starts_ptr + item).to(tl.int64), tl.load(starts_ptr + item + 1).to(tl.int64)
@@ -147,7 +239,13 @@ def _mamba2_kernel(x_ptr, dt_ptr, decay_ptr, b_ptr, c_ptr, state_ptr, out_ptr, s
     mask = channel_mask[:, None] & size_mask[None, :]
     state_at = state_ptr + (slot * HEADS + head) * P * N + channels[:, None] * N + sizes[None, :]
     state = tl.load(state_at, mask=mask & (tl.load(fresh_ptr + item) == 0), other=0.0)
-    for t in range(first, end):
+    chunked_end = first
+    if CHUNK > 0:
+        chunked_end = first + (end - first) // CHUNK * CHUNK
+        for start in range(first, chunked_end, CHUNK):
+            state = _mamba2_chunk(x_ptr, dt_ptr, decay_ptr, b_ptr, c_ptr, out_ptr, state, start, head, group,
+                                  channels, sizes, channel_mask, size_mask, HEADS, GROUPS, P, N, CHUNK)
+    for t in range(chunked_end, end):
         row = t * HEADS + head
         shared = (t * GROUPS + group) * N + sizes
         b = tl.load(b_ptr + shared, mask=size_mask, other=0.0)
@@ -159,9 +257,10 @@ def _mamba2_kernel(x_ptr, dt_ptr, decay_ptr, b_ptr, c_ptr, state_ptr, out_ptr, s
 
 
 def mamba2_scan(xs: torch.Tensor, dt: torch.Tensor, decay: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                states: torch.Tensor, items: StepItems, out: torch.Tensor) -> None:
+                states: torch.Tensor, items: StepItems, out: torch.Tensor, chunk: int = PREFILL_CHUNK) -> None:
     """xs, out [T, H, P]; dt and decay (the log of each step's decay, dt A) [T, H]; b, c [T, G, N];
-    states [S, H, P, N], updated at the items' slots. All fp32. out gets S C without the D skip."""
+    states [S, H, P, N], updated at the items' slots. All fp32. out gets S C without the D skip. Each
+    item's whole `chunk`s of tokens run in the chunked form, the rest token by token (`chunk` 0: all)."""
     tokens, heads, p = xs.shape
     groups, n = b.shape[1], b.shape[2]
     if heads % groups:
@@ -171,11 +270,13 @@ def mamba2_scan(xs: torch.Tensor, dt: torch.Tensor, decay: torch.Tensor, b: torc
                            ("states", states, (states.shape[0], heads, p, n)), ("out", out, (tokens, heads, p))):
         _check(name, t, shape)
     items.check(_mamba2_kernel, tokens, states.shape[0], xs, dt, decay, b, c, states, out)
-    block_n = next_pow2(n)
-    block_p = min(next_pow2(p), max(16, 8192 // block_n))
+    _check_chunk(chunk)
+    block_n = head_dim_pad(n)
+    block_p = min(head_dim_pad(p), max(16, TILE // block_n))
     grid = (items.num_items, heads, triton.cdiv(p, block_p))
     _mamba2_kernel[grid](xs, dt, decay, b, c, states, out, items.starts, items.slots, items.fresh,
-                         HEADS=heads, GROUPS=groups, P=p, N=n, BLOCK_P=block_p, BLOCK_N=block_n)
+                         HEADS=heads, GROUPS=groups, P=p, N=n, BLOCK_P=block_p, BLOCK_N=block_n, CHUNK=chunk,
+                         num_warps=SCAN_WARPS)
 
 
 @triton.jit

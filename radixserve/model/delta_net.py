@@ -11,8 +11,9 @@ Each item of a step reads its sequence's state from its slot (`AttentionMetadata
 item starting at position 0 starts from zeros instead) and leaves the state after its last token
 there, so a slot always holds the state after the sequence's computed tokens. The recurrence runs
 (`implementation`, set by the runner) in the C++ extension on CPU where it is loaded
-(`radixserve::gated_delta_rule`, csrc/delta_rule.cpp), in Triton on CUDA (kernels/recurrent.py), each
-with every item and head of a step in one call; otherwise in torch, one batched update for steps of
+(`radixserve::gated_delta_rule`, csrc/delta_rule.cpp), in Triton on CUDA (kernels/recurrent.py: a
+prompt's whole 16-token chunks in the chunked WY form on tensor cores), each with every item and head
+of a step in one call; otherwise in torch, one batched update for steps of
 one-token items and token by token per item for prefill chunks (the reference both are tested against).
 """
 

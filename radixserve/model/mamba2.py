@@ -12,13 +12,13 @@ gated: `Mamba2Spec.output`), and projected back.
 Each item of a step reads its sequence's state from its slot (`AttentionMetadata.state_slots`; an
 item at position 0 starts from zeros) and leaves the state after its last token there. Where the C++
 extension runs (`implementation` "cpp", set by the runner), every item of a step is one call of
-`radixserve::mamba2_scan` (csrc/mamba2_scan.cpp), and on CUDA one launch of the Triton scan
-(kernels/recurrent.py): the recurrence token by token, whose results do not depend on how a prompt was
-chunked. In torch, steps of one-token items run one batched update; a
-prefill item runs the chunked form of the same scan (the state-space duality: within a chunk of
-`CHUNK` tokens the outputs are one masked, decayed C B^T product, and the state passes from chunk to
-chunk), which equals the token-by-token recurrence up to rounding (`recurrent_reference`, what the
-tests hold both to).
+`radixserve::mamba2_scan` (csrc/mamba2_scan.cpp): the recurrence token by token, whose results do not
+depend on how a prompt was chunked. On CUDA it is one launch of the Triton scan (kernels/recurrent.py):
+an item's whole chunks of 16 tokens in the chunked form below, on tensor cores, the rest token by
+token. In torch, steps of one-token items run one batched update; a prefill item runs the chunked
+form of the same scan (the state-space duality: within a chunk of `CHUNK` tokens the outputs are one
+masked, decayed C B^T product, and the state passes from chunk to chunk), which equals the
+token-by-token recurrence up to rounding (`recurrent_reference`, what the tests hold both to).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The recurrent layers' Triton kernels (kernels/recurrent.py) under the interpreter, against the torch
 code of model/delta_net.py, model/mamba2.py and model/causal_conv.py: a step of every kind of item (a
 fresh token, a fresh chunk, a chunk resumed from its slot, a resumed token, items shorter than the
-convolution's window) in one launch equals each item through the torch reference; each item's
-results and state are bit for bit the same alone, among others, or with its prompt split across
-steps; slots no item names are untouched; bad calls are refused; the kernels compile for sm_90."""
+convolution's window, items of whole and partial chunks of the scans' chunked form) in one launch
+equals each item through the torch reference; each item's results and state are bit for bit the same
+alone or among others, and with its prompt split across steps token by token, or in the chunked form
+where the split falls on a chunk's edge; items shorter than a chunk run token by token; slots no item
+names are untouched; bad calls are refused; the kernels compile for sm_90, the scans on tensor cores."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 from test_kernels import _run_without_interpreter
 
-from radixserve.kernels.recurrent import StepItems, causal_conv, gated_delta_rule, mamba2_scan
+from radixserve.kernels.recurrent import PREFILL_CHUNK, StepItems, causal_conv, gated_delta_rule, mamba2_scan
 from radixserve.model.attention import AttentionMetadata
 from radixserve.model.causal_conv import CausalConv
 from radixserve.model.delta_net import GatedDeltaNet
@@ -20,6 +22,8 @@ from radixserve.model.mamba2 import recurrent_reference
 LENS = [1, 9, 5, 1, 2]  # a fresh token, a fresh chunk, a resumed chunk, a resumed token, a resumed pair
 FRESH = [True, True, False, False, False]
 SLOTS = [4, 0, 2, 1, 5]  # out of order; slot 3 belongs to no item
+# the chunked form: two chunks and 8 tokens, a token, a chunk and one token, exactly a chunk, 5 tokens
+LONG = [2 * PREFILL_CHUNK + 8, 1, PREFILL_CHUNK + 1, PREFILL_CHUNK, 5]
 POOL = 6
 CPU = torch.device("cpu")
 
@@ -60,41 +64,60 @@ def _delta_reference(inputs: tuple[torch.Tensor, ...], states: torch.Tensor, len
 
 
 def _delta(inputs: tuple[torch.Tensor, ...], states: torch.Tensor, lens: list[int], slots: list[int],
-           fresh: list[bool], rows: slice | None = None) -> torch.Tensor:
+           fresh: list[bool], rows: slice | None = None, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
     rows = rows or slice(0, sum(lens))
     q, k, v, beta, decay = (t[rows].contiguous() for t in inputs)
     out = torch.empty_like(v)
-    gated_delta_rule(q, k, v, beta, decay, states, StepItems.make(lens, slots, fresh, CPU), out)
+    gated_delta_rule(q, k, v, beta, decay, states, StepItems.make(lens, slots, fresh, CPU), out, chunk)
     return out
 
 
+@pytest.mark.parametrize("lens", [LENS, LONG])
 @pytest.mark.parametrize("heads, dk, dv", [(2, 8, 12), (3, 16, 16), (1, 256, 40)])  # last: two value tiles
-def test_delta_rule_equals_the_torch_recurrence(heads: int, dk: int, dv: int) -> None:
-    inputs = _delta_inputs(sum(LENS), heads, dk, dv, seed=dk)
+def test_delta_rule_equals_the_torch_recurrence(heads: int, dk: int, dv: int, lens: list[int]) -> None:
+    inputs = _delta_inputs(sum(lens), heads, dk, dv, seed=dk)
     initial = torch.randn(POOL, heads, dk, dv, generator=_gen(1)) * 0.1
     got_states, want_states = initial.clone(), initial.clone()
-    got = _delta(inputs, got_states, LENS, SLOTS, FRESH)
-    want = _delta_reference(inputs, want_states, LENS, SLOTS, FRESH)
+    got = _delta(inputs, got_states, lens, SLOTS, FRESH)
+    want = _delta_reference(inputs, want_states, lens, SLOTS, FRESH)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_states, want_states, atol=1e-5, rtol=1e-5)
     assert torch.equal(got_states[3], initial[3])
 
 
-def test_delta_rule_is_batch_and_chunk_invariant() -> None:
+@pytest.mark.parametrize("chunk", [0, PREFILL_CHUNK])
+def test_delta_rule_is_batch_and_split_invariant(chunk: int) -> None:
     heads, dk, dv = 2, 16, 8
-    inputs = _delta_inputs(sum(LENS), heads, dk, dv, seed=5)
+    inputs = _delta_inputs(sum(LONG), heads, dk, dv, seed=5)
     initial = torch.randn(POOL, heads, dk, dv, generator=_gen(2)) * 0.1
     together = initial.clone()
-    got = _delta(inputs, together, LENS, SLOTS, FRESH)
-    for i, span in enumerate(_spans(LENS)):
+    got = _delta(inputs, together, LONG, SLOTS, FRESH, chunk=chunk)
+    for i, span in enumerate(_spans(LONG)):
         alone = initial.clone()
-        assert torch.equal(_delta(inputs, alone, [LENS[i]], [SLOTS[i]], [FRESH[i]], span), got[span])
+        assert torch.equal(_delta(inputs, alone, [LONG[i]], [SLOTS[i]], [FRESH[i]], span, chunk), got[span])
         assert torch.equal(alone[SLOTS[i]], together[SLOTS[i]])
-    span = _spans(LENS)[1]  # the fresh 9-token chunk as 4 tokens, then 5 resumed from its slot
+    span = _spans(LONG)[0]  # the fresh item split after its first chunk (any split, token by token)
+    cut = PREFILL_CHUNK if chunk else 5
     split = initial.clone()
-    head = _delta(inputs, split, [4], [0], [True], slice(span.start, span.start + 4))
-    tail = _delta(inputs, split, [5], [0], [False], slice(span.start + 4, span.stop))
-    assert torch.equal(torch.cat([head, tail]), got[span]) and torch.equal(split[0], together[0])
+    head = _delta(inputs, split, [cut], [2], [True], slice(span.start, span.start + cut), chunk)
+    tail = _delta(inputs, split, [LONG[0] - cut], [2], [False], slice(span.start + cut, span.stop), chunk)
+    assert torch.equal(torch.cat([head, tail]), got[span]) and torch.equal(split[2], together[SLOTS[0]])
+
+
+def test_items_shorter_than_a_chunk_run_token_by_token() -> None:
+    """Decode steps and draft verification: the same bits as the token-by-token kernel."""
+    inputs = _delta_inputs(sum(LENS), 2, 16, 8, seed=6)
+    initial = torch.randn(POOL, 2, 16, 8, generator=_gen(7)) * 0.1
+    chunked, tokens = initial.clone(), initial.clone()
+    assert torch.equal(_delta(inputs, chunked, LENS, SLOTS, FRESH), _delta(inputs, tokens, LENS, SLOTS, FRESH, chunk=0))
+    assert torch.equal(chunked, tokens)
+    xs, dt, decay, b, c = _mamba_inputs(sum(LENS), 4, 2, 8, 16, seed=8)
+    outs, pools = [], []
+    for chunk in (PREFILL_CHUNK, 0):
+        pools.append(initial[:, :, :8, :].repeat(1, 2, 1, 2).contiguous())  # [POOL, 4, 8, 16]
+        outs.append(torch.empty_like(xs))
+        mamba2_scan(xs, dt, decay, b, c, pools[-1], StepItems.make(LENS, SLOTS, FRESH, CPU), outs[-1], chunk)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1])
 
 
 def _mamba_inputs(tokens: int, heads: int, groups: int, p: int, n: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -106,15 +129,16 @@ def _mamba_inputs(tokens: int, heads: int, groups: int, p: int, n: int, seed: in
     return xs, dt, decay, b, c
 
 
+@pytest.mark.parametrize("lens", [LENS, LONG])
 @pytest.mark.parametrize("heads, groups, p, n", [(4, 2, 6, 8), (2, 1, 16, 16), (2, 2, 48, 256)])  # last: 2 tiles
-def test_mamba2_scan_equals_the_recurrence(heads: int, groups: int, p: int, n: int) -> None:
-    xs, dt, decay, b, c = _mamba_inputs(sum(LENS), heads, groups, p, n, seed=p)
+def test_mamba2_scan_equals_the_recurrence(heads: int, groups: int, p: int, n: int, lens: list[int]) -> None:
+    xs, dt, decay, b, c = _mamba_inputs(sum(lens), heads, groups, p, n, seed=p)
     initial = torch.randn(POOL, heads, p, n, generator=_gen(3)) * 0.1
     got_states, want_states = initial.clone(), initial.clone()
     got = torch.empty_like(xs)
-    mamba2_scan(xs, dt, decay, b, c, got_states, StepItems.make(LENS, SLOTS, FRESH, CPU), got)
+    mamba2_scan(xs, dt, decay, b, c, got_states, StepItems.make(lens, SLOTS, FRESH, CPU), got)
     per_group = heads // groups
-    for span, slot, zero in zip(_spans(LENS), SLOTS, FRESH):
+    for span, slot, zero in zip(_spans(lens), SLOTS, FRESH):
         start = torch.zeros_like(initial[slot]) if zero else initial[slot]
         want, want_states[slot] = recurrent_reference(xs[span], dt[span], decay[span],
                                                       b[span].repeat_interleave(per_group, dim=1),
@@ -124,27 +148,29 @@ def test_mamba2_scan_equals_the_recurrence(heads: int, groups: int, p: int, n: i
     assert torch.equal(got_states[3], initial[3])
 
 
-def test_mamba2_scan_is_batch_and_chunk_invariant() -> None:
+@pytest.mark.parametrize("chunk", [0, PREFILL_CHUNK])
+def test_mamba2_scan_is_batch_and_split_invariant(chunk: int) -> None:
     heads, groups, p, n = 4, 2, 8, 16
-    inputs = _mamba_inputs(sum(LENS), heads, groups, p, n, seed=9)
+    inputs = _mamba_inputs(sum(LONG), heads, groups, p, n, seed=9)
     initial = torch.randn(POOL, heads, p, n, generator=_gen(4)) * 0.1
 
     def scan(states: torch.Tensor, lens: list[int], slots: list[int], fresh: list[bool], rows: slice) -> torch.Tensor:
         xs, dt, decay, b, c = (t[rows].contiguous() for t in inputs)
         out = torch.empty_like(xs)
-        mamba2_scan(xs, dt, decay, b, c, states, StepItems.make(lens, slots, fresh, CPU), out)
+        mamba2_scan(xs, dt, decay, b, c, states, StepItems.make(lens, slots, fresh, CPU), out, chunk)
         return out
 
     together = initial.clone()
-    got = scan(together, LENS, SLOTS, FRESH, slice(0, sum(LENS)))
-    for i, span in enumerate(_spans(LENS)):
+    got = scan(together, LONG, SLOTS, FRESH, slice(0, sum(LONG)))
+    for i, span in enumerate(_spans(LONG)):
         alone = initial.clone()
-        assert torch.equal(scan(alone, [LENS[i]], [SLOTS[i]], [FRESH[i]], span), got[span])
+        assert torch.equal(scan(alone, [LONG[i]], [SLOTS[i]], [FRESH[i]], span), got[span])
         assert torch.equal(alone[SLOTS[i]], together[SLOTS[i]])
-    span, split = _spans(LENS)[1], initial.clone()
-    head = scan(split, [6], [0], [True], slice(span.start, span.start + 6))
-    tail = scan(split, [3], [0], [False], slice(span.start + 6, span.stop))
-    assert torch.equal(torch.cat([head, tail]), got[span]) and torch.equal(split[0], together[0])
+    span, split = _spans(LONG)[0], initial.clone()
+    cut = 2 * PREFILL_CHUNK if chunk else 6  # on a chunk's edge for the chunked form
+    head = scan(split, [cut], [2], [True], slice(span.start, span.start + cut))
+    tail = scan(split, [LONG[0] - cut], [2], [False], slice(span.start + cut, span.stop))
+    assert torch.equal(torch.cat([head, tail]), got[span]) and torch.equal(split[2], together[SLOTS[0]])
 
 
 def _meta(lens: list[int], fresh: list[bool]) -> AttentionMetadata:
@@ -208,6 +234,9 @@ def test_bad_calls_are_refused() -> None:
     with pytest.raises(ValueError, match=r"states: expected a contiguous torch.float32 tensor \[2, 1, 8, 8\]"):
         gated_delta_rule(q, k, v, beta, decay, torch.zeros(2, 1, 8, 8, dtype=torch.float64),
                          StepItems.make([3], [0], [True], CPU), torch.empty_like(v))
+    with pytest.raises(ValueError, match="a power of two of at least 16 tokens"):
+        gated_delta_rule(q, k, v, beta, decay, torch.zeros(2, 1, 8, 8), StepItems.make([3], [0], [True], CPU),
+                         torch.empty_like(v), chunk=24)
     with pytest.raises(ValueError, match="do not split into 3 groups"):
         mamba2_scan(torch.zeros(2, 4, 8), torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 3, 8),
                     torch.zeros(2, 3, 8), torch.zeros(1, 4, 8, 8), StepItems.make([2], [0], [True], CPU),
@@ -222,11 +251,13 @@ def test_recurrent_kernels_compile_for_hopper() -> None:
     code = (
         "from radixserve.kernels.aot_check import check_recurrent\n"
         "for v in check_recurrent(90):\n"
-        "    print(v.kernel, v.fits)\n"
+        "    print(v.kernel, v.fits, v.tensor_cores)\n"
     )
     proc = _run_without_interpreter(code, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert sorted({name for name, _ in rows}) == ["_conv_kernel", "_conv_window_kernel", "_delta_rule_kernel",
-                                                  "_mamba2_kernel"], rows
-    assert all(fits == "True" for _, fits in rows), rows
+    assert sorted({name for name, _, _ in rows}) == ["_conv_kernel", "_conv_window_kernel", "_delta_rule_kernel",
+                                                     "_mamba2_kernel"], rows
+    assert all(fits == "True" for _, fits, _ in rows), rows
+    # the scans' chunked form multiplies on tensor cores
+    assert {name for name, _, mma in rows if mma == "True"} == {"_delta_rule_kernel", "_mamba2_kernel"}, rows
