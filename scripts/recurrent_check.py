@@ -29,7 +29,23 @@ MAMBA = {"heads": 128, "groups": 8, "p": 64, "n": 128}  # Nemotron-H's Mamba2 la
 MIXED = [700, 1, 33, PREFILL_CHUNK, 1, 500]
 
 
-def delta_step(lens: list[int], device: torch.device) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+Run = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # chunk -> (outputs, states)
+
+
+def step(lens: list[int], state_shape: tuple[int, ...], like: torch.Tensor,
+         scan: Callable[[torch.Tensor, StepItems, torch.Tensor, int], None]) -> Run:
+    """One step of fresh items, one per slot, through `scan(states, items, out, chunk)`."""
+    items = StepItems.make(lens, list(range(len(lens))), [True] * len(lens), like.device)
+    states, out = torch.empty(len(lens), *state_shape, device=like.device), torch.empty_like(like)  # never read
+
+    def run(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        scan(states, items, out, chunk)
+        return out, states
+
+    return run
+
+
+def delta_step(lens: list[int], device: torch.device) -> Run:
     tokens, heads, dk, dv = sum(lens), DELTA["heads"], DELTA["dk"], DELTA["dv"]
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(tokens, heads, dk, device=device, generator=gen), dim=-1) * dk ** -0.5
@@ -37,31 +53,17 @@ def delta_step(lens: list[int], device: torch.device) -> Callable[[int], tuple[t
     v = torch.randn(tokens, heads, dv, device=device, generator=gen)
     beta = torch.rand(tokens, heads, device=device, generator=gen)
     decay = torch.rand(tokens, heads, device=device, generator=gen) * 0.1 + 0.9
-    items = StepItems.make(lens, list(range(len(lens))), [True] * len(lens), device)
-    states, out = torch.empty(len(lens), heads, dk, dv, device=device), torch.empty_like(v)  # fresh items: never read
-
-    def run(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gated_delta_rule(q, k, v, beta, decay, states, items, out, chunk)
-        return out, states
-
-    return run
+    return step(lens, (heads, dk, dv), v, partial(gated_delta_rule, q, k, v, beta, decay))
 
 
-def mamba_step(lens: list[int], device: torch.device) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+def mamba_step(lens: list[int], device: torch.device) -> Run:
     tokens, heads, groups, p, n = sum(lens), MAMBA["heads"], MAMBA["groups"], MAMBA["p"], MAMBA["n"]
     gen = torch.Generator(device=device).manual_seed(0)
     xs = torch.randn(tokens, heads, p, device=device, generator=gen)
     dt = torch.rand(tokens, heads, device=device, generator=gen) * 0.1
     decay = -dt * torch.rand(heads, device=device, generator=gen)
     b, c = (torch.randn(tokens, groups, n, device=device, generator=gen) for _ in range(2))
-    items = StepItems.make(lens, list(range(len(lens))), [True] * len(lens), device)
-    states, out = torch.empty(len(lens), heads, p, n, device=device), torch.empty_like(xs)  # fresh items: never read
-
-    def run(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        mamba2_scan(xs, dt, decay, b, c, states, items, out, chunk)
-        return out, states
-
-    return run
+    return step(lens, (heads, p, n), xs, partial(mamba2_scan, xs, dt, decay, b, c))
 
 
 def correctness(device: torch.device) -> bool:
