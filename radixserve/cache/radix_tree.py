@@ -89,6 +89,7 @@ class RadixNode:
     in_host_lru: bool = False
     hold_count: int = 0  # pinned prefixes (Scheduler.hold_prefix) whose held path passes here: each also holds a lock
     hits: int = 0  # matches that took this node's tokens (radix_tree.record_hit)
+    hits_ended: int = 0  # of those, the ones that ended at this node's end: where requests resumed
     namespace: str = ""  # on a namespace's root only: the namespace it is the root of
     state: int = -1  # hybrid models: a checkpoint, the state slot holding the recurrent state after tokens[:end]
     state_used: int = 0  # when its checkpoint was last taken or resumed from (traffic through the node does not count)
@@ -474,10 +475,13 @@ class RadixTree:
 
     def record_hit(self, match: Match) -> None:
         """Count a match taken by a request on each node whose tokens it took (for the tree's picture
-        and the pins' hit counts). Changes counters only."""
+        and the pins' hit counts), and where it ended (window_blocks.make_room: a likely hit end). Changes
+        counters only."""
         for n in match.path:
             if n.start < match.length:
                 n.hits += 1
+        if match.length and match.length == match.node.end:
+            match.node.hits_ended += 1
 
     def _touch(self, path: list[RadixNode], now: int | None = None) -> None:
         now = next(self._clock) if now is None else now

@@ -25,11 +25,15 @@ Eviction is explicit, as for KV blocks: before it attaches, the scheduler's cach
 those of the tree's blocks, and those of the sequences' own blocks behind their windows, which
 nothing reads again unless the tree holds them. Those the tree does not list go first. Of the
 tree's, a hit is likeliest at a path's end (a leaf: a reply's end, where the next turn resumes,
-often a little before it) or at a prefix paths share (a node with two children that requests took).
-A companion within a window (and a margin) before such an end is live, as recently as that end was
-used. A branch point one path left behind (where an agent's next turn left the reply before it) is
-no such end, and the tail left there is a leaf no request used since. The others go first, the
-least recently used node first; then the live ones, those of the least recently used end first.
+often a little before it) or at a prefix that paths share: a node with two children that requests
+took, or where two hits ended. The second counts a shared prefix whose own paths the tree lost:
+requests that found only the prefix computed the rest anew, so no request took its children, and
+without it the prefix's window went first and no hit could end there again (docs/bench/hybrid.md,
+"A working set larger than the pool"). A companion within a window (and a margin) before such an end
+is live, as recently as that end was used. A branch point one path left behind (where an agent's
+next turn left the reply before it, one hit ending there) is no such end, and the tail left there is
+a leaf no request used since. The others go first, the least recently used node first; then the
+live ones, those of the least recently used end first.
 """
 
 from __future__ import annotations
@@ -161,7 +165,7 @@ class WindowBlocks:
         nodes = tree.nodes() if tree is not None else []
         live: dict[int, int] = {}  # KV block -> the latest use of a likely end whose window reaches it
         for end in nodes:
-            if end.children and sum(1 for c in end.children.values() if c.hits) < 2:
+            if end.children and end.hits_ended < 2 and sum(1 for c in end.children.values() if c.hits) < 2:
                 continue  # neither a path's end nor a prefix that paths share
             low, node = end.end - reach, end
             while node.parent is not None and node.end > low:

@@ -127,6 +127,28 @@ def test_room_is_never_made_from_a_live_window() -> None:
     pool.release(a)
 
 
+def test_a_shared_prefix_where_hits_end_stays_a_likely_end_after_its_paths_are_lost() -> None:
+    """Requests found only the shared prefix (its paths were evicted) and computed the rest anew: no
+    request took the new paths, yet hits keep ending at the prefix, so its window stays."""
+    pool, windows = pools(kv=40, window_blocks=40, window=9)  # keep 8: a window and margin of 6 blocks
+    tree = RadixTree(pool)
+    shared = [7] * 24
+    prefix = _cached(pool, windows, tree, shared, [])
+    paths = []
+    for task in (1, 2):
+        tree.record_hit(tree.match(shared + [task]))  # the hit ends at the prefix's end
+        paths.append(_cached(pool, windows, tree, shared + [task] * 40, prefix))  # 64 tokens, 16 blocks
+    node = tree.match(shared).node
+    assert node.hits_ended == 2 and all(c.hits == 0 for c in node.children.values())
+    # 14 to drop: the 8 no end's window reaches, then the 6 live ones of the older path's end; the
+    # prefix's six stay (without its hits it would have gone with the first eight: no hit there)
+    windows.make_room(windows.pool.num_free + 14, tree, ())
+    assert all(b in windows.companion for b in prefix) and windows.restorable(prefix, 24) == 24
+    assert not any(b in windows.companion for b in paths[0][6:])
+    assert [b in windows.companion for b in paths[1][6:]] == [False] * 4 + [True] * 6
+    windows.check_integrity()
+
+
 def test_a_branch_point_one_path_left_is_not_a_likely_end() -> None:
     pool, windows = pools(kv=40, window_blocks=40, window=9)
     tree = RadixTree(pool)

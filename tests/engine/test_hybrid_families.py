@@ -347,6 +347,24 @@ def test_window_blocks_rerun_a_failed_batch_item_by_item() -> None:
     assert_clean(llm)
 
 
+def test_window_blocks_keep_a_shared_prefix_hit_when_the_working_set_outgrows_the_pool() -> None:
+    """Six tasks take turns through a pool too small for them all: each task's path is evicted before
+    its next turn, so requests find only the prefix they share, which must keep its window blocks to
+    be hit (docs/bench/hybrid.md, "A working set larger than the pool")."""
+    pool_tokens = 200 * 4
+    llm = make("gemma3", sliding_window_kv="window-blocks", num_blocks=200, window_blocks=40, max_num_batched_tokens=64)
+    shared = random_prompts([40], seed=61)[0]
+    tasks = [shared + p for p in random_prompts([8] * 6, seed=62)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for turn in range(11):
+        outs = llm.generate(tasks, params)
+        tasks = [t + o.outputs[0].token_ids + extra
+                 for t, o, extra in zip(tasks, outs, random_prompts([16] * 6, seed=70 + turn))]
+    assert 6 * len(tasks[0]) > 2 * pool_tokens  # the working set outgrew the pool long ago
+    assert [o.usage.cached_tokens >= len(shared) for o in outs] == [True] * 6
+    assert_clean(llm)
+
+
 def test_window_blocks_refuse_a_model_with_recurrent_layers() -> None:
     with pytest.raises(ValueError, match="window-blocks needs a model with sliding-window and full-attention layers"):
         make("qwen3_5", sliding_window_kv="window-blocks")
