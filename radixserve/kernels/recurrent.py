@@ -45,7 +45,7 @@ import triton.language as tl
 from radixserve.kernels.common import check_device, head_dim_pad, next_pow2, should_check_values, upcast_in_kernel
 
 PREFILL_CHUNK = 16  # tokens per chunk of the scans' chunked form (sm_90: 32 spills the fp32 products out of registers)
-TILE = 4096  # state elements per program: a [dk, BLOCK_V] or [BLOCK_P, N] tile in registers beside a chunk's
+TILE = 4096  # state elements per program: its [dk, BLOCK_V] or [BLOCK_P, N] tile stays in registers beside a chunk's operands
 SCAN_WARPS = 8  # the scans' warps: at 4 the sm_90 compile of the chunked form spills more
 PRECISION: tl.constexpr = tl.constexpr("tf32x3")  # fp32 products on tensor cores, to about fp32's precision
 CONV_TOKENS = 16  # tokens per program of the convolution
