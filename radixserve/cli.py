@@ -42,6 +42,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--state-eviction", choices=STATE_EVICTIONS, default=d.state_eviction,
                    help="hybrid models: which checkpoint goes when state slots run out: lru, or saved-compute "
                         "(recency plus the prefill tokens it saves) (default %(default)s)")
+    g.add_argument("--eviction-lookahead", type=int, default=d.eviction_lookahead,
+                   help="the prefix cache's evictions (KV blocks, window blocks, state checkpoints) keep the cached "
+                        "prefixes of this many waiting requests for last, the one admitted last going first; 0: least "
+                        "recently used alone (default %(default)s)")
     g.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default=d.sliding_window_kv,
                    help="models with sliding-window layers (Gemma 3, gpt-oss): window keeps each sequence's last "
                         "window of their K/V as a state, resumed from the prefix cache's checkpoints like a "
@@ -158,7 +162,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, block_size=a.block_size, kv_cache_memory_mb=a.kv_cache_memory_mb, num_blocks=a.num_blocks,
         state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
-        state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv, window_blocks=a.window_blocks,
+        state_eviction=a.state_eviction, eviction_lookahead=a.eviction_lookahead,
+        sliding_window_kv=a.sliding_window_kv, window_blocks=a.window_blocks,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, policy=a.policy, max_wait_steps=a.max_wait_steps, aging_s=a.aging_s,
         preempt_gap=a.preempt_gap, preempt_min_run_s=a.preempt_min_run_s, max_queue_wait_s=a.max_queue_wait_s,

@@ -45,6 +45,9 @@ class EngineConfig:
     # branches (request ends and branch points) | request-ends | every-block (prompts' block boundaries too)
     state_checkpoints: str = "branches"
     state_eviction: str = "lru"  # lru | saved-compute (recency plus the prefill a checkpoint saves)
+    # waiting sequences whose cached prefixes every eviction keeps for last, read last first
+    # (cache/next_reads.py); 0: least recently used alone
+    eviction_lookahead: int = 64
     sliding_window_kv: str = "auto"  # SLIDING_WINDOW_KV: where sliding-window layers keep their K/V
     # --sliding-window-kv window-blocks: window blocks for the sliding layers' K/V (the running windows' and
     # the cached blocks'). None: what the KV budget (its MB) holds as well
@@ -134,6 +137,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.window_blocks is not None and self.window_blocks < 1:
             raise ValueError(f"window_blocks must be >= 1, got {self.window_blocks}")
+        if self.eviction_lookahead < 0:
+            raise ValueError(f"eviction_lookahead (--eviction-lookahead) must be >= 0, got {self.eviction_lookahead}")
         if self.state_slots is not None and self.state_slots < 1:
             raise ValueError(f"state_slots must be >= 1, got {self.state_slots}")
         for name, choices in (("state_checkpoints", STATE_CHECKPOINT_POLICIES), ("state_eviction", STATE_EVICTIONS),

@@ -58,6 +58,8 @@ def _row(run_dir: Path) -> dict[str, Any]:
     window_blocks = held.get("window_blocks", 0)
     if window_blocks:  # each holds a block of every sliding layer's K/V (cache/window_blocks.py)
         label += f", {window_blocks} window blocks"
+    if "eviction_lookahead" in options:  # (runs before the option existed evicted least recently used first)
+        label += f", eviction lookahead {options['eviction_lookahead']}"
     window_mb = window_blocks * options["block_size"] * sum(layer.conv_dim * 4 for layer in states.layers) / 2**20
     state_mb = slots * states.bytes_per_slot / 2**20 + window_mb
     kv_mb = run["num_blocks"] * kv.bytes_per_block / 2**20

@@ -47,8 +47,9 @@ def test_bad_model_path_is_a_clear_error() -> None:
     (["--host-cache-mb", "-1"], "must be >= 0"),
     (["--host-cache-mb", "1e12"], "more host memory than this machine can pin"),
     (["--preemption-mode", "swap"], "needs the host tier"),
+    (["--eviction-lookahead", "-1"], "eviction_lookahead (--eviction-lookahead) must be >= 0"),
 ])
-def test_bad_host_tier_settings_are_clear_errors_at_start(flags: list[str], message: str) -> None:
+def test_bad_cache_settings_are_clear_errors_at_start(flags: list[str], message: str) -> None:
     proc = subprocess.run(CMD + ["generate", *flags, "hi"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert message in proc.stderr and "Traceback" not in proc.stderr

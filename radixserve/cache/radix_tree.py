@@ -14,17 +14,19 @@ copies it on first write.
 Tiers: a node lives on the device, in host memory, or both. Device-resident nodes form a subtree
 hanging from the root (a node on the device has its parent on the device), so a match is a device
 part followed by a host-only part, which `load_back` copies into fresh device blocks. When the pool
-needs blocks, eviction takes the least recently used unlocked node with no child on the device: a
-node with a host copy just frees its device blocks; otherwise it is written back (its blocks copied
-to the host pool) first, and only when the host pool cannot take it is it dropped, with its host-only
-subtree. The host pool makes room by dropping least recently used host copies: of nodes also on the
-device, or host-only leaves. A swapped-out sequence pins its cached path (`swap_out`), which keeps
-every node on it in the host tier until the sequence resumes. Eviction is explicit: the pools never
-call back into the tree; `make_room` (the scheduler's cache layer, before it allocates) and the
-tree's own tier moves evict before they allocate. Every copy decided here is returned to the caller,
-in order, which passes it on to the step that must run it (the tree keeps no list of them). With
-`events` set (`Scheduler.follow_cache_events`), every subtree dropped from both tiers is also
-reported there, for a scale-out router (cache/events.py).
+needs blocks, eviction takes the least recently used unlocked node with no child on the device
+(nodes that waiting sequences will read last, the one read furthest ahead first:
+cache/next_reads.py): a node with a host copy just frees its device blocks; otherwise it is written
+back (its blocks copied to the host pool) first, and only when the host pool cannot take it is it
+dropped, with its host-only subtree. The host pool makes room by dropping least recently used host
+copies (what waiting sequences will read last, as on the device): of nodes also on the device, or
+host-only leaves. A swapped-out sequence pins its cached path (`swap_out`), which keeps every node
+on it in the host tier until the sequence resumes. Eviction is explicit: the pools never call back
+into the tree; `make_room` (the scheduler's cache layer, before it allocates) and the tree's own
+tier moves evict before they allocate. Every copy decided here is returned to the caller, in order,
+which passes it on to the step that must run it (the tree keeps no list of them). With `events` set
+(`Scheduler.follow_cache_events`), every subtree dropped from both tiers is also reported there, for
+a scale-out router (cache/events.py).
 
 Namespaces: each cache namespace (SamplingParams.cache_namespace) has its own root, so a lookup in
 one namespace can only ever reach what was inserted in it; eviction and the host tier see all of
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -119,13 +122,17 @@ class Match:
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, comparing slices (C speed) before single tokens."""
+    """Length of the common prefix, comparing slices (C speed), each twice as long as the last while
+    they agree and back to 64 tokens when one does not, then single tokens."""
     n = min(len(a), len(b))
     i, step = 0, 64
     while i < n:
         j = min(i + step, n)
         if a[i:j] == b[i:j]:
-            i = j
+            i, step = j, 2 * step
+            continue
+        if step > 64:
+            step = 64
             continue
         while a[i] == b[i]:
             i += 1
@@ -192,6 +199,11 @@ class RadixTree:
         ending inside an edge splits it so the match ends at a node (which the caller may lock once
         it is on the device, see `load_back`), and the path's recency is renewed: changes the cache.
         Without split, a query: the tree is left untouched."""
+        if not split:
+            path, pos = self.cached_path(tokens, namespace)
+            node = path[-1] if path and path[-1].end == pos else path[-1].parent if path else self.root_of(namespace)
+            assert node is not None
+            return self._match_of(path, pos, node)
         node, pos, path = self.root_of(namespace), 0, []
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
@@ -199,17 +211,28 @@ class RadixTree:
                 break
             k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
             if k < len(child.tokens):
-                if split:
-                    child = self._split(child, k)
-                else:
-                    path.append(child)
-                    pos += k
-                    break
+                child = self._split(child, k)
             path.append(child)
             pos += k
             node = child
-        self._touch(path if split else [])
+        self._touch(path)
         return self._match_of(path, pos, node)
+
+    def cached_path(self, tokens: list[int], namespace: str = "") -> tuple[list[RadixNode], int]:
+        """The nodes, in either tier, that the longest cached prefix of `tokens` in `namespace` passes
+        through (the last one maybe in part), and its length: a match without its blocks. A query."""
+        node, pos, path = self.root_of(namespace), 0, []
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            path.append(child)
+            pos += k
+            if k < len(child.tokens):
+                break
+            node = child
+        return path, pos
 
     def continuation(self, tokens: list[int], limit: int, namespace: str = "") -> list[int]:
         """Up to `limit` cached tokens that follow all of `tokens` on a path of `namespace`'s tree
@@ -603,21 +626,23 @@ class RadixTree:
         return len(self._checkpoints)
 
     # -- moving between tiers ---------------------------------------------------------------------
-    def make_room(self, num_blocks: int) -> list[BlockCopy]:
+    def make_room(self, num_blocks: int, read_next: Mapping[int, int] | None = None) -> list[BlockCopy]:
         """Evict until `num_blocks` device blocks are free (or nothing is evictable); the write-backs
-        that eviction decided, to run before anything reuses the freed blocks. Changes the cache."""
+        that eviction decided, to run before anything reuses the freed blocks. `read_next`: see
+        `evict`. Changes the cache."""
         short = num_blocks - self.pool.num_free
-        return self.evict(short)[1] if short > 0 else []
+        return self.evict(short, read_next)[1] if short > 0 else []
 
-    def _host_room(self, num_blocks: int) -> None:
+    def _host_room(self, num_blocks: int, read_next: Mapping[int, int] | None = None) -> None:
         short = num_blocks - self.host_pool.num_free if self.host_pool is not None else 0
         if short > 0:
-            self.evict_host(short)
+            self.evict_host(short, read_next)
 
-    def load_back(self, match: Match) -> tuple[Match, list[BlockCopy]]:
-        """Copy the host-only tail of `match` into fresh device blocks (evicting others for them).
-        If the pool cannot supply them, the match is cut back to its device part. Returns the match
-        and the copies to run (write-backs of what was evicted, then the load-backs). Changes the cache."""
+    def load_back(self, match: Match, read_next: Mapping[int, int] | None = None) -> tuple[Match, list[BlockCopy]]:
+        """Copy the host-only tail of `match` into fresh device blocks (evicting others for them, as
+        `evict` orders them). If the pool cannot supply them, the match is cut back to its device part.
+        Returns the match and the copies to run (write-backs of what was evicted, then the load-backs).
+        Changes the cache."""
         if not match.host_tokens:
             return match, []
         hosted = [n for n in match.path if not n.blocks]  # a suffix of the path
@@ -626,7 +651,7 @@ class RadixTree:
         self.lock(anchor)  # its path must stay on the device while eviction runs
         self._protect(hosted, True)
         needed = sum(len(n.host_blocks) for n in hosted)
-        copies = self.make_room(needed)
+        copies = self.make_room(needed, read_next)
         fresh = self.pool.allocate(needed)
         self._protect(hosted, False)
         self.unlock(anchor)
@@ -673,17 +698,19 @@ class RadixTree:
         self._refresh(n)
         return copies
 
-    def evict(self, num_blocks: int) -> tuple[int, list[BlockCopy]]:
-        """Free device blocks until num_blocks are free or nothing is left to evict, least recently
-        used first, writing back what the host tier can take; the blocks freed and the write-backs
-        to run before the freed blocks are reused. Changes the cache."""
+    def evict(self, num_blocks: int, read_next: Mapping[int, int] | None = None) -> tuple[int, list[BlockCopy]]:
+        """Free device blocks until num_blocks are free or nothing is left to evict, writing back what
+        the host tier can take; the blocks freed and the write-backs to run before the freed blocks are
+        reused. Least recently used first, except that nodes listed in `read_next` (node id -> when a
+        waiting sequence will read it, cache/next_reads.py) go after all others, the one read last
+        first. Changes the cache."""
         freed = 0
         copies: list[BlockCopy] = []
         while freed < num_blocks and self._lru:
-            node = self._lru[0]
+            node = self._victim(self._lru, read_next) if read_next else self._lru[0]
             if not node.host_blocks and self.write_back_enabled:
                 assert self.host_pool is not None
-                self._host_room(len(node.blocks))
+                self._host_room(len(node.blocks), read_next)
                 host = self.host_pool.allocate(len(node.blocks))
                 if host is not None:
                     copies.extend(self._write_to(node, host))
@@ -698,13 +725,29 @@ class RadixTree:
             self.evictions += 1
         return freed, copies
 
-    def evict_host(self, num_blocks: int) -> int:
+    @staticmethod
+    def _victim(lru: SortedList, read_next: Mapping[int, int]) -> RadixNode:
+        """The least recently used node of `lru` (an LRU set) that no waiting sequence reads, else the
+        one read last. Scans past at most the nodes `read_next` lists."""
+        last: RadixNode = lru[0]
+        last_read = -1
+        node: RadixNode
+        for node in lru:
+            when = read_next.get(node.id)
+            if when is None:
+                return node
+            if when > last_read:
+                last, last_read = node, when
+        return last
+
+    def evict_host(self, num_blocks: int, read_next: Mapping[int, int] | None = None) -> int:
         """Drop least recently used host copies until num_blocks host blocks are free (or none is
-        droppable); return the host blocks freed. Changes the cache."""
+        droppable), those `read_next` lists last (see `evict`); return the host blocks freed. Changes
+        the cache."""
         assert self.host_pool is not None
         freed = 0
         while freed < num_blocks and self._host_lru:
-            node = self._host_lru[0]
+            node = self._victim(self._host_lru, read_next) if read_next else self._host_lru[0]
             if node.blocks:  # still on the device: only the host copy goes
                 host, node.host_blocks = node.host_blocks, []
                 self._refresh(node)

@@ -33,16 +33,19 @@ without it the prefix's window went first and no hit could end there again (docs
 is live, as recently as that end was used. A branch point one path left behind (where an agent's
 next turn left the reply before it, one hit ending there) is no such end, and the tail left there is
 a leaf no request used since. The others go first, the least recently used node first; then the
-live ones, those of the least recently used end first.
+live ones, those of the least recently used end first; last those within a window (and the margin)
+before where a waiting sequence's match ends or a shared prefix on its path does (where it resumes if
+the end is lost), the one admitted last first (cache/next_reads.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from radixserve.cache.block_pool import BlockPool
-from radixserve.cache.radix_tree import RadixTree
+from radixserve.cache.next_reads import NextReads
+from radixserve.cache.radix_tree import RadixNode, RadixTree
 from radixserve.core import BlockCopy, CopyKind, Sequence
 
 # how far before a likely end a hit may land and still be worth its window (an agent's next turn
@@ -154,31 +157,37 @@ class WindowBlocks:
         self.adopted += moved
         return moved
 
-    def make_room(self, needed: int, tree: RadixTree | None, readers: Iterable[Sequence]) -> bool:
+    def make_room(self, needed: int, tree: RadixTree | None, readers: Iterable[Sequence],
+                  reads: NextReads | None = None) -> bool:
         """Drop companions no window of `readers` (the live sequences) spans until `needed` window
-        blocks are free, in the order of the module docstring; False if they cannot be. Changes the cache."""
+        blocks are free, in the order of the module docstring (those before where `reads`, the waiting
+        sequences' matches, end go last); False if they cannot be. Changes the cache."""
         short = needed - self.pool.num_free
         if short <= 0:
             return True
         in_use, behind = self.windows_in_use(readers)
-        bs, reach = self.block_size, self.keep + self.block_size * _MARGIN_BLOCKS
         nodes = tree.nodes() if tree is not None else []
+        ends = [end for end in nodes if not end.children or end.hits_ended >= 2
+                or sum(1 for c in end.children.values() if c.hits) >= 2]  # a path's end, or a prefix paths share
         live: dict[int, int] = {}  # KV block -> the latest use of a likely end whose window reaches it
-        for end in nodes:
-            if end.children and end.hits_ended < 2 and sum(1 for c in end.children.values() if c.hits) < 2:
-                continue  # neither a path's end nor a prefix that paths share
-            low, node = end.end - reach, end
-            while node.parent is not None and node.end > low:
-                first = node.start // bs
-                for i, b in enumerate(node.blocks):
-                    if (first + i + 1) * bs > low and b in self.companion and live.get(b, -1) < end.last_access:
-                        live[b] = end.last_access
-                node = node.parent
+        for end in ends:
+            for b in self._reaching(end, end.end):
+                live[b] = max(live.get(b, -1), end.last_access)
+        waited: dict[int, int] = {}  # KV block -> the soonest waiting sequence that may resume where it serves
+        shared = {end.id for end in ends if end.children}
+        for index, match in enumerate(reads.matches if reads is not None else []):
+            # where its match ends, and the shared prefixes on its way there: where it resumes if that end is lost
+            for node in match.path[:-1]:
+                if node.id in shared:
+                    for b in self._reaching(node, node.end):
+                        waited.setdefault(b, index)
+            for b in self._reaching(match.path[-1], match.length):  # (the path's last node may be matched in part)
+                waited.setdefault(b, index)
         order: dict[int, tuple[int, int]] = {}  # KV block -> its eviction key (lowest goes first)
         for node in nodes:
             for b in node.blocks:
                 if b in self.companion and b not in in_use:
-                    key = (1, live[b]) if b in live else (0, node.last_access)
+                    key = (2, -waited[b]) if b in waited else (1, live[b]) if b in live else (0, node.last_access)
                     order[b] = max(order.get(b, key), key)
         for b in behind:
             order.setdefault(b, (-1, 0))  # behind its sequence's window and not the tree's: nothing reads it again
@@ -187,6 +196,18 @@ class WindowBlocks:
             self.pool.decref(self.companion.pop(b))
         self.evicted += len(victims)
         return self.pool.num_free >= needed
+
+    def _reaching(self, node: RadixNode, end: int) -> Iterator[int]:
+        """The KV blocks with a companion that a hit ending at position `end` (on `node`, or the path
+        above it) would read its window from, within a margin. A query."""
+        bs, low = self.block_size, end - self.keep - self.block_size * _MARGIN_BLOCKS
+        at: RadixNode | None = node
+        while at is not None and at.parent is not None and at.end > low:
+            first = at.start // bs
+            for i, b in enumerate(at.blocks):
+                if low < (first + i + 1) * bs and (first + i) * bs < end and b in self.companion:
+                    yield b
+            at = at.parent
 
     def check_integrity(self, live: Iterable[Sequence] = ()) -> None:
         """Assert the module docstring's invariants, the last over `live` (the live sequences). A query."""

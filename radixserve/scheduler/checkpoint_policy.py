@@ -19,6 +19,9 @@ Which checkpoint goes when the slots run out (`victim`), chosen by `--state-evic
   would recompute without it; all checkpoints cost one slot, so this is compute saved per byte).
   A long prefix's checkpoint (a system prompt's branch point) outlives a recently used short step.
 
+Under either, a checkpoint that a waiting sequence will resume from goes only when every other is
+such a one, the one resumed from last first (cache/next_reads.py).
+
 Invariant: a policy only chooses positions and victims; every checkpoint is taken where a sequence's
 working state is exactly the state after the node's tokens (at a chunk's end or at release), so no
 policy can attach a state to a position other than its own.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixserve.cache.next_reads import NextReads
 from radixserve.cache.radix_tree import RadixNode, RadixTree
 from radixserve.config import STATE_CHECKPOINT_POLICIES as CHECKPOINT_POLICIES
 from radixserve.config import STATE_EVICTIONS
@@ -62,10 +66,20 @@ class CheckpointPolicy:
                 stops.append(boundary)
         return min(stops, default=-1)
 
-    def victim(self, tree: RadixTree, keep: RadixNode | None = None) -> RadixNode | None:
+    def victim(self, tree: RadixTree, keep: RadixNode | None = None, reads: NextReads | None = None) -> RadixNode | None:
         """The checkpoint to drop for a slot, never `keep`'s (the one a sequence is about to resume
-        from); None if there is no other. A query."""
+        from); None if there is no other. A checkpoint a waiting sequence will resume from (`reads`)
+        goes only when no other can, the one resumed from last first. A query."""
         aged = [node for node in tree.checkpoints_by_age() if node is not keep]
+        resumed: dict[int, int] = {}  # checkpoint node id -> the soonest waiting sequence resuming there
+        for index, match in enumerate(reads.matches if reads is not None else []):
+            node = tree.checkpoint_on(match.path, match.length)
+            if node is not None:
+                resumed.setdefault(node.id, index)
+        unread = [node for node in aged if node.id not in resumed]
+        if not unread and aged:
+            return max(aged, key=lambda node: resumed[node.id])
+        aged = unread
         if self.eviction == "lru" or len(aged) < 2:
             return aged[0] if aged else None
         saved = [node.end - _checkpoint_above(node) for node in aged]

@@ -113,7 +113,8 @@ class Scheduler:
         self.steps = 0  # schedule() calls: the clock that waiting times are measured in
         self.cache = SequenceCache(pool, tree, states, CheckpointPolicy(config.state_checkpoints, pool.block_size,
                                                                           config.state_eviction), windows,
-                                   readers=self.live_sequences)
+                                   readers=self.live_sequences, upcoming=self.waiting_in_order,
+                                   lookahead=config.eviction_lookahead)
         self.states = states  # a hybrid model's recurrent-state slots (seq_cache.py); None: attention only
         # state copies decided after a step's forward was queued (checkpoints, forks): the next step runs them first
         self.pending_copies: list[BlockCopy] = []
@@ -138,6 +139,7 @@ class Scheduler:
         if seq.request.queued_at is None:
             seq.request.queued_at = self.clock()
         self.waiting.append(seq)
+        self.cache.forget_reads()
 
     def add_running(self, seq: Sequence) -> None:
         """Join the running set, which is kept sorted in policy order (forks join directly: their
@@ -158,6 +160,7 @@ class Scheduler:
     def schedule(self) -> Batch:
         self.steps += 1
         self.growth.step()
+        self.cache.forget_reads()
         batch = Batch()
         if self.pending_copies:
             batch.copies.extend(self.pending_copies)

@@ -32,9 +32,12 @@ window reaches a block without one (its K/V past there is recomputed and counted
 `recomputed_state_tokens`).
 
 Eviction is explicit: before it allocates, this layer asks the tree to make room (`_allocate`); the
-pool never calls up into the tree. Every block copy decided here (copy-on-write, and the tree's
-write-backs and load-backs) is appended to the `copies` list the caller passes in, which is the step
-the scheduler is building (`Batch.copies`), so all of a step's copies keep the order they were decided in.
+pool never calls up into the tree. Every eviction here (KV blocks, window blocks, checkpoints) keeps
+for last what the waiting sequences will read (`next_reads`, cache/next_reads.py), which the
+scheduler has rebuilt whenever its queue changes (`forget_reads`). Every block copy decided here
+(copy-on-write, and the tree's write-backs and load-backs) is appended to the `copies` list the
+caller passes in, which is the step the scheduler is building (`Batch.copies`), so all of a step's
+copies keep the order they were decided in.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.next_reads import NextReads
 from radixserve.cache.radix_tree import Match, RadixNode, RadixTree, common_prefix_len
 from radixserve.cache.window_blocks import WindowBlocks
 from radixserve.core import Batch, BlockCopy, CopyKind, ScheduledSeq, Sequence
@@ -51,24 +55,43 @@ from radixserve.scheduler.checkpoint_policy import CheckpointPolicy
 class SequenceCache:
     def __init__(self, pool: BlockPool, tree: RadixTree | None, states: BlockPool | None = None,
                  policy: CheckpointPolicy | None = None, windows: WindowBlocks | None = None,
-                 readers: Callable[[], Iterable[Sequence]] = tuple) -> None:
+                 readers: Callable[[], Iterable[Sequence]] = tuple,
+                 upcoming: Callable[[], Iterable[Sequence]] = tuple, lookahead: int = 0) -> None:
         self.pool = pool
         self.tree = tree
         self.states = states  # a hybrid model's recurrent-state slots; None: attention layers only
         self.windows = windows  # the window group's pool (sliding-window layers' K/V); None: no such group
         self.readers = readers  # the live sequences (the scheduler's): whose windows' blocks must stay
+        self.upcoming = upcoming  # the waiting sequences in admission order: what evictions keep for last
+        self.lookahead = lookahead  # how many of them (0: evictions are least recently used first alone)
+        self._reads: NextReads | None = None  # their matches, built when an eviction first needs them
         self.checkpoints = states is not None  # a hybrid resumes hits at state checkpoints
         self.policy = policy or CheckpointPolicy(interval=pool.block_size)
         self.block_size = pool.block_size
         self.recomputed_state_tokens = 0  # cached K/V recomputed because no checkpoint was at the match's end
         self.checkpoints_taken = 0
 
+    def next_reads(self) -> NextReads:
+        """What the waiting sequences will read, soonest first (cache/next_reads.py): built once until
+        `forget_reads`. Reads the cache."""
+        assert self.tree is not None
+        if self._reads is None:
+            upcoming = self.upcoming() if self.lookahead else ()
+            self._reads = NextReads.of(self.tree, ((s.token_ids[:-1], s.namespace) for s in upcoming),
+                                       self.pool.num_blocks * self.block_size, self.lookahead)
+        return self._reads
+
+    def forget_reads(self) -> None:
+        """The waiting queue changed (a step begins, a sequence joined it): build `next_reads` again
+        when an eviction next needs it."""
+        self._reads = None
+
     def _allocate_state(self, keep: RadixNode | None = None) -> int:
         """A free state slot, evicting the policy's victim checkpoint (never `keep`'s) if none is; -1
         if none is left."""
         assert self.states is not None
         if self.states.num_free == 0 and self.tree is not None:
-            victim = self.policy.victim(self.tree, keep)
+            victim = self.policy.victim(self.tree, keep, self.next_reads())
             if victim is not None:
                 self.tree.evict_checkpoint(victim)
         got = self.states.allocate(1)
@@ -110,7 +133,7 @@ class SequenceCache:
     def _allocate(self, n: int, copies: list[BlockCopy]) -> list[int] | None:
         """n fresh blocks, evicting cached ones first if the free list lacks them."""
         if self.tree is not None and n > self.pool.num_free:
-            copies.extend(self.tree.make_room(n))
+            copies.extend(self.tree.make_room(n, self.next_reads().first_read))
         return self.pool.allocate(n)
 
     def take_prefix(self, seq: Sequence, prefills: list[Sequence], copies: list[BlockCopy],
@@ -137,7 +160,7 @@ class SequenceCache:
             return 0, 0, 0, 0
         match = self.tree.match(wanted, namespace=seq.namespace)
         on_device = match.length - match.host_tokens
-        match, loaded = self.tree.load_back(match)
+        match, loaded = self.tree.load_back(match, self.next_reads().first_read if match.host_tokens else None)
         copies.extend(loaded)
         if not self.checkpoints and _prefix_in_flight(seq, match.length, prefills, self.block_size):
             self._release_state(seq)
@@ -280,9 +303,11 @@ class SequenceCache:
         if fresh is None:
             return False
         windows = self.windows
-        if windows is not None and not windows.make_room(len(fresh), self.tree, self._readers(seq)):
-            self.pool.release(fresh)  # (fresh: nothing refers to them yet)
-            return False
+        if windows is not None:
+            short = windows.pool.num_free < len(fresh) and self.tree is not None  # (then build the reads)
+            if not windows.make_room(len(fresh), self.tree, self._readers(seq), self.next_reads() if short else None):
+                self.pool.release(fresh)  # (fresh: nothing refers to them yet)
+                return False
         if shared:
             dst = fresh.pop()
             src = table[first]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from radixserve.config import SLIDING_WINDOW_KV, STATE_CHECKPOINT_POLICIES, STATE_EVICTIONS
+from radixserve.config import SLIDING_WINDOW_KV, STATE_CHECKPOINT_POLICIES, STATE_EVICTIONS, EngineConfig
 from radixserve_bench.flags import add_model_arguments, add_output_arguments, names
 
 APIS = ("chat", "responses", "anthropic")  # client.APIS, without importing httpx here
@@ -70,6 +70,9 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                         "every-block)")
     e.add_argument("--state-eviction", choices=STATE_EVICTIONS, default="lru",
                    help="hybrid models: which checkpoint goes first (default %(default)s)")
+    e.add_argument("--eviction-lookahead", type=int, default=EngineConfig.eviction_lookahead,
+                   help="waiting requests whose cached prefixes evictions keep for last; 0: least recently used "
+                        "alone (default %(default)s)")
     e.add_argument("--sliding-window-kv", choices=SLIDING_WINDOW_KV, default="auto",
                    help="sliding-window layers: their window's K/V as a state, or every token's in the pool, "
                         "or in window blocks that attention reads in place (default %(default)s)")
@@ -103,7 +106,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
             loop_output_tokens=a.loop_output_tokens, max_num_batched_tokens=a.max_num_batched_tokens,
             max_num_seqs=a.max_num_seqs, num_blocks=a.num_blocks, max_model_len=a.max_model_len,
             cpu_threads=a.cpu_threads, state_slots=a.state_slots, state_checkpoints=a.state_checkpoints,
-            state_eviction=a.state_eviction, sliding_window_kv=a.sliding_window_kv, window_blocks=a.window_blocks,
+            state_eviction=a.state_eviction, eviction_lookahead=a.eviction_lookahead,
+            sliding_window_kv=a.sliding_window_kv, window_blocks=a.window_blocks,
             timeout_s=a.timeout,
             partial_path=str(Path(a.out) / "partial.json"))
         return run_agents(options, argv)

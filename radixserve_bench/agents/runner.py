@@ -79,6 +79,7 @@ class AgentBenchOptions:
     state_slots: int | None = None  # hybrid models: the engine's state slots (None: its default)
     state_checkpoints: str = "branches"  # hybrid models: the engine's checkpoint policy
     state_eviction: str = "lru"  # hybrid models: which checkpoint goes first
+    eviction_lookahead: int = 64  # waiting requests whose cached prefixes evictions keep for last (0: LRU alone)
     sliding_window_kv: str = "auto"  # sliding-window layers: K/V as a state or in the pool (config.SLIDING_WINDOW_KV)
     window_blocks: int | None = None  # --sliding-window-kv window-blocks: the window pool (None: the engine's default)
     timeout_s: float = 14400.0  # per client run
@@ -145,6 +146,7 @@ def serving(o: AgentBenchOptions, model_dir: str, cache: bool, num_blocks: int, 
                           max_num_seqs=max(o.max_num_seqs, clients), max_model_len=o.max_model_len,
                           enable_prefix_cache=cache, cpu_threads=o.cpu_threads, state_slots=o.state_slots,
                           state_checkpoints=o.state_checkpoints, state_eviction=o.state_eviction,
+                          eviction_lookahead=o.eviction_lookahead,
                           sliding_window_kv=o.sliding_window_kv, window_blocks=o.window_blocks)
     # every loop of a run comes from one client address: let all of them generate at once
     config = ServerConfig(port=0, web_dir=None, shutdown_grace_s=0.2, max_generations_per_client=max(64, clients + 8))

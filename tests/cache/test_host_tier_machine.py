@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
-from test_radix_tree import BLOCK, CacheMachine, SimSeq, path_counts
+from test_radix_tree import BLOCK, CacheMachine, SimSeq, path_counts, tokens_st
 
 from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.next_reads import NextReads
 from radixserve.cache.radix_tree import RadixNode, RadixTree
 from radixserve.core import CopyKind
 
@@ -110,10 +111,11 @@ class TieredCacheMachine(CacheMachine):
         s.tokens = w.tokens
         self.seqs.append(s)
 
-    @rule(n=st.integers(1, HOST_BLOCKS))
-    def drop_host(self, n: int) -> None:
+    @rule(n=st.integers(1, HOST_BLOCKS), waiting=st.lists(tokens_st, max_size=3))
+    def drop_host(self, n: int, waiting: list[list[int]]) -> None:
+        """Least recently used first, or what sequences waiting with these prompts will read last."""
         free_before = self.host.num_free
-        freed = self.tree.evict_host(n)
+        freed = self.tree.evict_host(n, NextReads.of(self.tree, [(t, "") for t in waiting], 10**6, 8).first_read)
         assert self.host.num_free == free_before + freed
 
     @invariant()
@@ -149,4 +151,20 @@ def test_write_back_then_load_back_moves_the_bytes_in_order() -> None:
     m, loaded = tree.load_back(m)
     assert m.host_tokens == 0 and len(m.blocks) == 2 and all(c.kind is CopyKind.TO_DEVICE for c in loaded)
     assert {n.tier for n in tree.nodes()} == {"both", "host"}  # the loaded upper half keeps its host copy
+    tree.check_integrity()
+
+
+def test_host_copies_waiting_sequences_will_read_are_dropped_last() -> None:
+    pool, host = BlockPool(3, 4), BlockPool(3, 4)
+    tree = RadixTree(pool, host)
+    for tokens in ([1] * 4, [2] * 4, [3] * 4):  # 1 the least recently used
+        blocks = pool.allocate(1)
+        assert blocks is not None
+        tree.insert(tokens, blocks)
+        pool.release(blocks)
+    reads = NextReads.of(tree, [([1] * 4, ""), ([2] * 4, "")], 100, 8)
+    assert tree.evict(3, reads.first_read)[0] == 3  # all three written back: host-only now
+    assert tree.evict_host(1, reads.first_read) == 1  # 3: no one reads it
+    assert tree.evict_host(1, reads.first_read) == 1  # 2: read after 1
+    assert [tree.match([t] * 4, split=False).length for t in (1, 2, 3)] == [4, 0, 0]
     tree.check_integrity()

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.next_reads import NextReads
 from radixserve.cache.radix_tree import RadixNode, RadixTree, common_prefix_len
 from radixserve.core import BlockCopy
 
@@ -156,10 +157,12 @@ class CacheMachine(RuleBasedStateMachine):
     def release_hold(self, i: int) -> None:
         self.tree.release_hold(self.held.pop(i % len(self.held)).node)
 
-    @rule(n=st.integers(1, NUM_BLOCKS))
-    def evict(self, n: int) -> None:
+    @rule(n=st.integers(1, NUM_BLOCKS), waiting=st.lists(tokens_st, max_size=3))
+    def evict(self, n: int, waiting: list[list[int]]) -> None:
+        """Least recently used first, or what sequences waiting with these prompts will read last."""
         free_before = self.pool.num_free
-        freed, copies = self.tree.evict(n)
+        reads = NextReads.of(self.tree, [(t, "") for t in waiting], NUM_BLOCKS * BLOCK, 8)
+        freed, copies = self.tree.evict(n, reads.first_read)
         self.copies += copies
         self._moved()
         assert self.pool.num_free == free_before + freed
@@ -233,6 +236,53 @@ def test_eviction_is_lru_and_leaf_first() -> None:
     assert tree.match([1, 1, 1, 1], split=False).length == 4
     assert tree.match([3, 3, 3, 3], split=False).length == 4
     tree.check_integrity()
+
+
+def cached_leaves(pool: BlockPool, tree: RadixTree, paths: list[list[int]]) -> None:
+    for tokens in paths:
+        blocks = pool.allocate(-(-len(tokens) // pool.block_size))
+        assert blocks is not None
+        tree.insert(tokens, blocks)
+        pool.release(blocks)
+
+
+def test_eviction_keeps_what_waiting_sequences_read_for_last_the_one_read_last_first() -> None:
+    """Tasks taking turns: the least recently used path is the one whose turn is next. What no waiting
+    sequence reads goes first however recent, then the path read last."""
+    pool = BlockPool(4, 4)
+    tree = RadixTree(pool)
+    cached_leaves(pool, tree, [[1] * 4, [2] * 4, [3] * 4, [4] * 4])  # 1 is the least recently used
+    reads = NextReads.of(tree, [([1] * 4 + [9], ""), ([2] * 3, ""), ([7, 7], "")], 100, 8)
+    assert [m.length for m in reads.matches] == [4, 3]  # a prompt the tree does not hold is no read
+    assert tree.evict(1, reads.first_read)[0] == 1
+    assert [tree.match([t] * 4, split=False).length for t in (1, 2, 3, 4)] == [4, 4, 0, 4]  # not read: first
+    tree.evict(1, reads.first_read)
+    assert [tree.match([t] * 4, split=False).length for t in (1, 2, 4)] == [4, 4, 0]
+    tree.evict(1, reads.first_read)  # only read paths left: the one read last goes, though more recent
+    assert [tree.match([t] * 4, split=False).length for t in (1, 2)] == [4, 0]
+    tree.check_integrity()
+
+
+def test_a_shared_prefix_is_read_as_soon_as_its_first_reader() -> None:
+    pool = BlockPool(8, 4)
+    tree = RadixTree(pool)
+    cached_leaves(pool, tree, [[5] * 4 + [1] * 4, [5] * 4 + [2] * 4, [6] * 4])
+    prefix = tree.match([5] * 4, split=False).path[0]
+    reads = NextReads.of(tree, [([6] * 4, ""), ([5] * 4 + [2] * 4, ""), ([5] * 4 + [1] * 2, "")], 100, 8)
+    assert reads.first_read[prefix.id] == 1 and tree.root.id not in reads.first_read
+    assert [reads.first_read[m.path[-1].id] for m in reads.matches] == [0, 1, 2]
+
+
+def test_looking_ahead_stops_after_a_pool_of_prompt_tokens_or_the_lookahead() -> None:
+    pool = BlockPool(8, 4)
+    tree = RadixTree(pool)
+    cached_leaves(pool, tree, [[t] * 4 for t in range(1, 5)])
+    prompts = [([t] * 4, "") for t in range(1, 5)]
+    assert len(NextReads.of(tree, prompts, 8, 8).matches) == 2  # the prompts after 8 tokens are not looked at
+    assert len(NextReads.of(tree, prompts * 4, 10**9, 6).matches) == 6
+    # a prompt the tree does not hold counts as looked at: the lookahead bounds the matches tried
+    assert len(NextReads.of(tree, [([9], "")] * 5 + prompts, 10**9, 6).matches) == 1
+    assert NextReads.of(tree, prompts, 10**9, 0).matches == []  # --eviction-lookahead 0: LRU alone
 
 
 def test_allocation_evicts_only_under_pressure() -> None:

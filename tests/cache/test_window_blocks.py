@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixserve.cache.block_pool import BlockPool
+from radixserve.cache.next_reads import NextReads
 from radixserve.cache.radix_tree import RadixTree
 from radixserve.cache.window_blocks import WindowBlocks, least_window_blocks
 from radixserve.core import BlockCopy, CopyKind
@@ -149,6 +150,46 @@ def test_a_shared_prefix_where_hits_end_stays_a_likely_end_after_its_paths_are_l
     windows.check_integrity()
 
 
+def test_where_waiting_sequences_resume_goes_last_the_one_admitted_last_first() -> None:
+    """Paths a and b, a the older; a waits first, b second, and c no one waits for: c's windows go
+    first though it is the most recent, then b's (admitted after a), and a's last."""
+    pool, windows = pools(kv=40, window_blocks=40, window=9)  # keep 8; a window and 4 blocks: 24 tokens
+    tree = RadixTree(pool)
+    a, b, c = (_cached(pool, windows, tree, [t] + [0] * 35, []) for t in (1, 2, 3))  # 9 blocks each
+    reads = NextReads.of(tree, [([1] + [0] * 35 + [5], ""), ([2] + [0] * 35 + [6], "")], 1000, 8)
+
+    def kept(blocks: list[int]) -> list[bool]:
+        return [x in windows.companion for x in blocks]
+
+    assert windows.make_room(windows.pool.num_free + 9, tree, (), reads)  # those no end reaches: a's, b's, c's
+    assert kept(a) == kept(b) == kept(c) == [False] * 3 + [True] * 6
+    windows.make_room(windows.pool.num_free + 6, tree, (), reads)  # c's end: no one waits to resume there
+    assert kept(c) == [False] * 9 and kept(a) == [False] * 3 + [True] * 6
+    windows.make_room(windows.pool.num_free + 1, tree, (), reads)  # b waits to resume, after a
+    assert kept(b).count(True) == 5 and kept(a) == [False] * 3 + [True] * 6
+    windows.make_room(windows.pool.num_free + 5, tree, (), reads)
+    assert kept(b) == [False] * 9 and kept(a) == [False] * 3 + [True] * 6
+    windows.check_integrity()
+
+
+def test_a_shared_prefix_on_a_waiting_path_stays_with_it() -> None:
+    """Where a waiting sequence resumes if the end of its path is lost: the prefix its path shares."""
+    pool, windows = pools(kv=40, window_blocks=40, window=9)
+    tree = RadixTree(pool)
+    shared = [7] * 24
+    prefix = _cached(pool, windows, tree, shared, [])
+    for task in (1, 2):
+        tree.record_hit(tree.match(shared + [task]))
+        _cached(pool, windows, tree, shared + [task] * 12, prefix)
+    late = _cached(pool, windows, tree, [3] * 40, [])  # the most recent path: no one waits for it
+    reads = NextReads.of(tree, [(shared + [1] * 12 + [0], "")], 1000, 8)
+    # 13 go (late's 10, task 2's 3); the prefix (an older likely end than late's) stays with task 1's 3
+    windows.make_room(windows.pool.num_free + 13, tree, (), reads)
+    assert all(b in windows.companion for b in prefix) and not any(b in windows.companion for b in late)
+    assert len(windows.companion) == 6 + 3
+    windows.check_integrity()
+
+
 def test_a_branch_point_one_path_left_is_not_a_likely_end() -> None:
     pool, windows = pools(kv=40, window_blocks=40, window=9)
     tree = RadixTree(pool)
@@ -230,9 +271,11 @@ class WindowBlocksMachine(RuleBasedStateMachine):
             self.tree.insert([1] + [0] * (full * BS - 1), seq.block_table[:full])
         self.pool.release(seq.block_table)
 
-    @rule(n=st.integers(1, 10))
-    def make_room(self, n: int) -> None:
-        if not self.windows.make_room(n, self.tree, self.live):
+    @rule(n=st.integers(1, 10), waiting=st.lists(st.integers(1, 60), max_size=3))
+    def make_room(self, n: int, waiting: list[int]) -> None:
+        """Least recently used ends first, or what sequences waiting with prompts of these lengths read last."""
+        reads = NextReads.of(self.tree, [([1] + [0] * (k - 1), "") for k in waiting], 10**6, 8)
+        if not self.windows.make_room(n, self.tree, self.live, reads):
             in_use, behind = self.windows.windows_in_use(self.live)
             tree_blocks = set(self.tree.block_refs())
             assert all(b in in_use or b not in tree_blocks and b not in behind for b in self.windows.companion)

@@ -102,6 +102,34 @@ def test_preemption_in_a_tiny_pool(arch: str, eager: bool, overlap: bool) -> Non
     assert llm.engine.stats().evictions > 0
 
 
+@pytest.mark.parametrize("lookahead", [0, 64])
+def test_tasks_taking_turns_through_a_pool_too_small_for_them_all_keep_some_paths_whole(lookahead: int) -> None:
+    """Six tasks take turns (all sent at once, in the same order each turn) through a pool that holds
+    fewer than half of their paths. Least recently used first (lookahead 0) evicts each path just
+    before its task's next turn, so from turn 8 on every request reads only the prefix all share.
+    Eviction keeping for last what the waiting requests will read, the one admitted last first
+    (cache/next_reads.py), keeps some paths whole."""
+    llm = make_llm("llama", block_size=4, num_blocks=200, eviction_lookahead=lookahead)
+    shared = random_prompts([40], seed=61)[0]
+    tasks = [shared + p for p in random_prompts([8] * 6, seed=62)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    longest_hits = []
+    for turn in range(12):
+        outs = llm.generate(tasks, params)
+        longest_hits.append(max(o.usage.cached_tokens for o in outs))
+        if turn < 11:
+            tasks = [t + o.outputs[0].token_ids + extra
+                     for t, o, extra in zip(tasks, outs, random_prompts([16] * 6, seed=70 + turn))]
+    assert 6 * len(tasks[0]) > 2 * 200 * 4  # the working set outgrew the pool
+    if lookahead:
+        assert all(hit > len(shared) + 100 for hit in longest_hits[8:]), longest_hits
+    else:
+        assert longest_hits[8:] == [len(shared)] * 4
+    for task, out in zip(tasks, outs):
+        assert out.outputs[0].token_ids == reference("llama", tuple(task), 4)
+    assert_clean(llm)
+
+
 @pytest.mark.parametrize("eager, overlap", PATHS)
 def test_n_forks_share_the_prompt(eager: bool, overlap: bool) -> None:
     llm = make_llm("qwen2", enforce_eager=eager, overlap=overlap)

@@ -356,12 +356,17 @@ def test_window_blocks_keep_a_shared_prefix_hit_when_the_working_set_outgrows_th
     shared = random_prompts([40], seed=61)[0]
     tasks = [shared + p for p in random_prompts([8] * 6, seed=62)]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    longest_hits = []
     for turn in range(11):
         outs = llm.generate(tasks, params)
+        longest_hits.append(max(o.usage.cached_tokens for o in outs))
         tasks = [t + o.outputs[0].token_ids + extra
                  for t, o, extra in zip(tasks, outs, random_prompts([16] * 6, seed=70 + turn))]
     assert 6 * len(tasks[0]) > 2 * pool_tokens  # the working set outgrew the pool long ago
     assert [o.usage.cached_tokens >= len(shared) for o in outs] == [True] * 6
+    # the window blocks of where the waiting requests resume go last (cache/next_reads.py): while the pool
+    # holds two paths, a path stays whole each turn (least recently used first, none did past turn 4)
+    assert all(hit > len(shared) + 100 for hit in longest_hits[6:10]), longest_hits
     assert_clean(llm)
 
 

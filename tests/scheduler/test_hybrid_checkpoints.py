@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -31,10 +32,10 @@ _orders = itertools.count()
 
 
 def make(num_blocks: int = 64, slots: int = 8, max_num_seqs: int = 4, drafts: int = 0,
-         policy: str = "branches", eviction: str = "lru") -> Scheduler:
+         policy: str = "branches", eviction: str = "lru", lookahead: int = 64) -> Scheduler:
     config = EngineConfig(block_size=BLOCK, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
                           num_blocks=num_blocks, num_speculative_tokens=drafts, state_checkpoints=policy,
-                          state_eviction=eviction)
+                          state_eviction=eviction, eviction_lookahead=lookahead)
     pool, states = BlockPool(num_blocks, BLOCK), BlockPool(slots, 1)
     return Scheduler(config, pool, RadixTree(pool, None, states), states=states)
 
@@ -221,6 +222,24 @@ def test_saved_compute_eviction_keeps_a_long_prefix_over_a_recent_short_step() -
         drain(sched, ghost)
     # lru dropped the branch point, the least recently used; saved-compute checkpoints a few tokens below it
     assert hits["lru"].cached_tokens == 0 and hits["saved-compute"].cached_tokens == 8
+
+
+@pytest.mark.parametrize("lookahead", [0, 64])
+@pytest.mark.parametrize("eviction", STATE_EVICTIONS)
+def test_a_checkpoint_a_waiting_sequence_resumes_from_goes_last(eviction: str, lookahead: int) -> None:
+    # three slots, one sequence at a time: conversations a and b leave checkpoints, c one more; d, a fresh
+    # prompt, then needs a slot while a's next turn waits behind it to resume from a's, the oldest
+    sched, ghost = make(slots=3, max_num_seqs=1, eviction=eviction, lookahead=lookahead), Ghost()
+    for prompt in ([1, 2, 3, 4, 5, 6], [2, 2, 2, 2, 2], [3, 3, 3, 3, 3, 3, 3]):
+        add(sched, prompt, max_tokens=2)
+        drain(sched, ghost)
+    add(sched, [4, 4, 4, 4], max_tokens=2)
+    turn = add(sched, [1, 2, 3, 4, 5, 6, 7, 7, 9, 9], max_tokens=2)
+    drain(sched, ghost)
+    # lookahead 0: d's slot is the checkpoint the turn was to resume from (the least recently used, and
+    # saved-compute's lowest utility); else the turn resumes at its reply's end
+    assert turn.cached_tokens == (7 if lookahead else 0)
+    assert sched.tree is not None and sched.tree.checkpoints_evicted == (2 if lookahead else 3)
 
 
 def test_with_one_slot_per_running_sequence_checkpoints_are_evicted_and_work_waits() -> None:
