@@ -199,40 +199,36 @@ class RadixTree:
         ending inside an edge splits it so the match ends at a node (which the caller may lock once
         it is on the device, see `load_back`), and the path's recency is renewed: changes the cache.
         Without split, a query: the tree is left untouched."""
-        if not split:
-            path, pos = self.cached_path(tokens, namespace)
-            node = path[-1] if path and path[-1].end == pos else path[-1].parent if path else self.root_of(namespace)
-            assert node is not None
-            return self._match_of(path, pos, node)
-        node, pos, path = self.root_of(namespace), 0, []
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
-            if k < len(child.tokens):
-                child = self._split(child, k)
-            path.append(child)
-            pos += k
-            node = child
-        self._touch(path)
+        path, pos, node = self._walk(tokens, namespace, split)
+        if split:
+            self._touch(path)
         return self._match_of(path, pos, node)
 
     def cached_path(self, tokens: list[int], namespace: str = "") -> tuple[list[RadixNode], int]:
         """The nodes, in either tier, that the longest cached prefix of `tokens` in `namespace` passes
         through (the last one maybe in part), and its length: a match without its blocks. A query."""
+        path, pos, _ = self._walk(tokens, namespace, split=False)
+        return path, pos
+
+    def _walk(self, tokens: list[int], namespace: str, split: bool) -> tuple[list[RadixNode], int, RadixNode]:
+        """The path of the longest cached prefix of `tokens`, its length, and the deepest node it
+        passes wholly; with split, an edge it ends inside is split there first."""
         node, pos, path = self.root_of(namespace), 0, []
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
                 break
             k = common_prefix_len(child.tokens, tokens[pos:pos + len(child.tokens)])
+            if k < len(child.tokens):
+                if not split:
+                    path.append(child)
+                    pos += k
+                    break
+                child = self._split(child, k)
             path.append(child)
             pos += k
-            if k < len(child.tokens):
-                break
             node = child
-        return path, pos
+        return path, pos, node
 
     def continuation(self, tokens: list[int], limit: int, namespace: str = "") -> list[int]:
         """Up to `limit` cached tokens that follow all of `tokens` on a path of `namespace`'s tree

@@ -102,6 +102,24 @@ def test_preemption_in_a_tiny_pool(arch: str, eager: bool, overlap: bool) -> Non
     assert llm.engine.stats().evictions > 0
 
 
+def take_turns(llm: LLM, turns: int) -> tuple[list[int], list[list[int]], list, list[int]]:
+    """Six tasks sharing a 40-token prefix take `turns` turns, all sent at once in the same order each
+    turn (a 4-token greedy reply, then 16 new tokens): the prefix, the last turn's prompts and replies,
+    and each turn's longest hit."""
+    shared = random_prompts([40], seed=61)[0]
+    tasks = [shared + p for p in random_prompts([8] * 6, seed=62)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    longest_hits: list[int] = []
+    outs: list = []
+    for turn in range(turns):
+        if turn:
+            tasks = [t + o.outputs[0].token_ids + extra
+                     for t, o, extra in zip(tasks, outs, random_prompts([16] * 6, seed=69 + turn))]
+        outs = llm.generate(tasks, params)
+        longest_hits.append(max(o.usage.cached_tokens for o in outs))
+    return shared, tasks, outs, longest_hits
+
+
 @pytest.mark.parametrize("lookahead", [0, 64])
 def test_tasks_taking_turns_through_a_pool_too_small_for_them_all_keep_some_paths_whole(lookahead: int) -> None:
     """Six tasks take turns (all sent at once, in the same order each turn) through a pool that holds
@@ -110,16 +128,7 @@ def test_tasks_taking_turns_through_a_pool_too_small_for_them_all_keep_some_path
     Eviction keeping for last what the waiting requests will read, the one admitted last first
     (cache/next_reads.py), keeps some paths whole."""
     llm = make_llm("llama", block_size=4, num_blocks=200, eviction_lookahead=lookahead)
-    shared = random_prompts([40], seed=61)[0]
-    tasks = [shared + p for p in random_prompts([8] * 6, seed=62)]
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    longest_hits = []
-    for turn in range(12):
-        outs = llm.generate(tasks, params)
-        longest_hits.append(max(o.usage.cached_tokens for o in outs))
-        if turn < 11:
-            tasks = [t + o.outputs[0].token_ids + extra
-                     for t, o, extra in zip(tasks, outs, random_prompts([16] * 6, seed=70 + turn))]
+    shared, tasks, outs, longest_hits = take_turns(llm, 12)
     assert 6 * len(tasks[0]) > 2 * 200 * 4  # the working set outgrew the pool
     if lookahead:
         assert all(hit > len(shared) + 100 for hit in longest_hits[8:]), longest_hits
