@@ -122,17 +122,13 @@ class Match:
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, comparing slices (C speed), each twice as long as the last while
-    they agree and back to 64 tokens when one does not, then single tokens."""
+    """Length of the common prefix, comparing slices (C speed) before single tokens."""
     n = min(len(a), len(b))
     i, step = 0, 64
     while i < n:
         j = min(i + step, n)
         if a[i:j] == b[i:j]:
-            i, step = j, 2 * step
-            continue
-        if step > 64:
-            step = 64
+            i = j
             continue
         while a[i] == b[i]:
             i += 1
