@@ -117,9 +117,11 @@ def load_extension(source_directory: Path = SOURCE_DIRECTORY) -> Extension:
     return Extension(time.perf_counter() - started, library.stat().st_mtime_ns != before, directory)
 
 
+@functools.cache
 def loaded_or_explained() -> Extension | None:
     """The extension, loaded now (the log says whether it was built and how long that took), or None
-    with the reason logged where this machine cannot build it."""
+    with the reason logged where this machine cannot build it. Once per process: every caller after
+    the first gets the same answer without a second log line."""
     try:
         extension = load_extension()
     except Exception as error:  # no compiler, no headers, a failed build: oneDNN and the Python layers run

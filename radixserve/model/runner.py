@@ -152,10 +152,14 @@ class ModelRunner:
         (`ggml_quants.QuantizedLinear`, a quantized embedding's head among them) stay as they are."""
         tied = self.model.model.embed_tokens.weight if self.model.lm_head is None else None
         extension = None if enforce_eager else loaded_or_explained()
+        quantized = sum(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in self.model.modules())
+        kept = f"; {quantized} quantized weights in their file's types" if quantized else ""
         if extension is not None and packing_works(self.dtype, BlockedLinear):
-            log.info("CPU matmuls: %d weights in the C++ kernel's layout", pack_for_cpu(self.model, tied, BlockedLinear))
+            log.info("CPU matmuls: %d full-precision weights in the C++ kernel's layout%s",
+                     pack_for_cpu(self.model, tied, BlockedLinear), kept)
         elif packing_works(self.dtype, PackedLinear):
-            log.info("CPU matmuls: %d weights packed for oneDNN", pack_for_cpu(self.model, tied, PackedLinear))
+            log.info("CPU matmuls: %d full-precision weights packed for oneDNN%s",
+                     pack_for_cpu(self.model, tied, PackedLinear), kept)
         return extension is not None
 
     @property

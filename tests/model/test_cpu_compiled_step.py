@@ -218,11 +218,13 @@ def test_the_engine_decodes_with_it_and_matches_transformers_and_enforce_eager(c
         assert tokens == want[0, len(prompt):].tolist()
 
 
-def test_an_engine_without_the_extension_runs_onednn_and_the_python_layers(monkeypatch, caplog) -> None:
+def test_an_engine_without_the_extension_runs_onednn_and_the_python_layers(monkeypatch, caplog, request) -> None:
     def no_compiler() -> cpu_extension.Extension:
         raise RuntimeError("Error building extension 'radixserve_cpu': g++: not found")
 
     monkeypatch.setattr(cpu_extension, "load_extension", no_compiler)
+    cpu_extension.loaded_or_explained.cache_clear()  # its answer is once per process: ask again, and after
+    request.addfinalizer(cpu_extension.loaded_or_explained.cache_clear)
     with caplog.at_level(logging.WARNING, logger="radixserve.kernels.cpu_extension"):
         llm = LLM(model=str(tiny_model_dir("llama")), num_speculative_tokens=0)
     assert llm.engine.runner.cpu_step is None

@@ -968,7 +968,8 @@ def _embedded_or_skip() -> Path:
 @needs_kernels
 def test_embedded_default_serves_its_gguf_quantized(caplog: pytest.LogCaptureFixture) -> None:
     shipped = _embedded_or_skip()
-    with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"):
+    with caplog.at_level(logging.INFO, logger="radixserve.model.gguf_checkpoint"), \
+            caplog.at_level(logging.INFO, logger="radixserve.model.runner"):
         llm = LLM(kv_cache_memory_mb=16, max_num_batched_tokens=256)
     if llm.engine.config.enforce_eager:
         pytest.skip("the suite's eager mode runs no C++ kernel: the default model serves its fp32 directory")
@@ -984,6 +985,10 @@ def test_embedded_default_serves_its_gguf_quantized(caplog: pytest.LogCaptureFix
     assert len(said) == 1 and said[0].startswith(shipped_as)
     megabytes = int(said[0].rsplit(", ", 1)[1].removesuffix(" MB"))
     assert abs(megabytes - shipped.stat().st_size / 1e6) < 0.05 * megabytes  # the file's bytes, held once
+    # the log counts the weights kept quantized, not only those it packed (none here)
+    matmuls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU matmuls: ")]
+    assert matmuls == [f"CPU matmuls: 0 full-precision weights in the C++ kernel's layout; {len(linears) + 1} "
+                       "quantized weights in their file's types"]
     assert llm.engine.runner.kv_cache_dtype == "fp16"  # as llama.cpp keeps a GGUF's K/V
     assert llm.engine.runner.kv_cache.data.dtype == torch.float16
     assert _greedy(llm)[0]  # it runs
