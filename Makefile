@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(PY) -c "from radixserve.kernels.cpu_extension import load_extension as l; print('CPU kernels ready:', l())" || echo "note: the C++ CPU kernels were not built; the CPU runs oneDNN and the Python layers"
 	touch $(STAMP)
 
-# server flags pass through: make serve ARGS="--port 8001 --model DIR"
-ARGS ?=
+# server flags pass through: make serve ARGS="--port 8001 --model DIR" (set here, not read from the environment)
+ARGS :=
 serve: $(STAMP)
 	$(VENV)/bin/radixserve serve $(ARGS)
 
