@@ -1,6 +1,7 @@
 """The A/B of 2026-12-02 (docs/speculation.md, "Scheduling"): the code of main ("old") against the
-fitted paying rate (branch try/row-costs-fit, "new"), alternated, each run `radixserve bench peers`
-alone. Prints the table the doc quotes: python docs/bench/cpu-step/speculation_row_costs/summarize.py"""
+fitted paying rate (a local branch, not landed: docs/speculation.md describes it; "new"),
+alternated, each run `radixserve bench peers` alone. Prints the table the doc quotes:
+python docs/bench/cpu-step/speculation_row_costs/summarize.py"""
 
 import json
 from pathlib import Path
