@@ -176,6 +176,22 @@ def test_a_rows_attention_depends_on_nothing_but_its_own_row(dtype: torch.dtype)
     assert torch.equal(decode, together[3:4])
 
 
+def test_a_prompt_chunk_beside_decodes_gives_the_bits_it_gives_alone() -> None:
+    """Threads claim tasks dearest first (a 40-query chunk's before the decodes'): which thread takes
+    which task, and in what order, changes no bit of any row, on one thread or two."""
+    rows = [(37, 1), (1100, 40), (600, 1), (513, 3), (300, 1)]
+    q, k_cache, v_cache, table = _attention_case(rows, 9, 3, 64, torch.float16, seed=13)
+    together = _paged(q, k_cache, v_cache, table, rows, 0.125, max_query=64)
+    assert torch.equal(_paged(q[1:41], k_cache, v_cache, table[1:2], rows[1:2], 0.125, max_query=64), together[1:41])
+    assert torch.equal(_paged(q[41:42], k_cache, v_cache, table[2:3], rows[2:3], 0.125), together[41:42])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(_paged(q, k_cache, v_cache, table, rows, 0.125, max_query=64), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_querys_scores_do_not_depend_on_which_keys_are_reduced_together(dtype: torch.dtype) -> None:
     """The kernel sums q.k's lanes for four keys at once, from the first key any query of a pass

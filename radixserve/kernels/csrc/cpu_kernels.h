@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -204,20 +206,39 @@ inline std::vector<int64_t> item_starts(const char* name, at::IntArrayRef slots,
   return first;
 }
 
+// Runs run(i) for every i < costs.size(), in parallel: the threads claim items one at a time, dearest
+// first. Why: at::parallel_for gives each thread an equal count of contiguous items, and a step's
+// attention mixes tasks whose costs differ 40-fold (a prompt chunk's queries beside decodes' one): a
+// prompt of 38 tokens beside seven decodes ran with one thread doing all of the prompt's tasks. Which
+// thread runs an item changes nothing it computes (each writes its own output).
+template <typename Run>
+void for_each_dearest_first(const std::vector<int64_t>& costs, const Run& run) {
+  const int64_t items = static_cast<int64_t>(costs.size());
+  std::vector<int64_t> order(items);
+  for (int64_t i = 0; i < items; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t claimed = next.fetch_add(1); claimed < items; claimed = next.fetch_add(1)) run(order[claimed]);
+  });
+}
+
 // For a recurrent layer's kernel: task(item, head, its first token, its state) for every (item, head) of a
-// step, in parallel, one thread each; the state is the item's slot's `state_size` floats of the head in
-// `states` [slots, heads, state_size], zeroed first for a fresh item.
+// step, in parallel, one thread each, the items with the most tokens first (a prompt chunk beside
+// decodes); the state is the item's slot's `state_size` floats of the head in `states` [slots, heads,
+// state_size], zeroed first for a fresh item.
 template <typename Task>
 void for_each_item_head(const std::vector<int64_t>& first, at::IntArrayRef slots, at::IntArrayRef fresh,
                         int64_t heads, float* states, int64_t state_size, const Task& task) {
   const int64_t items = static_cast<int64_t>(slots.size());
-  at::parallel_for(0, items * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t i = index / heads, h = index % heads;
-      float* state = states + (slots[i] * heads + h) * state_size;
-      if (fresh[i]) std::memset(state, 0, sizeof(float) * state_size);
-      task(i, h, first[i], state);
-    }
+  std::vector<int64_t> tokens(items * heads);
+  for (int64_t index = 0; index < items * heads; ++index) tokens[index] = first[index / heads + 1] - first[index / heads];
+  for_each_dearest_first(tokens, [&](int64_t index) {
+    const int64_t i = index / heads, h = index % heads;
+    float* state = states + (slots[i] * heads + h) * state_size;
+    if (fresh[i]) std::memset(state, 0, sizeof(float) * state_size);
+    task(i, h, first[i], state);
   });
 }
 

@@ -10,7 +10,8 @@
 // exponentials against the partition's own maximum, and sums the values they weigh (pass 2). The
 // partitions of a row are then merged in order. Which keys form a partition depends on nothing but
 // their positions, so a row's result never depends on the other rows of the step or on the thread
-// count.
+// count. Threads claim the tasks dearest first (for_each_dearest_first): a prompt chunk's tasks cost
+// tens of times a decode's.
 //
 // Attention variants, per call (a layer's): a sliding window (query at position p sees keys
 // p - window < j <= p) makes the row's tasks start at the partition holding its first query's
@@ -234,30 +235,33 @@ template <typename Out>
 void merge(const Layout& at, const std::vector<Task>& tasks, const std::vector<int64_t>& first_task,
            const std::vector<int64_t>& offsets, const float* partials, int64_t dim, Out* out) {
   const int64_t units = static_cast<int64_t>(first_task.size()) - 1;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> merged(dim);
-    for (int64_t u = begin; u < end; ++u) {
-      const Task& first = tasks[first_task[u]];
-      for (int64_t q = 0; q < first.queries * at.group; ++q) {
-        const int64_t token = first.first_token + q / at.group, head = first.kv_head * at.group + q % at.group;
-        float maximum = -std::numeric_limits<float>::infinity();
-        for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
-          maximum = std::max(maximum, partials[offsets[t] + q * (dim + 2) + dim]);
-        }
-        if (at.sinks != nullptr) maximum = std::max(maximum, at.sinks[head]);
-        std::fill(merged.begin(), merged.end(), 0.0f);
-        float total = 0.0f;
-        for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
-          const float* part = partials + offsets[t] + q * (dim + 2);
-          if (part[dim] == -std::numeric_limits<float>::infinity()) continue;  // no key seen here
-          const float weight = std::exp(part[dim] - maximum);
-          total += weight * part[dim + 1];
-          for (int64_t d = 0; d < dim; ++d) merged[d] += weight * part[d];
-        }
-        if (at.sinks != nullptr) total += std::exp(at.sinks[head] - maximum);  // weighs no value
-        Out* to = out + (token * at.heads + head) * dim;
-        for (int64_t d = 0; d < dim; ++d) to[d] = static_cast<Out>(merged[d] / total);
+  std::vector<int64_t> costs(units);  // query heads times partitions
+  for (int64_t u = 0; u < units; ++u) {
+    costs[u] = tasks[first_task[u]].queries * at.group * (first_task[u + 1] - first_task[u]);
+  }
+  for_each_dearest_first(costs, [&](int64_t u) {
+    thread_local std::vector<float> merged;
+    merged.resize(dim);
+    const Task& first = tasks[first_task[u]];
+    for (int64_t q = 0; q < first.queries * at.group; ++q) {
+      const int64_t token = first.first_token + q / at.group, head = first.kv_head * at.group + q % at.group;
+      float maximum = -std::numeric_limits<float>::infinity();
+      for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
+        maximum = std::max(maximum, partials[offsets[t] + q * (dim + 2) + dim]);
       }
+      if (at.sinks != nullptr) maximum = std::max(maximum, at.sinks[head]);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      float total = 0.0f;
+      for (int64_t t = first_task[u]; t < first_task[u + 1]; ++t) {
+        const float* part = partials + offsets[t] + q * (dim + 2);
+        if (part[dim] == -std::numeric_limits<float>::infinity()) continue;  // no key seen here
+        const float weight = std::exp(part[dim] - maximum);
+        total += weight * part[dim + 1];
+        for (int64_t d = 0; d < dim; ++d) merged[d] += weight * part[d];
+      }
+      if (at.sinks != nullptr) total += std::exp(at.sinks[head] - maximum);  // weighs no value
+      Out* to = out + (token * at.heads + head) * dim;
+      for (int64_t d = 0; d < dim; ++d) to[d] = static_cast<Out>(merged[d] / total);
     }
   });
 }
@@ -271,15 +275,18 @@ void attend(const Layout& at, const std::vector<Task>& tasks, const std::vector<
   for (size_t t = 0; t < tasks.size(); ++t) offsets[t + 1] = offsets[t] + tasks[t].queries * at.group * (dim + 2);
   const Tensor partials = at::empty({offsets.back()}, out.options().dtype(at::kFloat));
   float* scratch = partials.mutable_data_ptr<float>();
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      float* partial = scratch + offsets[t];
-      switch (heads_per_pass<V>(tasks[t].queries * at.group)) {
-        case 1: attend_partition<V, 1>(at, tasks[t], k_cache, v_cache, scale, partial); break;
-        case 2: attend_partition<V, std::min(2, kHeadsTogether<V>)>(at, tasks[t], k_cache, v_cache, scale, partial); break;
-        case 3: attend_partition<V, std::min(3, kHeadsTogether<V>)>(at, tasks[t], k_cache, v_cache, scale, partial); break;
-        default: attend_partition<V, kHeadsTogether<V>>(at, tasks[t], k_cache, v_cache, scale, partial);
-      }
+  // cost: query heads times keys, plus a task's setup (its key pointers, its passes' partials)
+  std::vector<int64_t> costs(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    costs[t] = (tasks[t].queries * at.group + 4) * (tasks[t].last_key - tasks[t].first_key);
+  }
+  for_each_dearest_first(costs, [&](int64_t t) {
+    float* partial = scratch + offsets[t];
+    switch (heads_per_pass<V>(tasks[t].queries * at.group)) {
+      case 1: attend_partition<V, 1>(at, tasks[t], k_cache, v_cache, scale, partial); break;
+      case 2: attend_partition<V, std::min(2, kHeadsTogether<V>)>(at, tasks[t], k_cache, v_cache, scale, partial); break;
+      case 3: attend_partition<V, std::min(3, kHeadsTogether<V>)>(at, tasks[t], k_cache, v_cache, scale, partial); break;
+      default: attend_partition<V, kHeadsTogether<V>>(at, tasks[t], k_cache, v_cache, scale, partial);
     }
   });
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "paged_attention_merge", [&] {
